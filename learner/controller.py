@@ -31,9 +31,20 @@ class EntropyController:
 
     def set_target(self, target: float, band: tuple[float, float] | None = None) -> None:
         """New target (and band, or none) from the next decision on; validated like the config."""
-        self.cfg = self.cfg.model_copy(update={"target": target, "band": band})
-        ControllerConfig.model_validate(self.cfg.model_dump())
-        self.target, self.band = target, band
+        self.reconfigure(target=target, band=band)
+
+    def reconfigure(self, **changes: Any) -> None:
+        """Change any config field (target, band, adaptive, alpha, bounds, W, M) between steps.
+
+        Validated as a whole; on error nothing changes. W and M, when given, replace the current
+        values; otherwise the current values are clipped into the new bounds."""
+        merged = {**self.cfg.model_dump(), "w": self.w, "m": self.m, **changes}
+        if "w" not in changes:
+            merged["w"] = min(max(merged["w"], 1.0), merged["w_max"])
+        if "m" not in changes:
+            merged["m"] = min(max(merged["m"], merged["m_min"]), 1.0)
+        self.cfg = ControllerConfig.model_validate(merged)
+        self.target, self.band, self.w, self.m = self.cfg.target, self.cfg.band, self.cfg.w, self.cfg.m
 
     def decide(self, entropy: float) -> bool:
         """Gate for this step: entropy below target, or the band's hysteresis."""
@@ -55,20 +66,19 @@ class EntropyController:
         step = self.cfg.alpha * _sign(self.target - entropy)
         self.w = min(max(self.w + step, 1.0), self.cfg.w_max)
         self.m = min(max(self.m - step, self.cfg.m_min), 1.0)
+        self.cfg = self.cfg.model_copy(update={"w": self.w, "m": self.m})
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "target": self.target,
-            "band": list(self.band) if self.band is not None else None,
-            "w": self.w,
-            "m": self.m,
-            "gate": self.gate,
-            "last_entropy": self.last_entropy,
-        }
+        """The config as changed at run time, the current W and M, the gate and the last entropy."""
+        config = self.cfg.model_dump(mode="json")
+        config.update(w=self.w, m=self.m)
+        return {"config": config, "gate": self.gate, "last_entropy": self.last_entropy}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        band = state["band"]
-        self.set_target(state["target"], tuple(band) if band is not None else None)
-        self.w, self.m = float(state["w"]), float(state["m"])
+        config = dict(state["config"])
+        if config.get("band") is not None:
+            config["band"] = tuple(config["band"])
+        self.cfg = ControllerConfig.model_validate(config)
+        self.target, self.band, self.w, self.m = self.cfg.target, self.cfg.band, self.cfg.w, self.cfg.m
         self.gate = bool(state["gate"])
         self.last_entropy = state["last_entropy"]

@@ -46,24 +46,38 @@ def topk_count(n: Tensor, fraction: float, *, rounding: str = "ceil", at_least_o
     return k.to(torch.int64)
 
 
-def topk_threshold(
-    key: Tensor,  # [N] float
+def topk_thresholds(
+    key: Tensor,  # [N] float, finite
     uid: Tensor,  # [N] int64, unique
-    member: Tensor,  # [N] bool
-    k: Tensor,  # [] int64, number to select (<= member count)
-) -> TopKThreshold:
-    """The (key, uid) of the k-th member in the order key descending, uid ascending."""
+    members: list[Tensor],  # each [N] bool, a subset
+    ks: list[Tensor],  # each [] int64, how many of that subset to select (<= its size)
+) -> list[TopKThreshold]:
+    """For each subset, the (key, uid) of its k-th member in the order key descending, uid ascending.
+
+    One sort of the step's tokens serves every subset: the k-th member is where the running count
+    of members in sorted order reaches k."""
+    none = TopKThreshold(key.new_full((), torch.inf), torch.full((), -1, dtype=torch.int64, device=key.device))
     if key.numel() == 0:
-        return TopKThreshold(key.new_full((), torch.inf), torch.full((), -1, dtype=torch.int64, device=key.device))
+        return [none for _ in members]
     order = torch.argsort(uid, stable=True)  # [N] uid ascending
     order = order[torch.argsort(key[order], descending=True, stable=True)]  # key descending, ties by uid
-    order = order[torch.argsort(member[order].to(torch.int8), descending=True, stable=True)]  # members first
-    # Tensor indices through index_select: `order[k]` with a tensor k would sync to the host.
-    last = order.index_select(0, (k - 1).clamp(min=0).reshape(1))  # [1] index of the k-th member
-    has = k > 0
-    thr_key = torch.where(has, key.index_select(0, last)[0], key.new_full((), torch.inf))
-    thr_uid = torch.where(has, uid.index_select(0, last)[0], torch.full((), -1, dtype=uid.dtype, device=uid.device))
-    return TopKThreshold(thr_key, thr_uid)
+    out = []
+    for member, k in zip(members, ks):
+        in_order = member[order]  # [N]
+        reached = in_order & (torch.cumsum(in_order, 0) == k)  # [N] True exactly at the k-th member
+        # Tensor indices through index_select: `order[i]` with a tensor i would sync to the host.
+        last = order.index_select(0, torch.argmax(reached.to(torch.int8)).reshape(1))  # [1]
+        has = k > 0
+        out.append(TopKThreshold(
+            torch.where(has, key.index_select(0, last)[0], none.key),
+            torch.where(has, uid.index_select(0, last)[0], none.uid),
+        ))
+    return out
+
+
+def topk_threshold(key: Tensor, uid: Tensor, member: Tensor, k: Tensor) -> TopKThreshold:
+    """`topk_thresholds` for one subset."""
+    return topk_thresholds(key, uid, [member], [k])[0]
 
 
 def in_topk(

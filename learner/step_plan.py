@@ -23,7 +23,7 @@ from stare.learner.config import (
     SurrogateConfig,
 )
 from stare.learner.policy_loss import StepContext
-from stare.learner.selection import hash_uniform, in_topk, topk_count, topk_threshold
+from stare.learner.selection import hash_uniform, in_topk, topk_count, topk_threshold, topk_thresholds
 from stare.learner.surrogate import Normalizer
 
 
@@ -75,11 +75,10 @@ def plan_step(
     extra: dict = {}
 
     if isinstance(cfg, StareLossConfig):
-        surprisal = flat(-tokens.old_logprobs)
-        for sign, name in ((1, "pos_threshold"), (-1, "neg_threshold")):
-            member = flat(mask & (tokens.advantages * sign > 0))
-            k = topk_count(member.sum(), cfg.top_fraction)
-            extra[name] = topk_threshold(surprisal, uid, member, k)
+        members = [flat(mask & (tokens.advantages > 0)), flat(mask & (tokens.advantages < 0))]
+        ks = [topk_count(member.sum(), cfg.top_fraction) for member in members]
+        pos, neg = topk_thresholds(flat(-tokens.old_logprobs), uid, members, ks)
+        extra.update(pos_threshold=pos, neg_threshold=neg)
     elif isinstance(cfg, (ClipCovLossConfig, KLCovLossConfig)):
         m_f = mask.to(dtype)
         adv_mean = (tokens.advantages * m_f).sum() / n.clamp(min=1)

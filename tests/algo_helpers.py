@@ -68,3 +68,39 @@ def context(ctx: StepContext, **changes) -> StepContext:
     from dataclasses import replace
 
     return replace(ctx, **changes)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def dp_worker(rank: int, world: int, port: int, cfg, step: dict, out_dir: str) -> None:
+    """One data-parallel rank: its rows are rank::world; gathers the step, plans, backprops its share."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from stare.learner.collectives import all_reduce_sum, gather_step_tokens
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        rows = slice(rank, None, world)
+        local = {k: v[rows] for k, v in step.items()}
+        ctx = plan_step(gather_step_tokens(step_tokens(local)), cfg, gate=1.0, w=1.3, m=0.7, seed=2)
+        logp = local["logp"].clone().requires_grad_(True)
+        shift = torch.zeros((), dtype=logp.dtype, requires_grad=True)  # a parameter every rank shares
+        out = policy_loss(inputs(local, logp=logp + shift), ctx, cfg)
+        out.loss.backward()
+        shared_grad = all_reduce_sum(shift.grad.detach())
+        loss = all_reduce_sum(out.loss.detach())
+        torch.save({"grad": logp.grad, "shared": shared_grad, "loss": loss}, f"{out_dir}/rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

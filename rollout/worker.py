@@ -1,0 +1,86 @@
+"""The rollout worker: prompt tasks in, raw trajectories out.
+
+Before each batch it takes the newest published weights (a worker that missed versions jumps to
+the newest). Prompts are acknowledged only after their trajectories are published, so a worker
+that dies mid-batch leaves them pending for another worker.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+
+from stare.records import PromptTask, Trajectory
+from stare.rollout.engine import RolloutEngine, SamplingParams
+from stare.transport.base import RecordStream
+from stare.weight_sync.base import WeightSubscriber
+
+
+class RolloutWorker:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer,
+        prompts: RecordStream,
+        raw: RecordStream,
+        weights: WeightSubscriber,
+        *,
+        name: str,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop_token_ids: tuple[int, ...],
+    ):
+        self.engine, self.tokenizer = engine, tokenizer
+        self.prompts, self.raw, self.weights = prompts, raw, weights
+        self.name = name
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.stop_token_ids = stop_token_ids
+
+    def sync_weights(self) -> bool:
+        update = self.weights.fetch(self.engine.weight_version)
+        if update is None:
+            return False
+        version, state = update
+        self.engine.update_weights(state, version)
+        return True
+
+    def run_once(self, max_prompts: int, seed: int) -> int:
+        """Sample one batch of pending prompts; returns how many prompts it handled."""
+        deliveries = self.prompts.consume(self.name, max_prompts)
+        if not deliveries:
+            return 0
+        self.sync_weights()
+        tasks: list[PromptTask] = [d.record for d in deliveries]
+        group_size = tasks[0].group_size
+        if any(t.group_size != group_size for t in tasks):
+            raise ValueError("one batch of prompt tasks must share group_size")
+        params = SamplingParams(
+            n=group_size, max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+            seed=seed, stop_token_ids=self.stop_token_ids,
+        )
+        outputs = self.engine.generate([t.prompt_token_ids for t in tasks], params)
+        records = []
+        for task, completions in zip(tasks, outputs):
+            for c in completions:
+                records.append(Trajectory(
+                    run_id=task.run_id,
+                    trajectory_id=uuid.uuid4().hex,
+                    group_id=task.group_id,
+                    group_size=task.group_size,
+                    weight_version=self.engine.weight_version,
+                    prompt_token_ids=np.asarray(task.prompt_token_ids, dtype=np.int32),
+                    response_token_ids=np.asarray(c.token_ids, dtype=np.int32),
+                    response_logprobs=np.asarray(c.logprobs, dtype=np.float32),
+                    loss_mask=np.ones(len(c.token_ids), dtype=np.uint8),
+                    finish_reason=c.finish_reason,
+                    answer=task.answer,
+                    problem_id=task.problem_id,
+                    data_source=task.data_source,
+                    response_text=self.tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                    level=task.level,
+                ))
+        self.raw.publish(records)
+        self.prompts.ack([d.id for d in deliveries])
+        return len(tasks)

@@ -1,0 +1,137 @@
+"""The `stare` command. Heavy imports (torch, DeepSpeed, transformers) happen inside the
+subcommands, after argument parsing, so `--help` is instant."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+
+def default_config_path() -> Path:
+    from importlib.resources import files
+
+    return Path(str(files("stare.configs") / "tiny-cpu.yaml"))
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, default=None,
+                   help="YAML config (default: the bundled configs/tiny-cpu.yaml)")
+    p.add_argument("--algo", default=None,
+                   help="algorithm preset: stare, grpo, grpo-ds, dapo, entropy-bonus, clip-cov, kl-cov, 80-20")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set optim.lr=1e-5 (repeatable)")
+
+
+def _load(args) -> "object":
+    from stare.config import load_config
+
+    return load_config(args.config or default_config_path(), algo=args.algo, overrides=args.overrides)
+
+
+def cmd_train(args) -> int:
+    from stare.embedded import prepare_run, run_training
+
+    if args.resume is not None:
+        if args.config is not None or args.algo is not None:
+            raise SystemExit("--resume continues a run with its saved config; use --set to change fields")
+        cfg = prepare_run(None, args.resume, args.overrides)
+        run_training(cfg, resume=True, progress=not args.no_progress)
+    else:
+        cfg = prepare_run(_load(args), None)
+        run_training(cfg, resume=False, progress=not args.no_progress)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from stare.report import write_comparison
+
+    base = _load(argparse.Namespace(config=args.config, algo=None, overrides=args.overrides))
+    algos = [a.strip() for a in args.algos.split(",") if a.strip()]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    run_dirs = []
+    for algo in algos:
+        for seed in seeds:
+            name = f"{base.run.name}-cmp-{algo}-s{seed}"
+            cmd = [sys.executable, "-m", "stare.cli", "train", "--algo", algo, "--no-progress",
+                   "--set", f"run.seed={seed}", "--set", f"run.name={name}"]
+            if args.config is not None:
+                cmd += ["--config", str(args.config)]
+            for o in args.overrides:
+                cmd += ["--set", o]
+            print(f"[compare] {algo} seed {seed} -> {base.run.output_dir / name}", flush=True)
+            subprocess.run(cmd, check=True, timeout=args.timeout_s)
+            run_dirs.append(base.run.output_dir / name)
+    out = args.out or base.run.output_dir / f"{base.run.name}-compare"
+    write_comparison(run_dirs, out)
+    print(f"[compare] {out / 'compare.png'} and {out / 'compare.md'}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from stare.report import write_report
+
+    for run in args.runs:
+        print(write_report(run) / "summary.md")
+    return 0
+
+
+def cmd_build_model(args) -> int:
+    from stare.tiny_model import main
+
+    return main(args.rest) or 0
+
+
+def cmd_sandbox(args) -> int:
+    from stare.reward.sandbox_cli import main
+
+    return main(args.rest) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stare", description="RL post-training of LLMs with STARE.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train in one process (embedded mode: CPU, bundled tiny model and task)")
+    _config_args(p)
+    p.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or log lines")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("compare", help="train several algorithms x seeds on one config; one figure and table")
+    p.add_argument("--config", type=Path, default=None, help="YAML config (default: configs/tiny-cpu.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--algos", default="stare,grpo", help="comma-separated presets (default: stare,grpo)")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds (default: 0)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: runs/<name>-compare)")
+    p.add_argument("--timeout-s", type=float, default=6 * 3600, help="limit per training run")
+    p.set_defaults(fn=cmd_compare)
+
+    p = sub.add_parser("report", help="(re)write the report of finished runs")
+    p.add_argument("runs", type=Path, nargs="+")
+    p.set_defaults(fn=cmd_report)
+
+    p = sub.add_parser("build-model", help="build the bundled tiny tokenizer and model", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_build_model)
+
+    p = sub.add_parser("sandbox", help="run untrusted Python under the sandbox: stare sandbox run FILE.py", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_sandbox)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from stare.config import ConfigError
+
+    try:
+        return args.fn(args)
+    except ConfigError as err:
+        print(f"stare: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""The run configuration: one typed pydantic model, loaded from YAML, overridden from the CLI.
+
+Every field has a description and bounds; unknown keys are errors. `load_config(path, overrides)`
+applies `--set a.b=value` overrides (values parsed as YAML) and the `--algo` preset, and turns any
+validation error into a `ConfigError` whose message names the dotted field and the fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from stare.learner.config import ControllerConfig, GrpoLossConfig, LossConfig, StareLossConfig
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message names the field and what to do."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunSection(_Section):
+    name: str = Field("tiny-stare", min_length=1, pattern=r"^[A-Za-z0-9._-]+$", description="Run name: outputs go to <output_dir>/<name>.")
+    output_dir: Path = Field(Path("runs"), description="Parent folder of run folders.")
+    seed: int = Field(0, ge=0, description="Seeds data order, sampling and initialisation.")
+    steps: int = Field(150, ge=1, description="Optimizer steps to train.")
+    checkpoint_every: int = Field(25, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
+    keep_checkpoints: int = Field(2, ge=1, description="How many recent checkpoints to keep.")
+    serve_api: bool = Field(False, description="Serve the control-plane API on localhost during embedded training.")
+
+
+class ModelSection(_Section):
+    path: Path | None = Field(
+        None, description="A local Hugging Face model directory. None: build (or reuse) the bundled tiny model."
+    )
+    tiny_seed: int = Field(0, ge=0, description="Seed of the bundled tiny model build (when path is None).")
+    tiny: dict[str, Any] = Field(
+        default_factory=dict, description="Overrides of the tiny model build (fields of stare.tiny_model.TinyModelSpec)."
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training and rollout dtype.")
+
+
+class TaskSection(_Section):
+    name: str = Field("arithmetic", description="A bundled task (see stare.tasks.TASKS).")
+    eval_problems: int = Field(128, ge=1, description="Held-out problems per evaluation.")
+    eval_every: int = Field(25, ge=1, description="Evaluate on the held-out split every N steps (and at start/end).")
+    eval_k: int = Field(4, ge=1, description="Samples per held-out problem for pass@k / avg@k.")
+
+
+class RolloutSection(_Section):
+    engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: hf (transformers) or vllm.")
+    prompts_per_step: int = Field(16, ge=1, description="Prompts (groups) per optimizer step.")
+    samples_per_prompt: int = Field(8, ge=2, description="G: completions sampled per prompt.")
+    max_new_tokens: int = Field(32, ge=1, description="Response length cap (tokens).")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
+
+
+class DataSection(_Section):
+    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal and sample more.")
+    max_sampling_rounds: int = Field(10, ge=1, description="Rounds of sampling per step when dynamic sampling drops groups.")
+    advantage_std: bool = Field(True, description="Divide group-centred rewards by the group std (False: Dr. GRPO style).")
+
+
+class OptimSection(_Section):
+    lr: float = Field(1e-6, gt=0.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
+    micro_batch: int = Field(16, ge=1, description="Sequences per micro-batch (gradient accumulation fills the step).")
+    zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
+
+
+class DiagnosticsSection(_Section):
+    predicted_entropy_change: bool = Field(
+        True, description="Log the first-order predicted entropy change per quadrant (one extra pass over the logits)."
+    )
+
+
+class TrainConfig(_Section):
+    """The config of one embedded training run (and of every role in the distributed system)."""
+
+    algo: str = Field("stare", description="The preset this config was built from (informational; set with --algo).")
+    run: RunSection = RunSection()
+    model: ModelSection = ModelSection()
+    task: TaskSection = TaskSection()
+    rollout: RolloutSection = RolloutSection()
+    data: DataSection = DataSection()
+    optim: OptimSection = OptimSection()
+    loss: LossConfig = Field(default_factory=StareLossConfig)
+    controller: ControllerConfig = ControllerConfig()
+    diagnostics: DiagnosticsSection = DiagnosticsSection()
+
+    @model_validator(mode="after")
+    def _cross_checks(self):
+        if self.loss.agg_mode == "seq-mean-token-sum-norm" and self.loss.norm_length is None:
+            raise ValueError("loss.norm_length is required with seq-mean-token-sum-norm")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.output_dir / self.run.name
+
+
+# --algo presets: what each baseline changes relative to the loaded config.
+ALGO_PRESETS: dict[str, dict[str, Any]] = {
+    "stare": {"loss": {"name": "stare"}},
+    "grpo": {"loss": {"name": "grpo", "eps_high": 0.2}, "data": {"dynamic_sampling": False}},
+    "grpo-ds": {"loss": {"name": "grpo", "eps_high": 0.2}, "data": {"dynamic_sampling": True}},
+    "dapo": {"loss": {"name": "grpo", "eps_low": 0.2, "eps_high": 0.28, "agg_mode": "token-mean"}, "data": {"dynamic_sampling": True}},
+    "entropy-bonus": {"loss": {"name": "entropy-bonus"}},
+    "clip-cov": {"loss": {"name": "clip-cov"}},
+    "kl-cov": {"loss": {"name": "kl-cov"}},
+    "80-20": {"loss": {"name": "80-20"}},
+}
+
+_SURROGATE_KEYS = set(GrpoLossConfig.model_fields) - {"name"}
+
+
+def _deep_merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _apply_preset(raw: dict, algo: str) -> dict:
+    if algo not in ALGO_PRESETS:
+        raise ConfigError(f"--algo {algo!r} is not a known algorithm; choose one of {sorted(ALGO_PRESETS)}")
+    preset = ALGO_PRESETS[algo]
+    loss = raw.get("loss", {}) or {}
+    # Keep the shared surrogate settings (clip range, aggregation, TIS) when switching the loss.
+    kept = {k: v for k, v in loss.items() if k in _SURROGATE_KEYS}
+    if preset["loss"]["name"] != loss.get("name", "stare"):
+        loss = kept
+    raw = _deep_merge(raw, {k: v for k, v in preset.items() if k != "loss"})
+    raw["loss"] = _deep_merge(loss, preset["loss"])
+    raw["algo"] = algo
+    if "run" in raw and "name" in raw["run"] and algo != "stare" and not raw["run"]["name"].endswith(f"-{algo}"):
+        raw["run"] = {**raw["run"], "name": f"{raw['run']['name']}-{algo}"}
+    return raw
+
+
+def _set_dotted(raw: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = raw
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {dotted}: {key!r} is not a section")
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'a.b=value' -> ('a.b', yaml-parsed value)."""
+    if "=" not in text:
+        raise ConfigError(f"--set expects KEY=VALUE (e.g. optim.lr=1e-5), got {text!r}")
+    key, value = text.split("=", 1)
+    return key.strip(), yaml.safe_load(value)
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-after", "tagged-union")))
+        loc = loc.replace(".stare.", ".").replace(".grpo.", ".")
+        lines.append(f"  {loc or '(root)'}: {e['msg']} (got {e.get('input')!r})")
+    return "invalid config:\n" + "\n".join(lines) + "\nfix the value in the YAML file or with --set FIELD=VALUE"
+
+
+def build_config(raw: dict, *, algo: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    raw = dict(raw or {})
+    if algo is not None:
+        raw = _apply_preset(raw, algo)
+    for text in overrides:
+        _set_dotted(raw, *parse_override(text))
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_describe(err)) from None
+
+
+def load_config(path: Path | None, *, algo: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    raw: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist; pass an existing YAML file to --config")
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {path} must hold a YAML mapping at the top level")
+    return build_config(raw, algo=algo, overrides=overrides)

@@ -1,0 +1,59 @@
+"""The prompt stream: a deterministic, resumable cursor over a task's training problems.
+
+Problems are drawn from a fixed pool (`pool_size` problems from the task's train split) in an
+order reshuffled every epoch from (seed, epoch); `cursor` counts prompts handed out, so a restored
+cursor continues the exact same sequence.
+"""
+
+from __future__ import annotations
+
+import random
+
+from stare.records import PromptTask
+from stare.tasks.base import Problem, Task
+
+
+class PromptFeeder:
+    def __init__(self, task: Task, tokenizer, *, run_id: str, group_size: int, seed: int, pool_size: int = 20_000):
+        self.task = task
+        self.tokenizer = tokenizer
+        self.run_id = run_id
+        self.group_size = group_size
+        self.seed = seed
+        self.pool: list[Problem] = task.problems("train", pool_size, seed)
+        self.cursor = 0
+        self._order_epoch = -1
+        self._order: list[int] = []
+
+    def _index(self, cursor: int) -> int:
+        epoch, pos = divmod(cursor, len(self.pool))
+        if epoch != self._order_epoch:
+            self._order = list(range(len(self.pool)))
+            random.Random(self.seed * 7919 + epoch).shuffle(self._order)
+            self._order_epoch = epoch
+        return self._order[pos]
+
+    def next_tasks(self, n: int) -> list[PromptTask]:
+        out = []
+        for _ in range(n):
+            problem = self.pool[self._index(self.cursor)]
+            out.append(PromptTask(
+                run_id=self.run_id,
+                group_id=f"g{self.cursor:09d}",
+                prompt=problem.prompt,
+                prompt_token_ids=self.tokenizer.encode(problem.prompt, add_special_tokens=False),
+                answer=problem.answer,
+                problem_id=problem.problem_id,
+                data_source=problem.data_source,
+                group_size=self.group_size,
+                level=problem.level,
+                cursor=self.cursor,
+            ))
+            self.cursor += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"cursor": self.cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cursor = int(state["cursor"])

@@ -1,0 +1,319 @@
+"""`stare train`: the whole RL loop in one process, the distributed system's roles wired through
+their in-memory seams (MemoryTransport streams, MemoryWeightBoard).
+
+    feeder -> prompts -> RolloutWorker -> raw -> RewardWorker -> scored -> GroupCollector
+           -> Learner (DeepSpeed, STARE) -> MemoryWeightBoard -> RolloutWorker ...
+
+Outputs under runs/<name>/: config.yaml, metrics.jsonl, eval.jsonl, tb/ (TensorBoard),
+checkpoints/ (model, optimizer, controller, data cursor, RNG states), report/ at the end.
+Ctrl-C (or SIGTERM) stops after the current step and leaves a resumable checkpoint; a second
+Ctrl-C aborts at once. `--resume runs/<name>` continues with the same step numbering, controller
+state and data order: sampling is seeded by (seed, step, round), so a resumed run reproduces an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import yaml
+
+from stare.config import ConfigError, TrainConfig, build_config
+
+MAX_EMPTY_STEPS = 20
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM: finish the step, checkpoint, exit. A second SIGINT aborts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+@contextmanager
+def _signals(flag: StopFlag):
+    old = {s: signal.signal(s, flag) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Drop lines written after the checkpoint we resume from."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= last_step:
+                keep.append(line)
+        except (json.JSONDecodeError, KeyError):
+            break
+    path.write_text("".join(f"{line}\n" for line in keep))
+
+
+def _rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state()[1].tolist(),
+        "torch": torch.get_rng_state().tolist(),
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    np_state = np.random.get_state()
+    np.random.set_state((np_state[0], np.asarray(state["numpy"], dtype=np_state[1].dtype), *np_state[2:]))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+
+
+def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[str] = ()) -> TrainConfig:
+    """The config of a new run (refusing to overwrite one) or of the run to resume."""
+    if resume is not None:
+        saved = Path(resume) / "config.yaml"
+        if not saved.is_file():
+            raise ConfigError(f"--resume {resume}: no config.yaml there; pass a run folder written by `stare train`")
+        raw = yaml.safe_load(saved.read_text())
+        return build_config(raw, overrides=overrides)
+    assert cfg is not None
+    if (cfg.run_dir / "checkpoints" / "latest").exists():
+        raise ConfigError(
+            f"run.name: {cfg.run_dir} already holds a run; resume it with `stare train --resume {cfg.run_dir}` "
+            f"or choose another name with --set run.name=NEW"
+        )
+    return cfg
+
+
+def resolve_model(cfg: TrainConfig, log: Callable[[str], None]) -> Path:
+    if cfg.model.path is not None:
+        if not (Path(cfg.model.path) / "config.json").is_file():
+            raise ConfigError(f"model.path: {cfg.model.path} is not a Hugging Face model directory (no config.json)")
+        return Path(cfg.model.path)
+    from stare.tiny_model import build_tiny_model
+
+    t0 = time.perf_counter()
+    try:
+        path = build_tiny_model(task_name=cfg.task.name, seed=cfg.model.tiny_seed, **cfg.model.tiny)
+    except TypeError as err:
+        raise ConfigError(f"model.tiny: {err}; valid keys are the fields of stare.tiny_model.TinyModelSpec") from None
+    log(f"tiny model ready at {path} ({time.perf_counter() - t0:.1f}s)")
+    return path
+
+
+class EmbeddedRun:
+    """Setup once, then `train()`; each piece is the one the distributed roles use."""
+
+    def __init__(self, cfg: TrainConfig, *, resume: bool, log: Callable[[str], None] = print):
+        from transformers import AutoTokenizer
+
+        from stare.data import PromptFeeder
+        from stare.learner.groups import GroupCollector
+        from stare.learner.trainer import Learner
+        from stare.reward.trajectory_worker import RewardWorker
+        from stare.rollout.engine import build_engine
+        from stare.rollout.worker import RolloutWorker
+        from stare.tasks.base import build_task
+        from stare.transport.memory import MemoryTransport
+        from stare.weight_sync.memory import MemoryWeightBoard
+
+        self.cfg, self.log = cfg, log
+        self.run_dir = cfg.run_dir
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        random.seed(cfg.run.seed)
+        np.random.seed(cfg.run.seed)
+        torch.manual_seed(cfg.run.seed)
+
+        model_path = resolve_model(cfg, log)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.task = build_task(cfg.task.name)
+        self.stop_ids = tuple(i for i in (self.tokenizer.eos_token_id,) if i is not None)
+        self.engine = build_engine({"name": cfg.rollout.engine, "model_path": str(model_path), "dtype": cfg.model.dtype})
+        self.learner = Learner(cfg, model_path, pad_id=self.tokenizer.pad_token_id or 0)
+        self.transport = MemoryTransport()
+        self.board = MemoryWeightBoard()
+        r = cfg.rollout
+        self.feeder = PromptFeeder(self.task, self.tokenizer, run_id=cfg.run.name, group_size=r.samples_per_prompt, seed=cfg.run.seed)
+        self.rollout = RolloutWorker(
+            self.engine, self.tokenizer, self.transport.prompts, self.transport.raw, self.board, name="rollout-0",
+            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, stop_token_ids=self.stop_ids,
+        )
+        self.reward = RewardWorker(self.task, self.transport.raw, self.transport.scored, name="reward-0")
+        self.collector = GroupCollector(self.transport.scored, name="learner", dynamic_sampling=cfg.data.dynamic_sampling,
+                                        max_staleness=0)
+        self.eval_problems = self.task.problems("test", cfg.task.eval_problems, cfg.run.seed)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.eval_path = self.run_dir / "eval.jsonl"
+        if resume:
+            state = self.learner.load(self.ckpt_dir)
+            self.feeder.load_state_dict(state["data"])
+            _set_rng_state(state["rng"])
+            _truncate_jsonl(self.metrics_path, self.learner.step)
+            _truncate_jsonl(self.eval_path, self.learner.step)
+            self.board.publish(self.learner.version, self.learner.state_dict_for_rollout())
+            log(f"resumed {self.run_dir} at step {self.learner.step}")
+        else:
+            for path in (self.metrics_path, self.eval_path):
+                path.unlink(missing_ok=True)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.learner.step + 1 if resume else None)
+
+    # -- pieces of a step -----------------------------------------------------------------------
+
+    def _sample(self) -> tuple[list, list[str], dict[str, Any]]:
+        """Sample until prompts_per_step groups are ready (dynamic sampling may need rounds)."""
+        cfg, step = self.cfg, self.learner.step
+        want = cfg.rollout.prompts_per_step
+        rounds, t0 = 0, time.perf_counter()
+        filtered0 = self.collector.stats.filtered_groups
+        sampled: list = []
+        while len(self.collector.ready) < want and rounds < cfg.data.max_sampling_rounds:
+            need = want - len(self.collector.ready)
+            self.transport.prompts.publish(self.feeder.next_tasks(need))
+            self.rollout.run_once(max_prompts=need, seed=cfg.run.seed * 1_000_003 + step * 101 + rounds)
+            self.reward.run_once()
+            self.collector.pull(self.learner.version)
+            rounds += 1
+        trajectories, ids = self.collector.take(want)
+        elapsed = time.perf_counter() - t0
+        tokens = sum(len(t.response_token_ids) for t in trajectories)
+        info = {
+            "sampling_rounds": rounds,
+            "filtered_groups": self.collector.stats.filtered_groups - filtered0,
+            "groups": len(trajectories) // max(cfg.rollout.samples_per_prompt, 1),
+            "time_rollout_s": elapsed,
+            "rollout_tokens_per_s": tokens / max(elapsed, 1e-9),
+        }
+        return trajectories, ids, info
+
+    def _evaluate(self) -> dict[str, Any]:
+        from stare.evaluation import evaluate
+
+        cfg = self.cfg
+        result = evaluate(self.engine, self.tokenizer, self.task, self.eval_problems, k=cfg.task.eval_k,
+                          max_new_tokens=cfg.rollout.max_new_tokens, stop_token_ids=self.stop_ids,
+                          seed=cfg.run.seed * 7 + 1)
+        result["step"] = self.learner.step
+        with self.eval_path.open("a") as f:
+            f.write(json.dumps(result) + "\n")
+        for key in ("greedy_accuracy", "pass_at_k", "avg_at_k"):
+            self.tb.add_scalar(f"eval/{key}", result[key], self.learner.step)
+        return result
+
+    def _checkpoint(self) -> None:
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        tag = self.learner.save(self.ckpt_dir, {"data": self.feeder.state_dict(), "rng": _rng_state()})
+        tags = sorted(p.name for p in self.ckpt_dir.glob("step_*"))
+        for old in tags[: -self.cfg.run.keep_checkpoints]:
+            shutil.rmtree(self.ckpt_dir / old, ignore_errors=True)
+        self.log(f"checkpoint {self.ckpt_dir / tag}")
+
+    def _log_step(self, metrics: dict[str, Any]) -> None:
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None:
+                self.tb.add_scalar(key, value, metrics["step"])
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def train(self, stop: StopFlag, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        cfg = self.cfg
+        if self.learner.step == 0 and not self.eval_path.exists():
+            self._evaluate()
+        empty = 0
+        while self.learner.step < cfg.run.steps and not stop.requested:
+            t0 = time.perf_counter()
+            trajectories, ids, info = self._sample()
+            if not trajectories:
+                empty += 1
+                self.log(f"no group with a reward signal after {info['sampling_rounds']} rounds; sampling again")
+                if empty >= MAX_EMPTY_STEPS:
+                    self.log("every group had equal rewards for too long; stopping (the task is solved or unsolvable)")
+                    break
+                continue
+            empty = 0
+            metrics = self.learner.train_step(trajectories)
+            self.transport.scored.ack(ids)
+            self.board.publish(self.learner.version, self.learner.state_dict_for_rollout())
+            rewards = [t.reward for t in trajectories]
+            metrics.update(info)
+            metrics.update(
+                algo=cfg.algo,
+                reward_mean=float(np.mean(rewards)),
+                accuracy=float(np.mean([r >= 1.0 for r in rewards])),
+                response_length_mean=float(np.mean([len(t.response_token_ids) for t in trajectories])),
+                tokens_per_s=sum(len(t.response_token_ids) for t in trajectories) / max(time.perf_counter() - t0, 1e-9),
+                time_step_s=time.perf_counter() - t0,
+                staleness_max=max(self.learner.version - 1 - t.weight_version for t in trajectories),
+            )
+            self._log_step(metrics)
+            if on_step is not None:
+                on_step(metrics)
+            step = self.learner.step
+            if step % cfg.task.eval_every == 0 or step == cfg.run.steps:
+                self._evaluate()
+            if step % cfg.run.checkpoint_every == 0 or step == cfg.run.steps or stop.requested:
+                self._checkpoint()
+        if stop.requested and not (self.ckpt_dir / f"step_{self.learner.step:06d}").exists():
+            self._checkpoint()
+        self.tb.flush()
+
+    def close(self) -> None:
+        self.tb.close()
+        self.engine.close()
+
+
+def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> Path:
+    """Train (or resume) one run; returns the run folder. Writes the report at the end."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    log = console.log if progress else (lambda *_: None)
+    stop = StopFlag()
+    with _signals(stop):
+        run = EmbeddedRun(cfg, resume=resume, log=log)
+        columns = [
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[live]}"),
+            TimeElapsedColumn(), TimeRemainingColumn(),
+        ]
+        with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
+            task = bar.add_task(f"{cfg.algo} {cfg.run.name}", total=cfg.run.steps, completed=run.learner.step, live="")
+
+            def on_step(m: dict[str, Any]) -> None:
+                live = (f"reward {m['reward_mean']:.2f}  entropy {m['entropy']:.3f} (target {m['target']:.2f})  "
+                        f"gate {'on ' if m['gate'] else 'off'}  W {m['w']:.2f} M {m['m']:.2f}")
+                bar.update(task, completed=m["step"], live=live)
+
+            try:
+                run.train(stop, on_step)
+            finally:
+                run.close()
+    if stop.requested:
+        log(f"stopped after step {run.learner.step}; resume with: stare train --resume {run.run_dir}")
+    else:
+        from stare.report import write_report
+
+        report = write_report(run.run_dir)
+        log(f"report: {report / 'summary.md'}")
+    return run.run_dir

@@ -1,0 +1,85 @@
+"""Verifiable tasks: the `Problem` record, the `Task` protocol and the task registry.
+
+A task hands out prompts with known answers and scores completions against them. Rewards are
+outcome-only (1.0 for a correct final answer, else 0.0) and never raise, whatever the policy
+writes. Tasks are deterministic from a seed so runs and tests are reproducible.
+
+Not covered here: partial credit, format rewards or length shaping (those live in `stare.reward`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Protocol, runtime_checkable
+
+Split = Literal["train", "test"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt with its reference answer.
+
+    Invariants: `answer` is the canonical string of the final answer (what `extract_answer` returns
+    for a correct completion); `problem_id` is stable across processes and runs (it is derived from
+    the problem's content, so the same problem drawn twice has the same id); `level` >= 1.
+    """
+
+    prompt: str
+    answer: str
+    problem_id: str
+    level: int
+    data_source: str
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A source of verifiable problems and their outcome reward."""
+
+    name: str
+
+    def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
+        """`n` problems of `split`, the same list for the same (split, n, seed); the train and test
+        splits share no prompt."""
+        ...
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The final answer written in `completion`, canonicalised, or None if there is none."""
+        ...
+
+    def reward(self, problem: Problem, completion: str) -> float:
+        """1.0 if the completion's final answer equals `problem.answer`, else 0.0; never raises."""
+        ...
+
+
+@runtime_checkable
+class SupervisedTask(Task, Protocol):
+    """A task that can also write a reference solution (used to warm-start the tiny model)."""
+
+    def solution(self, problem: Problem, rng: random.Random | None = None) -> str:
+        """A correct completion for `problem` (without any end-of-sequence token): the canonical
+        one, or with `rng` a randomly drawn one of several equally correct ones."""
+        ...
+
+
+def _arithmetic(**kwargs: Any) -> Task:
+    from stare.tasks.arithmetic import ArithmeticTask
+
+    return ArithmeticTask(**kwargs)
+
+
+# name -> factory(**kwargs) -> Task. Factories import lazily so the registry costs nothing.
+TASKS: dict[str, Callable[..., Task]] = {
+    "arithmetic": _arithmetic,
+}
+
+
+def build_task(name: str, **kwargs: Any) -> Task:
+    """Build the registered task `name` with its keyword arguments."""
+    try:
+        factory = TASKS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown task {name!r}; valid names: {', '.join(sorted(TASKS))}"
+        ) from None
+    return factory(**kwargs)

@@ -1,0 +1,416 @@
+"""Build the tiny Qwen2 policy and tokenizer for the embedded CPU demo (`stare train`).
+
+`build_tiny_model` makes, from nothing but a seed and the bundled task, a standard Hugging Face
+model directory that everything downstream loads by path, exactly like a real checkpoint:
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+
+Steps: (a) a character-level tokenizer over the task's alphabet plus <pad>, <eos>, <unk>;
+(b) a small Qwen2 (about 0.4M parameters by default, fp32); (c) a short supervised warm start on
+reference solutions, deliberately too short for the model to master the task, so that held-out
+greedy accuracy stays well inside (0, 1) and sampling at temperature 1.0 keeps real entropy (the
+room that GRPO collapses and STARE is meant to hold); (d) `save_pretrained` of both, plus
+`build_info.json` with the arguments, their hash and measured accuracy and entropy.
+
+Prompt format: the problem's prompt text, tokenized as is (no BOS, no chat template); the
+completion follows directly and ends with <eos>. The saved tokenizer pads on the left (for batched
+generation); `generation_config.json` carries the eos and pad ids so `generate` stops at <eos>.
+
+Determinism: the build runs on one thread with seeded RNGs, so the same arguments give the same
+weights bit for bit on the same torch build. A directory whose `build_info.json` has the same
+arguments hash is reused without retraining.
+
+Not covered: anything beyond the toy regime (no BPE merges, no chat format, no GPU path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # heavy imports stay out of module import (the CLI's --help must be instant)
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from stare.tasks.base import Problem, SupervisedTask
+
+BUILD_VERSION = 1
+"""Bumped whenever the build procedure changes, so stale caches are rebuilt."""
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyModelSpec:
+    """Everything that determines a tiny-model build (hashed into the cache key)."""
+
+    task_name: str = "arithmetic"
+    seed: int = 0
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    max_positions: int = 64
+    sft_steps: int = 300
+    sft_batch_size: int = 64
+    sft_lr: float = 3e-3
+    n_eval: int = 400  # held-out problems for the measurements in build_info.json
+
+    def args_hash(self) -> str:
+        blob = json.dumps({"version": BUILD_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    """Held-out measurements of a policy on a task."""
+
+    greedy_accuracy: float
+    greedy_accuracy_by_level: dict[int, float]
+    sample_accuracy: float  # temperature 1.0, one sample per problem
+    sample_entropy: float  # mean next-token entropy (nats) over sampled response tokens, eos incl.
+    mean_response_tokens: float  # sampled, eos included
+    n: int
+
+
+def default_cache_dir() -> Path:
+    """`$STARE_CACHE_DIR/models`, or `~/.cache/stare/models` when the variable is unset."""
+    root = os.environ.get("STARE_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "stare") / "models"
+
+
+def default_model_dir(spec: TinyModelSpec) -> Path:
+    """Where `build_tiny_model` puts `spec` when no directory is given."""
+    return default_cache_dir() / f"tiny-{spec.task_name}-{spec.args_hash()[:8]}"
+
+
+def build_tiny_model(
+    out_dir: Path | str | None = None,
+    task_name: str = "arithmetic",
+    seed: int = 0,
+    *,
+    force: bool = False,
+    verbose: bool = False,
+    **spec_overrides: Any,
+) -> Path:
+    """Build (or reuse) the tiny model directory and return its path.
+
+    `spec_overrides` are `TinyModelSpec` fields (e.g. `sft_steps=50, hidden_size=64` for a quick
+    test build). `out_dir` defaults to `default_model_dir(spec)`. An existing directory is reused
+    when its `build_info.json` has the same arguments hash (unless `force`); one with a different
+    hash is rebuilt; a non-empty directory without `build_info.json` is refused rather than
+    overwritten.
+    """
+    spec = TinyModelSpec(task_name=task_name, seed=seed, **spec_overrides)
+    out = Path(out_dir) if out_dir is not None else default_model_dir(spec)
+    if not force and _matching_build(out, spec):
+        return out
+    if out.exists() and any(out.iterdir()) and not (out / "build_info.json").exists():
+        raise FileExistsError(
+            f"{out} is a non-empty directory without build_info.json; refusing to overwrite it "
+            "(pass an empty or new directory)"
+        )
+
+    import torch
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # bitwise-reproducible builds, and polite on shared CPUs
+    try:
+        _build(spec, tmp, verbose=verbose)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        torch.set_num_threads(threads)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _matching_build(out: Path, spec: TinyModelSpec) -> bool:
+    try:
+        info = json.loads((out / "build_info.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return info.get("args_hash") == spec.args_hash() and (out / "model.safetensors").exists()
+
+
+def _build(spec: TinyModelSpec, out: Path, *, verbose: bool) -> None:
+    import torch
+
+    from stare.tasks import build_task
+
+    t0 = time.perf_counter()
+    task = build_task(spec.task_name)
+    if not hasattr(task, "solution"):
+        raise TypeError(
+            f"task {spec.task_name!r} cannot write reference solutions (no `solution` method); "
+            "the tiny-model warm start needs a SupervisedTask"
+        )
+    train = task.problems("train", spec.sft_steps * spec.sft_batch_size, seed=spec.seed)
+    test = task.problems("test", spec.n_eval, seed=spec.seed)
+
+    texts = [p.prompt + task.solution(p) for p in train[:2000]] + [p.prompt for p in test]
+    tokenizer = build_tokenizer(texts)
+    torch.manual_seed(spec.seed)
+    model = _new_model(spec, tokenizer)
+    losses = _warm_start(model, tokenizer, task, train, spec, verbose=verbose)
+    t_train = time.perf_counter() - t0
+
+    result = evaluate(model, tokenizer, task, test, seed=spec.seed)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    info = {
+        "build_version": BUILD_VERSION,
+        "args_hash": spec.args_hash(),
+        "spec": dataclasses.asdict(spec),
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        "sft_steps": spec.sft_steps,
+        "sft_final_loss": losses[-1] if losses else None,
+        "train_seconds": round(t_train, 2),
+        "build_seconds": round(time.perf_counter() - t0, 2),
+        "torch_version": torch.__version__,
+        "eval": dataclasses.asdict(result),
+    }
+    (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    if verbose:
+        print(json.dumps(info, indent=2))
+
+
+def build_tokenizer(corpus: Sequence[str]) -> PreTrainedTokenizerBase:
+    """A character-level tokenizer over the characters of `corpus`, plus <pad>, <eos>, <unk>.
+
+    Ids: <pad>=0, <eos>=1, <unk>=2, then the corpus characters in sorted order. Decoding fuses
+    characters without spaces, so `decode(encode(s)) == s` for any string over the alphabet.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = sorted({c for text in corpus for c in text})
+    vocab = {tok: i for i, tok in enumerate([PAD, EOS, UNK, *chars])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([PAD, EOS, UNK])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        eos_token=EOS,
+        unk_token=UNK,
+        padding_side="left",
+        model_max_length=1024,
+    )
+
+
+def _new_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        dtype="float32",
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=40,
+    )
+    return model
+
+
+def _sft_batch(
+    tokenizer: PreTrainedTokenizerBase,
+    task: SupervisedTask,
+    problems: Sequence[Problem],
+    rng: random.Random | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded prompt+solution+eos ids, attention mask, and labels (-100 off the completion)."""
+    import torch
+
+    rows, labels = [], []
+    for p in problems:
+        prompt = tokenizer.encode(p.prompt, add_special_tokens=False)
+        completion = tokenizer.encode(task.solution(p, rng), add_special_tokens=False)
+        completion.append(tokenizer.eos_token_id)
+        rows.append(prompt + completion)
+        labels.append([-100] * len(prompt) + completion)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)  # [B, L]
+    lab = torch.full((len(rows), width), -100)  # [B, L]
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, L]
+    for i, (r, y) in enumerate(zip(rows, labels)):
+        ids[i, : len(r)] = torch.tensor(r)
+        lab[i, : len(y)] = torch.tensor(y)
+        mask[i, : len(r)] = 1
+    return ids, mask, lab
+
+
+def _warm_start(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: SupervisedTask,
+    train: Sequence[Problem],
+    spec: TinyModelSpec,
+    *,
+    verbose: bool,
+) -> list[float]:
+    """Short supervised phase: AdamW, linear warmup then cosine decay to 10%, one pass."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr, weight_decay=0.0)
+    warmup = max(1, spec.sft_steps // 10)
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        frac = (step - warmup) / max(1, spec.sft_steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    model.train()
+    losses = []
+    for step in range(spec.sft_steps):
+        chunk = train[step * spec.sft_batch_size : (step + 1) * spec.sft_batch_size]
+        # One micro-batch per level: lengths differ by level, so this pads far less (~1/3 less
+        # compute) than one batch padded to the longest row. Same gradient as one big batch.
+        micro = [
+            _sft_batch(tokenizer, task, [p for p in chunk if p.level == level])
+            for level in sorted({p.level for p in chunk})
+        ]
+        num_tokens = sum(int((labels != -100).sum()) for _, _, labels in micro)
+        opt.zero_grad(set_to_none=True)
+        step_loss = 0.0
+        for ids, mask, labels in micro:
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # [B, L-1, V]
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                labels[:, 1:].reshape(-1),
+                ignore_index=-100,
+                reduction="sum",
+            ) / num_tokens
+            loss.backward()
+            step_loss += loss.detach()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 25 == 0 or step == spec.sft_steps - 1:
+            losses.append(round(float(step_loss), 4))  # host sync: every 25 steps only
+            if verbose:
+                print(f"sft step {step} loss {losses[-1]}")
+    model.eval()
+    return losses
+
+
+def evaluate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Any,
+    problems: Sequence[Problem],
+    *,
+    seed: int = 0,
+    max_new_tokens: int = 40,
+    batch_size: int = 256,
+) -> EvalResult:
+    """Greedy accuracy (overall and per level) and temperature-1.0 sampling statistics.
+
+    Entropy is the policy's full next-token entropy H(pi(.|prefix)) at each sampled response
+    position (the <eos> position included, padding after it excluded), averaged over tokens.
+    Sampling uses a forked RNG seeded with `seed`, so the global RNG state is left untouched.
+    """
+    import torch
+
+    greedy_hits: list[float] = []
+    sample_hits: list[float] = []
+    ent_sum, tok_count = 0.0, 0
+    model.eval()
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for start in range(0, len(problems), batch_size):
+            chunk = problems[start : start + batch_size]
+            enc = tokenizer(
+                [p.prompt for p in chunk],
+                return_tensors="pt",
+                padding=True,
+                padding_side="left",
+                add_special_tokens=False,
+            )
+            width = enc["input_ids"].shape[1]
+            greedy = _generate(model, tokenizer, enc, max_new_tokens, sample=False)
+            texts = tokenizer.batch_decode(greedy.sequences[:, width:], skip_special_tokens=True)
+            greedy_hits += [task.reward(p, c) for p, c in zip(chunk, texts)]
+            sampled = _generate(model, tokenizer, enc, max_new_tokens, sample=True)
+            new = sampled.sequences[:, width:]  # [B, T]
+            texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+            sample_hits += [task.reward(p, c) for p, c in zip(chunk, texts)]
+            logits = torch.stack(sampled.logits, dim=1).float()  # [B, T, V]
+            logp = torch.log_softmax(logits, dim=-1)  # [B, T, V]
+            ent = -(logp.exp() * logp).sum(-1)  # [B, T]
+            mask = response_mask(new, tokenizer.eos_token_id)  # [B, T]
+            ent_sum += float((ent * mask).sum())
+            tok_count += int(mask.sum())
+    by_level: dict[int, list[float]] = {}
+    for p, hit in zip(problems, greedy_hits):
+        by_level.setdefault(p.level, []).append(hit)
+    return EvalResult(
+        greedy_accuracy=_mean(greedy_hits),
+        greedy_accuracy_by_level={k: _mean(v) for k, v in sorted(by_level.items())},
+        sample_accuracy=_mean(sample_hits),
+        sample_entropy=round(ent_sum / max(tok_count, 1), 4),
+        mean_response_tokens=round(tok_count / max(len(problems), 1), 2),
+        n=len(problems),
+    )
+
+
+def _generate(model, tokenizer, enc, max_new_tokens: int, *, sample: bool):
+    return model.generate(
+        **enc,
+        max_new_tokens=max_new_tokens,
+        do_sample=sample,
+        temperature=1.0 if sample else None,
+        top_k=0 if sample else None,
+        top_p=1.0 if sample else None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        return_dict_in_generate=True,
+        output_logits=sample,
+    )
+
+
+def response_mask(new_tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """1.0 on generated tokens up to and including the first eos, 0.0 after. [B, T] -> [B, T]."""
+    is_eos = (new_tokens == eos_id).long()  # [B, T]
+    before_or_at_first_eos = (is_eos.cumsum(dim=1) - is_eos) == 0  # [B, T]
+    return before_or_at_first_eos.float()
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return round(sum(xs) / len(xs), 4) if xs else 0.0

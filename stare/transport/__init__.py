@@ -1,0 +1,5 @@
+"""Trajectory transport: prompt tasks -> raw trajectories -> scored trajectories.
+
+`base.py` is the protocol; `memory.py` the in-process implementation used by the embedded mode
+and unit tests.
+"""

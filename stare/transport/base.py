@@ -1,0 +1,41 @@
+"""The stream protocol every transport implements (in-memory here, Redis streams in the system).
+
+A stream delivers records to named consumers of one group; a delivered record stays pending until
+`ack`; `dead_letter` parks a record that failed validation with its reason, so nothing is dropped
+silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Generic, Protocol, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Delivery(Generic[T]):
+    id: str  # the stream's id of this entry (ack with it)
+    record: T
+
+
+class RecordStream(Protocol[T]):
+    def publish(self, records: Sequence[T]) -> list[str]: ...
+
+    def consume(self, consumer: str, max_count: int, block_s: float = 0.0) -> list[Delivery[T]]: ...
+
+    def ack(self, ids: Sequence[str]) -> None: ...
+
+    def dead_letter(self, entry_id: str, raw: object, reason: str) -> None: ...
+
+    def backlog(self) -> int:
+        """Entries published and not yet acknowledged."""
+        ...
+
+
+class Transport(Protocol):
+    """The three streams of a run."""
+
+    prompts: RecordStream
+    raw: RecordStream
+    scored: RecordStream

@@ -1,0 +1,20 @@
+"""The weight-sync protocol."""
+
+from __future__ import annotations
+
+from typing import Mapping, Protocol
+
+import torch
+
+
+class WeightPublisher(Protocol):
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Make `version` available to every subscriber; versions only increase."""
+        ...
+
+
+class WeightSubscriber(Protocol):
+    def fetch(self, have_version: int) -> tuple[int, Mapping[str, torch.Tensor]] | None:
+        """The newest weights if newer than `have_version` (a worker that missed versions jumps to
+        the newest), else None."""
+        ...

@@ -1,0 +1,26 @@
+"""In-process weight hand-over (embedded mode): the newest state dict, shared by reference."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+
+class MemoryWeightBoard:
+    """Both ends of the seam in one object: `publish` from the learner, `fetch` from rollout."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._state: Mapping[str, torch.Tensor] | None = None
+
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        if version <= self.version and self._state is not None:
+            raise ValueError(f"weight version must increase: got {version} after {self.version}")
+        self.version = version
+        self._state = {k: v.detach().clone() for k, v in state_dict.items()}
+
+    def fetch(self, have_version: int) -> tuple[int, Mapping[str, torch.Tensor]] | None:
+        if self._state is None or self.version <= have_version:
+            return None
+        return self.version, self._state
