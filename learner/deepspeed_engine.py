@@ -19,6 +19,15 @@ import torch
 from stare.paths import cache_dir
 
 
+LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment without the process-group variables `init_distributed` sets,
+    for a child process that must form its own group."""
+    return {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

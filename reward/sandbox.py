@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import random
@@ -526,13 +527,23 @@ class _Pump:
                     stream.close()
 
 
+@functools.cache
+def probe(isolation: Isolation) -> str | None:
+    """None if a trivial program runs under `isolation` in this process, else why not (with the
+    fix). Runs a sandbox once per isolation level and process (cached); for start-up checks."""
+    reason = unavailable_reason(isolation)
+    if reason is not None:
+        return reason
+    try:
+        ProcessSandbox(SandboxConfig(isolation=isolation)).check()
+    except SandboxUnavailable as exc:
+        return str(exc)
+    return None
+
+
 def best_isolation() -> Isolation:
-    """The strongest isolation that works in this process (runs a trivial program per level)."""
+    """The strongest isolation that works in this process ("unprivileged" at worst)."""
     for level in ("namespaces", "process"):
-        if unavailable_reason(level) is None:
-            try:
-                ProcessSandbox(SandboxConfig(isolation=level)).check()
-                return level
-            except SandboxUnavailable:
-                continue
+        if probe(level) is None:
+            return level
     return "unprivileged"

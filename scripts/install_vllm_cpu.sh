@@ -18,8 +18,8 @@
 # through its configuration: on this project's machines a find-links folder with the wheel is
 # configured; elsewhere point PIP_EXTRA_INDEX_URL at the PyTorch CPU wheel index first.
 #
-# Idempotent: a second run checks versions and skips what is installed (~15 s).
-# Measured on 2 cores: ~3.5 min from an empty venv, 3.4 GB installed.
+# Idempotent: a second run checks versions and skips what is installed (~1 min).
+# Measured on 2 shared cores: 3.5-5 min from an empty venv, 3.4 GB installed.
 set -euo pipefail
 
 VLLM_VERSION=0.32.0
@@ -50,7 +50,7 @@ TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 pip_quiet() {  # pip "$@", without the noise lines, keeping pip's exit status
     local rc=0
-    "${PIP[@]}" "$@" > "$TMP/pip.log" 2>&1 || rc=$?
+    "${PIP[@]}" -q "$@" > "$TMP/pip.log" 2>&1 || rc=$?
     grep -v -e "^Requirement already satisfied" -e "is ignored: it is neither" "$TMP/pip.log" || true
     return $rc
 }

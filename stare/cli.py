@@ -45,6 +45,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    from stare.learner.deepspeed_engine import child_env
     from stare.report import write_comparison
 
     base = _load(argparse.Namespace(config=args.config, algo=None, overrides=args.overrides))
@@ -61,7 +62,7 @@ def cmd_compare(args) -> int:
             for o in args.overrides:
                 cmd += ["--set", o]
             print(f"[compare] {algo} seed {seed} -> {base.run.output_dir / name}", flush=True)
-            subprocess.run(cmd, check=True, timeout=args.timeout_s)
+            subprocess.run(cmd, check=True, timeout=args.timeout_s, env=child_env())
             run_dirs.append(base.run.output_dir / name)
     out = args.out or base.run.output_dir / f"{base.run.name}-compare"
     write_comparison(run_dirs, out)

@@ -179,6 +179,8 @@ def build_config(raw: dict, *, algo: str | None = None, overrides: list[str] | t
         raw = _apply_preset(raw, algo)
     for text in overrides:
         _set_dotted(raw, *parse_override(text))
+    if isinstance(raw.get("loss"), dict) and "name" not in raw["loss"]:
+        raw["loss"] = {"name": "stare", **raw["loss"]}  # the default loss, as if it had been written
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as err:

@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import random
 import shutil
@@ -43,7 +42,7 @@ if TYPE_CHECKING:  # heavy imports stay out of module import (the CLI's --help m
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from stare.tasks.base import Problem, SupervisedTask
+    from stare.tasks.base import Problem, SupervisedTask, Task
 
 BUILD_VERSION = 1
 """Bumped whenever the build procedure changes, so stale caches are rebuilt."""
@@ -53,7 +52,13 @@ PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 
 @dataclasses.dataclass(frozen=True)
 class TinyModelSpec:
-    """Everything that determines a tiny-model build (hashed into the cache key)."""
+    """Everything that determines a tiny-model build; hashed (with BUILD_VERSION) into the cache key.
+
+    The warm start stops early, at the first check where greedy accuracy on `n_val` train-split
+    problems reaches `sft_target_accuracy`, or after `sft_max_steps`. Stopping on accuracy rather
+    than on a step count keeps the result in the partially-learned regime whatever the seed (the
+    accuracy climbs steeply once the model starts to learn; where it starts varies by seed).
+    """
 
     task_name: str = "arithmetic"
     seed: int = 0
@@ -62,11 +67,31 @@ class TinyModelSpec:
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 256
-    max_positions: int = 64
-    sft_steps: int = 300
+    max_positions: int = 128
+    sft_max_steps: int = 600
     sft_batch_size: int = 64
     sft_lr: float = 3e-3
-    n_eval: int = 400  # held-out problems for the measurements in build_info.json
+    sft_warmup_steps: int = 30
+    sft_target_accuracy: float = 0.45  # > 1.0 disables early stopping
+    sft_check_every: int = 25
+    n_val: int = 128  # train-split problems for the early-stopping check
+    n_eval: int = 400  # held-out (test-split) problems for the numbers in build_info.json
+
+    def __post_init__(self) -> None:
+        positive = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                    "max_positions", "sft_batch_size", "sft_check_every", "n_val", "n_eval")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.sft_max_steps < 0 or self.sft_warmup_steps < 0:
+            raise ValueError("sft_max_steps and sft_warmup_steps must be >= 0")
+        if self.sft_lr <= 0:
+            raise ValueError(f"sft_lr must be > 0, got {self.sft_lr}")
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                "hidden_size must be divisible by num_heads, and num_heads by num_kv_heads; got "
+                f"{self.hidden_size}, {self.num_heads}, {self.num_kv_heads}"
+            )
 
     def args_hash(self) -> str:
         blob = json.dumps({"version": BUILD_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
@@ -161,14 +186,16 @@ def _build(spec: TinyModelSpec, out: Path, *, verbose: bool) -> None:
             f"task {spec.task_name!r} cannot write reference solutions (no `solution` method); "
             "the tiny-model warm start needs a SupervisedTask"
         )
-    train = task.problems("train", spec.sft_steps * spec.sft_batch_size, seed=spec.seed)
+    train = task.problems("train", spec.sft_max_steps * spec.sft_batch_size, seed=spec.seed)
+    val = task.problems("train", spec.n_val, seed=spec.seed + 1_000_003)
     test = task.problems("test", spec.n_eval, seed=spec.seed)
 
-    texts = [p.prompt + task.solution(p) for p in train[:2000]] + [p.prompt for p in test]
-    tokenizer = build_tokenizer(texts)
+    corpus = [getattr(task, "alphabet", "")]
+    corpus += [p.prompt + task.solution(p) for p in train[:1000]] + [p.prompt for p in test]
+    tokenizer = build_tokenizer(corpus)
     torch.manual_seed(spec.seed)
     model = _new_model(spec, tokenizer)
-    losses = _warm_start(model, tokenizer, task, train, spec, verbose=verbose)
+    log = _warm_start(model, tokenizer, task, train, val, spec, verbose=verbose)
     t_train = time.perf_counter() - t0
 
     result = evaluate(model, tokenizer, task, test, seed=spec.seed)
@@ -180,16 +207,17 @@ def _build(spec: TinyModelSpec, out: Path, *, verbose: bool) -> None:
         "spec": dataclasses.asdict(spec),
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
-        "sft_steps": spec.sft_steps,
-        "sft_final_loss": losses[-1] if losses else None,
+        "sft_steps": log["steps"],
+        "sft_log": log["history"],
         "train_seconds": round(t_train, 2),
         "build_seconds": round(time.perf_counter() - t0, 2),
         "torch_version": torch.__version__,
+        "recommended_max_new_tokens": 40,
         "eval": dataclasses.asdict(result),
     }
     (out / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
     if verbose:
-        print(json.dumps(info, indent=2))
+        print(json.dumps({k: v for k, v in info.items() if k != "sft_log"}, indent=2))
 
 
 def build_tokenizer(corpus: Sequence[str]) -> PreTrainedTokenizerBase:
@@ -279,36 +307,37 @@ def _warm_start(
     tokenizer: PreTrainedTokenizerBase,
     task: SupervisedTask,
     train: Sequence[Problem],
+    val: Sequence[Problem],
     spec: TinyModelSpec,
     *,
     verbose: bool,
-) -> list[float]:
-    """Short supervised phase: AdamW, linear warmup then cosine decay to 10%, one pass."""
+) -> dict[str, Any]:
+    """Supervised warm start on reference solutions (with random equally-correct variants).
+
+    AdamW, linear warmup then constant LR, each problem seen once; stops early once greedy
+    accuracy on `val` reaches the target (checked every `sft_check_every` steps). Returns the
+    number of steps taken and a (step, loss, val accuracy) history.
+    """
     import torch
 
     opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr, weight_decay=0.0)
-    warmup = max(1, spec.sft_steps // 10)
-
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        frac = (step - warmup) / max(1, spec.sft_steps - warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    model.train()
-    losses = []
-    for step in range(spec.sft_steps):
+    warmup = max(1, spec.sft_warmup_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warmup))
+    variants = random.Random(f"sft-variants/{spec.seed}")
+    history: list[dict[str, float]] = []
+    steps = 0
+    for step in range(spec.sft_max_steps):
+        model.train()
         chunk = train[step * spec.sft_batch_size : (step + 1) * spec.sft_batch_size]
         # One micro-batch per level: lengths differ by level, so this pads far less (~1/3 less
         # compute) than one batch padded to the longest row. Same gradient as one big batch.
         micro = [
-            _sft_batch(tokenizer, task, [p for p in chunk if p.level == level])
+            _sft_batch(tokenizer, task, [p for p in chunk if p.level == level], variants)
             for level in sorted({p.level for p in chunk})
         ]
         num_tokens = sum(int((labels != -100).sum()) for _, _, labels in micro)
         opt.zero_grad(set_to_none=True)
-        step_loss = 0.0
+        step_loss = torch.zeros(())
         for ids, mask, labels in micro:
             logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # [B, L-1, V]
             loss = torch.nn.functional.cross_entropy(
@@ -322,18 +351,23 @@ def _warm_start(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if step % 25 == 0 or step == spec.sft_steps - 1:
-            losses.append(round(float(step_loss), 4))  # host sync: every 25 steps only
+        steps = step + 1
+        if steps % spec.sft_check_every == 0 or steps == spec.sft_max_steps:
+            acc = greedy_accuracy(model, tokenizer, task, val)
+            # host sync: once per check, off the hot path
+            history.append({"step": steps, "loss": round(float(step_loss), 4), "val_greedy": acc})
             if verbose:
-                print(f"sft step {step} loss {losses[-1]}")
+                print(f"sft step {steps} loss {history[-1]['loss']} val greedy accuracy {acc}")
+            if acc >= spec.sft_target_accuracy:
+                break
     model.eval()
-    return losses
+    return {"steps": steps, "history": history}
 
 
 def evaluate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    task: Any,
+    task: Task,
     problems: Sequence[Problem],
     *,
     seed: int = 0,
@@ -343,39 +377,26 @@ def evaluate(
     """Greedy accuracy (overall and per level) and temperature-1.0 sampling statistics.
 
     Entropy is the policy's full next-token entropy H(pi(.|prefix)) at each sampled response
-    position (the <eos> position included, padding after it excluded), averaged over tokens.
-    Sampling uses a forked RNG seeded with `seed`, so the global RNG state is left untouched.
+    position (the <eos> position included, padding after it excluded), averaged over tokens, as an
+    RL loop with token-mean aggregation would log it. Sampling uses a forked RNG seeded with
+    `seed`, so the caller's global RNG state is left untouched.
     """
     import torch
 
-    greedy_hits: list[float] = []
+    greedy_hits = _greedy_rewards(model, tokenizer, task, problems, max_new_tokens, batch_size)
     sample_hits: list[float] = []
     ent_sum, tok_count = 0.0, 0
-    model.eval()
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for start in range(0, len(problems), batch_size):
             chunk = problems[start : start + batch_size]
-            enc = tokenizer(
-                [p.prompt for p in chunk],
-                return_tensors="pt",
-                padding=True,
-                padding_side="left",
-                add_special_tokens=False,
-            )
-            width = enc["input_ids"].shape[1]
-            greedy = _generate(model, tokenizer, enc, max_new_tokens, sample=False)
-            texts = tokenizer.batch_decode(greedy.sequences[:, width:], skip_special_tokens=True)
-            greedy_hits += [task.reward(p, c) for p, c in zip(chunk, texts)]
-            sampled = _generate(model, tokenizer, enc, max_new_tokens, sample=True)
-            new = sampled.sequences[:, width:]  # [B, T]
+            new, logits = _complete(model, tokenizer, chunk, max_new_tokens, sample=True)
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
             sample_hits += [task.reward(p, c) for p, c in zip(chunk, texts)]
-            logits = torch.stack(sampled.logits, dim=1).float()  # [B, T, V]
-            logp = torch.log_softmax(logits, dim=-1)  # [B, T, V]
+            logp = torch.log_softmax(logits.float(), dim=-1)  # [B, T, V]
             ent = -(logp.exp() * logp).sum(-1)  # [B, T]
             mask = response_mask(new, tokenizer.eos_token_id)  # [B, T]
-            ent_sum += float((ent * mask).sum())
+            ent_sum += float((ent * mask).sum())  # host sync: once per eval batch
             tok_count += int(mask.sum())
     by_level: dict[int, list[float]] = {}
     for p, hit in zip(problems, greedy_hits):
@@ -390,19 +411,64 @@ def evaluate(
     )
 
 
-def _generate(model, tokenizer, enc, max_new_tokens: int, *, sample: bool):
-    return model.generate(
-        **enc,
-        max_new_tokens=max_new_tokens,
-        do_sample=sample,
-        temperature=1.0 if sample else None,
-        top_k=0 if sample else None,
-        top_p=1.0 if sample else None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        return_dict_in_generate=True,
-        output_logits=sample,
+def greedy_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    problems: Sequence[Problem],
+    *,
+    max_new_tokens: int = 40,
+    batch_size: int = 256,
+) -> float:
+    """Mean reward of greedy completions of `problems`."""
+    return _mean(_greedy_rewards(model, tokenizer, task, problems, max_new_tokens, batch_size))
+
+
+def _greedy_rewards(model, tokenizer, task, problems, max_new_tokens, batch_size) -> list[float]:
+    hits: list[float] = []
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start : start + batch_size]
+        new, _ = _complete(model, tokenizer, chunk, max_new_tokens, sample=False)
+        texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+        hits += [task.reward(p, c) for p, c in zip(chunk, texts)]
+    return hits
+
+
+def _complete(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    max_new_tokens: int,
+    *,
+    sample: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Generated tokens [B, T] (eos, then pad) and, when sampling, their raw logits [B, T, V]."""
+    import torch
+
+    enc = tokenizer(
+        [p.prompt for p in problems],
+        return_tensors="pt",
+        padding=True,
+        padding_side="left",
+        add_special_tokens=False,
     )
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=sample,
+            temperature=1.0 if sample else None,
+            top_k=0 if sample else None,
+            top_p=1.0 if sample else None,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=sample,
+        )
+    new = out.sequences[:, enc["input_ids"].shape[1] :]  # [B, T]
+    logits = torch.stack(out.logits, dim=1) if sample else None  # [B, T, V]
+    return new, logits
 
 
 def response_mask(new_tokens: torch.Tensor, eos_id: int) -> torch.Tensor:

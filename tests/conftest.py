@@ -3,3 +3,36 @@ from pathlib import Path
 
 # Test helper modules (algo_helpers.py) import as top-level modules.
 sys.path.insert(0, str(Path(__file__).parent))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A quickly built tiny model (short warm start): enough to exercise the loop, not to learn."""
+    from stare.tiny_model import build_tiny_model
+
+    return build_tiny_model(
+        tmp_path_factory.mktemp("models") / "tiny-test", sft_max_steps=30, sft_target_accuracy=2.0, n_val=16, n_eval=16
+    )
+
+
+@pytest.fixture
+def fast_overrides(tiny_model_dir, tmp_path):
+    """Config overrides for a fast embedded run in a temporary folder."""
+    return [
+        f"model.path={tiny_model_dir}",
+        f"run.output_dir={tmp_path / 'runs'}",
+        "run.name=t",
+        "run.steps=2",
+        "run.checkpoint_every=1",
+        "task.eval_problems=8",
+        "task.eval_every=100",
+        "task.eval_k=2",
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=4",
+        "rollout.max_new_tokens=16",
+        "optim.micro_batch=4",
+        "data.max_sampling_rounds=2",
+        "data.dynamic_sampling=false",
+    ]

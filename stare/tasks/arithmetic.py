@@ -21,8 +21,8 @@ Levels (number of operands, largest operand; at most one "*" per expression, so 
 
 Splits: a prompt is in the test split iff the SHA-256 of its text falls in a fixed 1/5 bucket, so
 the splits are disjoint and stable across seeds and versions. Within a split, problems are drawn
-with a seeded RNG, levels in rotation; a call returns distinct prompts while the level's share of
-the split allows it (level 1 has 60 test prompts), then repeats prompts.
+with a seeded RNG, levels in rotation; a call returns distinct prompts until a level's share of the
+split runs out (level 1 has about 60 test and 240 train prompts), then repeats that level's prompts.
 
 Not covered: division, parentheses, numbers with more than two digits in the prompt.
 """
@@ -45,6 +45,7 @@ LEVELS: dict[int, tuple[int, int]] = {1: (2, 9), 2: (3, 9), 3: (3, 19), 4: (4, 9
 _TEST_BUCKETS = 5  # 1 in 5 prompts is a test prompt
 _ANSWER_RE = re.compile(r"#(-?\d+)")
 _MAX_ANSWER_DIGITS = 18  # longer digit runs are garbage, not answers
+_UNIQUE_TRIES = 100  # draws spent looking for an unseen prompt before allowing repeats
 
 
 def _is_test(prompt: str) -> bool:
@@ -82,6 +83,7 @@ class ArithmeticTask:
 
     name = "arithmetic"
     data_source = "stare/arithmetic"
+    alphabet = ALPHABET
 
     def __init__(self, levels: Sequence[int] = (1, 2, 3, 4)) -> None:
         unknown = sorted(set(levels) - set(LEVELS))
@@ -99,6 +101,12 @@ class ArithmeticTask:
             ops[rng.randrange(len(ops))] = "*"
         body = "".join(f"{a}{op}" for a, op in zip(nums, ops)) + str(nums[-1])
         return body + "="
+
+    def _draw_in_split(self, rng: random.Random, level: int, want_test: bool) -> str:
+        while True:  # about 1 in 5 draws is a test prompt, so this ends quickly
+            prompt = self._draw(rng, level)
+            if _is_test(prompt) == want_test:
+                return prompt
 
     def _problem(self, prompt: str, level: int) -> Problem:
         digest = hashlib.sha256(prompt.encode()).hexdigest()[:12]
@@ -119,17 +127,16 @@ class ArithmeticTask:
         want_test = split == "test"
         rng = random.Random(f"arithmetic/{split}/{seed}")
         seen: set[str] = set()
+        exhausted: set[int] = set()  # levels whose split ran out of unseen prompts
         out = []
         for i in range(n):
             level = self.levels[i % len(self.levels)]
-            # Rejection-sample into the split; prefer unseen prompts, but give up on uniqueness
-            # after a while (small levels run out of distinct prompts).
-            for attempt in range(200):
-                prompt = self._draw(rng, level)
-                if _is_test(prompt) == want_test and (prompt not in seen or attempt >= 100):
+            for _ in range(_UNIQUE_TRIES):
+                prompt = self._draw_in_split(rng, level, want_test)
+                if prompt not in seen or level in exhausted:
                     break
-            else:  # pragma: no cover - each level's split has dozens of prompts
-                raise RuntimeError(f"could not draw a {split} prompt at level {level}")
+            else:  # no unseen prompt found: allow repeats at this level from now on
+                exhausted.add(level)
             seen.add(prompt)
             out.append(self._problem(prompt, level))
         return out

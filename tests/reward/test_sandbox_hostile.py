@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from stare.reward.sandbox import ProcessSandbox, SandboxConfig, unavailable_reason
+from stare.reward.sandbox import ProcessSandbox, SandboxConfig, probe
 
 BOTH = ["namespaces", "process"]
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _sandbox(isolation: str, **limits) -> ProcessSandbox:
-    reason = unavailable_reason(isolation)
+    reason = probe(isolation)
     if reason is not None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"sandbox isolation {isolation!r} unavailable on CI: {reason}")

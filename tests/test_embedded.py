@@ -1,0 +1,82 @@
+"""End to end: `stare train` in one process, few steps, tiny model, real DeepSpeed on CPU."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stare.config import build_config
+from stare.embedded import prepare_run, run_training
+from stare.learner.deepspeed_engine import child_env
+
+pytestmark = pytest.mark.slow
+
+COMPARED = ("loss", "entropy", "reward_mean", "gate", "w", "m", "clip_fraction", "grad_norm", "response_length_mean")
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_train_writes_metrics_eval_checkpoint_tensorboard_and_report(fast_overrides):
+    cfg = build_config({}, overrides=fast_overrides)
+    run_dir = run_training(prepare_run(cfg, None), progress=False)
+    metrics = _lines(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    for key in ("reward_mean", "accuracy", "entropy", "target", "gate", "w", "m", "response_length_mean",
+                "tokens_per_s", "time_step_s", "weight_version", "quadrant/pos_high/fraction"):
+        assert key in metrics[-1], key
+    assert metrics[-1]["weight_version"] == 2
+    evals = _lines(run_dir / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2] and 0.0 <= evals[-1]["pass_at_k"] <= 1.0
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step_000002"
+    assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    assert (run_dir / "report" / "report.png").stat().st_size > 10_000
+
+
+def test_resumed_run_reproduces_the_uninterrupted_run(fast_overrides, tmp_path):
+    common = fast_overrides + ["run.steps=3", "controller.adaptive=true", "controller.alpha=0.1", "controller.target=5.0"]
+    straight = run_training(prepare_run(build_config({}, overrides=common + ["run.name=straight"]), None), progress=False)
+    first = run_training(prepare_run(build_config({}, overrides=common + ["run.name=split", "run.steps=1"]), None), progress=False)
+    run_training(prepare_run(None, first, ["run.steps=3"]), resume=True, progress=False)
+    a, b = _lines(straight / "metrics.jsonl"), _lines(first / "metrics.jsonl")
+    assert [m["step"] for m in b] == [1, 2, 3]
+    assert [m["gate"] for m in a] == [1, 1, 1]  # target above the entropy: STARE reweights every step
+    for ma, mb in zip(a, b):
+        for key in COMPARED:
+            assert mb[key] == pytest.approx(ma[key], rel=1e-5, abs=1e-7), (ma["step"], key)
+
+
+def test_sigint_stops_after_the_step_and_leaves_a_resumable_checkpoint(fast_overrides, tmp_path):
+    args = [sys.executable, "-m", "stare.cli", "train", "--no-progress"]
+    for o in fast_overrides + ["run.steps=200", "run.checkpoint_every=1000", "run.name=sig"]:
+        args += ["--set", o]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env=child_env())
+    run_dir = Path([o for o in fast_overrides if o.startswith("run.output_dir=")][0].split("=", 1)[1]) / "sig"
+    deadline = time.monotonic() + 300
+    while not _lines(run_dir / "metrics.jsonl"):
+        assert proc.poll() is None, proc.stdout.read().decode()
+        assert time.monotonic() < deadline, "no step finished in time"
+        time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out.decode()
+    steps = [m["step"] for m in _lines(run_dir / "metrics.jsonl")]
+    assert len(steps) < 200
+    assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{steps[-1]:06d}"
+    resumed = run_training(prepare_run(None, run_dir, [f"run.steps={steps[-1] + 1}"]), resume=True, progress=False)
+    assert [m["step"] for m in _lines(resumed / "metrics.jsonl")] == steps + [steps[-1] + 1]
+
+
+def test_training_an_existing_run_name_is_refused(fast_overrides):
+    from stare.config import ConfigError
+
+    cfg = build_config({}, overrides=fast_overrides + ["run.steps=1"])
+    run_training(prepare_run(cfg, None), progress=False)
+    with pytest.raises(ConfigError, match="run.name"):
+        prepare_run(cfg, None)
