@@ -79,8 +79,8 @@ class CodeConfig(BaseModel):
     """"fraction": passed / total; "all": 1.0 only if every test passes."""
     extract_code: bool = True
     """Take the last ```python fenced block of the response (off: the response is the code)."""
-    sandbox: SandboxConfig = SandboxConfig(cpu_s=2, wall_s=5.0, memory_mb=512)
-    """Limits for each test run."""
+    sandbox: SandboxConfig = SandboxConfig()
+    """Isolation and limits of each test run."""
 
 
 class CodeCheck(BaseModel):

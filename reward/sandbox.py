@@ -361,6 +361,10 @@ class ProcessSandbox:
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 pass_fds=(status_w, control_r), start_new_session=True, cwd="/",
                 env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+        except BaseException:
+            os.close(status_r)
+            os.close(control_w)
+            raise
         finally:
             os.close(status_w)
             os.close(control_r)

@@ -103,6 +103,7 @@ class ScoringPool:
         self._ctx = multiprocessing.get_context(self.config.start_method)
         self._idle: asyncio.Queue[_Worker] | None = None
         self._all: set[_Worker] = set()
+        self._closed = False
         self.restarts = 0
         """Workers replaced after a crash or timeout (a metric)."""
 
@@ -114,6 +115,7 @@ class ScoringPool:
 
     async def close(self) -> None:
         """Stop every worker (idle ones politely, busy ones are killed by their `score`)."""
+        self._closed = True
         workers, self._all = self._all, set()
         loop = asyncio.get_running_loop()
         for worker in workers:
@@ -122,6 +124,11 @@ class ScoringPool:
         for worker in workers:
             await loop.run_in_executor(None, worker.process.join, 2.0)
             worker.kill()
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the current workers (for metrics and debugging)."""
+        return sorted(w.process.pid for w in self._all if w.process.pid is not None)
 
     async def __aenter__(self) -> "ScoringPool":
         await self.start()
@@ -147,9 +154,9 @@ class ScoringPool:
             outcome = await self._call(worker, fn, args, kwargs, timeout)
             healthy = outcome[0] != "dead"
         finally:
-            if healthy:
+            if healthy and not self._closed:
                 self._idle.put_nowait(worker)
-            else:
+            else:                                       # dead, hung, cancelled, or pool closed
                 self._all.discard(worker)
                 await self._replace(worker)
         return _to_result(outcome)
@@ -158,7 +165,9 @@ class ScoringPool:
         loop = asyncio.get_running_loop()
         try:
             worker.conn.send((fn, args, kwargs))
-        except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable argument; worker is fine
+        except Exception as exc:  # noqa: BLE001 - an unpicklable argument, or a dead worker
+            if not worker.process.is_alive():
+                return ("dead", f"worker died (exit code {worker.process.exitcode})")
             return ("error", f"task could not be sent: {type(exc).__name__}: {exc}")
         ready = loop.create_future()
 
@@ -185,10 +194,11 @@ class ScoringPool:
         return ("dead", f"worker died (exit code {worker.process.exitcode})")
 
     async def _replace(self, worker: _Worker) -> None:
+        """Kill `worker`; start a new one in its place unless the pool is closed."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, worker.kill)
-        self.restarts += 1
-        if self._idle is not None:
+        if not self._closed:
+            self.restarts += 1
             self._put(await loop.run_in_executor(None, _Worker, self._ctx, self.config))
 
 

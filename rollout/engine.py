@@ -244,11 +244,17 @@ def read_eos_token_ids(model_path: str | Path) -> tuple[int, ...]:
     )
 
 
-def check_prompts(prompts: list[list[int]], vocab_size: int) -> None:
-    """Raise a ValueError naming the first bad prompt (empty, or an id outside the vocabulary)."""
+def check_prompts(prompts: list[list[int]], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
+    """Raise a ValueError naming the first bad prompt: empty, an id outside the vocabulary, or
+    too long for `max_new_tokens` more tokens within `max_model_len` (the model's positions)."""
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"prompts[{i}] is empty; every prompt needs at least one token")
         lo, hi = min(p), max(p)
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"prompts[{i}] has token id {lo if lo < 0 else hi} outside [0, {vocab_size})")
+        if len(p) + params.max_new_tokens > max_model_len:
+            raise ValueError(
+                f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={params.max_new_tokens} that exceeds "
+                f"the engine's max_model_len={max_model_len}: shorten the prompt or max_new_tokens"
+            )

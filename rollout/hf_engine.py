@@ -18,6 +18,7 @@ longest row ends), no prefix caching across calls. For models above ~20M paramet
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import secrets
 from collections.abc import Mapping
@@ -74,7 +75,9 @@ class HFEngine:
         self.device = torch.device(device)
         self.max_batch_size = max_batch_size
         self.eos_token_ids = read_eos_token_ids(model_path)
-        self.vocab_size: int = self.model.config.get_text_config().vocab_size
+        text_config = self.model.config.get_text_config()
+        self.vocab_size: int = text_config.vocab_size
+        self.max_model_len: int = text_config.max_position_embeddings
         self.weight_version = 0
         # Parameter names that may be left out of a state dict (tied to another parameter).
         self._tied_names = _tied_parameter_names(self.model)
@@ -85,14 +88,19 @@ class HFEngine:
     # --- generate ----------------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        check_prompts(prompts, self.vocab_size)
+        check_prompts(prompts, params, self.vocab_size, self.max_model_len)
+        greedy = params.temperature == 0
+        run = dataclasses.replace(params, n=1) if greedy else params  # greedy: decode once, copy
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         gen = torch.Generator(device=self.device).manual_seed(seed)
         stop_ids = torch.tensor(sorted(set(self.eos_token_ids) | set(params.stop_token_ids)), device=self.device)
-        per_chunk = max(1, self.max_batch_size // params.n)  # prompts per chunk
+        per_chunk = max(1, self.max_batch_size // run.n)  # prompts per chunk
         out: list[list[Completion]] = []
         for start in range(0, len(prompts), per_chunk):
-            out.extend(self._generate_chunk(prompts[start : start + per_chunk], params, stop_ids, gen))
+            out.extend(self._generate_chunk(prompts[start : start + per_chunk], run, stop_ids, gen))
+        if greedy:
+            out = [[dataclasses.replace(g[0], token_ids=list(g[0].token_ids), logprobs=list(g[0].logprobs))
+                    for _ in range(params.n)] for g in out]
         return out
 
     @torch.inference_mode()

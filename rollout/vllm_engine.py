@@ -9,7 +9,12 @@ How:
 - In-process engine core (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so `update_weights` hands the
   tensors to the model directly: `collective_rpc("reload_weights", weights_iterator=...)`, then
   `reset_prefix_cache()`. The reset is required: without it, prompts seen before the update
-  silently reuse KV blocks computed with the old weights.
+  silently reuse KV blocks computed with the old weights (the tests catch this with a prompt
+  longer than one 128-token KV block).
+- Tied embeddings: vLLM's reload skips `lm_head.weight` of a tied model, and on CPU the output
+  head keeps a prepacked copy of the old embedding (its GEMM weight is packed once, at load), so
+  the logits would stay those of the old weights. After a reload of a tied model we rerun the
+  head's `process_weights_after_loading` in the worker (`_rebuild_output_heads`).
 - Prompts go in as token ids (`TokensPrompt`); the tokenizer is never loaded
   (`skip_tokenizer_init`), so stopping uses explicit `stop_token_ids` = the model's EOS ids plus
   the caller's.
@@ -18,10 +23,16 @@ How:
   with temperature 1 and top_p 1 the two are equal.
 - Seeds: prompt i of a call gets its own seed derived from (seed, i), and vLLM gives its n
   children seed_i + j, so no two rows of a call share a random stream.
+- Greedy (temperature 0): vLLM refuses n > 1, so each prompt is decoded once and copied n times.
 
-Limits: one engine per process is what is tested (vLLM keeps process-global state); CPU runs
-need `VLLM_CPU_KVCACHE_SPACE` GiB of RAM for the KV cache on top of the model; bf16 log-probs
-differ from an fp32 recompute by up to ~0.1 (use fp32 when the learner compares them).
+Limits and side effects:
+- vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512:
+  a model with head_dim 16 loads, then fails at the first `generate`.
+- On CPU the worker replaces `torch.set_num_threads` with a no-op for the whole process, and
+  allocates `cpu_kvcache_space_gib` GiB of KV cache up front (RSS ~1.7 GB for a tiny model with
+  1 GiB). A learner sharing the process cannot change its thread count afterwards.
+- bf16 log-probs differ from an fp32 recompute by up to ~0.1 (use fp32 when the learner
+  compares them).
 """
 
 from __future__ import annotations
@@ -115,13 +126,14 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             **llm_kwargs,
         )
+        self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
         self.weight_version = 0
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm import TokensPrompt
 
-        check_prompts(prompts, self.vocab_size)
+        check_prompts(prompts, params, self.vocab_size, self.max_model_len)
         stop_ids = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         greedy = params.temperature == 0  # vLLM refuses n > 1 when greedy: decode once, copy

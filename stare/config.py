@@ -31,7 +31,10 @@ class RunSection(_Section):
     steps: int = Field(150, ge=1, description="Optimizer steps to train.")
     checkpoint_every: int = Field(25, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="How many recent checkpoints to keep.")
-    serve_api: bool = Field(False, description="Serve the control-plane API on localhost during embedded training.")
+    threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads (None: torch's default). Tiny models run fastest on 1: "
+        "multi-threaded tiny matmuls spin and stall, badly so on a busy machine.",
+    )
 
 
 class ModelSection(_Section):

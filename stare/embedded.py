@@ -117,6 +117,22 @@ def resolve_model(cfg: TrainConfig, log: Callable[[str], None]) -> Path:
     return path
 
 
+@contextmanager
+def run_lock(run_dir: Path):
+    """One process per run folder: a second `stare train` on the same run fails at once."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"run.name: {run_dir} is in use by another stare process; choose another run.name") from None
+        handle.write(str(__import__("os").getpid()))
+        handle.flush()
+        yield
+
+
 class EmbeddedRun:
     """Setup once, then `train()`; each piece is the one the distributed roles use."""
 
@@ -138,6 +154,8 @@ class EmbeddedRun:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        if cfg.run.threads is not None:
+            torch.set_num_threads(cfg.run.threads)
         random.seed(cfg.run.seed)
         np.random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
@@ -291,7 +309,7 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
     console = Console(stderr=True)
     log = console.log if progress else (lambda *_: None)
     stop = StopFlag()
-    with _signals(stop):
+    with run_lock(cfg.run_dir), _signals(stop):
         run = EmbeddedRun(cfg, resume=resume, log=log)
         columns = [
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[live]}"),

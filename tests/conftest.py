@@ -26,6 +26,7 @@ def fast_overrides(tiny_model_dir, tmp_path):
         "run.name=t",
         "run.steps=2",
         "run.checkpoint_every=1",
+        "run.threads=1",
         "task.eval_problems=8",
         "task.eval_every=100",
         "task.eval_k=2",

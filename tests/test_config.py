@@ -70,3 +70,14 @@ def test_config_round_trips_through_yaml():
     cfg = build_config({}, algo="kl-cov", overrides=["controller.band=[0.2, 0.4]"])
     again = build_config(yaml.safe_load(yaml.safe_dump(cfg.model_dump(mode="json"))))
     assert again == cfg
+
+
+def test_a_run_folder_is_locked_to_one_process(tmp_path):
+    from stare.embedded import run_lock
+
+    with run_lock(tmp_path / "run"):
+        with pytest.raises(ConfigError, match="in use"):
+            with run_lock(tmp_path / "run"):
+                pass
+    with run_lock(tmp_path / "run"):  # released on exit
+        pass

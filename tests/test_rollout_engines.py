@@ -289,6 +289,15 @@ def test_update_weights_rejects_foreign_names(kind, model_dir):
     assert engine.weight_version == 0
 
 
+def test_rejects_prompts_that_do_not_fit(engine):
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.generate([[5] * 250], SamplingParams(n=1, max_new_tokens=10))  # 260 > 256 positions
+    with pytest.raises(ValueError, match="outside"):
+        engine.generate([[VOCAB]], SamplingParams(n=1, max_new_tokens=4))
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate([[]], SamplingParams(n=1, max_new_tokens=4))
+
+
 def test_hf_chunking_gives_the_same_completions(model_dir):
     # max_batch_size splits the work; the greedy result must not depend on the split.
     params = SamplingParams(n=3, max_new_tokens=10, temperature=0.0)

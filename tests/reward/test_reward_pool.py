@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import signal
 import time
 
 import pytest
@@ -103,3 +104,15 @@ def test_concurrent_items_beyond_the_worker_count_all_score():
 def test_score_before_start_names_the_fix():
     with pytest.raises(RuntimeError, match="async with ScoringPool"):
         asyncio.run(ScoringPool().score(double, 1.0))
+
+
+def test_worker_killed_while_idle_is_replaced_on_its_next_item():
+    async def body(pool):
+        (pid,) = pool.pids
+        os.kill(pid, signal.SIGKILL)
+        await asyncio.sleep(0.2)
+        return await pool.score(double, 1.0), await pool.score(double, 2.0)
+
+    lost, after = _run(body)
+    assert lost.reward == 0.0 and lost.error.startswith("worker died")
+    assert after == RewardResult(reward=4.0)
