@@ -1,6 +1,8 @@
 """Assemble complete groups of scored trajectories for the learner.
 
 * idempotent: a trajectory id seen before (a redelivery) is acknowledged and never trained twice;
+  an entry handed back while still held (not yet trained) is ignored, not acknowledged, so a
+  learner crash before training leaves it pending;
 * complete groups only: a group is ready when all `group_size` trajectories have arrived;
 * staleness: a trajectory more than `max_staleness` versions behind the learner is dropped (and
   counted), so `max_staleness = 0` is strictly on-policy;
@@ -37,9 +39,12 @@ class GroupCollector:
         self.stats = GroupStats()
 
     def pull(self, learner_version: int, max_count: int = 4096) -> None:
+        held = {i for ids in self.partial_ids.values() for i in ids} | {i for _, ids in self.ready for i in ids}
         for d in self.scored.consume(self.name, max_count):
             t: Trajectory = d.record
-            if t.trajectory_id in self.seen:
+            if d.id in held:  # the same entry handed back (a reconnect): still ours, not yet trained
+                continue
+            if t.trajectory_id in self.seen:  # another entry with a trajectory already collected
                 self.stats.duplicates += 1
                 self.scored.ack([d.id])
                 continue

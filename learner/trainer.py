@@ -98,8 +98,10 @@ class Learner:
         h_step = mean_entropy(tokens.entropy, tokens.mask, cfg.loss.agg_mode)  # []
         h_prepass = float(h_step)  # host sync: once per step, before the first backward
         h_gate = self.lagged_entropy if (cfg.controller.entropy_source == "lagged" and self.lagged_entropy is not None) else h_prepass
-        gate = self.controller.decide(h_gate) if isinstance(cfg.loss, StareLossConfig) else False
-        ctx = plan_step(tokens, cfg.loss, gate=float(gate), w=self.controller.w, m=self.controller.m,
+        is_stare = isinstance(cfg.loss, StareLossConfig)  # the controller steers STARE only
+        gate = self.controller.decide(h_gate) if is_stare else False
+        w, m = (self.controller.w, self.controller.m) if is_stare else (1.0, 1.0)
+        ctx = plan_step(tokens, cfg.loss, gate=float(gate), w=w, m=m,
                         seed=cfg.run.seed * 1_000_003 + self.step)
         t_plan = time.perf_counter()
 
@@ -118,10 +120,13 @@ class Learner:
             self.engine.step()
             sums["loss"] += out.loss.detach().double()
             sums["train_entropy_sum"] += (entropy.detach() * mb.mask).sum().double()
+            # learner vs rollout-engine log-prob mismatch (what TIS corrects)
+            sums["rollout_logprob_gap_sum"] += ((old[sl, :n] - mb.rollout_logprobs).abs() * mb.mask).sum().double()
             for k, v in out.metrics.items():
                 sums[k] += v.detach().double()
             quadrants += quadrant_sums(mb.advantages.double(), -old[sl, :n].double(), mb.mask, h_step.double(), dh[sl, :n].double())
-        self.controller.update(h_prepass)
+        if is_stare:
+            self.controller.update(h_prepass)
         self.step += 1
         self.version += 1
         t_end = time.perf_counter()
@@ -140,8 +145,8 @@ class Learner:
             "entropy": h_prepass,
             "entropy_gate_input": h_gate,
             "gate": int(gate),
-            "w": self.controller.w,
-            "m": self.controller.m,
+            "w": self.controller.w if is_stare else 1.0,
+            "m": self.controller.m if is_stare else 1.0,
             "target": self.controller.target,
             "band_low": self.controller.band[0] if self.controller.band else None,
             "band_high": self.controller.band[1] if self.controller.band else None,
@@ -151,6 +156,7 @@ class Learner:
             "time_learn_s": t_end - t0,
             "time_plan_s": t_plan - t0,
         }
+        metrics["rollout_logprob_gap"] = totals.pop("rollout_logprob_gap_sum") / max(float(batch.mask.sum()), 1.0)
         metrics.update({k: v for k, v in totals.items()})
         metrics.update({k: float(v) for k, v in quadrant_metrics(quadrants).items()})
         return metrics

@@ -20,6 +20,8 @@ Functions here are pure apart from that timer thread; nothing is imported until 
 
 from __future__ import annotations
 
+import functools
+
 import math as _stdmath  # absolute import: the standard library, not this module
 import re
 from typing import Literal
@@ -168,6 +170,16 @@ def _check(response: str, gold: str, config: MathConfig) -> MathCheck:
                      reason=None if correct else "not equivalent to the reference")
 
 
+@functools.cache
+def warm_up() -> None:
+    """Import sympy and build math-verify's LaTeX parser once, outside any timeout: that cold
+    start takes seconds (more on a busy machine) and must not be charged to the first answer."""
+    from math_verify import verify
+
+    _silence_timeout_warning()
+    verify(_parse("\\frac{1}{2}"), _parse("0.5"), timeout_seconds=None)
+
+
 def check_math(response: str, gold: str, config: MathConfig | None = None) -> MathCheck:
     """Judge `response` against the reference answer `gold` (LaTeX or plain, no `$` needed).
 
@@ -175,6 +187,7 @@ def check_math(response: str, gold: str, config: MathConfig | None = None) -> Ma
     (a data problem, not the model's); a wrong or missing answer is a normal `MathCheck`.
     """
     config = config or MathConfig()
+    warm_up()
     return call_with_timeout(_check, config.timeout_s, response, gold, config)
 
 

@@ -3,11 +3,13 @@
 Before each batch it takes the newest published weights (a worker that missed versions jumps to
 the newest). Prompts are acknowledged only after their trajectories are published, so a worker
 that dies mid-batch leaves them pending for another worker.
+
+With an `agent` (`stare.rollout.agent_loop.ToolAgent` over the same engine) each sample is a
+multi-turn tool-using response: its `loss_mask` (0 on tool observations) and `turns` go into the
+Trajectory.
 """
 
 from __future__ import annotations
-
-import uuid
 
 import numpy as np
 
@@ -31,12 +33,14 @@ class RolloutWorker:
         temperature: float,
         top_p: float,
         stop_token_ids: tuple[int, ...],
+        agent=None,
     ):
         self.engine, self.tokenizer = engine, tokenizer
         self.prompts, self.raw, self.weights = prompts, raw, weights
         self.name = name
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.stop_token_ids = stop_token_ids
+        self.agent = agent  # a ToolAgent driving `engine`, or None for single-turn completions
 
     def sync_weights(self) -> bool:
         update = self.weights.fetch(self.engine.weight_version)
@@ -60,26 +64,29 @@ class RolloutWorker:
             n=group_size, max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
             seed=seed, stop_token_ids=self.stop_token_ids,
         )
-        outputs = self.engine.generate([t.prompt_token_ids for t in tasks], params)
+        outputs = (self.agent or self.engine).generate([t.prompt_token_ids for t in tasks], params)
         records = []
         for task, completions in zip(tasks, outputs):
-            for c in completions:
+            for j, c in enumerate(completions):
                 records.append(Trajectory(
                     run_id=task.run_id,
-                    trajectory_id=uuid.uuid4().hex,
+                    # Deterministic: a prompt sampled twice (a redelivery) yields the same ids, so the
+                    # learner's dedup keeps one sampling of the group, never a mix of two.
+                    trajectory_id=f"{task.group_id}:{j}",
                     group_id=task.group_id,
                     group_size=task.group_size,
                     weight_version=self.engine.weight_version,
                     prompt_token_ids=np.asarray(task.prompt_token_ids, dtype=np.int32),
                     response_token_ids=np.asarray(c.token_ids, dtype=np.int32),
                     response_logprobs=np.asarray(c.logprobs, dtype=np.float32),
-                    loss_mask=np.ones(len(c.token_ids), dtype=np.uint8),
+                    loss_mask=np.asarray(getattr(c, "loss_mask", [1] * len(c.token_ids)), dtype=np.uint8),
                     finish_reason=c.finish_reason,
                     answer=task.answer,
                     problem_id=task.problem_id,
                     data_source=task.data_source,
                     response_text=self.tokenizer.decode(c.token_ids, skip_special_tokens=True),
                     level=task.level,
+                    turns=getattr(c, "turns", 1),
                 ))
         self.raw.publish(records)
         self.prompts.ack([d.id for d in deliveries])

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from stare.learner.config import ControllerConfig, GrpoLossConfig, LossConfig, StareLossConfig
+from stare.reward.sandbox import SandboxConfig
 
 
 class ConfigError(ValueError):
@@ -53,6 +54,46 @@ class TaskSection(_Section):
     eval_problems: int = Field(128, ge=1, description="Held-out problems per evaluation.")
     eval_every: int = Field(25, ge=1, description="Evaluate on the held-out split every N steps (and at start/end).")
     eval_k: int = Field(4, ge=1, description="Samples per held-out problem for pass@k / avg@k.")
+    path: Path | None = Field(
+        None, description="name=dataset only: a verl-format .parquet/.jsonl file of training problems (see stare.datasets)."
+    )
+    test_path: Path | None = Field(
+        None, description="name=dataset only: a file of held-out problems (None: a fixed 1/20 of `path` by prompt hash)."
+    )
+
+    @model_validator(mode="after")
+    def _dataset_path(self):
+        if (self.name == "dataset") != (self.path is not None):
+            raise ValueError("task.path is required with task.name=dataset, and only then")
+        if self.test_path is not None and self.path is None:
+            raise ValueError("task.test_path needs task.name=dataset and task.path")
+        return self
+
+    def build_kwargs(self, tokenizer) -> dict[str, Any]:
+        """Keyword arguments of `build_task(name, ...)` for this section."""
+        if self.name != "dataset":
+            return {}
+        return {"path": self.path, "test_path": self.test_path, "tokenizer": tokenizer}
+
+
+class ToolUseSection(_Section):
+    """Multi-turn tool use (`stare.rollout.agent_loop.ToolAgent`): the model may call a sandboxed
+    Python interpreter; tool outputs are shown to it and masked out of the loss."""
+
+    enabled: bool = Field(False, description="Roll out with the tool loop (off: one plain completion per sample).")
+    max_turns: int = Field(2, ge=1, le=32, description="Generated turns per response; at most max_turns - 1 tool calls run.")
+    max_observation_tokens: int = Field(64, ge=2, le=65536, description="Tokens per tool observation, tags included (output cut).")
+    tool_call_open: str = Field("<tool_call>", min_length=1, description="Tag that opens a Hermes-style tool call.")
+    tool_call_close: str = Field("</tool_call>", min_length=1, description="Tag that closes it (a stop token when it is one token).")
+    observation_template: str = Field(
+        "<tool_response>{output}</tool_response>", description="How a tool result is shown; must contain {output} once."
+    )
+    max_workers: int = Field(2, ge=1, le=256, description="Sandbox runs in parallel per turn.")
+    reuse_identical_calls: bool = Field(True, description="Run identical programs of one turn once and share the output.")
+    sandbox: SandboxConfig = Field(
+        default_factory=lambda: SandboxConfig(cpu_s=2, wall_s=5.0, memory_mb=512),
+        description="Limits and isolation of each tool run (stare.reward.sandbox.SandboxConfig).",
+    )
 
 
 class RolloutSection(_Section):
@@ -62,6 +103,7 @@ class RolloutSection(_Section):
     max_new_tokens: int = Field(32, ge=1, description="Response length cap (tokens).")
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
+    tool_use: ToolUseSection = Field(default_factory=ToolUseSection, description="Multi-turn tool use (off by default).")
 
 
 class DataSection(_Section):
@@ -103,6 +145,12 @@ class TrainConfig(_Section):
     def _cross_checks(self):
         if self.loss.agg_mode == "seq-mean-token-sum-norm" and self.loss.norm_length is None:
             raise ValueError("loss.norm_length is required with seq-mean-token-sum-norm")
+        return self
+
+    @model_validator(mode="after")
+    def _dataset_needs_a_model(self):
+        if self.task.name == "dataset" and self.model.path is None:
+            raise ValueError("task.name=dataset needs model.path (the bundled tiny model is built for bundled tasks)")
         return self
 
     @property

@@ -162,9 +162,14 @@ class EmbeddedRun:
 
         model_path = resolve_model(cfg, log)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.task = build_task(cfg.task.name)
+        self.task = build_task(cfg.task.name, **cfg.task.build_kwargs(self.tokenizer))
         self.stop_ids = tuple(i for i in (self.tokenizer.eos_token_id,) if i is not None)
         self.engine = build_engine({"name": cfg.rollout.engine, "model_path": str(model_path), "dtype": cfg.model.dtype})
+        self.agent = None  # multi-turn tool use: a ToolAgent over the engine and a ProcessSandbox
+        if cfg.rollout.tool_use.enabled:
+            from stare.rollout.agent_loop import build_tool_agent
+
+            self.agent = build_tool_agent(cfg.rollout.tool_use, self.engine, self.tokenizer)
         self.learner = Learner(cfg, model_path, pad_id=self.tokenizer.pad_token_id or 0)
         self.transport = MemoryTransport()
         self.board = MemoryWeightBoard()
@@ -173,6 +178,7 @@ class EmbeddedRun:
         self.rollout = RolloutWorker(
             self.engine, self.tokenizer, self.transport.prompts, self.transport.raw, self.board, name="rollout-0",
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, stop_token_ids=self.stop_ids,
+            agent=self.agent,
         )
         self.reward = RewardWorker(self.task, self.transport.raw, self.transport.scored, name="reward-0")
         self.collector = GroupCollector(self.transport.scored, name="learner", dynamic_sampling=cfg.data.dynamic_sampling,
@@ -221,13 +227,16 @@ class EmbeddedRun:
             "time_rollout_s": elapsed,
             "rollout_tokens_per_s": tokens / max(elapsed, 1e-9),
         }
+        if self.agent is not None and trajectories:  # of the groups kept for training
+            info["tool_call_rate"] = float(np.mean([t.turns > 1 for t in trajectories]))
+            info["turns_mean"] = float(np.mean([t.turns for t in trajectories]))
         return trajectories, ids, info
 
     def _evaluate(self) -> dict[str, Any]:
         from stare.evaluation import evaluate
 
         cfg = self.cfg
-        result = evaluate(self.engine, self.tokenizer, self.task, self.eval_problems, k=cfg.task.eval_k,
+        result = evaluate(self.agent or self.engine, self.tokenizer, self.task, self.eval_problems, k=cfg.task.eval_k,
                           max_new_tokens=cfg.rollout.max_new_tokens, stop_token_ids=self.stop_ids,
                           seed=cfg.run.seed * 7 + 1)
         result["step"] = self.learner.step

@@ -1,4 +1,8 @@
-"""Held-out evaluation: greedy accuracy, pass@k and avg@k, overall and per level / data source."""
+"""Held-out evaluation: greedy accuracy, pass@k and avg@k, overall and per level / data source.
+
+`engine` may be a `ToolAgent` (same `generate` shape): then the responses are multi-turn and the
+result also has `tool_call_rate`, the share of sampled responses that ran at least one tool call.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ def evaluate(
     text = lambda c: tokenizer.decode(c.token_ids, skip_special_tokens=True)  # noqa: E731
     by_level: dict[int, list[float]] = defaultdict(list)
     by_source: dict[str, list[float]] = defaultdict(list)
+    avg_by_source: dict[str, list[float]] = defaultdict(list)
     greedy_scores, pass_k, avg_k = [], [], []
     for problem, g, samples in zip(problems, greedy, sampled):
         correct = task.reward(problem, text(g[0]))
@@ -37,8 +42,9 @@ def evaluate(
         avg_k.append(sum(scores) / len(scores))
         by_level[problem.level].append(correct)
         by_source[problem.data_source].append(float(max(scores) >= 1.0))
+        avg_by_source[problem.data_source].append(avg_k[-1])
     mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
-    return {
+    result = {
         "greedy_accuracy": mean(greedy_scores),
         "pass_at_k": mean(pass_k),
         "avg_at_k": mean(avg_k),
@@ -46,4 +52,8 @@ def evaluate(
         "problems": len(problems),
         "per_level": {str(level): mean(v) for level, v in sorted(by_level.items())},
         "pass_at_k_per_source": {src: mean(v) for src, v in sorted(by_source.items())},
+        "avg_at_k_per_source": {src: mean(v) for src, v in sorted(avg_by_source.items())},
     }
+    if sampled and hasattr(sampled[0][0], "turns"):
+        result["tool_call_rate"] = mean([float(c.turns > 1) for samples in sampled for c in samples])
+    return result

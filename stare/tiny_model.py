@@ -14,7 +14,13 @@ room that GRPO collapses and STARE is meant to hold); (d) `save_pretrained` of b
 `build_info.json` with the arguments, their hash and measured accuracy and entropy.
 
 Prompt format: the problem's prompt text, tokenized as is (no BOS, no chat template); the
-completion follows directly and ends with <eos>. The saved tokenizer pads on the left (for batched
+completion follows directly and ends with <eos>.
+
+Multi-turn tasks (tool use): a task with `solution_segments(problem, rng) -> [(text, trained)]`
+has its untrained parts (tool observations) masked out of the warm-start loss, as RL masks them;
+a task with `whole_tokens` gets those strings as single tokens (tags, fixed JSON heads); a task
+with `warm_start_sandbox()` is evaluated through the rollout's `ToolAgent` (HFEngine on a copy of
+the weights, tool calls answered by that sandbox), since its answers need the tool's output. The saved tokenizer pads on the left (for batched
 generation); `generation_config.json` carries the eos and pad ids so `generate` stops at <eos>.
 
 Determinism: the build runs on one thread with seeded RNGs, so the same arguments give the same
@@ -68,6 +74,7 @@ class TinyModelSpec:
     num_kv_heads: int = 2
     intermediate_size: int = 256
     max_positions: int = 128
+    init_std: float = 0.02
     sft_max_steps: int = 600
     sft_batch_size: int = 64
     sft_lr: float = 3e-3
@@ -94,8 +101,23 @@ class TinyModelSpec:
             )
 
     def args_hash(self) -> str:
-        blob = json.dumps({"version": BUILD_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        payload = {"version": BUILD_VERSION, **dataclasses.asdict(self)}
+        task_version = _task_build_version(self.task_name)
+        if task_version is not None:  # tasks without one (arithmetic) keep their original hash
+            payload["task_build_version"] = task_version
+        blob = json.dumps(payload, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _task_build_version(task_name: str) -> int | None:
+    """The task's `build_version` (bumped when its solutions or format change), if it has one."""
+    from stare.tasks.base import TASKS
+
+    factory = TASKS.get(task_name)
+    try:
+        return None if factory is None else getattr(factory(), "build_version", None)
+    except TypeError:  # a task that needs arguments (dataset) has no tiny-model build anyway
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +128,9 @@ class EvalResult:
     greedy_accuracy_by_level: dict[int, float]
     sample_accuracy: float  # temperature 1.0, one sample per problem
     sample_entropy: float  # mean next-token entropy (nats) over sampled response tokens, eos incl.
-    mean_response_tokens: float  # sampled, eos included
+    mean_response_tokens: float  # sampled, eos included (generated tokens only for tool tasks)
     n: int
+    tool_call_rate: float | None = None  # tool tasks: share of sampled responses that ran a tool call
 
 
 def default_cache_dir() -> Path:
@@ -192,7 +215,7 @@ def _build(spec: TinyModelSpec, out: Path, *, verbose: bool) -> None:
 
     corpus = [getattr(task, "alphabet", "")]
     corpus += [p.prompt + task.solution(p) for p in train[:1000]] + [p.prompt for p in test]
-    tokenizer = build_tokenizer(corpus)
+    tokenizer = build_tokenizer(corpus, whole_tokens=getattr(task, "whole_tokens", ()))
     torch.manual_seed(spec.seed)
     model = _new_model(spec, tokenizer)
     log = _warm_start(model, tokenizer, task, train, val, spec, verbose=verbose)
@@ -220,11 +243,13 @@ def _build(spec: TinyModelSpec, out: Path, *, verbose: bool) -> None:
         print(json.dumps({k: v for k, v in info.items() if k != "sft_log"}, indent=2))
 
 
-def build_tokenizer(corpus: Sequence[str]) -> PreTrainedTokenizerBase:
+def build_tokenizer(corpus: Sequence[str], whole_tokens: Sequence[str] = ()) -> PreTrainedTokenizerBase:
     """A character-level tokenizer over the characters of `corpus`, plus <pad>, <eos>, <unk>.
 
-    Ids: <pad>=0, <eos>=1, <unk>=2, then the corpus characters in sorted order. Decoding fuses
-    characters without spaces, so `decode(encode(s)) == s` for any string over the alphabet.
+    Ids: <pad>=0, <eos>=1, <unk>=2, then the corpus characters in sorted order, then
+    `whole_tokens` (strings that encode as one token wherever they occur, and decode as written,
+    also with `skip_special_tokens=True`). Decoding fuses characters without spaces, so
+    `decode(encode(s)) == s` for any string over the alphabet.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -235,6 +260,8 @@ def build_tokenizer(corpus: Sequence[str]) -> PreTrainedTokenizerBase:
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens([PAD, EOS, UNK])
+    if whole_tokens:
+        tok.add_tokens(list(whole_tokens))
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token=PAD,
@@ -257,6 +284,7 @@ def _new_model(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase) -> PreTr
         intermediate_size=spec.intermediate_size,
         max_position_embeddings=spec.max_positions,
         tie_word_embeddings=True,
+        initializer_range=spec.init_std,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
@@ -281,24 +309,34 @@ def _sft_batch(
     problems: Sequence[Problem],
     rng: random.Random | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded prompt+solution+eos ids, attention mask, and labels (-100 off the completion)."""
+    """Right-padded prompt+solution+eos ids, attention mask, and labels (-100 off the completion
+    and, for multi-turn tasks, off the untrained segments such as tool observations)."""
     import torch
 
-    rows, labels = [], []
-    for p in problems:
-        prompt = tokenizer.encode(p.prompt, add_special_tokens=False)
-        completion = tokenizer.encode(task.solution(p, rng), add_special_tokens=False)
-        completion.append(tokenizer.eos_token_id)
-        rows.append(prompt + completion)
-        labels.append([-100] * len(prompt) + completion)
+    def encode(texts: list[str]) -> list[list[int]]:  # one call into the Rust tokenizer
+        return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+    prompts = encode([p.prompt for p in problems])
+    if hasattr(task, "solution_segments"):
+        completions, trained_labels = [], []
+        for p in problems:
+            completion, label = [], []
+            for text, trained in task.solution_segments(p, rng):
+                ids = tokenizer.encode(text, add_special_tokens=False)
+                completion += ids
+                label += ids if trained else [-100] * len(ids)
+            completions.append(completion)
+            trained_labels.append(label)
+    else:
+        completions = encode([task.solution(p, rng) for p in problems])
+        trained_labels = completions
+    eos = tokenizer.eos_token_id
+    rows = [prompt + completion + [eos] for prompt, completion in zip(prompts, completions)]
+    labels = [[-100] * len(prompt) + label + [eos] for prompt, label in zip(prompts, trained_labels)]
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id)  # [B, L]
-    lab = torch.full((len(rows), width), -100)  # [B, L]
-    mask = torch.zeros((len(rows), width), dtype=torch.long)  # [B, L]
-    for i, (r, y) in enumerate(zip(rows, labels)):
-        ids[i, : len(r)] = torch.tensor(r)
-        lab[i, : len(y)] = torch.tensor(y)
-        mask[i, : len(r)] = 1
+    ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])  # [B, L]
+    lab = torch.tensor([y + [-100] * (width - len(y)) for y in labels])  # [B, L]
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])  # [B, L]
     return ids, mask, lab
 
 
@@ -383,6 +421,8 @@ def evaluate(
     """
     import torch
 
+    if hasattr(task, "warm_start_sandbox"):
+        return _evaluate_with_tool(model, tokenizer, task, problems, seed=seed, max_new_tokens=max_new_tokens)
     greedy_hits = _greedy_rewards(model, tokenizer, task, problems, max_new_tokens, batch_size)
     sample_hits: list[float] = []
     ent_sum, tok_count = 0.0, 0
@@ -425,6 +465,10 @@ def greedy_accuracy(
 
 
 def _greedy_rewards(model, tokenizer, task, problems, max_new_tokens, batch_size) -> list[float]:
+    if hasattr(task, "warm_start_sandbox"):
+        texts = [_text(tokenizer, c[0]) for c in _agent_rollouts(model, tokenizer, task, problems,
+                                                                   temperature=0.0, seed=0, max_new_tokens=max_new_tokens)]
+        return [task.reward(p, t) for p, t in zip(problems, texts)]
     hits: list[float] = []
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
@@ -471,6 +515,64 @@ def _complete(
     return new, logits
 
 
+def _agent_rollouts(model, tokenizer, task, problems, *, temperature: float, seed: int, max_new_tokens: int) -> list:
+    """One multi-turn completion per problem from the rollout's ToolAgent over a copy of `model`
+    (HFEngine), tool calls answered by `task.warm_start_sandbox()`."""
+    import tempfile
+
+    from stare.rollout.agent_loop import ToolAgent
+    from stare.rollout.engine import SamplingParams
+    from stare.rollout.hf_engine import HFEngine
+
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no save/load progress bars at every warm-start check
+    try:
+        with tempfile.TemporaryDirectory(prefix="stare-tiny-eval-") as tmp:
+            model.save_pretrained(tmp)
+            engine = HFEngine(tmp)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    try:
+        agent = ToolAgent(engine, tokenizer, task.warm_start_sandbox(), max_turns=2)
+        prompts = [tokenizer.encode(p.prompt, add_special_tokens=False) for p in problems]
+        return agent.generate(prompts, SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=temperature,
+                                                      seed=seed, stop_token_ids=(tokenizer.eos_token_id,)))
+    finally:
+        engine.close()
+
+
+def _text(tokenizer, completion) -> str:
+    return tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+
+
+def _evaluate_with_tool(model, tokenizer, task, problems, *, seed: int, max_new_tokens: int) -> EvalResult:
+    """`evaluate` for tool tasks. Entropy is estimated as the mean surprisal -log p of the sampled
+    generated tokens (an unbiased estimate of the mean next-token entropy; the engine returns no
+    full distributions); observation tokens are not counted."""
+    greedy = [c[0] for c in _agent_rollouts(model, tokenizer, task, problems, temperature=0.0, seed=0,
+                                            max_new_tokens=max_new_tokens)]
+    sampled = [c[0] for c in _agent_rollouts(model, tokenizer, task, problems, temperature=1.0, seed=seed,
+                                             max_new_tokens=max_new_tokens)]
+    greedy_hits = [task.reward(p, _text(tokenizer, c)) for p, c in zip(problems, greedy)]
+    sample_hits = [task.reward(p, _text(tokenizer, c)) for p, c in zip(problems, sampled)]
+    surprisal = [-lp for c in sampled for lp, m in zip(c.logprobs, c.loss_mask) if m]
+    by_level: dict[int, list[float]] = {}
+    for p, hit in zip(problems, greedy_hits):
+        by_level.setdefault(p.level, []).append(hit)
+    return EvalResult(
+        greedy_accuracy=_mean(greedy_hits),
+        greedy_accuracy_by_level={k: _mean(v) for k, v in sorted(by_level.items())},
+        sample_accuracy=_mean(sample_hits),
+        sample_entropy=round(sum(surprisal) / max(len(surprisal), 1), 4),
+        mean_response_tokens=round(len(surprisal) / max(len(problems), 1), 2),
+        n=len(problems),
+        tool_call_rate=_mean([float(c.turns > 1) for c in sampled]),
+    )
+
+
 def response_mask(new_tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
     """1.0 on generated tokens up to and including the first eos, 0.0 after. [B, T] -> [B, T]."""
     is_eos = (new_tokens == eos_id).long()  # [B, T]
@@ -480,3 +582,49 @@ def response_mask(new_tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
 
 def _mean(xs: Sequence[float]) -> float:
     return round(sum(xs) / len(xs), 4) if xs else 0.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`stare build-model`: build (or reuse) the tiny model and print its directory."""
+    parser = argparse.ArgumentParser(
+        prog="stare build-model",
+        description="Build the tiny Qwen2 policy + tokenizer for the embedded CPU demo (cached).",
+    )
+    parser.add_argument("--out", type=Path, default=None,
+                        help="model directory (default: $STARE_CACHE_DIR/models/tiny-<task>-<hash>, "
+                             "STARE_CACHE_DIR defaulting to ~/.cache/stare)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of data, init and warm start")
+    parser.add_argument("--task", default="arithmetic", help="registered task name")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a TinyModelSpec field, e.g. --set sft_max_steps=100")
+    parser.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
+    parser.add_argument("--quiet", action="store_true", help="print only the directory")
+    args = parser.parse_args(argv)
+
+    fields = {f.name: f for f in dataclasses.fields(TinyModelSpec)}
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep or name not in fields or name in ("task_name", "seed"):
+            valid = ", ".join(n for n in fields if n not in ("task_name", "seed"))
+            parser.error(f"--set {item!r}: expected FIELD=VALUE with FIELD one of: {valid}")
+        kind = type(getattr(TinyModelSpec(), name))
+        try:
+            overrides[name] = kind(value)
+        except ValueError:
+            parser.error(f"--set {item!r}: {name} must be a {kind.__name__}")
+
+    path = build_tiny_model(args.out, task_name=args.task, seed=args.seed, force=args.force,
+                            verbose=not args.quiet, **overrides)
+    if not args.quiet:
+        info = json.loads((path / "build_info.json").read_text())
+        ev = info["eval"]
+        print(f"params {info['num_parameters']}  sft steps {info['sft_steps']}  "
+              f"build {info['build_seconds']} s  held-out greedy accuracy {ev['greedy_accuracy']}  "
+              f"sampling entropy {ev['sample_entropy']} nats/token")
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

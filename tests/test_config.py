@@ -81,3 +81,10 @@ def test_a_run_folder_is_locked_to_one_process(tmp_path):
                 pass
     with run_lock(tmp_path / "run"):  # released on exit
         pass
+
+
+def test_docs_config_reference_is_current():
+    from stare.config_docs import render
+
+    committed = (Path(__file__).parents[1] / "docs" / "config.md").read_text()
+    assert committed.strip() == render().strip(), "regenerate: python -m stare.config_docs > docs/config.md"

@@ -50,3 +50,14 @@ def test_stale_trajectories_are_dropped_beyond_max_staleness():
     trajectories, _ = c.take(10)
     assert {t.group_id for t in trajectories} == {"ok"}
     assert c.stats.stale_trajectories == 2 and c.stats.staleness == {2: 2, 1: 2}
+
+
+def test_an_entry_handed_back_while_held_is_not_acknowledged():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False)
+    g = _group("a", [1.0, 0.0, 1.0])
+    s.publish(g[:2])
+    c.pull(0)
+    s.requeue_pending()  # the transport hands the held entries back (e.g. after a reconnect)
+    c.pull(0)
+    assert s.backlog() == 2 and c.stats.duplicates == 0  # still pending: a crash now loses nothing

@@ -43,7 +43,7 @@ LEVELS: dict[int, tuple[int, int]] = {1: (2, 9), 2: (3, 9), 3: (3, 19), 4: (4, 9
 """level -> (number of operands, largest operand)."""
 
 _TEST_BUCKETS = 5  # 1 in 5 prompts is a test prompt
-_ANSWER_RE = re.compile(r"#(-?\d+)")
+_ANSWER_RE = re.compile(r"#(-?[0-9]+)")
 _MAX_ANSWER_DIGITS = 18  # longer digit runs are garbage, not answers
 _UNIQUE_TRIES = 100  # draws spent looking for an unseen prompt before allowing repeats
 

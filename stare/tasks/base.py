@@ -68,9 +68,23 @@ def _arithmetic(**kwargs: Any) -> Task:
     return ArithmeticTask(**kwargs)
 
 
+def _tool_arithmetic(**kwargs: Any) -> Task:
+    from stare.tasks.tool_arithmetic import ToolArithmeticTask
+
+    return ToolArithmeticTask(**kwargs)
+
+
+def _dataset(**kwargs: Any) -> Task:
+    from stare.datasets import DatasetTask
+
+    return DatasetTask(**kwargs)
+
+
 # name -> factory(**kwargs) -> Task. Factories import lazily so the registry costs nothing.
 TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": _arithmetic,
+    "tool-arithmetic": _tool_arithmetic,
+    "dataset": _dataset,  # a verl-format parquet/jsonl file: build_task("dataset", path=...)
 }
 
 

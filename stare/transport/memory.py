@@ -55,6 +55,12 @@ class MemoryStream(Generic[T]):
             out.append(Delivery(entry_id, record))
         return out
 
+    def requeue_pending(self) -> None:
+        """Make every pending entry deliverable again, as a restarted Redis consumer re-reads its
+        pending entries (id 0); they count in the backlog until acknowledged."""
+        self._queue.extendleft(reversed([(i, r) for i, (_, r) in self._pending.items()]))
+        self._pending.clear()
+
     def backlog(self) -> int:
         return len(self._queue) + len(self._pending)
 

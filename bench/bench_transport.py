@@ -1,0 +1,164 @@
+"""RedisStream vs raw redis-py on the same bytes, same Redis, same run.
+
+Moves realistic trajectories (256 prompt tokens; 1k and 8k response tokens; packed int32 ids,
+float32 log-probs, uint8 mask, ~3 characters of text per token) through one stream and its
+consumer group, in batches (publish, then consume + ack):
+  * raw redis-py:  pipelined XADD (MAXLEN ~), XREADGROUP + XACK; no record objects;
+  * RedisStream:   `publish` (one XINFO GROUPS backlog check + pipelined XADD MAXLEN ~),
+                   `consume` (XREADGROUP, decode, in-flight bookkeeping), `ack` (XACK);
+  both twice: on already-encoded bytes (a pass-through codec: the transport's own cost), and with
+  the Trajectory codec (`to_fields` on publish, `from_fields` + validation on consume), which a
+  real producer/consumer pays whatever the transport.
+Rounds alternate between modes (rotating which goes first, after one uncounted warm-up round);
+each cell is the median over rounds. The ratio is RedisStream's
+throughput over raw redis-py's doing the same codec work (target >= 0.8). Redis runs without AOF
+by default, to time the transport rather than the disk (`--aof`: appendfsync everysec).
+
+Usage: python bench/bench_transport.py [--url redis://...] [--rounds 5] [--batch 64] [--mb 24] [--aof]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+class Encoded:
+    """A pass-through codec: the record is its fields (bytes in, bytes out)."""
+
+    def __init__(self, fields: dict):
+        self.fields = fields
+
+    def to_fields(self) -> dict:
+        return self.fields
+
+    @classmethod
+    def from_fields(cls, data: dict) -> "Encoded":
+        return cls(data)
+
+
+def make_trajectories(n: int, response_tokens: int, prompt_tokens: int = 256):
+    import numpy as np
+
+    from stare.records import Trajectory
+
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        out.append(Trajectory(
+            run_id="bench", trajectory_id=f"{i:08x}", group_id=f"g{i // 8}", group_size=8, weight_version=3,
+            prompt_token_ids=rng.integers(0, 150_000, prompt_tokens, dtype=np.int32),
+            response_token_ids=rng.integers(0, 150_000, response_tokens, dtype=np.int32),
+            response_logprobs=-rng.exponential(1.0, response_tokens).astype(np.float32),
+            loss_mask=np.ones(response_tokens, dtype=np.uint8), finish_reason="length", answer="42",
+            problem_id=f"p{i // 8}", data_source="bench", response_text="x" * (response_tokens * 3),
+            reward=1.0, reward_info={"correct": True},
+        ))
+    return out
+
+
+def run_ours(client, run_id: str, records, codec, batch: int) -> tuple[float, float]:
+    from stare.transport.redis_streams import RedisStream
+
+    n = len(records)
+    s = RedisStream(client, run_id, "scored", codec, group="learner", maxlen=2 * n, max_backlog=n)
+    t0 = time.perf_counter()
+    for a in range(0, n, batch):
+        s.publish(records[a:a + batch])
+    t1 = time.perf_counter()
+    got = 0
+    while got < n:
+        deliveries = s.consume("l", batch)
+        s.ack([d.id for d in deliveries])
+        got += len(deliveries)
+    t2 = time.perf_counter()
+    client.delete(s.key)
+    return t1 - t0, t2 - t1
+
+
+def run_raw(client, run_id: str, records, codec, batch: int) -> tuple[float, float]:
+    n = len(records)
+    key = f"stare:{run_id}:stream:scored"
+    client.xgroup_create(key, "learner", id="0", mkstream=True)
+    t0 = time.perf_counter()
+    for a in range(0, n, batch):
+        pipe = client.pipeline(transaction=False)
+        for r in records[a:a + batch]:
+            pipe.xadd(key, r.to_fields(), maxlen=2 * n, approximate=True)
+        pipe.execute()
+    t1 = time.perf_counter()
+    got = 0
+    while got < n:
+        reply = client.xreadgroup("learner", "l", {key: ">"}, count=batch)
+        entries = reply[0][1]
+        decoded = [codec.from_fields(f) for _, f in entries]  # noqa: F841 (what a consumer needs)
+        client.xack(key, "learner", *[i for i, _ in entries])
+        got += len(entries)
+    t2 = time.perf_counter()
+    client.delete(key)
+    return t1 - t0, t2 - t1
+
+
+def bench(url: str, rounds: int, batch: int, mb: float) -> None:
+    import redis
+
+    from stare.records import Trajectory
+
+    client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
+    print(f"Redis {client.info('server')['redis_version']} at {url}; batch {batch}; median of {rounds} rounds; "
+          f"ratio = RedisStream / raw redis-py throughput with the same codec work (target >= 0.8)\n")
+    header = (f"{'response':>8} {'record':>8} {'n':>5} | {'codec':<10} {'mode':<12} | {'publish rec/s':>13} "
+              f"{'MB/s':>5} {'ratio':>5} | {'consume+ack rec/s':>17} {'MB/s':>5} {'ratio':>5}")
+    print(header)
+    print("-" * len(header))
+    for tokens in (1024, 8192):
+        records = make_trajectories(max(batch, 8), tokens)
+        size = sum(len(v) for v in records[0].to_fields().values())
+        n = max(batch, int(mb * 1e6 / size) // batch * batch)
+        records = make_trajectories(n, tokens)
+        encoded = [Encoded(r.to_fields()) for r in records]
+        cases = {("bytes", "raw"): (run_raw, encoded, Encoded), ("bytes", "RedisStream"): (run_ours, encoded, Encoded),
+                 ("Trajectory", "raw"): (run_raw, records, Trajectory),
+                 ("Trajectory", "RedisStream"): (run_ours, records, Trajectory)}
+        times: dict[tuple[str, str], list[tuple[float, float]]] = {c: [] for c in cases}
+        order = list(cases)
+        for r in range(-1, rounds):  # round -1 warms Redis' allocator up and is not counted
+            for case in order[r % len(order):] + order[:r % len(order)]:  # rotate: no mode always goes first
+                fn, recs, codec = cases[case]
+                t = fn(client, f"bench-{case[1]}-{case[0]}-{r}", recs, codec, batch)
+                if r >= 0:
+                    times[case].append(t)
+        med = {c: (statistics.median(p for p, _ in t), statistics.median(q for _, q in t)) for c, t in times.items()}
+        for (codec_name, mode), (p, c) in med.items():
+            raw_p, raw_c = med[(codec_name, "raw")]
+            print(f"{tokens:>8} {size / 1e3:>6.1f}KB {n:>5} | {codec_name:<10} {mode:<12} | {n / p:>13,.0f} "
+                  f"{n * size / p / 1e6:>5.0f} {raw_p / p:>5.2f} | {n / c:>17,.0f} {n * size / c / 1e6:>5.0f} "
+                  f"{raw_c / c:>5.2f}")
+    client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="an existing Redis (default: start a throwaway redis-server)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=64, help="records per publish and per consume")
+    parser.add_argument("--mb", type=float, default=24.0, help="payload per round and size, in MB")
+    parser.add_argument("--aof", action="store_true", help="throwaway server with appendfsync everysec")
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    if args.url:
+        bench(args.url, args.rounds, args.batch, args.mb)
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from redis_fixtures import redis_server
+
+    with tempfile.TemporaryDirectory() as d, redis_server(Path(d), appendonly=args.aof, appendfsync="everysec") as s:
+        bench(s.url, args.rounds, args.batch, args.mb)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Render the config reference (docs/config.md) from the pydantic models, so it cannot go stale.
+
+`python -m stare.config_docs > docs/config.md`; a test compares the committed file with this output.
+"""
+
+from __future__ import annotations
+
+import typing
+
+from pydantic import BaseModel
+
+from stare.config import ALGO_PRESETS, TrainConfig
+from stare.learner.config import (
+    ClipCovLossConfig,
+    EntropyBonusLossConfig,
+    GrpoLossConfig,
+    HighEntropyLossConfig,
+    KLCovLossConfig,
+    StareLossConfig,
+)
+
+LOSSES = [StareLossConfig, GrpoLossConfig, EntropyBonusLossConfig, ClipCovLossConfig, KLCovLossConfig, HighEntropyLossConfig]
+
+
+def _bounds(field) -> str:
+    parts = []
+    for m in field.metadata:
+        for name, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            if getattr(m, name, None) is not None:
+                parts.append(f"{sym} {getattr(m, name)}")
+    return ", ".join(parts)
+
+
+def _type(annotation) -> str:
+    text = getattr(annotation, "__name__", None) if not typing.get_args(annotation) else None
+    return text or str(annotation).replace("typing.", "").replace("pathlib.", "")
+
+
+def _table(model: type[BaseModel], prefix: str, skip: set[str] = frozenset()) -> list[str]:
+    rows = ["| field | type | default | bounds | meaning |", "| --- | --- | --- | --- | --- |"]
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        default = "(required)" if field.is_required() else repr(field.get_default(call_default_factory=True))
+        desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
+        rows.append(f"| `{prefix}{name}` | `{_type(field.annotation)}` | `{default}` | {_bounds(field)} | {desc} |")
+    return rows
+
+
+def render() -> str:
+    out = [
+        "# Config reference",
+        "",
+        "Generated from the pydantic models by `python -m stare.config_docs` (a test keeps it in sync).",
+        "Set any field in YAML or with `--set section.field=value`; values are parsed as YAML.",
+        "",
+        f"`--algo` presets: {', '.join(f'`{a}`' for a in ALGO_PRESETS)}.",
+        "",
+    ]
+    for name, field in TrainConfig.model_fields.items():
+        section = field.annotation
+        if name == "loss":
+            out += ["## loss", "", "A discriminated union on `loss.name`; the surrogate fields are shared.", ""]
+            out += _table(GrpoLossConfig, "loss.", skip={"name"}) + [""]
+            for cls in LOSSES:
+                extra = set(cls.model_fields) - set(GrpoLossConfig.model_fields)
+                if extra:
+                    out += [f"### loss.name: {cls.model_fields['name'].default}", ""]
+                    out += _table(cls, "loss.", skip=set(cls.model_fields) - extra) + [""]
+            continue
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            out += [f"## {name}", "", *_table(section, f"{name}."), ""]
+        else:
+            out += [f"## {name}", "", field.description or "", ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(render())

@@ -1,0 +1,421 @@
+"""Record streams on Redis streams with consumer groups: the distributed transport.
+
+One `RedisStream` is one stream key and one consumer group. Semantics are the in-memory
+stream's (`memory.py`), made durable:
+
+* at-least-once: a delivered entry stays pending (in the group's PEL) until `ack`; a consumer
+  that restarts under the same name first re-reads its own pending entries (XREADGROUP id "0"),
+  then new ones (">"); `reclaim` hands entries idle longer than `claim_idle_ms` (a dead
+  consumer's) to a live one (XAUTOCLAIM). Consumers must be idempotent: the learner skips a
+  trajectory id it has seen (learner/groups.py);
+* nothing is dropped silently: an entry that fails to decode or validate (`codec.from_fields`
+  raises) is written to the run's dead-letter stream with the reason, its entry id and its raw
+  fields, and acknowledged, in one MULTI; so is an entry trimmed away before it was acked, and
+  one delivered `max_deliveries` times without an ack (a record that keeps killing consumers);
+* bounded memory: XADD trims with an approximate MAXLEN; publishing is refused (or waits up to
+  `publish_timeout_s`) while the group's backlog (pending + never delivered) would exceed
+  `max_backlog` (exact for one producer; concurrent producers can overshoot by one batch each). With `maxlen` >= `max_backlog` plus that slack (the defaults leave 2x), trimming only
+  removes acknowledged entries, unless an entry stays pending while `maxlen` newer ones arrive
+  (reclaim before that);
+* timeouts everywhere: the client must have a socket timeout; blocking reads are capped at
+  `block_ms`, below it; a ConnectionError/TimeoutError (Redis restarting, loading its AOF) is
+  retried with exponential backoff, logged, for at most `retries` attempts and `op_timeout_s`.
+
+Limits: a retried XADD whose first attempt reached Redis publishes the record twice (at-least-
+once; consumers dedupe by record id). Not thread-safe: one stream object per thread. Key names
+are `stare:{run_id}:stream:{name}` and `stare:{run_id}:dead:{name}`; see docs/transport.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from stare.records import PromptTask, Trajectory
+from stare.transport.base import Delivery
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # the run-name rule of stare.config: no ':' in key parts
+_RETRYABLE = (redis.ConnectionError, redis.TimeoutError)  # BusyLoadingError is a ConnectionError
+
+
+class Codec(Protocol[T]):
+    """A wire record class: `to_fields` on instances, `from_fields` (decode + validate) on the class."""
+
+    def from_fields(self, data: dict[bytes, bytes]) -> T: ...
+
+
+class BackpressureError(OverflowError):
+    """Publishing would push the group's backlog past `max_backlog` (consumers are behind)."""
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    id: str  # the entry id in the dead-letter stream
+    entry_id: str  # the original entry's id in its stream
+    reason: str
+    raw: dict[str, bytes]  # the original entry's fields (or the record's, re-encoded)
+
+
+def stream_key(run_id: str, name: str) -> str:
+    return f"stare:{_checked(run_id, 'run_id')}:stream:{_checked(name, 'name')}"
+
+
+def dead_key(run_id: str, name: str) -> str:
+    return f"stare:{_checked(run_id, 'run_id')}:dead:{_checked(name, 'name')}"
+
+
+def _checked(value: str, what: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(f"{what} {value!r} must match {_NAME.pattern} (it is part of Redis key names)")
+    return value
+
+
+class RedisStream(Generic[T]):
+    """One run-scoped stream with one consumer group; implements `RecordStream` plus `reclaim`.
+
+    codec: the record class (`to_fields` on records, `from_fields` decodes and validates).
+    group: the consumer group (one per role reading the stream).
+    maxlen: approximate MAXLEN of every XADD (memory bound; >= max_backlog).
+    max_backlog: pending + undelivered entries above which publish refuses (None: no bound).
+    publish_timeout_s: how long publish waits for room before raising BackpressureError.
+    block_ms: cap on a blocking consume (below the client's socket timeout).
+    claim_idle_ms: default idle time after which `reclaim` takes an entry over.
+    max_deliveries: a claim beyond this many deliveries dead-letters the entry (None: never).
+    dead_maxlen: approximate MAXLEN of the dead-letter stream.
+    op_timeout_s, retries, backoff_s, max_backoff_s: reconnect policy of one operation.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        run_id: str,
+        name: str,
+        codec: Codec[T],
+        *,
+        group: str,
+        maxlen: int = 4096,
+        max_backlog: int | None = 2048,
+        publish_timeout_s: float = 0.0,
+        block_ms: int = 1000,
+        claim_idle_ms: int = 60_000,
+        max_deliveries: int | None = 5,
+        dead_maxlen: int = 10_000,
+        op_timeout_s: float = 30.0,
+        retries: int = 10,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 2.0,
+    ):
+        socket_timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+        if socket_timeout is None:
+            raise ValueError("the Redis client has no socket_timeout; build it with RedisTransport.connect "
+                             "or redis.Redis(..., socket_timeout=5, socket_connect_timeout=5)")
+        if block_ms <= 0 or block_ms >= socket_timeout * 1000:
+            raise ValueError(f"block_ms={block_ms} must be in (0, socket_timeout={socket_timeout}s): a blocking read "
+                             "longer than the socket timeout would time out")
+        if max_backlog is not None and not 1 <= max_backlog <= maxlen:
+            raise ValueError(f"max_backlog={max_backlog} must be in [1, maxlen={maxlen}], so that MAXLEN trimming "
+                             "never removes an entry that was not delivered yet")
+        if max_deliveries is not None and max_deliveries < 2:
+            raise ValueError(f"max_deliveries={max_deliveries} must be >= 2 (or None to never give up on an entry)")
+        self.client, self.codec, self.group = client, codec, _checked(group, "group")
+        self.run_id, self.name = run_id, name
+        self.key, self.dead_key = stream_key(run_id, name), dead_key(run_id, name)
+        self.maxlen, self.max_backlog, self.publish_timeout_s = maxlen, max_backlog, publish_timeout_s
+        self.block_ms, self.claim_idle_ms, self.max_deliveries = block_ms, claim_idle_ms, max_deliveries
+        self.dead_maxlen, self.op_timeout_s = dead_maxlen, op_timeout_s
+        self.retries, self.backoff_s, self.max_backoff_s = retries, backoff_s, max_backoff_s
+        # consumer -> where its next read starts: "0"-based ids replay its own pending entries
+        # (after a start or a reconnect), ">" reads new entries.
+        self._cursor: dict[str, str] = {}
+        # entry id -> consumer, for entries this object delivered and nobody acked yet: a replay
+        # after a reconnect must not hand the caller what it already holds.
+        self._inflight: dict[str, str] = {}
+        self._known_backlog: int | None = None  # as seen right after this object's last publish
+        self._call("XGROUP CREATE", self._create_group)
+
+    # ---------------------------------------------------------------- protocol
+    def publish(self, records: Sequence[T]) -> list[str]:
+        """Append records (one pipelined round trip); returns their entry ids. With `max_backlog`,
+        first waits up to `publish_timeout_s` (0: not at all) for the group's backlog to leave room
+        for the batch, else raises `BackpressureError` having written nothing."""
+        if not records:
+            return []
+        n = len(records)
+        if self.max_backlog is not None and (self._known_backlog is None or self._known_backlog + n > self.max_backlog):
+            self._wait_for_room(n)
+        encoded = [r.to_fields() for r in records]
+        return self._call("XADD", lambda: self._xadd_pipeline(encoded))
+
+    def consume(self, consumer: str, max_count: int, block_s: float = 0.0) -> list[Delivery[T]]:
+        """Up to `max_count` records for `consumer`: first its own pending entries (once after a
+        start or reconnect), then new ones, waiting up to min(block_s, block_ms) for them."""
+        if max_count < 1:
+            raise ValueError(f"max_count must be >= 1, got {max_count}")
+        while (cursor := self._cursor.get(consumer, "0")) != ">":
+            entries = self._call("XREADGROUP", lambda: self._read(consumer, cursor, max_count, None))
+            if not entries:
+                self._cursor[consumer] = ">"
+                break
+            self._cursor[consumer] = entries[-1][0]
+            fresh = [(i, f) for i, f in entries if self._inflight.get(i) != consumer]
+            if out := self._deliver(consumer, fresh):
+                return out
+        block_ms = min(int(block_s * 1000), self.block_ms) if block_s > 0 else None
+        entries = self._call("XREADGROUP", lambda: self._read(consumer, ">", max_count, block_ms))
+        return self._deliver(consumer, entries)
+
+    def ack(self, ids: Sequence[str]) -> None:
+        if not ids:
+            return
+        self._call("XACK", lambda: self.client.xack(self.key, self.group, *ids))
+        for i in ids:
+            self._inflight.pop(i, None)
+
+    def dead_letter(self, entry_id: str, raw: object, reason: str) -> None:
+        """Park an entry with its reason in the run's dead-letter stream and acknowledge it."""
+        self._dead_letter_many([(entry_id, _raw_fields(raw), reason)])
+
+    def backlog(self) -> int:
+        """Entries published and not yet acknowledged by this group (pending + never delivered)."""
+        return self._call("XINFO GROUPS", self._backlog)
+
+    # ---------------------------------------------------------------- beyond the protocol
+    def reclaim(self, consumer: str, min_idle_ms: int | None = None, max_count: int = 1000) -> list[Delivery[T]]:
+        """Take over entries pending longer than `min_idle_ms` (default `claim_idle_ms`) on any
+        consumer of the group, e.g. one that died (XAUTOCLAIM), and deliver them to `consumer`.
+        Entries trimmed meanwhile, and entries delivered `max_deliveries` times, are dead-lettered."""
+        idle = self.claim_idle_ms if min_idle_ms is None else min_idle_ms
+        claimed: list[tuple[str, dict]] = []
+        start = "0-0"
+        while len(claimed) < max_count:
+            count = min(100, max_count - len(claimed))
+            reply = self._call("XAUTOCLAIM", lambda: self.client.xautoclaim(
+                self.key, self.group, consumer, idle, start_id=start, count=count))
+            start, entries, trimmed = _str(reply[0]), reply[1], reply[2] if len(reply) > 2 else []
+            claimed += [(_str(i), f) for i, f in entries]
+            if trimmed:
+                self._dead_letter_many([(_str(i), {}, _TRIMMED) for i in trimmed])
+            if start == "0-0":
+                break
+        # entries this object already handed to `consumer` are still being worked on: not again
+        fresh = [(i, f) for i, f in claimed if self._inflight.get(i) != consumer]
+        if fresh and self.max_deliveries is not None:
+            fresh = self._drop_poison(fresh)
+        return self._deliver(consumer, fresh)
+
+    def dead_letters(self, count: int = 100) -> list[DeadLetter]:
+        """The oldest `count` dead letters of this stream (for inspection and tests)."""
+        entries = self._call("XRANGE", lambda: self.client.xrange(self.dead_key, count=count))
+        out = []
+        for dead_id, f in entries:
+            raw = {_str(k)[4:]: v for k, v in f.items() if _str(k).startswith("raw:")}
+            out.append(DeadLetter(_str(dead_id), _str(f[b"entry_id"]), f[b"reason"].decode(errors="replace"), raw))
+        return out
+
+    # ---------------------------------------------------------------- internals
+    def _create_group(self) -> None:
+        try:
+            self.client.xgroup_create(self.key, self.group, id="0", mkstream=True)
+        except redis.ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    def _wait_for_room(self, n: int) -> None:
+        """Check the bound with a fresh XINFO GROUPS. Called only when the backlog seen right after
+        this object's last publish (an upper bound while no other producer writes, since consumers
+        only shrink it) leaves no room; not atomic with the XADDs, so producers racing each other
+        can overshoot `max_backlog` by at most one batch each."""
+        if n > self.max_backlog:
+            raise ValueError(f"publishing {n} records at once can never fit max_backlog={self.max_backlog} "
+                             f"of stream {self.key}; publish in smaller batches")
+        deadline, wait = time.monotonic() + self.publish_timeout_s, 0.01
+        while (backlog := self._call("XINFO GROUPS", lambda: self._backlog(limit=self.max_backlog + 1))) + n \
+                > self.max_backlog:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BackpressureError(
+                    f"stream {self.key}: backlog {backlog} + {n} new > max_backlog {self.max_backlog} (waited "
+                    f"{self.publish_timeout_s}s); consumers of group {self.group!r} are behind: add consumers, "
+                    "raise max_backlog, or publish with a longer publish_timeout_s")
+            time.sleep(min(wait, left))
+            wait = min(wait * 2, 0.5)
+
+    def _xadd_pipeline(self, encoded: list[dict[str, bytes]]) -> list[str]:
+        pipe = self.client.pipeline(transaction=False)
+        for fields in encoded:
+            pipe.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)
+        if self.max_backlog is not None:
+            pipe.xinfo_groups(self.key)  # the backlog after this batch, in the same round trip
+        replies = pipe.execute()
+        if self.max_backlog is not None:
+            self._known_backlog = self._backlog_of(replies.pop())
+        return [_str(i) for i in replies]
+
+    def _read(self, consumer: str, cursor: str, count: int, block_ms: int | None) -> list[tuple[str, dict]]:
+        reply = self.client.xreadgroup(self.group, consumer, {self.key: cursor}, count=count, block=block_ms)
+        if not reply:
+            return []
+        _, entries = reply[0]
+        return [(_str(i), f) for i, f in entries]
+
+    def _deliver(self, consumer: str, entries: list[tuple[str, dict]]) -> list[Delivery[T]]:
+        out, dead = [], []
+        for entry_id, fields in entries:
+            if not fields:
+                dead.append((entry_id, {}, _TRIMMED))
+                continue
+            try:
+                record = self.codec.from_fields(fields)
+            except Exception as err:  # a bad record must not take the consumer down: park it with the reason
+                dead.append((entry_id, fields, f"{type(err).__name__}: {err}"))
+                continue
+            self._inflight[entry_id] = consumer
+            out.append(Delivery(entry_id, record))
+        if dead:
+            self._dead_letter_many(dead)
+        return out
+
+    def _dead_letter_many(self, items: list[tuple[str, dict, str]]) -> None:
+        def write() -> None:
+            pipe = self.client.pipeline(transaction=True)  # MULTI: parked and acked together, or neither
+            for entry_id, raw, reason in items:
+                fields = {"reason": reason, "entry_id": entry_id, "stream": self.key, "group": self.group}
+                fields.update({f"raw:{_str(k)}": v for k, v in raw.items()})
+                pipe.xadd(self.dead_key, fields, maxlen=self.dead_maxlen, approximate=True)
+            pipe.xack(self.key, self.group, *[i for i, _, _ in items])
+            pipe.execute()
+
+        self._call("dead letter", write)
+        for entry_id, _, reason in items:
+            self._inflight.pop(entry_id, None)
+        log.warning("stream %s: %d entries dead-lettered to %s (first: %s: %s)",
+                    self.key, len(items), self.dead_key, items[0][0], items[0][2])
+
+    def _drop_poison(self, claimed: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+        def counts() -> list:
+            pipe = self.client.pipeline(transaction=False)
+            for i, _ in claimed:
+                pipe.xpending_range(self.key, self.group, min=i, max=i, count=1)
+            return pipe.execute()
+
+        times = {_str(r["message_id"]): r["times_delivered"] for rows in self._call("XPENDING", counts) for r in rows}
+        poison = [(i, f) for i, f in claimed if times.get(i, 0) > self.max_deliveries]
+        if poison:
+            self._dead_letter_many([(i, f, f"delivered {times[i] - 1} times without an ack (max_deliveries="
+                                     f"{self.max_deliveries}); the record may crash its consumers") for i, f in poison])
+            dropped = {i for i, _ in poison}
+            claimed = [(i, f) for i, f in claimed if i not in dropped]
+        return claimed
+
+    def _backlog_of(self, groups: list[dict]) -> int | None:
+        """pending + lag from an XINFO GROUPS reply; None when the group or its lag is unknown."""
+        for g in groups:
+            if _str(g["name"]) == self.group and g["lag"] is not None:
+                return g["pending"] + g["lag"]
+        return None
+
+    def _backlog(self, limit: int | None = None) -> int:
+        groups = self.client.xinfo_groups(self.key)
+        if (known := self._backlog_of(groups)) is not None:
+            return known
+        for g in groups:
+            if _str(g["name"]) == self.group:
+                # lag is unknown after XDEL/SETID: count what follows the last delivered id (up to `limit`)
+                n, start = 0, "(" + _str(g["last-delivered-id"])
+                while (limit is None or n < limit) and (batch := self.client.xrange(self.key, min=start, count=256)):
+                    n, start = n + len(batch), "(" + _str(batch[-1][0])
+                return g["pending"] + n
+        raise redis.ResponseError(f"NOGROUP no consumer group {self.group} on {self.key}")
+
+    def _call(self, what: str, fn: Callable[[], R]) -> R:
+        """Run one Redis operation; retry lost connections with exponential backoff (bounded) and
+        recreate the group once if Redis lost it (restarted without persistence)."""
+        start, attempt, regrouped = time.monotonic(), 0, False
+        while True:
+            try:
+                result = fn()
+                if attempt:
+                    log.info("stream %s: %s succeeded after %d reconnect attempts", self.key, what, attempt)
+                return result
+            except _RETRYABLE as err:
+                attempt += 1
+                elapsed = time.monotonic() - start
+                delay = min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s)
+                if attempt > self.retries or elapsed + delay > self.op_timeout_s:
+                    log.error("stream %s: %s failed after %d attempts in %.1fs: %s", self.key, what, attempt, elapsed, err)
+                    raise
+                log.warning("stream %s: %s lost the connection (%s: %s); retry %d/%d in %.2fs",
+                            self.key, what, type(err).__name__, err, attempt, self.retries, delay)
+                # a lost reply may have delivered or claimed entries: replay our pending ones next read
+                self._cursor = dict.fromkeys(self._cursor, "0")
+                time.sleep(delay)
+            except redis.ResponseError as err:
+                if regrouped or not ("NOGROUP" in str(err) or "no such key" in str(err)):
+                    raise
+                log.warning("stream %s: consumer group %r is gone (Redis lost its data?); recreating it",
+                            self.key, self.group)
+                regrouped = True
+                self._create_group()
+
+
+_TRIMMED = "entry was trimmed (MAXLEN) before it was acknowledged; its content is lost"
+
+
+def _str(x: bytes | str) -> str:
+    return x.decode() if isinstance(x, bytes) else x
+
+
+def _raw_fields(raw: object) -> dict[str, bytes | str]:
+    """The fields to park for `raw`: a record re-encoded, an entry's fields as they were, else repr."""
+    if hasattr(raw, "to_fields"):
+        try:
+            return raw.to_fields()
+        except Exception as err:  # an invalid record may not even encode; keep what we can
+            return {"repr": repr(raw)[:100_000], "encode_error": f"{type(err).__name__}: {err}"}
+    if isinstance(raw, dict):
+        return {_str(k) if isinstance(k, (bytes, str)) else repr(k):
+                v if isinstance(v, (bytes, str, int, float)) else repr(v) for k, v in raw.items()}
+    if isinstance(raw, (bytes, str)):
+        return {"raw": raw}
+    return {"repr": repr(raw)[:100_000]}
+
+
+_STREAMS = (("prompts", PromptTask, "rollout"), ("raw", Trajectory, "reward"), ("scored", Trajectory, "learner"))
+
+
+@dataclass
+class RedisTransport:
+    """The three streams of a run on one Redis: prompts (PromptTask, group "rollout"), raw
+    (Trajectory, group "reward"), scored (Trajectory, group "learner")."""
+
+    client: redis.Redis
+    prompts: RedisStream[PromptTask]
+    raw: RedisStream[Trajectory]
+    scored: RedisStream[Trajectory]
+
+    @classmethod
+    def connect(cls, url: str, run_id: str, *, socket_timeout_s: float = 5.0, **stream_options: Any) -> "RedisTransport":
+        """Connect to `url` (redis://host:port/db) with socket timeouts on every call and no hidden
+        client-side retries (RedisStream retries, logged); `stream_options` go to each RedisStream."""
+        client = redis.Redis.from_url(
+            url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, socket_keepalive=True,
+            retry=Retry(NoBackoff(), 0), decode_responses=False,
+        )
+        streams = {name: RedisStream(client, run_id, name, codec, group=group, **stream_options)
+                   for name, codec, group in _STREAMS}
+        return cls(client=client, **streams)
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,39 @@
+import subprocess
+import sys
+import time
+
+import pytest
+
+from stare.cli import main
+
+
+def test_help_is_instant_and_lists_the_commands():
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "stare.cli", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "train" in out.stdout and "compare" in out.stdout
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, stare.cli; stare.cli.build_parser(); print('torch' in sys.modules)"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert probe.stdout.strip() == "False"  # no heavy import before a subcommand runs
+
+
+def test_bad_config_value_exits_2_naming_the_field(capsys):
+    assert main(["train", "--set", "optim.lr=-3"]) == 2
+    assert "optim.lr" in capsys.readouterr().err
+
+
+def test_unknown_algo_exits_2_listing_valid_ones(capsys):
+    assert main(["train", "--algo", "ppo"]) == 2
+    assert "grpo" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_trains_each_algo_and_writes_figure_and_table(fast_overrides, tmp_path):
+    args = ["compare", "--algos", "stare,grpo", "--seeds", "0", "--out", str(tmp_path / "cmp")]
+    for o in fast_overrides + ["run.steps=1"]:
+        args += ["--set", o]
+    assert main(args) == 0
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "stare" in table and "grpo" in table
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000
