@@ -89,7 +89,7 @@ class SandboxUnavailable(RuntimeError):
 class SandboxConfig(BaseModel):
     """Limits and isolation of one sandboxed run; every field is bounded."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     isolation: Isolation = "namespaces"
     """"namespaces" (root + CAP_SYS_ADMIN; full isolation), "process" (root; no filesystem or PID

@@ -24,8 +24,9 @@ far (no re-tokenisation), so every generated token's log-prob stays the one it w
 
 A trajectory has at most `max_turns` generated turns, so at most `max_turns - 1` tool calls run;
 a call written in the last allowed turn is not run and the completion ends with finish_reason
-"max_turns". A row whose context could not fit another `max_new_tokens` within
-`max_context_tokens` ends with "length".
+"max_turns". A row whose context could not fit its observation and another `max_new_tokens`
+within `max_context_tokens` (default: the engine's `max_model_len`) ends with "length" after its
+tool call, without the observation (the call still runs).
 
 Efficiency: turn 1 is one `engine.generate` over all prompts with `n` (the engine shares each
 prompt's prefill); every later turn is one `generate` over all rows still live (n=1 each); the
@@ -206,14 +207,15 @@ class ToolAgent:
             live = [r for r in rows if r.finish is None]
             if not live:
                 break
-            self._observe(live)
-            if self.max_context_tokens is not None:
-                for r in live:
-                    if len(r.context) + params.max_new_tokens > self.max_context_tokens:
-                        r.finish = "length"
-                live = [r for r in live if r.finish is None]
-                if not live:
-                    break
+            for r, obs in zip(live, self._observe(live)):
+                limit = self.max_context_tokens
+                if limit is not None and len(r.context) + len(obs) + params.max_new_tokens > limit:
+                    r.finish = "length"  # no room for the observation and another turn
+                else:
+                    r.extend(obs, [0.0] * len(obs), trainable=False)
+            live = [r for r in live if r.finish is None]
+            if not live:
+                break
             seed = None if params.seed is None else (params.seed + turn * 1_000_003) % (1 << 63)
             turn_params = dataclasses.replace(params, n=1, seed=seed, stop_token_ids=stops)
             outputs = self.engine.generate([r.context for r in live], turn_params)
@@ -254,8 +256,8 @@ class ToolAgent:
                 lo = mid + 1
         return lo
 
-    def _observe(self, rows: list[_Row]) -> None:
-        """Run the rows' tool calls (concurrently, identical code once) and append observations."""
+    def _observe(self, rows: list[_Row]) -> list[list[int]]:
+        """Run the rows' tool calls (concurrently, identical code once); their observations' tokens."""
         parsed = [parse_tool_call(r.call_text, self.open_tag, self.close_tag, self.tool_name) for r in rows]
         codes = [code for code, _ in parsed if code is not None]
         unique = list(dict.fromkeys(codes)) if self.reuse_identical_calls else codes
@@ -266,14 +268,15 @@ class ToolAgent:
             results = []
         by_code = dict(zip(unique, results)) if self.reuse_identical_calls else None
         done = iter(results)
+        observations = []
         for row, (code, error) in zip(rows, parsed):
             if code is None:
                 text = f"error: {error}"
             else:
                 text = render_result(by_code[code] if by_code is not None else next(done))
-            obs = self._observation_tokens(text)
-            row.extend(obs, [0.0] * len(obs), trainable=False)
+            observations.append(self._observation_tokens(text))
             row.call_text = ""
+        return observations
 
     def _observation_tokens(self, output: str) -> list[int]:
         room = self.max_observation_tokens - len(self._obs_prefix) - len(self._obs_suffix)

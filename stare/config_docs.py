@@ -41,6 +41,9 @@ def _table(model: type[BaseModel], prefix: str, skip: set[str] = frozenset()) ->
     for name, field in model.model_fields.items():
         if name in skip:
             continue
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):  # nested: one row per leaf
+            rows += _table(field.annotation, f"{prefix}{name}.")[2:]
+            continue
         default = "(required)" if field.is_required() else repr(field.get_default(call_default_factory=True))
         desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
         rows.append(f"| `{prefix}{name}` | `{_type(field.annotation)}` | `{default}` | {_bounds(field)} | {desc} |")

@@ -7,11 +7,13 @@ model directory that everything downstream loads by path, exactly like a real ch
     tokenizer = AutoTokenizer.from_pretrained(path)
 
 Steps: (a) a character-level tokenizer over the task's alphabet plus <pad>, <eos>, <unk>;
-(b) a small Qwen2 (about 0.4M parameters by default, fp32); (c) a short supervised warm start on
-reference solutions, deliberately too short for the model to master the task, so that held-out
-greedy accuracy stays well inside (0, 1) and sampling at temperature 1.0 keeps real entropy (the
-room that GRPO collapses and STARE is meant to hold); (d) `save_pretrained` of both, plus
-`build_info.json` with the arguments, their hash and measured accuracy and entropy.
+(b) a small Qwen2 (2 layers, hidden 128, 0.3M parameters by default, fp32); (c) a supervised warm
+start on reference solutions (with randomly drawn, equally correct variants), stopped as soon as
+greedy accuracy on train-split problems reaches a target (0.45), so the model has only partly
+learned the task: held-out greedy accuracy stays well inside (0, 1) and sampling at temperature
+1.0 keeps real entropy (the room that GRPO collapses and STARE is meant to hold); (d)
+`save_pretrained` of both, plus `build_info.json` with the arguments, their hash and measured
+accuracy and entropy. About a minute on one core; see docs/tiny-model.md for measurements.
 
 Prompt format: the problem's prompt text, tokenized as is (no BOS, no chat template); the
 completion follows directly and ends with <eos>.
@@ -20,8 +22,10 @@ Multi-turn tasks (tool use): a task with `solution_segments(problem, rng) -> [(t
 has its untrained parts (tool observations) masked out of the warm-start loss, as RL masks them;
 a task with `whole_tokens` gets those strings as single tokens (tags, fixed JSON heads); a task
 with `warm_start_sandbox()` is evaluated through the rollout's `ToolAgent` (HFEngine on a copy of
-the weights, tool calls answered by that sandbox), since its answers need the tool's output. The saved tokenizer pads on the left (for batched
-generation); `generation_config.json` carries the eos and pad ids so `generate` stops at <eos>.
+the weights, tool calls answered by that sandbox), since its answers need the tool's output.
+
+The saved tokenizer pads on the left (for batched generation); `generation_config.json` carries
+the eos and pad ids so `generate` stops at <eos>.
 
 Determinism: the build runs on one thread with seeded RNGs, so the same arguments give the same
 weights bit for bit on the same torch build. A directory whose `build_info.json` has the same
@@ -155,8 +159,8 @@ def build_tiny_model(
 ) -> Path:
     """Build (or reuse) the tiny model directory and return its path.
 
-    `spec_overrides` are `TinyModelSpec` fields (e.g. `sft_steps=50, hidden_size=64` for a quick
-    test build). `out_dir` defaults to `default_model_dir(spec)`. An existing directory is reused
+    `spec_overrides` are `TinyModelSpec` fields (e.g. `sft_max_steps=30, sft_target_accuracy=2.0`
+    for a quick test build that learns next to nothing). `out_dir` defaults to `default_model_dir(spec)`. An existing directory is reused
     when its `build_info.json` has the same arguments hash (unless `force`); one with a different
     hash is rebuilt; a non-empty directory without `build_info.json` is refused rather than
     overwritten.
@@ -180,9 +184,10 @@ def build_tiny_model(
     torch.set_num_threads(1)  # bitwise-reproducible builds, and polite on shared CPUs
     try:
         _build(spec, tmp, verbose=verbose)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        if force or not _matching_build(out, spec):  # else a concurrent builder finished first
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
     finally:
         torch.set_num_threads(threads)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -199,6 +204,7 @@ def _matching_build(out: Path, spec: TinyModelSpec) -> bool:
 
 def _build(spec: TinyModelSpec, out: Path, *, verbose: bool) -> None:
     import torch
+    from transformers.utils import logging as hf_logging
 
     from stare.tasks import build_task
 
@@ -222,7 +228,13 @@ def _build(spec: TinyModelSpec, out: Path, *, verbose: bool) -> None:
     t_train = time.perf_counter() - t0
 
     result = evaluate(model, tokenizer, task, test, seed=spec.seed)
-    model.save_pretrained(out)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar for a one-file model
+    try:
+        model.save_pretrained(out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(out)
     info = {
         "build_version": BUILD_VERSION,

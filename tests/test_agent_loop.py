@@ -185,7 +185,10 @@ def test_row_that_cannot_fit_another_turn_ends_with_length(tok):
     ag, engine, _ = agent(tok, {"Q:": [c1]}, max_model_len=context + max_new - 1)
     [[c]] = ag.generate([encode(tok, "Q:")], params(max_new_tokens=max_new))
     assert (c.finish_reason, c.turns, len(engine.calls)) == ("length", 1, 1)
-    assert c.loss_mask[-3:] == [0, 0, 0]  # the observation is there; no turn followed it
+    assert c.loss_mask == [1] * len(c.token_ids) and tok.decode(c.token_ids) == c1  # ends at the call
+    ag, engine, _ = agent(tok, {"Q:": [c1], "Q:" + c1 + f"{R_OPEN}1{R_CLOSE}": ["#1"]}, max_model_len=context + max_new)
+    [[c]] = ag.generate([encode(tok, "Q:")], params(max_new_tokens=max_new))
+    assert (c.finish_reason, c.turns) == ("stop", 2)  # one more token of room: the turn fits
 
 
 # --- malformed calls and failed runs -----------------------------------------------------------

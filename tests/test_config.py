@@ -51,9 +51,9 @@ def test_switching_algo_keeps_the_shared_surrogate_settings():
     assert cfg.loss.name == "clip-cov" and cfg.loss.eps_low == 0.1
 
 
-def test_grpo_preset_is_symmetric_clip_without_dynamic_sampling():
-    cfg = build_config({}, algo="grpo")
-    assert (cfg.loss.eps_low, cfg.loss.eps_high, cfg.data.dynamic_sampling) == (0.2, 0.2, False)
+def test_grpo_preset_keeps_the_clip_range_and_turns_dynamic_sampling_off():
+    cfg = build_config({"loss": {"name": "stare", "eps_high": 0.25}, "data": {"dynamic_sampling": True}}, algo="grpo")
+    assert (cfg.loss.name, cfg.loss.eps_high, cfg.data.dynamic_sampling) == ("grpo", 0.25, False)
 
 
 def test_unknown_algo_lists_the_valid_ones():
