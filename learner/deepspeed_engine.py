@@ -53,9 +53,16 @@ def init_distributed(timeout_s: float = 300.0) -> None:
     import deepspeed
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        return
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
+    if dist.is_initialized():
+        # An in-process engine (vLLM) formed the default group first: DeepSpeed wraps that one,
+        # but reads the launcher variables, which nobody set.
+        for key, value in (("RANK", dist.get_rank()), ("LOCAL_RANK", 0), ("WORLD_SIZE", dist.get_world_size())):
+            os.environ.setdefault(key, str(value))
+        if dist.get_backend() == "gloo":
+            _skip_cpu_shm_op()
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), timeout=datetime.timedelta(seconds=timeout_s))
+        return
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     backend = "nccl" if torch.cuda.is_available() else "gloo"

@@ -28,9 +28,10 @@ How:
 Limits and side effects:
 - vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512:
   a model with head_dim 16 loads, then fails at the first `generate`.
-- On CPU the worker replaces `torch.set_num_threads` with a no-op for the whole process, and
-  allocates `cpu_kvcache_space_gib` GiB of KV cache up front (RSS ~1.7 GB for a tiny model with
-  1 GiB). A learner sharing the process cannot change its thread count afterwards.
+- On CPU the worker replaces `torch.set_num_threads` with a no-op for the whole process, so
+  set the thread count before building the engine (one thread was 2-10x faster for tiny models
+  on a busy 2-core machine); a learner sharing the process cannot change it afterwards. It also
+  allocates `cpu_kvcache_space_gib` GiB of KV cache up front (RSS ~1.7 GB for a tiny model).
 - bf16 log-probs differ from an fp32 recompute by up to ~0.1 (use fp32 when the learner
   compares them).
 """
@@ -111,7 +112,8 @@ class VLLMEngine:
         config = json.loads((Path(model_path) / "config.json").read_text())
         text_config = config.get("text_config", config)
         self.vocab_size: int = text_config["vocab_size"]
-        # Names the checkpoint may omit on update: the output head when it is the embedding.
+        # Names an update may include or omit: the output head when it is the embedding (HF's
+        # `state_dict()` has it, a tied checkpoint does not; vLLM ignores it either way).
         self._tied = bool(text_config.get("tie_word_embeddings"))
         self._optional_names = {"lm_head.weight"} if self._tied else set()
         self.llm = LLM(
@@ -168,7 +170,7 @@ class VLLMEngine:
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Reload the full parameter set (HF checkpoint names) in place, then drop cached KV."""
-        unknown = sorted(set(state_dict) - self._checkpoint_names)
+        unknown = sorted(set(state_dict) - self._checkpoint_names - self._optional_names)
         missing = sorted(self._checkpoint_names - set(state_dict) - self._optional_names)
         if unknown or missing:
             raise KeyError(

@@ -5,8 +5,9 @@ equal to a full-sequence recompute (prefix + completion, no padding, no cache), 
 seed reproducibility, distinct samples for n > 1, and `update_weights` changing the outputs to
 exactly what the new weights give (for vLLM this proves that the prefix cache is reset).
 
-The vLLM cases skip where `vllm` is not importable (the main venv); run them in the vLLM venv:
-`/work/vllm-venv/bin/python -m pytest tests/test_rollout_engines.py` (see docs/rollout-engines.md).
+The vLLM cases (marked `vllm`) skip where `vllm` is not importable (the main venv); run them in
+the vLLM venv: `.venv-vllm/bin/python -m pytest -m vllm tests/test_rollout_engines.py` (see
+docs/rollout-engines.md).
 One vLLM engine is shared per module (it takes seconds to start) and is left with the weights it
 was built with after every test that changes them.
 """
@@ -80,12 +81,18 @@ def build_tiny_model(path: Path, *, tie_word_embeddings: bool, seed: int = 0) ->
 
 
 def perturbed_state_dict(path: Path, seed: int) -> dict[str, torch.Tensor]:
-    """The model at `path` with every parameter moved by N(0, 0.05^2): clearly different outputs."""
+    """`state_dict()` of the model at `path` with every parameter moved by N(0, 0.05^2).
+
+    Like a learner's state dict: a tied model lists `lm_head.weight` and the embedding, equal.
+    """
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
-    return {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():  # each shared tensor once
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return {k: v.clone() for k, v in model.state_dict().items()}
 
 
 def recompute_logprobs(
@@ -152,7 +159,7 @@ def _close_vllm_engines():
     _VLLM_ENGINES.clear()
 
 
-@pytest.fixture(params=["hf", "vllm"])
+@pytest.fixture(params=["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def kind(request) -> str:
     return request.param
 
@@ -273,16 +280,17 @@ def test_same_seed_same_samples_and_n_samples_differ(engine):
     assert [[x.token_ids for x in g] for g in a] != [[x.token_ids for x in g] for g in c]
 
 
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-def test_update_weights_changes_outputs_to_the_new_policy(kind, tied, model_dir, untied_model_dir):
-    path = model_dir if tied else untied_model_dir
+@pytest.mark.parametrize("variant", ["tied", "tied-no-head", "untied"])
+def test_update_weights_changes_outputs_to_the_new_policy(kind, variant, model_dir, untied_model_dir):
+    path = untied_model_dir if variant == "untied" else model_dir
     engine = _make_engine(kind, path)
     prompts = PROMPTS + [LONG_PROMPT]
     params = SamplingParams(n=2, max_new_tokens=12, temperature=0.0)
     before = engine.generate(prompts, params)  # fills vLLM's prefix cache with the old weights' KV
     new_sd = perturbed_state_dict(path, seed=7)
-    if tied:
-        new_sd.pop("lm_head.weight", None)  # tied: the embedding carries it
+    assert "lm_head.weight" in new_sd  # HF `state_dict()` lists a tied head too
+    if variant == "tied-no-head":
+        del new_sd["lm_head.weight"]  # tied: the embedding carries it, a tied checkpoint omits it
     engine.update_weights(new_sd, version=5)
     assert engine.weight_version == 5
     try:
