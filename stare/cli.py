@@ -55,12 +55,12 @@ def cmd_compare(args) -> int:
     for algo in algos:
         for seed in seeds:
             name = f"{base.run.name}-cmp-{algo}-s{seed}"
-            cmd = [sys.executable, "-m", "stare.cli", "train", "--algo", algo, "--no-progress",
-                   "--set", f"run.seed={seed}", "--set", f"run.name={name}"]
+            cmd = [sys.executable, "-m", "stare.cli", "train", "--algo", algo, "--no-progress"]
             if args.config is not None:
                 cmd += ["--config", str(args.config)]
             for o in args.overrides:
                 cmd += ["--set", o]
+            cmd += ["--set", f"run.seed={seed}", "--set", f"run.name={name}"]  # last: these win
             print(f"[compare] {algo} seed {seed} -> {base.run.output_dir / name}", flush=True)
             subprocess.run(cmd, check=True, timeout=args.timeout_s, env=child_env())
             run_dirs.append(base.run.output_dir / name)
