@@ -209,7 +209,6 @@ class EmbeddedRun:
         want = cfg.rollout.prompts_per_step
         rounds, t0 = 0, time.perf_counter()
         filtered0 = self.collector.stats.filtered_groups
-        sampled: list = []
         while len(self.collector.ready) < want and rounds < cfg.data.max_sampling_rounds:
             need = want - len(self.collector.ready)
             self.transport.prompts.publish(self.feeder.next_tasks(need))

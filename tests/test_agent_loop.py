@@ -7,7 +7,6 @@ can state exactly which contexts the agent sent, which tokens it kept and how it
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest

@@ -1,14 +1,12 @@
 import subprocess
 import sys
-import time
 
 import pytest
 
 from stare.cli import main
 
 
-def test_help_is_instant_and_lists_the_commands():
-    t0 = time.perf_counter()
+def test_help_lists_the_commands_without_heavy_imports():
     out = subprocess.run([sys.executable, "-m", "stare.cli", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "train" in out.stdout and "compare" in out.stdout
     probe = subprocess.run(

@@ -158,16 +158,24 @@ class ArithmeticTask:
 
     def extract_answer(self, completion: str) -> str | None:
         """The integer after the first '#', canonicalised ("#007" -> "7"), or None."""
-        if not isinstance(completion, str):
-            return None
-        match = _ANSWER_RE.search(completion)
-        if match is None or len(match.group(1).lstrip("-")) > _MAX_ANSWER_DIGITS:
-            return None
-        return str(int(match.group(1)))
+        return hash_answer(completion) if isinstance(completion, str) else None
 
     def reward(self, problem: Problem, completion: str) -> float:
         """1.0 if the final answer equals `problem.answer`, else 0.0; never raises."""
-        try:
-            return 1.0 if self.extract_answer(completion) == problem.answer else 0.0
-        except Exception:  # the reward must survive any policy output
-            return 0.0
+        return exact_answer_reward(self, problem, completion)
+
+
+def hash_answer(text: str) -> str | None:
+    """The integer after the first '#' in `text`, canonicalised ("#007" -> "7"), or None."""
+    match = _ANSWER_RE.search(text)
+    if match is None or len(match.group(1).lstrip("-")) > _MAX_ANSWER_DIGITS:
+        return None
+    return str(int(match.group(1)))
+
+
+def exact_answer_reward(task, problem: Problem, completion: str) -> float:
+    """1.0 if `task.extract_answer(completion)` equals `problem.answer`, else 0.0; never raises."""
+    try:
+        return 1.0 if task.extract_answer(completion) == problem.answer else 0.0
+    except Exception:  # the reward must survive any policy output
+        return 0.0

@@ -43,9 +43,9 @@ import ast
 import hashlib
 import json
 import random
-import re
 import string
 
+from stare.tasks.arithmetic import exact_answer_reward, hash_answer
 from stare.tasks.base import Problem, Split
 
 LEVELS: dict[int, tuple[int, int]] = {1: (3, 2), 2: (3, 3), 3: (4, 3), 4: (4, 4)}
@@ -60,8 +60,6 @@ ALPHABET = string.ascii_letters + string.digits + " +-*/=#;:.,'\"()[]{}_<>!?\n"
 """Characters of prompts, solutions and the error observations the model may see."""
 
 _TEST_BUCKETS = 5
-_ANSWER_RE = re.compile(r"#(-?\d+)")
-_MAX_ANSWER_DIGITS = 18
 _UNIQUE_TRIES = 100
 
 
@@ -142,18 +140,11 @@ class ToolArithmeticTask:
         """The integer after the first '#' that follows the last tool response, canonicalised."""
         if not isinstance(completion, str):
             return None
-        tail = completion.rsplit(RESPONSE_CLOSE, 1)[-1]
-        match = _ANSWER_RE.search(tail)
-        if match is None or len(match.group(1).lstrip("-")) > _MAX_ANSWER_DIGITS:
-            return None
-        return str(int(match.group(1)))
+        return hash_answer(completion.rsplit(RESPONSE_CLOSE, 1)[-1])
 
     def reward(self, problem: Problem, completion: str) -> float:
         """1.0 if the final answer equals `problem.answer`, else 0.0; never raises."""
-        try:
-            return 1.0 if self.extract_answer(completion) == problem.answer else 0.0
-        except Exception:  # the reward must survive any policy output
-            return 0.0
+        return exact_answer_reward(self, problem, completion)
 
     def warm_start_sandbox(self):
         """An in-memory `Sandbox` that answers `print(A*B)` exactly as the real one would."""

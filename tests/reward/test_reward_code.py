@@ -1,6 +1,5 @@
 """Code verifier: programs against stdin/stdout and assert tests, in the real sandbox."""
 
-import os
 
 import pytest
 
