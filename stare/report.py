@@ -382,9 +382,9 @@ def _plot_controller(ax: Axes, metrics: list[dict[str, Any]]) -> None:
         return _no_data(ax, "Controller", "no gate, W or M logged (baseline run)")
     _shade_gate(ax, metrics)
     if w[0]:
-        ax.plot(*w, "-", color="tab:red", linewidth=1.4, label="W (low-surprisal up-weight)")
+        ax.plot(*w, "-", color="tab:red", linewidth=1.4, label="W (L+: positive advantage, high surprisal)")
     if m[0]:
-        ax.plot(*m, "-", color="tab:cyan", linewidth=1.4, label="M (high-surprisal down-weight)")
+        ax.plot(*m, "-", color="tab:cyan", linewidth=1.4, label="M (L-: negative advantage, high surprisal)")
     on = f", gate on {sum(g > 0 for g in gate) / len(gate):.0%} of steps" if gate else ""
     ax.set(title=f"Controller{on}", xlabel="step", ylabel="W / M")
     if gate and not w[0] and not m[0]:  # only the gate: give the axis the gate's 0/1 scale
