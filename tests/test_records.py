@@ -75,3 +75,29 @@ def test_verifier_crash_gives_zero_reward_with_reason():
     RewardWorker(Exploding(), raw, scored, name="w").run_once()
     t = scored.consume("l", 1)[0].record
     assert t.reward == 0.0 and "verifier died" in t.reward_info["error"]
+
+
+def test_verifier_timeout_gives_zero_reward_and_the_worker_carries_on():
+    import time
+
+    from stare.reward.timeouts import call_with_timeout
+
+    class Slow:
+        name = "slow"
+
+        def reward(self, problem, completion):
+            def spin():  # Python-level work: interruptible (a C call is bounded only by ScoringPool)
+                deadline = time.monotonic() + 5.0
+                while time.monotonic() < deadline:
+                    pass
+
+            return call_with_timeout(spin, 0.2)
+
+    raw, scored = MemoryStream("raw"), MemoryStream("scored")
+    raw.publish([make_trajectory(trajectory_id="a"), make_trajectory(trajectory_id="b")])
+    t0 = time.monotonic()
+    RewardWorker(Slow(), raw, scored, name="w").run_once()
+    assert time.monotonic() - t0 < 3.0  # bounded by the timeout, not by the sleep
+    out = [d.record for d in scored.consume("l", 10)]
+    assert [t.trajectory_id for t in out] == ["a", "b"]
+    assert all(t.reward == 0.0 and "Timeout" in t.reward_info["error"] for t in out)
