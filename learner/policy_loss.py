@@ -27,7 +27,7 @@ from stare.learner.config import (
     SurrogateConfig,
 )
 from stare.learner.selection import TopKThreshold, hash_uniform, in_topk
-from stare.learner.surrogate import Normalizer, aggregate, clipped_surrogate, truncated_is_weight
+from stare.learner.surrogate import Normalizer, aggregate, clipped_surrogate, importance_ratio, truncated_is_weight
 
 
 @dataclass(frozen=True)
@@ -105,12 +105,24 @@ def _weighted_surrogate(
     if omega is not None:
         per_token = per_token * omega
     metrics = {"clipped_tokens": (was_clipped & mask).sum()}
+    return _corrected_aggregate(per_token, x, ctx, cfg, mask, metrics), metrics
+
+
+def _corrected_aggregate(
+    per_token: Tensor,  # [B, L]
+    x: LossInputs,
+    ctx: StepContext,
+    cfg: SurrogateConfig,
+    mask: Tensor,  # [B, L] bool
+    metrics: dict[str, Tensor],
+) -> Tensor:  # []
+    """Apply the TIS weight (when configured; its sum goes into `metrics`), then aggregate."""
     if cfg.tis_cap is not None:
         assert x.rollout_logprobs is not None, "loss.tis_cap is set but the batch has no rollout log-probs"
         tis = truncated_is_weight(x.old_logprobs, x.rollout_logprobs, cfg.tis_cap)  # [B, L]
         per_token = per_token * tis
         metrics["tis_weight_sum"] = (tis * mask).sum()
-    return aggregate(per_token, mask, cfg.agg_mode, ctx.norm), metrics
+    return aggregate(per_token, mask, cfg.agg_mode, ctx.norm)
 
 
 def grpo_loss(x: LossInputs, ctx: StepContext, cfg: GrpoLossConfig) -> LossOutputs:
@@ -163,14 +175,11 @@ def kl_cov_loss(x: LossInputs, ctx: StepContext, cfg: KLCovLossConfig) -> LossOu
     assert ctx.select_threshold is not None, "plan_step did not set the KL-Cov selection"
     cov = centered_covariance(x, ctx)
     selected = in_topk(cov, x.token_uid, x.mask, ctx.select_threshold)
-    log_ratio = x.logprobs - x.old_logprobs
-    per_token = -x.advantages * torch.exp(log_ratio.clamp(-20.0, 20.0))
-    per_token = per_token + selected.to(per_token.dtype) * cfg.kl_coef * log_ratio.abs()
+    per_token = -x.advantages * importance_ratio(x.logprobs, x.old_logprobs)  # [B, L]
+    kl = (x.logprobs - x.old_logprobs).abs()  # [B, L]
+    per_token = per_token + selected.to(per_token.dtype) * cfg.kl_coef * kl
     metrics: dict[str, Tensor] = {"cov_selected_tokens": selected.sum()}
-    if cfg.tis_cap is not None:
-        assert x.rollout_logprobs is not None, "loss.tis_cap is set but the batch has no rollout log-probs"
-        per_token = per_token * truncated_is_weight(x.old_logprobs, x.rollout_logprobs, cfg.tis_cap)
-    return LossOutputs(aggregate(per_token, x.mask, cfg.agg_mode, ctx.norm), metrics)
+    return LossOutputs(_corrected_aggregate(per_token, x, ctx, cfg, x.mask, metrics), metrics)
 
 
 def high_entropy_mask(x: LossInputs, ctx: StepContext) -> Tensor:  # [B, L] bool

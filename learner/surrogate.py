@@ -17,6 +17,14 @@ from stare.learner.config import AggMode
 _MAX_LOG_RATIO = 20.0
 
 
+def importance_ratio(
+    logprobs: Tensor,  # [B, L]
+    old_logprobs: Tensor,  # [B, L]
+) -> Tensor:  # [B, L]
+    """pi_theta / pi_old per token, with the log-ratio clamped so exp cannot overflow."""
+    return torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+
+
 def clipped_surrogate(
     logprobs: Tensor,  # [B, L] current policy, with grad
     old_logprobs: Tensor,  # [B, L] at the start of the step, detached
@@ -30,7 +38,7 @@ def clipped_surrogate(
 
         l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)),  and for A < 0: min(l, -A c).
     """
-    ratio = torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))  # [B, L]
+    ratio = importance_ratio(logprobs, old_logprobs)  # [B, L]
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     loss = torch.maximum(unclipped, clipped)

@@ -24,7 +24,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
                    help="override a config field, e.g. --set optim.lr=1e-5 (repeatable)")
 
 
-def _load(args) -> "object":
+def _load(args):
     from stare.config import load_config
 
     return load_config(args.config or default_config_path(), algo=args.algo, overrides=args.overrides)

@@ -142,12 +142,6 @@ class TrainConfig(_Section):
     diagnostics: DiagnosticsSection = DiagnosticsSection()
 
     @model_validator(mode="after")
-    def _cross_checks(self):
-        if self.loss.agg_mode == "seq-mean-token-sum-norm" and self.loss.norm_length is None:
-            raise ValueError("loss.norm_length is required with seq-mean-token-sum-norm")
-        return self
-
-    @model_validator(mode="after")
     def _dataset_needs_a_model(self):
         if self.task.name == "dataset" and self.model.path is None:
             raise ValueError("task.name=dataset needs model.path (the bundled tiny model is built for bundled tasks)")

@@ -139,8 +139,9 @@ class EvalResult:
 
 def default_cache_dir() -> Path:
     """`$STARE_CACHE_DIR/models`, or `~/.cache/stare/models` when the variable is unset."""
-    root = os.environ.get("STARE_CACHE_DIR")
-    return (Path(root) if root else Path.home() / ".cache" / "stare") / "models"
+    from stare.paths import cache_dir
+
+    return cache_dir() / "models"
 
 
 def default_model_dir(spec: TinyModelSpec) -> Path:

@@ -44,6 +44,8 @@ def test_resumed_run_reproduces_the_uninterrupted_run(fast_overrides, tmp_path):
     straight = run_training(prepare_run(build_config({}, overrides=common + ["run.name=straight"]), None), progress=False)
     first = run_training(prepare_run(build_config({}, overrides=common + ["run.name=split", "run.steps=1"]), None), progress=False)
     run_training(prepare_run(None, first, ["run.steps=3"]), resume=True, progress=False)
+    # checkpoint_every=1 and keep_checkpoints=2: only the two newest survive
+    assert sorted(p.name for p in (straight / "checkpoints").glob("step_*")) == ["step_000002", "step_000003"]
     a, b = _lines(straight / "metrics.jsonl"), _lines(first / "metrics.jsonl")
     assert [m["step"] for m in b] == [1, 2, 3]
     assert [m["gate"] for m in a] == [1, 1, 1]  # target above the entropy: STARE reweights every step
@@ -71,6 +73,16 @@ def test_sigint_stops_after_the_step_and_leaves_a_resumable_checkpoint(fast_over
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{steps[-1]:06d}"
     resumed = run_training(prepare_run(None, run_dir, [f"run.steps={steps[-1] + 1}"]), resume=True, progress=False)
     assert [m["step"] for m in _lines(resumed / "metrics.jsonl")] == steps + [steps[-1] + 1]
+
+
+def test_dynamic_sampling_samples_more_rounds_until_the_step_is_full(fast_overrides):
+    cfg = build_config({}, overrides=fast_overrides + ["data.dynamic_sampling=true", "data.max_sampling_rounds=3"])
+    metrics = _lines(run_training(prepare_run(cfg, None), progress=False) / "metrics.jsonl")
+    for m in metrics:
+        assert 1 <= m["sampling_rounds"] <= 3
+        # a step is either full, or it used every round it was allowed
+        assert m["groups"] == 2 or m["sampling_rounds"] == 3
+        assert m["sampling_rounds"] == 1 or m["filtered_groups"] > 0  # a second round only replaces filtered groups
 
 
 def test_training_an_existing_run_name_is_refused(fast_overrides):

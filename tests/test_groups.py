@@ -61,3 +61,13 @@ def test_an_entry_handed_back_while_held_is_not_acknowledged():
     s.requeue_pending()  # the transport hands the held entries back (e.g. after a reconnect)
     c.pull(0)
     assert s.backlog() == 2 and c.stats.duplicates == 0  # still pending: a crash now loses nothing
+
+
+def test_memory_stream_refuses_to_grow_past_maxlen_and_keeps_what_it_has():
+    import pytest
+
+    s = MemoryStream("raw", maxlen=2)
+    s.publish(_group("a", [1.0, 0.0]))
+    with pytest.raises(OverflowError, match="full"):
+        s.publish(_group("b", [1.0]))
+    assert s.backlog() == 2
