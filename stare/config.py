@@ -127,6 +127,72 @@ class DiagnosticsSection(_Section):
     )
 
 
+class SystemSection(_Section):
+    """The distributed system (`stare up`, `stare rollout|reward|learner|control`): Redis, weight
+    sync, staleness, heartbeats. Ignored by the embedded `stare train`."""
+
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0", pattern=r"^rediss?://",
+        description="Redis URL of the run's streams and state (the STARE_REDIS_URL environment variable and "
+        "--redis-url override it).",
+    )
+    max_staleness: int = Field(
+        1, ge=0, description="Largest weight-version lag the learner trains on; 0 is strictly on-policy. Rollout "
+        "stops pulling prompts while it is this many versions ahead of what the learner has published.",
+    )
+    stale_policy: Literal["drop", "importance"] = Field(
+        "drop", description="Trajectories older than max_staleness: drop (counted) or train them with truncated "
+        "importance correction against the rollout log-probs (loss.tis_cap must be set).",
+    )
+    weight_sync: Literal["broadcast", "filesystem"] = Field(
+        "broadcast", description="broadcast: a gloo/NCCL group formed at run time through a TCPStore the learner "
+        "hosts; filesystem: safetensors under weight_dir with the version pointer in Redis.",
+    )
+    weight_dir: Path | None = Field(
+        None, description="Shared folder of the filesystem weight backend (None: <run dir>/weights).",
+    )
+    broadcast_host: str = Field("127.0.0.1", description="Address the learner's TCPStore listens on / workers dial.")
+    broadcast_port: int = Field(29650, ge=1, le=65535, description="Port of the learner's TCPStore rendezvous.")
+    broadcast_timeout_s: float = Field(
+        30.0, gt=0, description="Timeout of a weight broadcast and of joining it; a worker slower than this is "
+        "dropped from the group and rejoins later.",
+    )
+    heartbeat_s: float = Field(2.0, gt=0, description="Seconds between a role's heartbeats in Redis.")
+    dead_after_s: float = Field(
+        15.0, gt=0, description="A role whose last heartbeat is older than this is reported dead.",
+    )
+    claim_idle_s: float = Field(
+        30.0, gt=0, description="A stream entry pending this long on one consumer (a dead one) is reclaimed by "
+        "another.",
+    )
+    max_backlog: int = Field(
+        2048, ge=1, description="Bound of each stream's unacknowledged entries; producers wait (backpressure).",
+    )
+    rollout_batch_prompts: int = Field(
+        8, ge=1, description="Prompts a rollout worker samples per batch (each gives samples_per_prompt trajectories).",
+    )
+    health_port: int = Field(
+        0, ge=0, le=65535, description="Port of each role's HTTP liveness endpoint GET /healthz (0: off; the "
+        "STARE_HEALTH_PORT environment variable overrides it). The control plane has its own /v1/health.",
+    )
+
+
+class ControlSection(_Section):
+    """The control plane (FastAPI; `stare control`, and on localhost inside `stare train`)."""
+
+    host: str = Field("127.0.0.1", description="Address the API listens on (0.0.0.0 in containers).")
+    port: int = Field(8321, ge=0, le=65535, description="API port (0: any free port).")
+    serve_in_train: bool = Field(True, description="`stare train` serves the API and dashboard on localhost.")
+    token_file: Path | None = Field(
+        None, description="File holding the bearer token for mutating endpoints (STARE_API_TOKEN in the "
+        "environment takes precedence). No token: mutating endpoints are refused unless allow_unauthenticated.",
+    )
+    auth_reads: bool = Field(False, description="Require the token on read endpoints too.")
+    allow_unauthenticated: bool = Field(
+        False, description="Allow mutating calls without any token configured (local experiments only).",
+    )
+
+
 class TrainConfig(_Section):
     """The config of one embedded training run (and of every role in the distributed system)."""
 
@@ -140,6 +206,8 @@ class TrainConfig(_Section):
     loss: LossConfig = Field(default_factory=StareLossConfig)
     controller: ControllerConfig = ControllerConfig()
     diagnostics: DiagnosticsSection = DiagnosticsSection()
+    system: SystemSection = SystemSection()
+    control: ControlSection = ControlSection()
 
     @model_validator(mode="after")
     def _dataset_needs_a_model(self):
