@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from stare.net import free_port
 from stare.paths import cache_dir
-
 
 LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -26,12 +25,6 @@ def child_env() -> dict[str, str]:
     """This process's environment without the process-group variables `init_distributed` sets,
     for a child process that must form its own group."""
     return {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _skip_cpu_shm_op() -> None:
@@ -64,7 +57,7 @@ def init_distributed(timeout_s: float = 300.0) -> None:
         deepspeed.init_distributed(dist_backend=dist.get_backend(), timeout=datetime.timedelta(seconds=timeout_s))
         return
     if "RANK" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "gloo":
         _skip_cpu_shm_op()

@@ -1,71 +1,156 @@
 """Assemble complete groups of scored trajectories for the learner.
 
-* idempotent: a trajectory id seen before (a redelivery) is acknowledged and never trained twice;
-  an entry handed back while still held (not yet trained) is ignored, not acknowledged, so a
-  learner crash before training leaves it pending;
+* idempotent: a group is trained (or filtered, or dropped as stale) at most once; a trajectory id
+  seen before in an open group, or any trajectory of a finished group, is a duplicate: counted and
+  acknowledged, never trained. An entry handed back while still held (collected, or trained and
+  not yet acknowledged) is ignored, not acknowledged, so a crash leaves it pending;
 * complete groups only: a group is ready when all `group_size` trajectories have arrived;
-* staleness: a trajectory more than `max_staleness` versions behind the learner is dropped (and
-  counted), so `max_staleness = 0` is strictly on-policy;
+* staleness, decided per group when it completes: `lag = learner_version - oldest weight_version`;
+  beyond `max_staleness` the group is dropped (counted), or, with `keep_stale`, trained anyway
+  (the loss importance-corrects it against the rollout log-probs); `max_staleness = 0` is
+  strictly on-policy. The per-trajectory lag distribution is counted in `stats.staleness`;
 * dynamic sampling: a group whose rewards are all equal carries no GRPO signal and is filtered
-  (counted), when enabled.
+  (counted), when enabled;
+* acknowledgement: `take` hands groups out with their entry ids; the learner calls `trained(ids)`
+  after the step and `ack_trained()` once a checkpoint holds those updates (the distributed
+  learner) or at once (embedded). Until then a restarted learner finds them pending and trains
+  them again from its checkpoint: nothing trained is lost with a crash, nothing is trained twice
+  into the same weights.
+* `state_dict` (in the checkpoint) holds the finished groups: ids of the form g<ordinal> are kept
+  compactly as a watermark (every group below it is finished) plus the finished ones above it.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+import re
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from stare.records import Trajectory
 from stare.transport.base import RecordStream
+
+_ORDINAL = re.compile(r"^g(\d+)$")  # group ids written by stare.data.PromptFeeder
 
 
 @dataclass
 class GroupStats:
     filtered_groups: int = 0
+    stale_groups: int = 0
     stale_trajectories: int = 0
     duplicates: int = 0
-    staleness: Counter = field(default_factory=Counter)
+    staleness: Counter = field(default_factory=Counter)  # lag -> trajectories collected with it
+
+
+class FinishedGroups:
+    """The set of finished group ids, compact for feeder ids (a watermark + the ones above it)."""
+
+    def __init__(self) -> None:
+        self.watermark = 0  # every g<n> with n < watermark is finished
+        self.above: set[int] = set()
+        self.other: set[str] = set()  # ids that are not g<ordinal>
+
+    def __contains__(self, group_id: str) -> bool:
+        m = _ORDINAL.match(group_id)
+        if m is None:
+            return group_id in self.other
+        n = int(m.group(1))
+        return n < self.watermark or n in self.above
+
+    def add(self, group_id: str) -> None:
+        m = _ORDINAL.match(group_id)
+        if m is None:
+            self.other.add(group_id)
+            return
+        self.above.add(int(m.group(1)))
+        while self.watermark in self.above:
+            self.above.remove(self.watermark)
+            self.watermark += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"watermark": self.watermark, "above": sorted(self.above), "other": sorted(self.other)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.watermark, self.above, self.other = int(state["watermark"]), set(state["above"]), set(state["other"])
 
 
 class GroupCollector:
-    def __init__(self, scored: RecordStream, *, name: str, dynamic_sampling: bool, max_staleness: int | None = None):
+    def __init__(self, scored: RecordStream, *, name: str, dynamic_sampling: bool, max_staleness: int | None = None,
+                 keep_stale: bool = False):
         self.scored, self.name = scored, name
         self.dynamic_sampling = dynamic_sampling
-        self.max_staleness = max_staleness
-        self.seen: set[str] = set()
-        self.partial: dict[str, list[Trajectory]] = defaultdict(list)
-        self.partial_ids: dict[str, list[str]] = defaultdict(list)
+        self.max_staleness, self.keep_stale = max_staleness, keep_stale
+        self.finished = FinishedGroups()
+        self.partial: dict[str, dict[str, tuple[Trajectory, str]]] = {}  # group -> trajectory id -> (t, entry)
         self.ready: list[tuple[list[Trajectory], list[str]]] = []
+        self.unacked: list[str] = []  # entries of trained groups, acknowledged at the next checkpoint
+        self.closed: set[str] = set()  # groups complete and not yet finished (ready, or taken for a step)
         self.stats = GroupStats()
 
-    def pull(self, learner_version: int, max_count: int = 4096) -> None:
-        held = {i for ids in self.partial_ids.values() for i in ids} | {i for _, ids in self.ready for i in ids}
-        for d in self.scored.consume(self.name, max_count):
-            t: Trajectory = d.record
-            if d.id in held:  # the same entry handed back (a reconnect): still ours, not yet trained
+    def pull(self, learner_version: int, max_count: int = 4096, block_s: float = 0.0) -> int:
+        """Read what the stream has (waiting up to block_s for it); returns entries read."""
+        held = {e for g in self.partial.values() for _, e in g.values()}
+        held |= {i for _, ids in self.ready for i in ids} | set(self.unacked)
+        deliveries = self.scored.consume(self.name, max_count, block_s)
+        for d in deliveries:
+            if d.id in held:  # the same entry handed back (a reconnect): still ours
                 continue
-            if t.trajectory_id in self.seen:  # another entry with a trajectory already collected
+            t: Trajectory = d.record
+            group = self.partial.get(t.group_id)
+            if t.group_id in self.finished or t.group_id in self.closed or (group is not None and t.trajectory_id in group):
                 self.stats.duplicates += 1
                 self.scored.ack([d.id])
                 continue
-            self.seen.add(t.trajectory_id)
-            lag = learner_version - t.weight_version
-            self.stats.staleness[lag] += 1
-            if self.max_staleness is not None and lag > self.max_staleness:
-                self.stats.stale_trajectories += 1
-                self.scored.ack([d.id])
-                continue
-            self.partial[t.group_id].append(t)
-            self.partial_ids[t.group_id].append(d.id)
-            if len(self.partial[t.group_id]) == t.group_size:
-                group, ids = self.partial.pop(t.group_id), self.partial_ids.pop(t.group_id)
-                if self.dynamic_sampling and len({g.reward for g in group}) == 1:
-                    self.stats.filtered_groups += 1
-                    self.scored.ack(ids)
-                    continue
-                self.ready.append((group, ids))
+            self.stats.staleness[learner_version - t.weight_version] += 1
+            group = self.partial.setdefault(t.group_id, {})
+            group[t.trajectory_id] = (t, d.id)
+            held.add(d.id)
+            if len(group) == t.group_size:
+                self._complete(self.partial.pop(t.group_id), learner_version)
+        return len(deliveries)
+
+    def _complete(self, group: dict[str, tuple[Trajectory, str]], learner_version: int) -> None:
+        trajectories = [t for t, _ in group.values()]
+        ids = [e for _, e in group.values()]
+        group_id = trajectories[0].group_id
+        lag = learner_version - min(t.weight_version for t in trajectories)
+        if self.max_staleness is not None and lag > self.max_staleness and not self.keep_stale:
+            self.stats.stale_groups += 1
+            self.stats.stale_trajectories += len(trajectories)
+            self._finish(group_id, ids)
+        elif self.dynamic_sampling and len({t.reward for t in trajectories}) == 1:
+            self.stats.filtered_groups += 1
+            self._finish(group_id, ids)
+        else:
+            self.closed.add(group_id)
+            self.ready.append((trajectories, ids))
+
+    def _finish(self, group_id: str, ids: list[str]) -> None:
+        """A group decided without training (filtered, stale): final, acknowledged now."""
+        self.finished.add(group_id)
+        self.scored.ack(ids)
 
     def take(self, n_groups: int) -> tuple[list[Trajectory], list[str]]:
-        """Up to n ready groups, flattened, with the stream ids to ack once trained."""
+        """Up to n ready groups, flattened, with the stream ids to pass to `trained` after the step."""
         taken, self.ready = self.ready[:n_groups], self.ready[n_groups:]
         return [t for g, _ in taken for t in g], [i for _, ids in taken for i in ids]
+
+    def trained(self, trajectories: list[Trajectory], ids: list[str]) -> None:
+        """The step trained these: finished, acknowledged at the next `ack_trained`."""
+        for group_id in {t.group_id for t in trajectories}:
+            self.finished.add(group_id)
+            self.closed.discard(group_id)
+        self.unacked += ids
+
+    def ack_trained(self) -> int:
+        """Acknowledge everything trained so far (once a checkpoint holds it)."""
+        n, ids = len(self.unacked), self.unacked
+        self.scored.ack(ids)
+        self.unacked = []
+        return n
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"finished": self.finished.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.finished.load_state_dict(state["finished"])

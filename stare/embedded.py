@@ -279,7 +279,8 @@ class EmbeddedRun:
                 continue
             empty = 0
             metrics = self.learner.train_step(trajectories)
-            self.transport.scored.ack(ids)
+            self.collector.trained(trajectories, ids)
+            self.collector.ack_trained()  # in-memory streams die with the process: nothing to hold
             self.board.publish(self.learner.version, self.learner.state_dict_for_rollout())
             rewards = [t.reward for t in trajectories]
             metrics.update(info)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: PromptTask.min_weight_version
 
 
 class RecordError(ValueError):
@@ -39,6 +39,9 @@ class PromptTask:
     group_size: int
     level: int = 0
     cursor: int = 0  # position in the data stream (for resume)
+    # Sample with weights of at least this version: the learner sets it so that what it gets back
+    # is at most max_staleness versions old when it trains on it (0: any weights).
+    min_weight_version: int = 0
     schema: int = SCHEMA_VERSION
 
     def to_fields(self) -> dict[str, bytes]:
@@ -49,7 +52,10 @@ class PromptTask:
         raw = json.loads(_get(data, "json"))
         if raw.get("schema") != SCHEMA_VERSION:
             raise RecordError(f"PromptTask.schema is {raw.get('schema')!r}, this build reads {SCHEMA_VERSION}")
-        return cls(**raw)
+        try:
+            return cls(**raw)
+        except TypeError as err:
+            raise RecordError(f"PromptTask fields do not match schema {SCHEMA_VERSION}: {err}") from None
 
 
 _ARRAYS = {

@@ -70,12 +70,7 @@ def context(ctx: StepContext, **changes) -> StepContext:
     return replace(ctx, **changes)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from stare.net import free_port  # noqa: F401  (re-exported for the tests)
 
 
 def dp_worker(rank: int, world: int, port: int, cfg, step: dict, out_dir: str) -> None:

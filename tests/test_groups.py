@@ -71,3 +71,63 @@ def test_memory_stream_refuses_to_grow_past_maxlen_and_keeps_what_it_has():
     with pytest.raises(OverflowError, match="full"):
         s.publish(_group("b", [1.0]))
     assert s.backlog() == 2
+
+
+def _feeder_group(ordinal, rewards=(1.0, 0.0), version=0):
+    gid = f"g{ordinal:09d}"
+    return [make_trajectory(trajectory_id=f"{gid}:{i}", group_id=gid, group_size=len(rewards), reward=r,
+                            weight_version=version) for i, r in enumerate(rewards)]
+
+
+def test_trained_entries_stay_pending_until_ack_trained():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False)
+    s.publish(_feeder_group(0))
+    c.pull(0)
+    trajectories, ids = c.take(1)
+    c.trained(trajectories, ids)
+    s.requeue_pending()  # a reconnect replays them: still ours, neither retrained nor acknowledged
+    c.pull(1)
+    assert c.ready == [] and s.backlog() == 2 and c.stats.duplicates == 0
+    assert c.ack_trained() == 2 and s.backlog() == 0
+
+
+def test_a_learner_restarted_from_its_checkpoint_retrains_exactly_what_the_checkpoint_lacks():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False)
+    s.publish(_feeder_group(0) + _feeder_group(1))
+    c.pull(0)
+    first, ids0 = c.take(1)
+    c.trained(first, ids0)
+    checkpoint = c.state_dict()  # the checkpoint holds group 0's update ...
+    c.ack_trained()
+    second, ids1 = c.take(1)
+    c.trained(second, ids1)  # ... but not group 1's: the learner dies before the next checkpoint
+    restarted = GroupCollector(s, name="l", dynamic_sampling=False)
+    restarted.load_state_dict(checkpoint)
+    s.requeue_pending()
+    s.publish(_feeder_group(0) + _feeder_group(1))  # and rollout re-sampled both groups meanwhile
+    restarted.pull(1)
+    again, _ = restarted.take(10)
+    assert [t.group_id for t in again] == ["g000000001", "g000000001"] and restarted.stats.duplicates == 4
+
+
+def test_finished_groups_are_kept_as_a_watermark_plus_the_ones_above_it():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=True)
+    s.publish(_feeder_group(0, (1.0, 1.0)) + _feeder_group(1, (0.0, 0.0)) + _feeder_group(3, (1.0, 1.0)))
+    c.pull(0)
+    assert c.state_dict()["finished"] == {"watermark": 2, "above": [3], "other": []}
+    s.publish(_feeder_group(1))  # a late copy of a finished group
+    c.pull(0)
+    assert c.ready == [] and c.stats.duplicates == 2
+
+
+def test_a_group_older_than_max_staleness_is_dropped_whole_or_kept_for_importance_correction():
+    for keep_stale, expected in ((False, []), (True, ["g000000000"] * 2)):
+        s = MemoryStream("scored")
+        c = GroupCollector(s, name="l", dynamic_sampling=False, max_staleness=1, keep_stale=keep_stale)
+        s.publish(_feeder_group(0, version=1)[:1] + _feeder_group(0, version=3)[1:])
+        c.pull(3)
+        taken, _ = c.take(10)
+        assert [t.group_id for t in taken] == expected and c.stats.stale_groups == (0 if keep_stale else 1)

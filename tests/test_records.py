@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from stare.records import PromptTask, RecordError, Trajectory
+from stare.records import SCHEMA_VERSION, PromptTask, RecordError, Trajectory
 from stare.reward.trajectory_worker import RewardWorker
 from stare.tasks.base import build_task
 from stare.transport.memory import MemoryStream
@@ -40,7 +40,7 @@ def test_positive_logprob_is_rejected():
 
 def test_wrong_schema_version_is_rejected():
     fields = make_trajectory().to_fields()
-    fields["json"] = fields["json"].replace(b'"schema": 1', b'"schema": 99')
+    fields["json"] = fields["json"].replace(f'"schema": {SCHEMA_VERSION}'.encode(), b'"schema": 99')
     with pytest.raises(RecordError, match="schema"):
         Trajectory.from_fields(fields)
 

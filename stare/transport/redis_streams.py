@@ -72,6 +72,11 @@ def stream_key(run_id: str, name: str) -> str:
     return f"stare:{_checked(run_id, 'run_id')}:stream:{_checked(name, 'name')}"
 
 
+def run_key(run_id: str, name: str) -> str:
+    """A run-scoped key for anything else a run keeps in Redis (weights pointer, state)."""
+    return f"stare:{_checked(run_id, 'run_id')}:{name}"
+
+
 def dead_key(run_id: str, name: str) -> str:
     return f"stare:{_checked(run_id, 'run_id')}:dead:{_checked(name, 'name')}"
 

@@ -18,3 +18,7 @@ class WeightSubscriber(Protocol):
         """The newest weights if newer than `have_version` (a worker that missed versions jumps to
         the newest), else None."""
         ...
+
+    def wait_for(self, min_version: int, timeout_s: float) -> bool:
+        """Block until a version >= min_version is available (True) or timeout_s passed (False)."""
+        ...

@@ -24,3 +24,9 @@ class MemoryWeightBoard:
         if self._state is None or self.version <= have_version:
             return None
         return self.version, self._state
+
+    def wait_for(self, min_version: int, timeout_s: float) -> bool:
+        return self._state is not None and self.version >= min_version  # one thread: nothing can arrive
+
+    def serve_joiners(self, version: int, state_fn) -> bool:
+        return False

@@ -1,0 +1,290 @@
+"""Weight broadcast over a collective group formed at run time (gloo on CPU, NCCL on GPU).
+
+The learner hosts a `TCPStore`; rollout workers dial it and ask to join. Membership changes only
+between steps: at each `publish` (and each `serve_joiners`, called while the learner waits for
+data) the learner admits the workers that asked, forms a fresh process group for the new
+membership (generation g: `ProcessGroupGloo(PrefixStore("pg/g", store), rank, size, timeout)`;
+`dist.new_group` cannot add processes) and broadcasts the weights to it, packed into a few flat
+buffers per dtype. A worker receives in a background thread into its own buffers; the rollout
+loop takes the newest version between batches (`fetch`), so a worker that missed versions jumps
+to the newest, and a learner broadcast never waits for a generation to finish.
+
+Failure: a dead or slow worker makes the learner's broadcast (or the group's formation) raise
+within `timeout_s`; the learner then dissolves the generation (every member must ask again) and
+carries on, never blocked longer than that. Workers that see their generation dissolved, or lose
+the store (learner restart), rejoin from scratch.
+
+Store keys: `joins` (counter), `join/<n>` (worker name), `gen` (current generation),
+`gen/<g>/members` (JSON list, rank = index + 1), `gen/<g>/layout` (names, shapes, dtypes),
+`gen/<g>/bcast/<seq>` (the version the seq-th broadcast carries), `version` (newest published).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 256 << 20  # flat buffers are cut into chunks of at most this size
+_DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32)}
+
+
+def _layout(state_dict: Mapping[str, torch.Tensor]) -> list[tuple[str, list[int], str]]:
+    return [(name, list(t.shape), str(t.dtype)) for name, t in state_dict.items()]
+
+
+def _chunks(layout: list[tuple[str, list[int], str]]) -> list[tuple[str, list[tuple[str, list[int], int, int]]]]:
+    """Group tensors by dtype into flat chunks: [(dtype, [(name, shape, offset, numel)])]."""
+    out: list[tuple[str, list[tuple[str, list[int], int, int]]]] = []
+    by_dtype: dict[str, list[tuple[str, list[int]]]] = {}
+    for name, shape, dtype in layout:
+        by_dtype.setdefault(dtype, []).append((name, shape))
+    for dtype, items in by_dtype.items():
+        itemsize = torch.empty((), dtype=_DTYPES[dtype]).element_size()
+        current: list[tuple[str, list[int], int, int]] = []
+        offset = 0
+        for name, shape in items:
+            numel = 1
+            for s in shape:
+                numel *= s
+            if current and (offset + numel) * itemsize > CHUNK_BYTES:
+                out.append((dtype, current))
+                current, offset = [], 0
+            current.append((name, shape, offset, numel))
+            offset += numel
+        if current:
+            out.append((dtype, current))
+    return out
+
+
+def _chunk_numel(chunk: list[tuple[str, list[int], int, int]]) -> int:
+    _, _, offset, numel = chunk[-1]
+    return offset + numel
+
+
+def _gloo_group(store: dist.Store, generation: int, rank: int, size: int, timeout_s: float):
+    prefix = dist.PrefixStore(f"pg/{generation}", store)
+    return dist.ProcessGroupGloo(prefix, rank, size, timedelta(seconds=timeout_s))
+
+
+class BroadcastPublisher:
+    """Learner side: hosts the rendezvous and broadcasts each new version to the current members."""
+
+    def __init__(self, host: str, port: int, *, timeout_s: float = 30.0):
+        self.timeout_s = timeout_s
+        self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                                   timeout=timedelta(seconds=timeout_s), use_libuv=True)
+        self.store.set("gen", "0")
+        self.store.set("version", "-1")
+        self.generation = 0
+        self.members: list[str] = []
+        self._pg = None
+        self._seq = 0
+        self._joins_seen = 0
+        self._layout_json: str | None = None
+        self.version = -1
+        self.failures = 0
+
+    # ---------------------------------------------------------------- API
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Broadcast `version` to every member, admitting new joiners first. Never raises for a
+        worker's failure: the generation is dissolved and the members rejoin."""
+        if version <= self.version:
+            raise ValueError(f"weight version must increase: got {version} after {self.version}")
+        joiners = self._new_joiners()
+        if joiners or (self._pg is None and self.members):
+            self._form(self.members + joiners, state_dict)
+        if self._pg is not None:
+            self._broadcast(version, state_dict)
+        self.version = version
+        self.store.set("version", str(version))
+
+    def serve_joiners(self, version: int, state_fn) -> bool:
+        """Between steps (the learner waiting for data): admit workers that asked to join and send
+        them the current weights (`state_fn()` builds the state dict only then). True if it did."""
+        joiners = self._new_joiners()
+        if not joiners:
+            return False
+        state_dict = state_fn()
+        self._form(self.members + joiners, state_dict)
+        if self._pg is not None:
+            self._broadcast(version, state_dict)
+        return True
+
+    def close(self) -> None:
+        self._dissolve("learner closing")
+        self._pg = None
+
+    # ---------------------------------------------------------------- internals
+    def _new_joiners(self) -> list[str]:
+        count = self.store.add("joins", 0)
+        names = []
+        for n in range(self._joins_seen + 1, count + 1):
+            name = self.store.get(f"join/{n}").decode()
+            if name not in self.members and name not in names:
+                names.append(name)
+        self._joins_seen = count
+        return names
+
+    def _form(self, members: list[str], state_dict: Mapping[str, torch.Tensor]) -> None:
+        self.generation += 1
+        g = self.generation
+        self._layout_json = json.dumps(_layout(state_dict))
+        self.store.set(f"gen/{g}/layout", self._layout_json)
+        self.store.set(f"gen/{g}/members", json.dumps(members))
+        self.store.set("gen", str(g))
+        t0 = time.perf_counter()
+        try:
+            self._pg = _gloo_group(self.store, g, 0, len(members) + 1, self.timeout_s)
+        except Exception as err:  # a joiner died before connecting: drop the generation
+            self.failures += 1
+            log.warning("weight group generation %d (%d workers) did not form: %s; members must rejoin", g,
+                        len(members), err)
+            self._dissolve(f"formation failed: {err}")
+            return
+        self.members, self._seq = members, 0
+        log.info("weight group generation %d formed with %d workers in %.2fs: %s", g, len(members),
+                 time.perf_counter() - t0, members)
+
+    def _broadcast(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        g, seq = self.generation, self._seq
+        layout = json.loads(self._layout_json) if self._layout_json else []
+        if [tuple(x) for x in layout] != [(n, s, d) for n, s, d in _layout(state_dict)]:
+            self._form(self.members, state_dict)  # a new layout: a new generation carries it
+            if self._pg is None:
+                return
+            g, seq = self.generation, self._seq
+        self.store.set(f"gen/{g}/bcast/{seq}", str(version))
+        try:
+            for dtype, chunk in _chunks([tuple(x) for x in json.loads(self._layout_json)]):
+                flat = torch.empty(_chunk_numel(chunk), dtype=_DTYPES[dtype])
+                for name, _, offset, numel in chunk:
+                    flat[offset: offset + numel].copy_(state_dict[name].reshape(-1))
+                self._pg.broadcast([flat], dist.BroadcastOptions()).wait()
+        except Exception as err:  # a member died or stalled past the timeout
+            self.failures += 1
+            log.warning("weight broadcast of version %d to generation %d failed: %s; members must rejoin",
+                        version, g, err)
+            self._dissolve(f"broadcast failed: {err}")
+            return
+        self._seq += 1
+
+    def _dissolve(self, reason: str) -> None:
+        """End the current generation: an empty one replaces it and every worker rejoins."""
+        self._pg = None
+        self.members = []
+        self.generation += 1
+        self.store.set(f"gen/{self.generation}/members", "[]")
+        self.store.set(f"gen/{self.generation}/reason", reason)
+        self.store.set("gen", str(self.generation))
+
+
+class BroadcastSubscriber:
+    """Rollout side: joins the learner's group and receives every broadcast in a background thread;
+    `fetch` hands the newest received version to the rollout loop."""
+
+    def __init__(self, host: str, port: int, name: str, *, timeout_s: float = 30.0, poll_s: float = 0.05):
+        self.host, self.port, self.name = host, port, name
+        self.timeout_s, self.poll_s = timeout_s, poll_s
+        self._lock = threading.Condition()
+        self._latest: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._stop = threading.Event()
+        self.generations_joined = 0
+        self.received = 0
+        self._thread = threading.Thread(target=self._run, name=f"weights-{name}", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- WeightSubscriber
+    def fetch(self, have_version: int) -> tuple[int, Mapping[str, torch.Tensor]] | None:
+        with self._lock:
+            if self._latest is None or self._latest[0] <= have_version:
+                return None
+            return self._latest
+
+    def wait_for(self, min_version: int, timeout_s: float) -> bool:
+        """Block until a version >= min_version has arrived (True) or timeout_s passed (False)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._latest is not None and self._latest[0] >= min_version,
+                                       timeout=timeout_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.timeout_s + 5)
+
+    # ---------------------------------------------------------------- receiver thread
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                store = dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=self.timeout_s),
+                                      use_libuv=True)
+                backoff = 0.1
+                while not self._stop.is_set():
+                    self._serve_one_generation(store)
+            except Exception as err:  # learner gone or restarting: dial again
+                if self._stop.is_set():
+                    return
+                log.info("weight receiver %s: %s; reconnecting in %.1fs", self.name, err, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _serve_one_generation(self, store) -> None:
+        """Ask to join, then receive in each generation that lists this worker; return when one
+        leaves it out (dissolved) so the caller asks again."""
+        asked_at = int(store.get("gen"))
+        ticket = store.add("joins", 1)
+        store.set(f"join/{ticket}", self.name)
+        joined = self._await_membership(store, asked_at)
+        while joined is not None and not self._stop.is_set():
+            joined = self._receive(store, *joined)
+
+    def _receive(self, store, g: int, members: list[str]) -> tuple[int, list[str]] | None:
+        """Receive generation g's broadcasts until the generation changes; the next generation if it
+        lists this worker too (a member stays a member when others join), else None."""
+        rank = members.index(self.name) + 1
+        chunks = _chunks([tuple(x) for x in json.loads(store.get(f"gen/{g}/layout"))])
+        pg = _gloo_group(store, g, rank, len(members) + 1, self.timeout_s)
+        self.generations_joined += 1
+        log.info("weight receiver %s joined generation %d as rank %d of %d", self.name, g, rank, len(members) + 1)
+        seq = 0
+        while not self._stop.is_set():
+            key = f"gen/{g}/bcast/{seq}"
+            if not store.check([key]):
+                now = int(store.get("gen"))
+                if now != g:
+                    nxt = json.loads(store.get(f"gen/{now}/members"))
+                    return (now, nxt) if self.name in nxt else None
+                self._stop.wait(self.poll_s)
+                continue
+            version = int(store.get(key))
+            state: dict[str, torch.Tensor] = {}
+            for dtype, chunk in chunks:
+                flat = torch.empty(_chunk_numel(chunk), dtype=_DTYPES[dtype])
+                pg.broadcast([flat], dist.BroadcastOptions()).wait()
+                for name, shape, offset, numel in chunk:
+                    state[name] = flat[offset: offset + numel].view(shape)
+            with self._lock:
+                self._latest = (version, state)
+                self.received += 1
+                self._lock.notify_all()
+            seq += 1
+        return None
+
+    def _await_membership(self, store, asked_at: int) -> tuple[int, list[str]] | None:
+        """Wait (polling) for the first generation newer than `asked_at`: this worker's rank in it,
+        or None if it left this worker out (a failed formation, or it read the joins before ours)."""
+        while not self._stop.is_set():
+            g = int(store.get("gen"))
+            if g > asked_at:
+                members = json.loads(store.get(f"gen/{g}/members"))
+                return (g, members) if self.name in members else None
+            self._stop.wait(self.poll_s)
+        return None
