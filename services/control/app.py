@@ -1,0 +1,61 @@
+"""`create_app(state, settings, run_id)`: the control plane's FastAPI app over a RunState.
+
+The app keeps no run state of its own (only its settings and the auth policy), so several replicas
+can serve one Redis. Errors are JSON `{"detail": "...", "errors": [{"field", "message"}]}`: 422
+names the field (body validation, band order, bounds), 409 when no learner has published its
+controller yet, 503 when the store does not answer within its retry budget.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from stare.config import ControlSection
+from stare.runstate.base import EntropyChangeError, RunState, RunStateUnavailable
+from stare.services.control.auth import ReadAuth, policy_from, resolve_token
+from stare.services.control.routes import dashboard, entropy, health, metrics, prometheus, run, status
+
+API_VERSION = "v1"
+
+
+def _field(loc: tuple) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "header", "path")]
+    return ".".join(parts) or "body"
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = [{"field": _field(tuple(e["loc"])), "message": e["msg"]} for e in exc.errors()]
+    detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+    return JSONResponse({"detail": f"invalid request: {detail}", "errors": errors}, status_code=422)
+
+
+async def _change_error(request: Request, exc: EntropyChangeError) -> JSONResponse:
+    return JSONResponse({"detail": str(exc), "errors": [{"field": exc.field, "message": exc.message}]}, status_code=422)
+
+
+async def _unavailable(request: Request, exc: RunStateUnavailable) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "2"})
+
+
+def create_app(state: RunState, settings: ControlSection, run_id: str, *, token: str | None = None) -> FastAPI:
+    """The API. `token`: the bearer token (default: STARE_API_TOKEN, else control.token_file)."""
+    app = FastAPI(title="stare control plane", version=API_VERSION,
+                  description="Run status, the entropy controller, metrics and run commands of one stare run.")
+    app.state.run_state, app.state.run_id = state, run_id
+    app.state.auth = policy_from(settings, token if token is not None else resolve_token(settings))
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(EntropyChangeError, _change_error)
+    app.add_exception_handler(RunStateUnavailable, _unavailable)
+
+    v1 = APIRouter(prefix=f"/{API_VERSION}")
+    v1.include_router(health.router)
+    v1.include_router(status.router, dependencies=[ReadAuth])
+    v1.include_router(entropy.router, dependencies=[ReadAuth])
+    v1.include_router(metrics.router, dependencies=[ReadAuth])
+    v1.include_router(run.router)
+    app.include_router(v1)
+    app.include_router(prometheus.router)
+    app.include_router(dashboard.router)
+    return app

@@ -1,0 +1,1 @@
+"""One APIRouter per resource; app.py includes them."""

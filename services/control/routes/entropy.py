@@ -1,0 +1,57 @@
+"""The entropy controller: GET its state, PUT/PATCH a change (validated, audited, applied by the
+learner at its next optimizer step), GET the audit log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, status
+
+from stare.runstate.base import AuditEntry, NoControllerError
+from stare.services.control.auth import WriteAuth
+from stare.services.control.deps import ActorDep, StateDep
+from stare.services.control.schemas import EntropyAccepted, EntropyPatch, EntropyPut, EntropyView
+
+router = APIRouter(prefix="/entropy", tags=["entropy"])
+_NO_CONTROLLER = {409: {"description": "No learner has published the controller yet"}}
+
+
+@router.get("", response_model=EntropyView, responses={404: {"description": "No controller state yet"}},
+            summary="Target, band, gate, W, M, adaptive schedule, last entropy, pending changes")
+def get_entropy(state: StateDep) -> EntropyView:
+    published = state.controller()
+    if published is None:
+        raise HTTPException(404, "no controller state yet: the learner publishes it when it starts training")
+    config = published["config"]
+    return EntropyView(
+        **{k: config[k] for k in ("target", "band", "w", "m", "adaptive", "alpha", "w_max", "m_min", "entropy_source")},
+        gate=published["gate"], last_entropy=published.get("last_entropy"), step=published.get("step"),
+        updated_at=published.get("updated_at"), pending=state.pending_entropy_changes(),
+    )
+
+
+def _request(state, changes: dict[str, Any], who: str) -> EntropyAccepted:
+    try:
+        entry = state.request_entropy_change(changes, who)
+    except NoControllerError as err:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(err)) from None
+    return EntropyAccepted(audit=entry, pending=state.pending_entropy_changes())
+
+
+@router.put("", response_model=EntropyAccepted, status_code=202, dependencies=[WriteAuth], responses=_NO_CONTROLLER,
+            summary="Set the target and band (absent band: none); other fields change only if given")
+def put_entropy(body: EntropyPut, state: StateDep, who: ActorDep) -> EntropyAccepted:
+    changes = body.model_dump(mode="json", exclude_unset=True)
+    changes.setdefault("band", None)
+    return _request(state, changes, who)
+
+
+@router.patch("", response_model=EntropyAccepted, status_code=202, dependencies=[WriteAuth], responses=_NO_CONTROLLER,
+              summary="Change only the given fields")
+def patch_entropy(body: EntropyPatch, state: StateDep, who: ActorDep) -> EntropyAccepted:
+    return _request(state, body.model_dump(mode="json", exclude_unset=True), who)
+
+
+@router.get("/audit", response_model=list[AuditEntry], summary="Every change: who, when, old -> new, the step it applied at")
+def get_audit(state: StateDep, limit: int = Query(100, ge=1, le=1000)) -> list[AuditEntry]:
+    return state.audit(limit)

@@ -1,0 +1,19 @@
+"""GET /v1/status: the run's phase and progress (written by the learner) and each role's liveness."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from stare.services.control.deps import StateDep
+from stare.services.control.schemas import StatusView
+
+router = APIRouter(tags=["status"])
+_LEARNER_FIELDS = tuple(set(StatusView.model_fields) - {"run_id", "paused", "checkpoint_requested", "roles"})
+
+
+@router.get("/status", response_model=StatusView, summary="Run id, phase, step, throughput, queues, staleness, roles")
+def get_status(state: StateDep, request: Request) -> StatusView:
+    written = state.status() or {"phase": "waiting"}  # the learner's fields; the rest is read here
+    fields = {k: written[k] for k in _LEARNER_FIELDS if written.get(k) is not None}
+    return StatusView(run_id=request.app.state.run_id, **fields, paused=state.paused(),
+                      checkpoint_requested=state.checkpoint_requested(), roles=state.roles())

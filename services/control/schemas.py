@@ -1,0 +1,91 @@
+"""Request and response bodies of the control-plane API (the OpenAPI schema is built from these).
+
+The entropy request bodies are derived from `ControllerConfig`, so their bounds are the config's
+bounds; cross-field rules (band order, W <= w_max, M >= m_min) are checked against the merged config
+by `stare.runstate.base.validate_change`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from stare.learner.config import ControllerConfig
+from stare.runstate.base import AuditEntry, RoleHealth
+
+_BODY = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def _optional_fields(required: tuple[str, ...] = ()) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for name, info in ControllerConfig.model_fields.items():
+        fi = copy.copy(info)
+        if name in required:
+            fields[name] = (info.annotation, fi)
+        else:
+            fi.default = None
+            fields[name] = (info.annotation | None, fi)
+    return fields
+
+
+EntropyPatch = create_model(
+    "EntropyPatch", __config__=_BODY, __doc__="Change only the fields given (band: null removes the band).",
+    **_optional_fields(),
+)
+EntropyPut = create_model(
+    "EntropyPut", __config__=_BODY,
+    __doc__="Set the target; band is set to the given value or removed when absent; other fields change only if given.",
+    **_optional_fields(required=("target",)),
+)
+
+
+class EntropyView(BaseModel):
+    """The controller as the learner last published it, plus the changes waiting for its next step."""
+
+    target: float
+    band: tuple[float, float] | None
+    w: float
+    m: float
+    adaptive: bool
+    alpha: float
+    w_max: float
+    m_min: float
+    entropy_source: str
+    gate: bool
+    last_entropy: float | None
+    step: int | None = Field(description="The learner step this state was published after.")
+    updated_at: float | None
+    pending: list[AuditEntry]
+
+
+class EntropyAccepted(BaseModel):
+    audit: AuditEntry
+    pending: list[AuditEntry]
+    applies: str = "at the learner's next optimizer step"
+
+
+class RunCommandResult(BaseModel):
+    paused: bool
+    checkpoint_requested: bool
+    message: str
+
+
+class StatusView(BaseModel):
+    run_id: str
+    phase: str = Field(description="waiting (no learner yet), starting, training, paused, finished or failed")
+    step: int | None = None
+    weight_version: int | None = None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    queue_depths: dict[str, int] = Field(default_factory=dict)
+    staleness: dict[str, Any] = Field(default_factory=dict)
+    paused: bool = Field(description="A pause is requested (the learner waits between steps).")
+    checkpoint_requested: bool
+    updated_at: float | None = None
+    roles: list[RoleHealth]
+
+
+class Health(BaseModel):
+    status: str

@@ -1,0 +1,84 @@
+"""Serving the app with uvicorn: in the foreground (`stare control`) or in a background thread of
+`stare train` (`BackgroundServer`: binds first, falls back to a free port when the configured one
+is taken, stops cleanly). Uvicorn's access log is off: request lines could carry a token in a
+query string some client put there."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+
+def bind(host: str, port: int, *, fallback: bool = True) -> socket.socket:
+    """A listening socket on host:port; port 0 or (with fallback) a taken port gives a free one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for candidate in (port, 0) if port and fallback else (port,):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, candidate))
+        except OSError as err:
+            sock.close()
+            if err.errno == errno.EADDRINUSE and candidate != 0:
+                log.warning("control plane: port %d is taken; using a free port", candidate)
+                continue
+            raise
+        sock.listen(128)
+        sock.set_inheritable(True)
+        return sock
+    raise AssertionError("unreachable")
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else (f"[{host}]" if ":" in host else host)
+    return f"http://{host}:{port}"
+
+
+def _config(app, sock: socket.socket):
+    import uvicorn
+
+    host, port = sock.getsockname()[:2]
+    return uvicorn.Config(app, host=host, port=port, access_log=False, log_level="warning", lifespan="off",
+                          timeout_graceful_shutdown=2)
+
+
+def serve_forever(app, host: str, port: int) -> None:
+    """Run until SIGINT/SIGTERM (uvicorn's handlers), on exactly host:port."""
+    import uvicorn
+
+    sock = bind(host, port, fallback=False)
+    print(f"stare control plane: {url_of(sock)} (dashboard at /, API under /v1, docs at /docs)", flush=True)
+    uvicorn.Server(_config(app, sock)).run(sockets=[sock])
+
+
+class BackgroundServer:
+    """uvicorn in a daemon thread. `start()` returns once it accepts connections; `stop()` ends it."""
+
+    def __init__(self, app, host: str, port: int):
+        import uvicorn
+
+        self.sock = bind(host, port)
+        self.url = url_of(self.sock)
+        self.server = uvicorn.Server(_config(app, self.sock))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="stare-control", daemon=True)
+
+    def start(self, timeout_s: float = 10.0) -> "BackgroundServer":
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the control plane did not start on {self.url} within {timeout_s}s")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+        self.sock.close()

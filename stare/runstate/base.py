@@ -1,0 +1,218 @@
+"""The run-state protocol: everything the control plane reads and writes about a running run.
+
+The control plane keeps no state of its own; the learner and the other roles write here, the API
+reads here, and user requests (entropy changes, pause/resume/checkpoint) wait here until the
+learner takes them at its next step boundary. Two implementations with identical semantics:
+`MemoryRunState` (embedded `stare train`, unit tests) and `RedisRunState` (the distributed
+system); both pass tests/control/test_runstate_contract.py.
+
+What lives here:
+* role heartbeats (role, name, pid, host, info, timestamp); a role is alive while its last beat is
+  newer than `dead_after_s`;
+* the run status the learner writes (phase, step, weight version, throughput, queue depths,
+  staleness) as a free-form JSON object;
+* the metrics history, one JSON object per step, under absolute indexes 0, 1, 2, ... (the oldest
+  are dropped past `max_metrics`; `metrics_page(offset)` is also the "since" read of the SSE stream);
+* the entropy controller: the state the learner publishes after each step, and requested changes,
+  validated against `ControllerConfig` merged with the published config and earlier pending
+  changes, each with an audit entry {id, who, when, old, new} and, once the learner applied it,
+  the step it applied at (or the reason it could not);
+* run commands: paused (a flag the learner honours between steps) and checkpoint requests.
+
+Not covered: authentication (the API's job) and history of pause/resume commands.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Any, Protocol
+
+from pydantic import BaseModel, Field, ValidationError
+
+from stare.learner.config import ControllerConfig
+
+DEFAULT_MAX_METRICS = 10_000
+DEFAULT_MAX_AUDIT = 1_000
+# The fields of ControllerConfig a user may change at run time.
+SETTABLE_FIELDS = tuple(ControllerConfig.model_fields)
+
+
+class RunStateUnavailable(RuntimeError):
+    """The store did not answer within its retry budget (Redis down or restarting)."""
+
+
+class NoControllerError(LookupError):
+    """No learner has published its controller state yet, so a change cannot be validated."""
+
+
+class EntropyChangeError(ValueError):
+    """A requested controller change is invalid; `field` names the offending field."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
+class Heartbeat(BaseModel):
+    """One role's last sign of life. `at` is the sender's wall clock (unix seconds)."""
+
+    role: str = Field(min_length=1, max_length=64)
+    name: str = Field(min_length=1, max_length=128)
+    pid: int = Field(ge=0)
+    host: str = Field(max_length=255)
+    info: dict[str, Any] = Field(default_factory=dict)
+    at: float = Field(default_factory=time.time)
+
+
+class RoleHealth(Heartbeat):
+    alive: bool
+    age_s: float
+
+
+class AuditEntry(BaseModel):
+    """One requested controller change: `old` and `new` hold the changed fields only.
+    `applied_step` is the learner step that first ran with it (None while pending);
+    `error` says why the learner could not apply it."""
+
+    id: int
+    who: str
+    when: float
+    old: dict[str, Any]
+    new: dict[str, Any]
+    applied_step: int | None = None
+    error: str | None = None
+
+
+class MetricsPage(BaseModel):
+    """Metrics at absolute indexes [offset, next). `first` is the oldest index still kept,
+    `total` the number ever appended (the index the next step will get)."""
+
+    items: list[dict[str, Any]]
+    offset: int
+    next: int
+    first: int
+    total: int
+
+
+class RunState(Protocol):
+    run_id: str
+    dead_after_s: float
+
+    def ping(self) -> bool: ...
+
+    def beat(self, heartbeat: Heartbeat) -> None: ...
+
+    def roles(self) -> list[RoleHealth]: ...
+
+    def set_status(self, status: dict[str, Any]) -> None: ...
+
+    def status(self) -> dict[str, Any] | None: ...
+
+    def append_metrics(self, metrics: dict[str, Any]) -> int:
+        """Append one step's metrics; returns its absolute index."""
+        ...
+
+    def metrics_page(self, offset: int = 0, limit: int = 100) -> MetricsPage:
+        """Up to `limit` entries from absolute index `offset` (clamped to the oldest kept);
+        a negative offset counts from the end (-10: the last ten)."""
+        ...
+
+    def publish_controller(self, state: dict[str, Any]) -> None: ...
+
+    def controller(self) -> dict[str, Any] | None: ...
+
+    def request_entropy_change(self, changes: dict[str, Any], who: str) -> AuditEntry:
+        """Validate and queue a change (EntropyChangeError, NoControllerError); returns its audit entry."""
+        ...
+
+    def pending_entropy_changes(self) -> list[AuditEntry]: ...
+
+    def take_entropy_changes(self) -> list[AuditEntry]:
+        """Atomically remove and return the pending changes, oldest first (the learner calls this)."""
+        ...
+
+    def record_applied(self, ids: list[int], step: int, error: str | None = None) -> None: ...
+
+    def audit(self, limit: int = 100) -> list[AuditEntry]:
+        """The last `limit` audit entries, oldest first, with their applied step or error."""
+        ...
+
+    def set_paused(self, paused: bool) -> None: ...
+
+    def paused(self) -> bool: ...
+
+    def request_checkpoint(self) -> None: ...
+
+    def checkpoint_requested(self) -> bool: ...
+
+    def take_checkpoint_request(self) -> bool: ...
+
+
+# -- shared logic of both implementations -------------------------------------------------------
+
+_FIELD_IN_MESSAGE = re.compile(r"controller\.(\w+)")
+
+
+def merged_config(published: dict[str, Any] | None, pending: list[AuditEntry]) -> dict[str, Any]:
+    """The config the learner will run with once the pending changes apply."""
+    if published is None:
+        raise NoControllerError(
+            "no controller state yet: the learner publishes it when it starts; retry once the run is training"
+        )
+    config = dict(published["config"])
+    for entry in pending:
+        config.update(entry.new)
+    return config
+
+
+def validate_change(current: dict[str, Any], changes: dict[str, Any]) -> ControllerConfig:
+    """`current` merged with `changes`, validated as a whole; raises EntropyChangeError naming the field."""
+    if not changes:
+        raise EntropyChangeError("body", f"no field to change; give at least one of {', '.join(SETTABLE_FIELDS)}")
+    for key in changes:
+        if key not in SETTABLE_FIELDS:
+            raise EntropyChangeError(key, f"unknown field; settable fields are {', '.join(SETTABLE_FIELDS)}")
+    merged = {**current, **changes}
+    if merged.get("band") is not None:
+        merged["band"] = tuple(merged["band"])
+    try:
+        return ControllerConfig.model_validate(merged)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = [str(p) for p in first["loc"]]
+        field = loc[0] if loc else (_FIELD_IN_MESSAGE.findall(first["msg"]) or ["body"])[0]
+        message = first["msg"].removeprefix("Value error, ")
+        raise EntropyChangeError(field, f"{message} (got {merged.get(field)!r}); send a value that satisfies this") from None
+
+
+def plan_change(entry_id: int, current: dict[str, Any], changes: dict[str, Any], who: str, when: float) -> AuditEntry:
+    """Validate `changes` against `current` and build its audit entry (changed fields only)."""
+    config = validate_change(current, changes).model_dump(mode="json")
+    new = {k: config[k] for k in changes}
+    old = {k: current.get(k) for k in changes}
+    return AuditEntry(id=entry_id, who=who, when=when, old=old, new=new)
+
+
+def json_safe(value: Any) -> Any:
+    """A copy with NaN and infinities replaced by None (strict JSON: browsers and Prometheus read it)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def page_bounds(first: int, total: int, offset: int, limit: int) -> tuple[int, int]:
+    """Absolute [start, stop) of a page over entries first..total-1."""
+    start = total + offset if offset < 0 else offset
+    start = min(max(start, first), total)
+    return start, min(start + max(limit, 0), total)
+
+
+def role_health(heartbeat: Heartbeat, dead_after_s: float, now: float) -> RoleHealth:
+    age = max(now - heartbeat.at, 0.0)
+    return RoleHealth(**heartbeat.model_dump(), alive=age < dead_after_s, age_s=age)

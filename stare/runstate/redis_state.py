@@ -1,0 +1,237 @@
+"""The Redis RunState: the distributed system's run state, shared by the roles and the control plane.
+
+Semantics are MemoryRunState's (base.py). Keys, all under `stare:{run_id}:`:
+
+    heartbeats          hash  "role/name" -> Heartbeat JSON
+    status              str   the learner's status JSON
+    metrics             list  one JSON object per step, trimmed to the last max_metrics
+    metrics:total       int   entries ever appended (absolute index of the next one)
+    controller          str   the learner's published controller state JSON
+    entropy:pending     list  AuditEntry JSON of changes the learner has not taken yet
+    entropy:audit       list  AuditEntry JSON of every change, trimmed to the last max_audit
+    entropy:applied     hash  audit id -> {"step": N, "error": ...}
+    entropy:seq         int   last audit id
+    paused              str   "1" while paused
+    checkpoint          str   "1" while a checkpoint request waits
+
+Read-modify-write (validating a change against the published config and the pending ones) runs
+under WATCH/MULTI, so several control-plane replicas cannot interleave. Every call has the
+client's socket timeout and is retried with exponential backoff on ConnectionError/TimeoutError
+(a Redis restart), at most `retries` times and `op_timeout_s` in all; then RunStateUnavailable.
+The learner's writes are last-writer-wins; there is one learner per run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Callable, TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from stare.runstate.base import (
+    DEFAULT_MAX_AUDIT,
+    DEFAULT_MAX_METRICS,
+    AuditEntry,
+    Heartbeat,
+    MetricsPage,
+    RoleHealth,
+    RunStateUnavailable,
+    json_safe,
+    merged_config,
+    page_bounds,
+    plan_change,
+    role_health,
+)
+from stare.transport.redis_streams import _checked
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
+
+
+def connect_client(url: str, *, socket_timeout_s: float = 5.0) -> redis.Redis:
+    """A client with socket timeouts on every call and no hidden retries (RedisRunState retries, logged)."""
+    return redis.Redis.from_url(
+        url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, socket_keepalive=True,
+        retry=Retry(NoBackoff(), 0), decode_responses=True,
+    )
+
+
+class RedisRunState:
+    def __init__(self, client: redis.Redis, run_id: str, *, dead_after_s: float = 15.0,
+                 max_metrics: int = DEFAULT_MAX_METRICS, max_audit: int = DEFAULT_MAX_AUDIT,
+                 op_timeout_s: float = 20.0, retries: int = 8, backoff_s: float = 0.05, max_backoff_s: float = 2.0):
+        if client.connection_pool.connection_kwargs.get("socket_timeout") is None:
+            raise ValueError("the Redis client needs a socket_timeout; build it with connect_client(url)")
+        self.client, self.run_id, self.dead_after_s = client, _checked(run_id, "run_id"), dead_after_s
+        self.max_metrics, self.max_audit = max_metrics, max_audit
+        self.op_timeout_s, self.retries, self.backoff_s, self.max_backoff_s = op_timeout_s, retries, backoff_s, max_backoff_s
+
+    @classmethod
+    def connect(cls, url: str, run_id: str, *, socket_timeout_s: float = 5.0, **options: Any) -> "RedisRunState":
+        return cls(connect_client(url, socket_timeout_s=socket_timeout_s), run_id, **options)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _key(self, name: str) -> str:
+        return f"stare:{self.run_id}:{name}"
+
+    def _call(self, op: Callable[[], T], what: str) -> T:
+        deadline = time.monotonic() + self.op_timeout_s
+        delay = self.backoff_s
+        for attempt in range(1, self.retries + 1):
+            try:
+                return op()
+            except _RETRYABLE as err:
+                if attempt == self.retries or time.monotonic() + delay > deadline:
+                    raise RunStateUnavailable(f"run state (Redis) unavailable during {what}: {err}") from err
+                log.warning("run state: %s failed (%s); retry %d/%d in %.2fs", what, err, attempt, self.retries, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, self.max_backoff_s)
+        raise AssertionError("unreachable")
+
+    def _get_json(self, name: str) -> Any:
+        raw = self._call(lambda: self.client.get(self._key(name)), f"GET {name}")
+        return None if raw is None else json.loads(raw)
+
+    # -- liveness and status ------------------------------------------------------------------
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except _RETRYABLE:
+            return False
+
+    def beat(self, heartbeat: Heartbeat) -> None:
+        field = f"{heartbeat.role}/{heartbeat.name}"
+        self._call(lambda: self.client.hset(self._key("heartbeats"), field, heartbeat.model_dump_json()), "heartbeat")
+
+    def roles(self) -> list[RoleHealth]:
+        raw = self._call(lambda: self.client.hgetall(self._key("heartbeats")), "HGETALL heartbeats")
+        now = time.time()
+        return [role_health(Heartbeat.model_validate_json(raw[k]), self.dead_after_s, now) for k in sorted(raw)]
+
+    def set_status(self, status: dict[str, Any]) -> None:
+        self._call(lambda: self.client.set(self._key("status"), json.dumps(json_safe(status))), "SET status")
+
+    def status(self) -> dict[str, Any] | None:
+        return self._get_json("status")
+
+    # -- metrics --------------------------------------------------------------------------------
+
+    def append_metrics(self, metrics: dict[str, Any]) -> int:
+        data = json.dumps(json_safe(metrics))
+
+        def op() -> int:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.rpush(self._key("metrics"), data)
+            pipe.ltrim(self._key("metrics"), -self.max_metrics, -1)
+            pipe.incr(self._key("metrics:total"))
+            return int(pipe.execute()[2]) - 1
+
+        return self._call(op, "append metrics")
+
+    def metrics_page(self, offset: int = 0, limit: int = 100) -> MetricsPage:
+        def counts() -> tuple[int, int]:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.get(self._key("metrics:total"))
+            pipe.llen(self._key("metrics"))
+            total, length = pipe.execute()
+            return int(total or 0), int(length)
+
+        total, length = self._call(counts, "metrics counts")
+        first = total - length
+        start, stop = page_bounds(first, total, offset, limit)
+        items: list[dict[str, Any]] = []
+        if stop > start:
+            # Positions from the end stay valid if another step is appended (and one trimmed) meanwhile.
+            lo, hi = start - total, stop - total - 1
+            raw = self._call(lambda: self.client.lrange(self._key("metrics"), lo, hi), "LRANGE metrics")
+            items = [json.loads(r) for r in raw]
+        return MetricsPage(items=items, offset=start, next=start + len(items), first=first, total=total)
+
+    # -- the entropy controller ---------------------------------------------------------------
+
+    def publish_controller(self, state: dict[str, Any]) -> None:
+        self._call(lambda: self.client.set(self._key("controller"), json.dumps(json_safe(state))), "SET controller")
+
+    def controller(self) -> dict[str, Any] | None:
+        return self._get_json("controller")
+
+    def request_entropy_change(self, changes: dict[str, Any], who: str) -> AuditEntry:
+        keys = [self._key(k) for k in ("controller", "entropy:pending", "entropy:seq")]
+        result: list[AuditEntry] = []
+
+        def txn(pipe) -> None:
+            published = pipe.get(keys[0])
+            pending = [AuditEntry.model_validate_json(r) for r in pipe.lrange(keys[1], 0, -1)]
+            seq = int(pipe.get(keys[2]) or 0)
+            current = merged_config(None if published is None else json.loads(published), pending)
+            entry = plan_change(seq + 1, current, changes, who, time.time())  # raises before MULTI: nothing written
+            data = entry.model_dump_json()
+            pipe.multi()
+            pipe.set(keys[2], seq + 1)
+            pipe.rpush(keys[1], data)
+            pipe.rpush(self._key("entropy:audit"), data)
+            pipe.ltrim(self._key("entropy:audit"), -self.max_audit, -1)
+            result[:] = [entry]
+
+        self._call(lambda: self.client.transaction(txn, *keys), "entropy change")
+        return result[0]
+
+    def pending_entropy_changes(self) -> list[AuditEntry]:
+        raw = self._call(lambda: self.client.lrange(self._key("entropy:pending"), 0, -1), "LRANGE pending")
+        return [AuditEntry.model_validate_json(r) for r in raw]
+
+    def take_entropy_changes(self) -> list[AuditEntry]:
+        def op() -> list[str]:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.lrange(self._key("entropy:pending"), 0, -1)
+            pipe.delete(self._key("entropy:pending"))
+            return pipe.execute()[0]
+
+        return [AuditEntry.model_validate_json(r) for r in self._call(op, "take entropy changes")]
+
+    def record_applied(self, ids: list[int], step: int, error: str | None = None) -> None:
+        if not ids:
+            return
+        mapping = {str(i): json.dumps({"step": step, "error": error}) for i in ids}
+        self._call(lambda: self.client.hset(self._key("entropy:applied"), mapping=mapping), "record applied")
+
+    def audit(self, limit: int = 100) -> list[AuditEntry]:
+        if limit <= 0:
+            return []
+        raw = self._call(lambda: self.client.lrange(self._key("entropy:audit"), -limit, -1), "LRANGE audit")
+        entries = [AuditEntry.model_validate_json(r) for r in raw]
+        if not entries:
+            return []
+        ids = [str(e.id) for e in entries]
+        applied = self._call(lambda: self.client.hmget(self._key("entropy:applied"), ids), "HMGET applied")
+        out = []
+        for e, a in zip(entries, applied):
+            info = json.loads(a) if a else {"step": None, "error": None}
+            out.append(e.model_copy(update={"applied_step": info["step"], "error": info["error"]}))
+        return out
+
+    # -- run commands ---------------------------------------------------------------------------
+
+    def set_paused(self, paused: bool) -> None:
+        key = self._key("paused")
+        self._call(lambda: self.client.set(key, "1") if paused else self.client.delete(key), "set paused")
+
+    def paused(self) -> bool:
+        return self._call(lambda: self.client.exists(self._key("paused")), "EXISTS paused") == 1
+
+    def request_checkpoint(self) -> None:
+        self._call(lambda: self.client.set(self._key("checkpoint"), "1"), "request checkpoint")
+
+    def checkpoint_requested(self) -> bool:
+        return self._call(lambda: self.client.exists(self._key("checkpoint")), "EXISTS checkpoint") == 1
+
+    def take_checkpoint_request(self) -> bool:
+        return self._call(lambda: self.client.getdel(self._key("checkpoint")), "GETDEL checkpoint") is not None
