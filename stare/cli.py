@@ -90,6 +90,55 @@ def cmd_sandbox(args) -> int:
     return main(args.rest) or 0
 
 
+def cmd_control(args) -> int:
+    import os
+
+    from stare.runstate.redis_state import RedisRunState
+    from stare.services.control.app import create_app
+    from stare.services.control.server import serve_forever
+
+    cfg = _load(args)
+    url = args.redis_url or os.environ.get("STARE_REDIS_URL") or cfg.system.redis_url
+    state = RedisRunState.connect(url, cfg.run.name, dead_after_s=cfg.system.dead_after_s)
+    app = create_app(state, cfg.control, cfg.run.name)
+    serve_forever(app, args.host or cfg.control.host, cfg.control.port if args.port is None else args.port)
+    return 0
+
+
+def cmd_ctl(args) -> int:
+    from stare.ctl import run
+
+    return run(args)
+
+
+def _role_args(p: argparse.ArgumentParser) -> None:
+    _config_args(p)
+    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL, else system.redis_url)")
+    p.add_argument("--name", default=None,
+                   help="worker name, also its stream consumer name (default: STARE_WORKER_NAME, else ROLE-HOST-PID)")
+
+
+def cmd_role(args) -> int:
+    import importlib
+
+    from stare.services.process import redis_url, setup_logging, worker_name
+
+    cfg = _load(args)
+    name = worker_name(args.command, args.name if args.command != "learner" else (args.name or "learner"))
+    setup_logging(args.command, name)
+    module = importlib.import_module(f"stare.{args.command}.role")
+    extra = {"workers": args.workers} if args.command == "reward" else {}
+    module.run(cfg, redis_url=redis_url(cfg, args.redis_url), name=name, **extra)
+    return 0
+
+
+def cmd_up(args) -> int:
+    from stare.launch import up
+
+    return up(_load(args), rollout=args.rollout, reward=args.reward, redis_url=args.redis_url,
+              control=not args.no_control)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stare", description="RL post-training of LLMs with STARE.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,6 +157,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="output folder (default: runs/<name>-compare)")
     p.add_argument("--timeout-s", type=float, default=6 * 3600, help="limit per training run")
     p.set_defaults(fn=cmd_compare)
+
+    p = sub.add_parser("up", help="run the distributed system on this machine: redis, control, learner, "
+                       "N rollout and M reward workers as separate processes")
+    _config_args(p)
+    p.add_argument("--rollout", type=int, default=1, help="rollout worker processes (default 1)")
+    p.add_argument("--reward", type=int, default=1, help="reward worker processes (default 1)")
+    p.add_argument("--redis-url", default=None, help="use this Redis instead of starting a redis-server")
+    p.add_argument("--no-control", action="store_true", help="do not start the control plane")
+    p.set_defaults(fn=cmd_up)
+
+    p = sub.add_parser("learner", help="the learner process (DeepSpeed, STARE; publishes prompts and weights)")
+    _role_args(p)
+    p.set_defaults(fn=cmd_role)
+
+    p = sub.add_parser("rollout", help="a rollout worker process (prompts -> sampled trajectories)")
+    _role_args(p)
+    p.set_defaults(fn=cmd_role)
+
+    p = sub.add_parser("reward", help="a reward worker process (trajectories -> scored trajectories)")
+    _role_args(p)
+    p.add_argument("--workers", type=int, default=1, help="scoring processes with a hard timeout each (default 1)")
+    p.set_defaults(fn=cmd_role)
+
+    p = sub.add_parser("control", help="serve the control plane (API + dashboard) over the run's Redis state")
+    _config_args(p)
+    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL, else system.redis_url)")
+    p.add_argument("--host", default=None, help="listen address (default: control.host)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default: control.port)")
+    p.set_defaults(fn=cmd_control)
+
+    from stare.ctl import add_arguments
+
+    p = sub.add_parser("ctl", help="talk to a running control plane: status, entropy, pause, resume, checkpoint, history")
+    add_arguments(p)
+    p.set_defaults(fn=cmd_ctl)
 
     p = sub.add_parser("report", help="(re)write the report of finished runs")
     p.add_argument("runs", type=Path, nargs="+")

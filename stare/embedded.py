@@ -19,6 +19,7 @@ import random
 import shutil
 import signal
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
@@ -28,8 +29,10 @@ import torch
 import yaml
 
 from stare.config import ConfigError, TrainConfig, build_config
+from stare.runstate import MemoryRunState, RunControl
 
 MAX_EMPTY_STEPS = 20
+PAUSE_POLL_S = 0.2
 
 
 class StopFlag:
@@ -262,12 +265,51 @@ class EmbeddedRun:
 
     # -- the loop -----------------------------------------------------------------------------
 
-    def train(self, stop: StopFlag, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def _obey(self, control: RunControl, stop: StopFlag) -> None:
+        """Before a step: apply pending entropy changes, save a requested checkpoint, and while the
+        run is paused wait here (heartbeating; Ctrl-C still stops)."""
+        paused = False
+        while True:
+            directives = control.before_step(self.learner.controller)
+            if directives.checkpoint:
+                self._checkpoint()
+            if not directives.paused or stop.requested:
+                break
+            if not paused:
+                paused = True
+                control.set_phase("paused")
+                self.log(f"paused before step {self.learner.step + 1} (resume through the control plane)")
+            control.heartbeat()
+            time.sleep(PAUSE_POLL_S)
+        if paused:
+            control.set_phase("training")
+            self.log("resumed")
+
+    def _status(self, trajectories: list, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The run status the control plane shows (queue depths, staleness distribution, throughput)."""
+        lags = Counter(self.learner.version - 1 - t.weight_version for t in trajectories)
+        return {
+            "tokens_per_s": metrics["tokens_per_s"], "step_time_s": metrics["time_step_s"],
+            "queue_depths": {name: getattr(self.transport, name).backlog() for name in ("prompts", "raw", "scored")},
+            "staleness": {"max": max(lags), "counts": {str(k): v for k, v in sorted(lags.items())}},
+        }
+
+    def train(self, stop: StopFlag, on_step: Callable[[dict[str, Any]], None] | None = None,
+              control: RunControl | None = None) -> None:
+        """Train to run.steps. `control` (optional): the control plane's adapter; entropy changes
+        apply before each step, pause/checkpoint requests are honoured between steps, and each
+        step's metrics and the run status are published after it."""
         cfg = self.cfg
         if self.learner.step == 0 and not self.eval_path.exists():
             self._evaluate()
+        if control is not None:
+            control.start(self.learner.controller, self.learner.step)
         empty = 0
         while self.learner.step < cfg.run.steps and not stop.requested:
+            if control is not None:
+                self._obey(control, stop)
+                if stop.requested:
+                    break
             t0 = time.perf_counter()
             trajectories, ids, info = self._sample()
             if not trajectories:
@@ -293,12 +335,14 @@ class EmbeddedRun:
                 time_step_s=time.perf_counter() - t0,
                 staleness_max=max(self.learner.version - 1 - t.weight_version for t in trajectories),
             )
+            step = self.learner.step
+            if step % cfg.task.eval_every == 0 or step == cfg.run.steps:
+                metrics["eval_greedy_accuracy"] = self._evaluate()["greedy_accuracy"]
+            if control is not None:
+                control.after_step(self.learner.controller, metrics, self._status(trajectories, metrics))
             self._log_step(metrics)
             if on_step is not None:
                 on_step(metrics)
-            step = self.learner.step
-            if step % cfg.task.eval_every == 0 or step == cfg.run.steps:
-                self._evaluate()
             if step % cfg.run.checkpoint_every == 0 or step == cfg.run.steps or stop.requested:
                 self._checkpoint()
         if stop.requested and not (self.ckpt_dir / f"step_{self.learner.step:06d}").exists():
@@ -308,6 +352,24 @@ class EmbeddedRun:
     def close(self) -> None:
         self.tb.close()
         self.engine.close()
+
+
+@contextmanager
+def _control_plane(cfg: TrainConfig, log: Callable[[str], None]):
+    """With control.serve_in_train: the API on localhost over an in-memory RunState, yielding the
+    loop's RunControl (None when off or when the services extra is not installed)."""
+    if not cfg.control.serve_in_train:
+        yield None
+        return
+    try:
+        from stare.services.control.embedded import EmbeddedControlPlane
+    except ImportError as err:  # a learner-only install: train without the API
+        log(f"control plane off ({err}); install stare[services] to serve it, or --set control.serve_in_train=false")
+        yield None
+        return
+    state = MemoryRunState(cfg.run.name, dead_after_s=cfg.system.dead_after_s)
+    with EmbeddedControlPlane(cfg, state, log):
+        yield RunControl(state, heartbeat_s=cfg.system.heartbeat_s)
 
 
 def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> Path:
@@ -333,7 +395,10 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
                 bar.update(task, completed=m["step"], live=live)
 
             try:
-                run.train(stop, on_step)
+                with _control_plane(cfg, log) as control:
+                    run.train(stop, on_step, control)
+                    if control is not None:
+                        control.set_phase("stopped" if stop.requested else "finished", step=run.learner.step)
             finally:
                 run.close()
     if stop.requested:

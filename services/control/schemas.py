@@ -11,6 +11,7 @@ import copy
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic_core import PydanticUndefined
 
 from stare.learner.config import ControllerConfig
 from stare.runstate.base import AuditEntry, RoleHealth
@@ -23,6 +24,7 @@ def _optional_fields(required: tuple[str, ...] = ()) -> dict[str, Any]:
     for name, info in ControllerConfig.model_fields.items():
         fi = copy.copy(info)
         if name in required:
+            fi.default = PydanticUndefined
             fields[name] = (info.annotation, fi)
         else:
             fi.default = None

@@ -1,0 +1,41 @@
+"""The control plane inside `stare train`: the app over the in-memory RunState, uvicorn in a
+background thread on localhost. The URL is logged and written to `<run dir>/control.json`
+(removed at shutdown) so `stare ctl` and tests can find a server started on port 0 or on a
+fallback port."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from stare.config import TrainConfig
+from stare.runstate.base import RunState
+from stare.services.control.app import create_app
+from stare.services.control.auth import resolve_token
+from stare.services.control.server import BackgroundServer
+
+
+class EmbeddedControlPlane:
+    def __init__(self, cfg: TrainConfig, state: RunState, log: Callable[[str], None]):
+        settings = cfg.control
+        token = resolve_token(settings)
+        self.server = BackgroundServer(create_app(state, settings, cfg.run.name, token=token), settings.host, settings.port)
+        self.info_path = Path(cfg.run_dir) / "control.json"
+        self.log = log
+        if token is None and not settings.allow_unauthenticated:
+            auth = (f"read-only: set STARE_API_TOKEN (or --set control.token_file=PATH) to change the target, or "
+                    f"--set control.allow_unauthenticated=true")
+        else:
+            auth = "token required for changes" if token else "changes allowed without a token"
+        self.auth_note = auth
+
+    def __enter__(self) -> "EmbeddedControlPlane":
+        self.server.start()
+        self.info_path.write_text(json.dumps({"url": self.server.url}))
+        self.log(f"control plane: {self.server.url} (dashboard; API under /v1; {self.auth_note})")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.info_path.unlink(missing_ok=True)
+        self.server.stop()

@@ -1,0 +1,25 @@
+"""Helpers of the control-plane tests (fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+from stare.config import ControlSection
+from stare.runstate import RunControl
+
+TOKEN = "test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def started(state, controller) -> RunControl:
+    """A RunControl that has published the controller, as the learner does when it starts."""
+    control = RunControl(state)
+    control.start(controller)
+    return control
+
+
+def client(state, token: str | None = TOKEN, **settings):
+    from fastapi.testclient import TestClient
+
+    from stare.services.control.app import create_app
+
+    return TestClient(create_app(state, ControlSection(**settings), state.run_id, token=token))
+

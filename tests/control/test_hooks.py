@@ -1,0 +1,62 @@
+"""RunControl, the learner's adapter: changes apply before the step with reconfigure, show in that
+step's metrics, and a change that no longer validates is recorded, not raised."""
+
+from __future__ import annotations
+
+from stare.learner.config import ControllerConfig
+from stare.learner.controller import EntropyController
+from stare.runstate import MemoryRunState, RunControl
+from control_helpers import started
+
+
+def test_before_step_applies_pending_changes_to_the_controller(controller):
+    state = MemoryRunState("run")
+    control = started(state, controller)
+    state.request_entropy_change({"target": 0.5}, "a")
+    state.request_entropy_change({"band": [0.4, 0.6]}, "b")
+    directives = control.before_step(controller)
+    assert [e.id for e in directives.applied] == [1, 2]
+    assert (controller.target, controller.band) == (0.5, (0.4, 0.6))
+    assert state.controller()["config"]["target"] == 0.5  # republished at once
+
+
+def test_after_step_reports_the_applied_changes_in_that_step_s_metrics(controller):
+    state = MemoryRunState("run")
+    control = started(state, controller)
+    state.request_entropy_change({"target": 0.5}, "a")
+    control.before_step(controller)
+    metrics = control.after_step(controller, {"step": 1, "target": controller.target}, {"tokens_per_s": 10.0})
+    assert (metrics["control_changes"], metrics["control_audit_ids"]) == (1, [1])
+    assert state.metrics_page().items[-1]["control_changes"] == 1
+    assert [e.applied_step for e in state.audit()] == [1]
+    control.before_step(controller)
+    assert control.after_step(controller, {"step": 2})["control_changes"] == 0  # reported once
+    assert (state.status()["step"], state.status()["phase"]) == (2, "training")
+
+
+def test_a_change_that_no_longer_validates_is_recorded_and_skipped():
+    controller = EntropyController(ControllerConfig(w=1.1, w_max=1.5))
+    state = MemoryRunState("run")
+    control = started(state, controller)
+    state.request_entropy_change({"w": 1.4}, "a")  # valid against w_max 1.5 ...
+    controller.reconfigure(w_max=1.2)  # ... but the learner's bound moved meanwhile
+    directives = control.before_step(controller)
+    assert directives.applied == [] and controller.w <= 1.2
+    assert state.audit()[0].error.startswith("not applied")
+
+
+def test_directives_carry_pause_and_a_checkpoint_request_once(controller):
+    state = MemoryRunState("run")
+    control = started(state, controller)
+    state.set_paused(True)
+    state.request_checkpoint()
+    first, second = control.before_step(controller), control.before_step(controller)
+    assert (first.paused, first.checkpoint, second.paused, second.checkpoint) == (True, True, True, False)
+
+
+def test_heartbeats_are_rate_limited_to_heartbeat_s(controller):
+    state = MemoryRunState("run")
+    control = RunControl(state, heartbeat_s=3600)
+    control.heartbeat(info={"n": 1})
+    control.heartbeat(info={"n": 2})  # within heartbeat_s: skipped
+    assert [r.info for r in state.roles()] == [{"n": 1}]
