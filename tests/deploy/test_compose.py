@@ -1,0 +1,249 @@
+"""docker-compose.yml without Docker: valid under the Compose Specification's JSON schema (vendored
+in tests/deploy/schemas/), and consistent with the code: every role in each profile, real `stare`
+command lines, environment variables the code reads, ports equal to the config's, GPUs assigned
+once each, mounted files that exist and configs that parse. Not covered: that images build and
+containers start (no Docker engine here; docs/deploy.md)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from deploy_helpers import REPO, check_env_name, check_stare_argv, control_plane_status, role_health_path_served
+from stare.config import load_config
+
+COMPOSE_FILE = REPO / "docker-compose.yml"
+SCHEMA_FILE = Path(__file__).parent / "schemas" / "compose-spec.json"
+SCHEMA_SHA256 = "d549057ebc2925f39f62799eab0db7b9e2c18b35b6c00595199116da3ed10e64"  # see schemas/README.md
+PROFILES = ["gpu", "cpu"]
+ROLES = ["control", "learner", "rollout", "reward"]
+CONFIG_TARGET = "/etc/stare/stare.yaml"
+
+
+def interpolate(value, env: dict[str, str]):
+    """Compose's variable interpolation for what we use: ${VAR}, ${VAR:-default}, $$."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name, default = m.group(1), m.group(3)
+        if env.get(name):
+            return env[name]
+        assert default is not None, f"${{{name}}} has no default"
+        return default
+
+    return re.sub(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}", sub, value)
+
+
+def load_compose(env: dict[str, str] | None = None) -> dict:
+    return interpolate(yaml.safe_load(COMPOSE_FILE.read_text()), env or {})
+
+
+def schema_errors(doc: dict) -> list[str]:
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_FILE.read_text()))
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def services_of(doc: dict, profile: str) -> dict[str, dict]:
+    """The services `docker compose --profile PROFILE up` starts."""
+    return {n: s for n, s in doc["services"].items() if not s.get("profiles") or profile in s["profiles"]}
+
+
+def role_of(service: dict) -> str | None:
+    command = service.get("command") or []
+    return command[0] if command and command[0] in ROLES else None
+
+
+def stare_services(doc: dict) -> list[tuple[str, dict]]:
+    return [(n, s) for n, s in doc["services"].items() if role_of(s)]
+
+
+def config_of(service: dict) -> Path:
+    """The host file mounted at the config path the command reads."""
+    command = service["command"]
+    assert command[command.index("--config") + 1] == CONFIG_TARGET
+    sources = [v.split(":")[0] for v in service["volumes"] if isinstance(v, str) and v.split(":")[1] == CONFIG_TARGET]
+    assert len(sources) == 1, f"one file must be mounted at {CONFIG_TARGET}, found {sources}"
+    assert service["volumes"][[v.split(":")[0] for v in service["volumes"]].index(sources[0])].endswith(":ro")
+    return REPO / sources[0]
+
+
+def env_of(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    assert isinstance(env, dict), "use the mapping form of environment"
+    return {k: str(v) for k, v in env.items()}
+
+
+def test_vendored_schema_is_the_recorded_file():
+    assert hashlib.sha256(SCHEMA_FILE.read_bytes()).hexdigest() == SCHEMA_SHA256
+
+
+@pytest.mark.parametrize("env", [{}, {"STARE_REWARD_REPLICAS": "4", "STARE_GPU_IMAGE": "reg.example/stare-gpu:1"}],
+                         ids=["defaults", "overridden"])
+def test_compose_file_is_valid_under_the_compose_spec(env):
+    assert schema_errors(load_compose(env)) == []
+
+
+@pytest.mark.parametrize("breakage, path", [
+    (lambda d: d["services"]["learner"].update(gpus_please=True), "services/learner"),
+    (lambda d: d["services"]["redis"]["healthcheck"].update(interval=5), "services/redis/healthcheck/interval"),
+    (lambda d: d["services"]["learner"]["deploy"]["resources"]["reservations"]["devices"][0].update(capabilities="gpu"),
+     "services/learner/deploy/resources/reservations/devices/0/capabilities"),
+    (lambda d: d["volumes"].update({"bad name!": None}), "volumes"),
+], ids=["unknown-key", "wrong-type", "capabilities-not-a-list", "bad-volume-name"])
+def test_a_broken_compose_file_fails_the_schema(breakage, path):
+    doc = copy.deepcopy(load_compose())
+    breakage(doc)
+    errors = schema_errors(doc)
+    assert errors and any(e.startswith(path) for e in errors), errors
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_role_runs_in_each_profile(profile):
+    services = services_of(load_compose(), profile)
+    roles = {role_of(s) for s in services.values()} - {None}
+    assert roles == set(ROLES)
+    assert "redis" in services
+    assert sum(role_of(s) == "learner" for s in services.values()) == 1, "exactly one learner"
+
+
+@pytest.mark.parametrize("name", [n for n, _ in stare_services(load_compose())])
+def test_command_is_a_real_stare_command_line(name):
+    check_stare_argv(load_compose()["services"][name]["command"], f"service {name}")
+
+
+def _env_names() -> list[str]:
+    names = {k for _, s in stare_services(load_compose()) for k in env_of(s)}
+    for dockerfile in (REPO / "deploy" / "docker").glob("Dockerfile.*"):
+        for block in re.findall(r"^ENV ((?:.*\\\n)*.*)$", dockerfile.read_text(), re.M):
+            names |= {m for m in re.findall(r"([A-Z][A-Z0-9_]*)=", block)}
+    return sorted(names - {"PATH", "DEBIAN_FRONTEND", "PYTHONUNBUFFERED", "PIP_NO_CACHE_DIR", "PIP_DISABLE_PIP_VERSION_CHECK"})
+
+
+@pytest.mark.parametrize("name", _env_names())
+def test_environment_variable_is_read_by_the_code(name):
+    check_env_name(name, "docker-compose.yml / deploy/docker")
+
+
+@pytest.mark.parametrize("name", [n for n, _ in stare_services(load_compose())])
+def test_mounted_config_exists_and_parses(name):
+    service = load_compose()["services"][name]
+    path = config_of(service)
+    assert path.is_file(), path
+    cfg = load_config(path)
+    profile = service["profiles"][0]
+    assert cfg.rollout.engine == {"gpu": "vllm", "cpu": "hf"}[profile]
+    if profile == "cpu":
+        assert cfg.model.path is None, "the cpu profile runs the bundled tiny model"
+    else:
+        assert str(cfg.model.path).startswith("/models/"), "GPU checkpoints come from the read-only /models mount"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_one_config_per_profile_and_its_addresses_resolve(profile):
+    doc = load_compose()
+    services = services_of(doc, profile)
+    configs = {config_of(s) for s in services.values() if role_of(s)}
+    assert len(configs) == 1, f"every role of a profile reads the same config: {configs}"
+    cfg = load_config(configs.pop())
+    names = set(services) | {a for s in services.values() for net in (s.get("networks") or {}).values()
+                             for a in (net or {}).get("aliases", [])}
+    redis_host = re.match(r"rediss?://([^:/]+)", cfg.system.redis_url).group(1)
+    assert redis_host in names and cfg.system.broadcast_host in names
+    for s in services.values():
+        if role_of(s) and "STARE_REDIS_URL" in env_of(s):
+            assert env_of(s)["STARE_REDIS_URL"] == cfg.system.redis_url
+    learner = next(s for s in services.values() if role_of(s) == "learner")
+    assert learner["expose"] == [str(cfg.system.broadcast_port)]
+    assert cfg.system.broadcast_port == 29650  # the SystemSection default the docs quote
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_ports_and_health_checks_match_the_code(profile):
+    services = services_of(load_compose(), profile)
+    control = next(s for s in services.values() if role_of(s) == "control")
+    cfg = load_config(config_of(control))
+    command = control["command"]
+    port = int(command[command.index("--port") + 1])
+    assert port == cfg.control.port == 8321
+    assert control["ports"] == [f"8321:{port}"]
+    assert control["healthcheck"]["test"][-1] == f"http://127.0.0.1:{port}/v1/health"
+    assert control_plane_status("/v1/health") == 200
+    for name, s in services.items():
+        if role_of(s) in ("learner", "rollout", "reward"):
+            health_port = env_of(s)["STARE_HEALTH_PORT"]
+            assert s["healthcheck"]["test"][-1] == f"http://127.0.0.1:{health_port}/healthz", name
+    assert role_health_path_served(), "no role serves /healthz"
+
+
+def test_every_gpu_is_reserved_by_one_service():
+    doc = load_compose()
+    seen: dict[str, str] = {}
+    for name, s in services_of(doc, "gpu").items():
+        devices = (((s.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices", [])
+        if role_of(s) in ("learner", "rollout"):
+            assert len(devices) == 1 and devices[0]["capabilities"] == ["gpu"], name
+            for gpu in devices[0]["device_ids"]:
+                assert gpu not in seen, f"GPU {gpu} reserved by {seen.get(gpu)} and {name}"
+                seen[gpu] = name
+        else:
+            assert not devices, f"{name} needs no GPU"
+    for name, s in services_of(doc, "cpu").items():
+        assert "devices" not in str(s.get("deploy")), f"{name}: the cpu profile must run without GPUs"
+
+
+@pytest.mark.parametrize("name", [n for n, _ in stare_services(load_compose())])
+def test_roles_wait_for_healthy_dependencies(name):
+    doc = load_compose()
+    depends = doc["services"][name]["depends_on"]
+    assert "redis" in depends
+    for dep, spec in depends.items():
+        assert spec == {"condition": "service_healthy"}, (name, dep)
+        assert "healthcheck" in doc["services"][dep] or dep == "redis"
+    assert doc["services"]["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+
+
+def test_redis_keeps_its_streams_on_a_volume():
+    redis = load_compose()["services"]["redis"]
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert "redis-data:/data" in redis["volumes"]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_api_token_comes_from_the_secret(profile):
+    doc = load_compose()
+    control = next(s for s in services_of(doc, profile).values() if role_of(s) == "control")
+    (secret,) = control["secrets"]
+    assert load_config(config_of(control)).control.token_file == Path("/run/secrets") / secret
+    source = REPO / doc["secrets"][secret]["file"]
+    assert source.parent.is_dir()
+    assert not any(p.name != ".gitignore" for p in source.parent.iterdir() if _tracked(p)), "no token in git"
+
+
+def _tracked(path: Path) -> bool:
+    import subprocess
+
+    out = subprocess.run(["git", "ls-files", "--error-unmatch", str(path)], cwd=REPO, capture_output=True)
+    return out.returncode == 0
+
+
+def test_learner_and_rollout_share_the_run_volume():
+    doc = load_compose()
+    for profile in PROFILES:
+        for name, s in services_of(doc, profile).items():
+            if role_of(s) in ("learner", "rollout"):
+                assert "stare-data:/data" in s["volumes"], name
