@@ -7,6 +7,8 @@ Acknowledges raw entries only after the scored ones are published.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from stare.records import RecordError, Trajectory
 from stare.tasks.base import Problem, Task
 from stare.transport.base import RecordStream
@@ -24,11 +26,19 @@ def score_trajectory(task: Task, t: Trajectory) -> Trajectory:
 
 
 class RewardWorker:
-    def __init__(self, task: Task, raw: RecordStream, scored: RecordStream, *, name: str):
-        self.task, self.raw, self.scored, self.name = task, raw, scored, name
+    """scorer: scores a batch in place (default: `score_trajectory` in this process, one by one;
+    the `stare reward` role passes a process pool with a hard timeout per item)."""
 
-    def run_once(self, max_count: int = 1024) -> int:
-        deliveries = self.raw.consume(self.name, max_count)
+    def __init__(self, task: Task, raw: RecordStream, scored: RecordStream, *, name: str,
+                 scorer: Callable[[list[Trajectory]], None] | None = None):
+        self.task, self.raw, self.scored, self.name = task, raw, scored, name
+        self.scorer = scorer or (lambda batch: [score_trajectory(self.task, t) for t in batch])
+
+    def run_once(self, max_count: int = 1024, block_s: float = 0.0) -> int:
+        return self.process(self.raw.consume(self.name, max_count, block_s))
+
+    def process(self, deliveries: list) -> int:
+        """Validate, score and publish `deliveries`; acknowledge them after the publish."""
         good, good_ids = [], []
         for d in deliveries:
             try:
@@ -36,9 +46,10 @@ class RewardWorker:
             except RecordError as err:
                 self.raw.dead_letter(d.id, d.record, str(err))
                 continue
-            good.append(score_trajectory(self.task, record))
+            good.append(record)
             good_ids.append(d.id)
         if good:
+            self.scorer(good)
             self.scored.publish(good)
             self.raw.ack(good_ids)
         return len(deliveries)

@@ -11,6 +11,9 @@ Trajectory.
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Callable
+
 import numpy as np
 
 from stare.records import PromptTask, Trajectory
@@ -34,6 +37,8 @@ class RolloutWorker:
         top_p: float,
         stop_token_ids: tuple[int, ...],
         agent=None,
+        should_stop: Callable[[], bool] = lambda: False,
+        weight_wait_s: float = 1.0,
     ):
         self.engine, self.tokenizer = engine, tokenizer
         self.prompts, self.raw, self.weights = prompts, raw, weights
@@ -41,6 +46,7 @@ class RolloutWorker:
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.stop_token_ids = stop_token_ids
         self.agent = agent  # a ToolAgent driving `engine`, or None for single-turn completions
+        self.should_stop, self.weight_wait_s = should_stop, weight_wait_s
 
     def sync_weights(self) -> bool:
         update = self.weights.fetch(self.engine.weight_version)
@@ -50,13 +56,31 @@ class RolloutWorker:
         self.engine.update_weights(state, version)
         return True
 
-    def run_once(self, max_prompts: int, seed: int) -> int:
+    def run_once(self, max_prompts: int, seed: int | None = None, block_s: float = 0.0) -> int:
         """Sample one batch of pending prompts; returns how many prompts it handled."""
-        deliveries = self.prompts.consume(self.name, max_prompts)
+        return self.process(self.prompts.consume(self.name, max_prompts, block_s), seed)
+
+    def _await_weights(self, min_version: int) -> bool:
+        """Take weights of at least `min_version` (waiting for the learner to publish them); False
+        if asked to stop first."""
+        self.sync_weights()
+        while self.engine.weight_version < min_version:
+            if self.should_stop():
+                return False
+            self.weights.wait_for(min_version, self.weight_wait_s)
+            self.sync_weights()
+        return True
+
+    def process(self, deliveries: list, seed: int | None = None) -> int:
+        """Sample `deliveries` (prompt tasks), publish their trajectories, then acknowledge them.
+        seed None: derived from the group ids, so a redelivered batch samples the same way."""
         if not deliveries:
             return 0
-        self.sync_weights()
         tasks: list[PromptTask] = [d.record for d in deliveries]
+        if not self._await_weights(max(t.min_weight_version for t in tasks)):
+            return 0  # stopping: the prompts stay pending for this worker's successor
+        if seed is None:
+            seed = zlib.crc32(",".join(t.group_id for t in tasks).encode())
         group_size = tasks[0].group_size
         if any(t.group_size != group_size for t in tasks):
             raise ValueError("one batch of prompt tasks must share group_size")

@@ -210,6 +210,13 @@ class TrainConfig(_Section):
     control: ControlSection = ControlSection()
 
     @model_validator(mode="after")
+    def _importance_needs_tis(self):
+        if self.system.stale_policy == "importance" and self.loss.tis_cap is None:
+            raise ValueError("system.stale_policy=importance needs loss.tis_cap (e.g. 2.0): the truncated importance "
+                             "weight is what corrects a stale trajectory")
+        return self
+
+    @model_validator(mode="after")
     def _dataset_needs_a_model(self):
         if self.task.name == "dataset" and self.model.path is None:
             raise ValueError("task.name=dataset needs model.path (the bundled tiny model is built for bundled tasks)")

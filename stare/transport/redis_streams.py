@@ -375,6 +375,22 @@ class RedisStream(Generic[T]):
                 self._create_group()
 
 
+def retrying(fn: Callable[[], R], what: str, *, op_timeout_s: float = 30.0, backoff_s: float = 0.05,
+             max_backoff_s: float = 2.0) -> R:
+    """Run one plain Redis call, retrying a lost connection with exponential backoff (logged) for
+    at most op_timeout_s: for the run's keys outside the streams (weights pointer, feeder cursor)."""
+    start, delay = time.monotonic(), backoff_s
+    while True:
+        try:
+            return fn()
+        except _RETRYABLE as err:
+            if time.monotonic() - start + delay > op_timeout_s:
+                raise
+            log.warning("%s lost the connection (%s); retry in %.2fs", what, err, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, max_backoff_s)
+
+
 _TRIMMED = "entry was trimmed (MAXLEN) before it was acknowledged; its content is lost"
 
 

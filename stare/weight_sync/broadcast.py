@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -216,14 +217,17 @@ class BroadcastSubscriber:
                                        timeout=timeout_s)
 
     def close(self) -> None:
+        """Stop receiving; a receive in progress is abandoned (the thread is a daemon)."""
         self._stop.set()
-        self._thread.join(timeout=self.timeout_s + 5)
+        self._thread.join(timeout=2.0)
 
     # ---------------------------------------------------------------- receiver thread
     def _run(self) -> None:
         backoff = 0.1
         while not self._stop.is_set():
             try:
+                # a plain connect first: fails fast (and quietly) while no learner listens
+                socket.create_connection((self.host, self.port), timeout=2.0).close()
                 store = dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=self.timeout_s),
                                       use_libuv=True)
                 backoff = 0.1
@@ -232,7 +236,7 @@ class BroadcastSubscriber:
             except Exception as err:  # learner gone or restarting: dial again
                 if self._stop.is_set():
                     return
-                log.info("weight receiver %s: %s; reconnecting in %.1fs", self.name, err, backoff)
+                log.info("weight receiver %s: %s; reconnecting in %.1fs", self.name, str(err).splitlines()[0], backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
 

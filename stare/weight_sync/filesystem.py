@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from stare.transport.redis_streams import run_key
+from stare.transport.redis_streams import retrying, run_key
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ class FilesystemPublisher:
                   metadata={"version": str(version)})
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        self.client.hset(self.key, mapping={"version": version, "path": str(final / FILE)})
+        retrying(lambda: self.client.hset(self.key, mapping={"version": version, "path": str(final / FILE)}),
+                 f"HSET {self.key}")
         self.version = version
         self._prune()
 
@@ -73,12 +74,12 @@ class FilesystemSubscriber:
         self.key = run_key(run_id, "weights")
 
     def latest_version(self) -> int:
-        raw = self.client.hget(self.key, "version")
+        raw = retrying(lambda: self.client.hget(self.key, "version"), f"HGET {self.key}")
         return -1 if raw is None else int(raw)
 
     def fetch(self, have_version: int) -> tuple[int, Mapping[str, torch.Tensor]] | None:
         for _ in range(3):
-            pointer = self.client.hgetall(self.key)
+            pointer = retrying(lambda: self.client.hgetall(self.key), f"HGETALL {self.key}")
             if not pointer or int(pointer[b"version"]) <= have_version:
                 return None
             version, path = int(pointer[b"version"]), pointer[b"path"].decode()

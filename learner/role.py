@@ -1,0 +1,255 @@
+"""`stare learner`: the learner process of the distributed system.
+
+    feeder -> prompts stream ...rollout, reward... scored stream -> GroupCollector -> Learner
+           -> weights (broadcast group or shared folder) -> rollout workers
+
+The learner drives the pace. It keeps `prompts_per_step x (1 + max_staleness)` groups in flight
+(published, not yet trained or filtered), each stamped `min_weight_version` = its version at
+publish time, so a trajectory is at most `max_staleness` versions old when it is trained; groups
+that arrive later than that are dropped whole (`stale_policy: drop`) or trained with the loss's
+truncated importance correction (`importance`). `max_staleness: 0` is strictly on-policy; >= 1
+lets rollout sample the next steps while the learner trains.
+
+No data loss, no double training: scored entries a step trained stay pending in Redis until a
+checkpoint holds that step (then they are acknowledged); the checkpoint keeps the finished
+groups. A learner restarted after a crash loads its newest checkpoint, re-reads its pending
+entries and trains again exactly the groups the checkpoint lacks; prompts are not published twice
+(the published cursor lives in Redis). Entropy changes, pause, resume and checkpoint requests
+come from the control plane through `RunControl`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+
+from stare.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+LEARNER_CONSUMER = "learner"  # one learner per run: a stable consumer name, so a restart re-reads its entries
+
+
+def build_publisher(cfg: TrainConfig, client):
+    s = cfg.system
+    if s.weight_sync == "broadcast":
+        from stare.weight_sync.broadcast import BroadcastPublisher
+
+        return BroadcastPublisher("0.0.0.0" if s.broadcast_host not in ("127.0.0.1", "localhost") else s.broadcast_host,
+                                  s.broadcast_port, timeout_s=s.broadcast_timeout_s)
+    from stare.weight_sync.filesystem import FilesystemPublisher
+
+    return FilesystemPublisher(client, cfg.run.name, s.weight_dir or cfg.run_dir / "weights")
+
+
+def staleness_summary(counts: Counter) -> dict[str, Any]:
+    n = sum(counts.values())
+    if not n:
+        return {"staleness_mean": None, "staleness_max": None, "staleness_hist": {}}
+    return {
+        "staleness_mean": sum(k * v for k, v in counts.items()) / n,
+        "staleness_max": max(counts),
+        "staleness_hist": {str(k): v for k, v in sorted(counts.items())},
+    }
+
+
+class DistributedLearner:
+    def __init__(self, cfg: TrainConfig, rt, redis_url: str):
+        from transformers import AutoTokenizer
+
+        from stare.data import PromptFeeder
+        from stare.embedded import resolve_model
+        from stare.learner.groups import GroupCollector
+        from stare.learner.trainer import Learner
+        from stare.rollout.role import stream_options
+        from stare.run_outputs import RunOutputs
+        from stare.tasks.base import build_task
+        from stare.transport.redis_streams import RedisTransport, retrying, run_key
+
+        self.cfg, self.rt = cfg, rt
+        if cfg.run.threads is not None:
+            torch.set_num_threads(cfg.run.threads)
+        random.seed(cfg.run.seed)
+        np.random.seed(cfg.run.seed)
+        torch.manual_seed(cfg.run.seed)
+        self.model_path = resolve_model(cfg, log.info)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.task = build_task(cfg.task.name, **cfg.task.build_kwargs(self.tokenizer))
+        self.learner = Learner(cfg, self.model_path, pad_id=self.tokenizer.pad_token_id or 0)
+        self.transport = RedisTransport.connect(redis_url, cfg.run.name, **stream_options(cfg))
+        self.cursor_key = run_key(cfg.run.name, "feeder")
+        self.feeder = PromptFeeder(self.task, self.tokenizer, run_id=cfg.run.name,
+                                   group_size=cfg.rollout.samples_per_prompt, seed=cfg.run.seed)
+        s = cfg.system
+        self.collector = GroupCollector(self.transport.scored, name=LEARNER_CONSUMER,
+                                        dynamic_sampling=cfg.data.dynamic_sampling, max_staleness=s.max_staleness,
+                                        keep_stale=s.stale_policy == "importance")
+        resume_step = None
+        ckpt_dir = cfg.run_dir / "checkpoints"
+        if (ckpt_dir / "latest").is_file():
+            state = self.learner.load(ckpt_dir)
+            self.collector.load_state_dict(state["collector"])
+            resume_step = self.learner.step
+            log.info("resumed from %s at step %d", ckpt_dir, resume_step)
+        published = retrying(lambda: self.transport.client.hget(self.cursor_key, "cursor"), "HGET feeder cursor")
+        # never publish a group twice: continue after what earlier incarnations published
+        self.feeder.cursor = max(int(published or 0), state["data"]["cursor"] if resume_step is not None else 0)
+        self.outputs = RunOutputs(cfg, resume_step=resume_step)
+        self.publisher = build_publisher(cfg, self.transport.client)
+        self.publisher.publish(self.learner.version, self.learner.state_dict_for_rollout())
+        self.eval_engine = None
+        self.eval_problems = self.task.problems("test", cfg.task.eval_problems, cfg.run.seed)
+        self.stop_ids = tuple(i for i in (self.tokenizer.eos_token_id,) if i is not None)
+
+    # ---------------------------------------------------------------- pieces
+    def finished_groups(self) -> int:
+        f = self.collector.finished
+        return f.watermark + len(f.above) + len(f.other)
+
+    def top_up_prompts(self) -> int:
+        """Publish prompts until prompts_per_step x (1 + max_staleness) groups are in flight."""
+        cfg = self.cfg
+        window = cfg.rollout.prompts_per_step * (1 + cfg.system.max_staleness)
+        in_flight = self.feeder.cursor - self.finished_groups()
+        need = window - in_flight
+        if need <= 0:
+            return 0
+        tasks = self.feeder.next_tasks(need)
+        for t in tasks:
+            t.min_weight_version = self.learner.version
+        self.transport.prompts.publish(tasks)
+        cursor = self.feeder.cursor
+        retrying(lambda: self.transport.client.hset(self.cursor_key, "cursor", cursor), "HSET feeder cursor")
+        return len(tasks)
+
+    def evaluate(self) -> dict[str, Any]:
+        from stare.evaluation import evaluate
+        from stare.rollout.engine import build_engine
+
+        cfg = self.cfg
+        if self.eval_engine is None:
+            self.eval_engine = build_engine({"name": "hf", "model_path": str(self.model_path), "dtype": cfg.model.dtype})
+        self.eval_engine.update_weights(self.learner.state_dict_for_rollout(), self.learner.version)
+        result = evaluate(self.eval_engine, self.tokenizer, self.task, self.eval_problems, k=cfg.task.eval_k,
+                          max_new_tokens=cfg.rollout.max_new_tokens, stop_token_ids=self.stop_ids,
+                          seed=cfg.run.seed * 7 + 1)
+        result["step"] = self.learner.step
+        self.outputs.log_eval(result)
+        log.info("held-out at step %d: greedy %.3f, pass@%d %.3f", result["step"], result["greedy_accuracy"],
+                 cfg.task.eval_k, result["pass_at_k"])
+        return result
+
+    def checkpoint(self) -> None:
+        ckpt_dir = self.outputs.ckpt_dir
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        tag = self.learner.save(ckpt_dir, {"data": {"cursor": self.feeder.cursor},
+                                           "collector": self.collector.state_dict()})
+        acked = self.collector.ack_trained()  # only now: the checkpoint holds what they trained
+        self.outputs.prune_checkpoints()
+        log.info("checkpoint %s (acknowledged %d trained trajectories)", ckpt_dir / tag, acked)
+
+    def queue_depths(self) -> dict[str, int]:
+        t = self.transport
+        return {"prompts": t.prompts.backlog(), "raw": t.raw.backlog(), "scored": t.scored.backlog()}
+
+    # ---------------------------------------------------------------- the loop
+    def train(self) -> None:
+        cfg, rt, control = self.cfg, self.rt, self.rt.control
+        learner = self.learner
+        control.start(learner.controller, learner.step, {"weight_version": learner.version})
+        if learner.step == 0 and not (self.outputs.dir / "eval.jsonl").exists():
+            self.evaluate()
+        want = cfg.rollout.prompts_per_step
+        t_wait = time.perf_counter()
+        while learner.step < cfg.run.steps and not rt.stop.is_set():
+            rt.tick(step=learner.step, weight_version=learner.version)
+            directives = control.before_step(learner.controller)
+            if directives.checkpoint:
+                self.checkpoint()
+            if directives.paused:
+                control.set_phase("paused")
+                self.publisher.serve_joiners(learner.version, learner.state_dict_for_rollout)
+                rt.stop.wait(0.5)
+                continue
+            self.top_up_prompts()
+            self.publisher.serve_joiners(learner.version, learner.state_dict_for_rollout)
+            self.collector.pull(learner.version, block_s=0.5)
+            if len(self.collector.ready) < want:
+                continue
+            trajectories, ids = self.collector.take(want)
+            waited = time.perf_counter() - t_wait
+            metrics = learner.train_step(trajectories)
+            self.collector.trained(trajectories, ids)
+            t_pub = time.perf_counter()
+            self.publisher.publish(learner.version, learner.state_dict_for_rollout())
+            time_publish = time.perf_counter() - t_pub
+            stats = self.collector.stats
+            rewards = [t.reward for t in trajectories]
+            step_time = time.perf_counter() - t_wait
+            metrics.update(
+                algo=cfg.algo,
+                reward_mean=float(np.mean(rewards)),
+                accuracy=float(np.mean([r >= 1.0 for r in rewards])),
+                response_length_mean=float(np.mean([len(t.response_token_ids) for t in trajectories])),
+                tokens_per_s=sum(len(t.response_token_ids) for t in trajectories) / max(step_time, 1e-9),
+                time_step_s=step_time,
+                time_wait_data_s=waited,
+                time_publish_s=time_publish,
+                groups=len(trajectories) // max(cfg.rollout.samples_per_prompt, 1),
+                filtered_groups_total=stats.filtered_groups,
+                stale_groups_total=stats.stale_groups,
+                duplicates_total=stats.duplicates,
+                weight_sync_failures=getattr(self.publisher, "failures", 0),
+                weight_sync_members=len(getattr(self.publisher, "members", [])),
+                **staleness_summary(self._batch_staleness(trajectories)),
+            )
+            t_wait = time.perf_counter()
+            status = {"weight_version": learner.version, "queue_depths": self.queue_depths(),
+                      "staleness": metrics["staleness_hist"], "tokens_per_s": metrics["tokens_per_s"],
+                      "step_time_s": step_time}
+            control.after_step(learner.controller, metrics, status)
+            self.outputs.log_step(metrics)
+            self.outputs.log_trained(learner.step, [t.trajectory_id for t in trajectories])
+            log.info("step %d: reward %.3f entropy %.3f gate %d W %.2f M %.2f staleness %s (%.1fs, waited %.1fs)",
+                     learner.step, metrics["reward_mean"], metrics["entropy"], metrics["gate"], metrics["w"],
+                     metrics["m"], metrics["staleness_hist"], step_time, waited)
+            step = learner.step
+            if step % cfg.task.eval_every == 0 or step == cfg.run.steps:
+                self.evaluate()
+            if step % cfg.run.checkpoint_every == 0 or step == cfg.run.steps:
+                self.checkpoint()
+        if rt.stop.is_set() and self.collector.unacked:
+            self.checkpoint()  # SIGTERM: leave nothing trained unsaved
+        control.set_phase("finished" if learner.step >= cfg.run.steps else "stopped", step=learner.step)
+
+    def _batch_staleness(self, trajectories) -> Counter:
+        """Lag of each trained trajectory: the version it was trained at minus the one that sampled it."""
+        trained_at = self.learner.version - 1
+        return Counter(trained_at - t.weight_version for t in trajectories)
+
+    def close(self) -> None:
+        self.publisher.close()
+        self.outputs.close()
+        self.transport.close()
+        if self.eval_engine is not None:
+            self.eval_engine.close()
+
+
+def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None) -> None:
+    from stare.services.process import RoleRuntime
+
+    with RoleRuntime("learner", name, cfg, redis_url, stop=stop) as rt:
+        learner = DistributedLearner(cfg, rt, redis_url)
+        try:
+            learner.train()
+        except BaseException:
+            rt.control.set_phase("failed", step=learner.learner.step)
+            raise
+        finally:
+            learner.close()

@@ -1,0 +1,105 @@
+"""`stare reward`: a reward worker process of the distributed system.
+
+    raw stream (group "reward") -> validate -> score in a ScoringPool -> scored stream
+
+Scoring runs in a pool of worker processes with a hard timeout per trajectory (a verifier stuck
+in C code or allocating without end is killed; the trajectory gets reward 0 and the reason).
+Invalid records go to the raw stream's dead-letter stream with the reason. Raw entries are
+acknowledged only after their scored records are published; entries a dead reward worker held
+are reclaimed after `system.claim_idle_s`. Scale out by starting more of these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import time
+from typing import Any
+
+from stare.config import TrainConfig
+from stare.records import Trajectory
+
+log = logging.getLogger(__name__)
+
+SCORE_TIMEOUT_S = 30.0
+
+
+@functools.lru_cache(maxsize=4)
+def _task(name: str, kwargs_json: str):
+    from stare.tasks.base import build_task
+
+    return build_task(name, **json.loads(kwargs_json))
+
+
+def score_in_worker(task_name: str, kwargs_json: str, answer: str, problem_id: str, level: int, data_source: str,
+                    text: str) -> float:
+    """Runs in a pool process: the task's verifier on one response."""
+    from stare.tasks.base import Problem
+
+    problem = Problem(prompt="", answer=answer, problem_id=problem_id, level=max(level, 1), data_source=data_source)
+    return float(_task(task_name, kwargs_json).reward(problem, text))
+
+
+class PoolScorer:
+    """Scores a batch concurrently in a ScoringPool (its own event loop, owned by this object)."""
+
+    def __init__(self, task_name: str, task_kwargs: dict[str, Any], workers: int, timeout_s: float = SCORE_TIMEOUT_S):
+        from stare.reward.worker_pool import ScoringPool, ScoringPoolConfig
+
+        self.task_name, self.kwargs_json = task_name, json.dumps(task_kwargs, default=str)
+        self.loop = asyncio.new_event_loop()
+        self.pool = ScoringPool(ScoringPoolConfig(workers=workers, timeout_s=timeout_s))
+        self.loop.run_until_complete(self.pool.start())
+
+    def __call__(self, batch: list[Trajectory]) -> None:
+        async def one(t: Trajectory):
+            return await self.pool.score(score_in_worker, self.task_name, self.kwargs_json, t.answer, t.problem_id,
+                                         t.level, t.data_source, t.response_text)
+
+        async def all_of():
+            return await asyncio.gather(*(one(t) for t in batch))
+
+        for t, result in zip(batch, self.loop.run_until_complete(all_of())):
+            t.reward = float(result.reward) if result.error is None else 0.0
+            t.reward_info = {"correct": t.reward >= 1.0, "finish_reason": t.finish_reason}
+            if result.error is not None:
+                t.reward_info["error"] = result.error
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.pool.close())
+        self.loop.close()
+
+
+def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int = 1) -> None:
+    from stare.reward.trajectory_worker import RewardWorker
+    from stare.rollout.role import stream_options
+    from stare.services.process import RoleRuntime
+    from stare.tasks.base import build_task
+    from stare.transport.redis_streams import BackpressureError, RedisTransport
+
+    with RoleRuntime("reward", name, cfg, redis_url, stop=stop) as rt:
+        task_kwargs = {k: v for k, v in cfg.task.build_kwargs(None).items() if k != "tokenizer"}
+        task = build_task(cfg.task.name, **task_kwargs)
+        transport = RedisTransport.connect(redis_url, cfg.run.name, **stream_options(cfg))
+        scorer = PoolScorer(cfg.task.name, task_kwargs, workers)
+        worker = RewardWorker(task, transport.raw, transport.scored, name=name, scorer=scorer)
+        next_reclaim, done = 0.0, 0
+        try:
+            while not rt.stop.is_set():
+                rt.tick(scored=done, pool_restarts=scorer.pool.restarts)
+                try:
+                    if time.monotonic() >= next_reclaim:
+                        next_reclaim = time.monotonic() + cfg.system.claim_idle_s / 2
+                        if claimed := transport.raw.reclaim(name, max_count=256):
+                            log.info("reclaimed %d trajectories left pending by a dead worker", len(claimed))
+                            done += worker.process(claimed)
+                            continue
+                    done += worker.run_once(256, block_s=1.0)
+                except BackpressureError as err:  # the learner is behind: wait
+                    log.warning("%s", err)
+                    rt.stop.wait(1.0)
+        finally:
+            scorer.close()
+            transport.close()

@@ -1,0 +1,94 @@
+"""`stare rollout`: a rollout worker process of the distributed system.
+
+    prompts (Redis stream, group "rollout") -> RolloutWorker (vLLM or transformers) -> raw stream
+
+It takes the learner's weights from the configured backend (broadcast group or shared folder)
+between batches, samples each prompt batch with weights at least as new as the batch asks
+(`PromptTask.min_weight_version`: the staleness bound), publishes the trajectories, and only then
+acknowledges the prompts. Prompts left pending by a dead worker are reclaimed after
+`system.claim_idle_s`. Stops after the current batch on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from stare.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def build_subscriber(cfg: TrainConfig, name: str, client):
+    s = cfg.system
+    if s.weight_sync == "broadcast":
+        from stare.weight_sync.broadcast import BroadcastSubscriber
+
+        return BroadcastSubscriber(s.broadcast_host, s.broadcast_port, name, timeout_s=s.broadcast_timeout_s)
+    from stare.weight_sync.filesystem import FilesystemSubscriber
+
+    return FilesystemSubscriber(client, cfg.run.name)
+
+
+def stream_options(cfg: TrainConfig) -> dict:
+    """RedisStream options every role uses for the run's streams."""
+    s = cfg.system
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    # the scored stream also holds what the learner trained since its last checkpoint (acked then)
+    held = (cfg.run.checkpoint_every + s.max_staleness + 2) * rows
+    backlog = s.max_backlog + held
+    return {"max_backlog": backlog, "maxlen": 2 * backlog, "claim_idle_ms": int(s.claim_idle_s * 1000),
+            "block_ms": 1000, "publish_timeout_s": 5.0}
+
+
+def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
+    from transformers import AutoTokenizer
+
+    import torch
+
+    from stare.embedded import resolve_model
+    from stare.rollout.engine import build_engine
+    from stare.rollout.worker import RolloutWorker
+    from stare.services.process import RoleRuntime
+    from stare.transport.redis_streams import BackpressureError, RedisTransport
+
+    if cfg.run.threads is not None:
+        torch.set_num_threads(cfg.run.threads)
+    with RoleRuntime("rollout", name, cfg, redis_url, stop=stop) as rt:
+        model_path = resolve_model(cfg, log.info)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        engine = build_engine({"name": cfg.rollout.engine, "model_path": str(model_path), "dtype": cfg.model.dtype})
+        transport = RedisTransport.connect(redis_url, cfg.run.name, **stream_options(cfg))
+        weights = build_subscriber(cfg, name, transport.client)
+        agent = None
+        if cfg.rollout.tool_use.enabled:
+            from stare.rollout.agent_loop import build_tool_agent
+
+            agent = build_tool_agent(cfg.rollout.tool_use, engine, tokenizer)
+        r = cfg.rollout
+        worker = RolloutWorker(
+            engine, tokenizer, transport.prompts, transport.raw, weights, name=name,
+            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+            stop_token_ids=tuple(i for i in (tokenizer.eos_token_id,) if i is not None), agent=agent,
+            should_stop=rt.stop.is_set,
+        )
+        batch = cfg.system.rollout_batch_prompts
+        next_reclaim, done = 0.0, 0
+        try:
+            while not rt.stop.is_set():
+                rt.tick(prompts=done, weight_version=engine.weight_version)
+                try:
+                    if time.monotonic() >= next_reclaim:  # prompts a dead worker held
+                        next_reclaim = time.monotonic() + cfg.system.claim_idle_s / 2
+                        if claimed := transport.prompts.reclaim(name, max_count=batch):
+                            log.info("reclaimed %d prompts left pending by a dead worker", len(claimed))
+                            done += worker.process(claimed)
+                            continue
+                    done += worker.run_once(batch, block_s=1.0)
+                except BackpressureError as err:  # reward workers are behind: wait, keep the prompts
+                    log.warning("%s", err)
+                    rt.stop.wait(1.0)
+        finally:
+            weights.close()
+            engine.close()
+            transport.close()

@@ -1,0 +1,142 @@
+"""What every role process of the distributed system shares (`stare rollout|reward|learner`).
+
+`RoleRuntime` gives a role: log lines tagged with role, name and pid; SIGTERM/SIGINT -> a stop
+event the main loop checks between batches (a second SIGINT aborts); heartbeats in Redis from a
+background thread (so a long batch does not look like a death), carrying what the loop last
+reported with `tick(...)`; and an HTTP liveness endpoint `GET /healthz` on `system.health_port`
+(or STARE_HEALTH_PORT), 200 while the main loop ticked within `stall_s`, else 503.
+
+Worker names: `--name`, else STARE_WORKER_NAME, else `<role>-<host>-<pid>`. A name is the
+worker's stream consumer name: a worker restarted under the same name first re-reads what it held.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from stare.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def worker_name(role: str, name: str | None) -> str:
+    return name or os.environ.get("STARE_WORKER_NAME") or f"{role}-{socket.gethostname()}-{os.getpid()}"
+
+
+def redis_url(cfg: TrainConfig, override: str | None) -> str:
+    return override or os.environ.get("STARE_REDIS_URL") or cfg.system.redis_url
+
+
+def setup_logging(role: str, name: str, level: int = logging.INFO) -> None:
+    fmt = f"%(asctime)s {role}[{name} pid=%(process)d] %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=level, format=fmt, force=True)
+    for noisy in ("httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:  # no per-file progress bars in role logs
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+class RoleRuntime:
+    def __init__(self, role: str, name: str, cfg: TrainConfig, url: str, *, stall_s: float | None = None,
+                 stop: threading.Event | None = None):
+        from stare.runstate.hooks import RunControl
+        from stare.runstate.redis_state import RedisRunState
+
+        self.role, self.name, self.cfg = role, name, cfg
+        self.stop = stop or threading.Event()  # a caller's event (Ray actors, tests) or our own
+        self._sigint = 0
+        self.stall_s = stall_s if stall_s is not None else max(120.0, 30 * cfg.system.heartbeat_s)
+        self.state = RedisRunState.connect(url, cfg.run.name, dead_after_s=cfg.system.dead_after_s)
+        self.control = RunControl(self.state, role=role, name=name, heartbeat_s=cfg.system.heartbeat_s)
+        self.info: dict[str, Any] = {}
+        self.last_tick = time.monotonic()
+        self._threads: list[threading.Thread] = []
+        self._http: ThreadingHTTPServer | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    def __enter__(self) -> RoleRuntime:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        beat = threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True)
+        beat.start()
+        self._threads.append(beat)
+        port = int(os.environ.get("STARE_HEALTH_PORT", self.cfg.system.health_port))
+        if port:
+            self._serve_health(port)
+        log.info("%s %s started (pid %d)", self.role, self.name, os.getpid())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+        for t in self._threads:
+            t.join(timeout=5)
+        log.info("%s %s stopped", self.role, self.name)
+
+    def _on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGINT:
+            self._sigint += 1
+            if self._sigint > 1:
+                raise KeyboardInterrupt
+        log.info("%s received: stopping after the current batch", signal.Signals(signum).name)
+        self.stop.set()
+
+    # ---------------------------------------------------------------- liveness
+    def tick(self, **info: Any) -> None:
+        """The main loop is alive; `info` goes into the next heartbeat."""
+        self.last_tick = time.monotonic()
+        self.info.update(info)
+
+    def healthy(self) -> bool:
+        return time.monotonic() - self.last_tick < self.stall_s
+
+    def _beat_loop(self) -> None:
+        while True:
+            try:
+                self.control.heartbeat(info={**self.info, "healthy": self.healthy()}, force=True)
+            except Exception as err:  # Redis restarting: the next beat retries
+                log.warning("heartbeat failed: %s", err)
+            if self.stop.wait(self.cfg.system.heartbeat_s):
+                return
+
+    def _serve_health(self, port: int) -> None:
+        runtime = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path.split("?")[0] != "/healthz":
+                    self.send_error(404, "only GET /healthz here")
+                    return
+                ok = runtime.healthy()
+                body = json.dumps({"role": runtime.role, "name": runtime.name, "healthy": ok,
+                                   "last_tick_s": round(time.monotonic() - runtime.last_tick, 3)}).encode()
+                self.send_response(200 if ok else 503)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+        self._http.timeout = 5
+        t = threading.Thread(target=self._http.serve_forever, name="healthz", daemon=True)
+        t.start()
+        self._threads.append(t)
+        log.info("liveness at http://0.0.0.0:%d/healthz", port)

@@ -1,0 +1,230 @@
+"""`stare up`: the whole distributed system on one machine, each role its own OS process.
+
+    redis-server (unless --redis-url) + control plane + learner + N rollout + M reward workers
+
+One config for all. The launcher resolves what every role must agree on before starting them
+(the model directory, building the bundled tiny model once; free ports for the API and the
+weight-broadcast rendezvous when the configured ones are taken), writes that config to
+`<run dir>/up/config.yaml`, starts the roles, prefixes and streams their logs, and supervises
+them: a role that dies is restarted (a restarted learner resumes from its last checkpoint), up
+to `max_restarts` times each. It stops everything when the learner finishes, or on Ctrl-C /
+SIGTERM: SIGTERM to every role (each finishes its batch; the learner checkpoints), SIGKILL to
+those still running after `grace_s`, then Redis (its AOF keeps the streams).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, TextIO
+
+import yaml
+
+from stare.config import TrainConfig, build_config
+
+COLORS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
+
+
+@dataclass
+class Role:
+    name: str  # learner, control, rollout-0, reward-1, ...
+    argv: list[str]
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    exits: list[int] = field(default_factory=list)
+    color: str = "0"
+
+    @property
+    def kind(self) -> str:
+        return self.name.split("-")[0]
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def _port_free(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+class Launcher:
+    def __init__(self, cfg: TrainConfig, *, rollout: int = 1, reward: int = 1, redis_url: str | None = None,
+                 control: bool = True, max_restarts: int = 5, grace_s: float = 60.0,
+                 out: TextIO | None = None, color: bool | None = None):
+        from stare.net import free_port
+
+        if rollout < 1 or reward < 1:
+            raise ValueError(f"--rollout ({rollout}) and --reward ({reward}) must be >= 1")
+        self.redis = None
+        self.out = out or sys.stdout
+        self.color = self.out.isatty() if color is None else color
+        self.max_restarts, self.grace_s = max_restarts, grace_s
+        self.lock = threading.Lock()
+        overrides: dict[str, object] = {}
+        if cfg.model.path is None:
+            from stare.embedded import resolve_model
+
+            overrides["model.path"] = str(resolve_model(cfg, self.say))
+        s = cfg.system
+        if s.weight_sync == "broadcast" and not _port_free(s.broadcast_host, s.broadcast_port):
+            overrides["system.broadcast_port"] = free_port(s.broadcast_host)
+        if control and (cfg.control.port == 0 or not _port_free(cfg.control.host, cfg.control.port)):
+            overrides["control.port"] = free_port(cfg.control.host)
+        raw = cfg.model_dump(mode="json")
+        for key, value in overrides.items():
+            section, name = key.split(".")
+            raw[section][name] = value
+        self.cfg = build_config(raw)
+        self.dir = self.cfg.run_dir / "up"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config_path = self.dir / "config.yaml"
+        self.config_path.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
+        self.redis_url = redis_url
+        self.roles: dict[str, Role] = {}
+        names = (["control"] if control else []) + ["learner"] + [f"rollout-{i}" for i in range(rollout)] + \
+            [f"reward-{i}" for i in range(reward)]
+        for i, name in enumerate(names):
+            kind = name.split("-")[0]
+            argv = [sys.executable, "-m", "stare.cli", kind, "--config", str(self.config_path)]
+            argv += ["--name", name] if kind != "control" else []
+            self.roles[name] = Role(name, argv, color=COLORS[i % len(COLORS)])
+        self.stopping = False
+
+    # ---------------------------------------------------------------- output
+    def say(self, text: str, who: str = "up", color: str = "1") -> None:
+        prefix = f"\033[{color}m{who:>10} |\033[0m " if self.color else f"{who:>10} | "
+        with self.lock:
+            self.out.write(prefix + text.rstrip("\n") + "\n")
+            self.out.flush()
+
+    def _pump(self, role: Role, stream) -> None:
+        for line in iter(stream.readline, ""):
+            self.say(line, role.name, role.color)
+        stream.close()
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        if self.redis_url is None:
+            from stare.net import free_port
+            from stare.services.redis_server import RedisServer
+
+            # fsync every write: a crash of the machine loses no acknowledged trajectory
+            self.redis = RedisServer(self.dir / "redis", free_port(), appendfsync="always")
+            self.redis.dir.mkdir(parents=True, exist_ok=True)
+            self.redis.start()
+            self.redis_url = self.redis.url
+            self.say(f"redis-server on {self.redis_url} (AOF in {self.redis.dir})")
+        for role in self.roles.values():
+            self._spawn(role)
+        if "control" in self.roles:
+            c = self.cfg.control
+            host = "127.0.0.1" if c.host in ("0.0.0.0", "::") else c.host
+            self.say(f"API http://{host}:{c.port}/v1/status  dashboard http://{host}:{c.port}/")
+        self.say(f"run folder {self.cfg.run_dir}; Ctrl-C stops every role")
+
+    def _spawn(self, role: Role) -> None:
+        from stare.learner.deepspeed_engine import child_env
+
+        env = {**child_env(), "STARE_REDIS_URL": self.redis_url, "PYTHONUNBUFFERED": "1", "STARE_WORKER_NAME": role.name,
+               "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),  # c10d's reconnect chatter
+               "HF_HUB_OFFLINE": "1"}
+        env.pop("STARE_HEALTH_PORT", None)  # one machine: roles would collide on one port
+        role.proc = subprocess.Popen(role.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     start_new_session=True)
+        threading.Thread(target=self._pump, args=(role, role.proc.stdout), daemon=True).start()
+        self.say(f"started {role.name} (pid {role.proc.pid})")
+
+    def supervise(self, until: Callable[[], bool] = lambda: False, poll_s: float = 0.5) -> int:
+        """Restart dead roles until the learner finishes (returns its exit code), `until()` holds
+        (returns 0), or a role exhausts its restarts (returns 1)."""
+        while not self.stopping:
+            if until():
+                return 0
+            for role in self.roles.values():
+                code = role.proc.poll() if role.proc is not None else None
+                if code is None or self.stopping:
+                    continue
+                role.exits.append(code)
+                if role.name == "learner" and code == 0:
+                    self.say("learner finished")
+                    return 0
+                if role.restarts >= self.max_restarts:
+                    self.say(f"{role.name} exited with {code} and was restarted {role.restarts} times; giving up")
+                    return 1
+                role.restarts += 1
+                self.say(f"{role.name} exited with {code}; restarting ({role.restarts}/{self.max_restarts})")
+                self._spawn(role)
+            time.sleep(poll_s)
+        return 0
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to one role (tests: a worker dying mid-run)."""
+        role = self.roles[name]
+        if role.alive():
+            os.killpg(role.proc.pid, sig)
+
+    def stop(self) -> None:
+        """SIGTERM every role, wait up to grace_s, SIGKILL the rest, then stop our Redis."""
+        self.stopping = True
+        order = [r for r in self.roles.values() if r.kind in ("rollout", "reward")] + \
+            [r for r in self.roles.values() if r.kind in ("learner", "control")]
+        for role in order:
+            if role.alive():
+                os.killpg(role.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        for role in order:
+            if role.proc is None:
+                continue
+            try:
+                role.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                self.say(f"{role.name} did not stop within {self.grace_s}s; killing it")
+                os.killpg(role.proc.pid, signal.SIGKILL)
+                role.proc.wait(timeout=10)
+        if self.redis is not None:
+            self._stop_redis()
+        self.say("stopped")
+
+    def _stop_redis(self) -> None:
+        proc = self.redis.proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # redis-server flushes its AOF and exits
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.redis.kill()
+
+
+def up(cfg: TrainConfig, *, rollout: int, reward: int, redis_url: str | None, control: bool = True) -> int:
+    launcher = Launcher(cfg, rollout=rollout, reward=reward, redis_url=redis_url, control=control)
+    stop = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        launcher.start()
+        code = launcher.supervise(until=stop.is_set)
+    finally:
+        launcher.stop()
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if stop.is_set():
+        launcher.say(f"stopped by signal; continue with the same command (the learner resumes from "
+                     f"{launcher.cfg.run_dir / 'checkpoints'})")
+    return code

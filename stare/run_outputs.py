@@ -1,0 +1,87 @@
+"""A run folder's outputs, shared by the embedded and the distributed learner.
+
+    runs/<name>/config.yaml     the config the run was started with
+    runs/<name>/metrics.jsonl   one line per optimizer step
+    runs/<name>/eval.jsonl      one line per held-out evaluation
+    runs/<name>/trained.jsonl   one line per step: the trajectory ids it trained (data lineage)
+    runs/<name>/tb/             TensorBoard events
+    runs/<name>/checkpoints/    the newest `keep` checkpoints and a `latest` pointer
+
+On resume every jsonl file is cut back to the checkpoint's step, so a step that ran after the
+checkpoint and is trained again appears once.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stare.config import TrainConfig
+
+JSONL = ("metrics.jsonl", "eval.jsonl", "trained.jsonl")
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Drop lines written after the checkpoint we resume from."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= last_step:
+                keep.append(line)
+        except (json.JSONDecodeError, KeyError):
+            break
+    path.write_text("".join(f"{line}\n" for line in keep))
+
+
+class RunOutputs:
+    def __init__(self, cfg: TrainConfig, *, resume_step: int | None):
+        """resume_step: the checkpoint's step when resuming (files are cut back to it), None for a new run."""
+        self.cfg = cfg
+        self.dir = cfg.run_dir
+        self.ckpt_dir = self.dir / "checkpoints"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        for name in JSONL:
+            if resume_step is None:
+                (self.dir / name).unlink(missing_ok=True)
+            else:
+                truncate_jsonl(self.dir / name, resume_step)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tb = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step + 1 if resume_step is not None else None)
+
+    def _append(self, name: str, record: dict[str, Any]) -> None:
+        with (self.dir / name).open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def log_step(self, metrics: dict[str, Any]) -> None:
+        self._append("metrics.jsonl", metrics)
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.tb.add_scalar(key, value, metrics["step"])
+
+    def log_eval(self, result: dict[str, Any]) -> None:
+        self._append("eval.jsonl", result)
+        for key in ("greedy_accuracy", "pass_at_k", "avg_at_k"):
+            self.tb.add_scalar(f"eval/{key}", result[key], result["step"])
+
+    def log_trained(self, step: int, trajectory_ids: list[str]) -> None:
+        self._append("trained.jsonl", {"step": step, "ids": trajectory_ids})
+
+    def prune_checkpoints(self) -> None:
+        tags = sorted(p.name for p in self.ckpt_dir.glob("step_*"))
+        for old in tags[: -self.cfg.run.keep_checkpoints]:
+            shutil.rmtree(self.ckpt_dir / old, ignore_errors=True)
+
+    def has_checkpoint(self) -> bool:
+        return (self.ckpt_dir / "latest").is_file()
+
+    def close(self) -> None:
+        self.tb.flush()
+        self.tb.close()
