@@ -6,6 +6,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402
 
+from train_helpers import fast_override_list  # noqa: E402
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
@@ -20,20 +22,4 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture
 def fast_overrides(tiny_model_dir, tmp_path):
     """Config overrides for a fast embedded run in a temporary folder."""
-    return [
-        f"model.path={tiny_model_dir}",
-        f"run.output_dir={tmp_path / 'runs'}",
-        "run.name=t",
-        "run.steps=2",
-        "run.checkpoint_every=1",
-        "run.threads=1",
-        "task.eval_problems=8",
-        "task.eval_every=100",
-        "task.eval_k=2",
-        "rollout.prompts_per_step=2",
-        "rollout.samples_per_prompt=4",
-        "rollout.max_new_tokens=16",
-        "optim.micro_batch=4",
-        "data.max_sampling_rounds=2",
-        "data.dynamic_sampling=false",
-    ]
+    return fast_override_list(tiny_model_dir, tmp_path / "runs")

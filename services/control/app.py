@@ -40,7 +40,7 @@ async def _unavailable(request: Request, exc: RunStateUnavailable) -> JSONRespon
 
 
 def create_app(state: RunState, settings: ControlSection, run_id: str, *, token: str | None = None) -> FastAPI:
-    """The API. `token`: the bearer token (default: STARE_API_TOKEN, else control.token_file)."""
+    """The API. `token`: the bearer token (None: STARE_API_TOKEN, else control.token_file; "": none)."""
     app = FastAPI(title="stare control plane", version=API_VERSION,
                   description="Run status, the entropy controller, metrics and run commands of one stare run.")
     app.state.run_state, app.state.run_id = state, run_id

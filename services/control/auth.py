@@ -52,7 +52,7 @@ def resolve_token(settings: ControlSection, environ: dict[str, str] | None = Non
 
 
 def policy_from(settings: ControlSection, token: str | None) -> AuthPolicy:
-    return AuthPolicy(token=token, auth_reads=settings.auth_reads, allow_unauthenticated=settings.allow_unauthenticated)
+    return AuthPolicy(token=token or None, auth_reads=settings.auth_reads, allow_unauthenticated=settings.allow_unauthenticated)
 
 
 def _check(policy: AuthPolicy, creds: HTTPAuthorizationCredentials | None) -> None:

@@ -1,0 +1,155 @@
+"""End to end: a real `stare train` (subprocess) serves the API on a free port; a target change made
+while it runs applies at the next step, the gate follows, `stare ctl` and the dashboard in headless
+Chromium (Debian's /usr/bin/chromium through Playwright, no browser download) see and change it.
+
+One training run is shared by the tests of this module (DeepSpeed start-up dominates); each test
+pauses it, so "the next step" is exact: the step after the one the learner paused after."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from train_helpers import fast_override_list
+
+pytestmark = pytest.mark.slow
+TOKEN = "e2e-token"
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "dashboard.png"
+
+
+class Run:
+    def __init__(self, proc: subprocess.Popen, run_dir: Path, url: str):
+        self.proc, self.run_dir, self.url = proc, run_dir, url
+        self.api = httpx.Client(base_url=url, timeout=10.0, headers={"Authorization": f"Bearer {TOKEN}"})
+
+    def status(self) -> dict:
+        return self.api.get("/v1/status").raise_for_status().json()
+
+    def wait(self, predicate, what: str, timeout_s: float = 120.0):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"stare train exited ({self.proc.returncode}) while waiting for {what}")
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def pause(self) -> int:
+        """Pause and return the step the learner paused after."""
+        self.api.post("/v1/run/pause").raise_for_status()
+        return self.wait(lambda: (s := self.status())["phase"] == "paused" and s["step"], "the pause")
+
+    def step_metrics(self, step: int) -> dict:
+        def find():
+            items = self.api.get("/v1/metrics/history", params={"offset": -20, "limit": 20}).json()["items"]
+            return next((m for m in items if m["step"] == step), None)
+
+        return self.wait(find, f"the metrics of step {step}")
+
+
+@pytest.fixture(scope="module")
+def run(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("e2e")
+    overrides = fast_override_list(tiny_model_dir, out / "runs") + [
+        "run.steps=60", "run.checkpoint_every=100", "task.eval_every=2", "control.port=0",
+    ]
+    cmd = [sys.executable, "-m", "stare.cli", "train", "--no-progress"] + [a for o in overrides for a in ("--set", o)]
+    env = {**os.environ, "STARE_API_TOKEN": TOKEN}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = out / "runs" / "t"
+    info = run_dir / "control.json"
+    deadline = time.monotonic() + 180
+    while not info.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"stare train did not serve the API:\n{proc.communicate()[0][-3000:]}")
+        time.sleep(0.2)
+    r = Run(proc, run_dir, json.loads(info.read_text())["url"])
+    yield r
+    proc.send_signal(signal.SIGINT)  # stops after the current step (also while paused)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, output[-3000:]
+    assert not info.exists()  # removed at shutdown
+
+
+def test_a_target_change_applies_at_the_next_step_and_the_gate_follows(run):
+    paused_at = run.pause()
+    before = run.step_metrics(paused_at)
+    assert before["target"] != 5.0 and before["control_changes"] == 0
+    entry = run.api.put("/v1/entropy", json={"target": 5.0}).raise_for_status().json()["audit"]  # above any entropy
+    run.api.post("/v1/run/resume").raise_for_status()
+    after = run.step_metrics(paused_at + 1)
+    assert (after["target"], after["control_changes"], after["control_audit_ids"]) == (5.0, 1, [entry["id"]])
+    assert after["gate"] == 1 and after["entropy_gate_input"] < 5.0  # gate = entropy < target
+    audit = {e["id"]: e for e in run.api.get("/v1/entropy/audit").json()}
+    assert audit[entry["id"]]["applied_step"] == paused_at + 1
+    assert run.api.get("/v1/entropy").json()["target"] == 5.0
+
+
+def test_stare_ctl_changes_the_target_and_the_gate_turns_off(run):
+    paused_at = run.pause()
+    ctl = [sys.executable, "-m", "stare.cli", "ctl", "--url", run.url, "--token", TOKEN]
+    out = subprocess.run(ctl + ["entropy", "--target", "0.001"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["audit"]["new"] == {"target": 0.001}
+    bad = subprocess.run(ctl + ["entropy", "--band", "0.5", "0.1"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "band" in bad.stderr and "422" in bad.stderr
+    subprocess.run(ctl + ["resume"], check=True, capture_output=True, timeout=60)
+    after = run.step_metrics(paused_at + 1)
+    assert (after["target"], after["gate"]) == (0.001, 0)  # entropy above the new target: gate off
+
+
+def test_a_checkpoint_request_is_saved_while_paused(run):
+    paused_at = run.pause()
+    run.api.post("/v1/run/checkpoint").raise_for_status()
+    run.wait(lambda: (run.run_dir / "checkpoints" / f"step_{paused_at:06d}").exists(), "the checkpoint")
+    assert run.status()["checkpoint_requested"] is False
+    run.api.post("/v1/run/resume").raise_for_status()
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed (apt-get install chromium)")
+def test_the_dashboard_draws_curves_and_its_form_changes_the_target(run):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    run.wait(lambda: run.status()["step"] >= 6, "a few steps to draw")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1500, "height": 900})
+        page.goto(run.url + "/", timeout=30_000)
+        for chart in ("entropy", "reward", "eval", "length", "gate", "wm"):
+            page.wait_for_function(f"Number(document.getElementById('chart-{chart}').dataset.points) > 1", timeout=30_000)
+        inked = page.evaluate("""() => {
+            const c = document.getElementById('chart-entropy');
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            let n = 0;
+            for (let i = 0; i < d.length; i += 4) if (d[i] < 200 || d[i + 1] < 200 || d[i + 2] < 200) n++;
+            return n;
+        }""")
+        assert inked > 500  # axes alone are light grey (>= 200); the curves are dark
+        paused_at = run.pause()
+        page.fill("#f-token", TOKEN)
+        page.fill("#f-target", "0.42")
+        page.fill("#f-band-low", "0.3")
+        page.fill("#f-band-high", "0.6")
+        page.click("#f-submit")
+        page.wait_for_function("document.getElementById('form-message').textContent.includes('accepted')", timeout=15_000)
+        pending = run.api.get("/v1/entropy").json()["pending"]
+        assert pending[-1]["new"] == {"target": 0.42, "band": [0.3, 0.6]} and pending[-1]["who"].startswith("dashboard")
+        run.api.post("/v1/run/resume").raise_for_status()
+        after = run.step_metrics(paused_at + 1)
+        assert (after["target"], after["band_low"], after["band_high"], after["control_changes"]) == (0.42, 0.3, 0.6, 1)
+        run.wait(lambda: run.status()["step"] >= paused_at + 3, "more steps for the picture")
+        page.wait_for_timeout(1500)  # a poll or two
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT), full_page=True)
+        browser.close()
