@@ -4,9 +4,8 @@ from pathlib import Path
 # Test helper modules (algo_helpers.py) import as top-level modules.
 sys.path.insert(0, str(Path(__file__).parent))
 
-import pytest  # noqa: E402
-
-from train_helpers import fast_override_list  # noqa: E402
+import pytest
+from train_helpers import fast_override_list
 
 
 @pytest.fixture(scope="session")

@@ -11,11 +11,19 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from stare.services.control.auth import ReadAuth, policy_from, resolve_token
+from stare.services.control.routes import (
+    dashboard,
+    entropy,
+    health,
+    metrics,
+    prometheus,
+    run,
+    status,
+)
 
 from stare.config import ControlSection
 from stare.runstate.base import EntropyChangeError, RunState, RunStateUnavailable
-from stare.services.control.auth import ReadAuth, policy_from, resolve_token
-from stare.services.control.routes import dashboard, entropy, health, metrics, prometheus, run, status
 
 API_VERSION = "v1"
 

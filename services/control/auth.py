@@ -13,7 +13,6 @@ import hmac
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status

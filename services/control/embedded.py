@@ -6,14 +6,16 @@ fallback port."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Self
 
-from stare.config import TrainConfig
-from stare.runstate.base import RunState
 from stare.services.control.app import create_app
 from stare.services.control.auth import resolve_token
 from stare.services.control.server import BackgroundServer
+
+from stare.config import TrainConfig
+from stare.runstate.base import RunState
 
 
 class EmbeddedControlPlane:
@@ -24,13 +26,13 @@ class EmbeddedControlPlane:
         self.info_path = Path(cfg.run_dir) / "control.json"
         self.log = log
         if token is None and not settings.allow_unauthenticated:
-            auth = (f"read-only: set STARE_API_TOKEN (or --set control.token_file=PATH) to change the target, or "
-                    f"--set control.allow_unauthenticated=true")
+            auth = ("read-only: set STARE_API_TOKEN (or --set control.token_file=PATH) to change the target, or "
+                    "--set control.allow_unauthenticated=true")
         else:
             auth = "token required for changes" if token else "changes allowed without a token"
         self.auth_note = auth
 
-    def __enter__(self) -> "EmbeddedControlPlane":
+    def __enter__(self) -> Self:
         self.server.start()
         self.info_path.write_text(json.dumps({"url": self.server.url}))
         self.log(f"control plane: {self.server.url} (dashboard; API under /v1; {self.auth_note})")

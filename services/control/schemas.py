@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic_core import PydanticUndefined
-
 from stare.learner.config import ControllerConfig
+
 from stare.runstate.base import AuditEntry, RoleHealth
 
 _BODY = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -43,23 +43,20 @@ EntropyPut = create_model(
 )
 
 
-class EntropyView(BaseModel):
-    """The controller as the learner last published it, plus the changes waiting for its next step."""
-
-    target: float
-    band: tuple[float, float] | None
-    w: float
-    m: float
-    adaptive: bool
-    alpha: float
-    w_max: float
-    m_min: float
-    entropy_source: str
+class _ControllerState(BaseModel):
     gate: bool
     last_entropy: float | None
     step: int | None = Field(description="The learner step this state was published after.")
     updated_at: float | None
     pending: list[AuditEntry]
+
+
+# The controller's config fields (whatever ControllerConfig has) plus its state and pending changes.
+EntropyView = create_model(
+    "EntropyView", __base__=_ControllerState,
+    __doc__="The controller as the learner last published it, plus the changes waiting for its next step.",
+    **{name: (info.annotation, copy.copy(info)) for name, info in ControllerConfig.model_fields.items()},
+)
 
 
 class EntropyAccepted(BaseModel):

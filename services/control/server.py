@@ -69,7 +69,7 @@ class BackgroundServer:
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="stare-control", daemon=True)
 
-    def start(self, timeout_s: float = 10.0) -> "BackgroundServer":
+    def start(self, timeout_s: float = 10.0) -> BackgroundServer:
         self.thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:

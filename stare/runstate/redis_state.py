@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -72,7 +73,7 @@ class RedisRunState:
         self.op_timeout_s, self.retries, self.backoff_s, self.max_backoff_s = op_timeout_s, retries, backoff_s, max_backoff_s
 
     @classmethod
-    def connect(cls, url: str, run_id: str, *, socket_timeout_s: float = 5.0, **options: Any) -> "RedisRunState":
+    def connect(cls, url: str, run_id: str, *, socket_timeout_s: float = 5.0, **options: Any) -> RedisRunState:
         return cls(connect_client(url, socket_timeout_s=socket_timeout_s), run_id, **options)
 
     def close(self) -> None:

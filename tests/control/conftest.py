@@ -4,10 +4,10 @@ redis-server), a controller published the way the learner does it, and in-proces
 from __future__ import annotations
 
 import pytest
-
 from redis_fixtures import have_redis_server, redis_server
 from stare.learner.config import ControllerConfig
 from stare.learner.controller import EntropyController
+
 from stare.runstate import MemoryRunState
 
 

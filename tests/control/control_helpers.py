@@ -18,7 +18,6 @@ def started(state, controller) -> RunControl:
 
 def client(state, token: str | None = TOKEN, **settings):
     from fastapi.testclient import TestClient
-
     from stare.services.control.app import create_app
 
     return TestClient(create_app(state, ControlSection(**settings), state.run_id, token=token))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from control_helpers import AUTH, client, started
+from redis_fixtures import free_port
 
 from stare.runstate import Heartbeat, MemoryRunState
 from stare.runstate.redis_state import RedisRunState
-from redis_fixtures import free_port
-from control_helpers import AUTH, client, started
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 
 import pytest
+from control_helpers import AUTH, TOKEN, client, started
+from stare.services.control.auth import resolve_token
 
 from stare.config import ConfigError, ControlSection
 from stare.runstate import MemoryRunState
-from stare.services.control.auth import resolve_token
-from control_helpers import AUTH, TOKEN, client, started
 
 MUTATING = [("post", "/v1/run/pause", None), ("post", "/v1/run/resume", None), ("post", "/v1/run/checkpoint", None),
             ("put", "/v1/entropy", {"target": 0.4}), ("patch", "/v1/entropy", {"target": 0.4})]

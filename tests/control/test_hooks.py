@@ -3,10 +3,11 @@ step's metrics, and a change that no longer validates is recorded, not raised.""
 
 from __future__ import annotations
 
+from control_helpers import started
 from stare.learner.config import ControllerConfig
 from stare.learner.controller import EntropyController
+
 from stare.runstate import MemoryRunState, RunControl
-from control_helpers import started
 
 
 def test_before_step_applies_pending_changes_to_the_controller(controller):

@@ -7,9 +7,9 @@ import threading
 import time
 
 import pytest
+from control_helpers import started
 
 from stare.runstate import EntropyChangeError, Heartbeat, NoControllerError
-from control_helpers import started
 
 
 def test_a_role_is_alive_while_its_last_beat_is_newer_than_dead_after(make_state):
@@ -70,7 +70,7 @@ def test_an_entropy_change_needs_a_published_controller(make_state):
     ({"band": [0.35, 0.5]}, "band"),  # target 0.3 outside the band
     ({"w": 2.0}, "w"),  # above w_max 1.5
     ({"m": 0.1}, "m"),  # below m_min 0.5
-    ({"gain": 1.0}, "gain"),  # not a controller field
+    ({"bogus": 1.0}, "bogus"),  # not a controller field
     ({}, "body"),
 ])
 def test_an_invalid_change_names_its_field_and_is_not_queued(make_state, controller, changes, field):

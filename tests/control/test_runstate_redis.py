@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-
 from redis_fixtures import free_port, have_redis_server, redis_server
+
 from stare.runstate import RunStateUnavailable
 from stare.runstate.redis_state import RedisRunState
 

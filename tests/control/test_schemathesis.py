@@ -7,16 +7,16 @@ import pytest
 
 pytest.importorskip("schemathesis")
 
-import schemathesis  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
-from schemathesis.checks import not_a_server_error  # noqa: E402
+import schemathesis
+from control_helpers import started
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from stare.learner.config import ControllerConfig
+from stare.learner.controller import EntropyController
+from stare.services.control.app import create_app
 
-from stare.config import ControlSection  # noqa: E402
-from stare.learner.config import ControllerConfig  # noqa: E402
-from stare.learner.controller import EntropyController  # noqa: E402
-from stare.runstate import MemoryRunState  # noqa: E402
-from stare.services.control.app import create_app  # noqa: E402
-from control_helpers import started  # noqa: E402
+from stare.config import ControlSection
+from stare.runstate import MemoryRunState
 
 
 def _app():

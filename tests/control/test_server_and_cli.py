@@ -12,14 +12,14 @@ import time
 
 import httpx
 import pytest
-
+from control_helpers import TOKEN, started
 from redis_fixtures import free_port
+from stare.services.control.app import create_app
+from stare.services.control.server import BackgroundServer
+
 from stare.cli import main
 from stare.config import ControlSection
 from stare.runstate import MemoryRunState
-from stare.services.control.app import create_app
-from stare.services.control.server import BackgroundServer
-from control_helpers import TOKEN, started
 
 
 @pytest.fixture

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from control_helpers import AUTH, client, started
 
 from stare.runstate import MemoryRunState
-from control_helpers import AUTH, client, started
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def api(controller):
     ("patch", {"w": 1.6}, "w", "w_max"),
     ("patch", {"m_min": 0.95}, "m", "m_min"),  # the current M 0.9 falls under the new bound
     ("patch", {"entropy_source": "magic"}, "entropy_source", "prepass"),
-    ("patch", {"gain": 2}, "gain", "Extra inputs"),
+    ("patch", {"bogus": 2}, "bogus", "Extra inputs"),
     ("patch", {}, "body", "no field to change"),
     ("put", {"band": [0.2, 0.4]}, "target", "required"),
     ("put", {"target": 0.5, "band": [0.2, 0.4]}, "band", "low <= target <= high"),

@@ -6,11 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, status
-
-from stare.runstate.base import AuditEntry, NoControllerError
 from stare.services.control.auth import WriteAuth
 from stare.services.control.deps import ActorDep, StateDep
-from stare.services.control.schemas import EntropyAccepted, EntropyPatch, EntropyPut, EntropyView
+from stare.services.control.schemas import (
+    EntropyAccepted,
+    EntropyPatch,
+    EntropyPut,
+    EntropyView,
+)
+
+from stare.learner.config import ControllerConfig
+from stare.runstate.base import AuditEntry, NoControllerError
 
 router = APIRouter(prefix="/entropy", tags=["entropy"])
 _NO_CONTROLLER = {409: {"description": "No learner has published the controller yet"}}
@@ -24,7 +30,7 @@ def get_entropy(state: StateDep) -> EntropyView:
         raise HTTPException(404, "no controller state yet: the learner publishes it when it starts training")
     config = published["config"]
     return EntropyView(
-        **{k: config[k] for k in ("target", "band", "w", "m", "adaptive", "alpha", "w_max", "m_min", "entropy_source")},
+        **{k: config[k] for k in ControllerConfig.model_fields if k in config},
         gate=published["gate"], last_entropy=published.get("last_entropy"), step=published.get("step"),
         updated_at=published.get("updated_at"), pending=state.pending_entropy_changes(),
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-
 from stare.services.control.deps import StateDep
 from stare.services.control.schemas import Health
 

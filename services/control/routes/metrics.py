@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Annotated, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Annotated
 
 from anyio import to_thread
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
+from stare.services.control.deps import StateDep
 
 from stare.runstate.base import MetricsPage
-from stare.services.control.deps import StateDep
 
 router = APIRouter(prefix="/metrics", tags=["metrics"])
 POLL_S = 0.5

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
-
 from stare.services.control import prometheus
 from stare.services.control.auth import ReadAuth
 from stare.services.control.deps import StateDep

@@ -4,7 +4,6 @@ boundary, also while paused)."""
 from __future__ import annotations
 
 from fastapi import APIRouter
-
 from stare.services.control.auth import WriteAuth
 from stare.services.control.deps import StateDep
 from stare.services.control.schemas import RunCommandResult

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-
 from stare.services.control.deps import StateDep
 from stare.services.control.schemas import StatusView
 

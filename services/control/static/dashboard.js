@@ -137,7 +137,7 @@ async function poll() {
       { text: r.alive ? "alive" : "dead", cls: r.alive ? "alive" : "dead" }]));
     try {
       const ent = await api("GET", "/v1/entropy");
-      fillTable("controller", ["target", "band", "gate", "w", "m", "adaptive", "alpha", "w_max", "m_min", "last_entropy", "step"]
+      fillTable("controller", Object.keys(ent).filter(k => k !== "pending" && k !== "updated_at")
         .map(k => [k, fmt(ent[k])]).concat([["pending changes", String(ent.pending.length)]]));
       const target = document.getElementById("f-target");
       if (!target.value && document.activeElement !== target) target.value = ent.target;
