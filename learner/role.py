@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from stare.config import TrainConfig
+from stare.transport.redis_streams import retrying
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class DistributedLearner:
         from stare.rollout.role import stream_options
         from stare.run_outputs import RunOutputs
         from stare.tasks.base import build_task
-        from stare.transport.redis_streams import RedisTransport, retrying, run_key
+        from stare.transport.redis_streams import RedisTransport, run_key
 
         self.cfg, self.rt = cfg, rt
         if cfg.run.threads is not None:

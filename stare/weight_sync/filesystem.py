@@ -30,6 +30,18 @@ def version_dir(root: Path, version: int) -> Path:
     return root / f"v{version:08d}"
 
 
+def _unshared(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU tensors with no two sharing storage (safetensors refuses tied weights): the second name
+    of a shared storage gets a copy."""
+    out, seen = {}, set()
+    for name, value in state_dict.items():
+        t = value.detach().cpu().contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        out[name] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return out
+
+
 class FilesystemPublisher:
     def __init__(self, client, run_id: str, root: Path, *, keep: int = 3):
         if keep < 2:
@@ -46,9 +58,7 @@ class FilesystemPublisher:
         tmp = self.root / f".tmp-v{version:08d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        # safetensors refuses shared storage (tied weights): save contiguous copies
-        save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, str(tmp / FILE),
-                  metadata={"version": str(version)})
+        save_file(_unshared(state_dict), str(tmp / FILE), metadata={"version": str(version)})
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         retrying(lambda: self.client.hset(self.key, mapping={"version": version, "path": str(final / FILE)}),
