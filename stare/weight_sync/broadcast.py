@@ -4,10 +4,12 @@ The learner hosts a `TCPStore`; rollout workers dial it and ask to join. Members
 between steps: at each `publish` (and each `serve_joiners`, called while the learner waits for
 data) the learner admits the workers that asked, forms a fresh process group for the new
 membership (generation g: `ProcessGroupGloo(PrefixStore("pg/g", store), rank, size, timeout)`;
-`dist.new_group` cannot add processes) and broadcasts the weights to it, packed into a few flat
-buffers per dtype. A worker receives in a background thread into its own buffers; the rollout
+`dist.new_group` cannot add processes) and broadcasts the weights to it. A worker receives in a background thread into its own buffers; the rollout
 loop takes the newest version between batches (`fetch`), so a worker that missed versions jumps
-to the newest, and a learner broadcast never waits for a generation to finish.
+to the newest, and a learner broadcast never waits for a generation to finish. Tensors go one by one
+in layout order, all issued at once and then awaited (gloo pipelines them); receivers write into
+a small pool of preallocated buffer sets (one being received, the newest complete one, the one
+the rollout loop is copying from), so no version costs fresh allocations.
 
 Failure: a dead or slow worker makes the learner's broadcast (or the group's formation) raise
 within `timeout_s`; the learner then dissolves the generation (every member must ask again) and
@@ -34,41 +36,12 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-CHUNK_BYTES = 256 << 20  # flat buffers are cut into chunks of at most this size
+GENERATION_OVER = -1  # announced instead of a version: the generation ended, read `gen`
 _DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32)}
 
 
 def _layout(state_dict: Mapping[str, torch.Tensor]) -> list[tuple[str, list[int], str]]:
     return [(name, list(t.shape), str(t.dtype)) for name, t in state_dict.items()]
-
-
-def _chunks(layout: list[tuple[str, list[int], str]]) -> list[tuple[str, list[tuple[str, list[int], int, int]]]]:
-    """Group tensors by dtype into flat chunks: [(dtype, [(name, shape, offset, numel)])]."""
-    out: list[tuple[str, list[tuple[str, list[int], int, int]]]] = []
-    by_dtype: dict[str, list[tuple[str, list[int]]]] = {}
-    for name, shape, dtype in layout:
-        by_dtype.setdefault(dtype, []).append((name, shape))
-    for dtype, items in by_dtype.items():
-        itemsize = torch.empty((), dtype=_DTYPES[dtype]).element_size()
-        current: list[tuple[str, list[int], int, int]] = []
-        offset = 0
-        for name, shape in items:
-            numel = 1
-            for s in shape:
-                numel *= s
-            if current and (offset + numel) * itemsize > CHUNK_BYTES:
-                out.append((dtype, current))
-                current, offset = [], 0
-            current.append((name, shape, offset, numel))
-            offset += numel
-        if current:
-            out.append((dtype, current))
-    return out
-
-
-def _chunk_numel(chunk: list[tuple[str, list[int], int, int]]) -> int:
-    _, _, offset, numel = chunk[-1]
-    return offset + numel
 
 
 def _gloo_group(store: dist.Store, generation: int, rank: int, size: int, timeout_s: float):
@@ -135,13 +108,21 @@ class BroadcastPublisher:
         self._joins_seen = count
         return names
 
+    def _end_generation(self, generation: int, seq: int) -> None:
+        """Wake generation's members (blocked waiting for broadcast seq) to read the new `gen`;
+        called after `gen` moved on."""
+        self.store.set(f"gen/{generation}/bcast/{seq}", str(GENERATION_OVER))
+
     def _form(self, members: list[str], state_dict: Mapping[str, torch.Tensor]) -> None:
+        old = (self.generation, self._seq)
         self.generation += 1
         g = self.generation
         self._layout_json = json.dumps(_layout(state_dict))
         self.store.set(f"gen/{g}/layout", self._layout_json)
         self.store.set(f"gen/{g}/members", json.dumps(members))
         self.store.set("gen", str(g))
+        self._end_generation(*old)
+        self._seq = 0
         t0 = time.perf_counter()
         try:
             self._pg = _gloo_group(self.store, g, 0, len(members) + 1, self.timeout_s)
@@ -151,7 +132,7 @@ class BroadcastPublisher:
                         len(members), err)
             self._dissolve(f"formation failed: {err}")
             return
-        self.members, self._seq = members, 0
+        self.members = members
         log.info("weight group generation %d formed with %d workers in %.2fs: %s", g, len(members),
                  time.perf_counter() - t0, members)
 
@@ -165,11 +146,10 @@ class BroadcastPublisher:
             g, seq = self.generation, self._seq
         self.store.set(f"gen/{g}/bcast/{seq}", str(version))
         try:
-            for dtype, chunk in _chunks([tuple(x) for x in json.loads(self._layout_json)]):
-                flat = torch.empty(_chunk_numel(chunk), dtype=_DTYPES[dtype])
-                for name, _, offset, numel in chunk:
-                    flat[offset: offset + numel].copy_(state_dict[name].reshape(-1))
-                self._pg.broadcast([flat], dist.BroadcastOptions()).wait()
+            tensors = [state_dict[name].detach().cpu().contiguous() for name, _, _ in json.loads(self._layout_json)]
+            works = [self._pg.broadcast([t], dist.BroadcastOptions()) for t in tensors]
+            for work in works:
+                work.wait()
         except Exception as err:  # a member died or stalled past the timeout
             self.failures += 1
             log.warning("weight broadcast of version %d to generation %d failed: %s; members must rejoin",
@@ -180,23 +160,29 @@ class BroadcastPublisher:
 
     def _dissolve(self, reason: str) -> None:
         """End the current generation: an empty one replaces it and every worker rejoins."""
+        old = (self.generation, self._seq)
         self._pg = None
         self.members = []
         self.generation += 1
+        self._seq = 0
         self.store.set(f"gen/{self.generation}/members", "[]")
         self.store.set(f"gen/{self.generation}/reason", reason)
         self.store.set("gen", str(self.generation))
+        self._end_generation(*old)
 
 
 class BroadcastSubscriber:
     """Rollout side: joins the learner's group and receives every broadcast in a background thread;
     `fetch` hands the newest received version to the rollout loop."""
 
-    def __init__(self, host: str, port: int, name: str, *, timeout_s: float = 30.0, poll_s: float = 0.05):
+    def __init__(self, host: str, port: int, name: str, *, timeout_s: float = 30.0, poll_s: float = 0.05,
+                 wait_s: float = 1.0):
         self.host, self.port, self.name = host, port, name
-        self.timeout_s, self.poll_s = timeout_s, poll_s
+        self.timeout_s, self.poll_s, self.wait_s = timeout_s, poll_s, wait_s
         self._lock = threading.Condition()
         self._latest: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._in_use: dict[str, torch.Tensor] | None = None  # what the last fetch handed out
+        self._pool: list[dict[str, torch.Tensor]] = []  # buffer sets of the current layout
         self._stop = threading.Event()
         self.generations_joined = 0
         self.received = 0
@@ -205,9 +191,12 @@ class BroadcastSubscriber:
 
     # ---------------------------------------------------------------- WeightSubscriber
     def fetch(self, have_version: int) -> tuple[int, Mapping[str, torch.Tensor]] | None:
+        """The newest version if newer than have_version. Its tensors stay valid (not overwritten by
+        later broadcasts) until the next `fetch`."""
         with self._lock:
             if self._latest is None or self._latest[0] <= have_version:
                 return None
+            self._in_use = self._latest[1]
             return self._latest
 
     def wait_for(self, min_version: int, timeout_s: float) -> bool:
@@ -254,33 +243,46 @@ class BroadcastSubscriber:
         """Receive generation g's broadcasts until the generation changes; the next generation if it
         lists this worker too (a member stays a member when others join), else None."""
         rank = members.index(self.name) + 1
-        chunks = _chunks([tuple(x) for x in json.loads(store.get(f"gen/{g}/layout"))])
+        layout = [tuple(x) for x in json.loads(store.get(f"gen/{g}/layout"))]
+        if self._pool and [(n, list(t.shape), str(t.dtype)) for n, t in self._pool[0].items()] != layout:
+            self._pool = []  # a new layout: new buffers
         pg = _gloo_group(store, g, rank, len(members) + 1, self.timeout_s)
         self.generations_joined += 1
         log.info("weight receiver %s joined generation %d as rank %d of %d", self.name, g, rank, len(members) + 1)
         seq = 0
         while not self._stop.is_set():
             key = f"gen/{g}/bcast/{seq}"
-            if not store.check([key]):
+            try:  # blocks in the store (no polling traffic) until the learner announces the next one
+                store.wait([key], timedelta(seconds=self.wait_s))
+            except Exception:  # noqa: BLE001 - torch raises a timeout error of its own kind: check stop, wait again
+                if not store.check([key]):
+                    continue
+            if int(store.get(key)) == GENERATION_OVER:
                 now = int(store.get("gen"))
-                if now != g:
-                    nxt = json.loads(store.get(f"gen/{now}/members"))
-                    return (now, nxt) if self.name in nxt else None
-                self._stop.wait(self.poll_s)
-                continue
+                nxt = json.loads(store.get(f"gen/{now}/members"))
+                return (now, nxt) if self.name in nxt else None
             version = int(store.get(key))
-            state: dict[str, torch.Tensor] = {}
-            for dtype, chunk in chunks:
-                flat = torch.empty(_chunk_numel(chunk), dtype=_DTYPES[dtype])
-                pg.broadcast([flat], dist.BroadcastOptions()).wait()
-                for name, shape, offset, numel in chunk:
-                    state[name] = flat[offset: offset + numel].view(shape)
+            state = self._free_buffers(layout)
+            works = [pg.broadcast([t], dist.BroadcastOptions()) for t in state.values()]
+            for work in works:
+                work.wait()
             with self._lock:
                 self._latest = (version, state)
                 self.received += 1
                 self._lock.notify_all()
             seq += 1
         return None
+
+    def _free_buffers(self, layout: list[tuple[str, list[int], str]]) -> dict[str, torch.Tensor]:
+        """A buffer set that is neither the newest complete version nor the one handed out last."""
+        with self._lock:
+            busy = {id(self._in_use), id(self._latest[1]) if self._latest else None}
+            for buffers in self._pool:
+                if id(buffers) not in busy:
+                    return buffers
+            buffers = {name: torch.empty(shape, dtype=_DTYPES[dtype]) for name, shape, dtype in layout}
+            self._pool.append(buffers)
+            return buffers
 
     def _await_membership(self, store, asked_at: int) -> tuple[int, list[str]] | None:
         """Wait (polling) for the first generation newer than `asked_at`: this worker's rank in it,

@@ -1,0 +1,185 @@
+"""Weight broadcast: stare's BroadcastPublisher vs a raw torch.distributed broadcast loop.
+
+A ~100M-parameter fp32 state dict shaped like a small decoder LM (embedding, 6 layers of
+attention + MLP, norms; about 440 MB), sent from one learner process to N receiver processes on
+this machine over gloo (loopback), both modes in the same run:
+  * raw:   `init_process_group("gloo")` once, then per version `dist.broadcast(t, 0)` for every
+           tensor in turn (the obvious loop), receivers into preallocated tensors;
+  * stare: `BroadcastPublisher.publish` (TCPStore rendezvous, run-time gloo group, tensors packed
+           into flat per-dtype buffers of <= 256 MB) to `BroadcastSubscriber`s (background
+           receiver threads; the receiver process takes the new version with `fetch`).
+Each timed round ends when every receiver has the whole version in hand and said so through a
+TCPStore key (the same acknowledgement in both modes). One uncounted warm-up round first (it
+forms the groups); each cell is the median of `--rounds`. Ratio = stare throughput / raw
+throughput (target >= 0.8).
+
+Usage: python bench/bench_broadcast.py [--receivers 2] [--rounds 5] [--params-m 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+TIMEOUT_S = 300.0
+
+
+def make_state(params_m: float):
+    """A decoder-LM-shaped state dict of about params_m million fp32 parameters."""
+    import torch
+
+    hidden, layers = 1024, 6
+    per_layer = 4 * hidden * hidden + 3 * hidden * 2816 + 2 * hidden
+    vocab = max(int((params_m * 1e6 - layers * per_layer - hidden) / hidden), 1000)
+    g = torch.Generator().manual_seed(0)
+    state = {"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=g)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            state[p + f"self_attn.{name}.weight"] = torch.randn(hidden, hidden, generator=g)
+        state[p + "mlp.gate_proj.weight"] = torch.randn(2816, hidden, generator=g)
+        state[p + "mlp.up_proj.weight"] = torch.randn(2816, hidden, generator=g)
+        state[p + "mlp.down_proj.weight"] = torch.randn(hidden, 2816, generator=g)
+        state[p + "input_layernorm.weight"] = torch.ones(hidden)
+        state[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
+    state["model.norm.weight"] = torch.ones(hidden)
+    return state
+
+
+def _ack_store(port: int, master: bool):
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", port, is_master=master, wait_for_workers=False,
+                         timeout=timedelta(seconds=TIMEOUT_S))
+
+
+def raw_receiver(rank: int, world: int, pg_port: int, ack_port: int, params_m: float, rounds: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    buffers = {k: torch.empty_like(v) for k, v in make_state(params_m).items()}
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{pg_port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=TIMEOUT_S))
+    acks = _ack_store(ack_port, False)
+    for r in range(rounds + 1):
+        for t in buffers.values():
+            dist.broadcast(t, 0)
+        acks.set(f"ack/{r}/{rank}", "1")
+    dist.destroy_process_group()
+
+
+def stare_receiver(rank: int, world: int, pub_port: int, ack_port: int, params_m: float, rounds: int) -> None:
+    import torch
+
+    from stare.weight_sync.broadcast import BroadcastSubscriber
+
+    torch.set_num_threads(1)
+    sub = BroadcastSubscriber("127.0.0.1", pub_port, f"r{rank}", timeout_s=TIMEOUT_S, poll_s=0.001)
+    acks = _ack_store(ack_port, False)
+    for r in range(rounds + 1):
+        if not sub.wait_for(r + 1, TIMEOUT_S):
+            raise TimeoutError(f"receiver {rank}: version {r + 1} never arrived")
+        version, state = sub.fetch(r)
+        assert version == r + 1 and len(state) > 0
+        acks.set(f"ack/{r}/{rank}", "1")
+    sub.close()
+
+
+def _await_acks(acks, r: int, world: int) -> None:
+    acks.wait([f"ack/{r}/{rank}" for rank in range(1, world)], timedelta(seconds=TIMEOUT_S))
+
+
+def bench_raw(state, receivers: int, rounds: int, params_m: float) -> list[float]:
+    import torch.distributed as dist
+
+    from stare.net import free_port
+
+    world, pg_port, ack_port = receivers + 1, free_port(), free_port()
+    acks = _ack_store(ack_port, True)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=raw_receiver, args=(rank, world, pg_port, ack_port, params_m, rounds))
+             for rank in range(1, world)]
+    for p in procs:
+        p.start()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{pg_port}", rank=0, world_size=world,
+                            timeout=timedelta(seconds=TIMEOUT_S))
+    times = []
+    for r in range(rounds + 1):
+        t0 = time.perf_counter()
+        for t in state.values():
+            dist.broadcast(t, 0)
+        _await_acks(acks, r, world)
+        if r:
+            times.append(time.perf_counter() - t0)
+    dist.destroy_process_group()
+    for p in procs:
+        p.join(timeout=60)
+    return times
+
+
+def bench_stare(state, receivers: int, rounds: int, params_m: float) -> list[float]:
+    from stare.net import free_port
+    from stare.weight_sync.broadcast import BroadcastPublisher
+
+    world, pub_port, ack_port = receivers + 1, free_port(), free_port()
+    acks = _ack_store(ack_port, True)
+    pub = BroadcastPublisher("127.0.0.1", pub_port, timeout_s=TIMEOUT_S)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=stare_receiver, args=(rank, world, pub_port, ack_port, params_m, rounds))
+             for rank in range(1, world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + TIMEOUT_S
+    while pub.store.add("joins", 0) < receivers:  # everyone asked to join before the warm-up round
+        if time.monotonic() > deadline:
+            raise TimeoutError("receivers never asked to join")
+        time.sleep(0.01)
+    times = []
+    for r in range(rounds + 1):
+        t0 = time.perf_counter()
+        pub.publish(r + 1, state)
+        _await_acks(acks, r, world)
+        if r:
+            times.append(time.perf_counter() - t0)
+    if pub.failures:
+        raise RuntimeError(f"{pub.failures} broadcasts failed")
+    for p in procs:
+        p.join(timeout=60)
+    pub.close()
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--receivers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--params-m", type=float, default=100.0)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(1)
+    state = make_state(args.params_m)
+    n_params = sum(t.numel() for t in state.values())
+    n_bytes = sum(t.numel() * t.element_size() for t in state.values())
+    print(f"state dict: {len(state)} tensors, {n_params / 1e6:.1f}M parameters, {n_bytes / 2**20:.0f} MiB; "
+          f"{args.receivers} receivers; median of {args.rounds} rounds after 1 warm-up", flush=True)
+    raw = bench_raw(state, args.receivers, args.rounds, args.params_m)
+    ours = bench_stare(state, args.receivers, args.rounds, args.params_m)
+    rows = [("raw dist.broadcast loop", raw), ("stare BroadcastPublisher", ours)]
+    print(f"\n{'mode':<28}{'median s':>10}{'GB/s':>8}")
+    for name, times in rows:
+        med = statistics.median(times)
+        print(f"{name:<28}{med:>10.3f}{n_bytes / med / 1e9:>8.2f}")
+    ratio = statistics.median(raw) / statistics.median(ours)
+    print(f"\nratio stare/raw throughput: {ratio:.2f} (target >= 0.80)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
