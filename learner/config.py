@@ -128,8 +128,18 @@ class ControllerConfig(_Strict):
     )
     w: float = Field(1.1, ge=1.0, description="W: weight on L+ (positive advantage, high surprisal).")
     m: float = Field(0.9, gt=0.0, le=1.0, description="M: weight on L- (negative advantage, high surprisal; C2).")
-    adaptive: bool = Field(False, description="Adapt W and M after every step by alpha x sgn(target - entropy).")
-    alpha: float = Field(0.01, ge=0.0, description="Adaptive step size.")
+    adaptive: bool = Field(False, description="Adapt W and M after every step (see schedule).")
+    schedule: Literal["sign", "proportional"] = Field(
+        "sign",
+        description="Adaptive schedule. sign (the paper's): W <- clip(W + alpha sgn(target - H), 1, w_max), "
+        "M <- clip(M - alpha sgn(target - H), m_min, 1). proportional: no memory; the tilt u = clip(gain "
+        "(target - H), 0, 1) sets W = 1 + u (w_max - 1) and M = 1 - u (1 - m_min) for the next step.",
+    )
+    alpha: float = Field(0.01, ge=0.0, description="Adaptive step size (schedule sign).")
+    gain: float = Field(
+        10.0, ge=0.0, description="Proportional gain (schedule proportional): full tilt when the entropy is 1/gain nats "
+        "below the target.",
+    )
     w_max: float = Field(1.5, ge=1.0, description="Upper bound of W under the adaptive schedule.")
     m_min: float = Field(0.5, gt=0.0, le=1.0, description="Lower bound of M under the adaptive schedule.")
     entropy_source: Literal["prepass", "lagged"] = Field(

@@ -60,12 +60,21 @@ class EntropyController:
         return self.gate
 
     def update(self, entropy: float) -> None:
-        """After the step: W <- clip(W + a sgn(tgt - H), 1, W_max); M <- clip(M - a sgn(tgt - H), M_min, 1)."""
+        """After the step, W and M for the next one.
+
+        sign: W <- clip(W + a sgn(tgt - H), 1, W_max); M <- clip(M - a sgn(tgt - H), M_min, 1).
+        proportional: u = clip(gain (tgt - H), 0, 1); W = 1 + u (W_max - 1); M = 1 - u (1 - M_min).
+        """
         if not self.cfg.adaptive:
             return
-        step = self.cfg.alpha * _sign(self.target - entropy)
-        self.w = min(max(self.w + step, 1.0), self.cfg.w_max)
-        self.m = min(max(self.m - step, self.cfg.m_min), 1.0)
+        if self.cfg.schedule == "proportional":
+            u = min(max(self.cfg.gain * (self.target - entropy), 0.0), 1.0)
+            self.w = 1.0 + u * (self.cfg.w_max - 1.0)
+            self.m = 1.0 - u * (1.0 - self.cfg.m_min)
+        else:
+            step = self.cfg.alpha * _sign(self.target - entropy)
+            self.w = min(max(self.w + step, 1.0), self.cfg.w_max)
+            self.m = min(max(self.m - step, self.cfg.m_min), 1.0)
         self.cfg = self.cfg.model_copy(update={"w": self.w, "m": self.m})
 
     def state_dict(self) -> dict[str, Any]:

@@ -35,8 +35,6 @@ def main(argv: list[str] | None = None) -> None:
 
     from stare.config import load_config
     from stare.embedded import EmbeddedRun, resolve_model
-    from stare.learner.batch import collate, token_logprobs_and_entropy
-    from stare.learner.step_plan import mean_entropy
     from stare.learner.trainer import Learner
 
     out = Path(tempfile.mkdtemp(prefix="stare-probe-"))
@@ -50,24 +48,39 @@ def main(argv: list[str] | None = None) -> None:
         model_path = resolve_model(cfg, lambda *_: None)
         pad = run.tokenizer.pad_token_id or 0
         print(f"batch: {len(trajectories)} trajectories; {args.updates} update(s) per arm")
+        before = None
         for arm in args.arm:
             name, _, spec = arm.partition(":")
             pairs = [kv for kv in spec.split(",") if kv]
             algo = next((kv.split("=", 1)[1] for kv in pairs if kv.startswith("algo=")), None)
             arm_cfg = load_config(args.config, algo=algo, overrides=base + [kv for kv in pairs if not kv.startswith("algo=")])
             learner = Learner(arm_cfg, model_path, pad_id=pad)
+            if before is None:  # the start, measured like the arms' results
+                before = _batch_entropy(learner, trajectories, pad)
+                print(f"{'start':<16} entropy       {before:.4f}", flush=True)
+            w_used, m_used = learner.controller.w, learner.controller.m  # the adaptive update changes them after a step
             for _ in range(args.updates):
                 metrics = learner.train_step(trajectories)
-            batch = collate(trajectories, pad_id=pad, rows=learner.rows)
-            with torch.no_grad():
-                logits = learner.engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                        position_ids=batch.position_ids).logits
-                _, entropy = token_logprobs_and_entropy(logits, batch)
-            after = float(mean_entropy(entropy, batch.mask, "token-mean"))
-            print(f"{name:<16} entropy after {after:.4f}  gate {metrics['gate']}  W {metrics['w']:.2f}  "
-                  f"M {metrics['m']:.2f}", flush=True)
+            after = _batch_entropy(learner, trajectories, pad)
+            print(f"{name:<16} entropy after {after:.4f}  change {after - before:+.4f}  gate {metrics['gate']}  "
+                  f"W used {w_used:.2f}  M used {m_used:.2f}", flush=True)
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _batch_entropy(learner, trajectories, pad: int) -> float:
+    """Token-mean entropy of the learner's current policy over the batch's response tokens."""
+    import torch
+
+    from stare.learner.batch import collate, token_logprobs_and_entropy
+    from stare.learner.step_plan import mean_entropy
+
+    batch = collate(trajectories, pad_id=pad, rows=learner.rows)
+    with torch.no_grad():
+        logits = learner.engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                position_ids=batch.position_ids).logits
+        _, entropy = token_logprobs_and_entropy(logits, batch)
+    return float(mean_entropy(entropy, batch.mask, "token-mean"))
 
 
 if __name__ == "__main__":

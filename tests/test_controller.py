@@ -30,6 +30,21 @@ def test_adaptive_schedule_moves_w_and_m_by_alpha_and_clips():
     assert trace == [(1.3, 0.7), (1.5, 0.5), (1.5, 0.5), (1.5, 0.5), (1.3, 0.7), (1.1, 0.9), (1.0, 1.0), (1.0, 1.0)]
 
 
+def test_proportional_schedule_sets_w_and_m_from_the_error_alone():
+    cfg = ControllerConfig(target=0.3, adaptive=True, schedule="proportional", gain=10.0, w_max=5.0, m_min=0.2)
+    c = EntropyController(cfg)
+    trace = []
+    for h in (0.25, 0.1, 0.3, 0.4, 0.28):
+        c.update(h)
+        trace.append((round(c.w, 10), round(c.m, 10)))
+    # u = clip(10 (0.3 - H), 0, 1): 0.5 -> W 3, M 0.6; 2 -> full tilt (5, 0.2); 0 and < 0 -> (1, 1); 0.2 -> (1.8, 0.84)
+    assert trace == [(3.0, 0.6), (5.0, 0.2), (1.0, 1.0), (1.0, 1.0), (1.8, 0.84)]
+
+
+def test_sign_schedule_is_the_default():
+    assert ControllerConfig().schedule == "sign"
+
+
 def test_non_adaptive_controller_keeps_w_and_m():
     c = EntropyController(ControllerConfig(w=1.2, m=0.8))
     c.update(0.0)

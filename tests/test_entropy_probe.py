@@ -18,4 +18,4 @@ def test_entropy_probe_trains_each_arm_from_the_same_start(fast_overrides, capsy
     probe["main"](argv)
     lines = [line for line in capsys.readouterr().out.splitlines() if "entropy after" in line]
     assert [line.split()[0] for line in lines] == ["grpo", "o1"]
-    assert "gate 0" in lines[0] and "gate 1" in lines[1] and "W 3.00" in lines[1]
+    assert "gate 0" in lines[0] and "gate 1" in lines[1] and "W used 3.00" in lines[1]
