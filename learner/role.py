@@ -200,6 +200,7 @@ class DistributedLearner:
                 response_length_mean=float(np.mean([len(t.response_token_ids) for t in trajectories])),
                 tokens_per_s=sum(len(t.response_token_ids) for t in trajectories) / max(step_time, 1e-9),
                 time_step_s=step_time,
+                time_unix=time.time(),
                 time_wait_data_s=waited,
                 time_publish_s=time_publish,
                 groups=len(trajectories) // max(cfg.rollout.samples_per_prompt, 1),

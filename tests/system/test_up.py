@@ -52,9 +52,10 @@ def _config(model_dir: Path, out: Path, steps: int, **extra):
 class Run:
     """A Launcher supervised in a background thread, with helpers to watch its run folder."""
 
-    def __init__(self, cfg, *, rollout: int, reward: int):
+    def __init__(self, cfg, *, rollout: int, reward: int, control: bool = True):
         self.log = io.StringIO()
-        self.launcher = Launcher(cfg, rollout=rollout, reward=reward, out=self.log, color=False, grace_s=30)
+        self.launcher = Launcher(cfg, rollout=rollout, reward=reward, out=self.log, color=False, grace_s=30,
+                                 control=control)
         self.dir = cfg.run_dir
         self.code: int | None = None
 
@@ -155,3 +156,62 @@ def test_every_role_reconnects_after_redis_restarts(tiny_model_dir, tmp_path):
         restarts = {name: r.restarts for name, r in run.launcher.roles.items()}
         assert restarts == dict.fromkeys(restarts, 0), f"roles died instead of reconnecting: {restarts}"
     _assert_nothing_lost_or_trained_twice(tmp_path / "up", steps)
+
+
+def test_strictly_on_policy_with_the_filesystem_backend_samples_with_the_learners_exact_weights(tiny_model_dir,
+                                                                                                 tmp_path):
+    steps = 6
+    cfg = _config(tiny_model_dir, tmp_path, steps, system__max_staleness=0, system__weight_sync="filesystem")
+    with Run(cfg, rollout=1, reward=1) as run:
+        run.wait_finished()
+    metrics = [json.loads(line) for line in (tmp_path / "up" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["staleness_max"] for m in metrics] == [0] * steps
+    # the rollout engine's log-probs equal the learner's recompute: it sampled with the new weights
+    assert max(m["rollout_logprob_gap"] for m in metrics) < 1e-4
+    assert sorted(p.name for p in (tmp_path / "up" / "weights").iterdir())[-1] == f"v{steps:08d}"
+
+
+def test_strictly_on_policy_with_the_broadcast_backend_samples_with_the_learners_exact_weights(tiny_model_dir,
+                                                                                                tmp_path):
+    steps = 6
+    with Run(_config(tiny_model_dir, tmp_path, steps, system__max_staleness=0), rollout=2, reward=1) as run:
+        run.wait_finished()
+    metrics = [json.loads(line) for line in (tmp_path / "up" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["staleness_max"] for m in metrics] == [0] * steps
+    assert max(m["rollout_logprob_gap"] for m in metrics) < 1e-4
+
+
+def test_ctrl_c_stops_every_role_and_leaves_a_resumable_checkpoint(tiny_model_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from stare.learner.deepspeed_engine import child_env
+
+    config = tmp_path / "config.yaml"
+    import yaml
+
+    config.write_text(yaml.safe_dump(_config(tiny_model_dir, tmp_path, 200).model_dump(mode="json")))
+    proc = subprocess.Popen([sys.executable, "-m", "stare.cli", "up", "--config", str(config), "--no-control"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+    metrics = tmp_path / "up" / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    pids = [int(p) for p in re.findall(r"started \S+ \(pid (\d+)\)", out)]
+    assert len(pids) == 3  # learner, rollout-0, reward-0
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    assert not any(alive(p) for p in pids), out
+    steps = len(metrics.read_text().splitlines())
+    assert (tmp_path / "up" / "checkpoints" / "latest").read_text().strip() == f"step_{steps:06d}", out
