@@ -211,6 +211,9 @@ class DistributedLearner:
                 weight_sync_members=len(getattr(self.publisher, "members", [])),
                 **staleness_summary(self._batch_staleness(trajectories)),
             )
+            step = learner.step
+            if step % cfg.task.eval_every == 0 or step == cfg.run.steps:
+                metrics["eval_greedy_accuracy"] = self.evaluate()["greedy_accuracy"]
             t_wait = time.perf_counter()
             status = {"weight_version": learner.version, "queue_depths": self.queue_depths(),
                       "staleness": metrics["staleness_hist"], "tokens_per_s": metrics["tokens_per_s"],
@@ -221,9 +224,6 @@ class DistributedLearner:
             log.info("step %d: reward %.3f entropy %.3f gate %d W %.2f M %.2f staleness %s (%.1fs, waited %.1fs)",
                      learner.step, metrics["reward_mean"], metrics["entropy"], metrics["gate"], metrics["w"],
                      metrics["m"], metrics["staleness_hist"], step_time, waited)
-            step = learner.step
-            if step % cfg.task.eval_every == 0 or step == cfg.run.steps:
-                self.evaluate()
             if step % cfg.run.checkpoint_every == 0 or step == cfg.run.steps:
                 self.checkpoint()
         if rt.stop.is_set() and self.collector.unacked:

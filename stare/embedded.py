@@ -4,7 +4,7 @@ their in-memory seams (MemoryTransport streams, MemoryWeightBoard).
     feeder -> prompts -> RolloutWorker -> raw -> RewardWorker -> scored -> GroupCollector
            -> Learner (DeepSpeed, STARE) -> MemoryWeightBoard -> RolloutWorker ...
 
-Outputs under runs/<name>/: config.yaml, metrics.jsonl, eval.jsonl, tb/ (TensorBoard),
+Outputs under runs/<name>/ (stare.run_outputs): config.yaml, metrics.jsonl, eval.jsonl, trained.jsonl, tb/,
 checkpoints/ (model, optimizer, controller, data cursor, RNG states), report/ at the end.
 Ctrl-C (or SIGTERM) stops after the current step and leaves a resumable checkpoint; a second
 Ctrl-C aborts at once. `--resume runs/<name>` continues with the same step numbering, controller
@@ -14,9 +14,7 @@ uninterrupted one.
 
 from __future__ import annotations
 
-import json
 import random
-import shutil
 import signal
 import time
 from collections import Counter
@@ -55,20 +53,6 @@ def _signals(flag: StopFlag):
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
-
-
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop lines written after the checkpoint we resume from."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] <= last_step:
-                keep.append(line)
-        except (json.JSONDecodeError, KeyError):
-            break
-    path.write_text("".join(f"{line}\n" for line in keep))
 
 
 def _rng_state() -> dict[str, Any]:
@@ -152,11 +136,11 @@ class EmbeddedRun:
         from stare.transport.memory import MemoryTransport
         from stare.weight_sync.memory import MemoryWeightBoard
 
+        from stare.run_outputs import RunOutputs
+
         self.cfg, self.log = cfg, log
         self.run_dir = cfg.run_dir
         self.ckpt_dir = self.run_dir / "checkpoints"
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         if cfg.run.threads is not None:
             torch.set_num_threads(cfg.run.threads)
         random.seed(cfg.run.seed)
@@ -187,22 +171,13 @@ class EmbeddedRun:
         self.collector = GroupCollector(self.transport.scored, name="learner", dynamic_sampling=cfg.data.dynamic_sampling,
                                         max_staleness=0)
         self.eval_problems = self.task.problems("test", cfg.task.eval_problems, cfg.run.seed)
-        self.metrics_path = self.run_dir / "metrics.jsonl"
-        self.eval_path = self.run_dir / "eval.jsonl"
         if resume:
             state = self.learner.load(self.ckpt_dir)
             self.feeder.load_state_dict(state["data"])
             _set_rng_state(state["rng"])
-            _truncate_jsonl(self.metrics_path, self.learner.step)
-            _truncate_jsonl(self.eval_path, self.learner.step)
             self.board.publish(self.learner.version, self.learner.state_dict_for_rollout())
             log(f"resumed {self.run_dir} at step {self.learner.step}")
-        else:
-            for path in (self.metrics_path, self.eval_path):
-                path.unlink(missing_ok=True)
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.learner.step + 1 if resume else None)
+        self.outputs = RunOutputs(cfg, resume_step=self.learner.step if resume else None)
 
     # -- pieces of a step -----------------------------------------------------------------------
 
@@ -242,26 +217,15 @@ class EmbeddedRun:
                           max_new_tokens=cfg.rollout.max_new_tokens, stop_token_ids=self.stop_ids,
                           seed=cfg.run.seed * 7 + 1)
         result["step"] = self.learner.step
-        with self.eval_path.open("a") as f:
-            f.write(json.dumps(result) + "\n")
-        for key in ("greedy_accuracy", "pass_at_k", "avg_at_k"):
-            self.tb.add_scalar(f"eval/{key}", result[key], self.learner.step)
+        self.outputs.log_eval(result)
         return result
 
     def _checkpoint(self) -> None:
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         tag = self.learner.save(self.ckpt_dir, {"data": self.feeder.state_dict(), "rng": _rng_state()})
-        tags = sorted(p.name for p in self.ckpt_dir.glob("step_*"))
-        for old in tags[: -self.cfg.run.keep_checkpoints]:
-            shutil.rmtree(self.ckpt_dir / old, ignore_errors=True)
+        self.outputs.prune_checkpoints()
         self.log(f"checkpoint {self.ckpt_dir / tag}")
 
-    def _log_step(self, metrics: dict[str, Any]) -> None:
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        for key, value in metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value is not None:
-                self.tb.add_scalar(key, value, metrics["step"])
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -300,7 +264,7 @@ class EmbeddedRun:
         apply before each step, pause/checkpoint requests are honoured between steps, and each
         step's metrics and the run status are published after it."""
         cfg = self.cfg
-        if self.learner.step == 0 and not self.eval_path.exists():
+        if self.learner.step == 0 and not (self.run_dir / "eval.jsonl").exists():
             self._evaluate()
         if control is not None:
             control.start(self.learner.controller, self.learner.step)
@@ -340,17 +304,18 @@ class EmbeddedRun:
                 metrics["eval_greedy_accuracy"] = self._evaluate()["greedy_accuracy"]
             if control is not None:
                 control.after_step(self.learner.controller, metrics, self._status(trajectories, metrics))
-            self._log_step(metrics)
+            self.outputs.log_step(metrics)
+            self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])
             if on_step is not None:
                 on_step(metrics)
             if step % cfg.run.checkpoint_every == 0 or step == cfg.run.steps or stop.requested:
                 self._checkpoint()
         if stop.requested and not (self.ckpt_dir / f"step_{self.learner.step:06d}").exists():
             self._checkpoint()
-        self.tb.flush()
+        self.outputs.tb.flush()
 
     def close(self) -> None:
-        self.tb.close()
+        self.outputs.close()
         self.engine.close()
 
 
