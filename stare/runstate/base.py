@@ -167,6 +167,13 @@ def merged_config(published: dict[str, Any] | None, pending: list[AuditEntry]) -
     return config
 
 
+def _clip(value: Any, low: Any, high: Any) -> Any:
+    """min(max(value, low), high) when all are numbers; otherwise unchanged (validation names the bad one)."""
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (value, low, high)):
+        return min(max(value, low), high)
+    return value
+
+
 def validate_change(current: dict[str, Any], changes: dict[str, Any]) -> ControllerConfig:
     """`current` merged with `changes`, validated as a whole; raises EntropyChangeError naming the field."""
     if not changes:
@@ -175,6 +182,11 @@ def validate_change(current: dict[str, Any], changes: dict[str, Any]) -> Control
         if key not in SETTABLE_FIELDS:
             raise EntropyChangeError(key, f"unknown field; settable fields are {', '.join(SETTABLE_FIELDS)}")
     merged = {**current, **changes}
+    # As EntropyController.reconfigure: W and M not given are clipped into the (new) bounds.
+    if "w" not in changes:
+        merged["w"] = _clip(merged["w"], 1.0, merged["w_max"])
+    if "m" not in changes:
+        merged["m"] = _clip(merged["m"], merged["m_min"], 1.0)
     if merged.get("band") is not None:
         merged["band"] = tuple(merged["band"])
     try:

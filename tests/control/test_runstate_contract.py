@@ -131,3 +131,14 @@ def test_concurrent_changes_get_distinct_ids(make_state, controller):
     for t in threads:
         t.join()
     assert sorted(ids) == [1, 2, 3, 4] and len(state.pending_entropy_changes()) == 4
+
+
+def test_w_and_m_not_given_are_clipped_into_bounds_as_reconfigure_does(make_state):
+    from stare.learner.config import ControllerConfig
+    from stare.learner.controller import EntropyController
+
+    controller = EntropyController(ControllerConfig(m_min=0.1, m=0.1))
+    controller.m = 1 - 1 * (1 - 0.1)  # 0.09999999999999998: a schedule's float error below m_min
+    state = make_state()
+    started(state, controller)
+    assert state.request_entropy_change({"target": 0.5}, "me").new == {"target": 0.5}

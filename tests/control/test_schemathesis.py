@@ -30,7 +30,7 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", _app()).exclude(path="/
 
 
 @schema.parametrize()
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_no_request_gets_a_server_error(case):
     response = case.call_and_validate(checks=[not_a_server_error])
     STATUSES.setdefault(f"{case.method} {case.path}", set()).add(response.status_code)

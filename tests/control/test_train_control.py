@@ -7,6 +7,7 @@ pauses it, so "the next step" is exact: the step after the one the learner pause
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -44,10 +45,14 @@ class Run:
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}")
 
-    def pause(self) -> int:
-        """Pause and return the step the learner paused after."""
+    @contextlib.contextmanager
+    def paused(self):
+        """Pause, yield the step the learner paused after, resume on leaving (also on a failure)."""
         self.api.post("/v1/run/pause").raise_for_status()
-        return self.wait(lambda: (s := self.status())["phase"] == "paused" and s["step"], "the pause")
+        try:
+            yield self.wait(lambda: (s := self.status())["phase"] == "paused" and s["step"], "the pause")
+        finally:
+            self.api.post("/v1/run/resume").raise_for_status()
 
     def step_metrics(self, step: int) -> dict:
         def find():
@@ -83,11 +88,10 @@ def run(tiny_model_dir, tmp_path_factory):
 
 
 def test_a_target_change_applies_at_the_next_step_and_the_gate_follows(run):
-    paused_at = run.pause()
-    before = run.step_metrics(paused_at)
-    assert before["target"] != 5.0 and before["control_changes"] == 0
-    entry = run.api.put("/v1/entropy", json={"target": 5.0}).raise_for_status().json()["audit"]  # above any entropy
-    run.api.post("/v1/run/resume").raise_for_status()
+    with run.paused() as paused_at:
+        before = run.step_metrics(paused_at)
+        assert before["target"] != 5.0 and before["control_changes"] == 0
+        entry = run.api.put("/v1/entropy", json={"target": 5.0}).raise_for_status().json()["audit"]  # above any entropy
     after = run.step_metrics(paused_at + 1)
     assert (after["target"], after["control_changes"], after["control_audit_ids"]) == (5.0, 1, [entry["id"]])
     assert after["gate"] == 1 and after["entropy_gate_input"] < 5.0  # gate = entropy < target
@@ -97,24 +101,23 @@ def test_a_target_change_applies_at_the_next_step_and_the_gate_follows(run):
 
 
 def test_stare_ctl_changes_the_target_and_the_gate_turns_off(run):
-    paused_at = run.pause()
     ctl = [sys.executable, "-m", "stare.cli", "ctl", "--url", run.url, "--token", TOKEN]
-    out = subprocess.run(ctl + ["entropy", "--target", "0.001"], capture_output=True, text=True, timeout=60, check=False)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["audit"]["new"] == {"target": 0.001}
-    bad = subprocess.run(ctl + ["entropy", "--band", "0.5", "0.1"], capture_output=True, text=True, timeout=60, check=False)
-    assert bad.returncode == 1 and "band" in bad.stderr and "422" in bad.stderr
-    subprocess.run(ctl + ["resume"], check=True, capture_output=True, timeout=60)
+    with run.paused() as paused_at:
+        out = subprocess.run(ctl + ["entropy", "--target", "0.001"], capture_output=True, text=True, timeout=60, check=False)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["audit"]["new"] == {"target": 0.001}
+        bad = subprocess.run(ctl + ["entropy", "--band", "0.5", "0.1"], capture_output=True, text=True, timeout=60, check=False)
+        assert bad.returncode == 1 and "band" in bad.stderr and "422" in bad.stderr
+        subprocess.run(ctl + ["resume"], check=True, capture_output=True, timeout=60)
     after = run.step_metrics(paused_at + 1)
     assert (after["target"], after["gate"]) == (0.001, 0)  # entropy above the new target: gate off
 
 
 def test_a_checkpoint_request_is_saved_while_paused(run):
-    paused_at = run.pause()
-    run.api.post("/v1/run/checkpoint").raise_for_status()
-    run.wait(lambda: (run.run_dir / "checkpoints" / f"step_{paused_at:06d}").exists(), "the checkpoint")
-    assert run.status()["checkpoint_requested"] is False
-    run.api.post("/v1/run/resume").raise_for_status()
+    with run.paused() as paused_at:
+        run.api.post("/v1/run/checkpoint").raise_for_status()
+        run.wait(lambda: (run.run_dir / "checkpoints" / f"step_{paused_at:06d}").exists(), "the checkpoint")
+        assert run.status()["checkpoint_requested"] is False
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed (apt-get install chromium)")
@@ -135,16 +138,16 @@ def test_the_dashboard_draws_curves_and_its_form_changes_the_target(run):
             return n;
         }""")
         assert inked > 500  # axes alone are light grey (>= 200); the curves are dark
-        paused_at = run.pause()
-        page.fill("#f-token", TOKEN)
-        page.fill("#f-target", "0.42")
-        page.fill("#f-band-low", "0.3")
-        page.fill("#f-band-high", "0.6")
-        page.click("#f-submit")
-        page.wait_for_function("document.getElementById('form-message').textContent.includes('accepted')", timeout=15_000)
-        pending = run.api.get("/v1/entropy").json()["pending"]
-        assert pending[-1]["new"] == {"target": 0.42, "band": [0.3, 0.6]} and pending[-1]["who"].startswith("dashboard")
-        run.api.post("/v1/run/resume").raise_for_status()
+        with run.paused() as paused_at:
+            page.fill("#f-token", TOKEN)
+            page.fill("#f-target", "0.42")
+            page.fill("#f-band-low", "0.3")
+            page.fill("#f-band-high", "0.6")
+            page.click("#f-submit")
+            page.wait_for_function("document.getElementById('form-message').textContent.includes('accepted')",
+                                   timeout=15_000)
+            pending = run.api.get("/v1/entropy").json()["pending"]
+            assert pending[-1]["new"] == {"target": 0.42, "band": [0.3, 0.6]} and pending[-1]["who"].startswith("dashboard")
         after = run.step_metrics(paused_at + 1)
         assert (after["target"], after["band_low"], after["band_high"], after["control_changes"]) == (0.42, 0.3, 0.6, 1)
         run.wait(lambda: run.status()["step"] >= paused_at + 3, "more steps for the picture")

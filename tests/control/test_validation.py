@@ -25,7 +25,7 @@ def api(controller):
     ("patch", {"band": [0.4, 0.2]}, "band", "low <= target <= high"),
     ("patch", {"band": [0.35, 0.5]}, "band", "low <= target <= high"),  # target 0.3 below the band
     ("patch", {"w": 1.6}, "w", "w_max"),
-    ("patch", {"m_min": 0.95}, "m", "m_min"),  # the current M 0.9 falls under the new bound
+    ("patch", {"m": 0.6, "m_min": 0.7}, "m", "m_min"),  # M under its own new bound (an M not given is clipped)
     ("patch", {"entropy_source": "magic"}, "entropy_source", "prepass"),
     ("patch", {"bogus": 2}, "bogus", "Extra inputs"),
     ("patch", {}, "body", "no field to change"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, status
+from stare.learner.config import ControllerConfig
 from stare.services.control.auth import WriteAuth
 from stare.services.control.deps import ActorDep, StateDep
 from stare.services.control.schemas import (
@@ -15,7 +16,6 @@ from stare.services.control.schemas import (
     EntropyView,
 )
 
-from stare.learner.config import ControllerConfig
 from stare.runstate.base import AuditEntry, NoControllerError
 
 router = APIRouter(prefix="/entropy", tags=["entropy"])
