@@ -139,6 +139,15 @@ def cmd_up(args) -> int:
               control=not args.no_control)
 
 
+def cmd_launch(args) -> int:
+    from stare.ray_launch import launch_ray
+
+    return launch_ray(_load(args), address=args.address, rollout=args.rollout, reward=args.reward,
+                      redis_url=args.redis_url, control=not args.no_control, learner_gpus=args.learner_gpus,
+                      rollout_gpus=args.rollout_gpus, max_restarts=args.max_restarts,
+                      start_timeout_s=args.start_timeout_s)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stare", description="RL post-training of LLMs with STARE.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -166,6 +175,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-url", default=None, help="use this Redis instead of starting a redis-server")
     p.add_argument("--no-control", action="store_true", help="do not start the control plane")
     p.set_defaults(fn=cmd_up)
+
+    p = sub.add_parser("launch", help="run the distributed system on a Ray cluster: the roles of `stare up` as "
+                       "Ray actors with GPU requests, restarted by Ray when they crash")
+    _config_args(p)
+    p.add_argument("--ray", action="store_true", required=True,
+                   help="run on Ray (the only backend; `stare up` runs the roles as local processes)")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster: HOST:6379, ray://HOST:10001, or auto for the one `ray start --head` started on "
+                   "this machine (default: RAY_ADDRESS, else a new local Ray instance for this run)")
+    p.add_argument("--rollout", type=int, default=1, help="rollout actors (default 1)")
+    p.add_argument("--reward", type=int, default=1, help="reward actors (default 1)")
+    p.add_argument("--redis-url", default=None,
+                   help="Redis every node reaches (default: start a redis-server here; single-node clusters only)")
+    p.add_argument("--no-control", action="store_true", help="do not start the control plane actor")
+    p.add_argument("--learner-gpus", type=float, default=None,
+                   help="GPUs the learner actor requests (default: 1 if the cluster has GPUs, else 0)")
+    p.add_argument("--rollout-gpus", type=float, default=None,
+                   help="GPUs each rollout actor requests (default: 1 if the cluster has GPUs, else 0)")
+    p.add_argument("--max-restarts", type=int, default=5, help="restarts Ray makes of each crashed actor (default 5)")
+    p.add_argument("--start-timeout-s", type=float, default=600.0,
+                   help="limit for the actors to be placed and started, e.g. while waiting for GPUs (default 600)")
+    p.set_defaults(fn=cmd_launch)
 
     p = sub.add_parser("learner", help="the learner process (DeepSpeed, STARE; publishes prompts and weights)")
     _role_args(p)

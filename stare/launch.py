@@ -59,6 +59,39 @@ def _port_free(host: str, port: int) -> bool:
             return False
 
 
+def with_overrides(cfg: TrainConfig, overrides: dict[str, object]) -> TrainConfig:
+    """`cfg` with `{"section.field": value}` replaced, validated again."""
+    raw = cfg.model_dump(mode="json")
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        raw[section][name] = value
+    return build_config(raw)
+
+
+def start_redis(dir, say: Callable[[str], None]):
+    """A redis-server on a free local port with its AOF in `dir` (fsync always: a crash of the
+    machine loses no acknowledged trajectory)."""
+    from stare.net import free_port
+    from stare.services.redis_server import RedisServer
+
+    server = RedisServer(dir, free_port(), appendfsync="always")
+    server.dir.mkdir(parents=True, exist_ok=True)
+    server.start()
+    say(f"redis-server on {server.url} (AOF in {server.dir})")
+    return server
+
+
+def stop_redis(server) -> None:
+    """SIGTERM (redis-server flushes its AOF and exits), SIGKILL after 15 s."""
+    proc = server.proc
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
 class Launcher:
     def __init__(self, cfg: TrainConfig, *, rollout: int = 1, reward: int = 1, redis_url: str | None = None,
                  control: bool = True, max_restarts: int = 5, grace_s: float = 60.0,
@@ -82,11 +115,7 @@ class Launcher:
             overrides["system.broadcast_port"] = free_port(s.broadcast_host)
         if control and (cfg.control.port == 0 or not _port_free(cfg.control.host, cfg.control.port)):
             overrides["control.port"] = free_port(cfg.control.host)
-        raw = cfg.model_dump(mode="json")
-        for key, value in overrides.items():
-            section, name = key.split(".")
-            raw[section][name] = value
-        self.cfg = build_config(raw)
+        self.cfg = with_overrides(cfg, overrides)
         self.dir = self.cfg.run_dir / "up"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.dir / "config.yaml"
@@ -117,15 +146,8 @@ class Launcher:
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
         if self.redis_url is None:
-            from stare.net import free_port
-            from stare.services.redis_server import RedisServer
-
-            # fsync every write: a crash of the machine loses no acknowledged trajectory
-            self.redis = RedisServer(self.dir / "redis", free_port(), appendfsync="always")
-            self.redis.dir.mkdir(parents=True, exist_ok=True)
-            self.redis.start()
+            self.redis = start_redis(self.dir / "redis", self.say)
             self.redis_url = self.redis.url
-            self.say(f"redis-server on {self.redis_url} (AOF in {self.redis.dir})")
         for role in self.roles.values():
             self._spawn(role)
         if "control" in self.roles:
@@ -194,32 +216,33 @@ class Launcher:
                 os.killpg(role.proc.pid, signal.SIGKILL)
                 role.proc.wait(timeout=10)
         if self.redis is not None:
-            self._stop_redis()
+            stop_redis(self.redis)
         self.say("stopped")
-
-    def _stop_redis(self) -> None:
-        proc = self.redis.proc
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # redis-server flushes its AOF and exits
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.redis.kill()
 
 
 def up(cfg: TrainConfig, *, rollout: int, reward: int, redis_url: str | None, control: bool = True) -> int:
-    launcher = Launcher(cfg, rollout=rollout, reward=reward, redis_url=redis_url, control=control)
-    stop = threading.Event()
+    return run_until_done(Launcher(cfg, rollout=rollout, reward=reward, redis_url=redis_url, control=control))
+
+
+def run_until_done(launcher) -> int:
+    """start(), supervise() until the learner finishes or Ctrl-C / SIGTERM, then stop(): the
+    foreground of `stare up` (a Launcher) and `stare launch --ray` (a RayLauncher)."""
+    stop, started = threading.Event(), threading.Event()
 
     def on_signal(signum, frame) -> None:
-        if stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+        again = stop.is_set()
         stop.set()
+        if not started.is_set() or (again and signum == signal.SIGINT):
+            raise KeyboardInterrupt  # during start (it may wait long, e.g. for Ray resources), or a second Ctrl-C
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        launcher.start()
-        code = launcher.supervise(until=stop.is_set)
+        try:
+            launcher.start()
+            started.set()
+            code = launcher.supervise(until=stop.is_set)
+        except KeyboardInterrupt:
+            code = 130
     finally:
         launcher.stop()
         for s, handler in old.items():
