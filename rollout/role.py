@@ -57,7 +57,10 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
     with RoleRuntime("rollout", name, cfg, redis_url, stop=stop) as rt:
         model_path = resolve_model(cfg, log.info)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        engine = build_engine({"name": cfg.rollout.engine, "model_path": str(model_path), "dtype": cfg.model.dtype})
+        engine_cfg = {"name": cfg.rollout.engine, "model_path": str(model_path), "dtype": cfg.model.dtype}
+        if cfg.rollout.engine == "hf" and torch.cuda.is_available():
+            engine_cfg["device"] = "cuda"  # vLLM places itself
+        engine = build_engine(engine_cfg)
         transport = RedisTransport.connect(redis_url, cfg.run.name, **stream_options(cfg))
         weights = build_subscriber(cfg, name, transport.client)
         agent = None
