@@ -69,8 +69,9 @@ class EntropyController:
             return
         if self.cfg.schedule == "proportional":
             u = min(max(self.cfg.gain * (self.target - entropy), 0.0), 1.0)
-            self.w = 1.0 + u * (self.cfg.w_max - 1.0)
-            self.m = 1.0 - u * (1.0 - self.cfg.m_min)
+            # clipped: 1 - 1 * (1 - 0.1) is 0.0999... in floats, which the config would refuse
+            self.w = min(1.0 + u * (self.cfg.w_max - 1.0), self.cfg.w_max)
+            self.m = max(1.0 - u * (1.0 - self.cfg.m_min), self.cfg.m_min)
         else:
             step = self.cfg.alpha * _sign(self.target - entropy)
             self.w = min(max(self.w + step, 1.0), self.cfg.w_max)

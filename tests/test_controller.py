@@ -107,3 +107,14 @@ def test_reconfigure_is_all_or_nothing():
     with pytest.raises(ValidationError):
         c.reconfigure(target=0.5, band=(0.1, 0.2))
     assert (c.target, c.band) == (0.3, None)
+
+
+def test_a_saturated_proportional_schedule_stays_inside_its_bounds_and_its_state_loads():
+    cfg = ControllerConfig(target=0.24, adaptive=True, schedule="proportional", gain=10.0, w_max=10.0, m_min=0.1)
+    controller = EntropyController(cfg)
+    controller.decide(0.0)
+    controller.update(0.0)  # far below target: u = 1, W and M at their bounds exactly
+    assert (controller.w, controller.m) == (10.0, 0.1)
+    restored = EntropyController(cfg)
+    restored.load_state_dict(controller.state_dict())  # a resumed run restores it
+    assert (restored.w, restored.m) == (10.0, 0.1)
