@@ -42,7 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--w", type=float, help="W, the weight on L+")
     e.add_argument("--m", type=float, help="M, the weight on L-")
     e.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None, help="adaptive W/M schedule")
-    e.add_argument("--alpha", type=float, help="adaptive step size")
+    e.add_argument("--schedule", choices=("sign", "proportional"), help="adaptive schedule of W and M")
+    e.add_argument("--alpha", type=float, help="adaptive step size (sign schedule)")
+    e.add_argument("--gain", type=float, help="gain of the proportional schedule")
     e.add_argument("--w-max", type=float, help="upper bound of W")
     e.add_argument("--m-min", type=float, help="lower bound of M")
     sub.add_parser("pause", help="pause before the next step")
@@ -56,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def entropy_changes(args: argparse.Namespace) -> dict[str, Any]:
     changes: dict[str, Any] = {}
-    for key in ("target", "w", "m", "adaptive", "alpha", "w_max", "m_min"):
+    for key in ("target", "w", "m", "adaptive", "schedule", "alpha", "gain", "w_max", "m_min"):
         if getattr(args, key) is not None:
             changes[key] = getattr(args, key)
     if args.band is not None and args.no_band:

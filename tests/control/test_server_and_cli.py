@@ -53,6 +53,13 @@ def test_ctl_entropy_changes_the_target_and_prints_the_audit_entry(served, capsy
     assert state.pending_entropy_changes()[0].who.endswith("(stare ctl) (127.0.0.1)")
 
 
+def test_ctl_entropy_switches_the_adaptive_schedule(served, capsys):
+    server, state = served
+    args = ["entropy", "--adaptive", "--schedule", "proportional", "--gain", "5"]
+    assert main(["ctl", "--url", server.url, "--token", TOKEN, *args]) == 0
+    assert state.pending_entropy_changes()[0].new == {"adaptive": True, "schedule": "proportional", "gain": 5.0}
+
+
 def test_ctl_prints_the_api_detail_and_exits_1_on_an_error(served, capsys):
     server, _ = served
     assert main(["ctl", "--url", server.url, "--token", "wrong", "pause"]) == 1
