@@ -97,5 +97,5 @@ def test_ray_launch_trains_and_survives_a_killed_rollout_actor(tiny_model_dir, t
         launcher.stop()
     assert not ray.is_initialized(), "the launcher started Ray, so it shuts it down"
     assert launcher.redis.proc.poll() is not None, "our redis-server is stopped"
-    _assert_nothing_lost_or_trained_twice(cfg.run_dir, STEPS)
+    _assert_nothing_lost_or_trained_twice(cfg.run_dir, STEPS, launcher.redis)
 

@@ -3,9 +3,10 @@
 Each test trains the tiny config for 30 short steps and checks the run's data lineage
 (runs/<name>/trained.jsonl: the trajectory ids each step trained):
 * never trained twice: every trajectory id appears once;
-* never lost: every group older than the in-flight window (prompts_per_step x (1 + max_staleness)
-  groups) below the newest trained one was trained (stale groups are trained with importance
-  correction here, not dropped, and no group is filtered, so "finished" means "trained").
+* never lost: once the run has stopped, every group the learner published was trained or still has
+  an unacknowledged entry in one of the run's streams (read from the redis-server's AOF). Stale
+  groups are trained with importance correction here, not dropped, and no group is filtered, so
+  "finished" means "trained".
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 from redis_fixtures import have_redis_server
 
 from stare.config import build_config
@@ -71,6 +73,7 @@ class Run:
     def __exit__(self, *exc):
         self.launcher.stop()
         self.thread.join(timeout=30)
+        (self.dir.parent / "launcher.log").write_text(self.log.getvalue())  # for the failure message
 
     def steps_done(self) -> int:
         path = self.dir / "metrics.jsonl"
@@ -99,15 +102,45 @@ def _trained(run_dir: Path) -> list[list[str]]:
     return [json.loads(line)["ids"] for line in (run_dir / "trained.jsonl").read_text().splitlines()]
 
 
-def _assert_nothing_lost_or_trained_twice(run_dir: Path, steps: int) -> None:
+def _groups_still_in_redis(server, run_id: str) -> set[int]:
+    """Groups with an entry some consumer group has not acknowledged yet (pending, or never
+    delivered) in any of the run's streams: what a stopped run still has in flight."""
+    client = redis.Redis.from_url(server.url, socket_timeout=10)
+    out: set[int] = set()
+    for name, group in (("prompts", "rollout"), ("raw", "reward"), ("scored", "learner")):
+        key = f"stare:{run_id}:stream:{name}"
+        if not client.exists(key):
+            continue
+        info = next(g for g in client.xinfo_groups(key) if g["name"].decode() == group)
+        pending = [p["message_id"] for p in client.xpending_range(key, group, min="-", max="+", count=100_000)]
+        entries = [e for i in pending for e in client.xrange(key, i, i)]
+        entries += client.xrange(key, min=b"(" + info["last-delivered-id"], max="+")
+        for _, fields in entries:
+            out.add(int(json.loads(fields[b"json"])["group_id"].removeprefix("g")))
+    client.close()
+    return out
+
+
+def _assert_nothing_lost_or_trained_twice(run_dir: Path, steps: int, server) -> None:
+    """Exact accounting once the run has stopped: every group the learner published (its cursor in
+    Redis) was trained exactly once or is still in flight in a stream; no trajectory twice."""
     per_step = _trained(run_dir)
     ids = [i for step in per_step for i in step]
     assert len(per_step) == steps and len(ids) == steps * PROMPTS * SAMPLES
     assert len(ids) == len(set(ids)), "a trajectory was trained twice"
-    groups = {int(re.match(r"g(\d+):", i).group(1)) for i in ids}
-    newest = max(groups)
-    missing = sorted(set(range(newest - 2 * WINDOW)) - groups)
-    assert missing == [], f"groups older than the in-flight window were never trained: {missing}"
+    trained = {int(re.match(r"g(\d+):", i).group(1)) for i in ids}
+    server.start()  # the run's redis-server again, from its AOF
+    try:
+        client = redis.Redis.from_url(server.url, socket_timeout=10)
+        published = int(client.hget(f"stare:{run_dir.name}:feeder", "cursor"))
+        client.close()
+        in_flight = _groups_still_in_redis(server, run_dir.name)
+    finally:
+        server.kill()
+    lost = sorted(set(range(published)) - trained - in_flight)
+    log = (run_dir.parent / "launcher.log").read_text() if (run_dir.parent / "launcher.log").exists() else ""
+    assert lost == [], f"groups neither trained nor in a stream: {lost}\n{log[-20000:]}"
+    assert trained | in_flight <= set(range(published))
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
     # only what was in flight when a worker died comes back later than the window (reclaimed)
@@ -126,7 +159,7 @@ def test_up_trains_across_processes_and_survives_sigkilled_workers(tiny_model_di
         run.wait_finished()
         assert roles["rollout-0"].exits[0] == -signal.SIGKILL and roles["reward-0"].exits[0] == -signal.SIGKILL
         assert roles["learner"].restarts == 0
-    _assert_nothing_lost_or_trained_twice(tmp_path / "up", steps)
+    _assert_nothing_lost_or_trained_twice(tmp_path / "up", steps, run.launcher.redis)
     assert (tmp_path / "up" / "eval.jsonl").exists()
 
 
@@ -142,7 +175,7 @@ def test_a_sigkilled_learner_resumes_from_its_checkpoint_and_retrains_what_waite
         assert run.launcher.roles["learner"].restarts == 1
     retrained = {i for step in _trained(tmp_path / "up") for i in step}
     assert {i for ids in lost_steps for i in ids} <= retrained
-    _assert_nothing_lost_or_trained_twice(tmp_path / "up", steps)
+    _assert_nothing_lost_or_trained_twice(tmp_path / "up", steps, run.launcher.redis)
 
 
 def test_every_role_reconnects_after_redis_restarts(tiny_model_dir, tmp_path):
@@ -155,7 +188,7 @@ def test_every_role_reconnects_after_redis_restarts(tiny_model_dir, tmp_path):
         run.wait_finished()
         restarts = {name: r.restarts for name, r in run.launcher.roles.items()}
         assert restarts == dict.fromkeys(restarts, 0), f"roles died instead of reconnecting: {restarts}"
-    _assert_nothing_lost_or_trained_twice(tmp_path / "up", steps)
+    _assert_nothing_lost_or_trained_twice(tmp_path / "up", steps, run.launcher.redis)
 
 
 def test_strictly_on_policy_with_the_filesystem_backend_samples_with_the_learners_exact_weights(tiny_model_dir,
