@@ -53,7 +53,8 @@ class Run:
         """Pause, yield the step the learner paused after, resume on leaving (also on a failure)."""
         self.api.post("/v1/run/pause").raise_for_status()
         try:
-            yield self.wait(lambda: (s := self.status())["phase"] == "paused" and s["step"], "the pause")
+            # (step,): truthy even when it paused before its first step (step 0)
+            yield self.wait(lambda: (s := self.status())["phase"] == "paused" and (s["step"],), "the pause")[0]
         finally:
             self.api.post("/v1/run/resume").raise_for_status()
 
@@ -106,9 +107,9 @@ def test_a_target_change_applies_at_the_next_step_and_the_gate_follows(run):
 def test_stare_ctl_changes_the_target_and_the_gate_turns_off(run):
     ctl = [sys.executable, "-m", "stare.cli", "ctl", "--url", run.url, "--token", TOKEN]
     with run.paused() as paused_at:
-        out = subprocess.run(ctl + ["entropy", "--target", "0.001"], capture_output=True, text=True, timeout=60, check=False)
+        out = subprocess.run(ctl + ["entropy", "--target", "0.001", "--no-band"], capture_output=True, text=True, timeout=60, check=False)
         assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout)["audit"]["new"] == {"target": 0.001}
+        assert json.loads(out.stdout)["audit"]["new"] == {"target": 0.001, "band": None}
         bad = subprocess.run(ctl + ["entropy", "--band", "0.5", "0.1"], capture_output=True, text=True, timeout=60, check=False)
         assert bad.returncode == 1 and "band" in bad.stderr and "422" in bad.stderr
         subprocess.run(ctl + ["resume"], check=True, capture_output=True, timeout=60)
