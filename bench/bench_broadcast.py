@@ -160,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--params-m", type=float, default=100.0)
     args = parser.parse_args(argv)
+    import os
 
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # no c10d warning per 1 s store-wait slice
     import torch
 
     torch.set_num_threads(1)

@@ -120,6 +120,10 @@ def _role_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_role(args) -> int:
     import importlib
+    import os
+
+    # c10d logs a warning each time a store wait times out (the weight receiver waits in 1 s slices)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
     from stare.services.process import redis_url, setup_logging, worker_name
 
