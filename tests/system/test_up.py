@@ -142,6 +142,8 @@ def _assert_nothing_lost_or_trained_twice(run_dir: Path, steps: int, server) -> 
     assert lost == [], f"groups neither trained nor in a stream: {lost}\n{log[-20000:]}"
     assert trained | in_flight <= set(range(published))
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    print(f"lineage: published {published} groups, trained {len(trained)} ({len(ids)} trajectories, all distinct), "
+          f"in flight at the end {len(in_flight)}, lost 0; duplicates dropped {metrics[-1]['duplicates_total']}")
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
     # only what was in flight when a worker died comes back later than the window (reclaimed)
     late = sum(n for m in metrics for lag, n in m["staleness_hist"].items() if int(lag) > STALENESS)
