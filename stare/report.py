@@ -44,7 +44,7 @@ EMA_BETA = 0.8
 SUMMARY_KEYS = (
     "run", "algo", "steps", "last_step", "wall_time_s",
     "entropy_first", "entropy_last", "entropy_min", "entropy_final", "target_last",
-    "band_source", "first_in_band_step", "in_band_fraction", "gate_on_fraction",
+    "band_source", "band_last", "first_in_band_step", "in_band_fraction", "gate_on_fraction",
     "reward_first", "reward_last", "tokens_per_s_mean",
     "evals", "k", "greedy_accuracy_first", "greedy_accuracy_last",
     "pass_at_k_first", "pass_at_k_last", "avg_at_k_last", "per_level_last",
@@ -201,7 +201,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "entropy_min": min(entropy) if entropy else None,
         "entropy_final": _final_mean(entropy),
         "target_last": _last(_series(metrics, "target")[1]),
-        "band_source": _bands(metrics)[3],
+        "band_source": bands[3],
+        "band_last": [bands[1][-1], bands[2][-1]] if bands[1] else None,
         "first_in_band_step": None if first_in_band is None else int(first_in_band),
         "in_band_fraction": in_band,
         "gate_on_fraction": sum(g > 0 for g in gate) / len(gate) if gate else None,
@@ -246,6 +247,12 @@ def _fmt_duration(s: float | None) -> str:
     return f"{whole // 3600}h {whole % 3600 // 60:02d}m {whole % 60:02d}s ({s:.1f} s)"
 
 
+def _band_text(s: dict[str, Any]) -> str:
+    band = s.get("band_last")
+    note = _band_note(s["band_source"])
+    return note if band is None else f"[{_fmt(band[0])}, {_fmt(band[1])}]: {note}"
+
+
 def _band_note(source: str | None) -> str:
     implied = f"target ±{IMPLIED_BAND_REL:.0%} (no band logged)"
     return {"logged": "[band_low, band_high] as logged", "implied": implied,
@@ -262,7 +269,7 @@ def _summary_markdown(s: dict[str, Any]) -> str:
          f"{_fmt(s['entropy_first'])} / {_fmt(s['entropy_last'])} / {_fmt(s['entropy_min'])}"),
         (f"entropy final (mean of last {FINAL_FRACTION:.0%} of steps)", _fmt(s["entropy_final"])),
         ("entropy target (last)", _fmt(s["target_last"])),
-        ("band", _band_note(s["band_source"])),
+        ("band (last)", _band_text(s)),
         ("first step in band", _fmt(s["first_in_band_step"])),
         ("steps in band after first entering it", _fmt_pct(s["in_band_fraction"])),
         ("gate on (fraction of steps)", _fmt_pct(s["gate_on_fraction"])),
@@ -594,4 +601,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main()    bands = _bands(metrics)
+
