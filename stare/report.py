@@ -186,6 +186,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     reward = _series(metrics, "reward_mean")[1]
     tps = _series(metrics, "tokens_per_s")[1]
     first_in_band, in_band = _in_band(metrics)
+    bands = _bands(metrics)
     greedy = _series(evals, "greedy_accuracy")[1]
     pass_k = _series(evals, "pass_at_k")[1]
     k = _last(_series(evals, "k")[1])
@@ -601,5 +602,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()    bands = _bands(metrics)
+    main()
 
