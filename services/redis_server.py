@@ -52,7 +52,8 @@ class RedisServer:
         args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
                 "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", self.appendfsync,
                 "--daemonize", "no", "--protected-mode", "no", "--logfile", str(self.dir / "redis.log")]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # its own session: a Ctrl-C in the terminal reaches `stare up`, which stops Redis last
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self._wait_for_ping(timeout_s)
 
     def kill(self) -> None:

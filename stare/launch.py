@@ -130,6 +130,7 @@ class Launcher:
             argv += ["--name", name] if kind != "control" else []
             self.roles[name] = Role(name, argv, color=COLORS[i % len(COLORS)])
         self.stopping = False
+        self.force_stop = False  # a second Ctrl-C: stop() kills instead of waiting
 
     # ---------------------------------------------------------------- output
     def say(self, text: str, who: str = "up", color: str = "1") -> None:
@@ -209,10 +210,11 @@ class Launcher:
         for role in order:
             if role.proc is None:
                 continue
-            try:
-                role.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                self.say(f"{role.name} did not stop within {self.grace_s}s; killing it")
+            while role.proc.poll() is None and time.monotonic() < deadline and not self.force_stop:
+                time.sleep(0.1)
+            if role.proc.poll() is None:
+                why = "a second Ctrl-C" if self.force_stop else f"it did not stop within {self.grace_s}s"
+                self.say(f"killing {role.name}: {why}")
                 os.killpg(role.proc.pid, signal.SIGKILL)
                 role.proc.wait(timeout=10)
         if self.redis is not None:
@@ -226,28 +228,37 @@ def up(cfg: TrainConfig, *, rollout: int, reward: int, redis_url: str | None, co
 
 def run_until_done(launcher) -> int:
     """start(), supervise() until the learner finishes or Ctrl-C / SIGTERM, then stop(): the
-    foreground of `stare up` (a Launcher) and `stare launch --ray` (a RayLauncher)."""
-    stop, started = threading.Event(), threading.Event()
+    foreground of `stare up` (a Launcher) and `stare launch --ray` (a RayLauncher).
+
+    The signal handler only flips plain attributes (a handler that takes a lock, e.g. Event.set,
+    deadlocks when a second signal lands inside the first). A signal during start() aborts it;
+    once running, the first Ctrl-C / SIGTERM stops gracefully and a second Ctrl-C makes stop()
+    kill what is left at once (`launcher.force_stop`)."""
+    flags = {"stop": False, "started": False}
 
     def on_signal(signum, frame) -> None:
-        again = stop.is_set()
-        stop.set()
-        if not started.is_set() or (again and signum == signal.SIGINT):
-            raise KeyboardInterrupt  # during start (it may wait long, e.g. for Ray resources), or a second Ctrl-C
+        again = flags["stop"]
+        flags["stop"] = True
+        if not flags["started"]:
+            raise KeyboardInterrupt  # during start (it may wait long, e.g. for Ray resources)
+        if again and signum == signal.SIGINT:
+            launcher.force_stop = True
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
             launcher.start()
-            started.set()
-            code = launcher.supervise(until=stop.is_set)
+            flags["started"] = True
+            code = launcher.supervise(until=lambda: flags["stop"])
         except KeyboardInterrupt:
             code = 130
     finally:
+        flags["started"] = True  # from here on a signal never raises into stop()
         launcher.stop()
         for s, handler in old.items():
             signal.signal(s, handler)
-    if stop.is_set():
+    stop = flags["stop"]
+    if stop:
         launcher.say(f"stopped by signal; continue with the same command (the learner resumes from "
                      f"{launcher.cfg.run_dir / 'checkpoints'})")
     return code

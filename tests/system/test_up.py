@@ -216,37 +216,61 @@ def test_strictly_on_policy_with_the_broadcast_backend_samples_with_the_learners
     assert max(m["rollout_logprob_gap"] for m in metrics) < 1e-4
 
 
-def test_ctrl_c_stops_every_role_and_leaves_a_resumable_checkpoint(tiny_model_dir, tmp_path):
-    import os
+def _start_up_in_a_terminal_group(tiny_model_dir, tmp_path):
+    """`stare up` as a terminal would run it: its own process group, which a Ctrl-C signals whole."""
     import subprocess
     import sys
+
+    import yaml
 
     from stare.learner.deepspeed_engine import child_env
 
     config = tmp_path / "config.yaml"
-    import yaml
-
     config.write_text(yaml.safe_dump(_config(tiny_model_dir, tmp_path, 200).model_dump(mode="json")))
     proc = subprocess.Popen([sys.executable, "-m", "stare.cli", "up", "--config", str(config), "--no-control"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
+                            start_new_session=True)
     metrics = tmp_path / "up" / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    return proc, metrics
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_ctrl_c_stops_every_role_and_leaves_a_resumable_checkpoint(tiny_model_dir, tmp_path):
+    import os
+
+    proc, metrics = _start_up_in_a_terminal_group(tiny_model_dir, tmp_path)
+    os.killpg(proc.pid, signal.SIGINT)  # the whole foreground group, redis-server's session excluded
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     pids = [int(p) for p in re.findall(r"started \S+ \(pid (\d+)\)", out)]
     assert len(pids) == 3  # learner, rollout-0, reward-0
-
-    def alive(pid):
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-
-    assert not any(alive(p) for p in pids), out
+    assert not any(_alive(p) for p in pids), out
+    assert "Traceback" not in out, out  # Redis outlived the roles: every role stopped cleanly
     steps = len(metrics.read_text().splitlines())
     assert (tmp_path / "up" / "checkpoints" / "latest").read_text().strip() == f"step_{steps:06d}", out
+
+
+def test_a_second_ctrl_c_kills_what_is_left_at_once(tiny_model_dir, tmp_path):
+    import os
+
+    proc, _ = _start_up_in_a_terminal_group(tiny_model_dir, tmp_path)
+    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # impatient: no deadlock, no 60 s grace
+    t0 = time.monotonic()
+    out, _ = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 30, out
+    pids = [int(p) for p in re.findall(r"started \S+ \(pid (\d+)\)", out)]
+    assert pids and not any(_alive(p) for p in pids), out
