@@ -57,6 +57,7 @@ class RoleRuntime:
         self.role, self.name, self.cfg = role, name, cfg
         self.stop = stop or threading.Event()  # a caller's event (Ray actors, tests) or our own
         self._sigint = 0
+        self._signalled = 0  # set by the signal handler, turned into `stop` by a watcher thread
         self.stall_s = stall_s if stall_s is not None else max(120.0, 30 * cfg.system.heartbeat_s)
         self.state = RedisRunState.connect(url, cfg.run.name, dead_after_s=cfg.system.dead_after_s)
         self.control = RunControl(self.state, role=role, name=name, heartbeat_s=cfg.system.heartbeat_s)
@@ -73,6 +74,9 @@ class RoleRuntime:
         beat = threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True)
         beat.start()
         self._threads.append(beat)
+        watcher = threading.Thread(target=self._watch_signals, name="signals", daemon=True)
+        watcher.start()
+        self._threads.append(watcher)
         port = int(os.environ.get("STARE_HEALTH_PORT", self.cfg.system.health_port))
         if port:
             self._serve_health(port)
@@ -89,12 +93,19 @@ class RoleRuntime:
         log.info("%s %s stopped", self.role, self.name)
 
     def _on_signal(self, signum, frame) -> None:
+        """Only plain assignments here: Event.set takes a lock the interrupted main thread may hold."""
         if signum == signal.SIGINT:
             self._sigint += 1
             if self._sigint > 1:
                 raise KeyboardInterrupt
-        log.info("%s received: stopping after the current batch", signal.Signals(signum).name)
-        self.stop.set()
+        self._signalled = signum
+
+    def _watch_signals(self) -> None:
+        """Turn a received signal into the stop event (outside the signal handler)."""
+        while not self.stop.wait(0.1):
+            if self._signalled:
+                log.info("%s received: stopping after the current batch", signal.Signals(self._signalled).name)
+                self.stop.set()
 
     # ---------------------------------------------------------------- liveness
     def tick(self, **info: Any) -> None:
