@@ -7,13 +7,16 @@ membership (generation g: `ProcessGroupGloo(PrefixStore("pg/g", store), rank, si
 `dist.new_group` cannot add processes) and broadcasts the weights to it. A worker receives in a background thread into its own buffers; the rollout
 loop takes the newest version between batches (`fetch`), so a worker that missed versions jumps
 to the newest, and a learner broadcast never waits for a generation to finish. Tensors go one by one
-in layout order, all issued at once and then awaited (gloo pipelines them); receivers write into
+in layout order, all issued at once and then awaited (gloo pipelines them), one send per member
+and tensor (what a one-to-all broadcast does anyway, with failures isolated per member); receivers write into
 a small pool of preallocated buffer sets (one being received, the newest complete one, the one
 the rollout loop is copying from), so no version costs fresh allocations.
 
-Failure: a dead or slow worker makes the learner's broadcast (or the group's formation) raise
-within `timeout_s`; the learner then dissolves the generation (every member must ask again) and
-carries on, never blocked longer than that. Workers that see their generation dissolved, or lose
+Failure: the learner sends each tensor to each member on its own (all sends issued, then awaited),
+so a dead worker fails only its own sends (within `timeout_s` for a stalled one): the others get
+the whole version, the learner carries on, and the lost member is left out until the next
+generation (it rejoins when it comes back). A joiner that dies before the group forms makes the
+formation fail within `timeout_s`; that generation is dissolved and every member asks again. Workers that see their generation dissolved, or lose
 the store (learner restart), rejoin from scratch.
 
 Store keys: `joins` (counter), `join/<n>` (worker name), `gen` (current generation),
@@ -59,7 +62,8 @@ class BroadcastPublisher:
         self.store.set("gen", "0")
         self.store.set("version", "-1")
         self.generation = 0
-        self.members: list[str] = []
+        self.members: list[str] = []  # the current generation, rank = index + 1
+        self._lost: set[str] = set()  # members whose sends failed: skipped until the next generation
         self._pg = None
         self._seq = 0
         self._joins_seen = 0
@@ -75,7 +79,7 @@ class BroadcastPublisher:
             raise ValueError(f"weight version must increase: got {version} after {self.version}")
         joiners = self._new_joiners()
         if joiners or (self._pg is None and self.members):
-            self._form(self.members + joiners, state_dict)
+            self._form(self.alive_members + [j for j in joiners if j not in self.alive_members], state_dict)
         if self._pg is not None:
             self._broadcast(version, state_dict)
         self.version = version
@@ -88,7 +92,7 @@ class BroadcastPublisher:
         if not joiners:
             return False
         state_dict = state_fn()
-        self._form(self.members + joiners, state_dict)
+        self._form(self.alive_members + joiners, state_dict)
         if self._pg is not None:
             self._broadcast(version, state_dict)
         return True
@@ -97,13 +101,17 @@ class BroadcastPublisher:
         self._dissolve("learner closing")
         self._pg = None
 
+    @property
+    def alive_members(self) -> list[str]:
+        return [m for m in self.members if m not in self._lost]
+
     # ---------------------------------------------------------------- internals
     def _new_joiners(self) -> list[str]:
         count = self.store.add("joins", 0)
         names = []
         for n in range(self._joins_seen + 1, count + 1):
             name = self.store.get(f"join/{n}").decode()
-            if name not in self.members and name not in names:
+            if name not in self.alive_members and name not in names:  # a lost member may come back
                 names.append(name)
         self._joins_seen = count
         return names
@@ -132,7 +140,7 @@ class BroadcastPublisher:
                         len(members), err)
             self._dissolve(f"formation failed: {err}")
             return
-        self.members = members
+        self.members, self._lost = members, set()
         log.info("weight group generation %d formed with %d workers in %.2fs: %s", g, len(members),
                  time.perf_counter() - t0, members)
 
@@ -140,29 +148,43 @@ class BroadcastPublisher:
         g, seq = self.generation, self._seq
         layout = json.loads(self._layout_json) if self._layout_json else []
         if [tuple(x) for x in layout] != [(n, s, d) for n, s, d in _layout(state_dict)]:
-            self._form(self.members, state_dict)  # a new layout: a new generation carries it
+            self._form(self.alive_members, state_dict)  # a new layout: a new generation carries it
             if self._pg is None:
                 return
             g, seq = self.generation, self._seq
         self.store.set(f"gen/{g}/bcast/{seq}", str(version))
-        try:
-            tensors = [state_dict[name].detach().cpu().contiguous() for name, _, _ in json.loads(self._layout_json)]
-            works = [self._pg.broadcast([t], dist.BroadcastOptions()) for t in tensors]
-            for work in works:
-                work.wait()
-        except Exception as err:  # a member died or stalled past the timeout
-            self.failures += 1
-            log.warning("weight broadcast of version %d to generation %d failed: %s; members must rejoin",
-                        version, g, err)
-            self._dissolve(f"broadcast failed: {err}")
-            return
+        tensors = [state_dict[name].detach().cpu().contiguous() for name, _, _ in json.loads(self._layout_json)]
+        # One send per (member, tensor), all issued before any is awaited: a member that died or
+        # stalls past the timeout fails only its own sends; the others get the whole version.
+        works: dict[int, list] = {}
+        lost: dict[str, str] = {}
+        for rank, name in enumerate(self.members, start=1):
+            if name in self._lost:
+                continue
+            try:
+                works[rank] = [self._pg.send([t], rank, tag) for tag, t in enumerate(tensors)]
+            except Exception as err:  # noqa: BLE001 - gloo raises RuntimeError subclasses
+                lost[name] = str(err).splitlines()[0]
+        for rank, rank_works in works.items():
+            try:
+                for work in rank_works:
+                    work.wait()
+            except Exception as err:  # noqa: BLE001
+                lost[self.members[rank - 1]] = str(err).splitlines()[0]
         self._seq += 1
+        if lost:
+            self.failures += 1
+            self._lost.update(lost)
+            log.warning("weight version %d did not reach %s: %s; the other %d members have it", version,
+                        sorted(lost), "; ".join(lost.values()), len(self.alive_members))
+            if not self.alive_members:
+                self._dissolve(f"every member failed: {lost}")
 
     def _dissolve(self, reason: str) -> None:
         """End the current generation: an empty one replaces it and every worker rejoins."""
         old = (self.generation, self._seq)
         self._pg = None
-        self.members = []
+        self.members, self._lost = [], set()
         self.generation += 1
         self._seq = 0
         self.store.set(f"gen/{self.generation}/members", "[]")
@@ -263,7 +285,7 @@ class BroadcastSubscriber:
                 return (now, nxt) if self.name in nxt else None
             version = int(store.get(key))
             state = self._free_buffers(layout)
-            works = [pg.broadcast([t], dist.BroadcastOptions()) for t in state.values()]
+            works = [pg.recv([t], 0, tag) for tag, t in enumerate(state.values())]
             for work in works:
                 work.wait()
             with self._lock:
