@@ -57,6 +57,9 @@ class FinishedGroups:
         n = int(m.group(1))
         return n < self.watermark or n in self.above
 
+    def __len__(self) -> int:
+        return self.watermark + len(self.above) + len(self.other)
+
     def add(self, group_id: str) -> None:
         m = _ORDINAL.match(group_id)
         if m is None:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from stare.config import TrainConfig
+from stare.run_outputs import batch_metrics
 from stare.transport.redis_streams import retrying
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,10 @@ class DistributedLearner:
         from stare.embedded import resolve_model
         from stare.learner.groups import GroupCollector
         from stare.learner.trainer import Learner
-        from stare.rollout.role import stream_options
         from stare.run_outputs import RunOutputs
         from stare.tasks.base import build_task
-        from stare.transport.redis_streams import RedisTransport, run_key
+        from stare.services.process import connect_transport
+        from stare.transport.redis_streams import run_key
 
         self.cfg, self.rt = cfg, rt
         if cfg.run.threads is not None:
@@ -83,7 +84,7 @@ class DistributedLearner:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.task = build_task(cfg.task.name, **cfg.task.build_kwargs(self.tokenizer))
         self.learner = Learner(cfg, self.model_path, pad_id=self.tokenizer.pad_token_id or 0)
-        self.transport = RedisTransport.connect(redis_url, cfg.run.name, **stream_options(cfg))
+        self.transport = connect_transport(cfg, redis_url)
         self.cursor_key = run_key(cfg.run.name, "feeder")
         self.feeder = PromptFeeder(self.task, self.tokenizer, run_id=cfg.run.name,
                                    group_size=cfg.rollout.samples_per_prompt, seed=cfg.run.seed)
@@ -109,15 +110,11 @@ class DistributedLearner:
         self.stop_ids = tuple(i for i in (self.tokenizer.eos_token_id,) if i is not None)
 
     # ---------------------------------------------------------------- pieces
-    def finished_groups(self) -> int:
-        f = self.collector.finished
-        return f.watermark + len(f.above) + len(f.other)
-
     def top_up_prompts(self) -> int:
         """Publish prompts until prompts_per_step x (1 + max_staleness) groups are in flight."""
         cfg = self.cfg
         window = cfg.rollout.prompts_per_step * (1 + cfg.system.max_staleness)
-        in_flight = self.feeder.cursor - self.finished_groups()
+        in_flight = self.feeder.cursor - len(self.collector.finished)
         need = window - in_flight
         if need <= 0:
             return 0
@@ -191,15 +188,10 @@ class DistributedLearner:
             self.publisher.publish(learner.version, learner.state_dict_for_rollout())
             time_publish = time.perf_counter() - t_pub
             stats = self.collector.stats
-            rewards = [t.reward for t in trajectories]
             step_time = time.perf_counter() - t_wait
+            metrics.update(batch_metrics(trajectories, step_time))
             metrics.update(
                 algo=cfg.algo,
-                reward_mean=float(np.mean(rewards)),
-                accuracy=float(np.mean([r >= 1.0 for r in rewards])),
-                response_length_mean=float(np.mean([len(t.response_token_ids) for t in trajectories])),
-                tokens_per_s=sum(len(t.response_token_ids) for t in trajectories) / max(step_time, 1e-9),
-                time_step_s=step_time,
                 time_unix=time.time(),
                 time_wait_data_s=waited,
                 time_publish_s=time_publish,
@@ -208,7 +200,7 @@ class DistributedLearner:
                 stale_groups_total=stats.stale_groups,
                 duplicates_total=stats.duplicates,
                 weight_sync_failures=getattr(self.publisher, "failures", 0),
-                weight_sync_members=len(getattr(self.publisher, "members", [])),
+                weight_sync_members=len(getattr(self.publisher, "alive_members", [])),
                 **staleness_summary(self._batch_staleness(trajectories)),
             )
             step = learner.step

@@ -74,15 +74,14 @@ class PoolScorer:
 
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int = 1) -> None:
     from stare.reward.trajectory_worker import RewardWorker
-    from stare.rollout.role import stream_options
-    from stare.services.process import RoleRuntime
+    from stare.services.process import RoleRuntime, connect_transport
     from stare.tasks.base import build_task
-    from stare.transport.redis_streams import BackpressureError, RedisTransport
+    from stare.transport.redis_streams import BackpressureError
 
     with RoleRuntime("reward", name, cfg, redis_url, stop=stop) as rt:
         task_kwargs = {k: v for k, v in cfg.task.build_kwargs(None).items() if k != "tokenizer"}
         task = build_task(cfg.task.name, **task_kwargs)
-        transport = RedisTransport.connect(redis_url, cfg.run.name, **stream_options(cfg))
+        transport = connect_transport(cfg, redis_url)
         scorer = PoolScorer(cfg.task.name, task_kwargs, workers)
         worker = RewardWorker(task, transport.raw, transport.scored, name=name, scorer=scorer)
         next_reclaim, done = 0.0, 0

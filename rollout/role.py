@@ -30,17 +30,6 @@ def build_subscriber(cfg: TrainConfig, name: str, client):
     return FilesystemSubscriber(client, cfg.run.name)
 
 
-def stream_options(cfg: TrainConfig) -> dict:
-    """RedisStream options every role uses for the run's streams."""
-    s = cfg.system
-    rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
-    # the scored stream also holds what the learner trained since its last checkpoint (acked then)
-    held = (cfg.run.checkpoint_every + s.max_staleness + 2) * rows
-    backlog = s.max_backlog + held
-    return {"max_backlog": backlog, "maxlen": 2 * backlog, "claim_idle_ms": int(s.claim_idle_s * 1000),
-            "block_ms": 1000, "publish_timeout_s": 5.0}
-
-
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
     from transformers import AutoTokenizer
 
@@ -49,8 +38,8 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
     from stare.embedded import resolve_model
     from stare.rollout.engine import build_engine
     from stare.rollout.worker import RolloutWorker
-    from stare.services.process import RoleRuntime
-    from stare.transport.redis_streams import BackpressureError, RedisTransport
+    from stare.services.process import RoleRuntime, connect_transport
+    from stare.transport.redis_streams import BackpressureError
 
     if cfg.run.threads is not None:
         torch.set_num_threads(cfg.run.threads)
@@ -61,7 +50,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
         if cfg.rollout.engine == "hf" and torch.cuda.is_available():
             engine_cfg["device"] = "cuda"  # vLLM places itself
         engine = build_engine(engine_cfg)
-        transport = RedisTransport.connect(redis_url, cfg.run.name, **stream_options(cfg))
+        transport = connect_transport(cfg, redis_url)
         weights = build_subscriber(cfg, name, transport.client)
         agent = None
         if cfg.rollout.tool_use.enabled:

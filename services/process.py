@@ -35,6 +35,19 @@ def redis_url(cfg: TrainConfig, override: str | None) -> str:
     return override or os.environ.get("STARE_REDIS_URL") or cfg.system.redis_url
 
 
+def connect_transport(cfg: TrainConfig, url: str):
+    """The run's three Redis streams with the options every role uses: the scored stream also
+    holds what the learner trained since its last checkpoint (acknowledged then), so its backlog
+    bound and MAXLEN leave room for that."""
+    from stare.transport.redis_streams import RedisTransport
+
+    s = cfg.system
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    backlog = s.max_backlog + (cfg.run.checkpoint_every + s.max_staleness + 2) * rows
+    return RedisTransport.connect(url, cfg.run.name, max_backlog=backlog, maxlen=2 * backlog,
+                                  claim_idle_ms=int(s.claim_idle_s * 1000), block_ms=1000, publish_timeout_s=5.0)
+
+
 def setup_logging(role: str, name: str, level: int = logging.INFO) -> None:
     fmt = f"%(asctime)s {role}[{name} pid=%(process)d] %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=level, format=fmt, force=True)

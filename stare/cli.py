@@ -91,15 +91,15 @@ def cmd_sandbox(args) -> int:
 
 
 def cmd_control(args) -> int:
-    import os
 
     from stare.runstate.redis_state import RedisRunState
     from stare.services.control.app import create_app
     from stare.services.control.server import serve_forever
 
+    from stare.services.process import redis_url
+
     cfg = _load(args)
-    url = args.redis_url or os.environ.get("STARE_REDIS_URL") or cfg.system.redis_url
-    state = RedisRunState.connect(url, cfg.run.name, dead_after_s=cfg.system.dead_after_s)
+    state = RedisRunState.connect(redis_url(cfg, args.redis_url), cfg.run.name, dead_after_s=cfg.system.dead_after_s)
     app = create_app(state, cfg.control, cfg.run.name)
     serve_forever(app, args.host or cfg.control.host, cfg.control.port if args.port is None else args.port)
     return 0
@@ -128,7 +128,7 @@ def cmd_role(args) -> int:
     from stare.services.process import redis_url, setup_logging, worker_name
 
     cfg = _load(args)
-    name = worker_name(args.command, args.name if args.command != "learner" else (args.name or "learner"))
+    name = worker_name(args.command, args.name or ("learner" if args.command == "learner" else None))
     setup_logging(args.command, name)
     module = importlib.import_module(f"stare.{args.command}.role")
     extra = {"workers": args.workers} if args.command == "reward" else {}

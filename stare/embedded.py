@@ -27,6 +27,7 @@ import torch
 import yaml
 
 from stare.config import ConfigError, TrainConfig, build_config
+from stare.run_outputs import RunOutputs, batch_metrics
 from stare.runstate import MemoryRunState, RunControl
 
 MAX_EMPTY_STEPS = 20
@@ -135,8 +136,6 @@ class EmbeddedRun:
         from stare.tasks.base import build_task
         from stare.transport.memory import MemoryTransport
         from stare.weight_sync.memory import MemoryWeightBoard
-
-        from stare.run_outputs import RunOutputs
 
         self.cfg, self.log = cfg, log
         self.run_dir = cfg.run_dir
@@ -288,15 +287,10 @@ class EmbeddedRun:
             self.collector.trained(trajectories, ids)
             self.collector.ack_trained()  # in-memory streams die with the process: nothing to hold
             self.board.publish(self.learner.version, self.learner.state_dict_for_rollout())
-            rewards = [t.reward for t in trajectories]
             metrics.update(info)
+            metrics.update(batch_metrics(trajectories, time.perf_counter() - t0))
             metrics.update(
                 algo=cfg.algo,
-                reward_mean=float(np.mean(rewards)),
-                accuracy=float(np.mean([r >= 1.0 for r in rewards])),
-                response_length_mean=float(np.mean([len(t.response_token_ids) for t in trajectories])),
-                tokens_per_s=sum(len(t.response_token_ids) for t in trajectories) / max(time.perf_counter() - t0, 1e-9),
-                time_step_s=time.perf_counter() - t0,
                 staleness_max=max(self.learner.version - 1 - t.weight_version for t in trajectories),
             )
             step = self.learner.step

@@ -25,7 +25,8 @@ from typing import Callable, TextIO
 
 import yaml
 
-from stare.config import TrainConfig, build_config
+from stare.config import ConfigError, TrainConfig, build_config
+from stare.net import free_port, port_free
 
 COLORS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
 
@@ -47,18 +48,6 @@ class Role:
         return self.proc is not None and self.proc.poll() is None
 
 
-def _port_free(host: str, port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
-
-
 def with_overrides(cfg: TrainConfig, overrides: dict[str, object]) -> TrainConfig:
     """`cfg` with `{"section.field": value}` replaced, validated again."""
     raw = cfg.model_dump(mode="json")
@@ -71,7 +60,6 @@ def with_overrides(cfg: TrainConfig, overrides: dict[str, object]) -> TrainConfi
 def start_redis(dir, say: Callable[[str], None]):
     """A redis-server on a free local port with its AOF in `dir` (fsync always: a crash of the
     machine loses no acknowledged trajectory)."""
-    from stare.net import free_port
     from stare.services.redis_server import RedisServer
 
     server = RedisServer(dir, free_port(), appendfsync="always")
@@ -96,10 +84,9 @@ class Launcher:
     def __init__(self, cfg: TrainConfig, *, rollout: int = 1, reward: int = 1, redis_url: str | None = None,
                  control: bool = True, max_restarts: int = 5, grace_s: float = 60.0,
                  out: TextIO | None = None, color: bool | None = None):
-        from stare.net import free_port
-
         if rollout < 1 or reward < 1:
-            raise ValueError(f"--rollout ({rollout}) and --reward ({reward}) must be >= 1")
+            raise ConfigError(f"--rollout ({rollout}) and --reward ({reward}) must be >= 1: the run needs at least "
+                              "one worker of each")
         self.redis = None
         self.out = out or sys.stdout
         self.color = self.out.isatty() if color is None else color
@@ -111,9 +98,9 @@ class Launcher:
 
             overrides["model.path"] = str(resolve_model(cfg, self.say))
         s = cfg.system
-        if s.weight_sync == "broadcast" and not _port_free(s.broadcast_host, s.broadcast_port):
+        if s.weight_sync == "broadcast" and not port_free(s.broadcast_host, s.broadcast_port):
             overrides["system.broadcast_port"] = free_port(s.broadcast_host)
-        if control and (cfg.control.port == 0 or not _port_free(cfg.control.host, cfg.control.port)):
+        if control and (cfg.control.port == 0 or not port_free(cfg.control.host, cfg.control.port)):
             overrides["control.port"] = free_port(cfg.control.host)
         self.cfg = with_overrides(cfg, overrides)
         self.dir = self.cfg.run_dir / "up"

@@ -43,7 +43,8 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from stare.config import TrainConfig
-from stare.launch import _port_free, run_until_done, start_redis, stop_redis, with_overrides
+from stare.launch import run_until_done, start_redis, stop_redis, with_overrides
+from stare.net import free_port, port_free
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class RoleActor:
         if s.weight_sync == "broadcast" and kind == "learner":
             # learner/role.py's build_publisher listens on 0.0.0.0 when the host is not loopback
             bind = self.host if self.host in ("127.0.0.1", "localhost") else "0.0.0.0"
-            port = s.broadcast_port if _port_free(bind, s.broadcast_port) else _free_port(bind)
+            port = s.broadcast_port if port_free(bind, s.broadcast_port) else free_port(bind)
             overrides.update({"system.broadcast_host": self.host, "system.broadcast_port": port})
         elif s.weight_sync == "broadcast" and kind == "rollout" and learner is not None:
             # the learner actor by name, not a handle in the arguments: Ray keeps only inline
@@ -174,12 +175,6 @@ class RoleActor:
         self.stop_event.set()
         self.thread.join(timeout_s)
         return self.status()
-
-
-def _free_port(host: str) -> int:
-    from stare.net import free_port
-
-    return free_port(host)
 
 
 def _call(ray, actor, method: str, *args, timeout_s: float, what: str):

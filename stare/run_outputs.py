@@ -39,6 +39,19 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
     path.write_text("".join(f"{line}\n" for line in keep))
 
 
+def batch_metrics(trajectories, elapsed_s: float) -> dict[str, float]:
+    """The per-step numbers of the trained batch both learners log (embedded and distributed)."""
+    rewards = [t.reward for t in trajectories]
+    lengths = [len(t.response_token_ids) for t in trajectories]
+    return {
+        "reward_mean": sum(rewards) / len(rewards),
+        "accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
+        "response_length_mean": sum(lengths) / len(lengths),
+        "tokens_per_s": sum(lengths) / max(elapsed_s, 1e-9),
+        "time_step_s": elapsed_s,
+    }
+
+
 class RunOutputs:
     def __init__(self, cfg: TrainConfig, *, resume_step: int | None):
         """resume_step: the checkpoint's step when resuming (files are cut back to it), None for a new run."""

@@ -451,12 +451,9 @@ def evaluate(
             mask = response_mask(new, tokenizer.eos_token_id)  # [B, T]
             ent_sum += float((ent * mask).sum())  # host sync: once per eval batch
             tok_count += int(mask.sum())
-    by_level: dict[int, list[float]] = {}
-    for p, hit in zip(problems, greedy_hits):
-        by_level.setdefault(p.level, []).append(hit)
     return EvalResult(
         greedy_accuracy=_mean(greedy_hits),
-        greedy_accuracy_by_level={k: _mean(v) for k, v in sorted(by_level.items())},
+        greedy_accuracy_by_level=_accuracy_by_level(problems, greedy_hits),
         sample_accuracy=_mean(sample_hits),
         sample_entropy=round(ent_sum / max(tok_count, 1), 4),
         mean_response_tokens=round(tok_count / max(len(problems), 1), 2),
@@ -572,12 +569,9 @@ def _evaluate_with_tool(model, tokenizer, task, problems, *, seed: int, max_new_
     greedy_hits = [task.reward(p, _text(tokenizer, c)) for p, c in zip(problems, greedy)]
     sample_hits = [task.reward(p, _text(tokenizer, c)) for p, c in zip(problems, sampled)]
     surprisal = [-lp for c in sampled for lp, m in zip(c.logprobs, c.loss_mask) if m]
-    by_level: dict[int, list[float]] = {}
-    for p, hit in zip(problems, greedy_hits):
-        by_level.setdefault(p.level, []).append(hit)
     return EvalResult(
         greedy_accuracy=_mean(greedy_hits),
-        greedy_accuracy_by_level={k: _mean(v) for k, v in sorted(by_level.items())},
+        greedy_accuracy_by_level=_accuracy_by_level(problems, greedy_hits),
         sample_accuracy=_mean(sample_hits),
         sample_entropy=round(sum(surprisal) / max(len(surprisal), 1), 4),
         mean_response_tokens=round(len(surprisal) / max(len(problems), 1), 2),
@@ -591,6 +585,13 @@ def response_mask(new_tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
     is_eos = (new_tokens == eos_id).long()  # [B, T]
     before_or_at_first_eos = (is_eos.cumsum(dim=1) - is_eos) == 0  # [B, T]
     return before_or_at_first_eos.float()
+
+
+def _accuracy_by_level(problems, hits: list[float]) -> dict[int, float]:
+    by_level: dict[int, list[float]] = {}
+    for p, hit in zip(problems, hits):
+        by_level.setdefault(p.level, []).append(hit)
+    return {k: _mean(v) for k, v in sorted(by_level.items())}
 
 
 def _mean(xs: Sequence[float]) -> float:

@@ -35,3 +35,10 @@ def test_compare_trains_each_algo_and_writes_figure_and_table(fast_overrides, tm
     table = (tmp_path / "cmp" / "compare.md").read_text()
     assert "stare" in table and "grpo" in table
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000
+
+
+def test_stare_up_without_a_rollout_worker_fails_naming_the_flag(capsys):
+    from stare.cli import main
+
+    assert main(["up", "--rollout", "0"]) == 2
+    assert "--rollout (0)" in capsys.readouterr().err

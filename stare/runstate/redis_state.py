@@ -30,8 +30,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from stare.runstate.base import (
     DEFAULT_MAX_AUDIT,
@@ -47,19 +45,11 @@ from stare.runstate.base import (
     plan_change,
     role_health,
 )
-from stare.transport.redis_streams import _checked
+from stare.transport.redis_streams import checked_key_part, connect_client, retrying
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
-
-
-def connect_client(url: str, *, socket_timeout_s: float = 5.0) -> redis.Redis:
-    """A client with socket timeouts on every call and no hidden retries (RedisRunState retries, logged)."""
-    return redis.Redis.from_url(
-        url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, socket_keepalive=True,
-        retry=Retry(NoBackoff(), 0), decode_responses=True,
-    )
 
 
 class RedisRunState:
@@ -68,13 +58,13 @@ class RedisRunState:
                  op_timeout_s: float = 20.0, retries: int = 8, backoff_s: float = 0.05, max_backoff_s: float = 2.0):
         if client.connection_pool.connection_kwargs.get("socket_timeout") is None:
             raise ValueError("the Redis client needs a socket_timeout; build it with connect_client(url)")
-        self.client, self.run_id, self.dead_after_s = client, _checked(run_id, "run_id"), dead_after_s
+        self.client, self.run_id, self.dead_after_s = client, checked_key_part(run_id, "run_id"), dead_after_s
         self.max_metrics, self.max_audit = max_metrics, max_audit
         self.op_timeout_s, self.retries, self.backoff_s, self.max_backoff_s = op_timeout_s, retries, backoff_s, max_backoff_s
 
     @classmethod
     def connect(cls, url: str, run_id: str, *, socket_timeout_s: float = 5.0, **options: Any) -> RedisRunState:
-        return cls(connect_client(url, socket_timeout_s=socket_timeout_s), run_id, **options)
+        return cls(connect_client(url, socket_timeout_s=socket_timeout_s, decode_responses=True), run_id, **options)
 
     def close(self) -> None:
         self.client.close()
@@ -83,18 +73,11 @@ class RedisRunState:
         return f"stare:{self.run_id}:{name}"
 
     def _call(self, op: Callable[[], T], what: str) -> T:
-        deadline = time.monotonic() + self.op_timeout_s
-        delay = self.backoff_s
-        for attempt in range(1, self.retries + 1):
-            try:
-                return op()
-            except _RETRYABLE as err:
-                if attempt == self.retries or time.monotonic() + delay > deadline:
-                    raise RunStateUnavailable(f"run state (Redis) unavailable during {what}: {err}") from err
-                log.warning("run state: %s failed (%s); retry %d/%d in %.2fs", what, err, attempt, self.retries, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, self.max_backoff_s)
-        raise AssertionError("unreachable")
+        try:
+            return retrying(op, f"run state: {what}", op_timeout_s=self.op_timeout_s, retries=self.retries,
+                            backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s)
+        except _RETRYABLE as err:
+            raise RunStateUnavailable(f"run state (Redis) unavailable during {what}: {err}") from err
 
     def _get_json(self, name: str) -> Any:
         raw = self._call(lambda: self.client.get(self._key(name)), f"GET {name}")

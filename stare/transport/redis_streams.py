@@ -69,19 +69,20 @@ class DeadLetter:
 
 
 def stream_key(run_id: str, name: str) -> str:
-    return f"stare:{_checked(run_id, 'run_id')}:stream:{_checked(name, 'name')}"
+    return f"stare:{checked_key_part(run_id, 'run_id')}:stream:{checked_key_part(name, 'name')}"
 
 
 def run_key(run_id: str, name: str) -> str:
     """A run-scoped key for anything else a run keeps in Redis (weights pointer, state)."""
-    return f"stare:{_checked(run_id, 'run_id')}:{name}"
+    return f"stare:{checked_key_part(run_id, 'run_id')}:{name}"
 
 
 def dead_key(run_id: str, name: str) -> str:
-    return f"stare:{_checked(run_id, 'run_id')}:dead:{_checked(name, 'name')}"
+    return f"stare:{checked_key_part(run_id, 'run_id')}:dead:{checked_key_part(name, 'name')}"
 
 
-def _checked(value: str, what: str) -> str:
+def checked_key_part(value: str, what: str) -> str:
+    """`value` if it can be part of a run's Redis key names (no ':'), else ValueError naming `what`."""
     if not _NAME.match(value):
         raise ValueError(f"{what} {value!r} must match {_NAME.pattern} (it is part of Redis key names)")
     return value
@@ -134,7 +135,7 @@ class RedisStream(Generic[T]):
                              "never removes an entry that was not delivered yet")
         if max_deliveries is not None and max_deliveries < 2:
             raise ValueError(f"max_deliveries={max_deliveries} must be >= 2 (or None to never give up on an entry)")
-        self.client, self.codec, self.group = client, codec, _checked(group, "group")
+        self.client, self.codec, self.group = client, codec, checked_key_part(group, "group")
         self.run_id, self.name = run_id, name
         self.key, self.dead_key = stream_key(run_id, name), dead_key(run_id, name)
         self.maxlen, self.max_backlog, self.publish_timeout_s = maxlen, max_backlog, publish_timeout_s
@@ -375,18 +376,29 @@ class RedisStream(Generic[T]):
                 self._create_group()
 
 
-def retrying(fn: Callable[[], R], what: str, *, op_timeout_s: float = 30.0, backoff_s: float = 0.05,
-             max_backoff_s: float = 2.0) -> R:
-    """Run one plain Redis call, retrying a lost connection with exponential backoff (logged) for
-    at most op_timeout_s: for the run's keys outside the streams (weights pointer, feeder cursor)."""
-    start, delay = time.monotonic(), backoff_s
+def connect_client(url: str, *, socket_timeout_s: float = 5.0, decode_responses: bool = False) -> redis.Redis:
+    """A client with socket timeouts on every call and no hidden client-side retries (callers retry
+    with `retrying` or RedisStream, logged): every Redis user of a run builds its client here."""
+    return redis.Redis.from_url(
+        url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, socket_keepalive=True,
+        retry=Retry(NoBackoff(), 0), decode_responses=decode_responses,
+    )
+
+
+def retrying(fn: Callable[[], R], what: str, *, op_timeout_s: float = 30.0, retries: int | None = None,
+             backoff_s: float = 0.05, max_backoff_s: float = 2.0) -> R:
+    """Run one plain Redis call, retrying a lost connection with exponential backoff (logged), for
+    at most `retries` attempts (None: no count limit) and op_timeout_s in all; then the last error
+    propagates. For the run's keys outside the streams (weights pointer, feeder cursor, run state)."""
+    start, delay, attempt = time.monotonic(), backoff_s, 0
     while True:
+        attempt += 1
         try:
             return fn()
         except _RETRYABLE as err:
-            if time.monotonic() - start + delay > op_timeout_s:
+            if (retries is not None and attempt >= retries) or time.monotonic() - start + delay > op_timeout_s:
                 raise
-            log.warning("%s lost the connection (%s); retry in %.2fs", what, err, delay)
+            log.warning("%s lost the connection (%s); retry %d in %.2fs", what, err, attempt, delay)
             time.sleep(delay)
             delay = min(delay * 2, max_backoff_s)
 
@@ -430,10 +442,7 @@ class RedisTransport:
     def connect(cls, url: str, run_id: str, *, socket_timeout_s: float = 5.0, **stream_options: Any) -> "RedisTransport":
         """Connect to `url` (redis://host:port/db) with socket timeouts on every call and no hidden
         client-side retries (RedisStream retries, logged); `stream_options` go to each RedisStream."""
-        client = redis.Redis.from_url(
-            url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, socket_keepalive=True,
-            retry=Retry(NoBackoff(), 0), decode_responses=False,
-        )
+        client = connect_client(url, socket_timeout_s=socket_timeout_s)
         streams = {name: RedisStream(client, run_id, name, codec, group=group, **stream_options)
                    for name, codec, group in _STREAMS}
         return cls(client=client, **streams)
