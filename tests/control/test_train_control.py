@@ -53,7 +53,7 @@ class Run:
         """Pause, yield the step the learner paused after, resume on leaving (also on a failure)."""
         self.api.post("/v1/run/pause").raise_for_status()
         try:
-            # (step,): truthy even when it paused before its first step (step 0)
+            # (step,): a tuple, so truthy whatever the step
             yield self.wait(lambda: (s := self.status())["phase"] == "paused" and (s["step"],), "the pause")[0]
         finally:
             self.api.post("/v1/run/resume").raise_for_status()
@@ -84,6 +84,9 @@ def run(tiny_model_dir, tmp_path_factory):
             pytest.fail(f"stare train did not serve the API:\n{proc.communicate()[0][-3000:]}")
         time.sleep(0.2)
     r = Run(proc, run_dir, json.loads(info.read_text())["url"])
+    # Steps count from 1 (status step 0 = none done yet). A test that pauses before the first step
+    # would look for the metrics of a step 0 that never exists, so hand out a run with a step done.
+    r.wait(lambda: r.status().get("step", 0) >= 1, "the first step", timeout_s=300.0)
     yield r
     proc.send_signal(signal.SIGINT)  # stops after the current step (also while paused)
     output = proc.communicate(timeout=120)[0]
