@@ -69,7 +69,9 @@ def _uids_alive(first: int, count: int) -> list[int]:
 def test_infinite_loop_is_stopped_by_the_cpu_limit(isolation):
     result = _sandbox(isolation, cpu_s=1, wall_s=20.0).run("while True:\n    pass\n")
     assert (result.status, result.limit_fired) == ("timeout", "cpu_s")
-    assert result.cpu_s >= 1.0
+    # it ran until the limit (not stopped early by the wall clock); the kernel's RLIMIT_CPU check and the
+    # rusage we report sample CPU time differently, by up to a scheduler tick or so (CI saw 0.9941)
+    assert result.cpu_s >= 0.95
 
 
 @pytest.mark.parametrize("isolation", BOTH)
