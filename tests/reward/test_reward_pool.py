@@ -71,7 +71,7 @@ def test_hanging_verifier_is_killed_at_the_timeout_and_the_next_item_still_score
 
     hung, elapsed, after = _run(body)
     assert (hung.reward, hung.error) == (0.0, "timed out after 0.5 s")
-    assert elapsed < 3
+    assert elapsed < 10  # the verifier never returns: any bound shows it was killed; slack for a loaded CI box
     assert after == RewardResult(reward=3.0)
 
 
