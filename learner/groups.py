@@ -88,15 +88,14 @@ class GroupCollector:
         self.ready: list[tuple[list[Trajectory], list[str]]] = []
         self.unacked: list[str] = []  # entries of trained groups, acknowledged at the next checkpoint
         self.closed: set[str] = set()  # groups complete and not yet finished (ready, or taken for a step)
+        self.held: set[str] = set()  # entry ids collected and not yet acknowledged (partial, ready, taken, unacked)
         self.stats = GroupStats()
 
     def pull(self, learner_version: int, max_count: int = 4096, block_s: float = 0.0) -> int:
         """Read what the stream has (waiting up to block_s for it); returns entries read."""
-        held = {e for g in self.partial.values() for _, e in g.values()}
-        held |= {i for _, ids in self.ready for i in ids} | set(self.unacked)
         deliveries = self.scored.consume(self.name, max_count, block_s)
         for d in deliveries:
-            if d.id in held:  # the same entry handed back (a reconnect): still ours
+            if d.id in self.held:  # the same entry handed back (a reconnect): still ours
                 continue
             t: Trajectory = d.record
             group = self.partial.get(t.group_id)
@@ -107,7 +106,7 @@ class GroupCollector:
             self.stats.staleness[learner_version - t.weight_version] += 1
             group = self.partial.setdefault(t.group_id, {})
             group[t.trajectory_id] = (t, d.id)
-            held.add(d.id)
+            self.held.add(d.id)
             if len(group) == t.group_size:
                 self._complete(self.partial.pop(t.group_id), learner_version)
         return len(deliveries)
@@ -132,6 +131,7 @@ class GroupCollector:
         """A group decided without training (filtered, stale): final, acknowledged now."""
         self.finished.add(group_id)
         self.scored.ack(ids)
+        self.held.difference_update(ids)
 
     def take(self, n_groups: int) -> tuple[list[Trajectory], list[str]]:
         """Up to n ready groups, flattened, with the stream ids to pass to `trained` after the step."""
@@ -149,6 +149,7 @@ class GroupCollector:
         """Acknowledge everything trained so far (once a checkpoint holds it)."""
         n, ids = len(self.unacked), self.unacked
         self.scored.ack(ids)
+        self.held.difference_update(ids)
         self.unacked = []
         return n
 

@@ -92,6 +92,19 @@ def test_trained_entries_stay_pending_until_ack_trained():
     assert c.ack_trained() == 2 and s.backlog() == 0
 
 
+def test_an_entry_handed_back_while_its_group_is_in_a_step_is_neither_acknowledged_nor_counted():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False)
+    s.publish(_feeder_group(0))
+    c.pull(0)
+    trajectories, ids = c.take(1)  # taken for a step, not yet reported trained
+    s.requeue_pending()
+    c.pull(0)
+    assert s.backlog() == 2 and c.stats.duplicates == 0 and c.ready == []
+    c.trained(trajectories, ids)
+    assert c.ack_trained() == 2 and s.backlog() == 0 and c.held == set()
+
+
 def test_a_learner_restarted_from_its_checkpoint_retrains_exactly_what_the_checkpoint_lacks():
     s = MemoryStream("scored")
     c = GroupCollector(s, name="l", dynamic_sampling=False)
