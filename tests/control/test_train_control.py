@@ -86,7 +86,7 @@ def run(tiny_model_dir, tmp_path_factory):
     r = Run(proc, run_dir, json.loads(info.read_text())["url"])
     # Steps count from 1 (status step 0 = none done yet). A test that pauses before the first step
     # would look for the metrics of a step 0 that never exists, so hand out a run with a step done.
-    r.wait(lambda: r.status().get("step", 0) >= 1, "the first step", timeout_s=300.0)
+    r.wait(lambda: (r.status().get("step") or 0) >= 1, "the first step", timeout_s=300.0)
     yield r
     proc.send_signal(signal.SIGINT)  # stops after the current step (also while paused)
     output = proc.communicate(timeout=120)[0]

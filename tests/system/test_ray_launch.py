@@ -78,15 +78,15 @@ def test_ray_launch_trains_and_survives_a_killed_rollout_actor(tiny_model_dir, t
         supervisor = threading.Thread(target=lambda: result.update(code=launcher.supervise(poll_s=0.3)), daemon=True)
         supervisor.start()
 
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # ~30 s on an idle 2-core box; slack for a loaded CI runner
         while _steps_done(cfg.run_dir) < 3:
             assert supervisor.is_alive(), tail()
-            assert time.monotonic() < deadline, f"step 3 not reached in 120s\n{tail()}"
+            assert time.monotonic() < deadline, f"step 3 not reached in 300s\n{tail()}"
             time.sleep(0.2)
         killed = launcher.kill("rollout-0")
 
-        supervisor.join(timeout=150)
-        assert not supervisor.is_alive(), f"the run did not finish in 150s\n{tail()}"
+        supervisor.join(timeout=300)
+        assert not supervisor.is_alive(), f"the run did not finish in 300s\n{tail()}"
         assert result["code"] == 0, tail()
         print(f"trained {STEPS} steps in {time.monotonic() - t0:.1f}s")
         after = ray.get(launcher.actors["rollout-0"].status.remote(), timeout=30)
