@@ -298,10 +298,11 @@ class RayLauncher:
             self.pids[name] = st["pid"]
             self.say(f"started {name} on {st['host']} (pid {st['pid']})")
         if "control" in self.actors:
-            self.control_url = _call(ray, self.actors["control"], "control_url", self.call_timeout_s,
-                                     timeout_s=self.call_timeout_s + 5, what="control plane start")
+            self.control_url = _call(ray, self.actors["control"], "control_url", self.start_timeout_s,
+                                     timeout_s=self.start_timeout_s + 5, what="control plane start")
             if self.control_url is None:
-                raise RuntimeError(f"the control plane did not answer within {self.call_timeout_s}s (see its log)")
+                raise RuntimeError(f"the control plane did not answer within {self.start_timeout_s}s "
+                                   "(--start-timeout-s; see its log)")
             self.say(f"API {self.control_url}/v1/status  dashboard {self.control_url}/")
         if self.cfg.system.weight_sync == "broadcast":
             self.say(f"weight broadcast rendezvous at {self.endpoint[0]}:{self.endpoint[1]}")
