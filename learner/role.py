@@ -23,14 +23,13 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import Counter
 from typing import Any
 
 import numpy as np
 import torch
 
 from stare.config import TrainConfig
-from stare.run_outputs import batch_metrics
+from stare.run_outputs import batch_metrics, staleness_status, staleness_summary, trained_lags
 from stare.transport.redis_streams import retrying
 
 log = logging.getLogger(__name__)
@@ -48,17 +47,6 @@ def build_publisher(cfg: TrainConfig, client):
     from stare.weight_sync.filesystem import FilesystemPublisher
 
     return FilesystemPublisher(client, cfg.run.name, s.weight_dir or cfg.run_dir / "weights")
-
-
-def staleness_summary(counts: Counter) -> dict[str, Any]:
-    n = sum(counts.values())
-    if not n:
-        return {"staleness_mean": None, "staleness_max": None, "staleness_hist": {}}
-    return {
-        "staleness_mean": sum(k * v for k, v in counts.items()) / n,
-        "staleness_max": max(counts),
-        "staleness_hist": {str(k): v for k, v in sorted(counts.items())},
-    }
 
 
 class DistributedLearner:
@@ -188,6 +176,7 @@ class DistributedLearner:
             self.publisher.publish(learner.version, learner.state_dict_for_rollout())
             time_publish = time.perf_counter() - t_pub
             stats = self.collector.stats
+            lags = trained_lags(trajectories, learner.version - 1)
             step_time = time.perf_counter() - t_wait
             metrics.update(batch_metrics(trajectories, step_time))
             metrics.update(
@@ -201,14 +190,14 @@ class DistributedLearner:
                 duplicates_total=stats.duplicates,
                 weight_sync_failures=getattr(self.publisher, "failures", 0),
                 weight_sync_members=len(getattr(self.publisher, "alive_members", [])),
-                **staleness_summary(self._batch_staleness(trajectories)),
+                **staleness_summary(lags),
             )
             step = learner.step
             if step % cfg.task.eval_every == 0 or step == cfg.run.steps:
                 metrics["eval_greedy_accuracy"] = self.evaluate()["greedy_accuracy"]
             t_wait = time.perf_counter()
             status = {"weight_version": learner.version, "queue_depths": self.queue_depths(),
-                      "staleness": metrics["staleness_hist"], "tokens_per_s": metrics["tokens_per_s"],
+                      "staleness": staleness_status(lags), "tokens_per_s": metrics["tokens_per_s"],
                       "step_time_s": step_time}
             control.after_step(learner.controller, metrics, status)
             self.outputs.log_step(metrics)
@@ -221,11 +210,6 @@ class DistributedLearner:
         if rt.stop.is_set() and self.collector.unacked:
             self.checkpoint()  # SIGTERM: leave nothing trained unsaved
         control.set_phase("finished" if learner.step >= cfg.run.steps else "stopped", step=learner.step)
-
-    def _batch_staleness(self, trajectories) -> Counter:
-        """Lag of each trained trajectory: the version it was trained at minus the one that sampled it."""
-        trained_at = self.learner.version - 1
-        return Counter(trained_at - t.weight_version for t in trajectories)
 
     def close(self) -> None:
         self.publisher.close()

@@ -97,7 +97,7 @@ class Learner:
         tokens = gather_step_tokens(StepTokens(old, ent0, batch.advantages, batch.token_uid, batch.mask))
         h_step = mean_entropy(tokens.entropy, tokens.mask, cfg.loss.agg_mode)  # []
         h_prepass = float(h_step)  # host sync: once per step, before the first backward
-        h_gate = self.lagged_entropy if (cfg.controller.entropy_source == "lagged" and self.lagged_entropy is not None) else h_prepass
+        h_gate = self.lagged_entropy if (self.controller.cfg.entropy_source == "lagged" and self.lagged_entropy is not None) else h_prepass
         is_stare = isinstance(cfg.loss, StareLossConfig)  # the controller steers STARE only
         gate = self.controller.decide(h_gate) if is_stare else False
         w, m = (self.controller.w, self.controller.m) if is_stare else (1.0, 1.0)

@@ -27,7 +27,7 @@ import torch
 import yaml
 
 from stare.config import ConfigError, TrainConfig, build_config
-from stare.run_outputs import RunOutputs, batch_metrics
+from stare.run_outputs import RunOutputs, batch_metrics, staleness_status, staleness_summary, trained_lags
 from stare.runstate import MemoryRunState, RunControl
 
 MAX_EMPTY_STEPS = 20
@@ -248,13 +248,12 @@ class EmbeddedRun:
             control.set_phase("training")
             self.log("resumed")
 
-    def _status(self, trajectories: list, metrics: dict[str, Any]) -> dict[str, Any]:
+    def _status(self, lags: Counter, metrics: dict[str, Any]) -> dict[str, Any]:
         """The run status the control plane shows (queue depths, staleness distribution, throughput)."""
-        lags = Counter(self.learner.version - 1 - t.weight_version for t in trajectories)
         return {
             "tokens_per_s": metrics["tokens_per_s"], "step_time_s": metrics["time_step_s"],
             "queue_depths": {name: getattr(self.transport, name).backlog() for name in ("prompts", "raw", "scored")},
-            "staleness": {"max": max(lags), "counts": {str(k): v for k, v in sorted(lags.items())}},
+            "staleness": staleness_status(lags),
         }
 
     def train(self, stop: StopFlag, on_step: Callable[[dict[str, Any]], None] | None = None,
@@ -289,15 +288,13 @@ class EmbeddedRun:
             self.board.publish(self.learner.version, self.learner.state_dict_for_rollout())
             metrics.update(info)
             metrics.update(batch_metrics(trajectories, time.perf_counter() - t0))
-            metrics.update(
-                algo=cfg.algo,
-                staleness_max=max(self.learner.version - 1 - t.weight_version for t in trajectories),
-            )
+            lags = trained_lags(trajectories, self.learner.version - 1)
+            metrics.update(algo=cfg.algo, **staleness_summary(lags))
             step = self.learner.step
             if step % cfg.task.eval_every == 0 or step == cfg.run.steps:
                 metrics["eval_greedy_accuracy"] = self._evaluate()["greedy_accuracy"]
             if control is not None:
-                control.after_step(self.learner.controller, metrics, self._status(trajectories, metrics))
+                control.after_step(self.learner.controller, metrics, self._status(lags, metrics))
             self.outputs.log_step(metrics)
             self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])
             if on_step is not None:

@@ -42,7 +42,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from stare.config import TrainConfig
+from stare.config import ConfigError, TrainConfig
 from stare.launch import run_until_done, start_redis, stop_redis, with_overrides
 from stare.net import free_port, port_free
 
@@ -203,12 +203,12 @@ class RayLauncher:
                  grace_s: float = 60.0, start_timeout_s: float = 600.0, call_timeout_s: float = 60.0,
                  init_kwargs: dict | None = None, out: TextIO | None = None):
         if rollout < 1 or reward < 1:
-            raise ValueError(f"--rollout ({rollout}) and --reward ({reward}) must be >= 1")
+            raise ConfigError(f"--rollout ({rollout}) and --reward ({reward}) must be >= 1")
         for flag, value in (("--learner-gpus", learner_gpus), ("--rollout-gpus", rollout_gpus)):
             if value is not None and value < 0:
-                raise ValueError(f"{flag} ({value}) must be >= 0")
+                raise ConfigError(f"{flag} ({value}) must be >= 0")
         if max_restarts < 0:
-            raise ValueError(f"--max-restarts ({max_restarts}) must be >= 0")
+            raise ConfigError(f"--max-restarts ({max_restarts}) must be >= 0")
         self.out = out or sys.stdout
         self.lock = threading.Lock()
         self.address, self.init_kwargs = address, dict(init_kwargs or {})

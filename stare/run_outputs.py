@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,29 @@ def batch_metrics(trajectories, elapsed_s: float) -> dict[str, float]:
         "tokens_per_s": sum(lengths) / max(elapsed_s, 1e-9),
         "time_step_s": elapsed_s,
     }
+
+
+def trained_lags(trajectories, trained_at_version: int) -> Counter:
+    """Weight-version lag of each trained trajectory: the version it was trained at minus the one
+    that sampled it (0 = on-policy)."""
+    return Counter(trained_at_version - t.weight_version for t in trajectories)
+
+
+def staleness_summary(lags: Counter) -> dict[str, Any]:
+    """A step's staleness as metrics (both learners)."""
+    n = sum(lags.values())
+    if not n:
+        return {"staleness_mean": None, "staleness_max": None, "staleness_hist": {}}
+    return {
+        "staleness_mean": sum(k * v for k, v in lags.items()) / n,
+        "staleness_max": max(lags),
+        "staleness_hist": {str(k): v for k, v in sorted(lags.items())},
+    }
+
+
+def staleness_status(lags: Counter) -> dict[str, Any]:
+    """A step's staleness as the run status shows it (the control plane's /v1/status and Prometheus)."""
+    return {"max": max(lags) if lags else None, "counts": {str(k): v for k, v in sorted(lags.items())}}
 
 
 class RunOutputs:

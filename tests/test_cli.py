@@ -42,3 +42,12 @@ def test_stare_up_without_a_rollout_worker_fails_naming_the_flag(capsys):
 
     assert main(["up", "--rollout", "0"]) == 2
     assert "--rollout (0)" in capsys.readouterr().err
+
+
+def test_stare_launch_ray_with_bad_counts_fails_naming_the_flag(capsys):
+    from stare.cli import main
+
+    assert main(["launch", "--ray", "--rollout", "0"]) == 2
+    assert "--rollout (0)" in capsys.readouterr().err
+    assert main(["launch", "--ray", "--max-restarts", "-1"]) == 2
+    assert "--max-restarts (-1)" in capsys.readouterr().err

@@ -92,3 +92,29 @@ def test_training_an_existing_run_name_is_refused(fast_overrides):
     run_training(prepare_run(cfg, None), progress=False)
     with pytest.raises(ConfigError, match="run.name"):
         prepare_run(cfg, None)
+
+
+def test_an_entropy_source_changed_at_run_time_feeds_the_gate_from_the_next_step(fast_overrides):
+    from stare.embedded import EmbeddedRun, StopFlag
+    from stare.runstate import MemoryRunState, RunControl
+
+    cfg = prepare_run(build_config({}, overrides=fast_overrides + ["run.name=lagged"]), None)
+    assert cfg.controller.entropy_source == "prepass"
+    run = EmbeddedRun(cfg, resume=False, log=lambda *_: None)
+    state = MemoryRunState("lagged")
+    control = RunControl(state)
+    control.start(run.learner.controller)  # publishes the controller, as train() does
+    state.request_entropy_change({"entropy_source": "lagged"}, "test")  # applied before step 1
+    lagged_after: dict[int, float] = {}
+    steps: list[dict] = []
+
+    def on_step(m: dict) -> None:
+        steps.append(m)
+        lagged_after[m["step"]] = run.learner.lagged_entropy
+
+    try:
+        run.train(StopFlag(), on_step, control)
+    finally:
+        run.close()
+    assert steps[0]["entropy_gate_input"] == steps[0]["entropy"]  # nothing lagged yet at step 1
+    assert steps[1]["entropy_gate_input"] == lagged_after[1] != steps[1]["entropy"]

@@ -40,6 +40,8 @@ def health_url(role: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if "--url" in argv and argv.index("--url") + 1 >= len(argv):
+        raise SystemExit("healthcheck: --url needs a value, e.g. --url http://127.0.0.1:8321/v1/health")
     url = argv[argv.index("--url") + 1] if "--url" in argv else health_url(role_of_pid1())
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:

@@ -36,7 +36,7 @@ def bind(host: str, port: int, *, fallback: bool = True) -> socket.socket:
 
 def url_of(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
-    host = "127.0.0.1" if host in ("0.0.0.0", "") else (f"[{host}]" if ":" in host else host)
+    host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else (f"[{host}]" if ":" in host else host)
     return f"http://{host}:{port}"
 
 

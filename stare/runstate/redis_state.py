@@ -45,11 +45,10 @@ from stare.runstate.base import (
     plan_change,
     role_health,
 )
-from stare.transport.redis_streams import checked_key_part, connect_client, retrying
+from stare.transport.redis_streams import RETRYABLE_ERRORS, checked_key_part, connect_client, retrying
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_RETRYABLE = (redis.ConnectionError, redis.TimeoutError)
 
 
 class RedisRunState:
@@ -76,7 +75,7 @@ class RedisRunState:
         try:
             return retrying(op, f"run state: {what}", op_timeout_s=self.op_timeout_s, retries=self.retries,
                             backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s)
-        except _RETRYABLE as err:
+        except RETRYABLE_ERRORS as err:
             raise RunStateUnavailable(f"run state (Redis) unavailable during {what}: {err}") from err
 
     def _get_json(self, name: str) -> Any:
@@ -88,7 +87,7 @@ class RedisRunState:
     def ping(self) -> bool:
         try:
             return bool(self.client.ping())
-        except _RETRYABLE:
+        except RETRYABLE_ERRORS:
             return False
 
     def beat(self, heartbeat: Heartbeat) -> None:

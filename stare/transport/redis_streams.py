@@ -47,7 +47,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # the run-name rule of stare.config: no ':' in key parts
-_RETRYABLE = (redis.ConnectionError, redis.TimeoutError)  # BusyLoadingError is a ConnectionError
+RETRYABLE_ERRORS = (redis.ConnectionError, redis.TimeoutError)  # BusyLoadingError is a ConnectionError
 
 
 class Codec(Protocol[T]):
@@ -355,7 +355,7 @@ class RedisStream(Generic[T]):
                 if attempt:
                     log.info("stream %s: %s succeeded after %d reconnect attempts", self.key, what, attempt)
                 return result
-            except _RETRYABLE as err:
+            except RETRYABLE_ERRORS as err:
                 attempt += 1
                 elapsed = time.monotonic() - start
                 delay = min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s)
@@ -395,7 +395,7 @@ def retrying(fn: Callable[[], R], what: str, *, op_timeout_s: float = 30.0, retr
         attempt += 1
         try:
             return fn()
-        except _RETRYABLE as err:
+        except RETRYABLE_ERRORS as err:
             if (retries is not None and attempt >= retries) or time.monotonic() - start + delay > op_timeout_s:
                 raise
             log.warning("%s lost the connection (%s); retry %d in %.2fs", what, err, attempt, delay)

@@ -4,7 +4,6 @@ serves a Redis run state; `stare ctl` prints the API's answers and its errors (r
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import time
 
 import httpx
 import pytest
+from stare.learner.deepspeed_engine import child_env
 from control_helpers import TOKEN, started
 from redis_fixtures import free_port
 from stare.services.control.app import create_app
@@ -89,7 +89,7 @@ def test_stare_control_serves_the_redis_run_state(redis_url, controller):
     started(learner_side, controller)
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "stare.cli", "control", "--redis-url", redis_url, "--port", str(port),
-                             "--set", "run.name=ctl-run"], env={**os.environ, "STARE_API_TOKEN": TOKEN},
+                             "--set", "run.name=ctl-run"], env={**child_env(), "STARE_API_TOKEN": TOKEN},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from stare.learner.deepspeed_engine import child_env
 from train_helpers import fast_override_list
 
 pytestmark = pytest.mark.slow
@@ -73,7 +74,7 @@ def run(tiny_model_dir, tmp_path_factory):
         "run.steps=60", "run.checkpoint_every=100", "task.eval_every=2", "control.port=0",
     ]
     cmd = [sys.executable, "-m", "stare.cli", "train", "--no-progress"] + [a for o in overrides for a in ("--set", o)]
-    env = {**os.environ, "STARE_API_TOKEN": TOKEN}
+    env = {**child_env(), "STARE_API_TOKEN": TOKEN}  # not a process group this pytest process formed
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = out / "runs" / "t"
     info = run_dir / "control.json"

@@ -25,6 +25,7 @@ from redis_fixtures import have_redis_server
 
 from stare.config import build_config
 from stare.launch import Launcher
+from stare.runstate.redis_state import RedisRunState
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
 
@@ -199,6 +200,9 @@ def test_strictly_on_policy_with_the_filesystem_backend_samples_with_the_learner
     cfg = _config(tiny_model_dir, tmp_path, steps, system__max_staleness=0, system__weight_sync="filesystem")
     with Run(cfg, rollout=1, reward=1) as run:
         run.wait_finished()
+        status = RedisRunState.connect(run.launcher.redis_url, cfg.run.name).status()
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    assert status["staleness"] == {"max": 0, "counts": {"0": rows}}  # the shape /v1/status and /metrics read
     metrics = [json.loads(line) for line in (tmp_path / "up" / "metrics.jsonl").read_text().splitlines()]
     assert [m["staleness_max"] for m in metrics] == [0] * steps
     # the rollout engine's log-probs equal the learner's recompute: it sampled with the new weights
