@@ -1,7 +1,7 @@
 """Weight broadcast: stare's BroadcastPublisher vs a raw torch.distributed broadcast loop.
 
 A ~100M-parameter fp32 state dict shaped like a small decoder LM (embedding, 6 layers of
-attention + MLP, norms; about 440 MB), sent from one learner process to N receiver processes on
+attention + MLP, norms; about 400 MB = 381 MiB), sent from one learner process to N receiver processes on
 this machine over gloo (loopback), both modes in the same run:
   * raw:   `init_process_group("gloo")` once, then per version `dist.broadcast(t, 0)` for every
            tensor in turn (the obvious loop), receivers into preallocated tensors;

@@ -85,11 +85,12 @@ class DistributedLearner:
         if (ckpt_dir / "latest").is_file():
             state = self.learner.load(ckpt_dir)
             self.collector.load_state_dict(state["collector"])
+            self.feeder.load_state_dict(state["data"])
             resume_step = self.learner.step
             log.info("resumed from %s at step %d", ckpt_dir, resume_step)
         published = retrying(lambda: self.transport.client.hget(self.cursor_key, "cursor"), "HGET feeder cursor")
         # never publish a group twice: continue after what earlier incarnations published
-        self.feeder.cursor = max(int(published or 0), state["data"]["cursor"] if resume_step is not None else 0)
+        self.feeder.cursor = max(int(published or 0), self.feeder.cursor)
         self.outputs = RunOutputs(cfg, resume_step=resume_step)
         self.publisher = build_publisher(cfg, self.transport.client)
         self.publisher.publish(self.learner.version, self.learner.state_dict_for_rollout())
@@ -134,7 +135,7 @@ class DistributedLearner:
     def checkpoint(self) -> None:
         ckpt_dir = self.outputs.ckpt_dir
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        tag = self.learner.save(ckpt_dir, {"data": {"cursor": self.feeder.cursor},
+        tag = self.learner.save(ckpt_dir, {"data": self.feeder.state_dict(),
                                            "collector": self.collector.state_dict()})
         acked = self.collector.ack_trained()  # only now: the checkpoint holds what they trained
         self.outputs.prune_checkpoints()
@@ -152,17 +153,22 @@ class DistributedLearner:
         if learner.step == 0 and not (self.outputs.dir / "eval.jsonl").exists():
             self.evaluate()
         want = cfg.rollout.prompts_per_step
-        t_wait = time.perf_counter()
+        t_wait, paused = time.perf_counter(), False
         while learner.step < cfg.run.steps and not rt.stop.is_set():
             rt.tick(step=learner.step, weight_version=learner.version)
             directives = control.before_step(learner.controller)
             if directives.checkpoint:
                 self.checkpoint()
             if directives.paused:
-                control.set_phase("paused")
+                if not paused:
+                    control.set_phase("paused")
+                    paused = True
                 self.publisher.serve_joiners(learner.version, learner.state_dict_for_rollout)
                 rt.stop.wait(0.5)
                 continue
+            if paused:  # resumed: say so now, not only after the next step (which may wait for data)
+                control.set_phase("training")
+                paused = False
             self.top_up_prompts()
             self.publisher.serve_joiners(learner.version, learner.state_dict_for_rollout)
             self.collector.pull(learner.version, block_s=0.5)

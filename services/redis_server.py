@@ -31,8 +31,6 @@ def have_redis_server() -> bool:
     return shutil.which(REDIS_SERVER) is not None
 
 
-
-
 @dataclass
 class RedisServer:
     dir: Path
@@ -56,15 +54,35 @@ class RedisServer:
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self._wait_for_ping(timeout_s)
 
+    @classmethod
+    def on_free_port(cls, dir: Path, *, appendonly: bool = True, appendfsync: str = "always") -> RedisServer:
+        """Started on a free local port with its files in `dir`; retries a port taken between pick and bind."""
+        dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(3):
+            server = cls(dir, free_port(), appendonly, appendfsync)
+            try:
+                server.start()
+                return server
+            except RuntimeError:
+                server.kill()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM (redis-server flushes its AOF and exits), SIGKILL after grace_s."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
     def kill(self) -> None:
         """SIGKILL: no shutdown hook runs, only what the AOF already holds survives."""
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
-
-    def restart(self) -> None:
-        self.kill()
-        self.start()
 
     def _wait_for_ping(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -87,16 +105,7 @@ class RedisServer:
 @contextlib.contextmanager
 def redis_server(dir: Path, *, appendonly: bool = True, appendfsync: str = "always") -> Iterator[RedisServer]:
     """A running redis-server in `dir`, killed on exit. Retries a port taken between pick and bind."""
-    dir.mkdir(parents=True, exist_ok=True)
-    for attempt in range(3):
-        server = RedisServer(dir, free_port(), appendonly, appendfsync)
-        try:
-            server.start()
-            break
-        except RuntimeError:
-            server.kill()
-            if attempt == 2:
-                raise
+    server = RedisServer.on_free_port(dir, appendonly=appendonly, appendfsync=appendfsync)
     try:
         yield server
     finally:

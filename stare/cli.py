@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPUs each rollout actor requests (default: 1 if the cluster has GPUs, else 0)")
     p.add_argument("--max-restarts", type=int, default=5, help="restarts Ray makes of each crashed actor (default 5)")
     p.add_argument("--start-timeout-s", type=float, default=600.0,
-                   help="limit for the actors to be placed and started, e.g. while waiting for GPUs (default 600)")
+                   help="limit for the whole start: actors placed (e.g. waiting for GPUs) and answering (default 600)")
     p.set_defaults(fn=cmd_launch)
 
     p = sub.add_parser("learner", help="the learner process (DeepSpeed, STARE; publishes prompts and weights)")

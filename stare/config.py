@@ -137,8 +137,9 @@ class SystemSection(_Section):
         "--redis-url override it).",
     )
     max_staleness: int = Field(
-        1, ge=0, description="Largest weight-version lag the learner trains on; 0 is strictly on-policy. Rollout "
-        "stops pulling prompts while it is this many versions ahead of what the learner has published.",
+        1, ge=0, description="Largest weight-version lag the learner trains on; 0 is strictly on-policy. The learner "
+        "keeps prompts_per_step x (1 + max_staleness) groups in flight and stamps each prompt with its weight "
+        "version; rollout waits for that version before sampling it.",
     )
     stale_policy: Literal["drop", "importance"] = Field(
         "drop", description="Trajectories older than max_staleness: drop (counted) or train them with truncated "
@@ -166,7 +167,9 @@ class SystemSection(_Section):
         "another.",
     )
     max_backlog: int = Field(
-        2048, ge=1, description="Bound of each stream's unacknowledged entries; producers wait (backpressure).",
+        2048, ge=1, description="Bound of each stream's unacknowledged entries; producers wait (backpressure). "
+        "The roles add room for what the learner holds until its next checkpoint: "
+        "(run.checkpoint_every + max_staleness + 2) x prompts_per_step x samples_per_prompt.",
     )
     rollout_batch_prompts: int = Field(
         8, ge=1, description="Prompts a rollout worker samples per batch (each gives samples_per_prompt trajectories).",

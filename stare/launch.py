@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, TextIO
 
 import yaml
@@ -62,22 +63,9 @@ def start_redis(dir, say: Callable[[str], None]):
     machine loses no acknowledged trajectory)."""
     from stare.services.redis_server import RedisServer
 
-    server = RedisServer(dir, free_port(), appendfsync="always")
-    server.dir.mkdir(parents=True, exist_ok=True)
-    server.start()
+    server = RedisServer.on_free_port(Path(dir), appendfsync="always")
     say(f"redis-server on {server.url} (AOF in {server.dir})")
     return server
-
-
-def stop_redis(server) -> None:
-    """SIGTERM (redis-server flushes its AOF and exits), SIGKILL after 15 s."""
-    proc = server.proc
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 class Launcher:
@@ -205,7 +193,7 @@ class Launcher:
                 os.killpg(role.proc.pid, signal.SIGKILL)
                 role.proc.wait(timeout=10)
         if self.redis is not None:
-            stop_redis(self.redis)
+            self.redis.stop()
         self.say("stopped")
 
 

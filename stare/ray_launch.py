@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from stare.config import ConfigError, TrainConfig
-from stare.launch import run_until_done, start_redis, stop_redis, with_overrides
+from stare.launch import run_until_done, start_redis, with_overrides
 from stare.net import free_port, port_free
 
 log = logging.getLogger(__name__)
@@ -243,6 +243,11 @@ class RayLauncher:
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
         ray = _ray()
+        deadline = time.monotonic() + self.start_timeout_s  # one limit for the whole start
+
+        def left() -> float:
+            return max(deadline - time.monotonic(), 1.0)
+
         if not ray.is_initialized():
             address, kwargs = self.address or os.environ.get("RAY_ADDRESS"), dict(self.init_kwargs)
             if address is None:  # a new local instance, with a CPU slot for each role whatever the cores
@@ -286,7 +291,7 @@ class RayLauncher:
         if "control" in self.names:
             create("control", 0)
         create("learner", learner_gpus)
-        self.endpoint = _call(ray, self.actors["learner"], "endpoint", timeout_s=self.start_timeout_s,
+        self.endpoint = _call(ray, self.actors["learner"], "endpoint", timeout_s=left(),
                               what="learner actor start")
         for name in self.names:
             if name.startswith("rollout"):
@@ -294,12 +299,13 @@ class RayLauncher:
             elif name.startswith("reward"):
                 create(name, 0)
         for name, actor in self.actors.items():
-            st = _call(ray, actor, "status", timeout_s=self.start_timeout_s, what=f"{name} actor start")
+            st = _call(ray, actor, "status", timeout_s=left(), what=f"{name} actor start")
             self.pids[name] = st["pid"]
             self.say(f"started {name} on {st['host']} (pid {st['pid']})")
         if "control" in self.actors:
-            self.control_url = _call(ray, self.actors["control"], "control_url", self.start_timeout_s,
-                                     timeout_s=self.start_timeout_s + 5, what="control plane start")
+            wait_s = left()
+            self.control_url = _call(ray, self.actors["control"], "control_url", wait_s,
+                                     timeout_s=wait_s + 5, what="control plane start")
             if self.control_url is None:
                 raise RuntimeError(f"the control plane did not answer within {self.start_timeout_s}s "
                                    "(--start-timeout-s; see its log)")
@@ -382,7 +388,7 @@ class RayLauncher:
         for actor in self.actors.values():
             ray.kill(actor, no_restart=True)
         if self.redis is not None:
-            stop_redis(self.redis)
+            self.redis.stop()
         if self._owns_ray:
             ray.shutdown()
         self.say("stopped")

@@ -116,9 +116,6 @@ class RunOutputs:
         for old in tags[: -self.cfg.run.keep_checkpoints]:
             shutil.rmtree(self.ckpt_dir / old, ignore_errors=True)
 
-    def has_checkpoint(self) -> bool:
-        return (self.ckpt_dir / "latest").is_file()
-
     def close(self) -> None:
         self.tb.flush()
         self.tb.close()

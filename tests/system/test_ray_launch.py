@@ -61,7 +61,7 @@ def test_ray_launch_trains_and_survives_a_killed_rollout_actor(tiny_model_dir, t
 
     cfg = _config(tiny_model_dir, tmp_path, STEPS, run__name="ray")
     out = io.StringIO()
-    launcher = RayLauncher(cfg, rollout=2, reward=1, max_restarts=3, grace_s=30, start_timeout_s=120,
+    launcher = RayLauncher(cfg, rollout=2, reward=1, max_restarts=3, grace_s=30, start_timeout_s=300,
                            call_timeout_s=30, init_kwargs=local_ray, out=out)
     result: dict[str, int] = {}
 

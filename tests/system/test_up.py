@@ -220,6 +220,29 @@ def test_strictly_on_policy_with_the_broadcast_backend_samples_with_the_learners
     assert max(m["rollout_logprob_gap"] for m in metrics) < 1e-4
 
 
+def test_a_paused_learner_trains_nothing_and_says_training_again_once_resumed(tiny_model_dir, tmp_path):
+    steps = 4
+    cfg = _config(tiny_model_dir, tmp_path, steps, system__max_staleness=0)
+    with Run(cfg, rollout=1, reward=1, control=False) as run:
+        state = RedisRunState.connect(run.launcher.redis_url, cfg.run.name)
+        run.wait_for_step(1)
+        state.set_paused(True)
+        deadline = time.monotonic() + 60
+        while (state.status() or {}).get("phase") != "paused":
+            assert time.monotonic() < deadline, run.tail()
+            time.sleep(0.1)
+        held = run.steps_done()
+        time.sleep(3.0)
+        assert run.steps_done() == held and state.status()["phase"] == "paused"
+        state.set_paused(False)
+        deadline = time.monotonic() + 60
+        while state.status()["phase"] != "training":
+            assert time.monotonic() < deadline, run.tail()
+            time.sleep(0.1)
+        run.wait_finished()
+        assert state.status()["phase"] == "finished"
+
+
 def _start_up_in_a_terminal_group(tiny_model_dir, tmp_path):
     """`stare up` as a terminal would run it: its own process group, which a Ctrl-C signals whole."""
     import subprocess
