@@ -19,6 +19,28 @@ def _sign(x: float) -> float:
     return 0.0 if x == 0 else math.copysign(1.0, x)
 
 
+def _clip(value: Any, low: Any, high: Any) -> Any:
+    """min(max(value, low), high) when all are numbers; otherwise unchanged (validation names the bad one)."""
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (value, low, high)):
+        return min(max(value, low), high)
+    return value
+
+
+def merge_config(current: dict[str, Any], changes: dict[str, Any]) -> ControllerConfig:
+    """`current` (a config dump with the live W and M) with `changes`, validated as a whole (raises
+    pydantic's ValidationError). W and M, when given, replace the current values; otherwise the
+    current values are clipped into the (new) bounds. The learner and the control plane's
+    validation both use this, so they cannot disagree on what a change means."""
+    merged = {**current, **changes}
+    if "w" not in changes:
+        merged["w"] = _clip(merged["w"], 1.0, merged["w_max"])
+    if "m" not in changes:
+        merged["m"] = _clip(merged["m"], merged["m_min"], 1.0)
+    if merged.get("band") is not None:
+        merged["band"] = tuple(merged["band"])
+    return ControllerConfig.model_validate(merged)
+
+
 class EntropyController:
     def __init__(self, cfg: ControllerConfig):
         self.cfg = cfg
@@ -38,12 +60,7 @@ class EntropyController:
 
         Validated as a whole; on error nothing changes. W and M, when given, replace the current
         values; otherwise the current values are clipped into the new bounds."""
-        merged = {**self.cfg.model_dump(), "w": self.w, "m": self.m, **changes}
-        if "w" not in changes:
-            merged["w"] = min(max(merged["w"], 1.0), merged["w_max"])
-        if "m" not in changes:
-            merged["m"] = min(max(merged["m"], merged["m_min"]), 1.0)
-        self.cfg = ControllerConfig.model_validate(merged)
+        self.cfg = merge_config({**self.cfg.model_dump(), "w": self.w, "m": self.m}, changes)
         self.target, self.band, self.w, self.m = self.cfg.target, self.cfg.band, self.cfg.w, self.cfg.m
 
     def decide(self, entropy: float) -> bool:

@@ -94,14 +94,14 @@ class GroupCollector:
     def pull(self, learner_version: int, max_count: int = 4096, block_s: float = 0.0) -> int:
         """Read what the stream has (waiting up to block_s for it); returns entries read."""
         deliveries = self.scored.consume(self.name, max_count, block_s)
+        duplicates: list[str] = []
         for d in deliveries:
             if d.id in self.held:  # the same entry handed back (a reconnect): still ours
                 continue
             t: Trajectory = d.record
             group = self.partial.get(t.group_id)
             if t.group_id in self.finished or t.group_id in self.closed or (group is not None and t.trajectory_id in group):
-                self.stats.duplicates += 1
-                self.scored.ack([d.id])
+                duplicates.append(d.id)
                 continue
             self.stats.staleness[learner_version - t.weight_version] += 1
             group = self.partial.setdefault(t.group_id, {})
@@ -109,6 +109,9 @@ class GroupCollector:
             self.held.add(d.id)
             if len(group) == t.group_size:
                 self._complete(self.partial.pop(t.group_id), learner_version)
+        if duplicates:  # one acknowledgement for the batch of them
+            self.stats.duplicates += len(duplicates)
+            self.scored.ack(duplicates)
         return len(deliveries)
 
     def _complete(self, group: dict[str, tuple[Trajectory, str]], learner_version: int) -> None:

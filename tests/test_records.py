@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -49,6 +51,15 @@ def test_prompt_task_round_trips():
     p = PromptTask(run_id="r", group_id="g", prompt="1+2=", prompt_token_ids=[1, 2], answer="3", problem_id="x",
                    data_source="d", group_size=4)
     assert PromptTask.from_fields(p.to_fields()) == p
+
+
+def test_prompt_task_keeps_its_minimum_weight_version_and_refuses_unknown_fields():
+    p = PromptTask(run_id="r", group_id="g", prompt="1+2=", prompt_token_ids=[1, 2], answer="3", problem_id="x",
+                   data_source="d", group_size=4, min_weight_version=3)
+    assert PromptTask.from_fields(p.to_fields()).min_weight_version == 3
+    fields = json.loads(p.to_fields()["json"])
+    with pytest.raises(RecordError, match="PromptTask fields do not match schema"):
+        PromptTask.from_fields({"json": json.dumps({**fields, "surprise": 1}).encode()})
 
 
 def test_reward_worker_dead_letters_invalid_records_with_reason_and_scores_the_rest():

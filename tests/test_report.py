@@ -103,6 +103,7 @@ def test_summary_entropy_wall_time_gate_and_final_controller(tmp_path):
     assert s["entropy_final"] == 0.25  # last 10% of 8 steps rounds up to 1 step
     assert s["gate_on_fraction"] == 2 / 8
     assert s["w_final"] == pytest.approx(1.35) and s["m_final"] == pytest.approx(0.65)  # 1 -+ 0.05 * 7
+    assert s["band_last"] == [0.25, 0.35]  # the band the last step ran with
 
 
 def test_summary_heldout_first_and_last_evaluation(tmp_path):
@@ -120,6 +121,7 @@ def test_write_report_writes_valid_pngs_and_summary(tmp_path):
         _assert_png(out / f"{name}.png")
     md = (out / "summary.md").read_text()
     assert "| steps in band after first entering it | 66.7% |" in md
+    assert "| band (last) | [0.2500, 0.3500]: [band_low, band_high] as logged |" in md
     assert "| held-out pass@4 first / last | 0.5000 / 0.7000 |" in md
 
 

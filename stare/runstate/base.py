@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field, ValidationError
 
 from stare.learner.config import ControllerConfig
+from stare.learner.controller import merge_config
 
 DEFAULT_MAX_METRICS = 10_000
 DEFAULT_MAX_AUDIT = 1_000
@@ -167,13 +168,6 @@ def merged_config(published: dict[str, Any] | None, pending: list[AuditEntry]) -
     return config
 
 
-def _clip(value: Any, low: Any, high: Any) -> Any:
-    """min(max(value, low), high) when all are numbers; otherwise unchanged (validation names the bad one)."""
-    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (value, low, high)):
-        return min(max(value, low), high)
-    return value
-
-
 def validate_change(current: dict[str, Any], changes: dict[str, Any]) -> ControllerConfig:
     """`current` merged with `changes`, validated as a whole; raises EntropyChangeError naming the field."""
     if not changes:
@@ -181,22 +175,14 @@ def validate_change(current: dict[str, Any], changes: dict[str, Any]) -> Control
     for key in changes:
         if key not in SETTABLE_FIELDS:
             raise EntropyChangeError(key, f"unknown field; settable fields are {', '.join(SETTABLE_FIELDS)}")
-    merged = {**current, **changes}
-    # As EntropyController.reconfigure: W and M not given are clipped into the (new) bounds.
-    if "w" not in changes:
-        merged["w"] = _clip(merged["w"], 1.0, merged["w_max"])
-    if "m" not in changes:
-        merged["m"] = _clip(merged["m"], merged["m_min"], 1.0)
-    if merged.get("band") is not None:
-        merged["band"] = tuple(merged["band"])
     try:
-        return ControllerConfig.model_validate(merged)
+        return merge_config(current, changes)
     except ValidationError as err:
         first = err.errors()[0]
         loc = [str(p) for p in first["loc"]]
         field = loc[0] if loc else (_FIELD_IN_MESSAGE.findall(first["msg"]) or ["body"])[0]
         message = first["msg"].removeprefix("Value error, ")
-        raise EntropyChangeError(field, f"{message} (got {merged.get(field)!r}); send a value that satisfies this") from None
+        raise EntropyChangeError(field, f"{message} (got {({**current, **changes}).get(field)!r}); send a value that satisfies this") from None
 
 
 def plan_change(entry_id: int, current: dict[str, Any], changes: dict[str, Any], who: str, when: float) -> AuditEntry:

@@ -1,5 +1,5 @@
 """Shared checks of the deployment artefacts (compose, Kubernetes, Ray): the `stare` command lines
-they run and the environment variables they set, against the code and the roles' contract."""
+they run and the environment variables they set, against the code."""
 
 from __future__ import annotations
 
@@ -13,17 +13,6 @@ REPO = Path(__file__).resolve().parents[2]
 # The packages whose source is "the code" (pyproject.toml's package-dir), not deploy/ itself.
 SOURCE_DIRS = ["stare", "learner", "rollout", "reward", "services"]
 
-# The roles' command-line contract (issue 7). Used only for subcommands not registered yet; once a
-# subcommand exists, its real argparse parser is the judge.
-CONTRACT_FLAGS = {
-    "rollout": {"--config", "--set", "--redis-url", "--name"},
-    "reward": {"--config", "--set", "--redis-url", "--name"},
-    "learner": {"--config", "--set", "--redis-url", "--name"},
-    "control": {"--config", "--redis-url", "--host", "--port"},
-    "up": {"--config", "--rollout", "--reward", "--redis-url"},
-}
-# Variables the roles' contract says the code reads; until it does, a check skips with the reason.
-CONTRACT_ENV = {"STARE_REDIS_URL", "STARE_API_TOKEN", "STARE_HEALTH_PORT", "STARE_WORKER_NAME", "STARE_CACHE_DIR"}
 # Variables read by a library, not by stare: name -> the installed module whose source reads it.
 LIBRARY_ENV = {"HF_HUB_OFFLINE": "huggingface_hub.constants", "TORCH_EXTENSIONS_DIR": "torch.utils.cpp_extension"}
 
@@ -37,22 +26,15 @@ def registered_subcommands() -> set[str]:
 
 
 def check_stare_argv(argv: list[str], where: str) -> None:
-    """Fail when `stare *argv` is not a valid command line. A subcommand not registered yet is
-    checked against CONTRACT_FLAGS and then skipped, so the real check starts when it lands."""
+    """Fail when `stare *argv` is not a valid command line of stare.cli."""
     assert argv, f"{where}: empty command"
-    sub = argv[0]
-    if sub in registered_subcommands():
-        from stare.cli import build_parser
+    assert argv[0] in registered_subcommands(), f"{where}: `stare {argv[0]}` is not a subcommand of stare.cli"
+    from stare.cli import build_parser
 
-        try:
-            build_parser().parse_args(argv)
-        except SystemExit as err:
-            pytest.fail(f"{where}: `stare {' '.join(argv)}` does not parse (exit {err.code})")
-        return
-    assert sub in CONTRACT_FLAGS, f"{where}: `stare {sub}` is neither a registered subcommand nor in the contract"
-    flags = {a.split("=", 1)[0] for a in argv[1:] if a.startswith("--")}
-    assert flags <= CONTRACT_FLAGS[sub], f"{where}: flags {sorted(flags - CONTRACT_FLAGS[sub])} not in the contract of `stare {sub}`"
-    pytest.skip(f"`stare {sub}` is not registered in stare.cli yet; checked against the contract only")
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit as err:
+        pytest.fail(f"{where}: `stare {' '.join(argv)}` does not parse (exit {err.code})")
 
 
 def _source_texts(dirs: list[Path]) -> str:
@@ -66,8 +48,7 @@ def code_reads_env(name: str) -> bool:
 
 
 def check_env_name(name: str, where: str) -> None:
-    """Fail unless the code (or the library named in LIBRARY_ENV) reads `name`; skip for a contract
-    variable the code does not read yet."""
+    """Fail unless the code (or the library named in LIBRARY_ENV) reads `name`."""
     if name in LIBRARY_ENV:
         import importlib
 
@@ -76,21 +57,17 @@ def check_env_name(name: str, where: str) -> None:
         return
     if code_reads_env(name):
         return
-    if name in CONTRACT_ENV:
-        pytest.skip(f"{name} is in the roles' contract but the code does not read it yet")
     pytest.fail(f"{where}: sets {name}, which no code reads (grep of {', '.join(SOURCE_DIRS)})")
 
 
 def control_plane_status(path: str) -> int:
     """HTTP status of GET `path` on the control plane's FastAPI app (in-memory run state, no Redis);
     404 means the app does not serve the path."""
-    try:
-        from stare.config import ControlSection
-        from stare.runstate.memory import MemoryRunState
-        from stare.services.control.app import create_app
-    except ImportError as err:
-        pytest.skip(f"the control plane is not importable yet: {err}")
     from fastapi.testclient import TestClient
+
+    from stare.config import ControlSection
+    from stare.runstate.memory import MemoryRunState
+    from stare.services.control.app import create_app
 
     app = create_app(MemoryRunState("probe"), ControlSection(), "probe", token="probe-token")
     return TestClient(app).get(path).status_code
