@@ -18,6 +18,10 @@
   into the same weights.
 * `state_dict` (in the checkpoint) holds the finished groups: ids of the form g<ordinal> are kept
   compactly as a watermark (every group below it is finished) plus the finished ones above it.
+  A group filtered or dropped after the last checkpoint is acknowledged at once (its entries do not
+  wait), so the decision is written to a `DecisionLog` first (Redis for the distributed learner):
+  a restarted learner adds those groups to the finished set it restores, and the log is cleared
+  once a checkpoint holds them. Without it such a group would count as in flight for ever.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from stare.records import Trajectory
 from stare.transport.base import RecordStream
@@ -77,9 +81,33 @@ class FinishedGroups:
         self.watermark, self.above, self.other = int(state["watermark"]), set(state["above"]), set(state["other"])
 
 
+class DecisionLog(Protocol):
+    """Durable record of the groups finished without training since the last checkpoint."""
+
+    def record(self, group_id: str) -> None: ...
+
+    def recorded(self) -> set[str]: ...
+
+    def clear(self) -> None: ...
+
+
+class MemoryDecisionLog:
+    def __init__(self) -> None:
+        self.groups: set[str] = set()
+
+    def record(self, group_id: str) -> None:
+        self.groups.add(group_id)
+
+    def recorded(self) -> set[str]:
+        return set(self.groups)
+
+    def clear(self) -> None:
+        self.groups.clear()
+
+
 class GroupCollector:
     def __init__(self, scored: RecordStream, *, name: str, dynamic_sampling: bool, max_staleness: int | None = None,
-                 keep_stale: bool = False):
+                 keep_stale: bool = False, decisions: DecisionLog | None = None):
         self.scored, self.name = scored, name
         self.dynamic_sampling = dynamic_sampling
         self.max_staleness, self.keep_stale = max_staleness, keep_stale
@@ -90,6 +118,8 @@ class GroupCollector:
         self.closed: set[str] = set()  # groups complete and not yet finished (ready, or taken for a step)
         self.held: set[str] = set()  # entry ids collected and not yet acknowledged (partial, ready, taken, unacked)
         self.stats = GroupStats()
+        self.decisions = decisions
+        self._merge_decisions()
 
     def pull(self, learner_version: int, max_count: int = 4096, block_s: float = 0.0) -> int:
         """Read what the stream has (waiting up to block_s for it); returns entries read."""
@@ -132,6 +162,8 @@ class GroupCollector:
 
     def _finish(self, group_id: str, ids: list[str]) -> None:
         """A group decided without training (filtered, stale): final, acknowledged now."""
+        if self.decisions is not None:
+            self.decisions.record(group_id)  # before the ack: a crash in between only repeats the decision
         self.finished.add(group_id)
         self.scored.ack(ids)
         self.held.difference_update(ids)
@@ -154,6 +186,8 @@ class GroupCollector:
         self.scored.ack(ids)
         self.held.difference_update(ids)
         self.unacked = []
+        if self.decisions is not None:
+            self.decisions.clear()  # the checkpoint's finished set holds them now
         return n
 
     def state_dict(self) -> dict[str, Any]:
@@ -161,3 +195,10 @@ class GroupCollector:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.finished.load_state_dict(state["finished"])
+        self._merge_decisions()
+
+    def _merge_decisions(self) -> None:
+        """Add the groups decided after the checkpoint (or before any) that the log still holds."""
+        if self.decisions is not None:
+            for group_id in self.decisions.recorded():
+                self.finished.add(group_id)

@@ -30,7 +30,7 @@ import torch
 
 from stare.config import TrainConfig
 from stare.run_outputs import batch_metrics, staleness_status, staleness_summary, trained_lags
-from stare.transport.redis_streams import retrying
+from stare.transport.redis_streams import retrying, run_key
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,24 @@ def build_publisher(cfg: TrainConfig, client):
     return FilesystemPublisher(client, cfg.run.name, s.weight_dir or cfg.run_dir / "weights")
 
 
+class RedisDecisionLog:
+    """The groups the learner filtered or dropped since its last checkpoint, as a Redis set (see
+    learner/groups.py: a restarted learner must know them, their entries are acknowledged)."""
+
+    def __init__(self, client, run_id: str):
+        self.client, self.key = client, run_key(run_id, "decided")
+
+    def record(self, group_id: str) -> None:
+        retrying(lambda: self.client.sadd(self.key, group_id), "SADD decided group")
+
+    def recorded(self) -> set[str]:
+        return {g.decode() if isinstance(g, bytes) else g
+                for g in retrying(lambda: self.client.smembers(self.key), "SMEMBERS decided groups")}
+
+    def clear(self) -> None:
+        retrying(lambda: self.client.delete(self.key), "DEL decided groups")
+
+
 class DistributedLearner:
     def __init__(self, cfg: TrainConfig, rt, redis_url: str):
         from transformers import AutoTokenizer
@@ -60,7 +78,6 @@ class DistributedLearner:
         from stare.run_outputs import RunOutputs
         from stare.tasks.base import build_task
         from stare.services.process import connect_transport
-        from stare.transport.redis_streams import run_key
 
         self.cfg, self.rt = cfg, rt
         if cfg.run.threads is not None:
@@ -79,7 +96,8 @@ class DistributedLearner:
         s = cfg.system
         self.collector = GroupCollector(self.transport.scored, name=LEARNER_CONSUMER,
                                         dynamic_sampling=cfg.data.dynamic_sampling, max_staleness=s.max_staleness,
-                                        keep_stale=s.stale_policy == "importance")
+                                        keep_stale=s.stale_policy == "importance",
+                                        decisions=RedisDecisionLog(self.transport.client, cfg.run.name))
         resume_step = None
         ckpt_dir = cfg.run_dir / "checkpoints"
         if (ckpt_dir / "latest").is_file():

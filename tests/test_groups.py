@@ -1,6 +1,8 @@
+import pytest
+from redis_fixtures import have_redis_server, redis_server
 from test_records import make_trajectory
 
-from stare.learner.groups import GroupCollector
+from stare.learner.groups import GroupCollector, MemoryDecisionLog
 from stare.transport.memory import MemoryStream
 
 
@@ -144,3 +146,44 @@ def test_a_group_older_than_max_staleness_is_dropped_whole_or_kept_for_importanc
         c.pull(3)
         taken, _ = c.take(10)
         assert [t.group_id for t in taken] == expected and c.stats.stale_groups == (0 if keep_stale else 1)
+
+
+
+def _memory_log():
+    yield MemoryDecisionLog()
+
+
+def _redis_log(tmp_path):
+    import redis
+
+    from stare.learner.role import RedisDecisionLog
+
+    with redis_server(tmp_path / "redis") as server:
+        yield RedisDecisionLog(redis.Redis.from_url(server.url, socket_timeout=10), "run")
+
+
+@pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=pytest.mark.skipif(
+    not have_redis_server(), reason="redis-server is not on PATH"))])
+def test_a_group_filtered_after_the_checkpoint_is_still_finished_after_a_restart(backend, tmp_path):
+    logs = _memory_log() if backend == "memory" else _redis_log(tmp_path)
+    log = next(logs)
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=True, decisions=log)
+    s.publish(_feeder_group(0))
+    c.pull(0)
+    c.trained(*c.take(1))
+    checkpoint = c.state_dict()
+    c.ack_trained()
+    s.publish(_feeder_group(1, rewards=(1.0, 1.0)))  # filtered, and acknowledged at once
+    c.pull(1)
+    assert s.backlog() == 0 and c.stats.filtered_groups == 1
+    restarted = GroupCollector(s, name="l", dynamic_sampling=True, decisions=log)  # the learner died
+    restarted.load_state_dict(checkpoint)
+    assert "g000000001" in restarted.finished and len(restarted.finished) == 2  # not in flight for ever
+    later = restarted.state_dict()  # its next checkpoint holds the decision itself ...
+    restarted.ack_trained()
+    assert log.recorded() == set()  # ... so the log is cleared
+    fresh = GroupCollector(s, name="l", dynamic_sampling=True, decisions=log)
+    fresh.load_state_dict(later)
+    assert len(fresh.finished) == 2
+    logs.close()
