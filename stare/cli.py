@@ -242,8 +242,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; build-model and sandbox get their whole argument list (also --help) in
+    `rest` for their own parser (argparse's REMAINDER does not take a leading option)."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and getattr(args, "rest", None) is not None:
+        args.rest = unknown + args.rest
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     from stare.config import ConfigError
 
     try:

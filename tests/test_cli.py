@@ -51,3 +51,19 @@ def test_stare_launch_ray_with_bad_counts_fails_naming_the_flag(capsys):
     assert "--rollout (0)" in capsys.readouterr().err
     assert main(["launch", "--ray", "--max-restarts", "-1"]) == 2
     assert "--max-restarts (-1)" in capsys.readouterr().err
+
+
+def test_build_model_and_sandbox_get_their_whole_argument_list_including_leading_options():
+    from stare.cli import parse_args
+
+    assert parse_args(["build-model", "--quiet", "--out", "/x"]).rest == ["--quiet", "--out", "/x"]
+    assert parse_args(["build-model", "--help"]).rest == ["--help"]
+    assert parse_args(["sandbox", "run", "--cpu-s", "1", "f.py"]).rest == ["run", "--cpu-s", "1", "f.py"]
+
+
+def test_an_unknown_option_of_another_subcommand_is_still_an_error(capsys):
+    from stare.cli import parse_args
+
+    with pytest.raises(SystemExit) as err:
+        parse_args(["train", "--bogus"])
+    assert err.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err

@@ -2,8 +2,8 @@
 
 The app keeps no run state of its own (only its settings and the auth policy), so several replicas
 can serve one Redis. Errors are JSON `{"detail": "...", "errors": [{"field", "message"}]}`: 422
-names the field (body validation, band order, bounds), 409 when no learner has published its
-controller yet, 503 when the store does not answer within its retry budget.
+names the field (body validation, band order, bounds); before a learner has published its controller,
+GET /v1/entropy is 404 and a change 409; 503 when the store does not answer within its retry budget.
 """
 
 from __future__ import annotations

@@ -29,10 +29,10 @@ def check_stare_argv(argv: list[str], where: str) -> None:
     """Fail when `stare *argv` is not a valid command line of stare.cli."""
     assert argv, f"{where}: empty command"
     assert argv[0] in registered_subcommands(), f"{where}: `stare {argv[0]}` is not a subcommand of stare.cli"
-    from stare.cli import build_parser
+    from stare.cli import parse_args
 
     try:
-        build_parser().parse_args(argv)
+        parse_args(argv)
     except SystemExit as err:
         pytest.fail(f"{where}: `stare {' '.join(argv)}` does not parse (exit {err.code})")
 
