@@ -1,31 +1,40 @@
 """Weight broadcast: stare's BroadcastPublisher vs a raw torch.distributed broadcast loop.
 
-A ~100M-parameter fp32 state dict shaped like a small decoder LM (embedding, 6 layers of
-attention + MLP, norms; about 400 MB = 381 MiB), sent from one learner process to N receiver processes on
-this machine over gloo (loopback), both modes in the same run:
+A decoder-LM-shaped fp32 state dict (embedding, 6 layers of attention + MLP, norms; 100M
+parameters = 381 MiB by default) sent from one learner process to N receiver processes on this
+machine over gloo (loopback), both modes in the same run:
   * raw:   `init_process_group("gloo")` once, then per version `dist.broadcast(t, 0)` for every
-           tensor in turn (the obvious loop), receivers into preallocated tensors;
-  * stare: `BroadcastPublisher.publish` (TCPStore rendezvous, run-time gloo group, tensors packed
-           into flat per-dtype buffers of <= 256 MB) to `BroadcastSubscriber`s (background
-           receiver threads; the receiver process takes the new version with `fetch`).
+           tensor in turn (the obvious loop), receivers into preallocated tensors; the sender is a
+           process of its own, like the receivers;
+  * stare: `BroadcastPublisher.publish` (TCPStore rendezvous, a gloo group formed at run time,
+           stare/weight_sync/broadcast.py) to `BroadcastSubscriber`s (background receiver
+           threads; the receiver process takes the new version with `fetch`).
 Each timed round ends when every receiver has the whole version in hand and said so through a
 TCPStore key (the same acknowledgement in both modes). One uncounted warm-up round first (it
 forms the groups); each cell is the median of `--rounds`. Ratio = stare throughput / raw
-throughput (target >= 0.8).
+throughput (target >= 0.95). Every process runs one torch thread.
 
 Usage: python bench/bench_broadcast.py [--receivers 2] [--rounds 5] [--params-m 100]
+(or `stare bench broadcast`)
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
 from datetime import timedelta
+from typing import Any
+
+from stare.bench.common import format_table, median, row
 
 TIMEOUT_S = 300.0
+TARGET = 0.95
+QUICK = dict(params_m=100.0, receivers=2, rounds=5)
+FULL = dict(params_m=100.0, receivers=2, rounds=9)
 
 
 def make_state(params_m: float):
@@ -33,7 +42,10 @@ def make_state(params_m: float):
     import torch
 
     hidden, layers = 1024, 6
-    per_layer = 4 * hidden * hidden + 3 * hidden * 2816 + 2 * hidden
+    if params_m < 40:  # small sizes (tests): a narrower model of the same shape
+        hidden, layers = 128, 2
+    ffn = hidden * 11 // 4
+    per_layer = 4 * hidden * hidden + 3 * hidden * ffn + 2 * hidden
     vocab = max(int((params_m * 1e6 - layers * per_layer - hidden) / hidden), 1000)
     g = torch.Generator().manual_seed(0)
     state = {"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=g)}
@@ -41,13 +53,17 @@ def make_state(params_m: float):
         p = f"model.layers.{i}."
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             state[p + f"self_attn.{name}.weight"] = torch.randn(hidden, hidden, generator=g)
-        state[p + "mlp.gate_proj.weight"] = torch.randn(2816, hidden, generator=g)
-        state[p + "mlp.up_proj.weight"] = torch.randn(2816, hidden, generator=g)
-        state[p + "mlp.down_proj.weight"] = torch.randn(hidden, 2816, generator=g)
+        state[p + "mlp.gate_proj.weight"] = torch.randn(ffn, hidden, generator=g)
+        state[p + "mlp.up_proj.weight"] = torch.randn(ffn, hidden, generator=g)
+        state[p + "mlp.down_proj.weight"] = torch.randn(hidden, ffn, generator=g)
         state[p + "input_layernorm.weight"] = torch.ones(hidden)
         state[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
     state["model.norm.weight"] = torch.ones(hidden)
     return state
+
+
+def _quiet() -> None:
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # no c10d warning per 1 s store-wait slice
 
 
 def _ack_store(port: int, master: bool):
@@ -57,7 +73,34 @@ def _ack_store(port: int, master: bool):
                          timeout=timedelta(seconds=TIMEOUT_S))
 
 
+def _await_acks(acks, r: int, world: int) -> None:
+    acks.wait([f"ack/{r}/{rank}" for rank in range(1, world)], timedelta(seconds=TIMEOUT_S))
+
+
+def raw_sender(world: int, pg_port: int, ack_port: int, params_m: float, rounds: int, out) -> None:
+    _quiet()
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    state = make_state(params_m)
+    acks = _ack_store(ack_port, False)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{pg_port}", rank=0, world_size=world,
+                            timeout=timedelta(seconds=TIMEOUT_S))
+    times = []
+    for r in range(rounds + 1):
+        t0 = time.perf_counter()
+        for t in state.values():
+            dist.broadcast(t, 0)
+        _await_acks(acks, r, world)
+        if r:
+            times.append(time.perf_counter() - t0)
+    dist.destroy_process_group()
+    out.put(times)
+
+
 def raw_receiver(rank: int, world: int, pg_port: int, ack_port: int, params_m: float, rounds: int) -> None:
+    _quiet()
     import torch
     import torch.distributed as dist
 
@@ -74,6 +117,7 @@ def raw_receiver(rank: int, world: int, pg_port: int, ack_port: int, params_m: f
 
 
 def stare_receiver(rank: int, world: int, pub_port: int, ack_port: int, params_m: float, rounds: int) -> None:
+    _quiet()
     import torch
 
     from stare.weight_sync.broadcast import BroadcastSubscriber
@@ -90,35 +134,33 @@ def stare_receiver(rank: int, world: int, pub_port: int, ack_port: int, params_m
     sub.close()
 
 
-def _await_acks(acks, r: int, world: int) -> None:
-    acks.wait([f"ack/{r}/{rank}" for rank in range(1, world)], timedelta(seconds=TIMEOUT_S))
+def _join(procs, what: str) -> None:
+    for p in procs:
+        p.join(timeout=60)
+    bad = [p.exitcode for p in procs if p.exitcode != 0]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    if bad:
+        raise RuntimeError(f"{what}: a process exited with {bad}")
 
 
-def bench_raw(state, receivers: int, rounds: int, params_m: float) -> list[float]:
-    import torch.distributed as dist
-
+def bench_raw(receivers: int, rounds: int, params_m: float) -> list[float]:
     from stare.net import free_port
 
     world, pg_port, ack_port = receivers + 1, free_port(), free_port()
-    acks = _ack_store(ack_port, True)
+    acks = _ack_store(ack_port, True)  # noqa: F841 (hosts the acknowledgement keys)
     ctx = mp.get_context("spawn")
+    out = ctx.Queue()
     procs = [ctx.Process(target=raw_receiver, args=(rank, world, pg_port, ack_port, params_m, rounds))
              for rank in range(1, world)]
+    procs.append(ctx.Process(target=raw_sender, args=(world, pg_port, ack_port, params_m, rounds, out)))
     for p in procs:
         p.start()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{pg_port}", rank=0, world_size=world,
-                            timeout=timedelta(seconds=TIMEOUT_S))
-    times = []
-    for r in range(rounds + 1):
-        t0 = time.perf_counter()
-        for t in state.values():
-            dist.broadcast(t, 0)
-        _await_acks(acks, r, world)
-        if r:
-            times.append(time.perf_counter() - t0)
-    dist.destroy_process_group()
-    for p in procs:
-        p.join(timeout=60)
+    try:
+        times = out.get(timeout=TIMEOUT_S * 2)
+    finally:
+        _join(procs, "raw broadcast")
     return times
 
 
@@ -134,24 +176,48 @@ def bench_stare(state, receivers: int, rounds: int, params_m: float) -> list[flo
              for rank in range(1, world)]
     for p in procs:
         p.start()
-    deadline = time.monotonic() + TIMEOUT_S
-    while pub.store.add("joins", 0) < receivers:  # everyone asked to join before the warm-up round
-        if time.monotonic() > deadline:
-            raise TimeoutError("receivers never asked to join")
-        time.sleep(0.01)
-    times = []
-    for r in range(rounds + 1):
-        t0 = time.perf_counter()
-        pub.publish(r + 1, state)
-        _await_acks(acks, r, world)
-        if r:
-            times.append(time.perf_counter() - t0)
-    if pub.failures:
-        raise RuntimeError(f"{pub.failures} broadcasts failed")
-    for p in procs:
-        p.join(timeout=60)
-    pub.close()
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while pub.store.add("joins", 0) < receivers:  # everyone asked to join before the warm-up round
+            if time.monotonic() > deadline:
+                raise TimeoutError("receivers never asked to join")
+            time.sleep(0.01)
+        times = []
+        for r in range(rounds + 1):
+            t0 = time.perf_counter()
+            pub.publish(r + 1, state)
+            _await_acks(acks, r, world)
+            if r:
+                times.append(time.perf_counter() - t0)
+        if pub.failures:
+            raise RuntimeError(f"{pub.failures} broadcasts failed")
+    finally:
+        _join(procs, "stare broadcast")
+        pub.close()
     return times
+
+
+def measure(*, params_m: float, receivers: int, rounds: int) -> list[dict[str, Any]]:
+    """One row: BroadcastPublisher's GB/s over the raw loop's (medians; the two modes run one after
+    the other, raw first, each with its own processes)."""
+    _quiet()
+    import torch
+
+    torch.set_num_threads(1)
+    state = make_state(params_m)
+    n_bytes = sum(t.numel() * t.element_size() for t in state.values())
+    n_params = sum(t.numel() for t in state.values())
+    raw = bench_raw(receivers, rounds, params_m)
+    ours = bench_stare(state, receivers, rounds, params_m)
+    spread = [min(raw) / max(ours), max(raw) / min(ours)]  # unpaired: the modes ran one after the other
+    return [row("broadcast", f"BroadcastPublisher vs raw gloo dist.broadcast loop, {n_params / 1e6:.0f}M fp32 "
+                f"params ({n_bytes / 2**20:.0f} MiB) to {receivers} receiver(s)",
+                ours=n_bytes / median(ours) / 1e9, baseline=n_bytes / median(raw) / 1e9, unit="GB/s", target=TARGET,
+                spread=spread, repeats=rounds, samples={"ours_s": ours, "baseline_s": raw})]
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    return measure(**(QUICK if quick else FULL))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,26 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--params-m", type=float, default=100.0)
     args = parser.parse_args(argv)
-    import os
-
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # no c10d warning per 1 s store-wait slice
-    import torch
-
-    torch.set_num_threads(1)
-    state = make_state(args.params_m)
-    n_params = sum(t.numel() for t in state.values())
-    n_bytes = sum(t.numel() * t.element_size() for t in state.values())
-    print(f"state dict: {len(state)} tensors, {n_params / 1e6:.1f}M parameters, {n_bytes / 2**20:.0f} MiB; "
-          f"{args.receivers} receivers; median of {args.rounds} rounds after 1 warm-up", flush=True)
-    raw = bench_raw(state, args.receivers, args.rounds, args.params_m)
-    ours = bench_stare(state, args.receivers, args.rounds, args.params_m)
-    rows = [("raw dist.broadcast loop", raw), ("stare BroadcastPublisher", ours)]
-    print(f"\n{'mode':<28}{'median s':>10}{'GB/s':>8}")
-    for name, times in rows:
-        med = statistics.median(times)
-        print(f"{name:<28}{med:>10.3f}{n_bytes / med / 1e9:>8.2f}")
-    ratio = statistics.median(raw) / statistics.median(ours)
-    print(f"\nratio stare/raw throughput: {ratio:.2f} (target >= 0.80)")
+    rows = measure(params_m=args.params_m, receivers=args.receivers, rounds=args.rounds)
+    print(f"median of {args.rounds} rounds after 1 warm-up; ours = BroadcastPublisher, baseline = raw loop; "
+          f"ratio = throughput ratio")
+    print(format_table(rows))
+    print("seconds per round: " + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in rows[0]["samples"].items()))
     return 0
 
 

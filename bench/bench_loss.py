@@ -4,23 +4,29 @@ Times one optimizer step's loss work, forward + backward, over all micro-batches
   * from-logits: token log-probs and entropy from [mb, L, V] logits (log_softmax), then the policy
     loss; this is what the learner runs per micro-batch, and where the <= 3% target applies;
   * loss-only: the policy loss from token log-probs (elementwise work only; STARE's extra
-    comparisons are a visible share of that small cost).
+    comparisons are a visible share of that small cost; no target).
 STARE's time includes `plan_step` (the once-per-step sort that fixes the selection thresholds).
+The two losses alternate repeat by repeat (after one warm-up each); each cell is a median.
 
 Usage: python bench/bench_loss.py [--seqs 64] [--length 512] [--vocab 16384] [--micro-batch 8] [--repeats 5]
+(or `stare bench loss`)
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+from typing import Any
 
 import torch
 
+from stare.bench.common import format_table, interleave, paired_row, timed
 from stare.learner.config import GrpoLossConfig, StareLossConfig
 from stare.learner.policy_loss import LossInputs, policy_loss
 from stare.learner.step_plan import StepTokens, plan_step
+
+TARGET = 1.03  # STARE / GRPO time, from logits
+QUICK = dict(seqs=32, length=256, vocab=16384, micro_batch=8, repeats=5)
+FULL = dict(seqs=64, length=512, vocab=16384, micro_batch=8, repeats=7)
 
 
 def make_step(seqs: int, length: int, vocab: int, seed: int = 0):
@@ -59,13 +65,35 @@ def run_step(cfg, step, logits_mb: list[torch.Tensor] | None, old_logp: torch.Te
             logits_mb[i].grad = None
 
 
-def time_it(fn, repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
+def measure(*, seqs: int, length: int, vocab: int, micro_batch: int, repeats: int) -> list[dict[str, Any]]:
+    """Rows `loss` (from logits, target <= 1.03) and `loss/elementwise` (no target): STARE's step
+    time over GRPO's, medians of interleaved repeats."""
+    torch.manual_seed(0)
+    step = make_step(seqs, length, vocab)
+    logits = [torch.randn(min(micro_batch, seqs - a), length, vocab) for a in range(0, seqs, micro_batch)]
+    with torch.no_grad():
+        parts = [token_logprobs_entropy(lg, step["tokens"][a : a + micro_batch])
+                 for lg, a in zip(logits, range(0, seqs, micro_batch))]
+    old_logp = torch.cat([p[0] for p in parts])  # [S, L]
+    entropy0 = torch.cat([p[1] for p in parts])  # [S, L]
+    grpo, stare = GrpoLossConfig(), StareLossConfig(variant="C2")
+    size = f"{seqs} seqs x {length} tokens, vocab {vocab:,}, micro-batch {micro_batch}"
+    rows = []
+    for name, what, lg, target in (
+        ("loss", f"STARE vs GRPO step from logits, fwd+bwd ({size})", logits, TARGET),
+        ("loss/elementwise", f"STARE vs GRPO policy loss from log-probs only ({size})", None, None),
+    ):
+        t = interleave({
+            "grpo": lambda: timed(lambda: run_step(grpo, step, lg, old_logp, entropy0, micro_batch)),
+            "stare": lambda: timed(lambda: run_step(stare, step, lg, old_logp, entropy0, micro_batch)),
+        }, repeats)
+        rows.append(paired_row(name, what, t["stare"], t["grpo"], unit="s", target=target, higher_is_better=False,
+                               threads=torch.get_num_threads()))
+    return rows
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    return measure(**(QUICK if quick else FULL))
 
 
 def main(argv=None) -> None:
@@ -76,35 +104,10 @@ def main(argv=None) -> None:
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
-    torch.manual_seed(0)
-    step = make_step(args.seqs, args.length, args.vocab)
-    logits = [torch.randn(min(args.micro_batch, args.seqs - a), args.length, args.vocab)
-              for a in range(0, args.seqs, args.micro_batch)]
-    with torch.no_grad():
-        parts = [token_logprobs_entropy(lg, step["tokens"][a : a + args.micro_batch])
-                 for lg, a in zip(logits, range(0, args.seqs, args.micro_batch))]
-    old_logp = torch.cat([p_[0] for p_ in parts])
-    entropy0 = torch.cat([p_[1] for p_ in parts])
-    grpo, stare = GrpoLossConfig(), StareLossConfig(variant="C2")
-
-    rows = []
-    for label, lg in (("from-logits", logits), ("loss-only", None)):
-        times = {"grpo": [], "stare": []}
-        run_step(grpo, step, lg, old_logp, entropy0, args.micro_batch)  # warm-up
-        run_step(stare, step, lg, old_logp, entropy0, args.micro_batch)
-        for _ in range(args.repeats):  # interleaved so drift hits both equally
-            times["grpo"] += time_it(lambda: run_step(grpo, step, lg, old_logp, entropy0, args.micro_batch), 1)
-            times["stare"] += time_it(lambda: run_step(stare, step, lg, old_logp, entropy0, args.micro_batch), 1)
-        g, s = statistics.median(times["grpo"]), statistics.median(times["stare"])
-        rows.append((label, g, s, s / g))
-
-    tokens = int(step["mask"].sum())
-    print(f"step: {args.seqs} seqs x {args.length} max tokens ({tokens} response tokens), vocab {args.vocab}, "
-          f"micro-batch {args.micro_batch}, median of {args.repeats}, threads {torch.get_num_threads()}")
-    print(f"{'work':<12} {'GRPO s':>10} {'STARE s':>10} {'STARE/GRPO':>11}")
-    for label, g, s, r in rows:
-        print(f"{label:<12} {g:>10.4f} {s:>10.4f} {r:>11.3f}")
-    print(f"target: from-logits STARE/GRPO <= 1.030 -> {'met' if rows[0][3] <= 1.03 else 'NOT met'}")
+    rows = measure(seqs=args.seqs, length=args.length, vocab=args.vocab, micro_batch=args.micro_batch,
+                   repeats=args.repeats)
+    print(f"threads {torch.get_num_threads()}; ours = STARE, baseline = GRPO, median of {args.repeats}")
+    print(format_table(rows))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ and the end of the last step (start-up and the first steps excluded). Ratio = ov
 synchronous (target >= 1.5).
 
 Usage: python bench/bench_overlap.py [--steps 40] [--warmup 5] [--repeats 1] [--rollout 1] [--reward 1]
+(or `stare bench overlap`)
 """
 
 from __future__ import annotations
@@ -15,13 +16,23 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
+
+from stare.bench.common import format_table, paired_row
+
+TARGET = 1.5
+ARM_TIMEOUT_S = 900.0  # one `stare up` run, start to finish
+QUICK = dict(steps=16, warmup=3, repeats=1)
+FULL = dict(steps=40, warmup=5, repeats=2)
 
 
-def run_arm(staleness: int, steps: int, rollout: int, reward: int, out: Path, extra: list[str]) -> list[float]:
+def run_arm(staleness: int, steps: int, rollout: int, reward: int, out: Path, extra: list[str],
+            timeout_s: float = ARM_TIMEOUT_S) -> list[float]:
+    """Run `stare up` to `steps` steps; the learner's end-of-step clock readings (unix seconds)."""
     from stare.cli import default_config_path
     from stare.config import load_config
     from stare.launch import Launcher
@@ -32,11 +43,15 @@ def run_arm(staleness: int, steps: int, rollout: int, reward: int, out: Path, ex
     cfg = load_config(default_config_path(), overrides=overrides)
     log = io.StringIO()
     launcher = Launcher(cfg, rollout=rollout, reward=reward, control=False, out=log, color=False)
+    deadline = time.monotonic() + timeout_s
     try:
         launcher.start()
-        code = launcher.supervise(poll_s=0.2)
+        code = launcher.supervise(until=lambda: time.monotonic() > deadline, poll_s=0.2)
     finally:
         launcher.stop()
+    if time.monotonic() > deadline:
+        raise TimeoutError(f"max_staleness={staleness}: stare up did not finish {steps} steps within {timeout_s:.0f}s"
+                           f"\n{log.getvalue()[-4000:]}")
     if code != 0:
         raise RuntimeError(f"max_staleness={staleness}: stare up failed\n{log.getvalue()[-4000:]}")
     metrics = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -44,8 +59,29 @@ def run_arm(staleness: int, steps: int, rollout: int, reward: int, out: Path, ex
 
 
 def steps_per_min(times: list[float], warmup: int) -> float:
+    if len(times) <= warmup:
+        raise ValueError(f"{len(times)} steps logged: need more than warmup={warmup}")
     span = times[-1] - times[warmup - 1]
     return (len(times) - warmup) / span * 60.0
+
+
+def measure(*, steps: int, warmup: int, repeats: int, rollout: int = 1, reward: int = 1,
+            extra: list[str] = (), log=lambda s: None) -> list[dict[str, Any]]:
+    """One row: overlapped steps/min over synchronous, medians over `repeats` pairs of runs."""
+    results: dict[int, list[float]] = {0: [], 1: []}
+    with tempfile.TemporaryDirectory(prefix="stare-bench-overlap-") as tmp:
+        for r in range(repeats):
+            for staleness in ((0, 1) if r % 2 == 0 else (1, 0)):
+                times = run_arm(staleness, steps, rollout, reward, Path(tmp) / f"r{r}", list(extra))
+                results[staleness].append(steps_per_min(times, warmup))
+                log(f"repeat {r}: max_staleness={staleness}: {results[staleness][-1]:.1f} steps/min")
+    return [paired_row("overlap", f"stare up steps/min, max_staleness 1 vs 0 ({rollout} rollout, {reward} reward "
+                       f"worker(s), steps {warmup + 1}-{steps} of the tiny config)",
+                       results[1], results[0], unit="steps/min", target=TARGET)]
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    return measure(**(QUICK if quick else FULL))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,19 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reward", type=int, default=1)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
-    results: dict[int, list[float]] = {0: [], 1: []}
-    with tempfile.TemporaryDirectory(prefix="stare-bench-overlap-") as tmp:
-        for r in range(args.repeats):
-            for staleness in ((0, 1) if r % 2 == 0 else (1, 0)):
-                out = Path(tmp) / f"r{r}"
-                times = run_arm(staleness, args.steps, args.rollout, args.reward, out, args.overrides)
-                results[staleness].append(steps_per_min(times, args.warmup))
-                print(f"repeat {r}: max_staleness={staleness}: {results[staleness][-1]:.1f} steps/min", flush=True)
-    print(f"\n{'mode':<34}{'steps/min':>10}")
-    sync, overlap = statistics.median(results[0]), statistics.median(results[1])
-    print(f"{'synchronous (max_staleness 0)':<34}{sync:>10.1f}")
-    print(f"{'overlapped (max_staleness 1)':<34}{overlap:>10.1f}")
-    print(f"\nratio overlapped/synchronous: {overlap / sync:.2f} (target >= 1.50)")
+    rows = measure(steps=args.steps, warmup=args.warmup, repeats=args.repeats, rollout=args.rollout,
+                   reward=args.reward, extra=args.overrides, log=lambda s: print(s, flush=True))
+    print("ours = overlapped (max_staleness 1), baseline = synchronous (max_staleness 0)")
+    print(format_table(rows))
     return 0
 
 
