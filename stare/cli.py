@@ -105,6 +105,33 @@ def cmd_control(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from stare.bench.registry import select
+    from stare.bench.suite import run_suite
+
+    try:
+        names = select(args.names)
+    except ValueError as err:
+        print(f"stare bench: {err}", file=sys.stderr)
+        return 2
+    rows = run_suite(names, quick=args.quick, json_path=args.json)
+    if any(r.get("error") for r in rows):
+        return 1
+    if args.strict and any(r["pass"] is False for r in rows):
+        return 1
+    return 0
+
+
+def _bench_epilog() -> str:
+    from stare.bench.registry import BENCHMARKS, SECTIONS
+
+    lines = ["benchmarks (each against a baseline measured in the same run; docs/performance.md):"]
+    lines += [f"  {name:<20}{b.summary}" for name, b in BENCHMARKS.items()]
+    lines += ["sections: " + "; ".join(f"{s} = {' '.join(names)}" for s, names in SECTIONS.items()),
+              "The GPU benchmarks print a row saying 'skipped' where CUDA is absent."]
+    return "\n".join(lines)
+
+
 def cmd_ctl(args) -> int:
     from stare.ctl import run
 
@@ -227,6 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ctl", help="talk to a running control plane: status, entropy, pause, resume, checkpoint, history")
     add_arguments(p)
     p.set_defaults(fn=cmd_ctl)
+
+    p = sub.add_parser("bench", help="performance suite: each benchmark against a same-run baseline, one table",
+                       epilog=_bench_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks or sections to run (default: all)")
+    p.add_argument("--quick", action="store_true", help="small sizes: the whole suite in under 5 minutes on 2 cores")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE",
+                   help="also write the results and the machine's description to FILE")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed (always: when one fails)")
+    p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("report", help="(re)write the report of finished runs")
     p.add_argument("runs", type=Path, nargs="+")

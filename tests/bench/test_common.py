@@ -1,0 +1,62 @@
+"""The row, the table, the registry's selection and the machine description."""
+
+import json
+import math
+
+import pytest
+
+from stare.bench.common import failed, format_table, interleave, machine, paired_row, row, skipped
+from stare.bench.registry import BENCHMARKS, SECTIONS, select
+
+
+def test_row_ratio_is_ours_over_baseline_and_pass_follows_the_direction():
+    fast = row("x", "w", ours=3.0, baseline=2.0, unit="records/s", target=1.4)  # 1.5 >= 1.4
+    slow = row("y", "w", ours=3.0, baseline=2.0, unit="s", target=1.4, higher_is_better=False)  # 1.5 > 1.4
+    assert fast["ratio"] == 1.5 and fast["pass"] is True
+    assert slow["ratio"] == 1.5 and slow["pass"] is False
+    assert row("z", "w", ours=1.0, baseline=4.0, unit="s")["pass"] is None  # no target: a breakdown
+
+
+def test_paired_row_takes_medians_and_the_range_of_per_repeat_ratios():
+    r = paired_row("x", "w", [2.0, 4.0, 9.0], [1.0, 2.0, 3.0], unit="s")
+    assert (r["ours"], r["baseline"]) == (4.0, 2.0)  # medians of each arm
+    assert r["spread"] == [2.0, 3.0]  # ratios 2, 2, 3
+    assert r["repeats"] == 3
+
+
+def test_row_refuses_a_zero_or_infinite_baseline():
+    with pytest.raises(ValueError, match="baseline"):
+        row("x", "w", ours=1.0, baseline=0.0, unit="s")
+    with pytest.raises(ValueError, match="finite"):
+        row("x", "w", ours=math.inf, baseline=1.0, unit="s")
+
+
+def test_interleave_rotates_which_arm_goes_first_after_the_warmup():
+    calls = []
+    out = interleave({"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2}, repeats=3, warmup=1)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
+    assert out == {"a": [1, 1, 1], "b": [2, 2, 2]}
+
+
+def test_table_shows_each_row_and_says_why_one_was_skipped_or_failed():
+    rows = [row("fast", "w", ours=2.0, baseline=1.0, unit="x", target=1.5),
+            skipped("gpu", "w", "no CUDA device"), failed("broken", "w", "RuntimeError: boom")]
+    table = format_table(rows)
+    lines = table.splitlines()
+    assert lines[2].startswith("| fast |") and lines[2].endswith("| >= 1.5 | yes |")
+    assert "| gpu |" in table and "gpu: skipped: no CUDA device" in table
+    assert "| broken |" in table and "ERROR" in table and "broken: error: RuntimeError: boom" in table
+
+
+def test_select_expands_sections_keeps_order_and_names_valid_choices():
+    assert select([]) == list(BENCHMARKS)
+    assert select(["gpu"]) == SECTIONS["gpu"] and all(BENCHMARKS[n].gpu for n in SECTIONS["gpu"])
+    assert select(["step", "loss", "step"]) == ["step", "loss"]
+    with pytest.raises(ValueError, match="valid names: loss, transport"):
+        select(["nope"])
+
+
+def test_machine_description_is_json_and_names_cpu_cores_and_versions():
+    m = json.loads(json.dumps(machine()))
+    assert m["cores"] >= 1 and m["cpu"] and m["packages"]["torch"] and m["packages"]["stare"] == "0.1.0"
+    assert "cuda" in m and "load_avg_1_5_15" in m

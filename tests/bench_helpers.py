@@ -1,0 +1,31 @@
+"""Shared by the benchmark tests: the structure every result row must have."""
+
+from __future__ import annotations
+
+import math
+
+from stare.bench.common import ROW_KEYS
+
+
+def check_rows(rows: list[dict], names: list[str]) -> dict[str, dict]:
+    """Rows named `names` (in order), each complete; measured ones finite, positive and
+    self-consistent (ratio = ours / baseline, pass agrees with the target). Returns them by name.
+    Targets are not checked: a unit test cannot promise a speed."""
+    assert [r["name"] for r in rows] == names
+    for r in rows:
+        assert set(ROW_KEYS) <= set(r), f"{r['name']}: missing {set(ROW_KEYS) - set(r)}"
+        assert isinstance(r["what"], str) and r["what"] and isinstance(r["unit"], str)
+        assert not r.get("error"), r.get("error")
+        if r.get("skipped"):
+            assert r["ours"] is None and r["ratio"] is None and r["pass"] is None
+            continue
+        for key in ("ours", "baseline", "ratio"):
+            assert math.isfinite(r[key]) and r[key] > 0, f"{r['name']}: {key}={r[key]}"
+        assert math.isclose(r["ratio"], r["ours"] / r["baseline"], rel_tol=1e-12)
+        lo, hi = r["spread"]
+        assert math.isfinite(lo) and math.isfinite(hi) and 0 <= lo <= hi
+        if r["target"] is None:
+            assert r["pass"] is None
+        else:
+            assert r["pass"] is (r["ratio"] >= r["target"] if r["higher_is_better"] else r["ratio"] <= r["target"])
+    return {r["name"]: r for r in rows}
