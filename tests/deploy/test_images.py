@@ -59,6 +59,16 @@ def test_copied_sources_exist_and_pass_dockerignore(path):
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_every_package_folder_of_pyproject_is_copied(path):
+    """`pip install .` in the image needs every folder pyproject.toml maps a package to."""
+    import tomllib
+
+    folders = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    copied = {src.rstrip("/") for op, arg in instructions(path) if op == "COPY" for src in arg.split()[:-1]}
+    assert folders <= copied, f"not copied: {sorted(folders - copied)}"
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_versions_are_pinned(path):
     constraints = DOCKER / f"constraints-{path.suffix.lstrip('.')}.txt"
     pins = [line for line in constraints.read_text().splitlines() if line and not line.startswith("#")]
