@@ -4,10 +4,11 @@ benchmark returns one row saying it was skipped and why. The models are built fr
 
   * gpu-learner:        the learner's step on the GPU (collate, no-grad pre-pass, `plan_step`,
                         micro-batches of forward + `token_logprobs_and_entropy` + `policy_loss` +
-                        backward, fused AdamW) in bf16: trained tokens/s and MFU. The baseline is
-                        this device's own dense bf16 matmul rate, measured in the same run, so the
-                        ratio is the MFU against a measured (not a datasheet) peak. Not through
-                        DeepSpeed: the device image has none (see docs/performance.md).
+                        backward, fused AdamW) in bf16: tokens/s (prompt + response tokens through
+                        the step) and MFU. The baseline is this device's own dense bf16 matmul
+                        rate, measured in the same run, so the ratio is the MFU against a measured
+                        (not a datasheet) peak. Not through DeepSpeed: the device image has none,
+                        and `Learner` still allocates its step tensors on the CPU.
   * gpu-logprob-memory: peak memory above the logits of the learner's log-prob/entropy computation
                         (`stare.learner.batch.token_logprobs_and_entropy`, forward + backward) at
                         vocab 151,936, vs the full [B, L, V] fp32 log-softmax formula (<= 0.25,
@@ -84,18 +85,19 @@ def _to(batch, device: torch.device):
 
 
 def compute_params(model) -> int:
-    """Parameters that take part in matmuls: all but the input embedding, plus the output
-    projection when it is tied to the embedding."""
+    """Parameters that take part in matmuls: all but the input embedding (a lookup), plus the
+    output projection when it is tied to the embedding (then it is no parameter of its own)."""
     emb = model.get_input_embeddings().weight
     n = sum(p.numel() for p in model.parameters()) - emb.numel()
-    return n + emb.numel()  # tied lm_head (tie_word_embeddings=True) multiplies by the embedding matrix
+    return n + (emb.numel() if model.config.get_text_config().tie_word_embeddings else 0)
 
 
 def measure_learner(*, device: str, shape: dict[str, int], groups: int, group_size: int, max_response: int,
                     prompt_len: int, micro_batch: int, repeats: int, dtype: torch.dtype = torch.bfloat16,
                     matmul_n: int = 8192) -> list[dict[str, Any]]:
-    """One row: trained tokens/s of the learner's step, against the tokens/s a dense matmul at this
-    device's measured rate would give (ratio = MFU vs the measured peak)."""
+    """One row: tokens/s of the learner's step (prompt + response tokens through the pre-pass and
+    the training pass), against the tokens/s a dense matmul at this device's measured rate would
+    give for the same FLOPs (ratio = MFU vs the measured peak)."""
     from stare.bench.bench_learner import synthetic_groups
     from stare.learner.batch import collate, token_logprobs_and_entropy
     from stare.learner.config import StareLossConfig
@@ -155,7 +157,7 @@ def measure_learner(*, device: str, shape: dict[str, int], groups: int, group_si
     ours = [tok / t for tok, t in samples]
     at_peak = peak / flops_per_token
     dtype_name = str(dtype).removeprefix("torch.")
-    return [row("gpu-learner", f"learner step on {_device_name(dev)}: trained tokens/s ({compute_params(model) / 1e6:.0f}M "
+    return [row("gpu-learner", f"learner step on {_device_name(dev)}: tokens/s ({compute_params(model) / 1e6:.0f}M "
                 f"compute params, {rows} seqs, prompt <= {prompt_len}, response <= {max_response}, micro-batch "
                 f"{micro_batch}, {dtype_name}) vs a dense matmul's rate (ratio = MFU)",
                 ours=median(ours), baseline=at_peak, unit="tokens/s",
