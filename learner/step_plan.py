@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from stare.learner.config import (
+from stare.algo_config import (
     AggMode,
     ClipCovLossConfig,
     HighEntropyLossConfig,

@@ -47,6 +47,7 @@ the caller's), async streaming.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -65,7 +66,10 @@ class SamplingParams:
     """How to sample: n completions per prompt, each at most `max_new_tokens` tokens.
 
     `temperature == 0` means greedy decoding. `stop_token_ids` adds to the model's EOS ids; they
-    never replace them. `seed=None` means not reproducible.
+    never replace them. `seed=None` means not reproducible. `prompt_seeds` (one per prompt of the
+    call, overriding `seed`) makes each prompt's samples depend on its own seed alone, not on which
+    other prompts share the call: the rollout worker seeds every group this way, so how prompts
+    are batched (one process or many) cannot change what is sampled.
     """
 
     n: int
@@ -74,6 +78,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    prompt_seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -87,6 +92,26 @@ class SamplingParams:
         if self.seed is not None and self.seed < 0:
             raise ValueError(f"SamplingParams.seed must be >= 0 or None, got {self.seed}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if self.prompt_seeds is not None:
+            seeds = tuple(int(s) for s in self.prompt_seeds)
+            if any(s < 0 for s in seeds):
+                raise ValueError(f"SamplingParams.prompt_seeds must be >= 0, got {seeds}")
+            object.__setattr__(self, "prompt_seeds", seeds)
+
+    def seeds_for(self, num_prompts: int) -> tuple[int, ...] | None:
+        """The per-prompt seeds of a call with `num_prompts` prompts (None: use `seed`)."""
+        if self.prompt_seeds is None:
+            return None
+        if len(self.prompt_seeds) != num_prompts:
+            raise ValueError(f"SamplingParams.prompt_seeds has {len(self.prompt_seeds)} seeds for {num_prompts} prompts; "
+                             "give one seed per prompt")
+        return self.prompt_seeds
+
+
+def derive_seed(*parts: object) -> int:
+    """A 62-bit seed from any parts (stable across processes and Python versions)."""
+    digest = hashlib.blake2b(":".join(str(p) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
 
 
 @dataclasses.dataclass

@@ -13,8 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from stare.learner.config import ControllerConfig, GrpoLossConfig, LossConfig, StareLossConfig
-from stare.reward.sandbox import SandboxConfig
+from stare.algo_config import ControllerConfig, GrpoLossConfig, LossConfig, StareLossConfig
+from stare.sandbox import SandboxConfig
 
 
 class ConfigError(ValueError):
@@ -55,7 +55,7 @@ class TaskSection(_Section):
     eval_every: int = Field(25, ge=1, description="Evaluate on the held-out split every N steps (and at start/end).")
     eval_k: int = Field(4, ge=1, description="Samples per held-out problem for pass@k / avg@k.")
     path: Path | None = Field(
-        None, description="name=dataset only: a verl-format .parquet/.jsonl file of training problems (see stare.datasets)."
+        None, description="name=dataset only: a verl-format .parquet/.jsonl file of training problems (see stare.tasks.dataset)."
     )
     test_path: Path | None = Field(
         None, description="name=dataset only: a file of held-out problems (None: a fixed 1/20 of `path` by prompt hash)."
@@ -92,7 +92,7 @@ class ToolUseSection(_Section):
     reuse_identical_calls: bool = Field(True, description="Run identical programs of one turn once and share the output.")
     sandbox: SandboxConfig = Field(
         default_factory=lambda: SandboxConfig(cpu_s=2, wall_s=5.0, memory_mb=512),
-        description="Limits and isolation of each tool run (stare.reward.sandbox.SandboxConfig).",
+        description="Limits and isolation of each tool run (stare.sandbox.SandboxConfig).",
     )
 
 

@@ -10,7 +10,7 @@ import typing
 from pydantic import BaseModel
 
 from stare.config import ALGO_PRESETS, TrainConfig
-from stare.learner.config import (
+from stare.algo_config import (
     ClipCovLossConfig,
     EntropyBonusLossConfig,
     GrpoLossConfig,

@@ -82,7 +82,7 @@ class Launcher:
         self.lock = threading.Lock()
         overrides: dict[str, object] = {}
         if cfg.model.path is None:
-            from stare.embedded import resolve_model
+            from stare.models import resolve_model
 
             overrides["model.path"] = str(resolve_model(cfg, self.say))
         s = cfg.system

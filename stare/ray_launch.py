@@ -107,15 +107,16 @@ class RoleActor:
         return self.name
 
     def _main(self) -> None:
-        from stare.services.process import setup_logging
+        from stare.runtime import setup_logging
 
         setup_logging(self.kind, self.name)
         try:
             if self.kind == "control":
                 self._serve_control()
             else:
-                module = importlib.import_module(f"stare.{self.kind}.role")
-                module.run(self.cfg, redis_url=self.redis_url, name=self.name, stop=self.stop_event)
+                from stare.role_entry import run_role
+
+                run_role(self.kind, self.cfg, redis_url=self.redis_url, name=self.name, stop=self.stop_event)
         except Exception:  # noqa: BLE001 (fault tolerance: the actor ends so that Ray restarts it)
             self.error = traceback.format_exc()
             log.error("%s failed:\n%s", self.name, self.error)
@@ -216,7 +217,7 @@ class RayLauncher:
         self.max_restarts, self.grace_s = max_restarts, grace_s
         self.start_timeout_s, self.call_timeout_s = start_timeout_s, call_timeout_s
         if cfg.model.path is None:  # once, here: every actor loads the same directory
-            from stare.embedded import resolve_model
+            from stare.models import resolve_model
 
             cfg = with_overrides(cfg, {"model.path": str(resolve_model(cfg, self.say))})
         self.cfg = cfg

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stare.datasets import DatasetError, DatasetTask, load_problems, prepare_dapo_math, problem_from_row
+from stare.tasks.dataset import DatasetError, DatasetTask, load_problems, prepare_dapo_math, problem_from_row
 from stare.rollout.engine import Completion
 from stare.tasks.base import build_task
 
@@ -237,7 +237,7 @@ class AnswerEngine:
 
 
 def test_evaluation_reports_pass_and_avg_at_k_per_data_source(tmp_path):
-    from stare.evaluation import evaluate
+    from stare.rollout.evaluation import evaluate
     from stare.tiny_model import build_tokenizer
 
     rows = [{"data_source": src, "prompt": q, "reward_model": {"ground_truth": a}}

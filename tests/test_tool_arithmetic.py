@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from stare.reward.sandbox import ProcessSandbox, SandboxConfig, best_isolation
+from stare.sandbox import ProcessSandbox, SandboxConfig, best_isolation
 from stare.rollout.agent_loop import parse_tool_call, render_result
 from stare.tasks import build_task
 from stare.tasks.tool_arithmetic import RESPONSE_CLOSE, RESPONSE_OPEN, ToolArithmeticTask, simulate_product_program

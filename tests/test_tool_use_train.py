@@ -62,7 +62,7 @@ def _lines(path: Path) -> list[dict]:
 def test_rollouts_use_the_tool_and_mask_the_observations(tool_overrides):
     run = EmbeddedRun(build_config({}, overrides=tool_overrides), resume=False, log=lambda *_: None)
     try:
-        trajectories, _, info = run._sample()
+        trajectories, _, info = run.sample()
     finally:
         run.close()
     assert len(trajectories) == 16

@@ -75,7 +75,7 @@ def _tool_arithmetic(**kwargs: Any) -> Task:
 
 
 def _dataset(**kwargs: Any) -> Task:
-    from stare.datasets import DatasetTask
+    from stare.tasks.dataset import DatasetTask
 
     return DatasetTask(**kwargs)
 

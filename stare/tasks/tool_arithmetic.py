@@ -148,7 +148,7 @@ class ToolArithmeticTask:
 
     def warm_start_sandbox(self):
         """An in-memory `Sandbox` that answers `print(A*B)` exactly as the real one would."""
-        from stare.reward.sandbox import InMemorySandbox
+        from stare.sandbox import InMemorySandbox
 
         return InMemorySandbox(lambda code, stdin: simulate_product_program(code))
 
@@ -156,7 +156,7 @@ class ToolArithmeticTask:
 def simulate_product_program(code: str):
     """The `SandboxResult` of running `code` when it is `print(<int>*<int>)` (spaces allowed);
     any other program gets an "error" result like a failed run (the build never runs it)."""
-    from stare.reward.sandbox import SandboxResult
+    from stare.sandbox import SandboxResult
 
     try:
         tree = ast.parse(code.strip(), mode="eval")

@@ -6,7 +6,7 @@ import signal
 import pytest
 from pydantic import ValidationError
 
-from stare.reward.sandbox import (InMemorySandbox, ProcessSandbox, SandboxConfig, SandboxResult,
+from stare.sandbox import (InMemorySandbox, ProcessSandbox, SandboxConfig, SandboxResult,
                                   SandboxUnavailable, _limit_from_stderr, probe)
 
 
