@@ -33,18 +33,6 @@ log = logging.getLogger(__name__)
 LEARNER_CONSUMER = "learner"  # one learner per run: a stable consumer name, so a restart re-reads its entries
 
 
-def build_publisher(cfg: TrainConfig, client):
-    s = cfg.system
-    if s.weight_sync == "broadcast":
-        from stare.weight_sync.broadcast import BroadcastPublisher
-
-        return BroadcastPublisher("0.0.0.0" if s.broadcast_host not in ("127.0.0.1", "localhost") else s.broadcast_host,
-                                  s.broadcast_port, timeout_s=s.broadcast_timeout_s)
-    from stare.weight_sync.filesystem import FilesystemPublisher
-
-    return FilesystemPublisher(client, cfg.run.name, s.weight_dir or cfg.run_dir / "weights")
-
-
 class RedisDecisionLog:
     """The groups the learner filtered or dropped since its last checkpoint, as a Redis set (see
     learner/groups.py: a restarted learner must know them, their entries are acknowledged)."""
@@ -90,6 +78,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
     from stare.learner.trainer import Learner
     from stare.models import load_run_setup
     from stare.runtime import RoleRuntime, connect_transport
+    from stare.weight_sync.factory import build_publisher
 
     with RoleRuntime("learner", name, cfg, redis_url, stop=stop) as rt:
         seed_everything(cfg)

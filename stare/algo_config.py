@@ -104,17 +104,17 @@ class HighEntropyLossConfig(SurrogateConfig):
     top_fraction: float = Field(0.2, gt=0.0, le=1.0, description="Fraction of tokens (by entropy) that train.")
 
 
-LossConfig = Annotated[
-    Union[
-        StareLossConfig,
-        GrpoLossConfig,
-        EntropyBonusLossConfig,
-        ClipCovLossConfig,
-        KLCovLossConfig,
-        HighEntropyLossConfig,
-    ],
-    Field(discriminator="name"),
-]
+LOSS_CONFIGS: dict[str, type[SurrogateConfig]] = {
+    cls.model_fields["name"].default: cls
+    for cls in (StareLossConfig, GrpoLossConfig, EntropyBonusLossConfig, ClipCovLossConfig, KLCovLossConfig,
+                HighEntropyLossConfig)
+}
+"""THE loss registry's config half: loss name -> config class. The learner's half (per name: the
+step-global selection in learner/step_plan.py and the loss function in learner/policy_loss.py) is
+checked against it (tests/learner/test_loss_registry.py); the config union, the docs and the presets
+read it."""
+
+LossConfig = Annotated[Union[tuple(LOSS_CONFIGS.values())], Field(discriminator="name")]
 
 
 class ControllerConfig(_Strict):

@@ -44,6 +44,7 @@ from typing import Any, TextIO
 
 from stare.config import ConfigError, TrainConfig
 from stare.launch import run_until_done, start_redis, with_overrides
+from stare.weight_sync.factory import broadcast_bind_host
 from stare.net import free_port, port_free
 
 log = logging.getLogger(__name__)
@@ -89,8 +90,7 @@ class RoleActor:
         s = cfg.system
         overrides: dict[str, object] = {"system.health_port": 0}
         if s.weight_sync == "broadcast" and kind == "learner":
-            # learner/role.py's build_publisher listens on 0.0.0.0 when the host is not loopback
-            bind = self.host if self.host in ("127.0.0.1", "localhost") else "0.0.0.0"
+            bind = broadcast_bind_host(self.host)  # where the learner's publisher will listen
             port = s.broadcast_port if port_free(bind, s.broadcast_port) else free_port(bind)
             overrides.update({"system.broadcast_host": self.host, "system.broadcast_port": port})
         elif s.weight_sync == "broadcast" and kind == "rollout" and learner is not None:

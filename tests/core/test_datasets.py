@@ -15,7 +15,7 @@ from stare.tasks.dataset import DatasetError, DatasetTask, load_problems, prepar
 from stare.rollout.engine import Completion
 from stare.tasks.base import build_task
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DAPO_INSTRUCTION = ("Solve the following math problem step by step. The last line of your response should be of the "
                     "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\n"
                     "Remember to put your answer on its own line after \"Answer:\".")
