@@ -79,7 +79,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_build_model(args) -> int:
-    from stare.tiny_model import main
+    from stare.tiny import main
 
     return main(args.rest) or 0
 

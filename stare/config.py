@@ -44,7 +44,7 @@ class ModelSection(_Section):
     )
     tiny_seed: int = Field(0, ge=0, description="Seed of the bundled tiny model build (when path is None).")
     tiny: dict[str, Any] = Field(
-        default_factory=dict, description="Overrides of the tiny model build (fields of stare.tiny_model.TinyModelSpec)."
+        default_factory=dict, description="Overrides of the tiny model build (fields of stare.tiny.TinyModelSpec)."
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training and rollout dtype.")
 

@@ -25,13 +25,13 @@ def resolve_model(cfg: TrainConfig, log: Callable[[str], None]) -> Path:
         if not (Path(cfg.model.path) / "config.json").is_file():
             raise ConfigError(f"model.path: {cfg.model.path} is not a Hugging Face model directory (no config.json)")
         return Path(cfg.model.path)
-    from stare.tiny_model import build_tiny_model
+    from stare.tiny import build_tiny_model
 
     t0 = time.perf_counter()
     try:
         path = build_tiny_model(task_name=cfg.task.name, seed=cfg.model.tiny_seed, **cfg.model.tiny)
     except TypeError as err:
-        raise ConfigError(f"model.tiny: {err}; valid keys are the fields of stare.tiny_model.TinyModelSpec") from None
+        raise ConfigError(f"model.tiny: {err}; valid keys are the fields of stare.tiny.TinyModelSpec") from None
     log(f"tiny model ready at {path} ({time.perf_counter() - t0:.1f}s)")
     return path
 

@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from stare.tasks.base import Problem, Split
+from stare.tasks.base import Problem, Split, check_split
 
 COLUMNS = ("data_source", "prompt", "reward_model", "extra_info")
 """The columns a verl-format file has (extra_info is optional)."""
@@ -182,10 +182,7 @@ class DatasetTask:
 
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
         """The first `n` problems of `split` in a seeded order (all of them when it has fewer)."""
-        if split not in self._splits:
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
+        check_split(split, n)
         pool = list(self._splits[split])
         random.Random(f"dataset/{split}/{seed}").shuffle(pool)
         return pool[:n]

@@ -46,7 +46,7 @@ import random
 import string
 
 from stare.tasks.arithmetic import exact_answer_reward, hash_answer
-from stare.tasks.base import Problem, Split
+from stare.tasks.base import Problem, Split, check_split
 
 LEVELS: dict[int, tuple[int, int]] = {1: (3, 2), 2: (3, 3), 3: (4, 3), 4: (4, 4)}
 """level -> (digits of the first factor, digits of the second)."""
@@ -100,10 +100,7 @@ class ToolArithmeticTask:
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
         """`n` problems from `split`, deterministic in (split, n, seed, levels), distinct while
         the level's share of the split lasts (it is large: 10^5+ prompts per level)."""
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
+        check_split(split, n)
         want_test = split == "test"
         rng = random.Random(f"tool-arithmetic/{split}/{seed}")
         seen: set[str] = set()

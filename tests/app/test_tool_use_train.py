@@ -22,7 +22,7 @@ OBS_OPEN, OBS_CLOSE = "<tool_response>", "</tool_response>"
 @pytest.fixture(scope="module")
 def tool_model_dir(tmp_path_factory):
     """80 warm-start steps: the model writes tool calls (often with wrong digits), not yet answers."""
-    from stare.tiny_model import build_tiny_model
+    from stare.tiny import build_tiny_model
 
     return build_tiny_model(
         tmp_path_factory.mktemp("models") / "tiny-tool-test", task_name="tool-arithmetic", sft_max_steps=80,

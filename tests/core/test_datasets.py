@@ -62,7 +62,7 @@ def test_parquet_reads_the_same_problems_as_jsonl(tmp_path):
 
 
 def test_chat_template_is_applied_when_the_tokenizer_has_one(tmp_path):
-    from stare.tiny_model import build_tokenizer
+    from stare.tiny import build_tokenizer
 
     tok = build_tokenizer(["abc"])
     tok.chat_template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
@@ -238,7 +238,7 @@ class AnswerEngine:
 
 def test_evaluation_reports_pass_and_avg_at_k_per_data_source(tmp_path):
     from stare.rollout.evaluation import evaluate
-    from stare.tiny_model import build_tokenizer
+    from stare.tiny import build_tokenizer
 
     rows = [{"data_source": src, "prompt": q, "reward_model": {"ground_truth": a}}
             for src, q, a in [("aime", "q1", "1"), ("aime", "q2", "2"), ("amc", "q3", "3")]]

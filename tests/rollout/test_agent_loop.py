@@ -14,7 +14,7 @@ import pytest
 from stare.sandbox import InMemorySandbox, SandboxResult
 from stare.rollout.agent_loop import AgentCompletion, ToolAgent, parse_tool_call, render_result
 from stare.rollout.engine import Completion, SamplingParams
-from stare.tiny_model import build_tokenizer
+from stare.tiny import build_tokenizer
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 R_OPEN, R_CLOSE = "<tool_response>", "</tool_response>"
