@@ -7,7 +7,8 @@ import pytest
 from pydantic import ValidationError
 
 from stare.sandbox import (InMemorySandbox, ProcessSandbox, SandboxConfig, SandboxResult,
-                                  SandboxUnavailable, _limit_from_stderr, probe)
+                           SandboxUnavailable, probe)
+from stare.sandbox.process import _limit_from_stderr
 
 
 def _sandbox(**fields) -> ProcessSandbox:
