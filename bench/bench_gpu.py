@@ -100,7 +100,7 @@ def measure_learner(*, device: str, shape: dict[str, int], groups: int, group_si
     give for the same FLOPs (ratio = MFU vs the measured peak)."""
     from stare.bench.bench_learner import synthetic_groups
     from stare.learner.batch import collate, token_logprobs_and_entropy
-    from stare.learner.config import StareLossConfig
+    from stare.algo_config import StareLossConfig
     from stare.learner.policy_loss import LossInputs, policy_loss
     from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
 

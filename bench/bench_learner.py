@@ -84,7 +84,7 @@ class PlainLoop:
     def step(self, trajectories) -> float:
         """One optimizer step; returns the loss (the sum of the micro-batch losses)."""
         from stare.learner.batch import collate, token_logprobs_and_entropy
-        from stare.learner.config import StareLossConfig
+        from stare.algo_config import StareLossConfig
         from stare.learner.policy_loss import LossInputs, policy_loss
         from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
 
@@ -137,7 +137,7 @@ def measure(*, repeats: int, overrides: list[str] = ()) -> list[dict[str, Any]]:
     step that both compute the same loss and update."""
     from transformers import AutoTokenizer
 
-    from stare.embedded import resolve_model
+    from stare.models import resolve_model
     from stare.learner.trainer import Learner
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

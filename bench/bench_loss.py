@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from stare.algo_config import GrpoLossConfig, StareLossConfig
 from stare.bench.common import format_table, interleave, paired_row, timed
-from stare.learner.config import GrpoLossConfig, StareLossConfig
 from stare.learner.policy_loss import LossInputs, policy_loss
 from stare.learner.step_plan import StepTokens, plan_step
 

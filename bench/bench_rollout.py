@@ -5,7 +5,8 @@
               settings), check the weight broadcast for a newer version (a live
               BroadcastSubscriber joined to a BroadcastPublisher in this process), sample, build
               and publish the Trajectory records to the raw stream, acknowledge the prompts;
-  * baseline: `engine.generate` on the same prompt ids with the same SamplingParams and seed.
+  * baseline: `engine.generate` on the same prompt ids with the same SamplingParams and seeds
+              (the worker seeds each group from the run seed and the group id).
 Both arms sample the same completions (checked: the token counts must agree), so the ratio of
 tokens/s is the share of the worker's time spent generating (target >= 0.9). Publishing the
 prompts (the learner's job) and draining the raw stream (the reward worker's) are not timed.
@@ -52,24 +53,20 @@ def _vllm_missing() -> str | None:
 
 def measure_engine(cfg, engine_name: str, redis_url: str, repeats: int) -> dict[str, Any]:
     """One row: the worker's tokens/s over the bare engine's for `engine_name`."""
-    from transformers import AutoTokenizer
-
     from stare.data import PromptFeeder
-    from stare.embedded import resolve_model
     from stare.net import free_port
-    from stare.rollout.engine import SamplingParams, build_engine
+    from stare.rollout.engine import SamplingParams, derive_seed
+    from stare.rollout.stack import build_rollout_stack
     from stare.rollout.worker import RolloutWorker
-    from stare.tasks.base import build_task
     from stare.transport.redis_streams import RedisTransport
     from stare.weight_sync.broadcast import BroadcastPublisher, BroadcastSubscriber
 
     r = cfg.rollout
-    model_path = resolve_model(cfg, lambda s: None)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    task = build_task(cfg.task.name, **cfg.task.build_kwargs(tokenizer))
-    stop_ids = tuple(i for i in (tokenizer.eos_token_id,) if i is not None)
-    feeder = PromptFeeder(task, tokenizer, run_id=f"bench-{engine_name}", group_size=r.samples_per_prompt, seed=0)
-    engine = build_engine({"name": engine_name, "model_path": str(model_path), "dtype": cfg.model.dtype})
+    stack = build_rollout_stack(cfg, lambda s: None, engine=engine_name)  # what `stare rollout` builds
+    tokenizer, stop_ids, engine = stack.setup.tokenizer, stack.setup.stop_ids, stack.engine
+    model_path = stack.setup.model_path
+    feeder = PromptFeeder(stack.setup.task, tokenizer, run_id=f"bench-{engine_name}", group_size=r.samples_per_prompt,
+                          seed=0)
     transport = RedisTransport.connect(redis_url, f"bench-{engine_name}")
     port = free_port()
     publisher = BroadcastPublisher("127.0.0.1", port, timeout_s=60.0)
@@ -87,32 +84,33 @@ def measure_engine(cfg, engine_name: str, redis_url: str, repeats: int) -> dict[
             raise TimeoutError("weight version 1 never arrived")
         worker = RolloutWorker(engine, tokenizer, transport.prompts, transport.raw, weights, name="rollout-0",
                                max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                               stop_token_ids=stop_ids)
+                               stop_token_ids=stop_ids, seed=cfg.run.seed)
 
-        def params(seed: int) -> SamplingParams:  # what the worker builds from the same settings
+        def params(tasks) -> SamplingParams:  # what the worker samples with: one seed per group, from its id
             return SamplingParams(n=r.samples_per_prompt, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                                  top_p=r.top_p, seed=seed, stop_token_ids=stop_ids)
+                                  top_p=r.top_p, stop_token_ids=stop_ids,
+                                  prompt_seeds=tuple(derive_seed(cfg.run.seed, t.group_id) for t in tasks))
 
         tokens: dict[str, list[int]] = {"ours": [], "baseline": []}
         times: dict[str, list[float]] = {"ours": [], "baseline": []}
 
-        def ours(tasks, seed: int) -> None:
-            times["ours"].append(timed(lambda: worker.run_once(max_prompts=len(tasks), seed=seed)))
+        def ours(tasks) -> None:
+            times["ours"].append(timed(lambda: worker.run_once(max_prompts=len(tasks))))  # as `stare rollout` calls it
             got = transport.raw.consume("reward-0", len(tasks) * r.samples_per_prompt)  # the reward worker's part
             transport.raw.ack([d.id for d in got])
             tokens["ours"].append(sum(len(d.record.response_token_ids) for d in got))
 
-        def baseline(tasks, seed: int) -> None:
+        def baseline(tasks) -> None:
             out: list = []
             times["baseline"].append(timed(lambda: out.extend(engine.generate([x.prompt_token_ids for x in tasks],
-                                                                              params(seed)))))
+                                                                              params(tasks)))))
             tokens["baseline"].append(sum(len(c.token_ids) for group in out for c in group))
 
         for k in range(repeats + 1):  # round 0 is uncounted: the worker takes the broadcast weights in it
-            tasks, seed = feeder.next_tasks(r.prompts_per_step), 1000 + k
+            tasks = feeder.next_tasks(r.prompts_per_step)
             transport.prompts.publish(tasks)  # the learner's part, untimed
             for arm in ((ours, baseline) if k % 2 else (baseline, ours)):
-                arm(tasks, seed)
+                arm(tasks)
         if tokens["ours"] != tokens["baseline"]:
             raise AssertionError(f"{engine_name}: the worker and the engine sampled different completions with the "
                                  f"same seeds (tokens {tokens['ours']} vs {tokens['baseline']})")

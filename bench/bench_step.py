@@ -84,7 +84,7 @@ def measure(*, steps: int, overrides: list[str] = ()) -> list[dict[str, Any]]:
     for p in (*PHASES, "other"):
         shares = [parts[p] / wall for wall, parts in per_step]
         rows.append(row(f"step/{p}", f"share of an embedded step: {p} ({r.prompts_per_step} x {r.samples_per_prompt} "
-                        f"samples, {r.engine} engine, steps 2-{steps - 1})", ours=whole[p] / n, baseline=total / n,
+                        f"samples, {r.engine.name} engine, steps 2-{steps - 1})", ours=whole[p] / n, baseline=total / n,
                         unit="s/step", higher_is_better=False, spread=[min(shares), max(shares)], repeats=n))
     return rows
 

@@ -8,7 +8,9 @@ import torch
 from bench_helpers import check_rows
 from redis_fixtures import have_redis_server
 
-needs_redis = pytest.mark.skipif(not have_redis_server(), reason="needs redis-server on PATH")
+def needs_redis(test):
+    """A real redis-server on a free port: marked `redis`, skipped without one on PATH."""
+    return pytest.mark.redis(pytest.mark.skipif(not have_redis_server(), reason="needs redis-server on PATH")(test))
 
 
 def test_loss_times_stare_and_grpo_from_logits_and_from_logprobs():
@@ -38,6 +40,7 @@ def test_broadcast_compares_the_publisher_with_a_raw_gloo_loop():
 
 
 @pytest.mark.slow
+@needs_redis
 def test_overlap_runs_both_arms_of_stare_up(tiny_model_dir):
     from stare.bench.bench_overlap import measure
 
