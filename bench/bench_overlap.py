@@ -53,7 +53,8 @@ def run_arm(staleness: int, steps: int, rollout: int, reward: int, out: Path, ex
         raise TimeoutError(f"max_staleness={staleness}: stare up did not finish {steps} steps within {timeout_s:.0f}s"
                            f"\n{log.getvalue()[-4000:]}")
     if code != 0:
-        raise RuntimeError(f"max_staleness={staleness}: stare up failed\n{log.getvalue()[-4000:]}")
+        print(log.getvalue()[-20000:], file=sys.stderr)  # every role's log lines, for the suite's error report
+        raise RuntimeError(f"max_staleness={staleness}: stare up exited with {code} (its log is above)")
     metrics = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
     return [m["time_unix"] for m in metrics]
 

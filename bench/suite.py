@@ -52,8 +52,10 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def run_isolated(name: str, quick: bool, workdir: Path, timeout_s: float) -> list[dict[str, Any]]:
-    """Run one benchmark in a child process; its rows, or an error row quoting its log."""
+def run_isolated(name: str, quick: bool, workdir: Path, timeout_s: float,
+                 say: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+    """Run one benchmark in a child process; its rows, or an error row quoting its log (whose last
+    lines also go to `say`)."""
     from stare.bench.common import failed
 
     rows_path, log_path = workdir / f"{name}.json", workdir / f"{name}.log"
@@ -65,7 +67,10 @@ def run_isolated(name: str, quick: bool, workdir: Path, timeout_s: float) -> lis
             code = proc.returncode
         except subprocess.TimeoutExpired:
             code = None
-    tail = " | ".join(log_path.read_text(errors="replace").strip().splitlines()[-6:])
+    lines = log_path.read_text(errors="replace").strip().splitlines()
+    tail = " | ".join(lines[-6:])
+    if code != 0 or not rows_path.is_file() or '"error"' in rows_path.read_text():
+        say(f"[bench] {name}: the last lines of its output:\n" + "\n".join(lines[-40:]))
     if code is None:
         return [failed(name, BENCHMARKS[name].summary, f"did not finish within {timeout_s:.0f}s; log: {tail}")]
     if code != 0 or not rows_path.is_file():
@@ -113,7 +118,7 @@ def run_suite(names: list[str], *, quick: bool, json_path: Path | None = None, i
     with tempfile.TemporaryDirectory(prefix="stare-bench-") as tmp:
         for name in names:
             t0, c0 = time.perf_counter(), _cpu_time(isolate)
-            got = (run_isolated(name, quick, Path(tmp), timeout_s or TIMEOUT_S[quick]) if isolate
+            got = (run_isolated(name, quick, Path(tmp), timeout_s or TIMEOUT_S[quick], say) if isolate
                    else run_one(name, quick))
             seconds[name], cpu_seconds[name] = time.perf_counter() - t0, _cpu_time(isolate) - c0
             say(f"[bench] {name}: {_summary(got)} ({seconds[name]:.0f}s, {cpu_seconds[name]:.0f} CPU s)")
