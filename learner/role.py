@@ -163,6 +163,11 @@ class DistributedLearner:
         t = self.transport
         return {"prompts": t.prompts.backlog(), "raw": t.raw.backlog(), "scored": t.scored.backlog()}
 
+    def dead_letters(self) -> dict[str, int]:
+        t = self.transport
+        return {"prompts": t.prompts.dead_letter_count(), "raw": t.raw.dead_letter_count(),
+                "scored": t.scored.dead_letter_count()}
+
     # ---------------------------------------------------------------- the loop
     def train(self) -> None:
         cfg, rt, control = self.cfg, self.rt, self.rt.control
@@ -221,6 +226,7 @@ class DistributedLearner:
                 metrics["eval_greedy_accuracy"] = self.evaluate()["greedy_accuracy"]
             t_wait = time.perf_counter()
             status = {"weight_version": learner.version, "queue_depths": self.queue_depths(),
+                      "dead_letters": self.dead_letters(),
                       "staleness": staleness_status(lags), "tokens_per_s": metrics["tokens_per_s"],
                       "step_time_s": step_time}
             control.after_step(learner.controller, metrics, status)

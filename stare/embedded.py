@@ -253,6 +253,7 @@ class EmbeddedRun:
         return {
             "tokens_per_s": metrics["tokens_per_s"], "step_time_s": metrics["time_step_s"],
             "queue_depths": {name: getattr(self.transport, name).backlog() for name in ("prompts", "raw", "scored")},
+            "dead_letters": {name: getattr(self.transport, name).dead_letter_count() for name in ("prompts", "raw", "scored")},
             "staleness": staleness_status(lags),
         }
 

@@ -32,6 +32,10 @@ class RecordStream(Protocol[T]):
         """Entries published and not yet acknowledged."""
         ...
 
+    def dead_letter_count(self) -> int:
+        """Entries parked as dead letters."""
+        ...
+
 
 class Transport(Protocol):
     """The three streams of a run."""
