@@ -362,7 +362,9 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
         log(f"stopped after step {run.learner.step}; resume with: stare train --resume {run.run_dir}")
     else:
         from stare.report import write_report
+        from stare.wandb_log import log_report
 
         report = write_report(run.run_dir)
+        log_report(cfg, report)  # to W&B with logging.wandb
         log(f"report: {report / 'summary.md'}")
     return run.run_dir
