@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from stare.config import TrainConfig
+from stare.log_format import StepLines
 from stare.run_outputs import batch_metrics, staleness_status, staleness_summary, trained_lags
 from stare.transport.redis_streams import retrying, run_key
 
@@ -110,6 +111,7 @@ class DistributedLearner:
         # never publish a group twice: continue after what earlier incarnations published
         self.feeder.cursor = max(int(published or 0), self.feeder.cursor)
         self.outputs = RunOutputs(cfg, resume_step=resume_step)
+        self.step_lines = StepLines(cfg.logging.every_n_steps, cfg.run.steps, log)  # a log line per N steps
         self.publisher = build_publisher(cfg, self.transport.client)
         self.publisher.publish(self.learner.version, self.learner.state_dict_for_rollout())
         self.eval_engine = None
@@ -232,9 +234,7 @@ class DistributedLearner:
             control.after_step(learner.controller, metrics, status)
             self.outputs.log_step(metrics)
             self.outputs.log_trained(learner.step, [t.trajectory_id for t in trajectories])
-            log.info("step %d: reward %.3f entropy %.3f gate %d W %.2f M %.2f staleness %s (%.1fs, waited %.1fs)",
-                     learner.step, metrics["reward_mean"], metrics["entropy"], metrics["gate"], metrics["w"],
-                     metrics["m"], metrics["staleness_hist"], step_time, waited)
+            self.step_lines(metrics)
             if step % cfg.run.checkpoint_every == 0 or step == cfg.run.steps:
                 self.checkpoint()
         if rt.stop.is_set() and self.collector.unacked:
