@@ -26,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stare.reward.sandbox import ProcessSandbox, Sandbox, SandboxConfig, SandboxResult
+from stare.sandbox import ProcessSandbox, Sandbox, SandboxConfig, SandboxResult
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _HARNESS = """\

@@ -24,10 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from stare.reward.code import CodeConfig, CodeTests, check_code
 from stare.reward.format import FormatConfig, format_reward
-from stare.reward.math import MathConfig, check_math
+from stare.tasks.math_verify import MathConfig, check_math
 from stare.reward.overlong import OverlongConfig, overlong_penalty
-from stare.reward.sandbox import Sandbox
-from stare.reward.timeouts import VerifierTimeout, call_with_timeout
+from stare.sandbox import Sandbox
+from stare.timeouts import VerifierTimeout, call_with_timeout
 
 
 class RewardResult(BaseModel):

@@ -20,6 +20,7 @@ from typing import Any
 
 from stare.config import TrainConfig
 from stare.records import Trajectory
+from stare.reward.trajectory_worker import reward_info
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +35,14 @@ def _task(name: str, kwargs_json: str):
 
 
 def score_in_worker(task_name: str, kwargs_json: str, answer: str, problem_id: str, level: int, data_source: str,
-                    text: str) -> float:
-    """Runs in a pool process: the task's verifier on one response."""
-    from stare.tasks.base import Problem
+                    text: str):
+    """Runs in a pool process: the shared `score_response` on one response."""
+    from stare.reward.compose import RewardResult
+    from stare.reward.trajectory_worker import score_response
 
-    problem = Problem(prompt="", answer=answer, problem_id=problem_id, level=max(level, 1), data_source=data_source)
-    return float(_task(task_name, kwargs_json).reward(problem, text))
+    reward, error = score_response(_task(task_name, kwargs_json), answer=answer, problem_id=problem_id, level=level,
+                                   data_source=data_source, text=text)
+    return RewardResult(reward=reward, error=error)
 
 
 class PoolScorer:
@@ -62,10 +65,8 @@ class PoolScorer:
             return await asyncio.gather(*(one(t) for t in batch))
 
         for t, result in zip(batch, self.loop.run_until_complete(all_of())):
-            t.reward = float(result.reward) if result.error is None else 0.0
-            t.reward_info = {"correct": t.reward >= 1.0, "finish_reason": t.finish_reason}
-            if result.error is not None:
-                t.reward_info["error"] = result.error
+            t.reward = float(result.reward) if result.error is None else 0.0  # killed or failed: 0, with the reason
+            t.reward_info = reward_info(t.reward, t.finish_reason, result.error)
 
     def close(self) -> None:
         self.loop.run_until_complete(self.pool.close())
@@ -74,7 +75,7 @@ class PoolScorer:
 
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int = 1) -> None:
     from stare.reward.trajectory_worker import RewardWorker
-    from stare.services.process import RoleRuntime, connect_transport
+    from stare.runtime import RoleRuntime, connect_transport
     from stare.tasks.base import build_task
     from stare.transport.redis_streams import BackpressureError
 

@@ -14,14 +14,29 @@ from stare.tasks.base import Problem, Task
 from stare.transport.base import RecordStream
 
 
-def score_trajectory(task: Task, t: Trajectory) -> Trajectory:
-    problem = Problem(prompt="", answer=t.answer, problem_id=t.problem_id, level=max(t.level, 1), data_source=t.data_source)
+def reward_info(reward: float, finish_reason: str, error: str | None = None) -> dict:
+    """The reward_info of a scored trajectory (the same keys in every mode)."""
+    info = {"correct": reward >= 1.0, "finish_reason": finish_reason}
+    if error is not None:
+        info["error"] = error
+    return info
+
+
+def score_response(task: Task, *, answer: str, problem_id: str, level: int, data_source: str,
+                   text: str) -> tuple[float, str | None]:
+    """THE scoring function of a response (the embedded reward worker and every `stare reward` pool
+    process call it): its reward, and the error when the verifier failed (then the reward is 0)."""
+    problem = Problem(prompt="", answer=answer, problem_id=problem_id, level=max(level, 1), data_source=data_source)
     try:
-        t.reward = float(task.reward(problem, t.response_text))
-        t.reward_info = {"correct": t.reward >= 1.0, "finish_reason": t.finish_reason}
+        return float(task.reward(problem, text)), None
     except Exception as err:  # a verifier failure must not lose the trajectory
-        t.reward = 0.0
-        t.reward_info = {"error": f"{type(err).__name__}: {err}"}
+        return 0.0, f"{type(err).__name__}: {err}"
+
+
+def score_trajectory(task: Task, t: Trajectory) -> Trajectory:
+    reward, error = score_response(task, answer=t.answer, problem_id=t.problem_id, level=t.level,
+                                   data_source=t.data_source, text=t.response_text)
+    t.reward, t.reward_info = reward, reward_info(reward, t.finish_reason, error)
     return t
 
 

@@ -39,7 +39,7 @@ def exported() -> dict[str, set[str]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     from stare.config import ControlSection
-    from stare.learner.config import ControllerConfig
+    from stare.algo_config import ControllerConfig
     from stare.learner.controller import EntropyController
     from stare.runstate import MemoryRunState, RunControl
     from stare.runstate.base import Heartbeat

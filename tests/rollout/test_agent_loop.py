@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from stare.reward.sandbox import InMemorySandbox, SandboxResult
+from stare.sandbox import InMemorySandbox, SandboxResult
 from stare.rollout.agent_loop import AgentCompletion, ToolAgent, parse_tool_call, render_result
 from stare.rollout.engine import Completion, SamplingParams
-from stare.tiny_model import build_tokenizer
+from stare.tiny import build_tokenizer
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 R_OPEN, R_CLOSE = "<tool_response>", "</tool_response>"
@@ -295,7 +295,7 @@ def test_real_tiny_model_with_the_process_sandbox(tmp_path):
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from stare.reward.sandbox import ProcessSandbox, SandboxConfig, best_isolation
+    from stare.sandbox import ProcessSandbox, SandboxConfig, best_isolation
     from stare.rollout.hf_engine import HFEngine
     from stare.tasks.tool_arithmetic import ALPHABET, ToolArithmeticTask
 

@@ -1,6 +1,6 @@
 """Sandbox launcher: the small process that confines one untrusted Python run.
 
-Started by `stare.reward.sandbox.ProcessSandbox` as `python -I -S -B _sandbox_launcher.py SPEC`,
+Started by `stare.sandbox.ProcessSandbox` as `python -I -S -B _launcher.py SPEC`,
 with the run's stdin/stdout/stderr as its own and two extra descriptors named in SPEC: `status_fd`
 (JSON lines back to the parent) and `control_fd` (the parent writes one byte, or dies, to stop the
 run). It uses the standard library only (no site-packages, no `stare` import), so it starts in

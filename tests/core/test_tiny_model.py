@@ -4,11 +4,13 @@ partially-learned regime."""
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
-import stare.tiny_model as tiny
+import stare.tiny as tiny
+import stare.tiny.build as tiny_build  # the module whose _build the reuse tests replace
 from stare.tasks.arithmetic import ALPHABET, ArithmeticTask
 
 # A build small enough for unit tests (a few seconds on one core): it exercises every step of the
@@ -84,14 +86,14 @@ def test_second_build_reuses_the_directory(small_dir, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("a matching build must be reused, not rebuilt")
 
-    monkeypatch.setattr(tiny, "_build", no_training)
+    monkeypatch.setattr(tiny_build, "_build", no_training)
     assert tiny.build_tiny_model(small_dir, **SMALL) == small_dir
 
 
 def test_changed_arguments_rebuild(small_dir, tmp_path, monkeypatch):
     copy = shutil.copytree(small_dir, tmp_path / "copy")
     calls = []
-    monkeypatch.setattr(tiny, "_build", lambda spec, out, verbose: (calls.append(spec), out.mkdir()))
+    monkeypatch.setattr(tiny_build, "_build", lambda spec, out, verbose: (calls.append(spec), out.mkdir()))
     tiny.build_tiny_model(copy, **{**SMALL, "sft_max_steps": 7})
     assert [spec.sft_max_steps for spec in calls] == [7]
 
@@ -117,7 +119,7 @@ def test_default_location_follows_stare_cache_dir(tmp_path, monkeypatch):
     spec = tiny.TinyModelSpec()
     assert tiny.default_model_dir(spec).parent == tmp_path / "models"
     monkeypatch.delenv("STARE_CACHE_DIR")
-    assert tiny.default_cache_dir() == tiny.Path.home() / ".cache" / "stare" / "models"
+    assert tiny.default_cache_dir() == Path.home() / ".cache" / "stare" / "models"
 
 
 def test_spec_rejects_inconsistent_shapes():

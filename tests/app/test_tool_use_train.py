@@ -22,7 +22,7 @@ OBS_OPEN, OBS_CLOSE = "<tool_response>", "</tool_response>"
 @pytest.fixture(scope="module")
 def tool_model_dir(tmp_path_factory):
     """80 warm-start steps: the model writes tool calls (often with wrong digits), not yet answers."""
-    from stare.tiny_model import build_tiny_model
+    from stare.tiny import build_tiny_model
 
     return build_tiny_model(
         tmp_path_factory.mktemp("models") / "tiny-tool-test", task_name="tool-arithmetic", sft_max_steps=80,
@@ -62,7 +62,7 @@ def _lines(path: Path) -> list[dict]:
 def test_rollouts_use_the_tool_and_mask_the_observations(tool_overrides):
     run = EmbeddedRun(build_config({}, overrides=tool_overrides), resume=False, log=lambda *_: None)
     try:
-        trajectories, _, info = run._sample()
+        trajectories, _, info = run.sample()
     finally:
         run.close()
     assert len(trajectories) == 16

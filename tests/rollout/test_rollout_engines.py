@@ -6,7 +6,7 @@ seed reproducibility, distinct samples for n > 1, and `update_weights` changing 
 exactly what the new weights give (for vLLM this proves that the prefix cache is reset).
 
 The vLLM cases (marked `vllm`) skip where `vllm` is not importable (the main venv); run them in
-the vLLM venv: `.venv-vllm/bin/python -m pytest -m vllm tests/test_rollout_engines.py` (see
+the vLLM venv: `.venv-vllm/bin/python -m pytest -m vllm tests/rollout/test_rollout_engines.py` (see
 docs/rollout-engines.md).
 One vLLM engine is shared per module (it takes seconds to start) and is left with the weights it
 was built with after every test that changes them.

@@ -5,7 +5,7 @@ import yaml
 
 from stare.config import ALGO_PRESETS, ConfigError, build_config, load_config
 
-CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
@@ -86,5 +86,5 @@ def test_a_run_folder_is_locked_to_one_process(tmp_path):
 def test_docs_config_reference_is_current():
     from stare.config_docs import render
 
-    committed = (Path(__file__).parents[1] / "docs" / "config.md").read_text()
+    committed = (Path(__file__).parents[2] / "docs" / "config.md").read_text()
     assert committed.strip() == render().strip(), "regenerate: python -m stare.config_docs > docs/config.md"

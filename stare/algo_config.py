@@ -6,7 +6,7 @@ docstring, variants are a discriminated union on `name`, cross-field rules live 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -104,17 +104,17 @@ class HighEntropyLossConfig(SurrogateConfig):
     top_fraction: float = Field(0.2, gt=0.0, le=1.0, description="Fraction of tokens (by entropy) that train.")
 
 
-LossConfig = Annotated[
-    Union[
-        StareLossConfig,
-        GrpoLossConfig,
-        EntropyBonusLossConfig,
-        ClipCovLossConfig,
-        KLCovLossConfig,
-        HighEntropyLossConfig,
-    ],
-    Field(discriminator="name"),
-]
+LOSS_CONFIGS: dict[str, type[SurrogateConfig]] = {
+    cls.model_fields["name"].default: cls
+    for cls in (StareLossConfig, GrpoLossConfig, EntropyBonusLossConfig, ClipCovLossConfig, KLCovLossConfig,
+                HighEntropyLossConfig)
+}
+"""THE loss registry's config half: loss name -> config class. The learner's half (per name: the
+step-global selection in learner/step_plan.py and the loss function in learner/policy_loss.py) is
+checked against it (tests/learner/test_loss_registry.py); the config union, the docs and the presets
+read it."""
+
+LossConfig = Annotated[Union[tuple(LOSS_CONFIGS.values())], Field(discriminator="name")]
 
 
 class ControllerConfig(_Strict):
@@ -161,3 +161,25 @@ class ControllerConfig(_Strict):
         if self.m < self.m_min:
             raise ValueError(f"controller.m ({self.m}) must be >= controller.m_min ({self.m_min})")
         return self
+
+
+def clip_number(value: Any, low: Any, high: Any) -> Any:
+    """min(max(value, low), high) when all are numbers; otherwise unchanged (validation names the bad one)."""
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (value, low, high)):
+        return min(max(value, low), high)
+    return value
+
+
+def merge_config(current: dict[str, Any], changes: dict[str, Any]) -> ControllerConfig:
+    """`current` (a config dump with the live W and M) with `changes`, validated as a whole (raises
+    pydantic's ValidationError). W and M, when given, replace the current values; otherwise the
+    current values are clipped into the (new) bounds. The learner and the control plane's
+    validation both use this, so they cannot disagree on what a change means."""
+    merged = {**current, **changes}
+    if "w" not in changes:
+        merged["w"] = clip_number(merged["w"], 1.0, merged["w_max"])
+    if "m" not in changes:
+        merged["m"] = clip_number(merged["m"], merged["m_min"], 1.0)
+    if merged.get("band") is not None:
+        merged["band"] = tuple(merged["band"])
+    return ControllerConfig.model_validate(merged)

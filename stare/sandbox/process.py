@@ -1,44 +1,5 @@
-"""Run untrusted Python (model-written code) in a confined child process.
-
-Covered, with `isolation="namespaces"` (the default; needs root with CAP_SYS_ADMIN, as on our
-machines and CI):
-- CPU time: RLIMIT_CPU (SIGXCPU at `cpu_s`, SIGKILL one second later), per process.
-- Wall time: the launcher kills the run at `wall_s`; the parent kills the launcher as a backstop.
-- Memory: RLIMIT_AS (`memory_mb` of address space per process; allocation fails, Python raises
-  MemoryError).
-- Processes: RLIMIT_NPROC for a throwaway uid reserved for this run (root ignores RLIMIT_NPROC,
-  so the program never runs as root); threads count too.
-- Output: stdout + stderr capped at `max_output_bytes`; the run is stopped when it overflows.
-- Files: RLIMIT_FSIZE per file, a `disk_mb` tmpfs for everything writable, RLIMIT_NOFILE.
-- Network: a new, empty network namespace (not even loopback is up) and a seccomp filter that
-  fails socket() for every family but AF_UNIX (unless `allow_network`).
-- Filesystem: a new mount namespace whose root is a tmpfs holding read-only binds of /usr (and
-  /bin, /lib via their symlinks), the interpreter's install and `readonly_paths`, a fresh /proc
-  of the run's own PID namespace, /dev/{null,zero,full,random,urandom}, and the writable /work
-  (cwd, holding the program) and /tmp. Nothing else of the host is visible: not /root, /home,
-  /etc (a synthetic passwd/group/hosts only), the repository, or the host's /tmp.
-- Environment: the program sees only a fixed minimal environment (plus `env`), never the
-  parent's; the interpreter runs with -I -S -B (no PYTHON* variables, no site-packages).
-- Processes are contained: new session, new PID namespace (the program cannot see or signal
-  anything outside it), no_new_privs, a seccomp filter against namespace/mount/ptrace/bpf/keyring/
-  io_uring calls; when the program's main process exits, the namespace's init exits and the
-  kernel kills everything left (double-forked, setsid'ed daemons included).
-
-`isolation="process"` (root without CAP_SYS_ADMIN, e.g. a default Docker container) keeps the
-rlimits, the throwaway uid, seccomp (so no network), the minimal environment and the cleanup
-(every process of the uid is killed and reaped), but has no mount or PID namespace: the program
-can read whatever the host leaves world-readable and write to world-writable places (/tmp,
-/dev/shm), and can see the host's process list. `isolation="unprivileged"` (any user) is for
-trusted code only: rlimits except the process count, seccomp, cleanup of descendants; the program
-runs as the calling user and can read and write that user's files.
-
-Not covered in any mode: total memory across processes (up to max_processes x memory_mb; put a
-memory limit on the container or cgroup), kernel exploits (the seccomp filter narrows the
-surface, it is not gVisor), side channels, and disk written by the program being memory (the
-tmpfs counts against host RAM, capped at disk_mb). Which of the limits "memory", "process" and
-"file" fired is inferred from the interpreter's error text, since those limits make a call fail
-rather than kill the process.
-"""
+"""`ProcessSandbox`: the real sandbox, one launcher process (`_launcher.py`) per run; see the
+package docstring for what each isolation mode covers."""
 
 from __future__ import annotations
 
@@ -56,132 +17,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-_LAUNCHER = Path(__file__).with_name("_sandbox_launcher.py")
+from stare.sandbox.limits import (
+    Isolation,
+    LimitName,
+    SandboxConfig,
+    SandboxResult,
+    SandboxStatus,
+    SandboxUnavailable,
+)
+
+_LAUNCHER = Path(__file__).with_name("_launcher.py")
 _LOCK_DIR = "/run/stare-sandbox"
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-Isolation = Literal["namespaces", "process", "unprivileged"]
-SandboxStatus = Literal[
-    "ok",             # exit code 0
-    "error",          # non-zero exit, no limit recognised
-    "timeout",        # cpu_s or wall_s
-    "memory",         # memory_mb (MemoryError)
-    "process_limit",  # max_processes (fork/thread creation failed)
-    "file_limit",     # max_file_mb / disk_mb (EFBIG, ENOSPC)
-    "output_limit",   # max_output_bytes
-    "killed",         # ended by a signal no limit explains
-    "sandbox_error",  # the sandbox itself failed; the program's outcome is unknown
-]
-LimitName = Literal["cpu_s", "wall_s", "memory_mb", "max_processes", "max_file_mb",
-                    "max_output_bytes"]
-
-
-class SandboxUnavailable(RuntimeError):
-    """The requested isolation cannot be set up on this machine (the message says the fix)."""
-
-
-class SandboxConfig(BaseModel):
-    """Limits and isolation of one sandboxed run; every field is bounded."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-    isolation: Isolation = "namespaces"
-    """"namespaces" (root + CAP_SYS_ADMIN; full isolation), "process" (root; no filesystem or PID
-    isolation), "unprivileged" (any user; trusted code only). See the module docstring."""
-    cpu_s: int = Field(2, ge=1, le=3600)
-    """CPU seconds per process (RLIMIT_CPU; whole seconds)."""
-    wall_s: float = Field(5.0, gt=0, le=3600)
-    """Wall-clock seconds for the whole run, from the program's start."""
-    memory_mb: int = Field(512, ge=32, le=1 << 20)
-    """Address space per process in MiB (RLIMIT_AS)."""
-    max_processes: int = Field(16, ge=1, le=4096)
-    """Processes and threads of the run's uid at once (RLIMIT_NPROC; not in "unprivileged")."""
-    max_output_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
-    """stdout + stderr bytes kept; the run is stopped when the program writes more."""
-    max_file_mb: int = Field(16, ge=1, le=1 << 20)
-    """Largest file the program may write, in MiB (RLIMIT_FSIZE)."""
-    disk_mb: int = Field(64, ge=1, le=1 << 20)
-    """Size of the tmpfs that holds /work and /tmp, in MiB ("namespaces" only)."""
-    max_open_files: int = Field(64, ge=16, le=1 << 20)
-    """Open file descriptors per process (RLIMIT_NOFILE)."""
-    allow_network: bool = False
-    """Keep the host network and allow every socket family (off: no network at all)."""
-    python_executable: str | None = None
-    """Interpreter for the program; None: the interpreter running this code (its base install,
-    not a virtual environment). Its install prefix is exposed read-only."""
-    readonly_paths: tuple[str, ...] = ()
-    """Extra absolute host paths exposed read-only at the same place ("namespaces" only)."""
-    env: dict[str, str] = Field(default_factory=dict)
-    """Extra environment variables for the program (the rest is fixed and minimal)."""
-    uid_base: int = Field(1_000_000, ge=1000, le=2**31 - 2**17)
-    """First of the throwaway uids; one is reserved per concurrent run."""
-    uid_slots: int = Field(1024, ge=1, le=65536)
-    """How many throwaway uids (concurrent runs per machine)."""
-
-    @field_validator("readonly_paths")
-    @classmethod
-    def _absolute(cls, paths: tuple[str, ...]) -> tuple[str, ...]:
-        for p in paths:
-            if not os.path.isabs(p) or ".." in Path(p).parts:
-                raise ValueError(f"readonly_paths: {p!r} must be an absolute path without '..'")
-        return paths
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for name, value in env.items():
-            if not _ENV_NAME.match(name) or "\0" in value:
-                raise ValueError(f"env: {name!r} is not a valid variable name (or has a NUL)")
-        return env
-
-
-class SandboxResult(BaseModel):
-    """What one run did. `stdout`/`stderr` are decoded (UTF-8, invalid bytes replaced) and cut
-    at the output limit; `limit_fired` names the SandboxConfig field whose limit ended the run."""
-
-    model_config = ConfigDict(frozen=True)
-
-    status: SandboxStatus
-    exit_code: int | None
-    signal: int | None = None
-    stdout: str = ""
-    stderr: str = ""
-    output_truncated: bool = False
-    limit_fired: LimitName | None = None
-    wall_s: float = 0.0
-    cpu_s: float = 0.0
-    """CPU seconds of everything in the run, including ~0.05 s of sandbox setup."""
-    detail: str | None = None
-    """Why the sandbox failed (status "sandbox_error"), or other notes."""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-
-class Sandbox(Protocol):
-    """Runs one Python program under limits; implementations never raise for what it does."""
-
-    def run(self, code: str, *, stdin: bytes | str = b"",
-            files: Mapping[str, bytes | str] | None = None) -> SandboxResult: ...
-
-
-class InMemorySandbox:
-    """A `Sandbox` that runs nothing: answers come from `respond(code, stdin)`. For unit tests of
-    code that takes a sandbox (verifiers, scoring), not for executing anything."""
-
-    def __init__(self, respond: Callable[[str, bytes], SandboxResult]):
-        self._respond = respond
-
-    def run(self, code: str, *, stdin: bytes | str = b"",
-            files: Mapping[str, bytes | str] | None = None) -> SandboxResult:
-        return self._respond(code, stdin.encode() if isinstance(stdin, str) else stdin)
 
 
 def _base_python(python: str | None) -> str:
@@ -226,7 +76,7 @@ def unavailable_reason(isolation: Isolation) -> str | None:
 
 
 class ProcessSandbox:
-    """The real `Sandbox`: one launcher process per run (see `_sandbox_launcher.py`).
+    """The real `Sandbox`: one launcher process per run (see `_launcher.py`).
 
     Thread-safe (no preexec_fn; every run has its own uid, pipes and directory); each run costs
     two interpreter start-ups (~0.1 s). `check()` runs a trivial program to prove the isolation

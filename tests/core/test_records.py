@@ -91,7 +91,7 @@ def test_verifier_crash_gives_zero_reward_with_reason():
 def test_verifier_timeout_gives_zero_reward_and_the_worker_carries_on():
     import time
 
-    from stare.reward.timeouts import call_with_timeout
+    from stare.timeouts import call_with_timeout
 
     class Slow:
         name = "slow"

@@ -5,7 +5,7 @@ import torch
 import torch.multiprocessing as mp
 
 from algo_helpers import dp_worker, free_port, inputs, loss_and_grad, random_step
-from stare.learner.config import ClipCovLossConfig, StareLossConfig
+from stare.algo_config import ClipCovLossConfig, StareLossConfig
 from stare.learner.policy_loss import policy_loss
 
 

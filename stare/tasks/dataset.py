@@ -18,7 +18,7 @@ field or has the wrong type raises `DatasetError` naming the file, the row and t
 `DatasetTask(path, test_path=None, tokenizer=None)` serves those problems to the trainer
 (`task.name: dataset`, `task.path: FILE` in a config). Train split: the rows of `path`; test
 split: the rows of `test_path`, or without one a fixed 1/20 of `path` chosen by a hash of the
-prompt (then left out of train). Reward: `stare.reward.math.math_reward` (math-verify
+prompt (then left out of train). Reward: `stare.tasks.math_verify.math_reward` (math-verify
 equivalence of the final answer: `\\boxed{}`, `<answer>` or an "Answer:" line).
 
 `prepare_dapo_math` (and `scripts/prep_dapo_math.py`) converts a local DAPO-Math-17k file (whose
@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from stare.tasks.base import Problem, Split
+from stare.tasks.base import Problem, Split, check_split
 
 COLUMNS = ("data_source", "prompt", "reward_model", "extra_info")
 """The columns a verl-format file has (extra_info is optional)."""
@@ -182,23 +182,20 @@ class DatasetTask:
 
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
         """The first `n` problems of `split` in a seeded order (all of them when it has fewer)."""
-        if split not in self._splits:
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
+        check_split(split, n)
         pool = list(self._splits[split])
         random.Random(f"dataset/{split}/{seed}").shuffle(pool)
         return pool[:n]
 
     def extract_answer(self, completion: str) -> str | None:
-        from stare.reward.math import MathConfig, extract_answer
+        from stare.tasks.math_verify import MathConfig, extract_answer
 
         return extract_answer(completion, (self.math_config or MathConfig()).extract_from)
 
     def reward(self, problem: Problem, completion: str) -> float:
         """1.0 if the final answer is equivalent to `problem.answer` (math-verify), else 0.0; a
         verifier timeout or an unparsable reference also gives 0.0 (never raises)."""
-        from stare.reward.math import math_reward
+        from stare.tasks.math_verify import math_reward
 
         try:
             return math_reward(completion, problem.answer, self.math_config)

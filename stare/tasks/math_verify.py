@@ -28,7 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stare.reward.timeouts import VerifierTimeout, call_with_timeout
+from stare.timeouts import VerifierTimeout, call_with_timeout
 
 AnswerSource = Literal["boxed", "answer_tag", "answer_line", "anywhere"]
 

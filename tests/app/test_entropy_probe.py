@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 
 def test_entropy_probe_trains_each_arm_from_the_same_start(fast_overrides, capsys):

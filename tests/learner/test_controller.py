@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from stare.learner.config import ControllerConfig
+from stare.algo_config import ControllerConfig
 from stare.learner.controller import EntropyController
 
 
