@@ -43,10 +43,10 @@ STEP_GAUGES = {
     "stare_staleness_max": ("staleness_max", "Largest weight-version lag trained on in the last step"),
     "stare_staleness_mean": ("staleness_mean", "Mean weight-version lag trained on in the last step"),
 }
-# phase label of stare_step_phase_seconds -> metrics.jsonl key (the embedded learner logs rollout,
-# the distributed one wait_data and publish; both log plan and learn)
-STEP_PHASES = {"rollout": "time_rollout_s", "wait_data": "time_wait_data_s", "plan": "time_plan_s",
-               "learn": "time_learn_s", "publish": "time_publish_s"}
+# phase label of stare_step_phase_seconds -> metrics.jsonl key. wait_data: sampling and scoring
+# (`stare train`) or waiting for scored groups (`stare learner`); publish: the weight sync.
+STEP_PHASES = {"wait_data": "time_wait_data_s", "plan": "time_plan_s", "learn": "time_learn_s",
+               "publish": "time_publish_s"}
 STEP_TIME_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, math.inf)
 SYNC_TIME_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, math.inf)
 # the names the hand-written exposition exported (kept: dashboards query them)
@@ -85,8 +85,8 @@ def state_families(run_id: str, last: dict[str, Any] | None, status: dict[str, A
     ]
     out += [_gauge(name, help_text, run_id, [({}, last.get(key))]) for name, (key, help_text) in STEP_GAUGES.items()]
     out += [
-        _gauge("stare_step_phase_seconds", "Wall time of the last step by phase (rollout, wait_data, plan, learn, "
-               "publish)", run_id, [({"phase": p}, last.get(k)) for p, k in STEP_PHASES.items()]),
+        _gauge("stare_step_phase_seconds", "Wall time of the last step by phase (wait_data, plan, learn, publish)",
+               run_id, [({"phase": p}, last.get(k)) for p, k in STEP_PHASES.items()]),
         _gauge("stare_queue_depth", "Entries published and not yet acknowledged, per stream", run_id,
                [({"queue": q}, d) for q, d in sorted((status.get("queue_depths") or {}).items())]),
         _gauge("stare_dead_letters", "Entries parked in the stream's dead-letter stream (failed validation, "
