@@ -118,3 +118,31 @@ def test_json_log_format_prints_parseable_step_objects(fast_overrides):
         assert (o["reward"], o["entropy"], o["step_time_s"], o["run"]) == (m["reward_mean"], m["entropy"], m["time_step_s"], "json-log")
     assert any("checkpoint" in o["message"] for o in objects)
     assert not [line for line in err.splitlines() if "step 2/3" in line and not line.startswith("{")]
+
+
+@pytest.mark.skipif(not __import__("redis_fixtures").have_redis_server(), reason="redis-server is not installed")
+def test_a_role_started_with_log_format_json_logs_json_objects_with_its_name(tmp_path):
+    """`stare reward --log-format json` against a real redis-server: its log lines are JSON objects
+    naming the role and the worker (read until its first line, then SIGTERM)."""
+    import signal
+
+    from redis_fixtures import redis_server
+
+    from stare.learner.deepspeed_engine import child_env
+
+    with redis_server(tmp_path / "redis") as server:
+        proc = subprocess.Popen([sys.executable, "-m", "stare.cli", "reward", "--log-format", "json", "--redis-url",
+                                 server.url, "--name", "reward-json", "--set", f"run.output_dir={tmp_path}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+        try:
+            first = proc.stderr.readline()  # the role logs its start before it waits for work
+            proc.send_signal(signal.SIGTERM)
+            _, rest = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    lines = [line for line in (first + rest).splitlines() if line.strip()]
+    ours = [json.loads(line) for line in lines if line.startswith("{")]
+    assert ours and len(ours) == len(lines), lines
+    assert {(o["role"], o["name"]) for o in ours} == {("reward", "reward-json")}
+    assert all(o["level"] in ("info", "warning") and o["message"] for o in ours)
