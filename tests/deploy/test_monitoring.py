@@ -4,7 +4,8 @@ after a step that logged every field); the issue's panels are there; the compose
 profile resolves the way `docker compose --profile ... config` would (the enabled services valid
 under the Compose Specification schema, dependencies, mounts, scrape target, datasource); the
 Kubernetes dashboard ConfigMap is the same JSON, labelled for Grafana's sidecar, and the control
-pod is annotated for scraping. Not covered: Prometheus and Grafana running (no Docker engine here)."""
+pod is annotated for scraping (the compose `monitoring` profile: tests/deploy/test_compose.py).
+Not covered: Prometheus and Grafana running (no Docker engine here)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,11 @@ import re
 from collections import defaultdict
 
 import pytest
-import yaml
 
 from deploy_helpers import REPO, control_plane_status
 from kustomize_lite import render
-from test_compose import load_compose, role_of, schema_errors
 
 DASHBOARD = REPO / "deploy" / "monitoring" / "grafana" / "dashboards" / "stare.json"
-PROMETHEUS_YML = REPO / "deploy" / "monitoring" / "prometheus.yml"
 # the panels issue 17 asks for (title -> a metric it must query)
 REQUIRED_PANELS = {
     "Entropy, target and band": "stare_entropy_band_low", "Gate": "stare_gate", "W and M": "stare_m",
@@ -110,59 +108,6 @@ def test_dashboard_ids_are_unique_and_the_run_variable_reads_an_exported_metric(
     run_var = next(v for v in doc["templating"]["list"] if v["name"] == "run_id")
     metric, label = re.fullmatch(r"label_values\((\w+), (\w+)\)", run_var["definition"]).groups()
     assert label in exported()[metric]
-
-
-def enabled(doc: dict, profiles: list[str]) -> dict:
-    """What `docker compose --profile P1 --profile P2 config` resolves: the enabled services only."""
-    out = dict(doc)
-    out["services"] = {n: s for n, s in doc["services"].items() if not s.get("profiles") or set(s["profiles"]) & set(profiles)}
-    return out
-
-
-@pytest.mark.parametrize("profiles", [["monitoring"], ["cpu", "monitoring"], ["gpu", "monitoring"]], ids="+".join)
-def test_compose_monitoring_profile_config_is_valid(profiles):
-    doc = enabled(load_compose(), profiles)
-    assert schema_errors(doc) == []
-    assert {"prometheus", "grafana"} <= set(doc["services"])
-    for name, service in doc["services"].items():
-        for dep in service.get("depends_on") or {}:
-            assert dep in doc["services"], f"{name} depends on {dep}, not enabled with --profile {profiles}"
-        for secret in service.get("secrets") or []:
-            assert secret in doc["secrets"]
-        for volume in service.get("volumes") or []:
-            source = volume.split(":")[0]
-            if source.startswith("./"):
-                assert name not in ("prometheus", "grafana") or (REPO / source).exists(), (name, source)
-            else:
-                assert source in doc["volumes"], (name, source)
-
-
-@pytest.mark.parametrize("profile", ["gpu", "cpu"])
-def test_prometheus_scrapes_the_control_plane_of_each_profile(profile):
-    doc = load_compose()
-    scrape = yaml.safe_load(PROMETHEUS_YML.read_text())["scrape_configs"]
-    (job,) = scrape
-    (target,) = job["static_configs"][0]["targets"]
-    host, port = target.split(":")
-    (control,) = [s for s in enabled(doc, [profile])["services"].values() if role_of(s) == "control"]
-    assert host in control["networks"]["default"]["aliases"]
-    command = control["command"]
-    assert int(port) == int(command[command.index("--port") + 1])
-    assert control_plane_status(job["metrics_path"]) == 200
-    token_path = job["authorization"]["credentials_file"]
-    assert token_path == f"/run/secrets/{doc['services']['prometheus']['secrets'][0]}"
-
-
-def test_grafana_provisioning_points_at_prometheus_and_the_dashboard():
-    doc = load_compose()
-    grafana = doc["services"]["grafana"]
-    mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"]}  # target -> source
-    provisioning = REPO / mounts["/etc/grafana/provisioning"].removeprefix("./")
-    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
-    host, port = re.fullmatch(r"http://([\w-]+):(\d+)", source["url"]).groups()
-    assert host == "prometheus" and doc["services"]["prometheus"]["ports"][0].endswith(f":{port}")
-    (provider,) = yaml.safe_load((provisioning / "dashboards" / "stare.yml").read_text())["providers"]
-    assert REPO / mounts[provider["options"]["path"]].removeprefix("./") == DASHBOARD.parent
 
 
 def test_kubernetes_ships_the_dashboard_configmap_and_scrape_annotations(tmp_path):
