@@ -1,7 +1,9 @@
 """docker-compose.yml without Docker: valid under the Compose Specification's JSON schema (vendored
 in tests/deploy/schemas/), and consistent with the code: every role in each profile, real `stare`
 command lines, environment variables the code reads, ports equal to the config's, GPUs assigned
-once each, mounted files that exist and configs that parse. Not covered: that images build and
+once each, mounted files that exist and configs that parse; the `monitoring` profile resolved as
+`docker compose --profile ... config` would (Prometheus scraping the control plane, Grafana's
+provisioning). Not covered: that images build and
 containers start (no Docker engine here; docs/deploy.md)."""
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Monitoring without a cluster: the Grafana dashboard queries only metrics the control plane
 exports (its PromQL parsed for metric and label names, checked against a real /metrics scraped
-after a step that logged every field); the issue's panels are there; the compose `monitoring`
-profile resolves the way `docker compose --profile ... config` would (the enabled services valid
-under the Compose Specification schema, dependencies, mounts, scrape target, datasource); the
-Kubernetes dashboard ConfigMap is the same JSON, labelled for Grafana's sidecar, and the control
-pod is annotated for scraping (the compose `monitoring` profile: tests/deploy/test_compose.py).
+after a step that logged every field); the issue's panels are there; the Kubernetes dashboard
+ConfigMap is the same JSON, labelled for Grafana's sidecar, and the control pod is annotated for
+scraping. The compose `monitoring` profile is checked in tests/deploy/test_compose.py.
 Not covered: Prometheus and Grafana running (no Docker engine here)."""
 
 from __future__ import annotations
