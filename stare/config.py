@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from stare.algo_config import LOSS_CONFIGS, ControllerConfig, GrpoLossConfig, LossConfig, StareLossConfig
+from stare.reward_config import RewardConfig
 from stare.sandbox import SandboxConfig
 
 
@@ -274,6 +275,10 @@ class TrainConfig(_Section):
     optim: OptimSection = OptimSection()
     loss: LossConfig = Field(default_factory=StareLossConfig)
     controller: ControllerConfig = ControllerConfig()
+    reward: RewardConfig | None = Field(
+        None, description="The reward as a weighted composition of verifiers (components: math, format, overlong, "
+        "code; see docs/reward.md), applied by every reward worker. None: the task's own verifier (task.reward).",
+    )
     diagnostics: DiagnosticsSection = DiagnosticsSection()
     system: SystemSection = SystemSection()
     control: ControlSection = ControlSection()

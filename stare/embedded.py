@@ -116,7 +116,8 @@ class EmbeddedRun:
             name="rollout-0", max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
             stop_token_ids=setup.stop_ids, agent=self.stack.agent, seed=cfg.run.seed,
         )
-        self.reward = RewardWorker(self.task, self.transport.raw, self.transport.scored, name="reward-0")
+        self.reward = RewardWorker(self.task, self.transport.raw, self.transport.scored, name="reward-0",
+                                   reward_config=cfg.reward)
         collector = GroupCollector(self.transport.scored, name="learner", dynamic_sampling=cfg.data.dynamic_sampling,
                                    max_staleness=0, decisions=MemoryDecisionLog())
         if control is None:  # no control plane: the same loop, its requests never come

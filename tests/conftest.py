@@ -22,3 +22,11 @@ def tiny_model_dir(tmp_path_factory):
 def fast_overrides(tiny_model_dir, tmp_path):
     """Config overrides for a fast embedded run in a temporary folder."""
     return fast_override_list(tiny_model_dir, tmp_path / "runs")
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that takes a real redis-server through a fixture is marked `redis` (-m "not redis"
+    runs without one)."""
+    for item in items:
+        if "redis_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.redis)

@@ -11,7 +11,7 @@ from redis_fixtures import have_redis_server, redis_server
 from stare.records import SCHEMA_VERSION, PromptTask, Trajectory
 from stare.transport.redis_streams import BackpressureError, RedisStream, RedisTransport
 
-pytestmark = pytest.mark.skipif(not have_redis_server(), reason="needs redis-server on PATH")
+pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="needs redis-server on PATH")]
 
 
 @pytest.fixture

@@ -162,8 +162,8 @@ def _redis_log(tmp_path):
         yield RedisDecisionLog(redis.Redis.from_url(server.url, socket_timeout=10), "run")
 
 
-@pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=pytest.mark.skipif(
-    not have_redis_server(), reason="redis-server is not on PATH"))])
+@pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=[pytest.mark.redis, pytest.mark.skipif(
+    not have_redis_server(), reason="redis-server is not on PATH")])])
 def test_a_group_filtered_after_the_checkpoint_is_still_finished_after_a_restart(backend, tmp_path):
     logs = _memory_log() if backend == "memory" else _redis_log(tmp_path)
     log = next(logs)
