@@ -120,6 +120,7 @@ def test_json_log_format_prints_parseable_step_objects(fast_overrides):
     assert not [line for line in err.splitlines() if "step 2/3" in line and not line.startswith("{")]
 
 
+@pytest.mark.redis
 @pytest.mark.skipif(not __import__("redis_fixtures").have_redis_server(), reason="redis-server is not installed")
 def test_a_role_started_with_log_format_json_logs_json_objects_with_its_name(tmp_path):
     """`stare reward --log-format json` against a real redis-server: its log lines are JSON objects
