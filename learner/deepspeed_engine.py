@@ -110,7 +110,9 @@ def full_state_dict(engine) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(engine, directory: Path, tag: str) -> None:
-    engine.save_checkpoint(str(directory), tag=tag)
+    """The model and optimizer under directory/tag. DeepSpeed does not write `latest`: the trainer
+    points it at a tag only once the tag is whole (its trainer_state.json written)."""
+    engine.save_checkpoint(str(directory), tag=tag, save_latest=False)
 
 
 def load_checkpoint(engine, directory: Path, tag: str) -> None:
