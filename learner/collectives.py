@@ -40,3 +40,13 @@ def all_reduce_sum(t: Tensor, group=None) -> Tensor:
     out = t.clone()
     dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
     return out
+
+
+def all_reduce_max_ints(values: list[int], device: torch.device, group=None) -> list[int]:
+    """Element-wise max over ranks of a few host ints (shapes: the step's response width, its
+    micro-batch count). One collective and one host read; identity on one process."""
+    if _world(group) == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.long, device=device)  # [k]
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.tolist()  # host sync: step start (shapes must be known on the host)
