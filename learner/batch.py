@@ -130,7 +130,8 @@ def token_logprobs_and_entropy(
     """log pi(response token) and the entropy of each response position's distribution (fp32)."""
     L = batch.response_ids.shape[1]
     P = batch.prompt_width
-    resp_logits = logits[:, P - 1 : P - 1 + L].float()  # [B, L, V]
+    resp_logits = logits[:, P - 1 : P - 1 + L]  # [B, L, V]
+    resp_logits = resp_logits.to(torch.promote_types(resp_logits.dtype, torch.float32))  # >= fp32
     logp_full = torch.log_softmax(resp_logits, -1)  # [B, L, V]
     logprobs = logp_full.gather(-1, batch.response_ids[..., None]).squeeze(-1)  # [B, L]
     entropy = -(logp_full.exp() * logp_full).sum(-1)  # [B, L]

@@ -113,23 +113,6 @@ def engine_device(engine) -> torch.device:
     return torch.device(engine.device)
 
 
-def hidden_state_fn(engine):
-    """micro-batch -> [R, T, H] last hidden state, through the engine's forward (so ZeRO-3 hooks and
-    DeepSpeed's bookkeeping run as for any forward), with no logits computed: `logits_to_keep` is an
-    empty index, and a forward hook on the decoder hands back its last hidden state."""
-    decoder = engine.module.get_decoder()
-    taken: list[torch.Tensor] = []
-    decoder.register_forward_hook(lambda _m, _args, out: taken.append(out.last_hidden_state))
-    none = torch.zeros(0, dtype=torch.long, device=engine_device(engine))
-
-    def hidden(mb) -> torch.Tensor:  # [R, T, H]
-        engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-               use_cache=False, logits_to_keep=none)
-        return taken.pop()
-
-    return hidden
-
-
 def full_state_dict(engine) -> dict[str, torch.Tensor]:
     """The whole model's weights on CPU (gathered under ZeRO-3), for the rollout engines."""
     module = engine.module

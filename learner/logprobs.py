@@ -28,7 +28,8 @@ def _chunk_stats(
     targets: Tensor,  # [C] long
     advantages: Tensor | None,  # [C] or None
 ) -> tuple[Tensor, Tensor, Tensor | None]:  # logp [C], entropy [C], predicted dH [C] | None
-    logp_full = torch.log_softmax(lm_head(hidden).float(), -1)  # [C, V] fp32
+    logits = lm_head(hidden)  # [C, V] in the model's dtype
+    logp_full = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # [C, V] >= fp32
     logp = logp_full.gather(-1, targets[:, None]).squeeze(-1)  # [C]
     entropy = -(logp_full.exp() * logp_full).sum(-1)  # [C]
     dh = None
@@ -44,7 +45,7 @@ def chunked_logprobs_and_entropy(
     *,
     chunk_tokens: int,
     advantages: Tensor | None = None,  # [N]: also return the predicted entropy change (no-grad only)
-) -> tuple[Tensor, Tensor, Tensor | None]:  # logp [N] fp32, entropy [N] fp32, predicted dH [N] | None
+) -> tuple[Tensor, Tensor, Tensor | None]:  # logp [N], entropy [N] (fp32, fp64 for fp64 models), predicted dH [N] | None
     """log pi(target) and the entropy of each position's next-token distribution, `chunk_tokens`
     positions at a time (N is a host int: the loop has no host sync)."""
     if chunk_tokens < 1:

@@ -38,6 +38,23 @@ class Policy:
     chunk_tokens: int  # positions per log-softmax chunk (optim.logits_chunk_tokens)
 
 
+def hidden_state_fn(forward: Callable, model: nn.Module, device: torch.device) -> Callable[[MicroBatch], Tensor]:
+    """micro-batch -> [R, T, H] last hidden state of a transformers causal LM, through `forward` (the
+    DeepSpeed engine, so ZeRO-3 hooks and its bookkeeping run as for any forward, or the model
+    itself) with no logits computed: `logits_to_keep` is an empty index, and a forward hook on the
+    decoder hands back its last hidden state."""
+    taken: list[Tensor] = []
+    model.get_decoder().register_forward_hook(lambda _m, _args, out: taken.append(out.last_hidden_state))
+    none = torch.zeros(0, dtype=torch.long, device=device)
+
+    def hidden(mb: MicroBatch) -> Tensor:  # [R, T, H]
+        forward(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+                use_cache=False, logits_to_keep=none)
+        return taken.pop()
+
+    return hidden
+
+
 def response_stats(
     policy: Policy,
     mb: MicroBatch,  # on policy.device

@@ -33,7 +33,7 @@ from stare.learner.config import StareLossConfig
 from stare.learner.controller import EntropyController
 from stare.learner.diagnostics import quadrant_metrics
 from stare.learner.micro_batches import MicroBatch, build_micro_batch, filler_micro_batch, plan_rows
-from stare.learner.passes import Policy, prepass, train_pass
+from stare.learner.passes import Policy, hidden_state_fn, prepass, train_pass
 from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
 from stare.records import Trajectory
 
@@ -63,7 +63,7 @@ class Learner:
             fused_adam=torch.cuda.is_available(),
         ))
         self.device = ds.engine_device(self.engine)
-        self.policy = Policy(hidden=ds.hidden_state_fn(self.engine), lm_head=self.engine.module.get_output_embeddings(),
+        self.policy = Policy(hidden=hidden_state_fn(self.engine, self.engine.module, self.device), lm_head=self.engine.module.get_output_embeddings(),
                              device=self.device, chunk_tokens=o.logits_chunk_tokens)
         self.controller = EntropyController(cfg.controller)
         self.step = 0
