@@ -88,7 +88,8 @@ def prepass(
 ) -> tuple[Tensor, Tensor, Tensor]:  # old log-probs, entropy, predicted dH: each [S, L] on policy.device
     """The step's starting log-probs and entropy (and the diagnostics' dH, fused into the same chunks)."""
     S, L = step.mask.shape
-    old, ent, dh = (torch.zeros(S, L, device=policy.device) for _ in range(3))
+    dtype = torch.promote_types(next(policy.lm_head.parameters()).dtype, torch.float32)  # the chunks' dtype
+    old, ent, dh = (torch.zeros(S, L, dtype=dtype, device=policy.device) for _ in range(3))
     for host_mb in micro_batches:
         if host_mb.filler:
             policy.hidden(host_mb.to(policy.device))  # same collectives as the other ranks (ZeRO-3)
