@@ -53,3 +53,48 @@ def trajectories(seed: int, groups: int = 3, group_size: int = 4, max_prompt: in
                 reward=float((s + g) % 2 if s < group_size - 1 else rng.random()),
             ))
     return out
+
+
+def collate_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """One gloo rank: collate its own trajectories (rank 1 has longer responses), gather the step's
+    tokens and count STARE's L+ selection. Every rank's first response token has the same, highest
+    surprisal, so a correct k = 1 selects exactly one of them. Also the same with the per-rank uids
+    collate gave before the fix (rows numbered from 0 on every rank), the test's control."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from stare.learner.batch import collate
+    from stare.learner.collectives import all_reduce_max_ints, gather_step_tokens
+    from stare.learner.config import StareLossConfig
+    from stare.learner.selection import in_topk
+    from stare.learner.step_plan import StepTokens, plan_step
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        trajs = trajectories(10 + rank, groups=1, group_size=2)
+        n = 3 + 4 * rank  # rank 0's responses have 3 tokens, rank 1's 7
+        for t in trajs:
+            t.response_token_ids = np.resize(t.response_token_ids, n)
+            t.response_logprobs = np.resize(t.response_logprobs, n)
+            t.loss_mask = np.ones(n, dtype=np.uint8)
+        trajs[0].reward, trajs[1].reward = 1.0, 0.0  # row 0: A > 0, row 1: A < 0
+        rows = 2
+        (width,) = all_reduce_max_ints([n], torch.device("cpu"))
+        out = {}
+        for name, first_row in (("global", rank * rows), ("per_rank", 0)):
+            batch = collate(trajs, pad_id=0, rows=rows, first_row=first_row, width=width)
+            old = torch.full(batch.mask.shape, -0.1)  # [S, L] surprisal 0.1 ...
+            old[:, 0] = -5.0  # ... except each row's first token: 5 nats, equal on both ranks
+            tokens = gather_step_tokens(StepTokens(old, torch.zeros_like(old), batch.advantages, batch.token_uid,
+                                                   batch.mask))
+            cfg = StareLossConfig(top_fraction=0.1)  # A > 0 tokens: 3 + 7 = 10 -> k = ceil(0.1 x 10) = 1
+            ctx = plan_step(tokens, cfg, gate=1.0, w=2.0, m=1.0)
+            positive = tokens.mask & (tokens.advantages > 0)
+            selected = in_topk(-tokens.old_logprobs, tokens.token_uid, positive, ctx.pos_threshold)
+            out[name] = {"selected": int(selected.sum()), "shape": tuple(batch.mask.shape),
+                         "first_uids": tokens.token_uid[:, 0].tolist()}
+        torch.save(out, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
