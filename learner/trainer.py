@@ -38,6 +38,20 @@ from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
 from stare.records import Trajectory
 
 
+def check_packing_supported(model) -> None:
+    """Packed rows need attention that separates sequences by their position_ids: transformers'
+    mask builder does so from 4.54 (sdpa, eager, flex) and flash-attention's varlen path always;
+    an older one would let packed sequences attend to each other, silently."""
+    try:
+        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
+    except ImportError:
+        if getattr(model.config, "_attn_implementation", None) != "flash_attention_2":
+            raise ValueError(
+                "optim.pack_sequences needs transformers >= 4.54 (or flash_attention_2) to keep packed sequences "
+                "apart; set optim.pack_sequences=false (padded token-budget micro-batches) or upgrade transformers"
+            ) from None
+
+
 class Learner:
     def __init__(self, cfg: TrainConfig, model_path: Path, pad_id: int):
         from transformers import AutoModelForCausalLM
@@ -52,7 +66,13 @@ class Learner:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         o = cfg.optim
         if o.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if o.max_tokens_per_micro_batch is not None and o.pack_sequences:
+            check_packing_supported(model)
         rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
         self.micro = min(o.micro_batch, rows)
         self.grad_accum = math.ceil(rows / self.micro)
