@@ -28,20 +28,28 @@ def _case(dtype, n=37, h=16, v=1000, seed=0):
     return head, hidden, targets
 
 
+def _as_module_head(head):
+    """The same head behind a module call (not a bare nn.Linear): the checkpointed path, as for a
+    ZeRO-3 partitioned head."""
+    return torch.nn.Sequential(head)
+
+
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("chunk", [1, 5, 37, 100])
-def test_chunked_values_and_gradients_equal_the_full_computation(chunk):
-    head, hidden, targets = _case(torch.float32)
+def test_chunked_values_and_gradients_equal_the_full_computation(chunk, fused):
+    linear, hidden, targets = _case(torch.float32)
+    head = linear if fused else _as_module_head(linear)
     w = torch.linspace(-1, 1, hidden.shape[0])  # arbitrary cotangents for logp and entropy
     logp, ent, _ = chunked_logprobs_and_entropy(head, hidden, targets, chunk_tokens=chunk)
     ((logp * w).sum() + (ent * w.flip(0)).sum()).backward()
-    grads = hidden.grad.clone(), head.weight.grad.clone()
-    hidden.grad = head.weight.grad = None
+    grads = hidden.grad.clone(), linear.weight.grad.clone()
+    hidden.grad = linear.weight.grad = None
     ref_logp, ref_ent, _ = _full(head, hidden, targets)
     ((ref_logp * w).sum() + (ref_ent * w.flip(0)).sum()).backward()
     torch.testing.assert_close(logp, ref_logp, rtol=0, atol=1e-6)
     torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-6)
     torch.testing.assert_close(grads[0], hidden.grad, rtol=0, atol=1e-6)
-    torch.testing.assert_close(grads[1], head.weight.grad, rtol=0, atol=1e-6)
+    torch.testing.assert_close(grads[1], linear.weight.grad, rtol=0, atol=1e-6)
 
 
 def test_bf16_model_chunks_upcast_like_the_full_computation():
@@ -64,13 +72,15 @@ def test_fused_predicted_entropy_change_equals_the_separate_pass():
     torch.testing.assert_close(dh, ref, rtol=1e-12, atol=1e-14)
 
 
-def _saved_numel(fn) -> int:
-    """Elements of every tensor autograd saves for the backward while `fn` runs."""
+def _saved_numel(fn, weight) -> int:
+    """Elements of every tensor autograd saves for the backward while `fn` runs (the head's weight,
+    saved by reference, aside)."""
     total = 0
 
     def pack(t):
         nonlocal total
-        total += t.numel()
+        if t.data_ptr() != weight.data_ptr():
+            total += t.numel()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -78,11 +88,13 @@ def _saved_numel(fn) -> int:
     return total
 
 
-def test_backward_keeps_no_vocabulary_sized_activation():
-    head, hidden, targets = _case(torch.float32, n=64, h=16, v=1000)
-    chunked = _saved_numel(lambda: chunked_logprobs_and_entropy(head, hidden, targets, chunk_tokens=16))
-    full = _saved_numel(lambda: _full(head, hidden, targets)[:2])
-    n, v = hidden.shape[0], head.out_features
+@pytest.mark.parametrize("fused", [True, False])
+def test_backward_keeps_no_vocabulary_sized_activation(fused):
+    linear, hidden, targets = _case(torch.float32, n=64, h=16, v=1000)
+    head = linear if fused else _as_module_head(linear)
+    chunked = _saved_numel(lambda: chunked_logprobs_and_entropy(head, hidden, targets, chunk_tokens=16), linear.weight)
+    full = _saved_numel(lambda: _full(head, hidden, targets)[:2], linear.weight)
+    n, v = hidden.shape[0], linear.out_features
     assert full >= n * v  # the reference keeps at least the [N, V] log-softmax
     assert chunked < n * v / 10  # only the chunks' inputs (hidden rows, targets) are kept
 
