@@ -42,7 +42,7 @@ def _chunk_stats(
 
 class _FusedChunk(torch.autograd.Function):
     """log pi(target) and entropy of one chunk with a hand-written backward: the forward keeps only
-    (hidden, targets, entropy); the backward recomputes the chunk's logits once and forms
+    (hidden, targets, entropy, logsumexp); the backward recomputes the chunk's logits once and forms
     d logits = g_logp (onehot - p) - g_H p (log p + H) in place, then the two matmuls of the linear
     head. No autograd graph over [C, V] tensors: fewer vocabulary-sized passes than autograd's
     log_softmax/exp/mul/sum backward, and nothing vocabulary-sized kept between the passes."""
@@ -54,17 +54,19 @@ class _FusedChunk(torch.autograd.Function):
         logp_full = torch.log_softmax(z, -1)  # [C, V]
         logp = logp_full.gather(-1, targets[:, None]).squeeze(-1)  # [C]
         entropy = -(logp_full.exp() * logp_full).sum(-1)  # [C]
-        ctx.save_for_backward(hidden, weight, targets, entropy)
+        lse = z.gather(-1, targets[:, None]).squeeze(-1) - logp  # [C] logsumexp of the logits, for free
+        ctx.save_for_backward(hidden, weight, targets, entropy, lse)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, g_logp: Tensor, g_entropy: Tensor):  # [C], [C]
-        hidden, weight, targets, entropy = ctx.saved_tensors
+        hidden, weight, targets, entropy, lse = ctx.saved_tensors
         logits = torch.nn.functional.linear(hidden, weight)  # [C, V], recomputed
-        d = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # [C, V] log p
-        p = d.exp()  # [C, V]
-        # dH/dz_j = -p_j (log p_j + H); d logp_t/dz_j = [j = t] - p_j
-        d.add_(entropy[:, None]).mul_(-g_entropy[:, None]).sub_(g_logp[:, None]).mul_(p)
+        logp = logits.to(torch.promote_types(logits.dtype, torch.float32)) - lse[:, None]  # [C, V] log p
+        p = logp.exp()  # [C, V]
+        # dH/dz_j = -p_j (log p_j + H); d logp_t/dz_j = [j = t] - p_j; so
+        # dz_j = p_j (-g_logp - g_H H - g_H log p_j) + g_logp [j = t]: two passes over [C, V]
+        d = torch.addcmul((-g_logp - g_entropy * entropy)[:, None], logp, -g_entropy[:, None]).mul_(p)
         d.scatter_add_(-1, targets[:, None], g_logp[:, None])
         d = d.to(logits.dtype)
         grad_hidden = d @ weight if ctx.needs_input_grad[0] else None  # [C, H]

@@ -4,13 +4,15 @@ Two ways to cut a step (`optim.max_tokens_per_micro_batch`):
 - None: `optim.micro_batch` rows at a time in step order, each micro-batch padded to its own
   longest prompt (left) and response (right).
 - a budget of T tokens: rows sorted by length (longest first) and placed first-fit into
-  micro-batches of at most T model tokens. Packed (`optim.pack_sequences`, the default), the rows
-  of a micro-batch are concatenated into one row of prompt+response sequences whose
-  `position_ids` restart at 0 for each sequence and no attention mask: transformers builds the
-  block-diagonal causal mask from the positions (sdpa/eager; flash-attention's varlen kernel), so
-  no padding token is computed. Unpacked, each micro-batch is a padded block of rows whose
-  rows x longest sequence fits the budget. A sequence longer than the budget gets a micro-batch
-  of its own (it cannot be split).
+  micro-batches of at most T tokens. Packed (`optim.pack_sequences`, the default), a
+  micro-batch's prompt+response sequences are concatenated into rows as wide as its longest
+  sequence (first fit, longest first), with `position_ids` restarting at 0 for each sequence and
+  no attention mask: transformers builds the block-diagonal causal mask from the positions
+  (sdpa/eager; flash-attention's varlen kernel), so no padding is computed but the rows' short
+  tails; attention costs rows x width^2 rather than (all tokens)^2. The budget counts the
+  sequences' tokens. Unpacked, each micro-batch is a padded block of rows whose rows x (longest
+  prompt + longest response) fits the budget. A sequence longer than the budget gets a
+  micro-batch of its own (it cannot be split).
 The loss normalisers are step-global (`plan_step`), so how the rows are cut changes no loss
 value, only float rounding. Rows without tokens (the step's padding rows) get no micro-batch.
 
@@ -33,7 +35,7 @@ from torch import Tensor
 @dataclass(frozen=True)
 class MicroBatch:
     rows: Tensor  # [B] long, the step rows (into the step's [S, L] tensors)
-    input_ids: Tensor  # [R, T] long; R = B padded, R = 1 packed
+    input_ids: Tensor  # [R, T] long; R = B padded, R <= B packed
     position_ids: Tensor  # [R, T] long
     attention_mask: Tensor | None  # [R, T] long; None when packed (the positions delimit sequences)
     pred_index: Tensor  # [N] long, flat index into [R * T] of the position predicting each response token
@@ -104,11 +106,29 @@ def build_micro_batch(
     token_index = np.concatenate([b * length + np.arange(len(r)) for b, r in enumerate(rs)])
     targets = np.concatenate(rs)
     if pack:
+        # Sequences into rows as wide as the longest one, first fit longest first: attention
+        # (a block-diagonal mask under sdpa) costs rows x width^2, not (all tokens)^2.
         seqs = [np.concatenate([p, r]) for p, r in zip(ps, rs)]
-        starts = np.cumsum([0] + [len(s) for s in seqs[:-1]])
-        input_ids = np.concatenate(seqs)[None]  # [1, T]
-        position_ids = np.concatenate([np.arange(len(s)) for s in seqs])[None]  # [1, T]
-        pred = np.concatenate([s0 + len(p) - 1 + np.arange(len(r)) for s0, p, r in zip(starts, ps, rs)])
+        width = max(len(q) for q in seqs)
+        fill: list[int] = []
+        place: dict[int, tuple[int, int]] = {}  # sequence -> (row, offset)
+        for b in sorted(range(len(seqs)), key=lambda b: (-len(seqs[b]), b)):
+            row = next((i for i, f in enumerate(fill) if f + len(seqs[b]) <= width), len(fill))
+            if row == len(fill):
+                fill.append(0)
+            place[b] = (row, fill[row])
+            fill[row] += len(seqs[b])
+        T = max(fill)
+        input_ids = np.full((len(fill), T), pad_id, dtype=np.int64)
+        # a row's unused tail restarts at position 0: a block of its own that nothing reads
+        position_ids = np.arange(T)[None, :] - np.asarray(fill)[:, None]  # [R, T]; < fill: overwritten below
+        pred_parts = []
+        for b, q in enumerate(seqs):
+            row, off = place[b]
+            input_ids[row, off : off + len(q)] = q
+            position_ids[row, off : off + len(q)] = np.arange(len(q))
+            pred_parts.append(row * T + off + len(ps[b]) - 1 + np.arange(len(rs[b])))
+        pred = np.concatenate(pred_parts)
         attention = None
     else:
         P = max(len(p) for p in ps)

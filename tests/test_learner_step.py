@@ -54,7 +54,7 @@ def test_packing_computes_fewer_model_tokens(model_dir):
     packed, _ = _one_step(model_dir, ["optim.max_tokens_per_micro_batch=40"])
     trajs = trajectories(0)
     real = sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajs)
-    assert packed["model_tokens"] == real < padded["model_tokens"]
+    assert real <= packed["model_tokens"] < padded["model_tokens"]
 
 
 def test_fused_adam_only_when_asked():

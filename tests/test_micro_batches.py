@@ -45,9 +45,13 @@ def test_each_prediction_position_is_followed_by_its_target(pack):
     assert torch.equal(flat[mb.pred_index + 1], mb.targets)
     rows = batch.response_ids[[5, 0, 9, 2], : mb.length].reshape(-1)
     assert torch.equal(rows[mb.token_index], mb.targets)
-    if pack:  # one row, positions restart at each sequence, no padding token computed
-        assert mb.input_ids.shape[0] == 1 and mb.attention_mask is None
-        assert mb.model_tokens == sum(len(batch.prompts[i]) + len(batch.responses[i]) for i in [5, 0, 9, 2])
+    sel = [5, 0, 9, 2]
+    expected_pos = torch.cat([len(batch.prompts[i]) + torch.arange(len(batch.responses[i])) for i in sel])
+    assert torch.equal(mb.position_ids.reshape(-1)[mb.pred_index + 1], expected_pos)  # positions restart per sequence
+    if pack:  # rows as wide as the longest sequence, no attention mask, padding only in the rows' tails
+        seqs = [len(batch.prompts[i]) + len(batch.responses[i]) for i in sel]
+        assert mb.attention_mask is None and mb.input_ids.shape[1] <= max(seqs)
+        assert mb.input_ids.shape[0] < len(sel) and mb.model_tokens < len(sel) * max(seqs)
 
 
 def _step(cfg, cut, seed=3):
