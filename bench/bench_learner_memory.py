@@ -116,7 +116,7 @@ def _packing_tokens_per_s(quick: bool) -> tuple[float, float, dict]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from stare.learner.config import StareLossConfig
+    from stare.algo_config import StareLossConfig
     from stare.learner.micro_batches import build_micro_batch, plan_rows
     from stare.learner.passes import Policy, hidden_state_fn, prepass, train_pass
     from stare.learner.step_plan import StepTokens, mean_entropy, plan_step

@@ -29,7 +29,7 @@ from stare.config import TrainConfig
 from stare.learner import deepspeed_engine as ds
 from stare.learner.batch import TrainBatch, collate
 from stare.learner.collectives import all_reduce_max_ints, all_reduce_sum, gather_step_tokens
-from stare.learner.config import StareLossConfig
+from stare.algo_config import StareLossConfig
 from stare.learner.controller import EntropyController
 from stare.learner.diagnostics import quadrant_metrics
 from stare.learner.micro_batches import MicroBatch, build_micro_batch, filler_micro_batch, plan_rows

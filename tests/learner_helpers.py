@@ -66,7 +66,7 @@ def collate_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
     from stare.learner.batch import collate
     from stare.learner.collectives import all_reduce_max_ints, gather_step_tokens
-    from stare.learner.config import StareLossConfig
+    from stare.algo_config import StareLossConfig
     from stare.learner.selection import in_topk
     from stare.learner.step_plan import StepTokens, plan_step
 
