@@ -66,15 +66,18 @@ def collate(
     rows: int,
     scale_by_std: bool = True,
     first_row: int = 0,
+    pad_first_row: int | None = None,
     width: int | None = None,
 ) -> TrainBatch:
     """Pad `trajectories` (whole groups, rewards set) into a TrainBatch of exactly `rows` rows.
 
-    Several data-parallel ranks: each passes `first_row` = its rank x `rows`, so token uids (row
-    index x UID_STRIDE + position) are unique across ranks, and `width` = the longest response of
-    all ranks (`collectives.all_reduce_max`), so every rank's [S, L] has the same L, as
-    `collectives.gather_step_tokens` needs. A rank whose rows are a contiguous block of the
-    one-process step in order gets exactly the one-process uids."""
+    Token uid = global row x UID_STRIDE + position. Several data-parallel ranks: each passes
+    `first_row` = the step-global index of its first trajectory (the trajectories of the ranks
+    before it), `pad_first_row` = where its padding rows are numbered (after every rank's
+    trajectories and the padding rows of the ranks before it), so uids are unique over the step
+    and a rank's trajectories get exactly the uids they have in a one-process step; and `width` =
+    the longest response of all ranks, so every rank's [S, L] has the same L, as
+    `collectives.gather_step_tokens` needs. One process: the defaults."""
     if len(trajectories) > rows:
         raise ValueError(f"{len(trajectories)} trajectories do not fit a step of {rows} rows")
     group_ids = {g: i for i, g in enumerate(dict.fromkeys(t.group_id for t in trajectories))}
@@ -110,7 +113,10 @@ def collate(
     seq_adv[: len(trajectories)] = adv
     seq_rewards = torch.zeros(rows)
     seq_rewards[: len(trajectories)] = rewards
-    uid = (first_row + torch.arange(rows))[:, None] * UID_STRIDE + torch.arange(L)[None, :]
+    n = len(trajectories)
+    pad_first_row = first_row + n if pad_first_row is None else pad_first_row
+    row_id = torch.cat([first_row + torch.arange(n), pad_first_row + torch.arange(rows - n)])  # [S] global rows
+    uid = row_id[:, None] * UID_STRIDE + torch.arange(L)[None, :]
     ids = torch.from_numpy(input_ids)
     return TrainBatch(
         input_ids=ids, attention_mask=attention_t, position_ids=position_ids, prompt_width=P,

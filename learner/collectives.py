@@ -42,11 +42,13 @@ def all_reduce_sum(t: Tensor, group=None) -> Tensor:
     return out
 
 
-def all_reduce_max_ints(values: list[int], device: torch.device, group=None) -> list[int]:
-    """Element-wise max over ranks of a few host ints (shapes: the step's response width, its
-    micro-batch count). One collective and one host read; identity on one process."""
-    if _world(group) == 1:
-        return list(values)
+def all_gather_ints(values: list[int], device: torch.device, group=None) -> list[list[int]]:
+    """Every rank's few host ints (its rows, longest response, micro-batches), in rank order: one
+    collective and one host read at step start; no collective on one process."""
+    world = _world(group)
+    if world == 1:
+        return [list(values)]
     t = torch.tensor(values, dtype=torch.long, device=device)  # [k]
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.tolist()  # host sync: step start (shapes must be known on the host)
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t, group=group)
+    return torch.stack(out).tolist()  # host sync: step start (shapes must be known on the host)

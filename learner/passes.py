@@ -25,7 +25,7 @@ from stare.learner.logprobs import chunked_logprobs_and_entropy
 from stare.learner.micro_batches import MicroBatch
 from stare.learner.policy_loss import LossInputs, StepContext, policy_loss
 
-METRIC_NAMES = ("loss", "train_entropy_sum", "rollout_logprob_gap_sum")
+METRIC_NAMES = ("loss", "train_entropy_sum", "rollout_logprob_gap_sum", "train_tokens")
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,7 @@ def train_pass(
         backward(out.loss, i == len(micro_batches) - 1)
         sums["loss"] += out.loss.detach().double()
         sums["train_entropy_sum"] += (entropy.detach() * mask).sum().double()
+        sums["train_tokens"] += mask.sum().double()
         # learner vs rollout-engine log-prob mismatch (what TIS corrects)
         sums["rollout_logprob_gap_sum"] += ((old_mb - x.rollout_logprobs).abs() * mask).sum().double()
         for k, v in out.metrics.items():

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from stare.config import TrainConfig
 from stare.learner import deepspeed_engine as ds
 from stare.learner.batch import TrainBatch, collate
-from stare.learner.collectives import all_reduce_max_ints, all_reduce_sum, gather_step_tokens
+from stare.learner.collectives import all_gather_ints, all_reduce_sum, gather_step_tokens
 from stare.algo_config import StareLossConfig
 from stare.learner.controller import EntropyController
 from stare.learner.diagnostics import quadrant_metrics
@@ -94,16 +94,21 @@ class Learner:
 
     def _collate(self, trajectories: list[Trajectory]) -> tuple[TrainBatch, list[MicroBatch]]:
         """The step's batch (global token uids, the ranks' common width) and its micro-batches, on the
-        host; the micro-batch count is the ranks' maximum (fillers make up the difference)."""
+        host; the micro-batch count is the ranks' maximum (fillers make up the difference). Rank r's
+        trajectories are the step's rows after those of ranks < r."""
         o = self.cfg.optim
         pack = o.max_tokens_per_micro_batch is not None and o.pack_sequences
         groups = plan_rows([len(t.prompt_token_ids) for t in trajectories],
                            [len(t.response_token_ids) for t in trajectories],
                            micro_batch=self.micro, max_tokens=o.max_tokens_per_micro_batch, pack=pack)
-        width, count = all_reduce_max_ints(
-            [max(len(t.response_token_ids) for t in trajectories), len(groups)], self.device)  # host sync
+        ranks = all_gather_ints([len(trajectories), max(len(t.response_token_ids) for t in trajectories), len(groups)],
+                                self.device)  # host sync: step start
+        real = [r[0] for r in ranks]
+        before = sum(real[: self.rank])
+        pad_before = sum(real) + sum(self.rows - n for n in real[: self.rank])
         batch = collate(trajectories, pad_id=self.pad_id, rows=self.rows, scale_by_std=self.cfg.data.advantage_std,
-                        first_row=self.rank * self.rows, width=width)
+                        first_row=before, pad_first_row=pad_before, width=max(r[1] for r in ranks))
+        count = max(r[2] for r in ranks)
         mbs = [build_micro_batch(g, batch.prompts, batch.responses, pad_id=self.pad_id, pack=pack) for g in groups]
         mbs += [filler_micro_batch(self.pad_id, pack=pack)] * (count - len(mbs))
         return batch, mbs
@@ -145,7 +150,7 @@ class Learner:
         quadrants = all_reduce_sum(quadrants)
         totals = dict(zip(names, reduced.tolist()))  # host sync: the step's metric sums
         n_tokens = max(float(ctx.norm.num_tokens), 1.0)  # host sync: the step's token count
-        train_tokens = float(host_batch.mask.sum())  # host tensor, no device sync
+        train_tokens = totals.pop("train_tokens")  # over every rank
         self.lagged_entropy = totals.pop("train_entropy_sum") / max(train_tokens, 1.0)
         metrics: dict[str, Any] = {
             "step": self.step,

@@ -65,7 +65,7 @@ def collate_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     from stare.learner.batch import collate
-    from stare.learner.collectives import all_reduce_max_ints, gather_step_tokens
+    from stare.learner.collectives import all_gather_ints, gather_step_tokens
     from stare.algo_config import StareLossConfig
     from stare.learner.selection import in_topk
     from stare.learner.step_plan import StepTokens, plan_step
@@ -81,7 +81,7 @@ def collate_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
             t.loss_mask = np.ones(n, dtype=np.uint8)
         trajs[0].reward, trajs[1].reward = 1.0, 0.0  # row 0: A > 0, row 1: A < 0
         rows = 2
-        (width,) = all_reduce_max_ints([n], torch.device("cpu"))
+        width = max(r[0] for r in all_gather_ints([n], torch.device("cpu")))
         out = {}
         for name, first_row in (("global", rank * rows), ("per_rank", 0)):
             batch = collate(trajs, pad_id=0, rows=rows, first_row=first_row, width=width)
@@ -98,3 +98,20 @@ def collate_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         torch.save(out, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def learner_rank_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, overrides: list[str]) -> None:
+    """One rank of a data-parallel learner (real DeepSpeed, gloo): rank 0 trains the step's first 8
+    trajectories (groups 0-1), rank 1 the last 4 (group 2); saves the step's metrics and weights."""
+    import os
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    from stare.config import build_config
+    from stare.learner.trainer import Learner
+
+    learner = Learner(build_config({}, overrides=overrides), Path(model_dir), pad_id=0)
+    trajs = trajectories(0)
+    metrics = learner.train_step(trajs[:8] if rank == 0 else trajs[8:])
+    weights = torch.cat([p.detach().reshape(-1).double() for p in learner.engine.module.parameters()])
+    torch.save({"metrics": metrics, "weights": weights}, f"{out_dir}/rank{rank}.pt")

@@ -3,8 +3,10 @@ is cut into micro-batches, packed or not, nor on gradient checkpointing or the l
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
-from learner_helpers import save_random_qwen2, trajectories
+from learner_helpers import learner_rank_worker, save_random_qwen2, trajectories
+from stare.net import free_port
 from stare.config import build_config
 from stare.learner import deepspeed_engine as ds
 
@@ -62,3 +64,35 @@ def test_fused_adam_only_when_asked():
               grad_clip=1.0, zero_stage=1, bf16=False)
     assert ds.deepspeed_config(**kw, fused_adam=True)["optimizer"]["params"]["fused"] is True
     assert "fused" not in ds.deepspeed_config(**kw)["optimizer"]["params"]
+
+
+def test_two_learner_ranks_give_the_one_rank_step(model_dir, tmp_path):
+    # Unequal shares (8 and 4 rows) under a token budget: the ranks have different micro-batch
+    # counts and response widths, so fillers, the common width and global uids all take part.
+    extra = ["optim.max_tokens_per_micro_batch=24", "loss.name=clip-cov", "loss.clip_ratio=0.2", "loss.cov_lb=-10",
+             "loss.cov_ub=10"]
+    from stare.learner.micro_batches import plan_rows
+
+    trajs = trajectories(0)
+    counts = [len(plan_rows([len(t.prompt_token_ids) for t in share], [len(t.response_token_ids) for t in share],
+                            micro_batch=12, max_tokens=24, pack=True)) for share in (trajs[:8], trajs[8:])]
+    widths = [max(len(t.response_token_ids) for t in share) for share in (trajs[:8], trajs[8:])]
+    assert counts[0] != counts[1] and widths[0] != widths[1]  # fillers and the common width take part
+    one, one_w = _one_step(model_dir, extra)
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=learner_rank_worker, args=(r, 2, port, str(model_dir), str(tmp_path), COMMON + extra))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+        if p.is_alive():
+            p.kill()
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert results[0]["metrics"]["micro_batches"] == results[1]["metrics"]["micro_batches"]
+    for res in results:
+        for key in COMPARED[:4] + ("train_tokens", "quadrant/pos_high/fraction", "quadrant/neg_low/predicted_dH"):
+            assert res["metrics"][key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
+        torch.testing.assert_close(res["weights"], one_w, rtol=0, atol=1e-6)
