@@ -187,7 +187,7 @@ def run(quick: bool = False) -> list[dict]:
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # CPU-time figures: one thread, so process time is compute time
-    n, hidden = (512, 64) if quick else (2048, 128)
+    n, hidden = (512, 64) if quick else (1024, 128)
     chunk = n // 8
     peak_ours = _peak_in_subprocess("chunked", n, hidden, chunk)
     peak_base = _peak_in_subprocess("full", n, hidden, chunk)

@@ -62,6 +62,20 @@ def test_bf16_model_chunks_upcast_like_the_full_computation():
     torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-6)
 
 
+def test_bf16_gradients_match_autograd_through_the_upcast():
+    head, hidden, targets = _case(torch.bfloat16)
+    w = torch.linspace(-1, 1, hidden.shape[0])
+    logp, ent, _ = chunked_logprobs_and_entropy(head, hidden, targets, chunk_tokens=8)
+    ((logp * w).sum() + (ent * w.flip(0)).sum()).backward()
+    grads = hidden.grad.float(), head.weight.grad.float()
+    hidden.grad = head.weight.grad = None
+    ref_logp, ref_ent, _ = _full(head, hidden, targets)
+    ((ref_logp * w).sum() + (ref_ent * w.flip(0)).sum()).backward()
+    # both cast d logits to bf16 before the head's matmuls: equal up to bf16 rounding of the sums
+    torch.testing.assert_close(grads[0], hidden.grad.float(), rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(grads[1], head.weight.grad.float(), rtol=2e-2, atol=2e-3)
+
+
 def test_fused_predicted_entropy_change_equals_the_separate_pass():
     head, hidden, targets = _case(torch.float64)
     adv = torch.linspace(-2, 2, hidden.shape[0], dtype=torch.float64)
