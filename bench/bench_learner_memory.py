@@ -206,7 +206,8 @@ def run(quick: bool = False) -> list[dict]:
              f"micro-batches ({info['model_tokens_padded']})", tps["packed"], tps["padded"], "tokens/s", 1.3, True),
         _row("binning_tokens_per_s",
              f"the same with token-budget micro-batches padded, not packed (pack_sequences=false; "
-             f"{info['model_tokens_binned']} model tokens)", tps["binned"], tps["padded"], "tokens/s", 1.3, True),
+             f"{info['model_tokens_binned']} model tokens; informational, target: no slower)", tps["binned"],
+             tps["padded"], "tokens/s", 1.0, True),
     ]
 
 
