@@ -31,8 +31,8 @@ BENCHMARKS: dict[str, Benchmark] = {
     "overlap": Benchmark("bench_overlap", "stare up steps/min, async (max_staleness 1) vs sync (>= 1.5)"),
     "rollout": Benchmark("bench_rollout", "rollout worker (streams, weight checks) vs its bare engine (>= 0.9)"),
     "learner": Benchmark("bench_learner", "a STARE step through DeepSpeed vs a plain torch loop (>= 0.9)"),
-    # "learner-memory": Benchmark("bench_learner_memory", "chunked log-prob memory/time at vocab 151,936; "
-    #                             "token-budget packing tokens/s"),
+    "learner-memory": Benchmark("bench_learner_memory", "chunked log-prob memory/time at vocab 151,936 (<= 0.25, "
+                                "<= 1.15); token-budget packing tokens/s (>= 1.3)"),
     "step": Benchmark("bench_step", "one embedded step: rollout / reward / learn / publish shares (no target)"),
     "gpu-learner": Benchmark("bench_gpu", "GPU: learner tokens/s and MFU vs a bf16 matmul", gpu=True,
                              function="run_learner"),
