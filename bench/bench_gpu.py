@@ -9,10 +9,10 @@ benchmark returns one row saying it was skipped and why. The models are built fr
                         rate, measured in the same run, so the ratio is the MFU against a measured
                         (not a datasheet) peak. Not through DeepSpeed: the device image has none,
                         and `Learner` still allocates its step tensors on the CPU.
-  * gpu-logprob-memory: peak memory above the logits of the learner's log-prob/entropy computation
-                        (`stare.learner.batch.token_logprobs_and_entropy`, forward + backward) at
-                        vocab 151,936, vs the full [B, L, V] fp32 log-softmax formula (<= 0.25,
-                        the learner issue's target), and its time (<= 1.15).
+  * gpu-logprob-memory: peak memory above the inputs of the learner's chunked log-prob/entropy
+                        computation (`stare.learner.logprobs.chunked_logprobs_and_entropy`,
+                        forward + backward) at vocab 151,936, vs the full [N, V] fp32 log-softmax
+                        (<= 0.25, the learner issue's target), and its time (<= 1.15).
   * gpu-generate:       the HF rollout engine's generation tokens/s vs transformers'
                         `model.generate(output_scores=True)` (the same sampling: temperature 1,
                         no top-k/top-p, the same prompts and lengths).
@@ -182,58 +182,56 @@ def _peak_bytes(fn: Callable[[], Any], device: torch.device) -> float | None:
     return float(torch.cuda.max_memory_allocated(device) - before)
 
 
-def full_logprobs_entropy(logits: torch.Tensor, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference: one [B, L, V] fp32 log-softmax (what an unchunked learner computes)."""
-    L, P = batch.response_ids.shape[1], batch.prompt_width
-    logp_full = torch.log_softmax(logits[:, P - 1 : P - 1 + L].float(), -1)  # [B, L, V]
-    logprobs = logp_full.gather(-1, batch.response_ids[..., None]).squeeze(-1)  # [B, L]
-    entropy = -(logp_full.exp() * logp_full).sum(-1)  # [B, L]
+def full_logprobs_entropy(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor):
+    """The reference: the whole [N, V] fp32 log-softmax at once (what an unchunked learner computes)."""
+    logp_full = torch.log_softmax(head(hidden).float(), -1)  # [N, V]
+    logprobs = logp_full.gather(-1, targets[:, None]).squeeze(-1)  # [N]
+    entropy = -(logp_full.exp() * logp_full).sum(-1)  # [N]
     return logprobs, entropy
 
 
-def measure_logprob_memory(*, device: str, seqs: int, prompt_len: int, response_len: int, vocab: int,
-                           repeats: int, dtype: torch.dtype = torch.bfloat16) -> list[dict[str, Any]]:
-    """Rows gpu-logprob-memory (peak bytes, CUDA only) and gpu-logprob-time: the learner's
-    log-prob/entropy computation + backward vs the full fp32 log-softmax, on the same logits."""
-    from stare.bench.bench_learner import synthetic_groups
-    from stare.learner.batch import collate, token_logprobs_and_entropy
+def measure_logprob_memory(*, device: str, tokens: int, hidden_size: int, vocab: int, repeats: int,
+                           dtype: torch.dtype = torch.bfloat16) -> list[dict[str, Any]]:
+    """Rows gpu-logprob-memory (peak bytes above the inputs, CUDA only) and gpu-logprob-time: the
+    learner's `chunked_logprobs_and_entropy` (chunks of tokens/8) + backward vs the full fp32
+    log-softmax, on the same hidden states and output head."""
+    from stare.learner.logprobs import chunked_logprobs_and_entropy
 
     dev = torch.device(device)
-    trajectories = synthetic_groups(max(seqs // 2, 1), 2, vocab, response_len, prompt_len=prompt_len)
-    for t in trajectories:  # every response at full length: the worst case
-        t.response_token_ids = torch.randint(0, vocab, (response_len,)).numpy().astype("int32")
-        t.response_logprobs = -torch.rand(response_len).numpy()
-        t.loss_mask = torch.ones(response_len, dtype=torch.uint8).numpy()
-    batch = _to(collate(trajectories, pad_id=0, rows=len(trajectories)), dev)
     g = torch.Generator(device=dev).manual_seed(0)
-    logits = torch.randn(*batch.input_ids.shape, vocab, device=dev, dtype=dtype, generator=g)  # [B, P + L, V]
-    logits.requires_grad_(True)
-    mask = batch.mask.to(torch.float32)
+    head = torch.nn.Linear(hidden_size, vocab, bias=False, device=dev, dtype=dtype)
+    with torch.no_grad():
+        head.weight.normal_(0, 0.02, generator=g)
+    hidden = torch.randn(tokens, hidden_size, device=dev, dtype=dtype, generator=g).requires_grad_(True)  # [N, H]
+    targets = torch.randint(0, vocab, (tokens,), device=dev, generator=g)  # [N]
+    chunk = max(tokens // 8, 1)
+    arms = {
+        "ours": lambda: chunked_logprobs_and_entropy(head, hidden, targets, chunk_tokens=chunk)[:2],
+        "baseline": lambda: full_logprobs_entropy(head, hidden, targets),
+    }
 
-    def run(fn) -> None:
-        lp, e = fn(logits, batch)
-        ((lp * mask).sum() + 0.01 * (e * mask).sum()).backward()
-        logits.grad = None
+    def run(arm: str) -> None:
+        lp, e = arms[arm]()
+        (lp.sum() + 0.01 * e.sum()).backward()
+        hidden.grad, head.weight.grad = None, None
 
-    arms = {"ours": token_logprobs_and_entropy, "baseline": full_logprobs_entropy}
-    mem = {k: _peak_bytes(lambda f=f: run(f), dev) for k, f in arms.items()}  # also the warm-up
+    mem = {k: _peak_bytes(lambda k=k: run(k), dev) for k in arms}  # also the warm-up
     times: dict[str, list[float]] = {"ours": [], "baseline": []}
     for r in range(repeats):
         for k in (("ours", "baseline") if r % 2 == 0 else ("baseline", "ours")):
-            times[k].append(_clock(lambda: run(arms[k]), dev))
-    tokens = logits.shape[0] * logits.shape[1]
-    size = f"{logits.shape[0]} x {logits.shape[1]} tokens, vocab {vocab:,}, {str(dtype).removeprefix('torch.')} logits"
-    what = "learner log-prob/entropy + backward vs full fp32 log-softmax"
+            times[k].append(_clock(lambda: run(k), dev))
+    size = f"{tokens:,} tokens, hidden {hidden_size}, vocab {vocab:,}, {str(dtype).removeprefix('torch.')}, chunks of {chunk}"
+    what = "learner chunked log-prob/entropy + backward vs full fp32 log-softmax"
     out = []
     if mem["ours"] is None:
         out.append(skipped("gpu-logprob-memory", f"{what}: peak memory ({size})",
                            "peak memory is measured on CUDA only", unit="GiB", target=0.25, higher_is_better=False))
     else:
-        out.append(row("gpu-logprob-memory", f"{what}: peak memory above the logits ({size})",
+        out.append(row("gpu-logprob-memory", f"{what}: peak memory above the inputs ({size})",
                        ours=mem["ours"] / 2**30, baseline=mem["baseline"] / 2**30, unit="GiB", target=0.25,
-                       higher_is_better=False, logits_gib=logits.numel() * logits.element_size() / 2**30))
+                       higher_is_better=False))
     out.append(paired_row("gpu-logprob-time", f"{what}: time ({size})", times["ours"], times["baseline"],
-                          unit="s", target=1.15, higher_is_better=False, tokens=tokens))
+                          unit="s", target=1.15, higher_is_better=False))
     return out
 
 
@@ -303,8 +301,8 @@ def run_logprob_memory(quick: bool) -> list[dict[str, Any]]:
     if not _cuda():
         return [skipped("gpu-logprob-memory", "log-prob/entropy peak memory at vocab 151,936 on a GPU", NO_CUDA,
                         unit="GiB", target=0.25, higher_is_better=False)]
-    return measure_logprob_memory(device="cuda", seqs=4, prompt_len=512, response_len=2048 if quick else 4096,
-                                  vocab=VOCAB_QWEN, repeats=3 if quick else 7)
+    return measure_logprob_memory(device="cuda", tokens=8192 if quick else 16384, hidden_size=1536, vocab=VOCAB_QWEN,
+                                  repeats=3 if quick else 7)
 
 
 def run_generate(quick: bool) -> list[dict[str, Any]]:

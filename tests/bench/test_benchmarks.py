@@ -104,8 +104,7 @@ def test_gpu_benchmarks_run_their_code_on_the_cpu_at_a_tiny_size():
     tiny = dict(hidden=32, layers=2, heads=4, kv_heads=2, ffn=64, vocab=97)
     learner = g.measure_learner(device="cpu", shape=tiny, groups=2, group_size=4, max_response=12, prompt_len=6,
                                 micro_batch=4, repeats=1, dtype=torch.float32, matmul_n=128)
-    memory = g.measure_logprob_memory(device="cpu", seqs=2, prompt_len=4, response_len=8, vocab=97, repeats=1,
-                                      dtype=torch.float32)
+    memory = g.measure_logprob_memory(device="cpu", tokens=16, hidden_size=8, vocab=97, repeats=1, dtype=torch.float32)
     generate = g.measure_generate(device="cpu", shape=tiny, prompts=2, samples=2, prompt_len=4, max_new_tokens=6,
                                   repeats=1, dtype="float32")
     rows = check_rows(learner + memory + generate,
@@ -114,14 +113,15 @@ def test_gpu_benchmarks_run_their_code_on_the_cpu_at_a_tiny_size():
     assert rows["gpu-learner"]["achieved_tflops"] > 0
 
 
-def test_full_logprobs_reference_matches_the_learners_function():
+def test_full_logprobs_reference_matches_the_learners_chunked_function():
     from stare.bench.bench_gpu import full_logprobs_entropy
-    from stare.bench.bench_learner import synthetic_groups
-    from stare.learner.batch import collate, token_logprobs_and_entropy
+    from stare.learner.logprobs import chunked_logprobs_and_entropy
 
-    batch = collate(synthetic_groups(2, 2, vocab=40, max_response=9), pad_id=0, rows=4)
-    logits = torch.randn(*batch.input_ids.shape, 40, generator=torch.Generator().manual_seed(0))
-    for a, b in zip(full_logprobs_entropy(logits, batch), token_logprobs_and_entropy(logits, batch)):
+    g = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(8, 40, bias=False)
+    hidden, targets = torch.randn(12, 8, generator=g), torch.randint(0, 40, (12,), generator=g)
+    ours = chunked_logprobs_and_entropy(head, hidden, targets, chunk_tokens=5)[:2]
+    for a, b in zip(full_logprobs_entropy(head, hidden, targets), ours):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
