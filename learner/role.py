@@ -75,6 +75,7 @@ class DistributedLearner:
         from stare.embedded import resolve_model
         from stare.learner.groups import GroupCollector
         from stare.learner.trainer import Learner
+        from stare.plan import check_fits
         from stare.run_outputs import RunOutputs
         from stare.tasks.base import build_task
         from stare.services.process import connect_transport
@@ -86,6 +87,7 @@ class DistributedLearner:
         np.random.seed(cfg.run.seed)
         torch.manual_seed(cfg.run.seed)
         self.model_path = resolve_model(cfg, log.info)
+        check_fits(cfg, self.model_path, log=log.info)  # refuse a config this GPU cannot hold (stare plan)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.task = build_task(cfg.task.name, **cfg.task.build_kwargs(self.tokenizer))
         self.learner = Learner(cfg, self.model_path, pad_id=self.tokenizer.pad_token_id or 0)

@@ -119,6 +119,18 @@ class OptimSection(_Section):
     grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
     micro_batch: int = Field(16, ge=1, description="Sequences per micro-batch (gradient accumulation fills the step).")
     zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer's activations in the backward pass (keeps one layer's "
+        "activations instead of all of them; on in GPU configs). `stare plan` shows what it saves.",
+    )
+    logits_chunk_tokens: int = Field(
+        1024, ge=1, description="Tokens per chunk of the log-prob/entropy computation: no fp32 [tokens, vocab] "
+        "tensor larger than [logits_chunk_tokens, vocab] exists.",
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="Token budget of a micro-batch (rows binned by length, padding removed); None: "
+        "micro_batch rows per micro-batch. The reference uses 2 x (prompt + response) per GPU.",
+    )
 
 
 class DiagnosticsSection(_Section):

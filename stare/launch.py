@@ -28,6 +28,7 @@ import yaml
 
 from stare.config import ConfigError, TrainConfig, build_config
 from stare.net import free_port, port_free
+from stare.plan import check_fits
 
 COLORS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
 
@@ -56,6 +57,15 @@ def with_overrides(cfg: TrainConfig, overrides: dict[str, object]) -> TrainConfi
         section, name = key.split(".")
         raw[section][name] = value
     return build_config(raw)
+
+
+def vllm_settings(cfg: TrainConfig) -> dict[str, object]:
+    """The vLLM engine's memory settings the plan needs: the config's (rollout.vllm, where it has
+    them), else the engine's defaults."""
+    from stare.rollout.engine import VLLMEngineConfig
+
+    section, defaults = getattr(cfg.rollout, "vllm", None), VLLMEngineConfig.model_fields
+    return {k: getattr(section, k, defaults[k].default) for k in ("gpu_memory_utilization", "max_num_seqs")}
 
 
 def start_redis(dir, say: Callable[[str], None]):
@@ -91,6 +101,7 @@ class Launcher:
         if control and (cfg.control.port == 0 or not port_free(cfg.control.host, cfg.control.port)):
             overrides["control.port"] = free_port(cfg.control.host)
         self.cfg = with_overrides(cfg, overrides)
+        check_fits(self.cfg, self.cfg.model.path, roles=("learner", "rollout"), log=self.say, **vllm_settings(self.cfg))
         self.dir = self.cfg.run_dir / "up"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.dir / "config.yaml"
