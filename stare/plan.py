@@ -190,6 +190,25 @@ class Item:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class Fix:
+    """One change that helps a role fit: `field` (a config field, or "learner GPUs") to `value`."""
+
+    field: str
+    value: Any = None  # None: no single value (the text says what)
+    why: str = ""
+    relation: str = "="  # "=" or ">="
+
+    def __str__(self) -> str:
+        head = self.field if self.value is None else f"{self.field}{' >= ' if self.relation == '>=' else '='}{self.value}"
+        return f"{head} ({self.why})" if self.why else head
+
+    @property
+    def override(self) -> str | None:
+        """The `--set` override for this fix, when it is one config field set to one value."""
+        return f"{self.field}={self.value}" if self.value is not None and self.relation == "=" and " " not in self.field else None
+
+
 @dataclass
 class RolePlan:
     role: str  # learner | rollout
@@ -197,7 +216,7 @@ class RolePlan:
     gpu_mem_bytes: int
     items: list[Item]
     fits: bool
-    fixes: list[str] = field(default_factory=list)  # what to change, field first
+    fixes: list[Fix] = field(default_factory=list)  # what to change
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -228,7 +247,8 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         for role, plan in zip(out["roles"], self.roles):
-            role.update(total_bytes=plan.total, usable_bytes=plan.usable)
+            role.update(total_bytes=plan.total, usable_bytes=plan.usable,
+                        fixes=[{**asdict(f), "text": str(f)} for f in plan.fixes])
         out["fits"] = self.fits
         return out
 
@@ -290,44 +310,45 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
     if stages[stage]["bytes"] > usable:
         if stage < 3 and gpus > 1 and stages[3]["bytes"] < stages[stage]["bytes"]:
             stage = 3
-            fixes.append(f"optim.zero_stage=3 (model states {stages[3]['bytes'] / GIB:.1f} GiB per GPU)")
+            fixes.append(Fix("optim.zero_stage", 3, f"model states {stages[3]['bytes'] / GIB:.1f} GiB per GPU"))
         if stages[stage]["bytes"] > usable:
             rest = sum(i.bytes for i in items_for(stage, True, seq_tokens, min(chunk, seq_tokens), False)[1:])
             need = _gpus_for_states(shape, b, usable - rest)
-            more = (f"at least {need} learner GPUs at optim.zero_stage=3 with gradient checkpointing and one sequence "
-                    "per micro-batch" if need else "no number of GPUs suffices")
-            fixes.append(f"model states alone need {stages[stage]['bytes'] / GIB:.1f} GiB per GPU of {usable / GIB:.1f} "
-                         f"usable: {more} (--gpus / learner ranks), or a smaller model (model.path)")
+            why = (f"model states alone need {stages[stage]['bytes'] / GIB:.1f} GiB per GPU of {usable / GIB:.1f} usable; "
+                   f"{need or 'no number of'} GPUs at optim.zero_stage=3 with gradient checkpointing and one sequence "
+                   "per micro-batch hold them (--gpus, learner ranks); or a smaller model (model.path)")
+            fixes.append(Fix("learner GPUs", need, why, relation=">="))
             return plan, stages
-    steps = [("c", True, "optim.gradient_checkpointing=true"),
-             ("d", False, "diagnostics.predicted_entropy_change=false (its fp32 [tokens, vocab] pre-pass tensors)"),
-             ("ch", min(1024, chunk), "optim.logits_chunk_tokens=1024")]
+    steps = [("c", True, Fix("optim.gradient_checkpointing", "true")),
+             ("d", False, Fix("diagnostics.predicted_entropy_change", "false", "its fp32 [tokens, vocab] pre-pass tensors")),
+             ("ch", min(1024, chunk), Fix("optim.logits_chunk_tokens", min(1024, chunk)))]
     if gpus > 1:
-        steps.append(("stage", 3, "optim.zero_stage=3"))
+        steps.append(("stage", 3, Fix("optim.zero_stage", 3)))
     state = {"c": ckpt, "d": diag, "ch": chunk, "stage": stage}
     default = dict(state)
     state_fits = lambda st, n=t: fits(items_for(st["stage"], st["c"], n, min(st["ch"], n), st["d"]))  # noqa: E731
     applied = []
-    for key, value, text in steps:
+    for key, value, fix in steps:
         if not state_fits(state) and state[key] != value:
             state[key] = value
-            applied.append((key, text))
-    for key, text in list(applied):
+            applied.append((key, fix))
+    for key, fix in list(applied):
         trial = {**state, key: default[key]}
         if state_fits(trial):
             state = trial
-            applied.remove((key, text))
-    fixes += [text for _, text in applied]
+            applied.remove((key, fix))
+    fixes += [fix for _, fix in applied]
     if not state_fits(state):
         best = _largest_tokens(lambda n: state_fits(state, n), t)
         if best >= seq_tokens:
             rows_fit = best // seq_tokens
-            fixes.append(f"optim.max_tokens_per_micro_batch={best} (or optim.micro_batch={rows_fit} rows of {seq_tokens:,} tokens)"
-                         if tokens_field == "optim.micro_batch" else f"optim.max_tokens_per_micro_batch={best}")
+            fixes.append(Fix("optim.max_tokens_per_micro_batch", best,
+                             f"or optim.micro_batch={rows_fit} rows of {seq_tokens:,} tokens"
+                             if tokens_field == "optim.micro_batch" else ""))
         else:
-            fixes.append(f"one {seq_tokens:,}-token sequence does not fit next to the model states: shorten "
-                         f"rollout.max_new_tokens / the prompt (data.max_prompt_len), or shard more "
-                         f"(optim.zero_stage=3, more learner GPUs)")
+            fixes.append(Fix("rollout.max_new_tokens", None, f"one {seq_tokens:,}-token sequence does not fit next to "
+                             "the model states: shorten it or the prompt (data.max_prompt_len), or shard more "
+                             "(optim.zero_stage=3, more learner GPUs)"))
     plan.fixes = fixes
     return plan, stages
 
@@ -364,9 +385,9 @@ def plan_rollout(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
         plan = RolePlan("rollout", 1, gpu_mem_bytes, items, sum(i.bytes for i in items) <= HEADROOM * gpu_mem_bytes,
                         extra={"engine": "hf", "kv_bytes_per_token": per_token})
         if not plan.fits:
-            fixes = [f"system.rollout_batch_prompts={max(1, int((plan.usable - weights) // max(per_seq * cfg.rollout.samples_per_prompt, 1)))}"]
-            plan.fixes = fixes if plan.usable > weights + per_seq * cfg.rollout.samples_per_prompt else \
-                ["rollout.engine=vllm (pages its KV cache), or shorter sequences (rollout.max_new_tokens)"]
+            prompts = (plan.usable - weights) // (per_seq * cfg.rollout.samples_per_prompt)
+            plan.fixes = [Fix("system.rollout_batch_prompts", int(prompts))] if prompts >= 1 else \
+                [Fix("rollout.engine", "vllm", "it pages its KV cache; or shorter sequences: rollout.max_new_tokens")]
         return plan
     budget = int(gpu_memory_utilization * gpu_mem_bytes)
     reserve = 4 * max_num_seqs * shape.vocab + VLLM_PROFILE_TOKENS * b * (4 * shape.hidden + 2 * shape.intermediate)
@@ -383,9 +404,9 @@ def plan_rollout(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
                            "rollout_batch_sequences": batch_seqs})
     need = weights + reserve + per_seq * batch_seqs
     if seqs < 1:
-        plan.fixes = [f"{util_field} >= {math.ceil(100 * (weights + reserve + per_seq) / gpu_mem_bytes) / 100:.2f} "
-                      f"(vLLM refuses a KV cache smaller than one {seq_tokens:,}-token sequence), or shorter "
-                      "sequences (rollout.max_new_tokens, data.max_prompt_len)"]
+        plan.fixes = [Fix(util_field, f"{math.ceil(100 * (weights + reserve + per_seq) / gpu_mem_bytes) / 100:.2f}",
+                          f"vLLM refuses a KV cache smaller than one {seq_tokens:,}-token sequence; or shorter sequences: "
+                          "rollout.max_new_tokens, data.max_prompt_len", relation=">=")]
     elif seqs < batch_seqs:
         plan.notes.append(f"the KV cache holds {seqs} of a rollout batch's {batch_seqs} sequences: vLLM decodes the "
                           f"rest later (slower); {util_field} >= {min(need / gpu_mem_bytes, 1.0):.2f} holds them all")
@@ -481,7 +502,7 @@ def check_fits(cfg: TrainConfig, model_path: Path | str | None, *, roles: tuple[
         if not r.fits:
             raise ConfigError(
                 f"the {r.role} needs {r.total / GIB:.1f} GiB per GPU, {r.usable / GIB:.1f} GiB usable on this "
-                f"{mem / GIB:.0f} GiB GPU ({r.gpus} rank(s)); change: " + "; ".join(r.fixes)
+                f"{mem / GIB:.0f} GiB GPU ({r.gpus} rank(s)); change: " + "; ".join(map(str, r.fixes))
                 + f"\n{render(plan)}")
     log(f"memory plan: {', '.join(f'{r.role} {r.total / GIB:.1f} GiB' for r in plan.roles)} of "
         f"{HEADROOM * mem / GIB:.1f} GiB usable per GPU: fits")
