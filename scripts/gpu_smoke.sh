@@ -33,6 +33,9 @@ fi
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 echo "gpu_smoke: installed in $(( $(date +%s) - start )) s"
-"$PY" -c "import deepspeed, pydantic, redis, stare.learner.trainer" # fail here, clearly, if anything is missing
-timeout --kill-after=15 "$LIMIT_S" "$PY" scripts/gpu_smoke.py "$@"
+script=$PWD/scripts/gpu_smoke.py
+export OUT=${OUT:-$PWD/gpu-smoke-out}  # gpu_smoke.py's default --out
+cd /  # import stare from $SITE, not from the source folder (its roles live outside stare/)
+"$PY" -c "import deepspeed, pydantic, redis, stare.learner.trainer"  # fail here, clearly, if anything is missing
+timeout --kill-after=15 "$LIMIT_S" "$PY" "$script" "$@"
 echo "gpu_smoke: done in $(( $(date +%s) - start )) s"

@@ -443,6 +443,10 @@ def build_plan(cfg: TrainConfig, *, gpus: int, gpu_mem_gib: float, shape: ModelS
 # --- output ---------------------------------------------------------------------------------
 
 
+def _count(n: int) -> str:
+    return next(f"{n / div:.3g}{unit}" for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1, "")) if n >= div or div == 1)
+
+
 def _gib(n: int) -> str:
     return f"{n / GIB:8.2f} GiB"
 
@@ -450,7 +454,7 @@ def _gib(n: int) -> str:
 def render(plan: Plan) -> str:
     m = plan.model
     lines = [
-        f"model: {m.params / 1e9:.3f}B params ({m.params:,}), {m.layers} layers, hidden {m.hidden}, heads {m.heads}/"
+        f"model: {_count(m.params)} params ({m.params:,}), {m.layers} layers, hidden {m.hidden}, heads {m.heads}/"
         f"{m.kv_heads} kv, intermediate {m.intermediate}, vocab {m.vocab:,}, {plan.dtype}  [{m.source}]",
         f"sequence: {plan.prompt_tokens:,} prompt [{plan.prompt_source}] + {plan.seq_tokens - plan.prompt_tokens:,} "
         f"response = {plan.seq_tokens:,} tokens",

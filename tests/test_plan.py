@@ -244,3 +244,15 @@ def test_check_fits_refuses_with_the_field_on_a_small_gpu(small_model, monkeypat
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: Props)
     with pytest.raises(ConfigError, match=r"learner needs .*change: learner GPUs >= 4 .*model\.path"):
         check_fits(small_cfg(small_model), small_model, log=lambda _: None)
+
+
+def test_the_docs_show_the_current_plan_of_the_7b_recipe():
+    from stare.plan import render
+
+    cfg = load_config(PAPER_7B)
+    plan = build_plan(cfg, gpus=8, gpu_mem_gib=80, shape=load_model_shape(cfg, MODELS / "qwen2.5-math-7b.json"),
+                      prompt_tokens=1024, config_name=str(PAPER_7B.relative_to(REPO)))
+    text = render(plan)
+    assert text in (REPO / "docs" / "deploy.md").read_text(), "regenerate the stare plan output in docs/deploy.md"
+    learner = text[text.index("learner ("):text.index("\n\nrollout")]
+    assert learner in (REPO / "docs" / "distributed.md").read_text()
