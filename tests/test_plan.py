@@ -249,9 +249,12 @@ def test_check_fits_refuses_with_the_field_on_a_small_gpu(small_model, monkeypat
 def test_the_docs_show_the_current_plan_of_the_7b_recipe():
     from stare.plan import render
 
+    import dataclasses
+
     cfg = load_config(PAPER_7B)
-    plan = build_plan(cfg, gpus=8, gpu_mem_gib=80, shape=load_model_shape(cfg, MODELS / "qwen2.5-math-7b.json"),
-                      prompt_tokens=1024, config_name=str(PAPER_7B.relative_to(REPO)))
+    shape = load_model_shape(cfg, MODELS / "qwen2.5-math-7b.json")
+    shape = dataclasses.replace(shape, source="configs/models/qwen2.5-math-7b.json")  # as the docs' command says
+    plan = build_plan(cfg, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024)
     text = render(plan)
     assert text in (REPO / "docs" / "deploy.md").read_text(), "regenerate the stare plan output in docs/deploy.md"
     learner = text[text.index("learner ("):text.index("\n\nrollout")]
