@@ -11,12 +11,13 @@ Per learner GPU (ZeRO data parallel over `gpus` ranks, micro-batches of T tokens
                    keeps 16-bit weights and gradients whole and shards the fp32 state: 4P + 16P/N.
                    fp32 training (no master copy): weights 4P, gradients 4P, Adam 8P; ZeRO-1 shards
                    Adam (8P + 8P/N), ZeRO-2 gradients too (4P + 12P/N), ZeRO-3 all (16P/N + 4 x largest).
-    activations    per token and decoder layer, b = bytes of the model dtype, SDPA/flash attention (no
-                   [L, L] scores), HF's Qwen2/Llama layer as written:
-                       two RMSNorms: fp32 input (4h) + normalised output (b h) each
-                       attention: q (b h), k and v (2 b kv_dim), output (b h)
-                       SwiGLU MLP: gate, silu(gate), up, silu(gate) x up (4 b I)
-                       a_layer = 2 (4h + b h) + b (2h + 2 kv_dim) + 4 b I
+    activations    what autograd saves per token and decoder layer (b = bytes of the model dtype), HF's
+                   Qwen2/Llama layer as written, SDPA/flash attention (no [L, L] scores):
+                       two RMSNorms: fp32 input (4h), 1/rms (4), normalised (b h), x weight (b h) each
+                       attention: q (b h), k and v (2 b kv_dim), log-sum-exp (4 heads), output (b h)
+                       SwiGLU MLP: gate, up, silu(gate), silu(gate) x up (4 b I)
+                       a_layer = 2 (4h + 4 + 2 b h) + b (2h + 2 kv_dim) + 4 heads + 4 b I
+                   (tests/test_plan.py measures it with autograd's saved-tensor hooks)
                    without checkpointing: T x layers x a_layer; with it: T x (layers x b h + a_layer)
                    (each layer's input kept, one layer recomputed at a time).
     logits         the model's [T, V] logits in its dtype and their gradient: 2 b T V.
@@ -166,7 +167,7 @@ def _quiet_deepspeed_import() -> None:
 def layer_activation_bytes(shape: ModelShape, dtype_bytes: int) -> int:
     """Bytes one decoder layer keeps for backward, per token (see the module docstring)."""
     h, b = shape.hidden, dtype_bytes
-    return 2 * (4 * h + b * h) + b * (2 * h + 2 * shape.kv_dim) + 4 * b * shape.intermediate
+    return 2 * (4 * h + 4 + 2 * b * h) + b * (2 * h + 2 * shape.kv_dim) + 4 * shape.heads + 4 * b * shape.intermediate
 
 
 def activation_bytes(shape: ModelShape, dtype_bytes: int, tokens: int, *, checkpointing: bool) -> int:

@@ -99,18 +99,50 @@ def test_zero2_and_zero3_are_deepspeeds_estimates(gpus):
 
 def test_learner_items_by_hand(small_model):
     # rows per rank 2 x 2 = 4, micro-batch 2 rows of 10 prompt + 6 response = 32 tokens (b = 2 bytes)
-    # one layer per token: 2 (4x16 + 2x16) + 2 (2x16 + 2x8) + 4x2x32 = 192 + 96 + 256 = 544 B
+    # one layer per token: 2 (4x16 + 4 + 2x2x16) + 2 (2x16 + 2x8) + 4x4 + 4x2x32 = 264 + 96 + 16 + 256 = 632 B
     plan = build_plan(small_cfg(small_model), gpus=2, gpu_mem_gib=1, prompt_tokens=10)
     learner = plan.roles[0]
     items = {i.name: i.bytes for i in learner.items}
     assert plan.seq_tokens == 16 and learner.extra["tokens_per_micro_batch"] == 32
     assert items["model states"] == 2 * SMALL_PARAMS + 9 * SMALL_PARAMS  # ZeRO-2 over 2
-    assert items["activations"] == 32 * 2 * 544  # checkpointing off: every layer's activations
-    assert learner.extra["activations_checkpointing"] == 32 * (2 * 2 * 16 + 544)  # layer inputs + one layer
+    assert items["activations"] == 32 * 2 * 632  # checkpointing off: every layer's activations
+    assert learner.extra["activations_checkpointing"] == 32 * (2 * 2 * 16 + 632)  # layer inputs + one layer
     assert items["logits + grad"] == 2 * 2 * 32 * 100
     assert items["log-prob chunk"] == 3 * 4 * 8 * 100
     assert "diagnostics" not in items
     assert learner.total == sum(items.values()) and learner.fits
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_layer_activations_equal_what_autograd_saves(dtype):
+    """Measured: the bytes of the distinct non-parameter tensors autograd saves in a forward, per
+    token, per extra decoder layer (3 layers minus 1, so embedding, final norm and logits cancel)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from stare.plan import layer_activation_bytes, shape_from_hf_config
+
+    def saved_bytes(layers: int) -> int:
+        cfg = Qwen2Config(vocab_size=100, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        storages = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in params:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=torch.randint(0, 100, (2, 32))).logits.sum().backward()
+        return sum(storages.values())
+
+    shape = shape_from_hf_config(Qwen2Config(vocab_size=100, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                             num_key_value_heads=2, intermediate_size=128), "test")
+    per_layer_token = (saved_bytes(3) - saved_bytes(1)) / 2 / 64  # 2 extra layers, 2 x 32 tokens
+    assert per_layer_token == layer_activation_bytes(shape, 2 if dtype == "bfloat16" else 4)
 
 
 def test_token_budget_sets_the_micro_batch_tokens(small_model):
