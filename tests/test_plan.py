@@ -113,20 +113,19 @@ def test_learner_items_by_hand(small_model):
     assert learner.total == sum(items.values()) and learner.fits
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_layer_activations_equal_what_autograd_saves(dtype):
+def _saved_bytes_per_extra_layer_token(dtype: str, checkpointing: bool) -> float:
     """Measured: the bytes of the distinct non-parameter tensors autograd saves in a forward, per
     token, per extra decoder layer (3 layers minus 1, so embedding, final norm and logits cancel)."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from stare.plan import layer_activation_bytes, shape_from_hf_config
-
     def saved_bytes(layers: int) -> int:
         cfg = Qwen2Config(vocab_size=100, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
-                          num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128)
+                          num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128, use_cache=False)
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+        if checkpointing:  # transformers 5 renamed it
+            (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
         params = {p.untyped_storage().data_ptr() for p in model.parameters()}
         storages = {}
 
@@ -136,13 +135,28 @@ def test_layer_activations_equal_what_autograd_saves(dtype):
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(input_ids=torch.randint(0, 100, (2, 32))).logits.sum().backward()
+            logits = model(input_ids=torch.randint(0, 100, (2, 32))).logits
+        logits.sum().backward()
         return sum(storages.values())
+
+    return (saved_bytes(3) - saved_bytes(1)) / 2 / 64  # 2 extra layers, 2 x 32 tokens
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_layer_activations_equal_what_autograd_saves(dtype):
+    from transformers import Qwen2Config
+
+    from stare.plan import layer_activation_bytes, shape_from_hf_config
 
     shape = shape_from_hf_config(Qwen2Config(vocab_size=100, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
                                              num_key_value_heads=2, intermediate_size=128), "test")
-    per_layer_token = (saved_bytes(3) - saved_bytes(1)) / 2 / 64  # 2 extra layers, 2 x 32 tokens
-    assert per_layer_token == layer_activation_bytes(shape, 2 if dtype == "bfloat16" else 4)
+    measured = _saved_bytes_per_extra_layer_token(dtype, checkpointing=False)
+    assert measured == layer_activation_bytes(shape, 2 if dtype == "bfloat16" else 4)
+
+
+def test_with_gradient_checkpointing_a_layer_keeps_only_its_input():
+    # the plan: layers x b h per token (+ one layer's activations while it is recomputed in backward)
+    assert _saved_bytes_per_extra_layer_token("bfloat16", checkpointing=True) == 2 * 64
 
 
 def test_token_budget_sets_the_micro_batch_tokens(small_model):
