@@ -199,7 +199,7 @@ def run_train(args: argparse.Namespace) -> dict:
     """`stare train` for a few steps in a subprocess, with a quickly built tiny model."""
     from stare.cli import default_config_path
     from stare.learner.deepspeed_engine import child_env  # without this process's process-group variables
-    from stare.tiny_model import build_tiny_model
+    from stare.tiny import build_tiny_model
 
     out = args.out
     t0 = time.perf_counter()

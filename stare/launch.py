@@ -29,6 +29,7 @@ import yaml
 from stare.config import ConfigError, TrainConfig, build_config
 from stare.net import free_port, port_free
 from stare.plan import check_fits
+from stare.weight_sync.factory import broadcast_bind_host
 
 COLORS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
 
@@ -59,15 +60,6 @@ def with_overrides(cfg: TrainConfig, overrides: dict[str, object]) -> TrainConfi
     return build_config(raw)
 
 
-def vllm_settings(cfg: TrainConfig) -> dict[str, object]:
-    """The vLLM engine's memory settings the plan needs: the config's (rollout.vllm, where it has
-    them), else the engine's defaults."""
-    from stare.rollout.engine import VLLMEngineConfig
-
-    section, defaults = getattr(cfg.rollout, "vllm", None), VLLMEngineConfig.model_fields
-    return {k: getattr(section, k, defaults[k].default) for k in ("gpu_memory_utilization", "max_num_seqs")}
-
-
 def start_redis(dir, say: Callable[[str], None]):
     """A redis-server on a free local port with its AOF in `dir` (fsync always: a crash of the
     machine loses no acknowledged trajectory)."""
@@ -92,16 +84,17 @@ class Launcher:
         self.lock = threading.Lock()
         overrides: dict[str, object] = {}
         if cfg.model.path is None:
-            from stare.embedded import resolve_model
+            from stare.models import resolve_model
 
             overrides["model.path"] = str(resolve_model(cfg, self.say))
         s = cfg.system
-        if s.weight_sync == "broadcast" and not port_free(s.broadcast_host, s.broadcast_port):
-            overrides["system.broadcast_port"] = free_port(s.broadcast_host)
+        bind = broadcast_bind_host(s.broadcast_host)  # where the learner's publisher will listen
+        if s.weight_sync == "broadcast" and not port_free(bind, s.broadcast_port):
+            overrides["system.broadcast_port"] = free_port(bind)
         if control and (cfg.control.port == 0 or not port_free(cfg.control.host, cfg.control.port)):
             overrides["control.port"] = free_port(cfg.control.host)
         self.cfg = with_overrides(cfg, overrides)
-        check_fits(self.cfg, self.cfg.model.path, roles=("learner", "rollout"), log=self.say, **vllm_settings(self.cfg))
+        check_fits(self.cfg, self.cfg.model.path, roles=("learner", "rollout"), log=self.say)
         self.dir = self.cfg.run_dir / "up"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.dir / "config.yaml"

@@ -110,12 +110,12 @@ def load_model_shape(cfg: TrainConfig, model_config: Path | None = None) -> Mode
             raise ConfigError(f"{field_name}: {file} does not exist; point it at a Hugging Face model folder or "
                               "its config.json (stare plan --model-config FILE plans without the weights)")
         return shape_from_hf_config(AutoConfig.from_pretrained(file), str(file))
-    from stare.tiny_model import TinyModelSpec, default_model_dir
+    from stare.tiny.spec import TinyModelSpec, default_model_dir
 
     try:
         spec = TinyModelSpec(task_name=cfg.task.name, seed=cfg.model.tiny_seed, **cfg.model.tiny)
     except TypeError as err:
-        raise ConfigError(f"model.tiny: {err}; valid keys are the fields of stare.tiny_model.TinyModelSpec") from None
+        raise ConfigError(f"model.tiny: {err}; valid keys are the fields of stare.tiny.TinyModelSpec") from None
     built = default_model_dir(spec) / "config.json"
     if built.is_file():
         return shape_from_hf_config(AutoConfig.from_pretrained(built), str(built))
@@ -371,16 +371,14 @@ def _largest_tokens(fits: Callable[[int], bool], upper: int) -> int:
     return lo
 
 
-def plan_rollout(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq_tokens: int,
-                 gpu_memory_utilization: float, max_num_seqs: int) -> RolePlan:
+def plan_rollout(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq_tokens: int) -> RolePlan:
     b = DTYPE_BYTES[cfg.model.dtype]
     weights = b * shape.params
     per_token = kv_bytes_per_token(shape, b)
     batch_seqs = cfg.system.rollout_batch_prompts * cfg.rollout.samples_per_prompt
     per_seq = per_token * seq_tokens
-    util_field = "rollout.vllm.gpu_memory_utilization" if hasattr(getattr(cfg.rollout, "vllm", None), "gpu_memory_utilization") \
-        else "the vLLM engine's gpu_memory_utilization"
-    if cfg.rollout.engine == "hf":
+    engine = cfg.rollout.engine
+    if engine.name == "hf":
         items = [Item("weights", weights, f"{shape.params:,} params in {cfg.model.dtype}"),
                  Item("KV cache", per_seq * batch_seqs, f"{batch_seqs} sequences x {seq_tokens:,} tokens x {per_token:,} B")]
         plan = RolePlan("rollout", 1, gpu_mem_bytes, items, sum(i.bytes for i in items) <= HEADROOM * gpu_mem_bytes,
@@ -390,6 +388,8 @@ def plan_rollout(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
             plan.fixes = [Fix("system.rollout_batch_prompts", int(prompts))] if prompts >= 1 else \
                 [Fix("rollout.engine", "vllm", "it pages its KV cache; or shorter sequences: rollout.max_new_tokens")]
         return plan
+    gpu_memory_utilization, max_num_seqs = engine.gpu_memory_utilization, engine.max_num_seqs
+    util_field = "rollout.engine.gpu_memory_utilization"
     budget = int(gpu_memory_utilization * gpu_mem_bytes)
     reserve = 4 * max_num_seqs * shape.vocab + VLLM_PROFILE_TOKENS * b * (4 * shape.hidden + 2 * shape.intermediate)
     kv = budget - weights - reserve
@@ -415,10 +415,10 @@ def plan_rollout(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
 
 
 def build_plan(cfg: TrainConfig, *, gpus: int, gpu_mem_gib: float, shape: ModelShape | None = None,
-               prompt_tokens: int | None = None, gpu_memory_utilization: float = 0.5, max_num_seqs: int = 256,
-               roles: tuple[str, ...] = ("learner", "rollout"), config_name: str = "") -> Plan:
+               prompt_tokens: int | None = None, roles: tuple[str, ...] = ("learner", "rollout"),
+               config_name: str = "") -> Plan:
     """The memory plan of `cfg` with the learner on `gpus` GPUs and each rollout worker on one, of
-    `gpu_mem_gib` GiB each. `gpu_memory_utilization` and `max_num_seqs` are the vLLM engine's."""
+    `gpu_mem_gib` GiB each."""
     if gpus < 1:
         raise ConfigError(f"--gpus must be >= 1, got {gpus}")
     if gpu_mem_gib <= 0:
@@ -432,8 +432,7 @@ def build_plan(cfg: TrainConfig, *, gpus: int, gpu_mem_gib: float, shape: ModelS
         learner, stages = plan_learner(cfg, shape, gpus=gpus, gpu_mem_bytes=mem, seq_tokens=seq)
         out.append(learner)
     if "rollout" in roles:
-        out.append(plan_rollout(cfg, shape, gpu_mem_bytes=mem, seq_tokens=seq,
-                                gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs))
+        out.append(plan_rollout(cfg, shape, gpu_mem_bytes=mem, seq_tokens=seq))
     if seq > shape.max_positions:
         for r in out:
             r.notes.append(f"prompt + response = {seq:,} tokens exceeds the model's {shape.max_positions:,} positions")
@@ -488,12 +487,11 @@ def render_json(plan: Plan) -> str:
 
 
 def check_fits(cfg: TrainConfig, model_path: Path | str | None, *, roles: tuple[str, ...] = ("learner",),
-               log: Callable[[str], None] = print, **settings: Any) -> Plan | None:
+               log: Callable[[str], None] = print) -> Plan | None:
     """Refuse (ConfigError naming the field) a config whose roles cannot fit this machine's GPU.
 
-    Learner ranks: WORLD_SIZE (1 without a launcher); each role is checked against one whole GPU
-    (`settings`: build_plan's vLLM settings). Without CUDA there is nothing to check: it logs that
-    and returns None."""
+    Learner ranks: WORLD_SIZE (1 without a launcher); each role is checked against one whole GPU.
+    Without CUDA there is nothing to check: it logs that and returns None."""
     import torch
 
     if not torch.cuda.is_available():
@@ -502,7 +500,7 @@ def check_fits(cfg: TrainConfig, model_path: Path | str | None, *, roles: tuple[
     mem = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     gpus = int(os.environ.get("WORLD_SIZE", "1"))
     shape = load_model_shape(cfg, Path(model_path) / "config.json" if model_path is not None else None)
-    plan = build_plan(cfg, gpus=gpus, gpu_mem_gib=mem / GIB, shape=shape, roles=roles, **settings)
+    plan = build_plan(cfg, gpus=gpus, gpu_mem_gib=mem / GIB, shape=shape, roles=roles)
     for r in plan.roles:
         if not r.fits:
             raise ConfigError(
