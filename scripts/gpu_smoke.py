@@ -22,9 +22,9 @@ chunked log-probs on, through `stare.learner.trainer.Learner.train_step`. The fi
 It also prints `stare plan`'s learner total for the same config next to the measured peak.
 
 Part 2, `stare train`: `--train-steps` steps of the embedded loop (the bundled arithmetic task,
-a quickly built tiny model, transformers rollout) in a subprocess: its learner (DeepSpeed) takes
-the GPU when there is one; the embedded transformers rollout engine runs where `stare train` puts
-it. Its wall time and last metrics are printed.
+a quickly built tiny model, transformers rollout) in a subprocess: its learner (DeepSpeed) and its
+rollout engine (`rollout.engine.device: auto`) take the GPU when there is one. Its wall time and
+last metrics are printed.
 
 Everything goes to `--out` (gpu_smoke.json, the runs); limits: `--timeout-s` per part.
 """
