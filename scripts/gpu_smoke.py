@@ -231,7 +231,7 @@ def render(result: dict) -> str:
         r = result["learner"]
         gib = 2**30
         lines += [
-            f"learner on {r['device']}: {r['params'] / 1e9:.2f}B params, {r['rows']} x {r['seq']:,} tokens per step, "
+            f"learner on {r['device']}: {r['params'] / 1e6:,.1f}M params, {r['rows']} x {r['seq']:,} tokens per step, "
             f"micro-batch {r['micro_batch']}, {r['dtype']}, gradient checkpointing on the model: "
             f"{r['gradient_checkpointing_on_model']}",
             f"  steps (s): {', '.join(f'{s:.2f}' for s in r['step_s'])}  (model built in {r['model_build_s']:.1f} s, "
