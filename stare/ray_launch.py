@@ -114,7 +114,7 @@ class RoleActor:
         # actor reading the same variables would try to bind. Each role forms its own group.
         for key in LAUNCH_ENV:
             os.environ.pop(key, None)
-        setup_logging(self.kind, self.name)
+        setup_logging(self.kind, self.name, fmt=self.cfg.logging.format)
         try:
             if self.kind == "control":
                 self._serve_control()
