@@ -36,6 +36,7 @@ def test_cpu_tiny_learner_figures_follow_their_definitions(tmp_path):
     result = run_smoke(tmp_path, "--train-steps", "0", "--peak-tflops", "0.5")
     r = result["learner"]
     assert r["params"] == TINY_PARAMS and (r["rows"], r["seq"]) == (ROWS, SEQ)
+    assert r["gradient_checkpointing_on_model"]  # optim.gradient_checkpointing reached the model
     assert len(r["step_s"]) == 3 and len(r["metrics"]) == 3
     assert all(m["train_tokens"] == ROWS * (SEQ - 16) for m in r["metrics"])  # every response token trains
     mean_s = sum(r["step_s"][1:]) / 2  # the first step warms up

@@ -218,24 +218,27 @@ def test_paper_7b_recipe_does_not_fit_one_24gb_gpu_and_says_why():
 
 
 def test_gradient_checkpointing_is_the_named_fix_when_it_suffices():
-    cfg = load_config(REPO / "configs" / "gpu-node.yaml", overrides=["optim.gradient_checkpointing=false"])
+    # rows, not the shipped token budget: 4 x 4,096 tokens a micro-batch
+    cfg = load_config(REPO / "configs" / "gpu-node.yaml",
+                      overrides=["optim.gradient_checkpointing=false", "optim.max_tokens_per_micro_batch=null"])
     shape = load_model_shape(cfg, MODELS / "qwen2.5-math-1.5b.json")
     learner = build_plan(cfg, gpus=1, gpu_mem_gib=80, shape=shape, prompt_tokens=1024).roles[0]
     assert not learner.fits and [f.override for f in learner.fixes] == ["optim.gradient_checkpointing=true"]
 
 
 def test_too_many_tokens_per_micro_batch_names_the_budget():
-    cfg = load_config(REPO / "configs" / "gpu-node.yaml", overrides=["optim.micro_batch=64"])
+    rows = ["optim.max_tokens_per_micro_batch=null", "optim.micro_batch=64"]  # 64 rows, no token budget
+    cfg = load_config(REPO / "configs" / "gpu-node.yaml", overrides=rows)
     shape = load_model_shape(cfg, MODELS / "qwen2.5-math-1.5b.json")
     learner = build_plan(cfg, gpus=1, gpu_mem_gib=80, shape=shape, prompt_tokens=1024).roles[0]
     assert not learner.fits
     overrides = [f.override for f in learner.fixes]
     assert None not in overrides and overrides[-1].startswith("optim.max_tokens_per_micro_batch=")
     tokens = int(overrides[-1].split("=")[1])
-    fixed = load_config(REPO / "configs" / "gpu-node.yaml", overrides=["optim.micro_batch=64", *overrides])
+    fixed = load_config(REPO / "configs" / "gpu-node.yaml", overrides=[*rows, *overrides])
     assert build_plan(fixed, gpus=1, gpu_mem_gib=80, shape=shape, prompt_tokens=1024).roles[0].fits
     over = load_config(REPO / "configs" / "gpu-node.yaml",
-                       overrides=["optim.micro_batch=64", *overrides, f"optim.max_tokens_per_micro_batch={tokens + 1}"])
+                       overrides=[*rows, *overrides, f"optim.max_tokens_per_micro_batch={tokens + 1}"])
     assert not build_plan(over, gpus=1, gpu_mem_gib=80, shape=shape, prompt_tokens=1024).roles[0].fits
 
 
