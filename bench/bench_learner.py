@@ -7,8 +7,9 @@
   * baseline: the same collate, pre-pass, gate, `plan_step`, `token_logprobs_and_entropy` and
               `policy_loss`, with `loss.backward()`, `clip_grad_norm_` and `torch.optim.AdamW`:
               no DeepSpeed, no diagnostics.
-Both start from the same weights; the first (uncounted) step of each must give the same loss and
-the same updated weights (checked; a bench whose baseline computes something else is worthless).
+Both start from the same weights; the first (uncounted) step of each must give the same loss (to
+1e-5) and the same updated weights (to 5% of the step's largest update; checked: a bench whose
+baseline computes something else is worthless).
 Then steps alternate, rotating which goes first, each pair on a fresh batch of synthetic groups
 (random tokens of the model's vocabulary, long-tailed response lengths, mixed rewards). Ratio =
 ours tokens/s over the baseline's (target >= 0.9). Runs on the tiny config (`stare train`'s
@@ -31,6 +32,7 @@ import torch
 from stare.bench.common import paired_row, timed
 
 TARGET = 0.9
+DRIFT_OF_UPDATE = 0.05  # after the first step: the two updates agree to 5% of the largest update
 QUICK = dict(repeats=5)
 FULL = dict(repeats=11)
 
@@ -166,7 +168,9 @@ def measure(*, repeats: int, overrides: list[str] = ()) -> list[dict[str, Any]]:
         drift = max((updated[k].float() - v.detach().float()).abs().max().item()
                     for k, v in plain.model.state_dict().items() if k in updated)
         moved = max((updated[k].float() - v.float()).abs().max().item() for k, v in init.items() if k in updated)
-        if drift > 1e-5 or moved < 100 * drift or moved == 0:
+        # Adam's first step is lr x g / (|g| + eps): where a gradient is ~0, float-order differences
+        # (chunked vs whole log-softmax, another reduction order) move a weight by a visible part of lr
+        if moved == 0 or drift > DRIFT_OF_UPDATE * moved:
             raise AssertionError(f"after one step the plain loop's weights differ from the Learner's by {drift:.2e} "
                                  f"(the step moved them by up to {moved:.2e})")
 

@@ -50,8 +50,9 @@ def run_arm(staleness: int, steps: int, rollout: int, reward: int, out: Path, ex
     finally:
         launcher.stop()
     if time.monotonic() > deadline:
-        raise TimeoutError(f"max_staleness={staleness}: stare up did not finish {steps} steps within {timeout_s:.0f}s"
-                           f"\n{log.getvalue()[-4000:]}")
+        print(log.getvalue()[-20000:], file=sys.stderr)  # every role's log lines, for the suite's error report
+        raise TimeoutError(f"max_staleness={staleness}: stare up did not finish {steps} steps within {timeout_s:.0f}s "
+                           "(its log is above)")
     if code != 0:
         print(log.getvalue()[-20000:], file=sys.stderr)  # every role's log lines, for the suite's error report
         raise RuntimeError(f"max_staleness={staleness}: stare up exited with {code} (its log is above)")
@@ -67,13 +68,13 @@ def steps_per_min(times: list[float], warmup: int) -> float:
 
 
 def measure(*, steps: int, warmup: int, repeats: int, rollout: int = 1, reward: int = 1,
-            extra: list[str] = (), log=lambda s: None) -> list[dict[str, Any]]:
+            extra: list[str] = (), log=lambda s: None, arm_timeout_s: float = ARM_TIMEOUT_S) -> list[dict[str, Any]]:
     """One row: overlapped steps/min over synchronous, medians over `repeats` pairs of runs."""
     results: dict[int, list[float]] = {0: [], 1: []}
     with tempfile.TemporaryDirectory(prefix="stare-bench-overlap-") as tmp:
         for r in range(repeats):
             for staleness in ((0, 1) if r % 2 == 0 else (1, 0)):
-                times = run_arm(staleness, steps, rollout, reward, Path(tmp) / f"r{r}", list(extra))
+                times = run_arm(staleness, steps, rollout, reward, Path(tmp) / f"r{r}", list(extra), arm_timeout_s)
                 results[staleness].append(steps_per_min(times, warmup))
                 log(f"repeat {r}: max_staleness={staleness}: {results[staleness][-1]:.1f} steps/min")
     return [paired_row("overlap", f"stare up steps/min, max_staleness 1 vs 0 ({rollout} rollout, {reward} reward "
