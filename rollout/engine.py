@@ -53,7 +53,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Union, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from stare.config import HfEngineSection, VllmEngineSection
 
@@ -69,9 +69,12 @@ class SamplingParams:
 
     `temperature == 0` means greedy decoding. `stop_token_ids` adds to the model's EOS ids; they
     never replace them. `seed=None` means not reproducible. `prompt_seeds` (one per prompt of the
-    call, overriding `seed`) makes each prompt's samples depend on its own seed alone, not on which
-    other prompts share the call: the rollout worker seeds every group this way, so how prompts
-    are batched (one process or many) cannot change what is sampled.
+    call, overriding `seed`) gives each prompt its own random stream, independent of which other
+    prompts share the call: the rollout worker seeds every group this way. The random numbers are
+    then the same however prompts are batched; the samples are too only where the logits are
+    (fp32 on CPU: tested to 1e-6 by tests/system/test_modes_agree.py). In bf16, and in vLLM's
+    continuous batching, batch composition changes the logits' rounding, so a different batching
+    can sample differently.
     """
 
     n: int
@@ -163,7 +166,16 @@ class HFEngineConfig(HfEngineSection):
     model_config = ConfigDict(extra="forbid", frozen=True)
     model_path: str = Field(description="Directory of a Hugging Face model (config + safetensors).")
     dtype: _ENGINE_DTYPE = Field("float32", description="Weights and compute dtype; log-probs are always fp32.")
-    device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda:0' (the run config resolves 'auto').")
+    device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda:0'; auto: cuda when there is one.")
+
+    @field_validator("device")
+    @classmethod
+    def _resolve_auto(cls, device: str) -> str:
+        if device != "auto":
+            return device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class VLLMEngineConfig(VllmEngineSection):

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-pytest.importorskip("importlinter")
 
 
 def _installed_layout(dest: Path) -> Path:
