@@ -16,7 +16,8 @@ import torch
 
 from stare.config import TrainConfig
 from stare.models import RunSetup, load_run_setup
-from stare.rollout.engine import RolloutEngine, build_engine
+from stare.rollout.engine import RolloutEngine
+from stare.rollout.registry import build_engine
 
 
 @dataclass

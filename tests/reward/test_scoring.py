@@ -11,7 +11,7 @@ from stare.config import build_config
 from stare.records import Trajectory
 from stare.reward.role import PoolScorer
 from stare.reward.trajectory_worker import score_trajectory
-from stare.tasks.base import build_task
+from stare.tasks.registry import build_task
 
 REWARD = {"components": [
     {"kind": "math", "weight": 1.0},
