@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stare.bench.common import paired_row, timed
+from stare.bench.common import paired_row, timed, tiny_config
 
 TARGET = 0.9
 DRIFT_OF_UPDATE = 0.05  # after the first step: the two updates agree to 5% of the largest update
@@ -125,13 +125,6 @@ class PlainLoop:
             self.controller.update(h)
         self.step_count += 1
         return float(total)  # host sync: once per step
-
-
-def tiny_config(overrides: list[str] = ()):
-    from stare.cli import default_config_path
-    from stare.config import load_config
-
-    return load_config(default_config_path(), overrides=list(overrides))
 
 
 def measure(*, repeats: int, overrides: list[str] = ()) -> list[dict[str, Any]]:

@@ -33,14 +33,13 @@ FULL = dict(steps=40, warmup=5, repeats=2)
 def run_arm(staleness: int, steps: int, rollout: int, reward: int, out: Path, extra: list[str],
             timeout_s: float = ARM_TIMEOUT_S) -> list[float]:
     """Run `stare up` to `steps` steps; the learner's end-of-step clock readings (unix seconds)."""
-    from stare.cli import default_config_path
-    from stare.config import load_config
+    from stare.bench.common import tiny_config
     from stare.launch import Launcher
 
     overrides = [f"run.output_dir={out}", f"run.name=overlap-s{staleness}", f"run.steps={steps}",
                  f"run.checkpoint_every={steps}", f"task.eval_every={10 * steps}", "task.eval_problems=8",
                  f"system.max_staleness={staleness}", "control.port=0", *extra]
-    cfg = load_config(default_config_path(), overrides=overrides)
+    cfg = tiny_config(overrides)
     log = io.StringIO()
     launcher = Launcher(cfg, rollout=rollout, reward=reward, control=False, out=log, color=False)
     deadline = time.monotonic() + timeout_s

@@ -34,14 +34,13 @@ FULL = dict(repeats=11)
 
 
 def _tiny_config(model_path: Path | None, prompts: int, samples: int, max_new_tokens: int):
-    from stare.cli import default_config_path
-    from stare.config import load_config
+    from stare.bench.common import tiny_config
 
     overrides = [f"rollout.prompts_per_step={prompts}", f"rollout.samples_per_prompt={samples}",
                  f"rollout.max_new_tokens={max_new_tokens}"]
     if model_path is not None:
         overrides.append(f"model.path={model_path}")
-    return load_config(default_config_path(), overrides=overrides)
+    return tiny_config(overrides)
 
 
 def _vllm_missing() -> str | None:

@@ -42,14 +42,13 @@ def _timer(totals: dict[str, float], phase: str, fn: Callable) -> Callable:
 
 def measure(*, steps: int, overrides: list[str] = ()) -> list[dict[str, Any]]:
     """One row per piece of the step (and `other`), shares of the measured steps' wall time."""
-    from stare.cli import default_config_path
-    from stare.config import load_config
+    from stare.bench.common import tiny_config
     from stare.embedded import EmbeddedRun, StopFlag
 
     if steps < 3:
         raise ValueError(f"steps={steps}: the first and last steps are not measured, so at least 3 are needed")
     with tempfile.TemporaryDirectory(prefix="stare-bench-step-") as tmp:
-        cfg = load_config(default_config_path(), overrides=[
+        cfg = tiny_config([
             f"run.output_dir={tmp}", "run.name=bench-step", f"run.steps={steps}", f"run.checkpoint_every={steps + 1}",
             f"task.eval_every={steps + 1}", "task.eval_problems=8", "control.serve_in_train=false", *overrides])
         run = EmbeddedRun(cfg, resume=False, log=lambda s: None)

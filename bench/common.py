@@ -96,6 +96,18 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def tiny_config(overrides: Sequence[str] = ()):
+    """The bundled default config (configs/tiny-cpu.yaml, what `stare train` runs) with overrides.
+    (Not stare.cli.default_config_path: the CLI imports this package, so this package must not
+    import the CLI.)"""
+    from importlib.resources import files
+    from pathlib import Path
+
+    from stare.config import load_config
+
+    return load_config(Path(str(files("stare.configs") / "tiny-cpu.yaml")), overrides=list(overrides))
+
+
 # --- presentation -------------------------------------------------------------------------------
 
 
