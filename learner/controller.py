@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pydantic import ValidationError
+
 from stare.learner.config import ControllerConfig
 
 
@@ -26,24 +28,40 @@ def _clip(value: Any, low: Any, high: Any) -> Any:
     return value
 
 
-def merge_config(current: dict[str, Any], changes: dict[str, Any]) -> ControllerConfig:
+def check_entropy_range(cfg: ControllerConfig, max_entropy: float | None) -> ControllerConfig:
+    """`cfg` if its target and band lie within (0, max_entropy] (ln V of the model), else ValueError
+    naming the field. None: only the config's own bound applies."""
+    if max_entropy is not None:
+        for name, value in (("target", cfg.target), *((("band", cfg.band[1]),) if cfg.band else ())):
+            if value > max_entropy:
+                raise ValueError(f"controller.{name}: {value} nats is above ln V = {max_entropy:.4g}, the largest "
+                                 "entropy of this model's vocabulary; send a smaller value")
+    return cfg
+
+
+def merge_config(current: dict[str, Any], changes: dict[str, Any], max_entropy: float | None = None) -> ControllerConfig:
     """`current` (a config dump with the live W and M) with `changes`, validated as a whole (raises
-    pydantic's ValidationError). W and M, when given, replace the current values; otherwise the
-    current values are clipped into the (new) bounds. The learner and the control plane's
-    validation both use this, so they cannot disagree on what a change means."""
+    pydantic's ValidationError, or ValueError when target or band exceed `max_entropy`). W and M,
+    when given, replace the current values; otherwise the current values are clipped into the (new)
+    bounds. The learner and the control plane's validation both use this, so they cannot disagree on
+    what a change means."""
     merged = {**current, **changes}
     if "w" not in changes:
         merged["w"] = _clip(merged["w"], 1.0, merged["w_max"])
     if "m" not in changes:
         merged["m"] = _clip(merged["m"], merged["m_min"], 1.0)
-    if merged.get("band") is not None:
+    if isinstance(merged.get("band"), list):
         merged["band"] = tuple(merged["band"])
-    return ControllerConfig.model_validate(merged)
+    return check_entropy_range(ControllerConfig.model_validate(merged), max_entropy)
 
 
 class EntropyController:
-    def __init__(self, cfg: ControllerConfig):
-        self.cfg = cfg
+    """`max_entropy`: ln V of the model (the learner passes it); target and band above it are refused
+    at construction, by `reconfigure` and by `load_state_dict`."""
+
+    def __init__(self, cfg: ControllerConfig, max_entropy: float | None = None):
+        self.max_entropy = max_entropy
+        self.cfg = check_entropy_range(cfg, max_entropy)
         self.target = cfg.target
         self.band: tuple[float, float] | None = cfg.band
         self.w = cfg.w
@@ -60,7 +78,7 @@ class EntropyController:
 
         Validated as a whole; on error nothing changes. W and M, when given, replace the current
         values; otherwise the current values are clipped into the new bounds."""
-        self.cfg = merge_config({**self.cfg.model_dump(), "w": self.w, "m": self.m}, changes)
+        self.cfg = merge_config({**self.cfg.model_dump(), "w": self.w, "m": self.m}, changes, self.max_entropy)
         self.target, self.band, self.w, self.m = self.cfg.target, self.cfg.band, self.cfg.w, self.cfg.m
 
     def decide(self, entropy: float) -> bool:
@@ -99,13 +117,18 @@ class EntropyController:
         """The config as changed at run time, the current W and M, the gate and the last entropy."""
         config = self.cfg.model_dump(mode="json")
         config.update(w=self.w, m=self.m)
-        return {"config": config, "gate": self.gate, "last_entropy": self.last_entropy}
+        return {"config": config, "gate": self.gate, "last_entropy": self.last_entropy, "max_entropy": self.max_entropy}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Validated like a change (bounds, finiteness, ln V): a checkpoint holding values outside the
+        ranges is refused (ValueError naming the field) instead of training on them."""
         config = dict(state["config"])
-        if config.get("band") is not None:
+        if isinstance(config.get("band"), list):
             config["band"] = tuple(config["band"])
-        self.cfg = ControllerConfig.model_validate(config)
+        try:
+            self.cfg = check_entropy_range(ControllerConfig.model_validate(config), self.max_entropy)
+        except ValidationError as err:
+            raise ValueError(f"the checkpoint's controller state is invalid: {err}") from None
         self.target, self.band, self.w, self.m = self.cfg.target, self.cfg.band, self.cfg.w, self.cfg.m
         self.gate = bool(state["gate"])
         self.last_entropy = state["last_entropy"]

@@ -13,6 +13,7 @@ read at the step boundary.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections import defaultdict
@@ -32,6 +33,19 @@ from stare.learner.diagnostics import predicted_entropy_change, quadrant_metrics
 from stare.learner.policy_loss import LossInputs, policy_loss
 from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
 from stare.records import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+def nonfinite_step(loss: float, grad_norm: float | None, step: int) -> int:
+    """1 (and a warning) when the step's loss or gradient norm is NaN or infinite, else 0. DeepSpeed
+    skips such an update ("OVERFLOW! Skipping step"); counting them makes a run that stopped learning
+    visible in status, metrics and Prometheus instead of only in the engine's log."""
+    if math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)):
+        return 0
+    log.warning("step %d: loss %s, grad_norm %s: not finite (the optimizer update was skipped or is invalid)",
+                step, loss, grad_norm)
+    return 1
 
 
 class Learner:
@@ -54,7 +68,9 @@ class Learner:
             micro_batch=self.micro, grad_accum=self.grad_accum, world_size=self.world, lr=o.lr, betas=o.betas,
             weight_decay=o.weight_decay, grad_clip=o.grad_clip, zero_stage=o.zero_stage, bf16=dtype == torch.bfloat16,
         ))
-        self.controller = EntropyController(cfg.controller)
+        # ln V bounds the target and band (a uniform distribution over the vocabulary)
+        self.controller = EntropyController(cfg.controller, max_entropy=math.log(model.config.vocab_size))
+        self.nonfinite_steps = 0  # steps whose loss or gradient norm was NaN or infinite (status, metrics)
         self.step = 0
         self.version = 0
         self.lagged_entropy: float | None = None
@@ -156,6 +172,8 @@ class Learner:
             "time_learn_s": t_end - t0,
             "time_plan_s": t_plan - t0,
         }
+        self.nonfinite_steps += nonfinite_step(metrics["loss"], metrics["grad_norm"], self.step)
+        metrics["nonfinite_steps"] = self.nonfinite_steps
         metrics["rollout_logprob_gap"] = totals.pop("rollout_logprob_gap_sum") / max(float(batch.mask.sum()), 1.0)
         metrics.update({k: v for k, v in totals.items()})
         metrics.update({k: float(v) for k, v in quadrant_metrics(quadrants).items()})
@@ -174,6 +192,7 @@ class Learner:
             "version": self.version,
             "controller": self.controller.state_dict(),
             "lagged_entropy": self.lagged_entropy,
+            "nonfinite_steps": self.nonfinite_steps,
             **extra,
         }
         (directory / tag / "trainer_state.json").write_text(json.dumps(state, indent=1))
@@ -187,4 +206,5 @@ class Learner:
         self.step, self.version = state["step"], state["version"]
         self.controller.load_state_dict(state["controller"])
         self.lagged_entropy = state["lagged_entropy"]
+        self.nonfinite_steps = int(state.get("nonfinite_steps", 0))
         return state

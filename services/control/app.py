@@ -11,7 +11,9 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from stare.services.control import security
 from stare.services.control.auth import ReadAuth, policy_from, resolve_token
+from stare.services.control.limits import BodyLimit
 from stare.services.control.routes import (
     dashboard,
     entropy,
@@ -50,8 +52,9 @@ async def _unavailable(request: Request, exc: RunStateUnavailable) -> JSONRespon
 def create_app(state: RunState, settings: ControlSection, run_id: str, *, token: str | None = None) -> FastAPI:
     """The API. `token`: the bearer token (None: STARE_API_TOKEN, else control.token_file; "": none)."""
     app = FastAPI(title="stare control plane", version=API_VERSION,
-                  description="Run status, the entropy controller, metrics and run commands of one stare run.")
-    app.state.run_state, app.state.run_id = state, run_id
+                  description="Run status, the entropy controller, metrics and run commands of one stare run.",
+                  docs_url="/docs" if settings.docs else None, redoc_url=None)
+    app.state.run_state, app.state.run_id, app.state.settings = state, run_id, settings
     app.state.auth = policy_from(settings, token if token is not None else resolve_token(settings))
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(EntropyChangeError, _change_error)
@@ -66,4 +69,6 @@ def create_app(state: RunState, settings: ControlSection, run_id: str, *, token:
     app.include_router(v1)
     app.include_router(prometheus.router)
     app.include_router(dashboard.router)
+    security.install(app, settings)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)  # outermost
     return app

@@ -19,6 +19,7 @@ _STEP_GAUGES = {
     "stare_step_time_seconds": ("time_step_s", "Wall time of the last step"),
     "stare_tokens_per_second": ("tokens_per_s", "Response tokens per second of the last step"),
     "stare_staleness_max": ("staleness_max", "Largest weight-version lag trained on in the last step"),
+    "stare_nonfinite_steps": ("nonfinite_steps", "Steps so far whose loss or gradient norm was NaN or infinite"),
 }
 
 

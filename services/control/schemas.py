@@ -48,6 +48,8 @@ class _ControllerState(BaseModel):
     last_entropy: float | None
     step: int | None = Field(description="The learner step this state was published after.")
     updated_at: float | None
+    max_entropy: float | None = Field(None, description="ln V of the model's vocabulary: the largest target or "
+                                      "band edge the learner accepts (null: only the config bound applies).")
     pending: list[AuditEntry]
 
 
@@ -77,6 +79,7 @@ class StatusView(BaseModel):
     step: int | None = None
     weight_version: int | None = None
     tokens_per_s: float | None = None
+    nonfinite_steps: int | None = Field(None, description="Steps whose loss or gradient norm was NaN or infinite.")
     step_time_s: float | None = None
     queue_depths: dict[str, int] = Field(default_factory=dict)
     staleness: dict[str, Any] = Field(default_factory=dict)

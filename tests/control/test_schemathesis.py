@@ -23,7 +23,7 @@ def _app():
     state = MemoryRunState("run", max_metrics=50)
     controller = EntropyController(ControllerConfig())
     started(state, controller).after_step(controller, {"step": 1, "entropy": 0.2})
-    return create_app(state, ControlSection(allow_unauthenticated=True), "run", token="")
+    return create_app(state, ControlSection(allow_unauthenticated=True, trusted_hosts=["*"]), "run", token="")
 
 
 schema = schemathesis.openapi.from_asgi("/openapi.json", _app()).exclude(path="/v1/metrics/stream")
