@@ -99,7 +99,7 @@ def cmd_control(args) -> int:
     from stare.services.process import redis_url
 
     cfg = _load(args)
-    state = RedisRunState.connect(redis_url(cfg, args.redis_url), cfg.run.name, dead_after_s=cfg.system.dead_after_s)
+    state = RedisRunState.connect(redis_url(cfg, args.redis_url, args.redis_url_file), cfg.run.name, dead_after_s=cfg.system.dead_after_s)
     app = create_app(state, cfg.control, cfg.run.name)
     serve_forever(app, args.host or cfg.control.host, cfg.control.port if args.port is None else args.port)
     return 0
@@ -113,7 +113,10 @@ def cmd_ctl(args) -> int:
 
 def _role_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
-    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL, else system.redis_url)")
+    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL_FILE's content, else "
+                   "STARE_REDIS_URL, else system.redis_url; STARE_REDIS_PASSWORD_FILE adds a password). Visible in ps: "
+                   "prefer --redis-url-file")
+    p.add_argument("--redis-url-file", default=None, help="file holding the Redis URL with its password (a secret)")
     p.add_argument("--name", default=None,
                    help="worker name, also its stream consumer name (default: STARE_WORKER_NAME, else ROLE-HOST-PID)")
 
@@ -132,7 +135,7 @@ def cmd_role(args) -> int:
     setup_logging(args.command, name)
     module = importlib.import_module(f"stare.{args.command}.role")
     extra = {"workers": args.workers} if args.command == "reward" else {}
-    module.run(cfg, redis_url=redis_url(cfg, args.redis_url), name=name, **extra)
+    module.run(cfg, redis_url=redis_url(cfg, args.redis_url, args.redis_url_file), name=name, **extra)
     return 0
 
 
@@ -217,7 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("control", help="serve the control plane (API + dashboard) over the run's Redis state")
     _config_args(p)
-    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL, else system.redis_url)")
+    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL_FILE's content, else "
+                   "STARE_REDIS_URL, else system.redis_url; STARE_REDIS_PASSWORD_FILE adds a password). Visible in ps: "
+                   "prefer --redis-url-file")
+    p.add_argument("--redis-url-file", default=None, help="file holding the Redis URL with its password (a secret)")
     p.add_argument("--host", default=None, help="listen address (default: control.host)")
     p.add_argument("--port", type=int, default=None, help="listen port (default: control.port)")
     p.set_defaults(fn=cmd_control)
