@@ -9,9 +9,12 @@ GET /v1/entropy is 404 and a change 409; 503 when the store does not answer with
 from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse
-from stare.services.control import security
+from stare.services.control import openapi, security
 from stare.services.control.auth import ReadAuth, policy_from, resolve_token
 from stare.services.control.limits import BodyLimit
 from stare.services.control.routes import (
@@ -45,6 +48,17 @@ async def _change_error(request: Request, exc: EntropyChangeError) -> JSONRespon
     return JSONResponse({"detail": str(exc), "errors": [{"field": exc.field, "message": exc.message}]}, status_code=422)
 
 
+async def _http_error(request: Request, exc: StarletteHTTPException):
+    """FastAPI's handler, but a 405 lists in Allow every method of the path (Starlette lists only
+    those of the first route that matched, e.g. GET of /v1/entropy and not its PUT and PATCH)."""
+    if exc.status_code != 405:
+        return await http_exception_handler(request, exc)
+    methods = {m for r in request.app.routes if isinstance(r, APIRoute) and r.path_regex.match(request.url.path)
+               for m in r.methods}
+    return JSONResponse({"detail": f"method {request.method} not allowed; allowed: {', '.join(sorted(methods))}"},
+                        status_code=405, headers={"Allow": ", ".join(sorted(methods))})
+
+
 async def _unavailable(request: Request, exc: RunStateUnavailable) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "2"})
 
@@ -59,6 +73,7 @@ def create_app(state: RunState, settings: ControlSection, run_id: str, *, token:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(EntropyChangeError, _change_error)
     app.add_exception_handler(RunStateUnavailable, _unavailable)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
 
     v1 = APIRouter(prefix=f"/{API_VERSION}")
     v1.include_router(health.router)
@@ -69,6 +84,7 @@ def create_app(state: RunState, settings: ControlSection, run_id: str, *, token:
     app.include_router(v1)
     app.include_router(prometheus.router)
     app.include_router(dashboard.router)
+    openapi.install(app, app.state.auth)
     security.install(app, settings)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)  # outermost
     return app

@@ -19,16 +19,26 @@ from stare.runstate.base import AuditEntry, RoleHealth
 _BODY = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
 def _optional_fields(required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The config's fields, optional; only band takes null (it removes the band), the others are
+    absent or a value, so the schema declares no null the API would refuse."""
     fields: dict[str, Any] = {}
     for name, info in ControllerConfig.model_fields.items():
         fi = copy.copy(info)
         if name in required:
             fi.default = PydanticUndefined
             fields[name] = (info.annotation, fi)
-        else:
+        elif name == "band":
             fi.default = None
-            fields[name] = (info.annotation | None, fi)
+            fields[name] = (info.annotation, fi)
+        else:
+            fi.default = None  # never validated: absent means unchanged (model_dump(exclude_unset=True))
+            fi.json_schema_extra = _no_default
+            fields[name] = (info.annotation, fi)
     return fields
 
 
