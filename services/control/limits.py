@@ -18,17 +18,22 @@ import json
 import logging
 
 import h11
+from starlette.exceptions import HTTPException
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger(__name__)
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    """An HTTPException, so FastAPI's body parsing passes it on (it turns other errors into 400)."""
+
+    def __init__(self, detail: str):
+        super().__init__(413, detail, headers={"Connection": "close"})
 
 
-class _TooSlow(Exception):
-    pass
+class _TooSlow(HTTPException):
+    def __init__(self, detail: str):
+        super().__init__(408, detail, headers={"Connection": "close"})
 
 
 async def _reply(send, status: int, detail: str) -> None:
@@ -44,6 +49,7 @@ class BodyLimit:
 
     def __init__(self, app, max_bytes: int, body_timeout_s: float):
         self.app, self.max_bytes, self.body_timeout_s = app, max_bytes, body_timeout_s
+        self._too_slow = f"request body not received within {body_timeout_s}s (control.body_timeout_s)"
 
     def _too_large(self, size: str) -> str:
         return (f"request body {size} exceeds the limit of {self.max_bytes} bytes (control.max_body_bytes); "
@@ -68,11 +74,11 @@ class BodyLimit:
             try:
                 message = await asyncio.wait_for(receive(), self.body_timeout_s)
             except TimeoutError:
-                raise _TooSlow from None
+                raise _TooSlow(self._too_slow) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise _TooLarge
+                    raise _TooLarge(self._too_large("(streamed)"))
             return message
 
         async def tracking_send(message):
@@ -86,11 +92,7 @@ class BodyLimit:
         except (_TooLarge, _TooSlow) as err:
             if started:  # a streaming response already began: nothing to answer, drop the connection
                 raise
-            if isinstance(err, _TooLarge):
-                await _reply(send, 413, self._too_large("(streamed)"))
-            else:
-                await _reply(send, 408, f"request body not received within {self.body_timeout_s}s "
-                                        "(control.body_timeout_s)")
+            await _reply(send, err.status_code, err.detail)
 
 
 class GuardedH11Protocol(H11Protocol):
