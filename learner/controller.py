@@ -9,12 +9,15 @@ run continue exactly. Host floats: called at the step boundary, never inside the
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 from pydantic import ValidationError
 
 from stare.learner.config import ControllerConfig
+
+log = logging.getLogger(__name__)
 
 
 def _sign(x: float) -> float:
@@ -55,13 +58,32 @@ def merge_config(current: dict[str, Any], changes: dict[str, Any], max_entropy: 
     return check_entropy_range(ControllerConfig.model_validate(merged), max_entropy)
 
 
+def fit_entropy_range(cfg: ControllerConfig, max_entropy: float | None) -> ControllerConfig:
+    """The run's starting config with target and band lowered to `max_entropy` (logged): a target above
+    ln V means "always below target", which ln V itself says (no distribution exceeds it), and the
+    published config must validate against ln V so later changes and checkpoint loads can."""
+    if max_entropy is None:
+        return cfg
+    update: dict[str, Any] = {}
+    if cfg.target > max_entropy:
+        update["target"] = max_entropy
+    if cfg.band is not None and cfg.band[1] > max_entropy:
+        update["band"] = (min(cfg.band[0], max_entropy), max_entropy)
+    if update:
+        log.warning("controller: %s above ln V = %.4g (the largest entropy over this model's vocabulary); using %s",
+                    {k: getattr(cfg, k) for k in update}, max_entropy, update)
+        return ControllerConfig.model_validate({**cfg.model_dump(), **update})
+    return cfg
+
+
 class EntropyController:
-    """`max_entropy`: ln V of the model (the learner passes it); target and band above it are refused
-    at construction, by `reconfigure` and by `load_state_dict`."""
+    """`max_entropy`: ln V of the model (the learner passes it). The starting config's target and band
+    are lowered to it (`fit_entropy_range`); changes (`reconfigure`) and checkpoints
+    (`load_state_dict`) above it are refused."""
 
     def __init__(self, cfg: ControllerConfig, max_entropy: float | None = None):
         self.max_entropy = max_entropy
-        self.cfg = check_entropy_range(cfg, max_entropy)
+        self.cfg = cfg = fit_entropy_range(cfg, max_entropy)
         self.target = cfg.target
         self.band: tuple[float, float] | None = cfg.band
         self.w = cfg.w
