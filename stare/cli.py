@@ -148,9 +148,13 @@ def cmd_up(args) -> int:
 
 def cmd_launch(args) -> int:
     from stare.ray_launch import launch_ray
+    from stare.transport.redis_secrets import resolve_url
 
+    url = args.redis_url
+    if url or args.redis_url_file:  # plus STARE_REDIS_PASSWORD_FILE when the URL has no password
+        url = resolve_url("", url=url, url_file=args.redis_url_file)
     return launch_ray(_load(args), address=args.address, rollout=args.rollout, reward=args.reward,
-                      redis_url=args.redis_url, control=not args.no_control, learner_gpus=args.learner_gpus,
+                      redis_url=url, control=not args.no_control, learner_gpus=args.learner_gpus,
                       rollout_gpus=args.rollout_gpus, max_restarts=args.max_restarts,
                       start_timeout_s=args.start_timeout_s)
 
@@ -194,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rollout", type=int, default=1, help="rollout actors (default 1)")
     p.add_argument("--reward", type=int, default=1, help="reward actors (default 1)")
     p.add_argument("--redis-url", default=None,
-                   help="Redis every node reaches (default: start a redis-server here; single-node clusters only)")
+                   help="Redis every node reaches (default: start a redis-server here; single-node clusters only); "
+                   "STARE_REDIS_PASSWORD_FILE adds a password")
+    p.add_argument("--redis-url-file", default=None, help="file holding that Redis URL with its password (a secret)")
     p.add_argument("--no-control", action="store_true", help="do not start the control plane actor")
     p.add_argument("--learner-gpus", type=float, default=None,
                    help="GPUs the learner actor requests (default: 1 if the cluster has GPUs, else 0)")

@@ -16,12 +16,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from stare.config import ConfigError
+
 URL_FILE_ENV = "STARE_REDIS_URL_FILE"
 URL_ENV = "STARE_REDIS_URL"
 PASSWORD_FILE_ENV = "STARE_REDIS_PASSWORD_FILE"
 
 
-class SecretError(ValueError):
+class SecretError(ConfigError):
     """A secret file is missing or empty (the message names it and what to put there)."""
 
 

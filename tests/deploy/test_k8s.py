@@ -143,6 +143,7 @@ def test_redis_is_closed_to_everything_but_the_runs_pods(rendered, target):
     assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "stare-redis"}
     (rule,) = policy["spec"]["ingress"]
     (allowed,) = rule["from"][0]["podSelector"]["matchExpressions"]
+    assert rule["from"][1]["podSelector"]["matchLabels"] == {"ray.io/cluster": "stare"}  # deploy/ray's cluster
     role_pods = {o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
                  for o in rendered[target] if o["kind"] == "Deployment"}
     assert set(allowed["values"]) == role_pods and rule["ports"] == [{"protocol": "TCP", "port": 6379}]
