@@ -17,7 +17,7 @@ import pytest
 from control_helpers import TOKEN
 from redis_fixtures import free_port
 from stare.learner.deepspeed_engine import child_env
-from stare.services.control.server import bind
+from stare.services.control.server import BackgroundServer, bind
 
 MB = 1024 * 1024
 LIMIT = 65536
@@ -186,3 +186,53 @@ def test_accepted_sockets_get_tcp_nodelay():
 
     asyncio.run(main())
     assert seen and seen[0] != 0
+
+
+def _in_thread_server(state, **settings):
+    from stare.services.control.app import create_app
+
+    from stare.config import ControlSection
+
+    return BackgroundServer(create_app(state, ControlSection(**settings), "run", token=TOKEN), "127.0.0.1", 0).start()
+
+
+def test_connections_past_the_cap_get_503():
+    from stare.runstate import MemoryRunState
+
+    server = _in_thread_server(MemoryRunState("run"), max_connections=8, header_timeout_s=30)
+    port = int(server.url.rsplit(":", 1)[1])
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(10)]
+    try:
+        time.sleep(0.2)
+        assert httpx.get(server.url + "/v1/health", timeout=5).status_code == 503
+    finally:
+        for s in idle:
+            s.close()
+        server.stop()
+
+
+def test_a_client_leaving_an_sse_stream_mid_backlog_is_logged_once(caplog):
+    from control_helpers import started
+    from stare.learner.config import ControllerConfig
+    from stare.learner.controller import EntropyController
+    from stare.runstate import MemoryRunState
+
+    state = MemoryRunState("run")
+    controller = EntropyController(ControllerConfig())
+    control = started(state, controller)
+    for step in range(1, 3001):
+        control.after_step(controller, {"step": step, "entropy": 0.2, "pad": "x" * 200})
+    server = _in_thread_server(state)
+    try:
+        with caplog.at_level("INFO"):
+            with httpx.stream("GET", server.url + "/v1/metrics/stream?limit_s=30", timeout=5) as r:
+                next(r.iter_bytes())  # the first bytes of a ~1 MB backlog, then leave
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not any("metrics stream" in m for m in caplog.messages):
+                time.sleep(0.1)
+            time.sleep(1.0)
+    finally:
+        server.stop()
+    ended = [m for m in caplog.messages if "metrics stream" in m]
+    assert len(ended) == 1 and "client left" in ended[0]
+    assert not [m for m in caplog.messages if "socket.send() raised exception" in m]
