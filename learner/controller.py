@@ -15,47 +15,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stare.learner.config import ControllerConfig
+from stare.algo_config import ControllerConfig, check_entropy_range, merge_config
 
 log = logging.getLogger(__name__)
 
 
 def _sign(x: float) -> float:
     return 0.0 if x == 0 else math.copysign(1.0, x)
-
-
-def _clip(value: Any, low: Any, high: Any) -> Any:
-    """min(max(value, low), high) when all are numbers; otherwise unchanged (validation names the bad one)."""
-    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (value, low, high)):
-        return min(max(value, low), high)
-    return value
-
-
-def check_entropy_range(cfg: ControllerConfig, max_entropy: float | None) -> ControllerConfig:
-    """`cfg` if its target and band lie within (0, max_entropy] (ln V of the model), else ValueError
-    naming the field. None: only the config's own bound applies."""
-    if max_entropy is not None:
-        for name, value in (("target", cfg.target), *((("band", cfg.band[1]),) if cfg.band else ())):
-            if value > max_entropy:
-                raise ValueError(f"controller.{name}: {value} nats is above ln V = {max_entropy:.4g}, the largest "
-                                 "entropy of this model's vocabulary; send a smaller value")
-    return cfg
-
-
-def merge_config(current: dict[str, Any], changes: dict[str, Any], max_entropy: float | None = None) -> ControllerConfig:
-    """`current` (a config dump with the live W and M) with `changes`, validated as a whole (raises
-    pydantic's ValidationError, or ValueError when target or band exceed `max_entropy`). W and M,
-    when given, replace the current values; otherwise the current values are clipped into the (new)
-    bounds. The learner and the control plane's validation both use this, so they cannot disagree on
-    what a change means."""
-    merged = {**current, **changes}
-    if "w" not in changes:
-        merged["w"] = _clip(merged["w"], 1.0, merged["w_max"])
-    if "m" not in changes:
-        merged["m"] = _clip(merged["m"], merged["m_min"], 1.0)
-    if isinstance(merged.get("band"), list):
-        merged["band"] = tuple(merged["band"])
-    return check_entropy_range(ControllerConfig.model_validate(merged), max_entropy)
 
 
 def fit_entropy_range(cfg: ControllerConfig, max_entropy: float | None) -> ControllerConfig:

@@ -10,7 +10,7 @@ import math
 import httpx
 import pytest
 from control_helpers import AUTH, TOKEN, client, started
-from stare.learner.config import ControllerConfig
+from stare.algo_config import ControllerConfig
 from stare.learner.controller import EntropyController
 from stare.learner.trainer import nonfinite_step
 from stare.services.control import prometheus

@@ -213,7 +213,7 @@ def test_connections_past_the_cap_get_503():
 
 def test_a_client_leaving_an_sse_stream_mid_backlog_is_logged_once(caplog):
     from control_helpers import started
-    from stare.learner.config import ControllerConfig
+    from stare.algo_config import ControllerConfig
     from stare.learner.controller import EntropyController
     from stare.runstate import MemoryRunState
 
