@@ -11,10 +11,11 @@ import redis
 from redis_fixtures import have_redis_server, redis_server
 
 from stare.config import ConfigError, build_config
-from stare.services.process import redis_url
+from stare.runtime import redis_url
 from stare.transport.redis_secrets import masked, resolve_url, with_password, write_secret
 
-needs_redis = pytest.mark.skipif(not have_redis_server(), reason="redis-server is not on PATH")
+def needs_redis(test):
+    return pytest.mark.redis(pytest.mark.skipif(not have_redis_server(), reason="redis-server is not on PATH")(test))
 
 
 @needs_redis
