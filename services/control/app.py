@@ -4,6 +4,8 @@ The app keeps no run state of its own (only its settings and the auth policy), s
 can serve one Redis. Errors are JSON `{"detail": "...", "errors": [{"field", "message"}]}`: 422
 names the field (body validation, band order, bounds); before a learner has published its controller,
 GET /v1/entropy is 404 and a change 409; 503 when the store does not answer within its retry budget.
+Before any route: limits.BodyLimit (413/408), security (trusted hosts, same-origin changes, headers);
+openapi.py makes the spec say what this instance does (auth per operation, error bodies).
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from fastapi.responses import JSONResponse
 from stare.services.control import openapi, security
 from stare.services.control.auth import ReadAuth, policy_from, resolve_token
 from stare.services.control.limits import BodyLimit
