@@ -135,6 +135,8 @@ def test_a_100_mb_body_without_a_token_is_refused_before_it_is_read(server, fram
     assert sent < 100 * MB  # cut off: the server did not read the rest
     assert grown < 50, f"the server grew by {grown:.1f} MB"
     slowest = max([live.slowest, *probes])
+    print(f"{framing}: body sent {sent / MB:.0f} MB before the server closed, RSS +{grown:.1f} MB, "
+          f"slowest /v1/health {slowest * 1000:.0f} ms ({live.count} probes)")
     assert slowest < 0.5, f"/v1/health took {slowest:.3f}s"
     ok = httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=5)
     assert ok.status_code == 200  # and it still serves
