@@ -1,9 +1,13 @@
 """The learner: one optimizer step of STARE (or a baseline) on a batch of scored trajectories.
 
-    step = collate -> pre-step no-grad pass (old log-probs, entropy) -> gather the step's tokens
+    step = collate + micro-batch plan (host) -> step tensors to the device
+           -> pre-step no-grad pass (old log-probs, entropy, chunked) -> gather the step's tokens
            -> gate (one host sync: the batch entropy) -> plan_step (thresholds, normalisers)
            -> micro-batches: forward, policy loss, backward -> DeepSpeed optimizer step
            -> controller update -> metrics (reduced once, read once)
+
+Every tensor of a step lives on the engine's device; the host syncs are listed in
+docs/algorithm.md ("Host syncs").
 
 Recipe shape (torchtune): setup in __init__, `train_step`, `save`, `load`, `state_dict_for_rollout`.
 No implementation inheritance, no per-micro-batch host sync: metrics are summed as tensors and
@@ -16,7 +20,6 @@ import json
 import logging
 import math
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +28,13 @@ import torch.distributed as dist
 
 from stare.config import TrainConfig
 from stare.learner import deepspeed_engine as ds
-from stare.learner.batch import TrainBatch, collate, token_logprobs_and_entropy
-from stare.learner.collectives import all_reduce_sum, gather_step_tokens
+from stare.learner.batch import TrainBatch, collate
+from stare.learner.collectives import all_gather_ints, all_reduce_sum, gather_step_tokens
 from stare.algo_config import StareLossConfig
 from stare.learner.controller import EntropyController
-from stare.learner.diagnostics import predicted_entropy_change, quadrant_metrics, quadrant_sums
-from stare.learner.policy_loss import LossInputs, policy_loss
+from stare.learner.diagnostics import quadrant_metrics
+from stare.learner.micro_batches import MicroBatch, build_micro_batch, filler_micro_batch, plan_rows
+from stare.learner.passes import Policy, hidden_state_fn, prepass, train_pass
 from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
 from stare.records import Trajectory
 
@@ -48,6 +52,20 @@ def nonfinite_step(loss: float, grad_norm: float | None, step: int) -> int:
     return 1
 
 
+def check_packing_supported(model) -> None:
+    """Packed rows need attention that separates sequences by their position_ids: transformers'
+    mask builder does so from 4.54 (sdpa, eager, flex) and flash-attention's varlen path always;
+    an older one would let packed sequences attend to each other, silently."""
+    try:
+        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
+    except ImportError:
+        if getattr(model.config, "_attn_implementation", None) != "flash_attention_2":
+            raise ValueError(
+                "optim.pack_sequences needs transformers >= 4.54 (or flash_attention_2) to keep packed sequences "
+                "apart; set optim.pack_sequences=false (padded token-budget micro-batches) or upgrade transformers"
+            ) from None
+
+
 class Learner:
     def __init__(self, cfg: TrainConfig, model_path: Path, pad_id: int):
         from transformers import AutoModelForCausalLM
@@ -56,60 +74,78 @@ class Learner:
         self.pad_id = pad_id
         ds.init_distributed()
         self.world = dist.get_world_size()
+        self.rank = dist.get_rank()
         torch.manual_seed(cfg.run.seed)
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        o = cfg.optim
+        if o.gradient_checkpointing:
+            enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if o.max_tokens_per_micro_batch is not None and o.pack_sequences:
+            check_packing_supported(model)
         rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
-        self.micro = min(cfg.optim.micro_batch, rows)
+        self.micro = min(o.micro_batch, rows)
         self.grad_accum = math.ceil(rows / self.micro)
         self.rows = self.micro * self.grad_accum
-        o = cfg.optim
         self.engine = ds.build_engine(model, ds.deepspeed_config(
             micro_batch=self.micro, grad_accum=self.grad_accum, world_size=self.world, lr=o.lr, betas=o.betas,
             weight_decay=o.weight_decay, grad_clip=o.grad_clip, zero_stage=o.zero_stage, bf16=dtype == torch.bfloat16,
+            fused_adam=torch.cuda.is_available(),
         ))
+<<<<<<< HEAD
         # ln V bounds the target and band (a uniform distribution over the vocabulary)
         self.controller = EntropyController(cfg.controller, max_entropy=math.log(model.config.vocab_size))
         self.nonfinite_steps = 0  # steps whose loss or gradient norm was NaN or infinite (status, metrics)
+=======
+        self.device = ds.engine_device(self.engine)
+        self.policy = Policy(hidden=hidden_state_fn(self.engine, self.engine.module, self.device), lm_head=self.engine.module.get_output_embeddings(),
+                             device=self.device, chunk_tokens=o.logits_chunk_tokens)
+        self.controller = EntropyController(cfg.controller)
+>>>>>>> main
         self.step = 0
         self.version = 0
         self.lagged_entropy: float | None = None
 
     # -- one step -------------------------------------------------------------------------------
 
-    def _forward(self, mb: TrainBatch) -> torch.Tensor:  # [B, P + L, V]
-        return self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids).logits
+    def _collate(self, trajectories: list[Trajectory]) -> tuple[TrainBatch, list[MicroBatch]]:
+        """The step's batch (global token uids, the ranks' common width) and its micro-batches, on the
+        host; the micro-batch count is the ranks' maximum (fillers make up the difference). Rank r's
+        trajectories are the step's rows after those of ranks < r."""
+        o = self.cfg.optim
+        pack = o.max_tokens_per_micro_batch is not None and o.pack_sequences
+        groups = plan_rows([len(t.prompt_token_ids) for t in trajectories],
+                           [len(t.response_token_ids) for t in trajectories],
+                           micro_batch=self.micro, max_tokens=o.max_tokens_per_micro_batch, pack=pack)
+        ranks = all_gather_ints([len(trajectories), max(len(t.response_token_ids) for t in trajectories), len(groups)],
+                                self.device)  # host sync: step start
+        real = [r[0] for r in ranks]
+        before = sum(real[: self.rank])
+        pad_before = sum(real) + sum(self.rows - n for n in real[: self.rank])
+        batch = collate(trajectories, pad_id=self.pad_id, rows=self.rows, scale_by_std=self.cfg.data.advantage_std,
+                        first_row=before, pad_first_row=pad_before, width=max(r[1] for r in ranks))
+        count = max(r[2] for r in ranks)
+        mbs = [build_micro_batch(g, batch.prompts, batch.responses, pad_id=self.pad_id, pack=pack) for g in groups]
+        mbs += [filler_micro_batch(self.pad_id, pack=pack)] * (count - len(mbs))
+        return batch, mbs
 
-    def _micro_batches(self, batch: TrainBatch):
-        for i in range(self.grad_accum):
-            sl = slice(i * self.micro, (i + 1) * self.micro)
-            yield sl, batch.rows(sl)
-
-    @torch.no_grad()
-    def _prepass(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Old log-probs, entropy and (optionally) the predicted entropy change, each [S, L]."""
-        S, L = batch.mask.shape
-        old = torch.zeros(S, L)
-        ent = torch.zeros(S, L)
-        dh = torch.zeros(S, L)
-        self.engine.eval()
-        for sl, mb in self._micro_batches(batch):
-            logits = self._forward(mb)
-            logp, entropy = token_logprobs_and_entropy(logits, mb)
-            n = logp.shape[1]
-            old[sl, :n], ent[sl, :n] = logp, entropy
-            if self.cfg.diagnostics.predicted_entropy_change:
-                P = mb.prompt_width
-                full = torch.log_softmax(logits[:, P - 1 : P - 1 + n].float(), -1)  # [B, n, V]
-                dh[sl, :n] = predicted_entropy_change(full, mb.response_ids, mb.advantages, eta=1.0)
-        self.engine.train()
-        return old, ent, dh
+    def _backward(self, loss: torch.Tensor, last: bool) -> None:
+        ds.backward(self.engine, loss * self.world, last=last)  # DeepSpeed averages over ranks
+        self.engine.step()
 
     def train_step(self, trajectories: list[Trajectory]) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        batch = collate(trajectories, pad_id=self.pad_id, rows=self.rows, scale_by_std=cfg.data.advantage_std)
-        old, ent0, dh = self._prepass(batch)
+        host_batch, mbs = self._collate(trajectories)
+        batch = host_batch.to(self.device)
+        self.engine.eval()
+        old, ent0, dh = prepass(self.policy, mbs, batch,
+                                predicted_entropy_change=cfg.diagnostics.predicted_entropy_change)
+        self.engine.train()
         tokens = gather_step_tokens(StepTokens(old, ent0, batch.advantages, batch.token_uid, batch.mask))
         h_step = mean_entropy(tokens.entropy, tokens.mask, cfg.loss.agg_mode)  # []
         h_prepass = float(h_step)  # host sync: once per step, before the first backward
@@ -121,26 +157,7 @@ class Learner:
                         seed=cfg.run.seed * 1_000_003 + self.step)
         t_plan = time.perf_counter()
 
-        sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
-        quadrants = torch.zeros(4, 5, dtype=torch.float64)
-        for sl, mb in self._micro_batches(batch):
-            logits = self._forward(mb)
-            logprobs, entropy = token_logprobs_and_entropy(logits, mb)
-            n = logprobs.shape[1]
-            x = LossInputs(
-                logprobs=logprobs, old_logprobs=old[sl, :n], advantages=mb.advantages, mask=mb.mask,
-                token_uid=mb.token_uid, entropy=entropy, step_entropy=ent0[sl, :n], rollout_logprobs=mb.rollout_logprobs,
-            )
-            out = policy_loss(x, ctx, cfg.loss)
-            ds.backward(self.engine, out.loss * self.world)  # DeepSpeed averages over ranks
-            self.engine.step()
-            sums["loss"] += out.loss.detach().double()
-            sums["train_entropy_sum"] += (entropy.detach() * mb.mask).sum().double()
-            # learner vs rollout-engine log-prob mismatch (what TIS corrects)
-            sums["rollout_logprob_gap_sum"] += ((old[sl, :n] - mb.rollout_logprobs).abs() * mb.mask).sum().double()
-            for k, v in out.metrics.items():
-                sums[k] += v.detach().double()
-            quadrants += quadrant_sums(mb.advantages.double(), -old[sl, :n].double(), mb.mask, h_step.double(), dh[sl, :n].double())
+        sums, quadrants = train_pass(self.policy, mbs, batch, old, ent0, dh, ctx, cfg.loss, h_step, self._backward)
         if is_stare:
             self.controller.update(h_prepass)
         self.step += 1
@@ -151,9 +168,10 @@ class Learner:
         names = sorted(sums)
         reduced = all_reduce_sum(torch.stack([sums[k] for k in names]))
         quadrants = all_reduce_sum(quadrants)
-        totals = dict(zip(names, reduced.tolist()))
-        n_tokens = max(float(ctx.norm.num_tokens), 1.0)
-        self.lagged_entropy = totals.pop("train_entropy_sum") / max(float(batch.mask.sum()), 1.0)
+        totals = dict(zip(names, reduced.tolist()))  # host sync: the step's metric sums
+        n_tokens = max(float(ctx.norm.num_tokens), 1.0)  # host sync: the step's token count
+        train_tokens = totals.pop("train_tokens")  # over every rank
+        self.lagged_entropy = totals.pop("train_entropy_sum") / max(train_tokens, 1.0)
         metrics: dict[str, Any] = {
             "step": self.step,
             "weight_version": self.version,
@@ -167,16 +185,23 @@ class Learner:
             "band_low": self.controller.band[0] if self.controller.band else None,
             "band_high": self.controller.band[1] if self.controller.band else None,
             "clip_fraction": totals.pop("clipped_tokens", 0.0) / n_tokens,
-            "grad_norm": ds.grad_norm(self.engine),
-            "train_tokens": float(batch.mask.sum()),
+            "grad_norm": ds.grad_norm(self.engine),  # host sync: DeepSpeed's norm of the step
+            "train_tokens": train_tokens,
+            "micro_batches": len(mbs),
+            "model_tokens": sum(mb.model_tokens for mb in mbs),
             "time_learn_s": t_end - t0,
             "time_plan_s": t_plan - t0,
         }
+<<<<<<< HEAD
         self.nonfinite_steps += nonfinite_step(metrics["loss"], metrics["grad_norm"], self.step)
         metrics["nonfinite_steps"] = self.nonfinite_steps
         metrics["rollout_logprob_gap"] = totals.pop("rollout_logprob_gap_sum") / max(float(batch.mask.sum()), 1.0)
+=======
+        metrics["rollout_logprob_gap"] = totals.pop("rollout_logprob_gap_sum") / max(train_tokens, 1.0)
+>>>>>>> main
         metrics.update({k: v for k, v in totals.items()})
-        metrics.update({k: float(v) for k, v in quadrant_metrics(quadrants).items()})
+        quadrant_values = quadrant_metrics(quadrants)
+        metrics.update(dict(zip(quadrant_values, torch.stack(list(quadrant_values.values())).tolist())))  # host sync
         return metrics
 
     # -- weights and checkpoints --------------------------------------------------------------

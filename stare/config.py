@@ -153,13 +153,36 @@ class OptimSection(_Section):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
-    micro_batch: int = Field(16, ge=1, description="Sequences per micro-batch (gradient accumulation fills the step).")
+    micro_batch: int = Field(
+        16, ge=1, description="Sequences per micro-batch (gradient accumulation fills the step); used when "
+        "max_tokens_per_micro_batch is None.",
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="Token budget of a micro-batch (prompt + response tokens the model computes): rows "
+        "are sorted by length and placed first-fit into micro-batches under the budget (a longer sequence goes "
+        "alone). None: micro_batch rows per micro-batch. The loss does not depend on the cut. The reference's "
+        "ppo_max_token_len_per_gpu is 2 x (prompt + response).",
+    )
+    pack_sequences: bool = Field(
+        True, description="With a token budget: concatenate a micro-batch's sequences into one row with "
+        "position_ids restarting per sequence and no padding (transformers' sdpa/eager/flash attention "
+        "separate them). False: padded rows per micro-batch.",
+    )
+    logits_chunk_tokens: int = Field(
+        2048, ge=1, description="Response tokens per log-softmax chunk: lm_head runs on this many hidden states at "
+        "a time (fp32 logits [chunk, vocab]), recomputed in the backward; no [batch, length, vocab] tensor exists.",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each transformer layer's activations in the backward (transformers' "
+        "gradient checkpointing): activation memory of one layer instead of all. On for GPU configs.",
+    )
     zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
 
 
 class DiagnosticsSection(_Section):
     predicted_entropy_change: bool = Field(
-        True, description="Log the first-order predicted entropy change per quadrant (one extra pass over the logits)."
+        True, description="Log the first-order predicted entropy change per quadrant (computed in the pre-pass's "
+        "log-softmax chunks: a few extra [chunk, vocab] reductions, no extra forward). Off in the GPU configs.",
     )
 
 
@@ -252,6 +275,37 @@ class ControlSection(_Section):
                                  "above it new requests get 503. Each open SSE stream holds one.")
 
 
+class WandbSection(_Section):
+    """Weights & Biases logging of a run (pip install 'stare[wandb]'): every metrics.jsonl field per
+    step, each held-out evaluation, and the report's figures at the end."""
+
+    project: str = Field(min_length=1, max_length=128, description="W&B project the run is logged to.")
+    entity: str | None = Field(None, min_length=1, max_length=128,
+                               description="W&B team or user (None: the API key's default entity).")
+    mode: Literal["online", "offline", "disabled"] = Field(
+        "online", description="online: stream to the W&B server (needs WANDB_API_KEY); offline: write the run under "
+        "WANDB_DIR (default: the run folder) for a later `wandb sync`; disabled: no-op.",
+    )
+    tags: list[str] = Field(default_factory=list, max_length=64, description="Tags of the W&B run (the algo is always added).")
+
+
+class LoggingSection(_Section):
+    """Console logs and optional experiment trackers (TensorBoard events are always written)."""
+
+    every_n_steps: int = Field(
+        1, ge=1, description="When the log stream is not a terminal (a file, a container, CI), `stare train` prints "
+        "one line per N steps (step, reward, entropy/target, gate, W/M, tokens/s, step time); on a terminal the "
+        "progress bar shows them. The distributed learner logs every N-th step the same way.",
+    )
+    format: Literal["text", "json"] = Field(
+        "text", description="text: human-readable lines; json: one JSON object per line for log shippers "
+        "(also --log-format json on `stare train` and the role commands).",
+    )
+    wandb: WandbSection | None = Field(
+        None, description="Log the run to Weights & Biases (None: off). Fields below as logging.wandb.FIELD.",
+    )
+
+
 class TrainConfig(_Section):
     """The config of one embedded training run (and of every role in the distributed system)."""
 
@@ -271,6 +325,7 @@ class TrainConfig(_Section):
     diagnostics: DiagnosticsSection = DiagnosticsSection()
     system: SystemSection = SystemSection()
     control: ControlSection = ControlSection()
+    logging: LoggingSection = LoggingSection()
 
     @model_validator(mode="after")
     def _importance_needs_tis(self):
