@@ -13,15 +13,11 @@ import logging
 import math
 from typing import Any
 
-<<<<<<< HEAD
 from pydantic import ValidationError
 
 from stare.algo_config import ControllerConfig, check_entropy_range, merge_config
 
 log = logging.getLogger(__name__)
-=======
-from stare.algo_config import ControllerConfig, merge_config
->>>>>>> main
 
 
 def _sign(x: float) -> float:

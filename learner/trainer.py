@@ -96,16 +96,12 @@ class Learner:
             weight_decay=o.weight_decay, grad_clip=o.grad_clip, zero_stage=o.zero_stage, bf16=dtype == torch.bfloat16,
             fused_adam=torch.cuda.is_available(),
         ))
-<<<<<<< HEAD
-        # ln V bounds the target and band (a uniform distribution over the vocabulary)
-        self.controller = EntropyController(cfg.controller, max_entropy=math.log(model.config.vocab_size))
-        self.nonfinite_steps = 0  # steps whose loss or gradient norm was NaN or infinite (status, metrics)
-=======
         self.device = ds.engine_device(self.engine)
         self.policy = Policy(hidden=hidden_state_fn(self.engine, self.engine.module, self.device), lm_head=self.engine.module.get_output_embeddings(),
                              device=self.device, chunk_tokens=o.logits_chunk_tokens)
-        self.controller = EntropyController(cfg.controller)
->>>>>>> main
+        # ln V bounds the target and band (a uniform distribution over the vocabulary)
+        self.controller = EntropyController(cfg.controller, max_entropy=math.log(model.config.vocab_size))
+        self.nonfinite_steps = 0  # steps whose loss or gradient norm was NaN or infinite (status, metrics)
         self.step = 0
         self.version = 0
         self.lagged_entropy: float | None = None
@@ -192,13 +188,9 @@ class Learner:
             "time_learn_s": t_end - t0,
             "time_plan_s": t_plan - t0,
         }
-<<<<<<< HEAD
         self.nonfinite_steps += nonfinite_step(metrics["loss"], metrics["grad_norm"], self.step)
         metrics["nonfinite_steps"] = self.nonfinite_steps
-        metrics["rollout_logprob_gap"] = totals.pop("rollout_logprob_gap_sum") / max(float(batch.mask.sum()), 1.0)
-=======
         metrics["rollout_logprob_gap"] = totals.pop("rollout_logprob_gap_sum") / max(train_tokens, 1.0)
->>>>>>> main
         metrics.update({k: v for k, v in totals.items()})
         quadrant_values = quadrant_metrics(quadrants)
         metrics.update(dict(zip(quadrant_values, torch.stack(list(quadrant_values.values())).tolist())))  # host sync

@@ -307,7 +307,8 @@ def test_prometheus_scrapes_the_control_plane_of_each_profile(profile):
     (target,) = job["static_configs"][0]["targets"]
     host, port = target.split(":")
     (control,) = [s for s in enabled(doc, [profile])["services"].values() if role_of(s) == "control"]
-    assert host in control["networks"]["default"]["aliases"]
+    assert host in control["networks"]["public"]["aliases"]
+    assert doc["services"]["prometheus"]["networks"] == ["public"]  # it reaches the alias, never Redis
     command = control["command"]
     assert int(port) == int(command[command.index("--port") + 1])
     assert control_plane_status(job["metrics_path"]) == 200
