@@ -84,12 +84,14 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
     from stare.learner.session import SessionSeams, TrainingSession, seed_everything
     from stare.learner.trainer import Learner
     from stare.models import load_run_setup
+    from stare.plan import check_fits
     from stare.runtime import RoleRuntime, connect_transport
     from stare.weight_sync.factory import build_publisher
 
     with RoleRuntime("learner", name, cfg, redis_url, stop=stop) as rt:
         seed_everything(cfg)
         setup = load_run_setup(cfg, log.info)
+        check_fits(cfg, setup.model_path, log=log.info)  # refuse a config this GPU cannot hold (stare plan)
         learner = Learner(cfg, setup.model_path, pad_id=setup.tokenizer.pad_token_id or 0)
         transport = connect_transport(cfg, redis_url)
         s = cfg.system

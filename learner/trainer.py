@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import math
 import time
 from pathlib import Path
@@ -202,22 +203,25 @@ class Learner:
         return ds.full_state_dict(self.engine)
 
     def save(self, directory: Path, extra: dict[str, Any]) -> str:
+        """A checkpoint under directory/step_N, then `latest` pointed at it: a process killed
+        anywhere in between leaves `latest` on the previous whole checkpoint."""
         tag = f"step_{self.step:06d}"
-        ds.save_checkpoint(self.engine, directory, tag)
-        state = {
-            "step": self.step,
-            "version": self.version,
-            "controller": self.controller.state_dict(),
-            "lagged_entropy": self.lagged_entropy,
-            "nonfinite_steps": self.nonfinite_steps,
-            **extra,
-        }
-        (directory / tag / "trainer_state.json").write_text(json.dumps(state, indent=1))
-        (directory / "latest").write_text(tag)
+        ds.save_checkpoint(self.engine, directory, tag)  # every rank: a collective under ZeRO
+        if dist.get_rank() == 0:
+            state = {
+                "step": self.step,
+                "version": self.version,
+                "controller": self.controller.state_dict(),
+                "lagged_entropy": self.lagged_entropy,
+                "nonfinite_steps": self.nonfinite_steps,
+                **extra,
+            }
+            _write_atomic(directory / tag / "trainer_state.json", json.dumps(state, indent=1))
+            _write_atomic(directory / "latest", tag)
         return tag
 
     def load(self, directory: Path, tag: str | None = None) -> dict[str, Any]:
-        tag = tag or (directory / "latest").read_text().strip()
+        tag = tag or latest_whole_tag(directory)
         ds.load_checkpoint(self.engine, directory, tag)
         state = json.loads((directory / tag / "trainer_state.json").read_text())
         self.step, self.version = state["step"], state["version"]
@@ -225,3 +229,22 @@ class Learner:
         self.lagged_entropy = state["lagged_entropy"]
         self.nonfinite_steps = int(state.get("nonfinite_steps", 0))
         return state
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def latest_whole_tag(directory: Path) -> str:
+    """The tag `latest` names if that checkpoint is whole (has its trainer_state.json), else the
+    newest whole one (a learner killed while writing a checkpoint: DeepSpeed's files may be
+    partial, trainer_state.json is written last)."""
+    named = (directory / "latest").read_text().strip() if (directory / "latest").is_file() else None
+    if named is not None and (directory / named / "trainer_state.json").is_file():
+        return named
+    whole = sorted(p.name for p in directory.glob("step_*") if (p / "trainer_state.json").is_file())
+    if not whole:
+        raise FileNotFoundError(f"{directory}: no whole checkpoint (a step_N folder with trainer_state.json)")
+    return whole[-1]
