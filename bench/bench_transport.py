@@ -107,9 +107,10 @@ def bench(url: str, rounds: int, batch: int, mb: float) -> None:
     import redis
 
     from stare.records import Trajectory
+    from stare.transport.redis_secrets import masked
 
     client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
-    print(f"Redis {client.info('server')['redis_version']} at {url}; batch {batch}; median of {rounds} rounds; "
+    print(f"Redis {client.info('server')['redis_version']} at {masked(url)}; batch {batch}; median of {rounds} rounds; "
           f"ratio = RedisStream / raw redis-py throughput with the same codec work (target >= 0.8)\n")
     header = (f"{'response':>8} {'record':>8} {'n':>5} | {'codec':<10} {'mode':<12} | {'publish rec/s':>13} "
               f"{'MB/s':>5} {'ratio':>5} | {'consume+ack rec/s':>17} {'MB/s':>5} {'ratio':>5}")

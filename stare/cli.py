@@ -110,7 +110,7 @@ def cmd_control(args) -> int:
     from stare.runtime import redis_url
 
     cfg = _load(args)
-    state = RedisRunState.connect(redis_url(cfg, args.redis_url), cfg.run.name, dead_after_s=cfg.system.dead_after_s)
+    state = RedisRunState.connect(redis_url(cfg, args.redis_url, args.redis_url_file), cfg.run.name, dead_after_s=cfg.system.dead_after_s)
     app = create_app(state, cfg.control, cfg.run.name)
     serve_forever(app, args.host or cfg.control.host, cfg.control.port if args.port is None else args.port)
     return 0
@@ -124,7 +124,10 @@ def cmd_ctl(args) -> int:
 
 def _role_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
-    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL, else system.redis_url)")
+    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL_FILE's content, else "
+                   "STARE_REDIS_URL, else system.redis_url; STARE_REDIS_PASSWORD_FILE adds a password). Visible in ps: "
+                   "prefer --redis-url-file")
+    p.add_argument("--redis-url-file", default=None, help="file holding the Redis URL with its password (a secret)")
     p.add_argument("--name", default=None,
                    help="worker name, also its stream consumer name (default: STARE_WORKER_NAME, else ROLE-HOST-PID)")
     _log_format_arg(p)
@@ -143,7 +146,7 @@ def cmd_role(args) -> int:
     name = worker_name(args.command, args.name or ("learner" if args.command == "learner" else None))
     setup_logging(args.command, name, fmt=cfg.logging.format)
     extra = {"workers": args.workers} if args.command == "reward" else {}
-    run_role(args.command, cfg, redis_url=redis_url(cfg, args.redis_url), name=name, **extra)
+    run_role(args.command, cfg, redis_url=redis_url(cfg, args.redis_url, args.redis_url_file), name=name, **extra)
     return 0
 
 
@@ -171,9 +174,13 @@ def cmd_plan(args) -> int:
 
 def cmd_launch(args) -> int:
     from stare.ray_launch import launch_ray
+    from stare.transport.redis_secrets import resolve_url
 
+    url = args.redis_url
+    if url or args.redis_url_file:  # plus STARE_REDIS_PASSWORD_FILE when the URL has no password
+        url = resolve_url("", url=url, url_file=args.redis_url_file)
     return launch_ray(_load(args), address=args.address, rollout=args.rollout, reward=args.reward,
-                      redis_url=args.redis_url, control=not args.no_control, learner_gpus=args.learner_gpus,
+                      redis_url=url, control=not args.no_control, learner_gpus=args.learner_gpus,
                       rollout_gpus=args.rollout_gpus, max_restarts=args.max_restarts,
                       start_timeout_s=args.start_timeout_s)
 
@@ -218,7 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rollout", type=int, default=1, help="rollout actors (default 1)")
     p.add_argument("--reward", type=int, default=1, help="reward actors (default 1)")
     p.add_argument("--redis-url", default=None,
-                   help="Redis every node reaches (default: start a redis-server here; single-node clusters only)")
+                   help="Redis every node reaches (default: start a redis-server here; single-node clusters only); "
+                   "STARE_REDIS_PASSWORD_FILE adds a password")
+    p.add_argument("--redis-url-file", default=None, help="file holding that Redis URL with its password (a secret)")
     p.add_argument("--no-control", action="store_true", help="do not start the control plane actor")
     p.add_argument("--learner-gpus", type=float, default=None,
                    help="GPUs the learner actor requests (default: 1 if the cluster has GPUs, else 0)")
@@ -259,7 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("control", help="serve the control plane (API + dashboard) over the run's Redis state")
     _config_args(p)
-    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL, else system.redis_url)")
+    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL_FILE's content, else "
+                   "STARE_REDIS_URL, else system.redis_url; STARE_REDIS_PASSWORD_FILE adds a password). Visible in ps: "
+                   "prefer --redis-url-file")
+    p.add_argument("--redis-url-file", default=None, help="file holding the Redis URL with its password (a secret)")
     p.add_argument("--host", default=None, help="listen address (default: control.host)")
     p.add_argument("--port", type=int, default=None, help="listen port (default: control.port)")
     p.set_defaults(fn=cmd_control)

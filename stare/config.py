@@ -258,6 +258,26 @@ class ControlSection(_Section):
     allow_unauthenticated: bool = Field(
         False, description="Allow mutating calls without any token configured (local experiments only).",
     )
+    trusted_hosts: list[str] | None = Field(
+        None, description="Host header values the API answers (others: 400; stops DNS rebinding), e.g. "
+        "['stare-control', 'stare.example.org']; '*' allows any. None: the loopback names when host is a loopback "
+        "address, else any host.",
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="Browser origins besides the API's own allowed to make changes "
+        "(e.g. ['https://dash.example.org']); other cross-site changes are refused with 403 in every auth mode.",
+    )
+    docs: bool = Field(False, description="Serve Swagger UI at /docs (it loads its scripts from a CDN); "
+                       "/openapi.json is always served.")
+    max_body_bytes: int = Field(65536, ge=1024, le=16 * 1024 * 1024, description="Largest request body "
+                                "accepted (413 above it, checked before the body is read or the token checked).")
+    body_timeout_s: float = Field(10.0, gt=0.0, le=300.0, description="A request body that stops arriving for "
+                                  "this long is answered 408.")
+    header_timeout_s: float = Field(10.0, gt=0.0, le=300.0, description="A connection whose request headers are "
+                                    "not complete this long after it opened (or after its previous response) is closed.")
+    keepalive_timeout_s: int = Field(5, ge=1, le=300, description="Idle keep-alive connections close after this long.")
+    max_connections: int = Field(512, ge=8, le=100_000, description="Connections (and requests) served at once; "
+                                 "above it new requests get 503. Each open SSE stream holds one.")
 
 
 class WandbSection(_Section):

@@ -29,6 +29,7 @@ import yaml
 from stare.config import ConfigError, TrainConfig, build_config
 from stare.net import free_port, port_free
 from stare.plan import check_fits
+from stare.transport.redis_secrets import URL_ENV, URL_FILE_ENV, write_secret
 from stare.weight_sync.factory import broadcast_bind_host
 
 COLORS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
@@ -65,8 +66,8 @@ def start_redis(dir, say: Callable[[str], None]):
     machine loses no acknowledged trajectory)."""
     from stare.services.redis_server import RedisServer
 
-    server = RedisServer.on_free_port(Path(dir), appendfsync="always")
-    say(f"redis-server on {server.url} (AOF in {server.dir})")
+    server = RedisServer.on_free_port(Path(dir), appendfsync="always")  # with a password generated for this run
+    say(f"redis-server on {server.public_url} (AOF in {server.dir}; password in {server.dir / 'redis.conf'})")
     return server
 
 
@@ -128,6 +129,8 @@ class Launcher:
         if self.redis_url is None:
             self.redis = start_redis(self.dir / "redis", self.say)
             self.redis_url = self.redis.url
+        # the roles read the URL (with its password) from a 0600 file, never from argv or the environment
+        self.redis_url_file = write_secret(self.dir / "redis.url", self.redis_url)
         for role in self.roles.values():
             self._spawn(role)
         if "control" in self.roles:
@@ -139,10 +142,11 @@ class Launcher:
     def _spawn(self, role: Role) -> None:
         from stare.learner.deepspeed_engine import child_env
 
-        env = {**child_env(), "STARE_REDIS_URL": self.redis_url, "PYTHONUNBUFFERED": "1", "STARE_WORKER_NAME": role.name,
+        env = {**child_env(), URL_FILE_ENV: str(self.redis_url_file), "PYTHONUNBUFFERED": "1", "STARE_WORKER_NAME": role.name,
                "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),  # c10d's reconnect chatter
                "HF_HUB_OFFLINE": "1"}
         env.pop("STARE_HEALTH_PORT", None)  # one machine: roles would collide on one port
+        env.pop(URL_ENV, None)  # the file above wins anyway; keep a caller's URL out of the roles' environment
         role.proc = subprocess.Popen(role.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                      start_new_session=True)
         threading.Thread(target=self._pump, args=(role, role.proc.stdout), daemon=True).start()

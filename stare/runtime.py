@@ -22,7 +22,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from stare.config import TrainConfig
+from stare.config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,15 @@ def worker_name(role: str, name: str | None) -> str:
     return name or os.environ.get("STARE_WORKER_NAME") or f"{role}-{socket.gethostname()}-{os.getpid()}"
 
 
-def redis_url(cfg: TrainConfig, override: str | None) -> str:
-    return override or os.environ.get("STARE_REDIS_URL") or cfg.system.redis_url
+def redis_url(cfg: TrainConfig, override: str | None, url_file: str | None = None) -> str:
+    """--redis-url, --redis-url-file, STARE_REDIS_URL_FILE, STARE_REDIS_URL, system.redis_url; plus
+    STARE_REDIS_PASSWORD_FILE (see stare.transport.redis_secrets). Never log it: log masked(url)."""
+    from stare.transport.redis_secrets import SecretError, resolve_url
+
+    try:
+        return resolve_url(cfg.system.redis_url, url=override, url_file=url_file)
+    except SecretError as err:
+        raise ConfigError(str(err)) from None
 
 
 def connect_transport(cfg: TrainConfig, url: str):

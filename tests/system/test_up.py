@@ -164,7 +164,7 @@ def _assert_prometheus_counts_every_step(server, run_id: str, steps: int) -> Non
     server.start()
     try:
         state = RedisRunState.connect(server.url, run_id)
-        text = TestClient(create_app(state, ControlSection(), run_id, token="t")).get("/metrics").text
+        text = TestClient(create_app(state, ControlSection(trusted_hosts=["testserver"]), run_id, token="t")).get("/metrics").text
         state.close()
     finally:
         server.kill()
