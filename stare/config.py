@@ -76,6 +76,11 @@ class TaskSection(_Section):
             return {}
         return {"path": self.path, "test_path": self.test_path, "tokenizer": tokenizer}
 
+    def verifier_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `build_verifier(name, ...)`: a reward worker's task, which reads no
+        file (the trajectory carries its ground truth) and needs no tokenizer."""
+        return {}
+
 
 class ToolUseSection(_Section):
     """Multi-turn tool use (`stare.rollout.agent_loop.ToolAgent`): the model may call a sandboxed
