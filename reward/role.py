@@ -104,7 +104,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int 
                         next_reclaim = time.monotonic() + cfg.system.claim_idle_s / 2
                         if claimed := transport.raw.reclaim(name, max_count=256):
                             log.info("reclaimed %d trajectories left pending by a dead worker", len(claimed))
-                            done += worker.process(claimed)
+                            done += worker.handle(claimed)
                             continue
                     done += worker.run_once(256, block_s=1.0)
                 except BackpressureError as err:  # the learner is behind: wait

@@ -151,6 +151,14 @@ class DataSection(_Section):
     dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal and sample more.")
     max_sampling_rounds: int = Field(10, ge=1, description="Rounds of sampling per step when dynamic sampling drops groups.")
     advantage_std: bool = Field(True, description="Divide group-centred rewards by the group std (False: Dr. GRPO style).")
+    max_prompt_len: int | None = Field(
+        None, ge=1, description="Longest prompt in tokens (None: what the engine's max_model_len leaves after "
+        "rollout.max_new_tokens, which bounds it anyway). A longer prompt is handled per prompt_overflow.",
+    )
+    prompt_overflow: Literal["truncate_left", "reject"] = Field(
+        "truncate_left", description="A prompt over the limit: truncate_left keeps its last tokens (as the reference "
+        "does); reject sends it to the prompts dead-letter stream with the reason. Never crashes a rollout worker.",
+    )
 
 
 class OptimSection(_Section):
@@ -211,6 +219,10 @@ class SystemSection(_Section):
         2048, ge=1, description="Bound of each stream's unacknowledged entries; producers wait (backpressure). "
         "The roles add room for what the learner holds until its next checkpoint: "
         "(run.checkpoint_every + max_staleness + 2) x prompts_per_step x samples_per_prompt.",
+    )
+    max_deliveries: int = Field(
+        5, ge=2, description="A stream entry delivered more than this many times without an ack (it keeps failing or "
+        "killing its consumer) goes to the run's dead-letter stream with its last error.",
     )
     rollout_batch_prompts: int = Field(
         8, ge=1, description="Prompts a rollout worker samples per batch (each gives samples_per_prompt trajectories).",

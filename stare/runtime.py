@@ -45,7 +45,8 @@ def connect_transport(cfg: TrainConfig, url: str):
     rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     backlog = s.max_backlog + (cfg.run.checkpoint_every + s.max_staleness + 2) * rows
     return RedisTransport.connect(url, cfg.run.name, max_backlog=backlog, maxlen=2 * backlog,
-                                  claim_idle_ms=int(s.claim_idle_s * 1000), block_ms=1000, publish_timeout_s=5.0)
+                                  claim_idle_ms=int(s.claim_idle_s * 1000), block_ms=1000, publish_timeout_s=5.0,
+                                  max_deliveries=s.max_deliveries)
 
 
 def setup_logging(role: str, name: str, level: int = logging.INFO) -> None:
