@@ -82,8 +82,9 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
 
     with RoleRuntime("learner", name, cfg, redis_url, stop=stop) as rt:
         seed_everything(cfg)
-        setup = load_run_setup(cfg, log.info)
-        learner = Learner(cfg, setup.model_path, pad_id=setup.tokenizer.pad_token_id or 0)
+        with rt.busy("loading the model"):
+            setup = load_run_setup(cfg, log.info)
+            learner = Learner(cfg, setup.model_path, pad_id=setup.tokenizer.pad_token_id or 0)
         transport = connect_transport(cfg, redis_url)
         s = cfg.system
         feeder = PromptFeeder(setup.task, setup.tokenizer, run_id=cfg.run.name,
@@ -95,7 +96,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
         seams = SessionSeams(
             transport=transport, publisher=build_publisher(cfg, transport.client), control=rt.control,
             cursor=RedisCursor(transport.client, cfg.run.name), evaluator=evaluator,
-            should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick,
+            should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick, busy=rt.busy,
         )
         session = None
         try:

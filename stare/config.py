@@ -208,6 +208,11 @@ class SystemSection(_Section):
         "dropped from the group and rejoins later.",
     )
     heartbeat_s: float = Field(2.0, gt=0, description="Seconds between a role's heartbeats in Redis.")
+    stall_s: float = Field(
+        120.0, gt=0, description="A role whose main loop has not ticked for this long is unhealthy (GET /healthz "
+        "503; the compose healthcheck and Kubernetes liveness probe restart it). Long work inside RoleRuntime.busy "
+        "(evaluation, a training step) counts as ticking while its thread uses CPU; a hung thread does not.",
+    )
     dead_after_s: float = Field(
         15.0, gt=0, description="A role whose last heartbeat is older than this is reported dead.",
     )
