@@ -47,6 +47,7 @@ class RolloutWorker:
         seed: int = 0,
         max_prompt_len: int | None = None,
         prompt_overflow: Overflow = "truncate_left",
+        tick: Callable[[], None] = lambda: None,
     ):
         self.engine, self.tokenizer = engine, tokenizer
         self.prompts, self.raw, self.weights = prompts, raw, weights
@@ -59,6 +60,7 @@ class RolloutWorker:
         self.prompt_limit = prompt_limit(max_prompt_len, getattr(engine, "max_model_len", None), max_new_tokens)
         self.prompt_overflow = prompt_overflow
         self.truncated_prompts = 0
+        self.tick = tick  # liveness while waiting for the learner's weights (it may be evaluating for long)
 
     def sync_weights(self) -> bool:
         update = self.weights.fetch(self.engine.weight_version)
@@ -102,6 +104,7 @@ class RolloutWorker:
         while self.engine.weight_version < min_version:
             if self.should_stop():
                 return False
+            self.tick()
             self.weights.wait_for(min_version, self.weight_wait_s)
             self.sync_weights()
         return True
