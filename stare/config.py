@@ -120,7 +120,14 @@ class VllmEngineSection(_Section):
                                           "may take (weights, activations and KV cache).")
     enforce_eager: bool = Field(True, description="No CUDA-graph capture or compilation: fast start, slower decoding.")
     max_model_len: int | None = Field(None, ge=1, description="Prompt + response length limit (None: the model's).")
-    max_num_seqs: int = Field(256, ge=1, description="Sequences decoded together.")
+    max_num_seqs: int = Field(256, ge=1, description="Sequences decoded together (vLLM's batch; a rollout batch "
+                              "of rollout_batch_prompts x samples_per_prompt rows fills it).")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs one engine shards the model over (tensor "
+                                      "parallel); `stare up` gives each rollout worker this many GPUs.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="Tokens scheduled per engine step "
+                                               "(chunked prefill budget; None: vLLM's default).")
+    enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes (the "
+                                        "samples of a group share their prompt); reset after each weight update.")
     cpu_kvcache_space_gib: int = Field(1, ge=1, description="CPU only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
 
 
