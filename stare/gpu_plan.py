@@ -5,7 +5,9 @@ workers, `rollout.engine.tensor_parallel_size` GPUs each (one vLLM worker per GP
 default 1); GPUs that do not fill a worker are left unused and listed. `--learner-gpus` and
 `--rollout-gpus` ("0", "1,2", "1-7") choose the sets; they must be disjoint and exist. Reward
 workers and the control plane see no GPU (CUDA_VISIBLE_DEVICES=""). With no GPU, every role
-runs on CPU and nothing is set but the empty device list.
+runs on CPU and nothing is set. A one-GPU node (no GPU left after the learner's, no
+`--rollout-gpus`) gives the rollout worker the learner's GPU: set
+`rollout.engine.gpu_memory_utilization` so that both fit.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class GpuPlan:
     learner: list[int] = field(default_factory=list)
     rollout: list[list[int]] = field(default_factory=list)  # one list per rollout worker
     unused: list[int] = field(default_factory=list)
+    shared: bool = False  # a one-GPU node: learner and rollout share it
 
     def devices(self, role: str) -> str:
         """CUDA_VISIBLE_DEVICES of role `role` (learner, rollout-3, reward-0, control)."""
@@ -64,10 +67,13 @@ def plan_gpus(gpus: int, *, tensor_parallel_size: int = 1, rollout: int | None =
     learner = parse_gpus(learner_gpus, "--learner-gpus") if learner_gpus is not None else [0]
     free = [g for g in range(gpus) if g not in learner]
     pool = parse_gpus(rollout_gpus, "--rollout-gpus") if rollout_gpus is not None else free
+    sharing = rollout_gpus is None and not free  # one GPU: rollout shares the learner's (split its memory)
+    if sharing:
+        pool = list(learner)
     for flag, ids in (("--learner-gpus", learner), ("--rollout-gpus", pool)):
         if bad := [g for g in ids if g >= gpus]:
             raise ConfigError(f"{flag}: GPU {bad[0]} does not exist; this node has {gpus} (0-{gpus - 1})")
-    if shared := sorted(set(learner) & set(pool)):
+    if not sharing and (shared := sorted(set(learner) & set(pool))):
         raise ConfigError(f"--learner-gpus and --rollout-gpus share GPU {shared}; give each role its own GPUs")
     tp = tensor_parallel_size
     fits = len(pool) // tp
@@ -80,4 +86,4 @@ def plan_gpus(gpus: int, *, tensor_parallel_size: int = 1, rollout: int | None =
     workers = fits if rollout is None else rollout
     groups = [pool[i * tp:(i + 1) * tp] for i in range(workers)]
     used = set(learner) | {g for grp in groups for g in grp}
-    return GpuPlan(gpus, learner, groups, [g for g in range(gpus) if g not in used])
+    return GpuPlan(gpus, learner, groups, [g for g in range(gpus) if g not in used], sharing)

@@ -106,6 +106,9 @@ def format_plan(cfg: TrainConfig, plan: GpuPlan, *, rollout: int, reward: int, c
         lines.append(f"  learner: {plan.learner}")
         lines += [f"  rollout-{i}: {g}" for i, g in enumerate(plan.rollout)]
         lines.append(f"  unused: {plan.unused}")
+        if plan.shared:
+            lines.append("  (one GPU: the rollout worker shares the learner's; set rollout.engine.gpu_memory_utilization"
+                         " so that both fit)")
     else:
         lines.append("  none: every role runs on CPU")
     redis = redis_url or "a redis-server on a free local port (AOF in <run dir>/up/redis)"

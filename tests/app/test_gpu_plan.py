@@ -47,6 +47,11 @@ def test_flags_choose_the_sets():
     assert [_ids(devices["rollout-0"]), _ids(devices["rollout-1"])] == [{4}, {5}]
 
 
+def test_a_one_gpu_node_shares_it_between_learner_and_rollout():
+    plan = plan_gpus(1)
+    assert (plan.learner, plan.rollout, plan.shared) == ([0], [[0]], True)
+
+
 def test_without_gpus_nothing_is_pinned():
     devices = _print_plan("--gpus", "0")
     assert devices["learner"] is None and devices["rollout-0"] is None
