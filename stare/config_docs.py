@@ -38,6 +38,12 @@ def _table(model: type[BaseModel], prefix: str, skip: set[str] = frozenset()) ->
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):  # nested: one row per leaf
             rows += _table(field.annotation, f"{prefix}{name}.")[2:]
             continue
+        optional = [a for a in typing.get_args(field.annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if optional:  # an optional section: its own row (null = off), then one row per leaf
+            desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
+            rows.append(f"| `{prefix}{name}` | `{optional[0].__name__} or null` | `None` | | {desc} |")
+            rows += _table(optional[0], f"{prefix}{name}.")[2:]
+            continue
         default = "(required)" if field.is_required() else repr(field.get_default(call_default_factory=True))
         desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
         rows.append(f"| `{prefix}{name}` | `{_type(field.annotation)}` | `{default}` | {_bounds(field)} | {desc} |")

@@ -30,6 +30,7 @@ class MemoryStream(Generic[T]):
         self._deliveries: dict[str, int] = {}  # id -> times delivered, until acked
         self._errors: dict[str, str] = {}  # id -> last processing error, until acked
         self.dead: list[tuple[str, object, str]] = []
+        self.redelivered = 0  # entries `reclaim` delivered again
 
     def publish(self, records: Sequence[T]) -> list[str]:
         if self.maxlen is not None and self.backlog() + len(records) > self.maxlen:
@@ -74,7 +75,11 @@ class MemoryStream(Generic[T]):
             self._pending[entry_id] = (consumer, record)
             if self._count_delivery(entry_id, record):
                 out.append(Delivery(entry_id, record))
+        self.redelivered += len(out)
         return out
+
+    def dead_letter_count(self) -> int:
+        return len(self.dead)
 
     def _count_delivery(self, entry_id: str, record: T) -> bool:
         """Count one delivery; False (and dead-lettered) when it is one more than max_deliveries."""
