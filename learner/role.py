@@ -92,7 +92,8 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
         collector = GroupCollector(transport.scored, name=LEARNER_CONSUMER, dynamic_sampling=cfg.data.dynamic_sampling,
                                    max_staleness=s.max_staleness, keep_stale=s.stale_policy == "importance",
                                    decisions=RedisDecisionLog(transport.client, cfg.run.name))
-        evaluator = evaluator_factory(cfg, setup.model_path) if evaluator_factory is not None else None
+        with rt.busy("loading the evaluator"):
+            evaluator = evaluator_factory(cfg, setup.model_path) if evaluator_factory is not None else None
         seams = SessionSeams(
             transport=transport, publisher=build_publisher(cfg, transport.client), control=rt.control,
             cursor=RedisCursor(transport.client, cfg.run.name), evaluator=evaluator,

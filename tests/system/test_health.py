@@ -25,6 +25,7 @@ from stare.runtime import RoleRuntime
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
 
 STALL_S = 1.0
+LEARNER_STALL_S = 0.5  # the learner's evaluation must last several of these on any machine
 
 
 def _health(port: int) -> tuple[int, dict]:
@@ -74,9 +75,9 @@ def test_a_learner_process_stays_healthy_through_an_evaluation_longer_than_stall
     port = free_port()
     cfg = {"run": {"name": "health", "output_dir": str(tmp_path / "runs"), "threads": 1},
            "model": {"path": str(tiny_model_dir)},
-           "task": {"eval_problems": 256, "eval_k": 8},
-           "rollout": {"max_new_tokens": 24},
-           "system": {"stall_s": STALL_S, "heartbeat_s": 0.2, "health_port": port}}
+           "task": {"eval_problems": 256, "eval_k": 16},
+           "rollout": {"max_new_tokens": 32},
+           "system": {"stall_s": LEARNER_STALL_S, "heartbeat_s": 0.1, "health_port": port}}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     eval_file = tmp_path / "runs" / "health" / "eval.jsonl"
     with redis_server(tmp_path / "redis") as server:
@@ -101,6 +102,6 @@ def test_a_learner_process_stays_healthy_through_an_evaluation_longer_than_stall
         finally:
             proc.terminate()
             out = proc.communicate(timeout=60)[0]
-    assert evaluated_s > 3 * STALL_S, f"the evaluation took {evaluated_s:.1f}s: too short to show anything"
-    assert [c for c, _ in seen if c != 200] == [], out[-3000:]
-    assert sum(b["busy"] == "evaluating" for _, b in seen) >= 10
+    assert evaluated_s > 3 * LEARNER_STALL_S, f"the evaluation took {evaluated_s:.1f}s: too short to show anything"
+    during = [code for code, body in seen if body["busy"] == "evaluating"]
+    assert len(during) >= 10 and set(during) == {200}, (during, out[-3000:])
