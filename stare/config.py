@@ -173,13 +173,36 @@ class OptimSection(_Section):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
-    micro_batch: int = Field(16, ge=1, description="Sequences per micro-batch (gradient accumulation fills the step).")
+    micro_batch: int = Field(
+        16, ge=1, description="Sequences per micro-batch (gradient accumulation fills the step); used when "
+        "max_tokens_per_micro_batch is None.",
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="Token budget of a micro-batch (prompt + response tokens the model computes): rows "
+        "are sorted by length and placed first-fit into micro-batches under the budget (a longer sequence goes "
+        "alone). None: micro_batch rows per micro-batch. The loss does not depend on the cut. The reference's "
+        "ppo_max_token_len_per_gpu is 2 x (prompt + response).",
+    )
+    pack_sequences: bool = Field(
+        True, description="With a token budget: concatenate a micro-batch's sequences into one row with "
+        "position_ids restarting per sequence and no padding (transformers' sdpa/eager/flash attention "
+        "separate them). False: padded rows per micro-batch.",
+    )
+    logits_chunk_tokens: int = Field(
+        2048, ge=1, description="Response tokens per log-softmax chunk: lm_head runs on this many hidden states at "
+        "a time (fp32 logits [chunk, vocab]), recomputed in the backward; no [batch, length, vocab] tensor exists.",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each transformer layer's activations in the backward (transformers' "
+        "gradient checkpointing): activation memory of one layer instead of all. On for GPU configs.",
+    )
     zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
 
 
 class DiagnosticsSection(_Section):
     predicted_entropy_change: bool = Field(
-        True, description="Log the first-order predicted entropy change per quadrant (one extra pass over the logits)."
+        True, description="Log the first-order predicted entropy change per quadrant (computed in the pre-pass's "
+        "log-softmax chunks: a few extra [chunk, vocab] reductions, no extra forward). Off in the GPU configs.",
     )
 
 

@@ -5,10 +5,11 @@ import yaml
 
 from stare.config import ALGO_PRESETS, ConfigError, build_config, load_config
 
-CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
+CONFIG_DIR = Path(__file__).parents[2] / "configs"
+CONFIGS = sorted(CONFIG_DIR.glob("**/*.yaml"))
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.relative_to(CONFIG_DIR).as_posix() for p in CONFIGS])
 def test_every_shipped_config_parses(path):
     cfg = load_config(path)
     assert cfg.run.steps >= 1
