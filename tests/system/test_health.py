@@ -77,7 +77,8 @@ def test_a_learner_process_stays_healthy_through_an_evaluation_longer_than_stall
            "model": {"path": str(tiny_model_dir)},
            "task": {"eval_problems": 256, "eval_k": 16},
            "rollout": {"max_new_tokens": 32},
-           "system": {"stall_s": LEARNER_STALL_S, "heartbeat_s": 0.1, "health_port": port}}
+           "system": {"stall_s": LEARNER_STALL_S, "heartbeat_s": 0.1, "health_port": port,
+                      "broadcast_port": free_port()}}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     eval_file = tmp_path / "runs" / "health" / "eval.jsonl"
     with redis_server(tmp_path / "redis") as server:
@@ -88,7 +89,9 @@ def test_a_learner_process_stays_healthy_through_an_evaluation_longer_than_stall
         seen, evaluating_since, deadline = [], None, time.monotonic() + 300
         try:
             while not eval_file.exists():
-                assert proc.poll() is None and time.monotonic() < deadline, "the learner died or never evaluated"
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    pytest.fail(f"the learner died or never evaluated:\n{proc.communicate(timeout=60)[0][-4000:]}")
                 try:
                     code, body = _health(port)
                 except OSError:  # not serving yet
