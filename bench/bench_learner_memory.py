@@ -89,7 +89,6 @@ def _peak_in_subprocess(variant: str, n: int, hidden: int, chunk: int) -> int:
 
 
 def _time_logprobs(n: int, hidden: int, chunk: int, repeats: int) -> tuple[float, float]:
-    import torch
 
     head, h, targets = _logprob_case(n, hidden)
     times: dict[str, list[float]] = {"chunked": [], "full": []}

@@ -136,8 +136,13 @@ EngineSection = Annotated[Union[tuple(ENGINE_SECTIONS.values())], Field(discrimi
 
 
 def _engine_by_name(value: Any) -> Any:
-    """`engine: vllm` (a bare name) is `engine: {name: vllm}` with the engine's defaults."""
-    return {"name": value} if isinstance(value, str) else value
+    """`engine: vllm` (a bare name) is `engine: {name: vllm}` with the engine's defaults; a section
+    without a name is the default engine's (hf)."""
+    if isinstance(value, str):
+        return {"name": value}
+    if isinstance(value, dict) and "name" not in value:
+        return {"name": "hf", **value}
+    return value
 
 
 class RolloutSection(_Section):
@@ -341,6 +346,19 @@ class TrainConfig(_Section):
         if self.system.stale_policy == "importance" and self.loss.tis_cap is None:
             raise ValueError("system.stale_policy=importance needs loss.tis_cap (e.g. 2.0): the truncated importance "
                              "weight is what corrects a stale trajectory")
+        return self
+
+    @model_validator(mode="after")
+    def _reward_fits_the_rollout(self):
+        for c in self.reward.components if self.reward is not None else ():
+            if c.kind == "code":
+                raise ValueError("reward.components: kind code needs tests that trajectories do not carry yet; "
+                                 "score code tasks with the task's own verifier (leave reward unset)")
+            if c.kind == "overlong" and c.config.max_length - c.config.cache_length >= self.rollout.max_new_tokens:
+                raise ValueError(
+                    f"reward.components: the overlong penalty starts at max_length - cache_length = "
+                    f"{c.config.max_length - c.config.cache_length} tokens, which rollout.max_new_tokens "
+                    f"({self.rollout.max_new_tokens}) never reaches: set max_length to the response limit")
         return self
 
     @model_validator(mode="after")

@@ -89,3 +89,10 @@ def test_docs_config_reference_is_current():
 
     committed = (Path(__file__).parents[2] / "docs" / "config.md").read_text()
     assert committed.strip() == render().strip(), "regenerate: python -m stare.config_docs > docs/config.md"
+
+
+def test_an_engine_section_without_a_name_is_the_default_engines():
+    cfg = build_config({}, overrides=["rollout.engine.max_batch_size=64"])
+    assert (cfg.rollout.engine.name, cfg.rollout.engine.max_batch_size) == ("hf", 64)
+    vllm = build_config({"rollout": {"engine": "vllm"}}, overrides=["rollout.engine.max_num_seqs=8"])
+    assert (vllm.rollout.engine.name, vllm.rollout.engine.max_num_seqs) == ("vllm", 8)

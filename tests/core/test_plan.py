@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stare.config import ConfigError, build_config, load_config
-from stare.plan import GIB, HEADROOM, ModelShape, build_plan, check_fits, load_model_shape, model_state_bytes
+from stare.plan import GIB, HEADROOM, build_plan, check_fits, load_model_shape, model_state_bytes
 
 REPO = Path(__file__).parents[2]
 MODELS = REPO / "configs" / "models"

@@ -6,7 +6,7 @@ from record_helpers import make_trajectory
 
 from stare.records import SCHEMA_VERSION, PromptTask, RecordError, Trajectory
 from stare.reward.trajectory_worker import RewardWorker
-from stare.tasks.base import build_task
+from stare.tasks.registry import build_task
 from stare.transport.memory import MemoryStream
 
 

@@ -20,14 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stare.rollout.engine import (
-    Completion,
-    HFEngineConfig,
-    RolloutEngine,
-    SamplingParams,
-    build_engine,
-    read_eos_token_ids,
-)
+from stare.rollout.engine import Completion, RolloutEngine, SamplingParams, read_eos_token_ids
+from stare.rollout.registry import HFEngineConfig, build_engine
 
 VOCAB = 64
 PAD, EOS, UNK = 0, 1, 2
@@ -364,7 +358,7 @@ VLLM_SECTION = {"name": "vllm", "tensor_parallel_size": 1, "max_num_seqs": 7, "m
 
 def test_the_vllm_section_becomes_the_engine_arguments_without_importing_vllm(model_dir):
     from stare.config import build_config
-    from stare.rollout.engine import VLLMEngineConfig
+    from stare.rollout.registry import VLLMEngineConfig
     from stare.rollout.stack import engine_config
     from stare.rollout.vllm_engine import engine_args
 

@@ -16,7 +16,7 @@ import yaml
 from redis_fixtures import have_redis_server, redis_server
 
 from stare.records import Trajectory
-from stare.tasks.base import build_verifier
+from stare.tasks.registry import build_verifier
 from stare.transport.redis_streams import RedisTransport
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
