@@ -90,9 +90,10 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
 
     with RoleRuntime("learner", name, cfg, redis_url, stop=stop) as rt:
         seed_everything(cfg)
-        setup = load_run_setup(cfg, log.info)
-        check_fits(cfg, setup.model_path, log=log.info)  # refuse a config this GPU cannot hold (stare plan)
-        learner = Learner(cfg, setup.model_path, pad_id=setup.tokenizer.pad_token_id or 0)
+        with rt.busy("loading the model"):
+            setup = load_run_setup(cfg, log.info)
+            check_fits(cfg, setup.model_path, log=log.info)  # refuse a config this GPU cannot hold (stare plan)
+            learner = Learner(cfg, setup.model_path, pad_id=setup.tokenizer.pad_token_id or 0)
         transport = connect_transport(cfg, redis_url)
         s = cfg.system
         feeder = PromptFeeder(setup.task, setup.tokenizer, run_id=cfg.run.name,
@@ -103,11 +104,12 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
         evaluator = session = None
         publisher = build_publisher(cfg, transport.client)
         try:
-            evaluator = evaluator_factory(cfg, setup.model_path) if evaluator_factory is not None else None
+            with rt.busy("loading the evaluator"):
+                evaluator = evaluator_factory(cfg, setup.model_path) if evaluator_factory is not None else None
             seams = SessionSeams(
                 transport=transport, publisher=publisher, control=rt.control,
                 cursor=RedisCursor(transport.client, cfg.run.name), evaluator=evaluator,
-                should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick,
+                should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick, busy=rt.busy,
             )
             session = TrainingSession(cfg, learner, feeder, collector, seams, max_staleness=s.max_staleness,
                                       resume=(cfg.run_dir / "checkpoints" / "latest").is_file())

@@ -154,7 +154,8 @@ def cmd_up(args) -> int:
     from stare.launch import up
 
     return up(_load(args), rollout=args.rollout, reward=args.reward, redis_url=args.redis_url,
-              control=not args.no_control)
+              control=not args.no_control, gpus=args.gpus, learner_gpus=args.learner_gpus,
+              rollout_gpus=args.rollout_gpus, print_plan=args.print_plan)
 
 
 def cmd_plan(args) -> int:
@@ -208,10 +209,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="run the distributed system on this machine: redis, control, learner, "
                        "N rollout and M reward workers as separate processes")
     _config_args(p)
-    p.add_argument("--rollout", type=int, default=1, help="rollout worker processes (default 1)")
+    p.add_argument("--rollout", type=int, default=None, help="rollout worker processes (default: one per "
+                   "rollout.engine.tensor_parallel_size rollout GPUs; 1 without GPUs)")
     p.add_argument("--reward", type=int, default=1, help="reward worker processes (default 1)")
     p.add_argument("--redis-url", default=None, help="use this Redis instead of starting a redis-server")
     p.add_argument("--no-control", action="store_true", help="do not start the control plane")
+    p.add_argument("--learner-gpus", default=None, metavar="IDS",
+                   help="GPUs of the learner, e.g. 0 or 0,1 (default: the first GPU)")
+    p.add_argument("--rollout-gpus", default=None, metavar="IDS",
+                   help="GPUs of the rollout workers, e.g. 1-7 (default: every GPU the learner does not use)")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="plan for N GPUs instead of the ones this machine shows (with --print-plan)")
+    p.add_argument("--print-plan", action="store_true",
+                   help="print every role's command, environment (CUDA_VISIBLE_DEVICES) and ports; start nothing")
     p.set_defaults(fn=cmd_up)
 
     p = sub.add_parser("launch", help="run the distributed system on a Ray cluster: the roles of `stare up` as "

@@ -76,6 +76,11 @@ class TaskSection(_Section):
             return {}
         return {"path": self.path, "test_path": self.test_path, "tokenizer": tokenizer}
 
+    def verifier_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `build_verifier(name, ...)`: a reward worker's task, which reads no
+        file (the trajectory carries its ground truth) and needs no tokenizer."""
+        return {}
+
 
 class ToolUseSection(_Section):
     """Multi-turn tool use (`stare.rollout.agent_loop.ToolAgent`): the model may call a sandboxed
@@ -115,7 +120,14 @@ class VllmEngineSection(_Section):
                                           "may take (weights, activations and KV cache).")
     enforce_eager: bool = Field(True, description="No CUDA-graph capture or compilation: fast start, slower decoding.")
     max_model_len: int | None = Field(None, ge=1, description="Prompt + response length limit (None: the model's).")
-    max_num_seqs: int = Field(256, ge=1, description="Sequences decoded together.")
+    max_num_seqs: int = Field(256, ge=1, description="Sequences decoded together (vLLM's batch; a rollout batch "
+                              "of rollout_batch_prompts x samples_per_prompt rows fills it).")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs one engine shards the model over (tensor "
+                                      "parallel); `stare up` gives each rollout worker this many GPUs.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="Tokens scheduled per engine step "
+                                               "(chunked prefill budget; None: vLLM's default).")
+    enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes (the "
+                                        "samples of a group share their prompt); reset after each weight update.")
     cpu_kvcache_space_gib: int = Field(1, ge=1, description="CPU only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
 
 
@@ -151,6 +163,14 @@ class DataSection(_Section):
     dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal and sample more.")
     max_sampling_rounds: int = Field(10, ge=1, description="Rounds of sampling per step when dynamic sampling drops groups.")
     advantage_std: bool = Field(True, description="Divide group-centred rewards by the group std (False: Dr. GRPO style).")
+    max_prompt_len: int | None = Field(
+        None, ge=1, description="Longest prompt in tokens (None: what the engine's max_model_len leaves after "
+        "rollout.max_new_tokens, which bounds it anyway). A longer prompt is handled per prompt_overflow.",
+    )
+    prompt_overflow: Literal["truncate_left", "reject"] = Field(
+        "truncate_left", description="A prompt over the limit: truncate_left keeps its last tokens (as the reference "
+        "does); reject sends it to the prompts dead-letter stream with the reason. Never crashes a rollout worker.",
+    )
 
 
 class OptimSection(_Section):
@@ -223,6 +243,11 @@ class SystemSection(_Section):
         "dropped from the group and rejoins later.",
     )
     heartbeat_s: float = Field(2.0, gt=0, description="Seconds between a role's heartbeats in Redis.")
+    stall_s: float = Field(
+        120.0, gt=0, description="A role whose main loop has not ticked for this long is unhealthy (GET /healthz "
+        "503; the compose healthcheck and Kubernetes liveness probe restart it). Long work inside RoleRuntime.busy "
+        "(evaluation, a training step) counts as ticking while its thread uses CPU; a hung thread does not.",
+    )
     dead_after_s: float = Field(
         15.0, gt=0, description="A role whose last heartbeat is older than this is reported dead.",
     )
@@ -234,6 +259,10 @@ class SystemSection(_Section):
         2048, ge=1, description="Bound of each stream's unacknowledged entries; producers wait (backpressure). "
         "The roles add room for what the learner holds until its next checkpoint: "
         "(run.checkpoint_every + max_staleness + 2) x prompts_per_step x samples_per_prompt.",
+    )
+    max_deliveries: int = Field(
+        5, ge=2, description="A stream entry delivered more than this many times without an ack (it keeps failing or "
+        "killing its consumer) goes to the run's dead-letter stream with its last error.",
     )
     rollout_batch_prompts: int = Field(
         8, ge=1, description="Prompts a rollout worker samples per batch (each gives samples_per_prompt trajectories).",

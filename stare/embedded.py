@@ -115,6 +115,7 @@ class EmbeddedRun:
             self.stack.engine, self.tokenizer, self.transport.prompts, self.transport.raw, self.board,
             name="rollout-0", max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
             stop_token_ids=setup.stop_ids, agent=self.stack.agent, seed=cfg.run.seed,
+            max_prompt_len=cfg.data.max_prompt_len, prompt_overflow=cfg.data.prompt_overflow,
         )
         self.reward = RewardWorker(self.task, self.transport.raw, self.transport.scored, name="reward-0",
                                    reward_config=cfg.reward)

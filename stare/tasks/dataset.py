@@ -203,6 +203,24 @@ class DatasetTask:
             return 0.0
 
 
+class DatasetVerifier:
+    """The reward of `DatasetTask` without its problems: what a reward worker needs (`task.name:
+    dataset` in a `stare reward` process, which has no data file mounted). The ground truth comes
+    with each trajectory (answer, data_source, problem_id, level), so no file is opened."""
+
+    name = "dataset"
+
+    def __init__(self, math_config=None) -> None:
+        self.math_config = math_config
+
+    def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
+        raise DatasetError("a verifier-only dataset task has no problems (it scores responses against the "
+                           "ground truth carried by each trajectory); build DatasetTask(path) to sample problems")
+
+    extract_answer = DatasetTask.extract_answer
+    reward = DatasetTask.reward
+
+
 def prepare_dapo_math(src: Path | str, out_dir: Path | str, *, heldout: int = 500, seed: int = 0) -> dict[str, int]:
     """Deduplicate a local DAPO-Math-17k file and split it into `out_dir/{train,heldout}.jsonl`.
 

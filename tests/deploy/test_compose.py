@@ -272,6 +272,25 @@ def test_learner_and_rollout_share_the_run_volume():
                 assert "stare-data:/data" in s["volumes"], name
 
 
+def _seconds(text: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m)", str(text))
+    assert m, f"compose duration {text!r}"
+    return float(m.group(1)) * {"ms": 1e-3, "s": 1.0, "m": 60.0}[m.group(2)]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_health_checks_are_derived_from_stall_s(profile):
+    """/healthz turns 503 only after system.stall_s without progress (RoleRuntime.busy keeps long
+    work alive); the check then acts within another stall_s: interval x retries <= stall_s, and a
+    check's timeout is shorter than its interval."""
+    for name, s in services_of(load_compose(), profile).items():
+        if role_of(s) in ("learner", "rollout", "reward"):
+            cfg = load_config(config_of(s))
+            check = s["healthcheck"]
+            assert _seconds(check["interval"]) * check["retries"] <= cfg.system.stall_s, name
+            assert _seconds(check["timeout"]) < _seconds(check["interval"]), name
+
+
 # ---- the monitoring profile: Prometheus and Grafana (deploy/monitoring; docs/observability.md) ----
 
 def enabled(doc: dict, profiles: list[str]) -> dict:

@@ -283,3 +283,18 @@ def test_k8s_configs_differ_from_the_compose_ones_only_in_addresses(k8s_config, 
     for cfg in (ours, theirs):
         cfg["system"].pop("redis_url"), cfg["system"].pop("broadcast_host")
     assert ours == theirs
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_liveness_probes_are_derived_from_stall_s(rendered, target):
+    """/healthz turns 503 only after system.stall_s without progress (RoleRuntime.busy keeps long
+    work alive); the liveness probe then restarts within another stall_s: period x failureThreshold
+    <= stall_s of the mounted config, and a probe's timeout is shorter than its period."""
+    config = next(o for o in objects(rendered, target, "ConfigMap") if "stare.yaml" in o.get("data", {}))
+    stall_s = build_config(yaml.safe_load(config["data"]["stare.yaml"])).system.stall_s
+    for w, c in stare_containers(rendered, target):
+        if c["args"][0] == "control":
+            continue
+        probe = c["livenessProbe"]
+        assert probe["periodSeconds"] * probe.get("failureThreshold", 3) <= stall_s, w["metadata"]["name"]
+        assert probe.get("timeoutSeconds", 1) < probe["periodSeconds"], w["metadata"]["name"]
