@@ -71,7 +71,7 @@ class DistributedLearner:
     def __init__(self, cfg: TrainConfig, rt, redis_url: str):
         from transformers import AutoTokenizer
 
-        from stare.data import PromptFeeder
+        from stare.data import build_feeder, eval_problems
         from stare.embedded import resolve_model
         from stare.learner.groups import GroupCollector
         from stare.learner.trainer import Learner
@@ -91,8 +91,7 @@ class DistributedLearner:
         self.learner = Learner(cfg, self.model_path, pad_id=self.tokenizer.pad_token_id or 0)
         self.transport = connect_transport(cfg, redis_url)
         self.cursor_key = run_key(cfg.run.name, "feeder")
-        self.feeder = PromptFeeder(self.task, self.tokenizer, run_id=cfg.run.name,
-                                   group_size=cfg.rollout.samples_per_prompt, seed=cfg.run.seed)
+        self.feeder = build_feeder(cfg, self.task, self.tokenizer, log.info)
         s = cfg.system
         self.collector = GroupCollector(self.transport.scored, name=LEARNER_CONSUMER,
                                         dynamic_sampling=cfg.data.dynamic_sampling, max_staleness=s.max_staleness,
@@ -113,7 +112,7 @@ class DistributedLearner:
         self.publisher = build_publisher(cfg, self.transport.client)
         self.publisher.publish(self.learner.version, self.learner.state_dict_for_rollout())
         self.eval_engine = None
-        self.eval_problems = self.task.problems("test", cfg.task.eval_problems, cfg.run.seed)
+        self.eval_problems = eval_problems(cfg, self.task, self.tokenizer, log.info)
         self.stop_ids = tuple(i for i in (self.tokenizer.eos_token_id,) if i is not None)
 
     # ---------------------------------------------------------------- pieces
@@ -134,16 +133,15 @@ class DistributedLearner:
         return len(tasks)
 
     def evaluate(self) -> dict[str, Any]:
-        from stare.evaluation import evaluate
+        from stare.evaluation import eval_settings, evaluate
         from stare.rollout.engine import build_engine
 
         cfg = self.cfg
         if self.eval_engine is None:
             self.eval_engine = build_engine({"name": "hf", "model_path": str(self.model_path), "dtype": cfg.model.dtype})
         self.eval_engine.update_weights(self.learner.state_dict_for_rollout(), self.learner.version)
-        result = evaluate(self.eval_engine, self.tokenizer, self.task, self.eval_problems, k=cfg.task.eval_k,
-                          max_new_tokens=cfg.rollout.max_new_tokens, stop_token_ids=self.stop_ids,
-                          seed=cfg.run.seed * 7 + 1)
+        result = evaluate(self.eval_engine, self.tokenizer, self.task, self.eval_problems,
+                          stop_token_ids=self.stop_ids, **eval_settings(cfg))
         result["step"] = self.learner.step
         self.outputs.log_eval(result)
         log.info("held-out at step %d: greedy %.3f, pass@%d %.3f", result["step"], result["greedy_accuracy"],
@@ -244,12 +242,15 @@ class DistributedLearner:
 
 
 def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None) -> None:
+    from stare.learner.export import export_run
     from stare.services.process import RoleRuntime
 
     with RoleRuntime("learner", name, cfg, redis_url, stop=stop) as rt:
         learner = DistributedLearner(cfg, rt, redis_url)
         try:
             learner.train()
+            if learner.learner.step >= cfg.run.steps:
+                export_run(cfg.run_dir, learner.model_path, log.info, cfg.model.dtype)
         except BaseException:
             rt.control.set_phase("failed", step=learner.learner.step)
             raise

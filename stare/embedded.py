@@ -94,6 +94,10 @@ def resolve_model(cfg: TrainConfig, log: Callable[[str], None]) -> Path:
         if not (Path(cfg.model.path) / "config.json").is_file():
             raise ConfigError(f"model.path: {cfg.model.path} is not a Hugging Face model directory (no config.json)")
         return Path(cfg.model.path)
+    if cfg.model.source == "smollm2":
+        from stare.smollm2 import prepare_smollm2
+
+        return prepare_smollm2(log=log)
     from stare.tiny_model import build_tiny_model
 
     t0 = time.perf_counter()
@@ -127,7 +131,7 @@ class EmbeddedRun:
     def __init__(self, cfg: TrainConfig, *, resume: bool, log: Callable[[str], None] = print):
         from transformers import AutoTokenizer
 
-        from stare.data import PromptFeeder
+        from stare.data import build_feeder, eval_problems
         from stare.learner.groups import GroupCollector
         from stare.learner.trainer import Learner
         from stare.reward.trajectory_worker import RewardWorker
@@ -160,7 +164,7 @@ class EmbeddedRun:
         self.transport = MemoryTransport()
         self.board = MemoryWeightBoard()
         r = cfg.rollout
-        self.feeder = PromptFeeder(self.task, self.tokenizer, run_id=cfg.run.name, group_size=r.samples_per_prompt, seed=cfg.run.seed)
+        self.feeder = build_feeder(cfg, self.task, self.tokenizer, log)
         self.rollout = RolloutWorker(
             self.engine, self.tokenizer, self.transport.prompts, self.transport.raw, self.board, name="rollout-0",
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, stop_token_ids=self.stop_ids,
@@ -169,7 +173,7 @@ class EmbeddedRun:
         self.reward = RewardWorker(self.task, self.transport.raw, self.transport.scored, name="reward-0")
         self.collector = GroupCollector(self.transport.scored, name="learner", dynamic_sampling=cfg.data.dynamic_sampling,
                                         max_staleness=0)
-        self.eval_problems = self.task.problems("test", cfg.task.eval_problems, cfg.run.seed)
+        self.eval_problems = eval_problems(cfg, self.task, self.tokenizer, log)
         if resume:
             state = self.learner.load(self.ckpt_dir)
             self.feeder.load_state_dict(state["data"])
@@ -209,12 +213,10 @@ class EmbeddedRun:
         return trajectories, ids, info
 
     def _evaluate(self) -> dict[str, Any]:
-        from stare.evaluation import evaluate
+        from stare.evaluation import eval_settings, evaluate
 
-        cfg = self.cfg
-        result = evaluate(self.agent or self.engine, self.tokenizer, self.task, self.eval_problems, k=cfg.task.eval_k,
-                          max_new_tokens=cfg.rollout.max_new_tokens, stop_token_ids=self.stop_ids,
-                          seed=cfg.run.seed * 7 + 1)
+        result = evaluate(self.agent or self.engine, self.tokenizer, self.task, self.eval_problems,
+                          stop_token_ids=self.stop_ids, **eval_settings(self.cfg))
         result["step"] = self.learner.step
         self.outputs.log_eval(result)
         return result
@@ -360,8 +362,10 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
     if stop.requested:
         log(f"stopped after step {run.learner.step}; resume with: stare train --resume {run.run_dir}")
     else:
+        from stare.learner.export import export_run
         from stare.report import write_report
 
         report = write_report(run.run_dir)
         log(f"report: {report / 'summary.md'}")
+        export_run(run.run_dir, resolve_model(cfg, log), log, cfg.model.dtype)
     return run.run_dir

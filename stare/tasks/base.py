@@ -30,6 +30,9 @@ class Problem:
     problem_id: str
     level: int
     data_source: str
+    prompt_token_ids: tuple[int, ...] | None = None
+    """The prompt's tokens when a length policy already tokenized (and maybe cut) it
+    (stare.prompt_policy); None: encode `prompt`."""
 
 
 @runtime_checkable
@@ -74,6 +77,12 @@ def _tool_arithmetic(**kwargs: Any) -> Task:
     return ToolArithmeticTask(**kwargs)
 
 
+def _chat_arithmetic(**kwargs: Any) -> Task:
+    from stare.tasks.chat_arithmetic import ChatArithmeticTask
+
+    return ChatArithmeticTask(**kwargs)
+
+
 def _dataset(**kwargs: Any) -> Task:
     from stare.datasets import DatasetTask
 
@@ -84,6 +93,7 @@ def _dataset(**kwargs: Any) -> Task:
 TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": _arithmetic,
     "tool-arithmetic": _tool_arithmetic,
+    "chat-arithmetic": _chat_arithmetic,  # a real instruct model's chat template: build_task(..., tokenizer=tok)
     "dataset": _dataset,  # a verl-format parquet/jsonl file: build_task("dataset", path=...)
 }
 
