@@ -60,3 +60,25 @@ def test_two_steps_of_the_smollm2_config_train_report_and_export(smollm2_dir, tm
     moved = any((m.get("grad_norm") or 0.0) > 0.0 for m in metrics)
     with torch.no_grad():
         assert torch.equal(exported(ids).logits, base(ids).logits) != moved
+
+
+def test_exported_smollm2_gives_the_learners_logits(smollm2_dir, tmp_path):
+    from test_export import _trajectories
+    from transformers import AutoModelForCausalLM
+
+    from stare.learner.export import export_checkpoint
+    from stare.learner.trainer import Learner
+
+    cfg = load_config(CONFIG, overrides=[f"run.output_dir={tmp_path}", "rollout.prompts_per_step=2",
+                                         "rollout.samples_per_prompt=2", "optim.micro_batch=4", "optim.lr=1e-4"])
+    learner = Learner(cfg, smollm2_dir, pad_id=2)
+    assert learner.train_step(_trajectories(49_152))["grad_norm"] > 0
+    (tmp_path / "checkpoints").mkdir()
+    learner.save(tmp_path / "checkpoints", {})
+    out = export_checkpoint(tmp_path / "checkpoints", tmp_path / "hf", model_path=smollm2_dir)
+    ids = torch.tensor([[1, 4093, 314, 216, 34, 1232, 216, 35, 47, 2]])
+    with torch.no_grad():
+        learner.engine.module.eval()
+        want = learner.engine.module(input_ids=ids).logits
+        got = AutoModelForCausalLM.from_pretrained(out).eval()(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-5, rtol=0)
