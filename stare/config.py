@@ -252,8 +252,8 @@ class TrainConfig(_Section):
     @model_validator(mode="after")
     def _dataset_needs_a_model(self):
         if self.task.name in ("dataset", "chat-arithmetic") and self.model.path is None and self.model.source == "tiny":
-            raise ValueError(f"task.name={self.task.name} needs a real model: model.path or model.source=smollm2 "
-                             "(the bundled tiny model is built for the bundled arithmetic tasks)")
+            raise ValueError(f"task.name={self.task.name} needs model.path (or model.source=smollm2): the bundled "
+                             "tiny model is built for the bundled arithmetic tasks")
         return self
 
     @property

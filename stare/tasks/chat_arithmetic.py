@@ -57,7 +57,7 @@ class ChatArithmeticTask:
     name = "chat-arithmetic"
     data_source = "stare/chat-arithmetic"
 
-    def __init__(self, tokenizer, levels: Sequence[int] = (1, 2, 3)) -> None:
+    def __init__(self, tokenizer=None, levels: Sequence[int] = (1, 2, 3)) -> None:
         if tokenizer is not None and not getattr(tokenizer, "chat_template", None):
             raise ValueError("task chat-arithmetic needs a tokenizer with a chat template (a real instruct model: "
                              "model.source=smollm2 or model.path)")
