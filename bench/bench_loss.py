@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from stare.learner.config import GrpoLossConfig, StareLossConfig
+from stare.algo_config import GrpoLossConfig, StareLossConfig
 from stare.learner.policy_loss import LossInputs, policy_loss
 from stare.learner.step_plan import StepTokens, plan_step
 

@@ -12,33 +12,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from stare.learner.config import ControllerConfig
+from stare.algo_config import ControllerConfig, clip_number, merge_config
 
 
 def _sign(x: float) -> float:
     return 0.0 if x == 0 else math.copysign(1.0, x)
-
-
-def _clip(value: Any, low: Any, high: Any) -> Any:
-    """min(max(value, low), high) when all are numbers; otherwise unchanged (validation names the bad one)."""
-    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (value, low, high)):
-        return min(max(value, low), high)
-    return value
-
-
-def merge_config(current: dict[str, Any], changes: dict[str, Any]) -> ControllerConfig:
-    """`current` (a config dump with the live W and M) with `changes`, validated as a whole (raises
-    pydantic's ValidationError). W and M, when given, replace the current values; otherwise the
-    current values are clipped into the (new) bounds. The learner and the control plane's
-    validation both use this, so they cannot disagree on what a change means."""
-    merged = {**current, **changes}
-    if "w" not in changes:
-        merged["w"] = _clip(merged["w"], 1.0, merged["w_max"])
-    if "m" not in changes:
-        merged["m"] = _clip(merged["m"], merged["m_min"], 1.0)
-    if merged.get("band") is not None:
-        merged["band"] = tuple(merged["band"])
-    return ControllerConfig.model_validate(merged)
 
 
 class EntropyController:

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from stare.learner.config import (
+from stare.algo_config import (
     ClipCovLossConfig,
     EntropyBonusLossConfig,
     GrpoLossConfig,

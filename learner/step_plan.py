@@ -10,11 +10,12 @@ code; the sort over the step's tokens happens once per step, never per micro-bat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
 
-from stare.learner.config import (
+from stare.algo_config import (
     AggMode,
     ClipCovLossConfig,
     HighEntropyLossConfig,
@@ -54,6 +55,55 @@ def mean_entropy(entropy: Tensor, mask: Tensor, agg_mode: AggMode) -> Tensor:  #
     return (entropy * m).sum() / m.sum().clamp(min=1)
 
 
+def _select_stare(tokens: StepTokens, cfg: StareLossConfig, seed: int) -> tuple[dict, Tensor]:
+    """STARE: the top-P surprisal thresholds inside each advantage sign, over the whole step."""
+    flat, mask = (lambda t: t.reshape(-1)), tokens.mask  # noqa: E731
+    members = [flat(mask & (tokens.advantages > 0)), flat(mask & (tokens.advantages < 0))]
+    ks = [topk_count(member.sum(), cfg.top_fraction) for member in members]
+    pos, neg = topk_thresholds(flat(-tokens.old_logprobs), flat(tokens.token_uid), members, ks)
+    return {"pos_threshold": pos, "neg_threshold": neg}, mask
+
+
+def _select_cov(tokens: StepTokens, cfg: ClipCovLossConfig | KLCovLossConfig, seed: int) -> tuple[dict, Tensor]:
+    """Clip-Cov / KL-Cov: the covariance means, and the step's high-covariance selection."""
+    flat, mask = (lambda t: t.reshape(-1)), tokens.mask  # noqa: E731
+    uid, n, m_f = flat(tokens.token_uid), mask.sum(), mask.to(tokens.old_logprobs.dtype)
+    adv_mean = (tokens.advantages * m_f).sum() / n.clamp(min=1)
+    logp_mean = (tokens.old_logprobs * m_f).sum() / n.clamp(min=1)
+    cov = (tokens.advantages - adv_mean) * (tokens.old_logprobs - logp_mean)  # [S, L]
+    extra = {"adv_mean": adv_mean, "logp_mean": logp_mean}
+    if isinstance(cfg, ClipCovLossConfig):
+        member = flat(mask & (cov > cfg.cov_lb) & (cov < cfg.cov_ub))
+        k = torch.minimum(topk_count(n, cfg.clip_ratio, rounding="floor"), member.sum())
+        extra["select_threshold"] = topk_threshold(hash_uniform(uid, seed), uid, member, k)
+    else:
+        k = topk_count(n, cfg.kl_ratio, rounding="floor")
+        extra["select_threshold"] = topk_threshold(flat(cov), uid, flat(mask), k)
+    return extra, mask
+
+
+def _select_high_entropy(tokens: StepTokens, cfg: HighEntropyLossConfig, seed: int) -> tuple[dict, Tensor]:
+    """80/20: only the step's top-fraction highest-entropy tokens train (and normalise the loss)."""
+    flat, mask = (lambda t: t.reshape(-1)), tokens.mask  # noqa: E731
+    k = topk_count(mask.sum(), cfg.top_fraction)
+    threshold = topk_threshold(flat(tokens.entropy), flat(tokens.token_uid), flat(mask), k)
+    return {"select_threshold": threshold}, in_topk(tokens.entropy, tokens.token_uid, mask, threshold)
+
+
+SelectFn = Callable[[StepTokens, SurrogateConfig, int], "tuple[dict, Tensor]"]
+
+SELECTIONS: dict[str, SelectFn | None] = {
+    "stare": _select_stare,
+    "grpo": None,
+    "entropy-bonus": None,
+    "clip-cov": _select_cov,
+    "kl-cov": _select_cov,
+    "80-20": _select_high_entropy,
+}
+"""The learner's step-global half of the loss registry (stare.algo_config.LOSS_CONFIGS): per loss
+name, what it selects over the whole step before the first micro-batch (None: nothing)."""
+
+
 def plan_step(
     tokens: StepTokens,
     cfg: SurrogateConfig,
@@ -65,39 +115,13 @@ def plan_step(
 ) -> StepContext:
     """Decide the step: normalisers and, per loss, the selection thresholds."""
     mask = tokens.mask
-    device = mask.device
+    as_t = lambda v: torch.as_tensor(v, dtype=tokens.old_logprobs.dtype, device=mask.device)  # noqa: E731
+    name = getattr(cfg, "name", None)
+    if name not in SELECTIONS:
+        raise ValueError(f"unknown policy loss {name!r}; valid names: {sorted(SELECTIONS)}")
+    select = SELECTIONS[name]
+    extra, loss_mask = select(tokens, cfg, seed) if select is not None else ({}, mask)
     dtype = tokens.old_logprobs.dtype
-    n = mask.sum()
-    as_t = lambda v: torch.as_tensor(v, dtype=dtype, device=device)  # noqa: E731
-    flat = lambda t: t.reshape(-1)  # noqa: E731
-    uid = flat(tokens.token_uid)
-    loss_mask = mask
-    extra: dict = {}
-
-    if isinstance(cfg, StareLossConfig):
-        members = [flat(mask & (tokens.advantages > 0)), flat(mask & (tokens.advantages < 0))]
-        ks = [topk_count(member.sum(), cfg.top_fraction) for member in members]
-        pos, neg = topk_thresholds(flat(-tokens.old_logprobs), uid, members, ks)
-        extra.update(pos_threshold=pos, neg_threshold=neg)
-    elif isinstance(cfg, (ClipCovLossConfig, KLCovLossConfig)):
-        m_f = mask.to(dtype)
-        adv_mean = (tokens.advantages * m_f).sum() / n.clamp(min=1)
-        logp_mean = (tokens.old_logprobs * m_f).sum() / n.clamp(min=1)
-        cov = (tokens.advantages - adv_mean) * (tokens.old_logprobs - logp_mean)  # [S, L]
-        extra.update(adv_mean=adv_mean, logp_mean=logp_mean)
-        if isinstance(cfg, ClipCovLossConfig):
-            member = flat(mask & (cov > cfg.cov_lb) & (cov < cfg.cov_ub))
-            k = torch.minimum(topk_count(n, cfg.clip_ratio, rounding="floor"), member.sum())
-            extra["select_threshold"] = topk_threshold(hash_uniform(uid, seed), uid, member, k)
-        else:
-            k = topk_count(n, cfg.kl_ratio, rounding="floor")
-            extra["select_threshold"] = topk_threshold(flat(cov), uid, flat(mask), k)
-    elif isinstance(cfg, HighEntropyLossConfig):
-        k = topk_count(n, cfg.top_fraction)
-        threshold = topk_threshold(flat(tokens.entropy), uid, flat(mask), k)
-        extra["select_threshold"] = threshold
-        loss_mask = in_topk(tokens.entropy, tokens.token_uid, mask, threshold)
-
     norm = Normalizer(
         num_tokens=loss_mask.sum().to(dtype),
         num_seqs=loss_mask.any(-1).sum().to(dtype),

@@ -26,7 +26,7 @@ from stare.config import TrainConfig
 from stare.learner import deepspeed_engine as ds
 from stare.learner.batch import TrainBatch, collate, token_logprobs_and_entropy
 from stare.learner.collectives import all_reduce_sum, gather_step_tokens
-from stare.learner.config import StareLossConfig
+from stare.algo_config import StareLossConfig
 from stare.learner.controller import EntropyController
 from stare.learner.diagnostics import predicted_entropy_change, quadrant_metrics, quadrant_sums
 from stare.learner.policy_loss import LossInputs, policy_loss

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import re
 import secrets
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stare.reward.sandbox import ProcessSandbox, Sandbox, SandboxConfig, SandboxResult
+from stare.reward_config import CodeConfig
+from stare.sandbox import ProcessSandbox, Sandbox, SandboxResult
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _HARNESS = """\
@@ -70,17 +70,6 @@ class CodeTests(BaseModel):
         return len(self.io) + len(self.asserts)
 
 
-class CodeConfig(BaseModel):
-    """How programs are extracted, run and scored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    mode: Literal["fraction", "all"] = "fraction"
-    """"fraction": passed / total; "all": 1.0 only if every test passes."""
-    extract_code: bool = True
-    """Take the last ```python fenced block of the response (off: the response is the code)."""
-    sandbox: SandboxConfig = SandboxConfig()
-    """Isolation and limits of each test run."""
 
 
 class CodeCheck(BaseModel):

@@ -18,16 +18,27 @@ Not covered: the timeout is in-thread (see `timeouts`); run `compute_reward` ins
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from stare.reward.code import CodeConfig, CodeTests, check_code
-from stare.reward.format import FormatConfig, format_reward
-from stare.reward.math import MathConfig, check_math
-from stare.reward.overlong import OverlongConfig, overlong_penalty
-from stare.reward.sandbox import Sandbox
-from stare.reward.timeouts import VerifierTimeout, call_with_timeout
+from stare.reward.code import CodeTests, check_code
+from stare.reward.format import format_reward
+from stare.tasks.math_verify import check_math
+from stare.reward.overlong import overlong_penalty
+from stare.sandbox import Sandbox
+from stare.timeouts import VerifierTimeout, call_with_timeout
+from stare.reward_config import (  # the config half lives in the core (the run config's reward: section)
+    CodeComponent,
+    FormatComponent,
+    MathComponent,
+    OverlongComponent,
+    RewardComponent,
+    RewardConfig,
+)
+
+
+__all__ = ["CodeComponent", "FormatComponent", "MathComponent", "OverlongComponent", "RewardComponent", "RewardConfig",
+           "RewardInput", "RewardResult", "compute_reward"]
 
 
 class RewardResult(BaseModel):
@@ -55,70 +66,18 @@ class RewardInput(BaseModel):
     """Tests (the code component needs them)."""
 
 
-class _Component(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str | None = None
-    """Key in RewardResult.components; default: the kind."""
-    weight: float = Field(1.0, ge=-100.0, le=100.0)
-    """Multiplier of the component's score in the reward."""
-
-    @property
-    def key(self) -> str:
-        return self.name or self.kind  # type: ignore[attr-defined]
 
 
-class MathComponent(_Component):
-    """1.0 if the final answer is equivalent to `RewardInput.answer`, else 0.0."""
-
-    kind: Literal["math"] = "math"
-    config: MathConfig = MathConfig()
 
 
-class CodeComponent(_Component):
-    """Fraction (or all) of `RewardInput.tests` the program passes."""
-
-    kind: Literal["code"] = "code"
-    config: CodeConfig = CodeConfig()
 
 
-class FormatComponent(_Component):
-    """1.0 if the required tags are present and well formed (see format.FormatConfig)."""
-
-    kind: Literal["format"] = "format"
-    config: FormatConfig = FormatConfig()
 
 
-class OverlongComponent(_Component):
-    """DAPO soft overlong penalty in [-1, 0] on `RewardInput.response_tokens`."""
-
-    kind: Literal["overlong"] = "overlong"
-    config: OverlongConfig = OverlongConfig()
 
 
-RewardComponent = Annotated[
-    Union[MathComponent, CodeComponent, FormatComponent, OverlongComponent],
-    Field(discriminator="kind"),
-]
 
 
-class RewardConfig(BaseModel):
-    """The reward of a task: weighted components and a time budget per component."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    components: tuple[RewardComponent, ...] = Field(min_length=1)
-    timeout_s: float = Field(60.0, gt=0, le=3600)
-    """Seconds per component (in-thread; see the module docstring)."""
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> "RewardConfig":
-        keys = [c.key for c in self.components]
-        duplicates = sorted({k for k in keys if keys.count(k) > 1})
-        if duplicates:
-            raise ValueError(f"components: names {duplicates} repeat; give each component of "
-                             "the same kind its own `name`")
-        return self
 
 
 def _need(value, field: str, kind: str):

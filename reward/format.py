@@ -16,38 +16,11 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-_TAG_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+from stare.reward_config import FormatConfig
 
 
-class FormatConfig(BaseModel):
-    """Which tags the response must contain, and how strictly."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    required_tags: tuple[str, ...] = Field(("think", "answer"), min_length=1)
-    """Tag names, without angle brackets, in the order they must appear."""
-    exactly_once: bool = True
-    """Each tag opens and closes exactly once (off: at least once; the first pair counts)."""
-    in_order: bool = True
-    """The tags appear in the order of required_tags and do not overlap."""
-    nothing_after: bool = False
-    """Only whitespace may follow the last closing tag."""
-    prefix: str = ""
-    """Text the prompt already ends with (e.g. "<think>"), prepended before checking."""
-    partial_credit: bool = False
-    """Score the fraction of checks passed instead of all-or-nothing."""
-
-    @field_validator("required_tags")
-    @classmethod
-    def _names(cls, tags: tuple[str, ...]) -> tuple[str, ...]:
-        for tag in tags:
-            if not _TAG_NAME.match(tag):
-                raise ValueError(f"required_tags: {tag!r} is not a bare tag name like 'answer'")
-        if len(set(tags)) != len(tags):
-            raise ValueError(f"required_tags: {tags} lists a tag twice")
-        return tags
 
 
 def _span(text: str, tag: str, exactly_once: bool) -> tuple[int, int] | None:

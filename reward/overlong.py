@@ -17,27 +17,10 @@ option) is the learner's job, not a reward.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from stare.reward_config import OverlongConfig
 
 
-class OverlongConfig(BaseModel):
-    """L_max, L_cache and the penalty scale of the DAPO soft overlong punishment."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_length: int = Field(20480, ge=1)
-    """L_max: response tokens at which the penalty reaches -penalty_factor."""
-    cache_length: int = Field(4096, ge=0)
-    """L_cache: the penalty ramps over the last cache_length tokens before max_length."""
-    penalty_factor: float = Field(1.0, ge=0.0, le=100.0)
-    """Scale of the penalty (the paper uses 1)."""
-
-    @model_validator(mode="after")
-    def _cache_fits(self) -> "OverlongConfig":
-        if self.cache_length > self.max_length:
-            raise ValueError(f"cache_length ({self.cache_length}) must be <= max_length "
-                             f"({self.max_length}); lower cache_length")
-        return self
 
 
 def overlong_penalty(length: int, config: OverlongConfig | None = None) -> float:

@@ -20,6 +20,8 @@ from typing import Any
 
 from stare.config import TrainConfig
 from stare.records import Trajectory
+from stare.reward.trajectory_worker import reward_info
+from stare.reward_config import RewardConfig
 
 log = logging.getLogger(__name__)
 
@@ -33,39 +35,47 @@ def _task(name: str, kwargs_json: str):
     return build_task(name, **json.loads(kwargs_json))
 
 
-def score_in_worker(task_name: str, kwargs_json: str, answer: str, problem_id: str, level: int, data_source: str,
-                    text: str) -> float:
-    """Runs in a pool process: the task's verifier on one response."""
-    from stare.tasks.base import Problem
+@functools.lru_cache(maxsize=4)
+def _reward_config(config_json: str):
+    from stare.reward_config import RewardConfig
 
-    problem = Problem(prompt="", answer=answer, problem_id=problem_id, level=max(level, 1), data_source=data_source)
-    return float(_task(task_name, kwargs_json).reward(problem, text))
+    return None if config_json == "null" else RewardConfig.model_validate_json(config_json)
+
+
+def score_in_worker(task_name: str, kwargs_json: str, config_json: str, answer: str, problem_id: str, level: int,
+                    data_source: str, text: str, response_tokens: int):
+    """Runs in a pool process: the shared `score_response` on one response (a RewardResult)."""
+    from stare.reward.trajectory_worker import score_response
+
+    return score_response(_task(task_name, kwargs_json), _reward_config(config_json), answer=answer,
+                          problem_id=problem_id, level=level, data_source=data_source, text=text,
+                          response_tokens=response_tokens)
 
 
 class PoolScorer:
     """Scores a batch concurrently in a ScoringPool (its own event loop, owned by this object)."""
 
-    def __init__(self, task_name: str, task_kwargs: dict[str, Any], workers: int, timeout_s: float = SCORE_TIMEOUT_S):
+    def __init__(self, task_name: str, task_kwargs: dict[str, Any], workers: int, timeout_s: float = SCORE_TIMEOUT_S,
+                 reward_config: RewardConfig | None = None):
         from stare.reward.worker_pool import ScoringPool, ScoringPoolConfig
 
         self.task_name, self.kwargs_json = task_name, json.dumps(task_kwargs, default=str)
+        self.config_json = "null" if reward_config is None else reward_config.model_dump_json()
         self.loop = asyncio.new_event_loop()
         self.pool = ScoringPool(ScoringPoolConfig(workers=workers, timeout_s=timeout_s))
         self.loop.run_until_complete(self.pool.start())
 
     def __call__(self, batch: list[Trajectory]) -> None:
         async def one(t: Trajectory):
-            return await self.pool.score(score_in_worker, self.task_name, self.kwargs_json, t.answer, t.problem_id,
-                                         t.level, t.data_source, t.response_text)
+            return await self.pool.score(score_in_worker, self.task_name, self.kwargs_json, self.config_json, t.answer,
+                                         t.problem_id, t.level, t.data_source, t.response_text,
+                                         len(t.response_token_ids))
 
         async def all_of():
             return await asyncio.gather(*(one(t) for t in batch))
 
-        for t, result in zip(batch, self.loop.run_until_complete(all_of())):
-            t.reward = float(result.reward) if result.error is None else 0.0
-            t.reward_info = {"correct": t.reward >= 1.0, "finish_reason": t.finish_reason}
-            if result.error is not None:
-                t.reward_info["error"] = result.error
+        for t, result in zip(batch, self.loop.run_until_complete(all_of())):  # killed or failed: 0, with the reason
+            t.reward, t.reward_info = float(result.reward), reward_info(result, t.finish_reason)
 
     def close(self) -> None:
         self.loop.run_until_complete(self.pool.close())
@@ -74,7 +84,7 @@ class PoolScorer:
 
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int = 1) -> None:
     from stare.reward.trajectory_worker import RewardWorker
-    from stare.services.process import RoleRuntime, connect_transport
+    from stare.runtime import RoleRuntime, connect_transport
     from stare.tasks.base import build_task
     from stare.transport.redis_streams import BackpressureError
 
@@ -82,7 +92,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int 
         task_kwargs = {k: v for k, v in cfg.task.build_kwargs(None).items() if k != "tokenizer"}
         task = build_task(cfg.task.name, **task_kwargs)
         transport = connect_transport(cfg, redis_url)
-        scorer = PoolScorer(cfg.task.name, task_kwargs, workers)
+        scorer = PoolScorer(cfg.task.name, task_kwargs, workers, reward_config=cfg.reward)
         worker = RewardWorker(task, transport.raw, transport.scored, name=name, scorer=scorer)
         next_reclaim, done = 0.0, 0
         try:

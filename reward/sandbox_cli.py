@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pydantic import ValidationError
 
-    from stare.reward.sandbox import ProcessSandbox, SandboxConfig, SandboxUnavailable
+    from stare.sandbox import ProcessSandbox, SandboxConfig, SandboxUnavailable
 
     try:
         config = SandboxConfig(isolation=args.isolation, cpu_s=args.cpu_s, wall_s=args.wall_s,

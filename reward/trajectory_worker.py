@@ -10,18 +10,41 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from stare.records import RecordError, Trajectory
+from stare.reward.compose import RewardInput, RewardResult, compute_reward
+from stare.reward_config import RewardConfig
 from stare.tasks.base import Problem, Task
 from stare.transport.base import RecordStream
 
 
-def score_trajectory(task: Task, t: Trajectory) -> Trajectory:
-    problem = Problem(prompt="", answer=t.answer, problem_id=t.problem_id, level=max(t.level, 1), data_source=t.data_source)
+def reward_info(score: RewardResult, finish_reason: str) -> dict:
+    """The reward_info of a scored trajectory (the same keys in every mode)."""
+    info: dict = {"correct": score.reward >= 1.0, "finish_reason": finish_reason}
+    if score.components:
+        info["components"] = dict(score.components)
+    if score.error is not None:
+        info["error"] = score.error
+    return info
+
+
+def score_response(task: Task, config: RewardConfig | None, *, answer: str, problem_id: str, level: int,
+                   data_source: str, text: str, response_tokens: int) -> RewardResult:
+    """THE scoring function of a response (the embedded reward worker and every `stare reward` pool
+    process call it). `config` (the run config's `reward:` section) composes verifiers; None uses
+    the task's own verifier. A verifier failure scores 0 with the error, never raises."""
+    if config is not None:
+        return compute_reward(RewardInput(response=text, response_tokens=response_tokens, answer=answer), config)
+    problem = Problem(prompt="", answer=answer, problem_id=problem_id, level=max(level, 1), data_source=data_source)
     try:
-        t.reward = float(task.reward(problem, t.response_text))
-        t.reward_info = {"correct": t.reward >= 1.0, "finish_reason": t.finish_reason}
+        return RewardResult(reward=float(task.reward(problem, text)))
     except Exception as err:  # a verifier failure must not lose the trajectory
-        t.reward = 0.0
-        t.reward_info = {"error": f"{type(err).__name__}: {err}"}
+        return RewardResult(reward=0.0, error=f"{type(err).__name__}: {err}")
+
+
+def score_trajectory(task: Task, t: Trajectory, config: RewardConfig | None = None) -> Trajectory:
+    score = score_response(task, config, answer=t.answer, problem_id=t.problem_id, level=t.level,
+                           data_source=t.data_source, text=t.response_text,
+                           response_tokens=len(t.response_token_ids))
+    t.reward, t.reward_info = score.reward, reward_info(score, t.finish_reason)
     return t
 
 
@@ -30,9 +53,9 @@ class RewardWorker:
     the `stare reward` role passes a process pool with a hard timeout per item)."""
 
     def __init__(self, task: Task, raw: RecordStream, scored: RecordStream, *, name: str,
-                 scorer: Callable[[list[Trajectory]], None] | None = None):
+                 scorer: Callable[[list[Trajectory]], None] | None = None, reward_config: RewardConfig | None = None):
         self.task, self.raw, self.scored, self.name = task, raw, scored, name
-        self.scorer = scorer or (lambda batch: [score_trajectory(self.task, t) for t in batch])
+        self.scorer = scorer or (lambda batch: [score_trajectory(self.task, t, reward_config) for t in batch])
 
     def run_once(self, max_count: int = 1024, block_s: float = 0.0) -> int:
         return self.process(self.raw.consume(self.name, max_count, block_s))

@@ -46,7 +46,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, Protocol
 
-from stare.rollout.engine import RolloutEngine, SamplingParams
+from stare.rollout.engine import RolloutEngine, SamplingParams, derive_seed
 
 AgentFinishReason = Literal["stop", "length", "max_turns"]
 
@@ -56,7 +56,7 @@ OBSERVATION_TEMPLATE = "<tool_response>{output}</tool_response>"
 CODE_TOOL = "code_interpreter"
 
 
-class _SandboxLike(Protocol):  # stare.reward.sandbox.Sandbox, without importing the reward role
+class _SandboxLike(Protocol):  # stare.sandbox.Sandbox, without importing the reward role
     def run(self, code: str, *, stdin: bytes | str = b"", files=None): ...
 
 
@@ -87,6 +87,7 @@ class _Row:
     turns: int = 0
     finish: AgentFinishReason | None = None
     call_text: str = ""  # the text of the turn that ended with a tool call
+    seed: int | None = None  # with per-prompt seeds: this row's own (its prompt's seed, sample index)
 
     def extend(self, tokens: list[int], logprobs: list[float], trainable: bool) -> None:
         self.context += tokens
@@ -198,9 +199,10 @@ class ToolAgent:
         stops = params.stop_token_ids + ((self._close_id,) if self._close_id is not None else ())
         first = self.engine.generate(prompts, dataclasses.replace(params, stop_token_ids=stops))
         rows = []
-        for prompt, group in zip(prompts, first):
-            for c in group:
-                row = _Row(context=list(prompt))
+        seeds = params.seeds_for(len(prompts))
+        for i, (prompt, group) in enumerate(zip(prompts, first)):
+            for j, c in enumerate(group):
+                row = _Row(context=list(prompt), seed=None if seeds is None else derive_seed(seeds[i], j))
                 self._take_turn(row, c.token_ids, c.logprobs, c.finish_reason)
                 rows.append(row)
         for turn in range(1, self.max_turns):
@@ -217,7 +219,8 @@ class ToolAgent:
             if not live:
                 break
             seed = None if params.seed is None else (params.seed + turn * 1_000_003) % (1 << 63)
-            turn_params = dataclasses.replace(params, n=1, seed=seed, stop_token_ids=stops)
+            live_seeds = None if seeds is None else tuple(derive_seed(r.seed, turn) for r in live)
+            turn_params = dataclasses.replace(params, n=1, seed=seed, stop_token_ids=stops, prompt_seeds=live_seeds)
             outputs = self.engine.generate([r.context for r in live], turn_params)
             for r, (c,) in zip(live, outputs):
                 self._take_turn(r, c.token_ids, c.logprobs, c.finish_reason)
@@ -288,7 +291,7 @@ def build_tool_agent(config, engine: RolloutEngine, tokenizer) -> ToolAgent:
     """The ToolAgent that a `stare.config.ToolUseSection` describes, over a real `ProcessSandbox`
     (checked once here, so a sandbox that cannot work on this machine fails the run at start with
     the fix in the message, not every tool call later)."""
-    from stare.reward.sandbox import ProcessSandbox
+    from stare.sandbox import ProcessSandbox
 
     sandbox = ProcessSandbox(config.sandbox)
     sandbox.check()

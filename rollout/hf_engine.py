@@ -91,13 +91,18 @@ class HFEngine:
         check_prompts(prompts, params, self.vocab_size, self.max_model_len)
         greedy = params.temperature == 0
         run = dataclasses.replace(params, n=1) if greedy else params  # greedy: decode once, copy
-        seed = params.seed if params.seed is not None else secrets.randbits(63)
-        gen = torch.Generator(device=self.device).manual_seed(seed)
+        seeds = params.seeds_for(len(prompts))
+        if seeds is None:  # one stream for the call
+            seed = params.seed if params.seed is not None else secrets.randbits(63)
+            gens = [torch.Generator(device=self.device).manual_seed(seed)]
+        else:  # one stream per prompt: its samples do not depend on the rest of the call
+            gens = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
         stop_ids = torch.tensor(sorted(set(self.eos_token_ids) | set(params.stop_token_ids)), device=self.device)
         per_chunk = max(1, self.max_batch_size // run.n)  # prompts per chunk
         out: list[list[Completion]] = []
         for start in range(0, len(prompts), per_chunk):
-            out.extend(self._generate_chunk(prompts[start : start + per_chunk], run, stop_ids, gen))
+            chunk_gens = gens if seeds is None else gens[start : start + per_chunk]
+            out.extend(self._generate_chunk(prompts[start : start + per_chunk], run, stop_ids, chunk_gens))
         if greedy:
             out = [[dataclasses.replace(g[0], token_ids=list(g[0].token_ids), logprobs=list(g[0].logprobs))
                     for _ in range(params.n)] for g in out]
@@ -105,8 +110,10 @@ class HFEngine:
 
     @torch.inference_mode()
     def _generate_chunk(
-        self, prompts: list[list[int]], params: SamplingParams, stop_ids: torch.Tensor, gen: torch.Generator
+        self, prompts: list[list[int]], params: SamplingParams, stop_ids: torch.Tensor, gens: list[torch.Generator]
     ) -> list[list[Completion]]:
+        """`gens`: one generator for the whole chunk, or one per prompt (then prompt i's n rows draw
+        their noise from gens[i] alone)."""
         from transformers import DynamicCache
 
         n, max_new = params.n, params.max_new_tokens
@@ -143,7 +150,10 @@ class HFEngine:
             logp = sampling_logprobs(logits, params.temperature, params.top_p)  # [R, V]
             if params.temperature > 0:
                 # Exponential race == multinomial draw from exp(logp); one kernel, seeded.
-                noise = torch.empty_like(logp).exponential_(generator=gen)  # [R, V]
+                if len(gens) == 1:
+                    noise = torch.empty_like(logp).exponential_(generator=gens[0])  # [R, V]
+                else:  # per prompt: n rows each, in row order
+                    noise = torch.cat([torch.empty_like(logp[:n]).exponential_(generator=g) for g in gens])  # [R, V]
                 noise.clamp_(min=torch.finfo(noise.dtype).tiny)  # log(0) would pick masked tokens
                 tok = (logp - noise.log()).argmax(dim=-1)  # [R]
             else:

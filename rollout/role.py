@@ -19,50 +19,27 @@ from stare.config import TrainConfig
 log = logging.getLogger(__name__)
 
 
-def build_subscriber(cfg: TrainConfig, name: str, client):
-    s = cfg.system
-    if s.weight_sync == "broadcast":
-        from stare.weight_sync.broadcast import BroadcastSubscriber
-
-        return BroadcastSubscriber(s.broadcast_host, s.broadcast_port, name, timeout_s=s.broadcast_timeout_s)
-    from stare.weight_sync.filesystem import FilesystemSubscriber
-
-    return FilesystemSubscriber(client, cfg.run.name)
-
-
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
-    from transformers import AutoTokenizer
-
     import torch
 
-    from stare.embedded import resolve_model
-    from stare.rollout.engine import build_engine
+    from stare.rollout.stack import build_rollout_stack
     from stare.rollout.worker import RolloutWorker
-    from stare.services.process import RoleRuntime, connect_transport
+    from stare.runtime import RoleRuntime, connect_transport
     from stare.transport.redis_streams import BackpressureError
+    from stare.weight_sync.factory import build_subscriber
 
     if cfg.run.threads is not None:
         torch.set_num_threads(cfg.run.threads)
     with RoleRuntime("rollout", name, cfg, redis_url, stop=stop) as rt:
-        model_path = resolve_model(cfg, log.info)
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        engine_cfg = {"name": cfg.rollout.engine, "model_path": str(model_path), "dtype": cfg.model.dtype}
-        if cfg.rollout.engine == "hf" and torch.cuda.is_available():
-            engine_cfg["device"] = "cuda"  # vLLM places itself
-        engine = build_engine(engine_cfg)
+        stack = build_rollout_stack(cfg, log.info)
+        engine, tokenizer = stack.engine, stack.setup.tokenizer
         transport = connect_transport(cfg, redis_url)
         weights = build_subscriber(cfg, name, transport.client)
-        agent = None
-        if cfg.rollout.tool_use.enabled:
-            from stare.rollout.agent_loop import build_tool_agent
-
-            agent = build_tool_agent(cfg.rollout.tool_use, engine, tokenizer)
         r = cfg.rollout
         worker = RolloutWorker(
             engine, tokenizer, transport.prompts, transport.raw, weights, name=name,
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-            stop_token_ids=tuple(i for i in (tokenizer.eos_token_id,) if i is not None), agent=agent,
-            should_stop=rt.stop.is_set,
+            stop_token_ids=stack.setup.stop_ids, agent=stack.agent, should_stop=rt.stop.is_set, seed=cfg.run.seed,
         )
         batch = cfg.system.rollout_batch_prompts
         next_reclaim, done = 0.0, 0
@@ -82,5 +59,5 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
                     rt.stop.wait(1.0)
         finally:
             weights.close()
-            engine.close()
+            stack.close()
             transport.close()

@@ -138,6 +138,7 @@ class VLLMEngine:
         check_prompts(prompts, params, self.vocab_size, self.max_model_len)
         stop_ids = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        seeds = params.seeds_for(len(prompts))
         greedy = params.temperature == 0  # vLLM refuses n > 1 when greedy: decode once, copy
         sampling = [
             VllmSamplingParams(
@@ -145,7 +146,8 @@ class VLLMEngine:
                 max_tokens=params.max_new_tokens,
                 temperature=params.temperature,
                 top_p=params.top_p,
-                seed=None if params.seed is None else request_seed(params.seed, i),
+                seed=(request_seed(seeds[i], 0) if seeds is not None
+                      else None if params.seed is None else request_seed(params.seed, i)),
                 stop_token_ids=stop_ids,
                 logprobs=0,  # the sampled token's log-prob only
                 detokenize=False,

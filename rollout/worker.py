@@ -11,13 +11,12 @@ Trajectory.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable
 
 import numpy as np
 
 from stare.records import PromptTask, Trajectory
-from stare.rollout.engine import RolloutEngine, SamplingParams
+from stare.rollout.engine import RolloutEngine, SamplingParams, derive_seed
 from stare.transport.base import RecordStream
 from stare.weight_sync.base import WeightSubscriber
 
@@ -39,6 +38,7 @@ class RolloutWorker:
         agent=None,
         should_stop: Callable[[], bool] = lambda: False,
         weight_wait_s: float = 1.0,
+        seed: int = 0,
     ):
         self.engine, self.tokenizer = engine, tokenizer
         self.prompts, self.raw, self.weights = prompts, raw, weights
@@ -47,6 +47,7 @@ class RolloutWorker:
         self.stop_token_ids = stop_token_ids
         self.agent = agent  # a ToolAgent driving `engine`, or None for single-turn completions
         self.should_stop, self.weight_wait_s = should_stop, weight_wait_s
+        self.seed = seed  # the run's seed: each group samples from derive_seed(seed, group_id)
 
     def sync_weights(self) -> bool:
         update = self.weights.fetch(self.engine.weight_version)
@@ -73,20 +74,21 @@ class RolloutWorker:
 
     def process(self, deliveries: list, seed: int | None = None) -> int:
         """Sample `deliveries` (prompt tasks), publish their trajectories, then acknowledge them.
-        seed None: derived from the group ids, so a redelivered batch samples the same way."""
+        seed None (the default): each group seeded by (the worker's run seed, its group id)."""
         if not deliveries:
             return 0
         tasks: list[PromptTask] = [d.record for d in deliveries]
         if not self._await_weights(max(t.min_weight_version for t in tasks)):
             return 0  # stopping: the prompts stay pending for this worker's successor
-        if seed is None:
-            seed = zlib.crc32(",".join(t.group_id for t in tasks).encode())
+        # seed None: one seed per group, from the run's seed and the group id alone, so neither a
+        # redelivery nor how prompts are batched (embedded or distributed) changes the samples.
+        prompt_seeds = None if seed is not None else tuple(derive_seed(self.seed, t.group_id) for t in tasks)
         group_size = tasks[0].group_size
         if any(t.group_size != group_size for t in tasks):
             raise ValueError("one batch of prompt tasks must share group_size")
         params = SamplingParams(
             n=group_size, max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-            seed=seed, stop_token_ids=self.stop_token_ids,
+            seed=seed, stop_token_ids=self.stop_token_ids, prompt_seeds=prompt_seeds,
         )
         outputs = (self.agent or self.engine).generate([t.prompt_token_ids for t in tasks], params)
         records = []

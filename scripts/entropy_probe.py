@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from stare.config import load_config
-    from stare.embedded import EmbeddedRun, resolve_model
+    from stare.embedded import EmbeddedRun
+    from stare.models import resolve_model
     from stare.learner.trainer import Learner
 
     out = Path(tempfile.mkdtemp(prefix="stare-probe-"))
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         if cfg.run.threads is not None:
             torch.set_num_threads(cfg.run.threads)
         run = EmbeddedRun(cfg, resume=False, log=lambda *_: None)
-        trajectories, _, _ = run._sample()
+        trajectories, _, _ = run.sample()
         model_path = resolve_model(cfg, lambda *_: None)
         pad = run.tokenizer.pad_token_id or 0
         print(f"batch: {len(trajectories)} trajectories; {args.updates} update(s) per arm")

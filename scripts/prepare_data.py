@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         evals.append((name, Path(file)))
 
     from stare.data_prep import convert_file
-    from stare.datasets import DatasetError
+    from stare.tasks.dataset import DatasetError
 
     counts = {}
     try:

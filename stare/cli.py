@@ -79,7 +79,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from stare.embedded import prepare_run, resolve_model
+    from stare.embedded import prepare_run
+    from stare.models import resolve_model
     from stare.learner.export import ExportError, export_checkpoint
 
     cfg = prepare_run(None, args.run)
@@ -95,7 +96,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_build_model(args) -> int:
-    from stare.tiny_model import main
+    from stare.tiny import main
 
     return main(args.rest) or 0
 
@@ -112,7 +113,7 @@ def cmd_control(args) -> int:
     from stare.services.control.app import create_app
     from stare.services.control.server import serve_forever
 
-    from stare.services.process import redis_url
+    from stare.runtime import redis_url
 
     cfg = _load(args)
     state = RedisRunState.connect(redis_url(cfg, args.redis_url), cfg.run.name, dead_after_s=cfg.system.dead_after_s)
@@ -135,20 +136,19 @@ def _role_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_role(args) -> int:
-    import importlib
     import os
 
     # c10d logs a warning each time a store wait times out (the weight receiver waits in 1 s slices)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-    from stare.services.process import redis_url, setup_logging, worker_name
+    from stare.role_entry import run_role
+    from stare.runtime import redis_url, setup_logging, worker_name
 
     cfg = _load(args)
     name = worker_name(args.command, args.name or ("learner" if args.command == "learner" else None))
     setup_logging(args.command, name)
-    module = importlib.import_module(f"stare.{args.command}.role")
     extra = {"workers": args.workers} if args.command == "reward" else {}
-    module.run(cfg, redis_url=redis_url(cfg, args.redis_url), name=name, **extra)
+    run_role(args.command, cfg, redis_url=redis_url(cfg, args.redis_url), name=name, **extra)
     return 0
 
 

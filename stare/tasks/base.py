@@ -16,6 +16,14 @@ from typing import Any, Callable, Literal, Protocol, runtime_checkable
 Split = Literal["train", "test"]
 
 
+def check_split(split: str, n: int) -> None:
+    """The arguments of `Task.problems`, checked the same way by every task."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+
+
 @dataclass(frozen=True)
 class Problem:
     """One prompt with its reference answer.
@@ -84,7 +92,7 @@ def _chat_arithmetic(**kwargs: Any) -> Task:
 
 
 def _dataset(**kwargs: Any) -> Task:
-    from stare.datasets import DatasetTask
+    from stare.tasks.dataset import DatasetTask
 
     return DatasetTask(**kwargs)
 

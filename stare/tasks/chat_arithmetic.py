@@ -2,7 +2,7 @@
 
 A problem is a one-shot chat: an example exchange ("What is 2 + 3? ..." -> "2 + 3 = 5. The answer
 is \\boxed{5}."), then the question, rendered with the tokenizer's chat template and the
-assistant's generation prompt. The reward is the math verifier's (`stare.reward.math`:
+assistant's generation prompt. The reward is the math verifier's (`stare.tasks.math_verify`:
 math-verify equivalence of the last `\\boxed{}`), the same code that scores DAPO-Math.
 
 Levels (all operands positive):
@@ -102,13 +102,13 @@ class ChatArithmeticTask:
         return out
 
     def extract_answer(self, completion: str) -> str | None:
-        from stare.reward.math import MathConfig, extract_answer
+        from stare.tasks.math_verify import MathConfig, extract_answer
 
         return extract_answer(completion, MathConfig().extract_from)
 
     def reward(self, problem: Problem, completion: str) -> float:
         """1.0 if the last boxed answer equals `problem.answer` (math-verify), else 0.0; never raises."""
-        from stare.reward.math import math_reward
+        from stare.tasks.math_verify import math_reward
 
         try:
             return math_reward(completion, problem.answer)

@@ -46,7 +46,7 @@ import random
 import string
 
 from stare.tasks.arithmetic import exact_answer_reward, hash_answer
-from stare.tasks.base import Problem, Split
+from stare.tasks.base import Problem, Split, check_split
 
 LEVELS: dict[int, tuple[int, int]] = {1: (3, 2), 2: (3, 3), 3: (4, 3), 4: (4, 4)}
 """level -> (digits of the first factor, digits of the second)."""
@@ -100,10 +100,7 @@ class ToolArithmeticTask:
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
         """`n` problems from `split`, deterministic in (split, n, seed, levels), distinct while
         the level's share of the split lasts (it is large: 10^5+ prompts per level)."""
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
+        check_split(split, n)
         want_test = split == "test"
         rng = random.Random(f"tool-arithmetic/{split}/{seed}")
         seen: set[str] = set()
@@ -148,7 +145,7 @@ class ToolArithmeticTask:
 
     def warm_start_sandbox(self):
         """An in-memory `Sandbox` that answers `print(A*B)` exactly as the real one would."""
-        from stare.reward.sandbox import InMemorySandbox
+        from stare.sandbox import InMemorySandbox
 
         return InMemorySandbox(lambda code, stdin: simulate_product_program(code))
 
@@ -156,7 +153,7 @@ class ToolArithmeticTask:
 def simulate_product_program(code: str):
     """The `SandboxResult` of running `code` when it is `print(<int>*<int>)` (spaces allowed);
     any other program gets an "error" result like a failed run (the build never runs it)."""
-    from stare.reward.sandbox import SandboxResult
+    from stare.sandbox import SandboxResult
 
     try:
         tree = ast.parse(code.strip(), mode="eval")

@@ -32,6 +32,11 @@ class RecordStream(Protocol[T]):
         """Entries published and not yet acknowledged."""
         ...
 
+    def reclaim(self, consumer: str, min_idle_ms: int | None = None, max_count: int = 1000) -> list[Delivery[T]]:
+        """Hand `consumer` the entries another consumer (a dead one) has held longer than
+        `min_idle_ms` (None: the stream's default), at most `max_count`."""
+        ...
+
 
 class Transport(Protocol):
     """The three streams of a run."""

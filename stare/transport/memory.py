@@ -47,10 +47,11 @@ class MemoryStream(Generic[T]):
         self.dead.append((entry_id, raw, reason))
         self.ack([entry_id])
 
-    def reclaim(self, consumer: str) -> list[Delivery[T]]:
-        """Hand every pending entry to `consumer` (what XAUTOCLAIM does for a dead consumer)."""
+    def reclaim(self, consumer: str, min_idle_ms: int | None = None, max_count: int = 1000) -> list[Delivery[T]]:
+        """Hand pending entries to `consumer` (what XAUTOCLAIM does for a dead consumer); one
+        process has no idle clock, so every pending entry counts as idle."""
         out = []
-        for entry_id, (_, record) in list(self._pending.items()):
+        for entry_id, (_, record) in list(self._pending.items())[:max_count]:
             self._pending[entry_id] = (consumer, record)
             out.append(Delivery(entry_id, record))
         return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol
+from typing import Callable, Mapping, Protocol
 
 import torch
 
@@ -11,6 +11,13 @@ class WeightPublisher(Protocol):
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Make `version` available to every subscriber; versions only increase."""
         ...
+
+    def serve_joiners(self, version: int, state_fn: Callable[[], Mapping[str, torch.Tensor]]) -> bool:
+        """Between steps: hand `version` (its weights from `state_fn()`, called only if needed) to
+        subscribers that joined since the last publish; True if any did."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class WeightSubscriber(Protocol):
@@ -22,3 +29,5 @@ class WeightSubscriber(Protocol):
     def wait_for(self, min_version: int, timeout_s: float) -> bool:
         """Block until a version >= min_version is available (True) or timeout_s passed (False)."""
         ...
+
+    def close(self) -> None: ...

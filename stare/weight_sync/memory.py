@@ -30,3 +30,6 @@ class MemoryWeightBoard:
 
     def serve_joiners(self, version: int, state_fn) -> bool:
         return False
+
+    def close(self) -> None:
+        self._state = None

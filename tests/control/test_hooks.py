@@ -4,7 +4,7 @@ step's metrics, and a change that no longer validates is recorded, not raised.""
 from __future__ import annotations
 
 from control_helpers import started
-from stare.learner.config import ControllerConfig
+from stare.algo_config import ControllerConfig
 from stare.learner.controller import EntropyController
 
 from stare.runstate import MemoryRunState, RunControl

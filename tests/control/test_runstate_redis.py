@@ -12,7 +12,7 @@ from redis_fixtures import free_port, have_redis_server, redis_server
 from stare.runstate import RunStateUnavailable
 from stare.runstate.redis_state import RedisRunState
 
-pytestmark = pytest.mark.skipif(not have_redis_server(), reason="redis-server is not on PATH")
+pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not on PATH")]
 
 
 def test_keys_are_scoped_by_run_id(redis_state_factory):

@@ -11,7 +11,7 @@ import schemathesis
 from control_helpers import started
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
-from stare.learner.config import ControllerConfig
+from stare.algo_config import ControllerConfig
 from stare.learner.controller import EntropyController
 from stare.services.control.app import create_app
 

@@ -145,7 +145,7 @@ def test_mounted_config_exists_and_parses(name):
     assert path.is_file(), path
     cfg = load_config(path)
     profile = service["profiles"][0]
-    assert cfg.rollout.engine == {"gpu": "vllm", "cpu": "hf"}[profile]
+    assert cfg.rollout.engine.name == {"gpu": "vllm", "cpu": "hf"}[profile]
     if profile == "cpu":
         assert cfg.model.path is None, "the cpu profile runs the bundled tiny model"
     else:

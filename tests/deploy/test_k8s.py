@@ -231,7 +231,7 @@ def _config(rendered, target):
 @pytest.mark.parametrize("target, engine", [("base", "vllm"), ("overlays/gpu", "vllm"), ("overlays/cpu-dev", "hf")])
 def test_config_parses_and_addresses_the_services(rendered, target, engine):
     cfg = _config(rendered, target)
-    assert cfg.rollout.engine == engine
+    assert cfg.rollout.engine.name == engine
     redis_host, redis_port = re.match(r"rediss?://([^:/]+):(\d+)", cfg.system.redis_url).groups()
     redis = named(rendered, target, "Service", redis_host)
     assert int(redis_port) in {p["port"] for p in redis["spec"]["ports"]}

@@ -5,7 +5,7 @@ import pytest
 
 from stare.reward.code import (AssertTest, CodeConfig, CodeTests, IOTest, check_code, code_reward,
                                extract_code, run_tests)
-from stare.reward.sandbox import (InMemorySandbox, ProcessSandbox, SandboxConfig, SandboxResult,
+from stare.sandbox import (InMemorySandbox, ProcessSandbox, SandboxConfig, SandboxResult,
                                   probe)
 
 ADD_IO = CodeTests(io=(IOTest(stdin="2 3\n", expected_stdout="5\n"),

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 import stare.reward.compose as compose
 from stare.reward.code import AssertTest, CodeTests
 from stare.reward.compose import RewardConfig, RewardInput, compute_reward
-from stare.reward.sandbox import InMemorySandbox, SandboxResult
+from stare.sandbox import InMemorySandbox, SandboxResult
 
 MATH_AND_FORMAT = RewardConfig(components=(
     {"kind": "math", "weight": 1.0},

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from stare.reward.math import MathConfig, VerifierTimeout, check_math, extract_answer, math_reward
+from stare.tasks.math_verify import MathConfig, VerifierTimeout, check_math, extract_answer, math_reward
 
 
 @pytest.mark.parametrize("response,gold", [
@@ -88,7 +88,7 @@ def test_check_works_off_the_main_thread():
 
 
 def test_timeout_fires_off_the_main_thread(monkeypatch):
-    import stare.reward.math as m
+    import stare.tasks.math_verify as m
 
     def slow(*_):
         while True:

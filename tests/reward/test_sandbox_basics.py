@@ -6,8 +6,9 @@ import signal
 import pytest
 from pydantic import ValidationError
 
-from stare.reward.sandbox import (InMemorySandbox, ProcessSandbox, SandboxConfig, SandboxResult,
-                                  SandboxUnavailable, _limit_from_stderr, probe)
+from stare.sandbox import (InMemorySandbox, ProcessSandbox, SandboxConfig, SandboxResult,
+                           SandboxUnavailable, probe)
+from stare.sandbox.process import _limit_from_stderr
 
 
 def _sandbox(**fields) -> ProcessSandbox:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from stare.reward.sandbox import probe
+from stare.sandbox import probe
 from stare.reward.sandbox_cli import excerpt, main
 
 

@@ -1,7 +1,7 @@
 """Hostile programs against the sandbox: one attack per test, each must be contained.
 
 Every case runs under "namespaces" (the default isolation) and, where the module docstring of
-`stare.reward.sandbox` says the property holds there too, under "process". Limits are ~1-2 s so
+`stare.sandbox` says the property holds there too, under "process". Limits are ~1-2 s so
 the whole file runs in about 15 s. Needs root (CI runs as root); elsewhere the cases skip, except
 under CI=true where a missing capability is a failure.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from stare.reward.sandbox import ProcessSandbox, SandboxConfig, probe
+from stare.sandbox import ProcessSandbox, SandboxConfig, probe
 
 BOTH = ["namespaces", "process"]
 REPO = Path(__file__).resolve().parents[2]

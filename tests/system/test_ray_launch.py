@@ -23,6 +23,7 @@ from redis_fixtures import have_redis_server
 from test_up import _assert_nothing_lost_or_trained_twice, _config
 
 pytestmark = [
+    pytest.mark.redis,
     pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install 'stare[ray]')"),
     pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed"),

@@ -27,7 +27,7 @@ from stare.config import build_config
 from stare.launch import Launcher
 from stare.runstate.redis_state import RedisRunState
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
 
 PROMPTS, SAMPLES, STALENESS = 4, 4, 1
 WINDOW = PROMPTS * (1 + STALENESS)

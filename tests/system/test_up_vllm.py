@@ -10,7 +10,7 @@ pytest.importorskip("vllm")
 from redis_fixtures import have_redis_server  # noqa: E402
 from test_up import Run, _config  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm,
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis,
               pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
 
 

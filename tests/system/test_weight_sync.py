@@ -117,7 +117,8 @@ def test_version_must_increase(publisher):
         publisher.publish(1, _state(1))
 
 
-needs_redis = pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")
+def needs_redis(test):
+    return pytest.mark.redis(pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")(test))
 
 
 @needs_redis

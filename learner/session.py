@@ -1,0 +1,321 @@
+"""The training session: THE loop of a run, the same for `stare train` (one process, in-memory
+seams) and `stare learner` (Redis streams, a weight broadcast, the other roles in other processes).
+
+    start -> [evaluate at step 0]
+    loop:  control (pause, checkpoint, entropy changes) -> fill (publish prompts up to the window,
+           pump, pull scored groups) -> train (one optimizer step) -> publish weights
+           -> evaluate when due -> report (metrics, status) -> checkpoint when due
+    end:   checkpoint what is unsaved on a stop, say finished/stopped
+
+What differs between the modes is only what is passed in (`SessionSeams`): the streams, the weight
+publisher, the decision log, where the feeder cursor is kept, the evaluator, and `pump`: the
+embedded mode drives its in-process rollout and reward workers once per fill round; without a pump
+the workers are other processes and a fill round waits briefly for what they sent. On-policy
+sampling goes in rounds (see `_fill_round`) that do not depend on the mode.
+
+The window: prompts_per_step x (1 + max_staleness) groups in flight (published, not yet trained or
+filtered), each prompt stamped with the weight version at publish time (embedded: max_staleness 0).
+Checkpoints hold model, optimizer, controller, feeder cursor, finished groups and RNG states; the
+scored entries a step trained are acknowledged only once a checkpoint holds that step.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol
+
+import numpy as np
+import torch
+
+from stare.config import TrainConfig
+from stare.run_outputs import RunOutputs, batch_metrics, staleness_status, staleness_summary, trained_lags
+from stare.runstate import RunControl
+from stare.transport.base import Transport
+from stare.weight_sync.base import WeightPublisher
+
+log = logging.getLogger(__name__)
+
+PAUSE_POLL_S = 0.2  # while paused: how often the control is asked again
+PULL_BLOCK_S = 0.5  # without a pump: how long a fill round waits for scored entries
+MAX_EMPTY_STEPS = 20  # with a pump: steps in a row without a trainable group before giving up
+
+
+class CursorStore(Protocol):
+    """Where the feeder's published cursor survives the learner (Redis in the distributed mode), so
+    a restarted learner never publishes a group twice."""
+
+    def load(self) -> int: ...
+
+    def save(self, cursor: int) -> None: ...
+
+
+class MemoryCursor:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def load(self) -> int:
+        return self.value
+
+    def save(self, cursor: int) -> None:
+        self.value = cursor
+
+
+class Evaluator(Protocol):
+    def __call__(self, version: int, weights: Callable[[], Mapping[str, torch.Tensor]]) -> dict[str, Any]:
+        """Held-out results of the policy at `version` (`weights()` gives its state dict)."""
+        ...
+
+
+@dataclass
+class SessionSeams:
+    transport: Transport  # prompts, raw, scored streams
+    publisher: WeightPublisher  # publish, serve_joiners, close
+    control: RunControl  # entropy changes, pause, checkpoint requests, status
+    cursor: CursorStore
+    evaluator: Evaluator | None
+    should_stop: Callable[[], bool]
+    wait: Callable[[float], None]  # sleep that a stop request cuts short
+    tick: Callable[..., None] = lambda **info: None  # liveness of the main loop
+    pump: Callable[[int], None] | None = None  # in-process workers: run them once (arg: the fill round)
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state()[1].tolist(),
+        "torch": torch.get_rng_state().tolist(),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    np_state = np.random.get_state()
+    np.random.set_state((np_state[0], np.asarray(state["numpy"], dtype=np_state[1].dtype), *np_state[2:]))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+
+
+def seed_everything(cfg: TrainConfig) -> None:
+    if cfg.run.threads is not None:
+        torch.set_num_threads(cfg.run.threads)
+    random.seed(cfg.run.seed)
+    np.random.seed(cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)
+
+
+class TrainingSession:
+    def __init__(self, cfg: TrainConfig, learner, feeder, collector, seams: SessionSeams, *, max_staleness: int,
+                 resume: bool, say: Callable[[str], None] = log.info):
+        self.cfg, self.learner, self.feeder, self.collector, self.seams = cfg, learner, feeder, collector, seams
+        self.max_staleness, self.say = max_staleness, say
+        resume_step = None
+        if resume:
+            state = learner.load(cfg.run_dir / "checkpoints")
+            feeder.load_state_dict(state["data"])
+            if "collector" in state:  # checkpoints of `stare train` before the shared loop lack it
+                collector.load_state_dict(state["collector"])
+            if "rng" in state:  # likewise those of `stare learner`
+                set_rng_state(state["rng"])
+            resume_step = learner.step
+            say(f"resumed {cfg.run_dir} at step {learner.step}")
+        # never publish a group twice: continue after what earlier incarnations published
+        feeder.cursor = max(seams.cursor.load(), feeder.cursor)
+        self.outputs = RunOutputs(cfg, resume_step=resume_step)
+        seams.publisher.publish(learner.version, learner.state_dict_for_rollout())
+        self._paused = False
+        self._round = 0  # fill rounds since the last step
+        self._filtered0 = collector.stats.filtered_groups
+        self._t_wait = time.perf_counter()
+
+    # ---------------------------------------------------------------- pieces
+    def top_up_prompts(self) -> int:
+        """Publish prompts until prompts_per_step x (1 + max_staleness) groups are in flight."""
+        window = self.cfg.rollout.prompts_per_step * (1 + self.max_staleness)
+        need = window - (self.feeder.cursor - len(self.collector.finished))
+        if need <= 0:
+            return 0
+        tasks = self.feeder.next_tasks(need)
+        for t in tasks:
+            t.min_weight_version = self.learner.version
+        self.seams.transport.prompts.publish(tasks)
+        self.seams.cursor.save(self.feeder.cursor)
+        return len(tasks)
+
+    def evaluate(self) -> dict[str, Any]:
+        learner = self.learner
+        result = self.seams.evaluator(learner.version, learner.state_dict_for_rollout)
+        result["step"] = learner.step
+        self.outputs.log_eval(result)
+        self.say(f"held-out at step {learner.step}: greedy {result['greedy_accuracy']:.3f}, "
+                 f"pass@{result['k']} {result['pass_at_k']:.3f}")
+        return result
+
+    def checkpoint(self) -> None:
+        ckpt_dir = self.outputs.ckpt_dir
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        tag = self.learner.save(ckpt_dir, {"data": self.feeder.state_dict(), "collector": self.collector.state_dict(),
+                                           "rng": rng_state()})
+        acked = self.collector.ack_trained()  # only now: the checkpoint holds what they trained
+        self.outputs.prune_checkpoints()
+        self.say(f"checkpoint {ckpt_dir / tag} (acknowledged {acked} trained trajectories)")
+
+    def queue_depths(self) -> dict[str, int]:
+        t = self.seams.transport
+        return {"prompts": t.prompts.backlog(), "raw": t.raw.backlog(), "scored": t.scored.backlog()}
+
+    def _serve_joiners(self) -> None:
+        self.seams.publisher.serve_joiners(self.learner.version, self.learner.state_dict_for_rollout)
+
+    def _obey_control(self) -> bool:
+        """Before a fill round: apply entropy changes, save a requested checkpoint; False while the
+        run is paused (after waiting a moment, serving weight joiners)."""
+        control = self.seams.control
+        directives = control.before_step(self.learner.controller)
+        if directives.checkpoint:
+            self.checkpoint()
+        if directives.paused:
+            if not self._paused:
+                self._paused = True
+                control.set_phase("paused")
+                self.say(f"paused before step {self.learner.step + 1} (resume through the control plane)")
+            control.heartbeat()
+            self._serve_joiners()
+            self.seams.wait(PAUSE_POLL_S)
+            return False
+        if self._paused:  # resumed: say so now, not only after the next step (which may wait for data)
+            self._paused = False
+            control.set_phase("training")
+            self.say("resumed")
+        return True
+
+    def _unresolved(self) -> int:
+        """Published groups not complete yet (being sampled or scored somewhere)."""
+        return self.feeder.cursor - len(self.collector.finished) - len(self.collector.closed)
+
+    def _fill_round(self) -> None:
+        """Publish prompts, let the workers run, read what they scored.
+
+        On-policy (max_staleness 0) sampling goes in rounds, as in the reference's dynamic sampling:
+        a round publishes the groups still missing for the step, and the next round starts only once
+        every group of the last one is complete (trainable or filtered), at most
+        `data.max_sampling_rounds` a step. So the rounds, and what they sample, do not depend on
+        whether the workers are in this process or in others. Off-policy the window is kept full."""
+        collector, want = self.collector, self.cfg.rollout.prompts_per_step
+        if self.max_staleness > 0:
+            self._round += int(self.top_up_prompts() > 0)
+        elif (self._unresolved() == 0 and len(collector.ready) < want
+              and self._round < self.cfg.data.max_sampling_rounds):
+            self.top_up_prompts()
+            self._round += 1
+        if self.seams.pump is not None:
+            self.seams.pump(self._round)
+            collector.pull(self.learner.version)
+        else:
+            self._serve_joiners()
+            collector.pull(self.learner.version, block_s=PULL_BLOCK_S)
+
+    def _batch_ready(self) -> bool:
+        """Enough groups for a step; on-policy also when this step's rounds are used up and done."""
+        if len(self.collector.ready) >= self.cfg.rollout.prompts_per_step:
+            return True
+        return (self.max_staleness == 0 and self._round >= self.cfg.data.max_sampling_rounds
+                and self._unresolved() == 0)
+
+    def next_batch(self) -> tuple[list, list[str], dict[str, Any]] | None:
+        """One fill round; then the step's groups (flattened), their stream ids and how they were
+        collected, or None while not enough are ready."""
+        self._fill_round()
+        if not self._batch_ready():
+            return None
+        cfg, stats = self.cfg, self.collector.stats
+        trajectories, ids = self.collector.take(cfg.rollout.prompts_per_step)
+        info: dict[str, Any] = {
+            "sampling_rounds": self._round,
+            "filtered_groups": stats.filtered_groups - self._filtered0,
+            "groups": len(trajectories) // max(cfg.rollout.samples_per_prompt, 1),
+            "time_wait_data_s": time.perf_counter() - self._t_wait,
+        }
+        if cfg.rollout.tool_use.enabled and trajectories:  # of the groups kept for training
+            turns = [t.turns for t in trajectories]
+            info["tool_call_rate"] = float(np.mean([n > 1 for n in turns]))
+            info["turns_mean"] = float(np.mean(turns))
+        return trajectories, ids, info
+
+    def _step(self, trajectories: list, ids: list[str], info: dict[str, Any], on_step) -> None:
+        cfg, learner, collector = self.cfg, self.learner, self.collector
+        stats = collector.stats
+        metrics = learner.train_step(trajectories)
+        collector.trained(trajectories, ids)
+        t_pub = time.perf_counter()
+        self.seams.publisher.publish(learner.version, learner.state_dict_for_rollout())
+        publisher = self.seams.publisher
+        step_time = time.perf_counter() - self._t_wait
+        lags = trained_lags(trajectories, learner.version - 1)
+        metrics.update(info)
+        metrics.update(batch_metrics(trajectories, step_time))
+        metrics.update(
+            algo=cfg.algo,
+            time_unix=time.time(),
+            time_publish_s=time.perf_counter() - t_pub,
+            filtered_groups_total=stats.filtered_groups,
+            stale_groups_total=stats.stale_groups,
+            duplicates_total=stats.duplicates,
+            weight_sync_failures=getattr(publisher, "failures", 0),
+            weight_sync_members=len(getattr(publisher, "alive_members", [])),
+            **staleness_summary(lags),
+        )
+        step = learner.step
+        if self.seams.evaluator is not None and (step % cfg.task.eval_every == 0 or step == cfg.run.steps):
+            metrics["eval_greedy_accuracy"] = self.evaluate()["greedy_accuracy"]
+        status = {"weight_version": learner.version, "queue_depths": self.queue_depths(),
+                  "staleness": staleness_status(lags), "tokens_per_s": metrics["tokens_per_s"],
+                  "step_time_s": step_time}
+        self.seams.control.after_step(learner.controller, metrics, status)
+        self.outputs.log_step(metrics)
+        self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])
+        log.info("step %d: reward %.3f entropy %.3f gate %d W %.2f M %.2f staleness %s (%.1fs, waited %.1fs)",
+                 step, metrics["reward_mean"], metrics["entropy"], metrics["gate"], metrics["w"], metrics["m"],
+                 metrics["staleness_hist"], step_time, info["time_wait_data_s"])
+        if on_step is not None:
+            on_step(metrics)
+        if step % cfg.run.checkpoint_every == 0 or step == cfg.run.steps or self.seams.should_stop():
+            self.checkpoint()
+        self._round, self._filtered0, self._t_wait = 0, stats.filtered_groups, time.perf_counter()
+
+    # ---------------------------------------------------------------- the loop
+    def run(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        cfg, learner, seams = self.cfg, self.learner, self.seams
+        seams.control.start(learner.controller, learner.step, {"weight_version": learner.version})
+        if seams.evaluator is not None and learner.step == 0 and not (self.outputs.dir / "eval.jsonl").exists():
+            self.evaluate()
+        empty = 0
+        while learner.step < cfg.run.steps and not seams.should_stop():
+            seams.tick(step=learner.step, weight_version=learner.version)
+            if not self._obey_control():
+                continue
+            batch = self.next_batch()
+            if batch is None:
+                continue
+            trajectories, ids, info = batch
+            if not trajectories:  # only with a pump: every group of every round had equal rewards
+                empty += 1
+                self.say(f"no group with a reward signal after {self._round} rounds; sampling again")
+                self._round = 0
+                if empty >= MAX_EMPTY_STEPS:
+                    self.say("every group had equal rewards for too long; stopping (the task is solved or unsolvable)")
+                    break
+                continue
+            empty = 0
+            self._step(trajectories, ids, info, on_step)
+        saved = (self.outputs.ckpt_dir / f"step_{learner.step:06d}").exists()
+        if seams.should_stop() and (self.collector.unacked or not saved):
+            self.checkpoint()  # a stop request: leave nothing trained unsaved, and a checkpoint to resume
+        seams.control.set_phase("finished" if learner.step >= cfg.run.steps else "stopped", step=learner.step)
+        self.outputs.tb.flush()
+
+    def close(self) -> None:
+        self.seams.publisher.close()
+        self.outputs.close()

@@ -1,0 +1,91 @@
+"""The one place that builds the rollout stack of a run: tokenizer, task, stop ids, engine and (with
+tool use) the tool agent; and the evaluator every mode uses (`stare train`, `stare learner`).
+
+    stack = build_rollout_stack(cfg, log)              # the rollout worker's engine
+    evaluate = StackEvaluator(stack, cfg)              # held-out evaluation on the same stack
+    result = evaluate(version, learner.state_dict_for_rollout)
+"""
+
+from __future__ import annotations
+
+import logging
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from stare.config import TrainConfig
+from stare.models import RunSetup, load_run_setup
+from stare.rollout.engine import RolloutEngine, build_engine
+
+
+@dataclass
+class RolloutStack:
+    setup: RunSetup
+    engine: RolloutEngine
+    agent: Any | None  # a ToolAgent over `engine` when rollout.tool_use is on
+
+    @property
+    def sampler(self) -> Any:
+        """What generates a response: the tool agent when there is one, else the engine."""
+        return self.agent or self.engine
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def engine_config(cfg: TrainConfig, model_path: Path, engine: str | None = None) -> dict[str, Any]:
+    """The rollout engine's config: the run's `rollout.engine` section (or the named engine's
+    defaults) with the model and dtype; the transformers engine's device `auto` resolved here."""
+    from stare.config import ENGINE_SECTIONS
+
+    section = cfg.rollout.engine
+    if engine is not None and engine != section.name:
+        section = ENGINE_SECTIONS[engine]()
+    out: dict[str, Any] = {**section.model_dump(), "model_path": str(model_path), "dtype": cfg.model.dtype}
+    if section.name == "hf" and out["device"] == "auto":
+        out["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+    if section.name == "vllm":
+        out["seed"] = cfg.run.seed  # requests without a seed of their own (the rollout worker seeds each group)
+    return out
+
+
+def build_rollout_stack(cfg: TrainConfig, log: Callable[[str], None], *, model_path: Path | None = None,
+                        engine: str | None = None) -> RolloutStack:
+    setup = load_run_setup(cfg, log, model_path)
+    built = build_engine(engine_config(cfg, setup.model_path, engine))
+    agent = None
+    if cfg.rollout.tool_use.enabled:
+        from stare.rollout.agent_loop import build_tool_agent
+
+        agent = build_tool_agent(cfg.rollout.tool_use, built, setup.tokenizer)
+    return RolloutStack(setup=setup, engine=built, agent=agent)
+
+
+class StackEvaluator:
+    """Held-out evaluation of the learner's newest weights on a rollout stack: the same problems,
+    sampler (the tool agent when tool use is on) and seeds in every mode."""
+
+    def __init__(self, stack: RolloutStack, cfg: TrainConfig, log: Callable[[str], None] | None = None):
+        from stare.data import eval_problems
+
+        self.stack, self.cfg = stack, cfg
+        # the prompt length policy (data.max_prompt_len) applies to held-out prompts as to training ones
+        self.problems = eval_problems(cfg, stack.setup.task, stack.setup.tokenizer,
+                                      log or logging.getLogger(__name__).warning)
+
+    def __call__(self, version: int, weights: Callable[[], Mapping[str, torch.Tensor]]) -> dict[str, Any]:
+        from stare.rollout.evaluation import eval_settings, evaluate
+
+        engine = self.stack.engine
+        if engine.weight_version < version:  # evaluate what the learner has, not what rollout last took
+            engine.update_weights(weights(), version)
+        s = self.stack.setup
+        return evaluate(self.stack.sampler, s.tokenizer, s.task, self.problems, stop_token_ids=s.stop_ids,
+                        **eval_settings(self.cfg))
+
+    def close(self) -> None:
+        """Close the stack (for an evaluator that owns its stack, as the distributed learner's does)."""
+        self.stack.close()

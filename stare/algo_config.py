@@ -1,0 +1,185 @@
+"""Typed configuration of the policy loss and the entropy controller.
+
+These are sections of the learner's config (see `stare.config`); every field has bounds and a
+docstring, variants are a discriminated union on `name`, cross-field rules live in validators.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SurrogateConfig(_Strict):
+    """The clipped PPO/GRPO surrogate shared by every policy loss."""
+
+    eps_low: float = Field(0.2, ge=0.0, lt=1.0, description="Lower clip: ratio >= 1 - eps_low.")
+    eps_high: float = Field(0.28, ge=0.0, description="Upper clip (DAPO clip-higher): ratio <= 1 + eps_high.")
+    dual_clip_c: float | None = Field(
+        10.0, gt=1.0, description="Dual-clip bound c for negative advantages (None disables it)."
+    )
+    agg_mode: AggMode = Field("token-mean", description="How per-token losses become one number.")
+    norm_length: int | None = Field(
+        None, ge=1, description="Constant divisor for seq-mean-token-sum-norm (Dr. GRPO): the max response length."
+    )
+    tis_cap: float | None = Field(
+        None,
+        gt=0.0,
+        description="Truncated importance sampling between rollout-engine and learner log-probs: "
+        "each token's loss is multiplied by min(exp(old_logp - rollout_logp), tis_cap). None disables it.",
+    )
+
+    @model_validator(mode="after")
+    def _norm_length_for_sum_norm(self):
+        if self.agg_mode == "seq-mean-token-sum-norm" and self.norm_length is None:
+            raise ValueError(
+                "loss.norm_length is required with agg_mode 'seq-mean-token-sum-norm': "
+                "set it to the maximum response length"
+            )
+        return self
+
+
+class GrpoLossConfig(SurrogateConfig):
+    """Plain GRPO (also DAPO's loss, with eps_high > eps_low and token-mean)."""
+
+    name: Literal["grpo"] = "grpo"
+
+
+class StareLossConfig(SurrogateConfig):
+    """STARE: reweight the highest-surprisal tokens inside each advantage sign (W on L+, M on L-)."""
+
+    name: Literal["stare"] = "stare"
+    variant: Literal["O1", "C2"] = Field(
+        "O1", description="O1: W on L+ only. C2: W on L+ and M on L-."
+    )
+    top_fraction: float = Field(
+        0.1, ge=0.0, le=1.0, description="P: the fraction of each advantage-sign subset taken as entropy-critical."
+    )
+
+
+class EntropyBonusLossConfig(SurrogateConfig):
+    """GRPO minus coef x (aggregated token entropy)."""
+
+    name: Literal["entropy-bonus"] = "entropy-bonus"
+    coef: float = Field(0.001, ge=0.0, description="Entropy bonus coefficient.")
+
+
+class ClipCovLossConfig(SurrogateConfig):
+    """Clip-Cov (Cui et al. 2025): detach the gradient of a random `clip_ratio` fraction of tokens
+    whose centred covariance A x logp lies in (cov_lb, cov_ub)."""
+
+    name: Literal["clip-cov"] = "clip-cov"
+    clip_ratio: float = Field(2e-4, gt=0.0, le=1.0, description="Fraction of tokens to detach.")
+    cov_lb: float = Field(1.0, description="Lower covariance bound (exclusive).")
+    cov_ub: float = Field(5.0, description="Upper covariance bound (exclusive).")
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self):
+        if not self.cov_lb < self.cov_ub:
+            raise ValueError("loss.cov_lb must be < loss.cov_ub")
+        return self
+
+
+class KLCovLossConfig(SurrogateConfig):
+    """KL-Cov (Cui et al. 2025): add kl_coef x |logp - old_logp| on the top `kl_ratio` tokens by
+    centred covariance A x logp; no ratio clipping."""
+
+    name: Literal["kl-cov"] = "kl-cov"
+    kl_ratio: float = Field(2e-4, gt=0.0, le=1.0, description="Fraction of tokens that get the KL penalty.")
+    kl_coef: float = Field(1.0, ge=0.0, description="Coefficient of the |log-ratio| penalty.")
+
+
+class HighEntropyLossConfig(SurrogateConfig):
+    """The 80/20 update (Wang et al. 2025): only the top `top_fraction` highest-entropy tokens of the
+    step get a policy gradient; the loss is normalised over those tokens."""
+
+    name: Literal["80-20"] = "80-20"
+    top_fraction: float = Field(0.2, gt=0.0, le=1.0, description="Fraction of tokens (by entropy) that train.")
+
+
+LOSS_CONFIGS: dict[str, type[SurrogateConfig]] = {
+    cls.model_fields["name"].default: cls
+    for cls in (StareLossConfig, GrpoLossConfig, EntropyBonusLossConfig, ClipCovLossConfig, KLCovLossConfig,
+                HighEntropyLossConfig)
+}
+"""THE loss registry's config half: loss name -> config class. The learner's half (per name: the
+step-global selection in learner/step_plan.py and the loss function in learner/policy_loss.py) is
+checked against it (tests/learner/test_loss_registry.py); the config union, the docs and the presets
+read it."""
+
+LossConfig = Annotated[Union[tuple(LOSS_CONFIGS.values())], Field(discriminator="name")]
+
+
+class ControllerConfig(_Strict):
+    """The closed-loop entropy gate and the optional adaptive W/M schedule."""
+
+    target: float = Field(0.3, gt=0.0, description="H_tgt: target batch-mean token entropy (nats).")
+    band: tuple[float, float] | None = Field(
+        None,
+        description="Optional [low, high] band with hysteresis: the gate turns on below low, off above high, "
+        "and keeps its state in between. None: gate = entropy < target.",
+    )
+    w: float = Field(1.1, ge=1.0, description="W: weight on L+ (positive advantage, high surprisal).")
+    m: float = Field(0.9, gt=0.0, le=1.0, description="M: weight on L- (negative advantage, high surprisal; C2).")
+    adaptive: bool = Field(False, description="Adapt W and M after every step (see schedule).")
+    schedule: Literal["sign", "proportional"] = Field(
+        "sign",
+        description="Adaptive schedule. sign (the paper's): W <- clip(W + alpha sgn(target - H), 1, w_max), "
+        "M <- clip(M - alpha sgn(target - H), m_min, 1). proportional: no memory; the tilt u = clip(gain "
+        "(target - H), 0, 1) sets W = 1 + u (w_max - 1) and M = 1 - u (1 - m_min) for the next step.",
+    )
+    alpha: float = Field(0.01, ge=0.0, description="Adaptive step size (schedule sign).")
+    gain: float = Field(
+        10.0, ge=0.0, description="Proportional gain (schedule proportional): full tilt when the entropy is 1/gain nats "
+        "below the target.",
+    )
+    w_max: float = Field(1.5, ge=1.0, description="Upper bound of W under the adaptive schedule.")
+    m_min: float = Field(0.5, gt=0.0, le=1.0, description="Lower bound of M under the adaptive schedule.")
+    entropy_source: Literal["prepass", "lagged"] = Field(
+        "prepass",
+        description="prepass: the gate reads this step's entropy from the pre-step no-grad pass (exact). "
+        "lagged: it reads the entropy measured during the previous step's training forward.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.band is not None:
+            low, high = self.band
+            if not (0.0 < low <= self.target <= high):
+                raise ValueError(
+                    f"controller.band must satisfy 0 < low <= target <= high, got band={self.band} target={self.target}"
+                )
+        if self.w > self.w_max:
+            raise ValueError(f"controller.w ({self.w}) must be <= controller.w_max ({self.w_max})")
+        if self.m < self.m_min:
+            raise ValueError(f"controller.m ({self.m}) must be >= controller.m_min ({self.m_min})")
+        return self
+
+
+def clip_number(value: Any, low: Any, high: Any) -> Any:
+    """min(max(value, low), high) when all are numbers; otherwise unchanged (validation names the bad one)."""
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (value, low, high)):
+        return min(max(value, low), high)
+    return value
+
+
+def merge_config(current: dict[str, Any], changes: dict[str, Any]) -> ControllerConfig:
+    """`current` (a config dump with the live W and M) with `changes`, validated as a whole (raises
+    pydantic's ValidationError). W and M, when given, replace the current values; otherwise the
+    current values are clipped into the (new) bounds. The learner and the control plane's
+    validation both use this, so they cannot disagree on what a change means."""
+    merged = {**current, **changes}
+    if "w" not in changes:
+        merged["w"] = clip_number(merged["w"], 1.0, merged["w_max"])
+    if "m" not in changes:
+        merged["m"] = clip_number(merged["m"], merged["m_min"], 1.0)
+    if merged.get("band") is not None:
+        merged["band"] = tuple(merged["band"])
+    return ControllerConfig.model_validate(merged)

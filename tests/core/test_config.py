@@ -1,0 +1,110 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stare.config import ALGO_PRESETS, ConfigError, build_config, load_config
+
+CONFIG_DIR = Path(__file__).parents[2] / "configs"
+CONFIGS = sorted(CONFIG_DIR.rglob("*.yaml"))
+PAPER = sorted((CONFIG_DIR / "paper").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(CONFIG_DIR)) for p in CONFIGS])
+def test_every_shipped_config_parses(path):
+    cfg = load_config(path)
+    assert cfg.run.steps >= 1
+
+
+@pytest.mark.parametrize("path", PAPER, ids=[p.name for p in PAPER])
+def test_paper_configs_name_their_source_and_the_reference_settings(path):
+    text = path.read_text()
+    assert "hp-luo/STARE recipe/STARE/" in text and "[ref]" in text
+    cfg = load_config(path)
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.optim.lr) == (64, 8, 1e-6)
+    assert (cfg.loss.eps_low, cfg.loss.eps_high, cfg.loss.dual_clip_c, cfg.loss.agg_mode) == (0.2, 0.28, 10.0, "token-mean")
+    assert (cfg.data.max_prompt_len, cfg.data.prompt_overflow, cfg.data.max_sampling_rounds) == (1024, "truncate_left", 10)
+    assert cfg.system.max_staleness == 0 and cfg.data.dynamic_sampling
+    assert {s: (e.n, e.top_p) for s, e in cfg.task.eval_sources.items()} == {"aime24": (32, 0.7), "aime25": (32, 0.7)}
+
+
+def test_paper_grpo_ds_baseline_is_the_stare_config_with_the_preset():
+    stare = load_config(CONFIG_DIR / "paper" / "short-cot-qwen2.5-math-7b-stare.yaml", algo="grpo-ds")
+    baseline = load_config(CONFIG_DIR / "paper" / "short-cot-qwen2.5-math-7b-grpo-ds.yaml")
+    assert stare.model_dump() == baseline.model_dump()
+
+
+def test_default_config_is_shipped_and_is_stare():
+    from stare.cli import default_config_path
+
+    cfg = load_config(default_config_path())
+    assert cfg.loss.name == "stare" and cfg.algo == "stare"
+
+
+@pytest.mark.parametrize("override, field", [
+    ("optim.lr=-1", "optim.lr"),
+    ("loss.top_fraction=1.5", "loss.top_fraction"),
+    ("rollout.samples_per_prompt=1", "rollout.samples_per_prompt"),
+    ("controller.band=[0.5, 0.1]", "band"),
+    ("rollout.engine=tgi", "rollout.engine"),
+    ("run.stepz=3", "run.stepz"),
+])
+def test_bad_value_names_the_field(override, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        build_config({}, overrides=[override])
+
+
+def test_override_values_are_parsed_as_yaml():
+    cfg = build_config({}, overrides=["controller.band=[0.2, 0.4]", "data.dynamic_sampling=false", "optim.lr=3e-4"])
+    assert cfg.controller.band == (0.2, 0.4) and cfg.data.dynamic_sampling is False and cfg.optim.lr == 3e-4
+
+
+@pytest.mark.parametrize("algo", sorted(ALGO_PRESETS))
+def test_every_algo_preset_builds(algo):
+    cfg = build_config({"run": {"name": "x"}}, algo=algo)
+    assert cfg.algo == algo
+    assert cfg.loss.name == ALGO_PRESETS[algo]["loss"]["name"]
+
+
+def test_switching_algo_keeps_the_shared_surrogate_settings():
+    cfg = build_config({"loss": {"name": "stare", "eps_low": 0.1, "top_fraction": 0.3}}, algo="clip-cov")
+    assert cfg.loss.name == "clip-cov" and cfg.loss.eps_low == 0.1
+
+
+def test_grpo_preset_keeps_the_clip_range_and_turns_dynamic_sampling_off():
+    cfg = build_config({"loss": {"name": "stare", "eps_high": 0.25}, "data": {"dynamic_sampling": True}}, algo="grpo")
+    assert (cfg.loss.name, cfg.loss.eps_high, cfg.data.dynamic_sampling) == ("grpo", 0.25, False)
+
+
+def test_unknown_algo_lists_the_valid_ones():
+    with pytest.raises(ConfigError, match="grpo"):
+        build_config({}, algo="ppo")
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_config_round_trips_through_yaml():
+    cfg = build_config({}, algo="kl-cov", overrides=["controller.band=[0.2, 0.4]"])
+    again = build_config(yaml.safe_load(yaml.safe_dump(cfg.model_dump(mode="json"))))
+    assert again == cfg
+
+
+def test_a_run_folder_is_locked_to_one_process(tmp_path):
+    from stare.embedded import run_lock
+
+    with run_lock(tmp_path / "run"):
+        with pytest.raises(ConfigError, match="in use"):
+            with run_lock(tmp_path / "run"):
+                pass
+    with run_lock(tmp_path / "run"):  # released on exit
+        pass
+
+
+def test_docs_config_reference_is_current():
+    from stare.config_docs import render
+
+    committed = (Path(__file__).parents[2] / "docs" / "config.md").read_text()
+    assert committed.strip() == render().strip(), "regenerate: python -m stare.config_docs > docs/config.md"

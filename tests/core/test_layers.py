@@ -1,0 +1,52 @@
+"""The layer contracts (pyproject.toml [tool.importlinter]) hold for the package as it installs,
+and a planted wrong import breaks them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("importlinter")
+
+
+def _installed_layout(dest: Path) -> Path:
+    """The `stare` package as setuptools installs it (roles live at the top level of the repo and
+    install as stare.learner, ...): import-linter reads a package from one directory tree."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for package, folder in sorted(setuptools["package-dir"].items(), key=lambda kv: kv[0].count(".")):
+        target = dest / package.replace(".", "/")
+        shutil.copytree(ROOT / folder, target, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "static"))
+    return dest
+
+
+def _lint(tree: Path) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("lint-imports")
+    return subprocess.run([str(exe), "--no-cache", str(ROOT / "pyproject.toml")], cwd=tree, capture_output=True,
+                          text=True, timeout=300, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+
+
+def test_the_layer_contracts_hold(tmp_path):
+    result = _lint(_installed_layout(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 1 kept, 0 broken" in result.stdout
+
+
+@pytest.mark.parametrize("module, planted", [
+    ("stare/records.py", "import stare.embedded"),  # core -> application
+    ("stare/config.py", "import stare.learner.trainer"),  # core -> role
+    ("stare/learner/trainer.py", "import stare.rollout.engine"),  # role -> another role
+])
+def test_a_planted_wrong_import_breaks_the_contract(tmp_path, module, planted):
+    tree = _installed_layout(tmp_path)
+    path = tree / module
+    path.write_text(path.read_text() + f"\n{planted}  # planted by the test\n")
+    result = _lint(tree)
+    assert result.returncode != 0
+    assert "BROKEN" in result.stdout and planted.split()[-1] in result.stdout

@@ -1,0 +1,114 @@
+import json
+
+import numpy as np
+import pytest
+
+from stare.records import SCHEMA_VERSION, PromptTask, RecordError, Trajectory
+from stare.reward.trajectory_worker import RewardWorker
+from stare.tasks.base import build_task
+from stare.transport.memory import MemoryStream
+
+
+def make_trajectory(**changes) -> Trajectory:
+    base = dict(
+        run_id="r", trajectory_id="t1", group_id="g1", group_size=2, weight_version=3,
+        prompt_token_ids=np.array([5, 6, 7], dtype=np.int32), response_token_ids=np.array([8, 9], dtype=np.int32),
+        response_logprobs=np.array([-0.5, -1.25], dtype=np.float32), loss_mask=np.array([1, 0], dtype=np.uint8),
+        finish_reason="stop", answer="13", problem_id="p", data_source="stare/arithmetic", response_text="#13",
+    )
+    base.update(changes)
+    return Trajectory(**base)
+
+
+def test_trajectory_round_trips_through_packed_fields():
+    t = make_trajectory(reward=1.0, reward_info={"correct": True})
+    fields = t.to_fields()
+    assert fields["response_logprobs"] == np.array([-0.5, -1.25], dtype="<f4").tobytes()  # packed, not JSON
+    back = Trajectory.from_fields(fields)
+    assert back.trajectory_id == "t1" and back.reward == 1.0 and back.reward_info == {"correct": True}
+    assert np.array_equal(back.response_logprobs, t.response_logprobs)
+    assert np.array_equal(back.loss_mask, t.loss_mask) and back.loss_mask.dtype == np.uint8
+
+
+def test_mismatched_lengths_name_the_field():
+    with pytest.raises(RecordError, match="response_logprobs"):
+        make_trajectory(response_logprobs=np.array([-0.5], dtype=np.float32)).validate()
+
+
+def test_positive_logprob_is_rejected():
+    with pytest.raises(RecordError, match="response_logprobs"):
+        make_trajectory(response_logprobs=np.array([0.5, -1.0], dtype=np.float32)).validate()
+
+
+def test_wrong_schema_version_is_rejected():
+    fields = make_trajectory().to_fields()
+    fields["json"] = fields["json"].replace(f'"schema": {SCHEMA_VERSION}'.encode(), b'"schema": 99')
+    with pytest.raises(RecordError, match="schema"):
+        Trajectory.from_fields(fields)
+
+
+def test_prompt_task_round_trips():
+    p = PromptTask(run_id="r", group_id="g", prompt="1+2=", prompt_token_ids=[1, 2], answer="3", problem_id="x",
+                   data_source="d", group_size=4)
+    assert PromptTask.from_fields(p.to_fields()) == p
+
+
+def test_prompt_task_keeps_its_minimum_weight_version_and_refuses_unknown_fields():
+    p = PromptTask(run_id="r", group_id="g", prompt="1+2=", prompt_token_ids=[1, 2], answer="3", problem_id="x",
+                   data_source="d", group_size=4, min_weight_version=3)
+    assert PromptTask.from_fields(p.to_fields()).min_weight_version == 3
+    fields = json.loads(p.to_fields()["json"])
+    with pytest.raises(RecordError, match="PromptTask fields do not match schema"):
+        PromptTask.from_fields({"json": json.dumps({**fields, "surprise": 1}).encode()})
+
+
+def test_reward_worker_dead_letters_invalid_records_with_reason_and_scores_the_rest():
+    raw, scored = MemoryStream("raw"), MemoryStream("scored")
+    bad = make_trajectory(trajectory_id="bad", loss_mask=np.array([1], dtype=np.uint8))
+    good = make_trajectory(trajectory_id="good")
+    raw.publish([bad, good])
+    RewardWorker(build_task("arithmetic"), raw, scored, name="w").run_once()
+    assert len(raw.dead) == 1 and "loss_mask" in raw.dead[0][2]
+    delivered = scored.consume("learner", 10)
+    assert [d.record.trajectory_id for d in delivered] == ["good"]
+    assert raw.backlog() == 0  # nothing left pending, nothing lost
+
+
+def test_verifier_crash_gives_zero_reward_with_reason():
+    class Exploding:
+        name = "boom"
+
+        def reward(self, problem, completion):
+            raise RuntimeError("verifier died")
+
+    raw, scored = MemoryStream("raw"), MemoryStream("scored")
+    raw.publish([make_trajectory()])
+    RewardWorker(Exploding(), raw, scored, name="w").run_once()
+    t = scored.consume("l", 1)[0].record
+    assert t.reward == 0.0 and "verifier died" in t.reward_info["error"]
+
+
+def test_verifier_timeout_gives_zero_reward_and_the_worker_carries_on():
+    import time
+
+    from stare.timeouts import call_with_timeout
+
+    class Slow:
+        name = "slow"
+
+        def reward(self, problem, completion):
+            def spin():  # Python-level work: interruptible (a C call is bounded only by ScoringPool)
+                deadline = time.monotonic() + 5.0
+                while time.monotonic() < deadline:
+                    pass
+
+            return call_with_timeout(spin, 0.2)
+
+    raw, scored = MemoryStream("raw"), MemoryStream("scored")
+    raw.publish([make_trajectory(trajectory_id="a"), make_trajectory(trajectory_id="b")])
+    t0 = time.monotonic()
+    RewardWorker(Slow(), raw, scored, name="w").run_once()
+    assert time.monotonic() - t0 < 3.0  # bounded by the timeout, not by the sleep
+    out = [d.record for d in scored.consume("l", 10)]
+    assert [t.trajectory_id for t in out] == ["a", "b"]
+    assert all(t.reward == 0.0 and "Timeout" in t.reward_info["error"] for t in out)

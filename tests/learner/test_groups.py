@@ -1,0 +1,189 @@
+import pytest
+from redis_fixtures import have_redis_server, redis_server
+from test_records import make_trajectory
+
+from stare.learner.groups import GroupCollector, MemoryDecisionLog
+from stare.transport.memory import MemoryStream
+
+
+def _group(gid, rewards, version=0, prefix="t"):
+    return [make_trajectory(trajectory_id=f"{prefix}{gid}-{i}", group_id=gid, group_size=len(rewards),
+                            reward=r, weight_version=version) for i, r in enumerate(rewards)]
+
+
+def test_group_is_ready_only_when_complete():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False)
+    g = _group("a", [1.0, 0.0, 1.0])
+    s.publish(g[:2])
+    c.pull(0)
+    assert c.ready == []
+    s.publish(g[2:])
+    c.pull(0)
+    assert len(c.ready) == 1
+
+
+def test_redelivered_trajectory_is_never_collected_twice():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False)
+    g = _group("a", [1.0, 0.0])
+    s.publish(g + [g[0]])  # a redelivery of the first one
+    c.pull(0)
+    trajectories, _ = c.take(10)
+    assert sorted(t.trajectory_id for t in trajectories) == ["ta-0", "ta-1"] and c.stats.duplicates == 1
+
+
+def test_dynamic_sampling_filters_equal_reward_groups_and_acks_them():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=True)
+    s.publish(_group("same", [1.0, 1.0]) + _group("mixed", [1.0, 0.0]))
+    c.pull(0)
+    trajectories, ids = c.take(10)
+    assert {t.group_id for t in trajectories} == {"mixed"} and c.stats.filtered_groups == 1
+    s.ack(ids)
+    assert s.backlog() == 0
+
+
+def test_stale_trajectories_are_dropped_beyond_max_staleness():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False, max_staleness=1)
+    s.publish(_group("old", [1.0, 0.0], version=3) + _group("ok", [1.0, 0.0], version=4))
+    c.pull(5)
+    trajectories, _ = c.take(10)
+    assert {t.group_id for t in trajectories} == {"ok"}
+    assert c.stats.stale_trajectories == 2 and c.stats.staleness == {2: 2, 1: 2}
+
+
+def test_an_entry_handed_back_while_held_is_not_acknowledged():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False)
+    g = _group("a", [1.0, 0.0, 1.0])
+    s.publish(g[:2])
+    c.pull(0)
+    s.requeue_pending()  # the transport hands the held entries back (e.g. after a reconnect)
+    c.pull(0)
+    assert s.backlog() == 2 and c.stats.duplicates == 0  # still pending: a crash now loses nothing
+
+
+def test_memory_stream_refuses_to_grow_past_maxlen_and_keeps_what_it_has():
+    import pytest
+
+    s = MemoryStream("raw", maxlen=2)
+    s.publish(_group("a", [1.0, 0.0]))
+    with pytest.raises(OverflowError, match="full"):
+        s.publish(_group("b", [1.0]))
+    assert s.backlog() == 2
+
+
+def _feeder_group(ordinal, rewards=(1.0, 0.0), version=0):
+    gid = f"g{ordinal:09d}"
+    return [make_trajectory(trajectory_id=f"{gid}:{i}", group_id=gid, group_size=len(rewards), reward=r,
+                            weight_version=version) for i, r in enumerate(rewards)]
+
+
+def test_trained_entries_stay_pending_until_ack_trained():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False)
+    s.publish(_feeder_group(0))
+    c.pull(0)
+    trajectories, ids = c.take(1)
+    c.trained(trajectories, ids)
+    s.requeue_pending()  # a reconnect replays them: still ours, neither retrained nor acknowledged
+    c.pull(1)
+    assert c.ready == [] and s.backlog() == 2 and c.stats.duplicates == 0
+    assert c.ack_trained() == 2 and s.backlog() == 0
+
+
+def test_an_entry_handed_back_while_its_group_is_in_a_step_is_neither_acknowledged_nor_counted():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False)
+    s.publish(_feeder_group(0))
+    c.pull(0)
+    trajectories, ids = c.take(1)  # taken for a step, not yet reported trained
+    s.requeue_pending()
+    c.pull(0)
+    assert s.backlog() == 2 and c.stats.duplicates == 0 and c.ready == []
+    c.trained(trajectories, ids)
+    assert c.ack_trained() == 2 and s.backlog() == 0 and c.held == set()
+
+
+def test_a_learner_restarted_from_its_checkpoint_retrains_exactly_what_the_checkpoint_lacks():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False)
+    s.publish(_feeder_group(0) + _feeder_group(1))
+    c.pull(0)
+    first, ids0 = c.take(1)
+    c.trained(first, ids0)
+    checkpoint = c.state_dict()  # the checkpoint holds group 0's update ...
+    c.ack_trained()
+    second, ids1 = c.take(1)
+    c.trained(second, ids1)  # ... but not group 1's: the learner dies before the next checkpoint
+    restarted = GroupCollector(s, name="l", dynamic_sampling=False)
+    restarted.load_state_dict(checkpoint)
+    s.requeue_pending()
+    s.publish(_feeder_group(0) + _feeder_group(1))  # and rollout re-sampled both groups meanwhile
+    restarted.pull(1)
+    again, _ = restarted.take(10)
+    assert [t.group_id for t in again] == ["g000000001", "g000000001"] and restarted.stats.duplicates == 4
+
+
+def test_finished_groups_are_kept_as_a_watermark_plus_the_ones_above_it():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=True)
+    s.publish(_feeder_group(0, (1.0, 1.0)) + _feeder_group(1, (0.0, 0.0)) + _feeder_group(3, (1.0, 1.0)))
+    c.pull(0)
+    assert c.state_dict()["finished"] == {"watermark": 2, "above": [3], "other": []}
+    s.publish(_feeder_group(1))  # a late copy of a finished group
+    c.pull(0)
+    assert c.ready == [] and c.stats.duplicates == 2
+
+
+def test_a_group_older_than_max_staleness_is_dropped_whole_or_kept_for_importance_correction():
+    for keep_stale, expected in ((False, []), (True, ["g000000000"] * 2)):
+        s = MemoryStream("scored")
+        c = GroupCollector(s, name="l", dynamic_sampling=False, max_staleness=1, keep_stale=keep_stale)
+        s.publish(_feeder_group(0, version=1)[:1] + _feeder_group(0, version=3)[1:])
+        c.pull(3)
+        taken, _ = c.take(10)
+        assert [t.group_id for t in taken] == expected and c.stats.stale_groups == (0 if keep_stale else 1)
+
+
+
+def _memory_log():
+    yield MemoryDecisionLog()
+
+
+def _redis_log(tmp_path):
+    import redis
+
+    from stare.learner.role import RedisDecisionLog
+
+    with redis_server(tmp_path / "redis") as server:
+        yield RedisDecisionLog(redis.Redis.from_url(server.url, socket_timeout=10), "run")
+
+
+@pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=[pytest.mark.redis, pytest.mark.skipif(
+    not have_redis_server(), reason="redis-server is not on PATH")])])
+def test_a_group_filtered_after_the_checkpoint_is_still_finished_after_a_restart(backend, tmp_path):
+    logs = _memory_log() if backend == "memory" else _redis_log(tmp_path)
+    log = next(logs)
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=True, decisions=log)
+    s.publish(_feeder_group(0))
+    c.pull(0)
+    c.trained(*c.take(1))
+    checkpoint = c.state_dict()
+    c.ack_trained()
+    s.publish(_feeder_group(1, rewards=(1.0, 1.0)))  # filtered, and acknowledged at once
+    c.pull(1)
+    assert s.backlog() == 0 and c.stats.filtered_groups == 1
+    restarted = GroupCollector(s, name="l", dynamic_sampling=True, decisions=log)  # the learner died
+    restarted.load_state_dict(checkpoint)
+    assert "g000000001" in restarted.finished and len(restarted.finished) == 2  # not in flight for ever
+    later = restarted.state_dict()  # its next checkpoint holds the decision itself ...
+    restarted.ack_trained()
+    assert log.recorded() == set()  # ... so the log is cleared
+    fresh = GroupCollector(s, name="l", dynamic_sampling=True, decisions=log)
+    fresh.load_state_dict(later)
+    assert len(fresh.finished) == 2
+    logs.close()
