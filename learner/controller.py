@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from stare.algo_config import ControllerConfig, clip_number, merge_config
+from stare.algo_config import ControllerConfig, merge_config
 
 
 def _sign(x: float) -> float:

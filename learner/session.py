@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from stare.config import TrainConfig
+from stare.log_format import StepLines
 from stare.run_outputs import RunOutputs, batch_metrics, staleness_status, staleness_summary, trained_lags
 from stare.runstate import RunControl
 from stare.transport.base import Transport
@@ -124,6 +125,7 @@ class TrainingSession:
         # never publish a group twice: continue after what earlier incarnations published
         feeder.cursor = max(seams.cursor.load(), feeder.cursor)
         self.outputs = RunOutputs(cfg, resume_step=resume_step)
+        self.step_lines = StepLines(cfg.logging.every_n_steps, cfg.run.steps, log)  # a log line per N steps
         seams.publisher.publish(learner.version, learner.state_dict_for_rollout())
         self._paused = False
         self._round = 0  # fill rounds since the last step
@@ -165,6 +167,11 @@ class TrainingSession:
     def queue_depths(self) -> dict[str, int]:
         t = self.seams.transport
         return {"prompts": t.prompts.backlog(), "raw": t.raw.backlog(), "scored": t.scored.backlog()}
+
+    def dead_letters(self) -> dict[str, int]:
+        t = self.seams.transport
+        return {"prompts": t.prompts.dead_letter_count(), "raw": t.raw.dead_letter_count(),
+                "scored": t.scored.dead_letter_count()}
 
     def _serve_joiners(self) -> None:
         self.seams.publisher.serve_joiners(self.learner.version, self.learner.state_dict_for_rollout)
@@ -271,14 +278,13 @@ class TrainingSession:
         if self.seams.evaluator is not None and (step % cfg.task.eval_every == 0 or step == cfg.run.steps):
             metrics["eval_greedy_accuracy"] = self.evaluate()["greedy_accuracy"]
         status = {"weight_version": learner.version, "queue_depths": self.queue_depths(),
+                  "dead_letters": self.dead_letters(),
                   "staleness": staleness_status(lags), "tokens_per_s": metrics["tokens_per_s"],
                   "step_time_s": step_time}
         self.seams.control.after_step(learner.controller, metrics, status)
         self.outputs.log_step(metrics)
         self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])
-        log.info("step %d: reward %.3f entropy %.3f gate %d W %.2f M %.2f staleness %s (%.1fs, waited %.1fs)",
-                 step, metrics["reward_mean"], metrics["entropy"], metrics["gate"], metrics["w"], metrics["m"],
-                 metrics["staleness_hist"], step_time, info["time_wait_data_s"])
+        self.step_lines(metrics)
         if on_step is not None:
             on_step(metrics)
         if step % cfg.run.checkpoint_every == 0 or step == cfg.run.steps or self.seams.should_stop():

@@ -97,7 +97,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int 
         next_reclaim, done = 0.0, 0
         try:
             while not rt.stop.is_set():
-                rt.tick(scored=done, pool_restarts=scorer.pool.restarts)
+                rt.tick(scored=done, pool_restarts=scorer.pool.restarts, redelivered=transport.raw.redelivered)
                 try:
                     if time.monotonic() >= next_reclaim:
                         next_reclaim = time.monotonic() + cfg.system.claim_idle_s / 2

@@ -45,7 +45,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
         next_reclaim, done = 0.0, 0
         try:
             while not rt.stop.is_set():
-                rt.tick(prompts=done, weight_version=engine.weight_version)
+                rt.tick(prompts=done, weight_version=engine.weight_version, redelivered=transport.prompts.redelivered)
                 try:
                     if time.monotonic() >= next_reclaim:  # prompts a dead worker held
                         next_reclaim = time.monotonic() + cfg.system.claim_idle_s / 2

@@ -24,10 +24,21 @@ def _config_args(p: argparse.ArgumentParser) -> None:
                    help="override a config field, e.g. --set optim.lr=1e-5 (repeatable)")
 
 
+def _log_format_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-format", choices=["text", "json"], default=None,
+                   help="log lines as text or one JSON object per line for log shippers (default: logging.format)")
+
+
+def _overrides(args) -> list[str]:
+    """--set overrides plus the ones a flag stands for (--log-format)."""
+    fmt = getattr(args, "log_format", None)
+    return [*args.overrides, *([f"logging.format={fmt}"] if fmt else [])]
+
+
 def _load(args):
     from stare.config import load_config
 
-    return load_config(args.config or default_config_path(), algo=args.algo, overrides=args.overrides)
+    return load_config(args.config or default_config_path(), algo=args.algo, overrides=_overrides(args))
 
 
 def cmd_train(args) -> int:
@@ -36,7 +47,7 @@ def cmd_train(args) -> int:
     if args.resume is not None:
         if args.config is not None or args.algo is not None:
             raise SystemExit("--resume continues a run with its saved config; use --set to change fields")
-        cfg = prepare_run(None, args.resume, args.overrides)
+        cfg = prepare_run(None, args.resume, _overrides(args))
         run_training(cfg, resume=True, progress=not args.no_progress)
     else:
         cfg = prepare_run(_load(args), None)
@@ -133,6 +144,7 @@ def _role_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL, else system.redis_url)")
     p.add_argument("--name", default=None,
                    help="worker name, also its stream consumer name (default: STARE_WORKER_NAME, else ROLE-HOST-PID)")
+    _log_format_arg(p)
 
 
 def cmd_role(args) -> int:
@@ -146,7 +158,7 @@ def cmd_role(args) -> int:
 
     cfg = _load(args)
     name = worker_name(args.command, args.name or ("learner" if args.command == "learner" else None))
-    setup_logging(args.command, name)
+    setup_logging(args.command, name, fmt=cfg.logging.format)
     extra = {"workers": args.workers} if args.command == "reward" else {}
     run_role(args.command, cfg, redis_url=redis_url(cfg, args.redis_url), name=name, **extra)
     return 0
@@ -176,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or log lines")
+    _log_format_arg(p)
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("compare", help="train several algorithms x seeds on one config; one figure and table")

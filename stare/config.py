@@ -262,6 +262,37 @@ class ControlSection(_Section):
     )
 
 
+class WandbSection(_Section):
+    """Weights & Biases logging of a run (pip install 'stare[wandb]'): every metrics.jsonl field per
+    step, each held-out evaluation, and the report's figures at the end."""
+
+    project: str = Field(min_length=1, max_length=128, description="W&B project the run is logged to.")
+    entity: str | None = Field(None, min_length=1, max_length=128,
+                               description="W&B team or user (None: the API key's default entity).")
+    mode: Literal["online", "offline", "disabled"] = Field(
+        "online", description="online: stream to the W&B server (needs WANDB_API_KEY); offline: write the run under "
+        "WANDB_DIR (default: the run folder) for a later `wandb sync`; disabled: no-op.",
+    )
+    tags: list[str] = Field(default_factory=list, max_length=64, description="Tags of the W&B run (the algo is always added).")
+
+
+class LoggingSection(_Section):
+    """Console logs and optional experiment trackers (TensorBoard events are always written)."""
+
+    every_n_steps: int = Field(
+        1, ge=1, description="When the log stream is not a terminal (a file, a container, CI), `stare train` prints "
+        "one line per N steps (step, reward, entropy/target, gate, W/M, tokens/s, step time); on a terminal the "
+        "progress bar shows them. The distributed learner logs every N-th step the same way.",
+    )
+    format: Literal["text", "json"] = Field(
+        "text", description="text: human-readable lines; json: one JSON object per line for log shippers "
+        "(also --log-format json on `stare train` and the role commands).",
+    )
+    wandb: WandbSection | None = Field(
+        None, description="Log the run to Weights & Biases (None: off). Fields below as logging.wandb.FIELD.",
+    )
+
+
 class TrainConfig(_Section):
     """The config of one embedded training run (and of every role in the distributed system)."""
 
@@ -281,6 +312,7 @@ class TrainConfig(_Section):
     diagnostics: DiagnosticsSection = DiagnosticsSection()
     system: SystemSection = SystemSection()
     control: ControlSection = ControlSection()
+    logging: LoggingSection = LoggingSection()
 
     @model_validator(mode="after")
     def _importance_needs_tis(self):

@@ -182,6 +182,12 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
 
     console = Console(stderr=True)
     log = console.log if progress else (lambda *_: None)
+    step_lines = None  # without a terminal (or with logging.format json): a line per N steps, no bar
+    if progress and (cfg.logging.format == "json" or not console.is_terminal):
+        from stare.log_format import StepLines, train_logger
+
+        logger = train_logger(cfg.logging.format, cfg.run.name)
+        log, step_lines = logger.info, StepLines(cfg.logging.every_n_steps, cfg.run.steps, logger)
     stop = StopFlag()
     with run_lock(cfg.run_dir), _signals(stop), _control_plane(cfg, log) as control:
         run = EmbeddedRun(cfg, resume=resume, log=log, control=control)
@@ -189,10 +195,13 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[live]}"),
             TimeElapsedColumn(), TimeRemainingColumn(),
         ]
-        with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
+        with Progress(*columns, console=console, disable=not progress or step_lines is not None, transient=False) as bar:
             task = bar.add_task(f"{cfg.algo} {cfg.run.name}", total=cfg.run.steps, completed=run.learner.step, live="")
 
             def on_step(m: dict[str, Any]) -> None:
+                if step_lines is not None:
+                    step_lines(m)
+                    return
                 live = (f"reward {m['reward_mean']:.2f}  entropy {m['entropy']:.3f} (target {m['target']:.2f})  "
                         f"gate {'on ' if m['gate'] else 'off'}  W {m['w']:.2f} M {m['m']:.2f}")
                 bar.update(task, completed=m["step"], live=live)
@@ -206,8 +215,10 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
     else:
         from stare.learner.export import export_run
         from stare.report import write_report
+        from stare.wandb_log import log_report
 
         report = write_report(run.run_dir)
+        log_report(cfg, report)  # to W&B with logging.wandb
         log(f"report: {report / 'summary.md'}")
         export_run(run.run_dir, run.stack.setup.model_path, log, cfg.model.dtype)
     return run.run_dir

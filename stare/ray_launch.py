@@ -29,7 +29,6 @@ actor (one data-parallel rank). Ray is imported only here, after argument parsin
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import os
@@ -107,9 +106,15 @@ class RoleActor:
         return self.name
 
     def _main(self) -> None:
+        from stare.learner.deepspeed_engine import LAUNCH_ENV
         from stare.runtime import setup_logging
 
-        setup_logging(self.kind, self.name)
+        # A local Ray instance's workers inherit the driver's environment: a driver that trained in
+        # process (tests, notebooks) holds a process group on its MASTER_PORT, which a learner
+        # actor reading the same variables would try to bind. Each role forms its own group.
+        for key in LAUNCH_ENV:
+            os.environ.pop(key, None)
+        setup_logging(self.kind, self.name, fmt=self.cfg.logging.format)
         try:
             if self.kind == "control":
                 self._serve_control()

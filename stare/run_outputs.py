@@ -5,6 +5,7 @@
     runs/<name>/eval.jsonl      one line per held-out evaluation
     runs/<name>/trained.jsonl   one line per step: the trajectory ids it trained (data lineage)
     runs/<name>/tb/             TensorBoard events
+    runs/<name>/wandb/          Weights & Biases files (with logging.wandb; stare.wandb_log)
     runs/<name>/checkpoints/    the newest `keep` checkpoints and a `latest` pointer
 
 On resume every jsonl file is cut back to the checkpoint's step, so a step that ran after the
@@ -92,6 +93,9 @@ class RunOutputs:
         from torch.utils.tensorboard import SummaryWriter
 
         self.tb = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step + 1 if resume_step is not None else None)
+        from stare.wandb_log import WandbLogger
+
+        self.wandb = WandbLogger.open(cfg, new=resume_step is None)  # None without logging.wandb
 
     def _append(self, name: str, record: dict[str, Any]) -> None:
         with (self.dir / name).open("a") as f:
@@ -102,11 +106,15 @@ class RunOutputs:
         for key, value in metrics.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.tb.add_scalar(key, value, metrics["step"])
+        if self.wandb is not None:
+            self.wandb.log_step(metrics)
 
     def log_eval(self, result: dict[str, Any]) -> None:
         self._append("eval.jsonl", result)
         for key in ("greedy_accuracy", "pass_at_k", "avg_at_k"):
             self.tb.add_scalar(f"eval/{key}", result[key], result["step"])
+        if self.wandb is not None:
+            self.wandb.log_eval(result)
 
     def log_trained(self, step: int, trajectory_ids: list[str]) -> None:
         self._append("trained.jsonl", {"step": step, "ids": trajectory_ids})
@@ -119,3 +127,6 @@ class RunOutputs:
     def close(self) -> None:
         self.tb.flush()
         self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None

@@ -48,9 +48,12 @@ def connect_transport(cfg: TrainConfig, url: str):
                                   claim_idle_ms=int(s.claim_idle_s * 1000), block_ms=1000, publish_timeout_s=5.0)
 
 
-def setup_logging(role: str, name: str, level: int = logging.INFO) -> None:
-    fmt = f"%(asctime)s {role}[{name} pid=%(process)d] %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=level, format=fmt, force=True)
+def setup_logging(role: str, name: str, level: int = logging.INFO, fmt: str = "text") -> None:
+    """The role process's logging on stderr: text lines, or JSON objects with role and name (fmt json)."""
+    from stare.log_format import setup
+
+    setup(fmt, f"%(asctime)s {role}[{name} pid=%(process)d] %(levelname)s %(name)s: %(message)s",
+          static={"role": role, "name": name}, level=level)
     for noisy in ("httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:  # no per-file progress bars in role logs

@@ -79,6 +79,7 @@ class StatusView(BaseModel):
     tokens_per_s: float | None = None
     step_time_s: float | None = None
     queue_depths: dict[str, int] = Field(default_factory=dict)
+    dead_letters: dict[str, int] = Field(default_factory=dict, description="Dead-lettered entries per stream.")
     staleness: dict[str, Any] = Field(default_factory=dict)
     paused: bool = Field(description="A pause is requested (the learner waits between steps).")
     checkpoint_requested: bool

@@ -32,6 +32,10 @@ class RecordStream(Protocol[T]):
         """Entries published and not yet acknowledged."""
         ...
 
+    def dead_letter_count(self) -> int:
+        """Entries parked as dead letters."""
+        ...
+
     def reclaim(self, consumer: str, min_idle_ms: int | None = None, max_count: int = 1000) -> list[Delivery[T]]:
         """Hand `consumer` the entries another consumer (a dead one) has held longer than
         `min_idle_ms` (None: the stream's default), at most `max_count`."""

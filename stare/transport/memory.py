@@ -23,6 +23,7 @@ class MemoryStream(Generic[T]):
         self._queue: deque[tuple[str, T]] = deque()
         self._pending: OrderedDict[str, tuple[str, T]] = OrderedDict()  # id -> (consumer, record)
         self.dead: list[tuple[str, object, str]] = []
+        self.redelivered = 0  # entries `reclaim` delivered again
 
     def publish(self, records: Sequence[T]) -> list[str]:
         if self.maxlen is not None and self.backlog() + len(records) > self.maxlen:
@@ -54,7 +55,11 @@ class MemoryStream(Generic[T]):
         for entry_id, (_, record) in list(self._pending.items())[:max_count]:
             self._pending[entry_id] = (consumer, record)
             out.append(Delivery(entry_id, record))
+        self.redelivered += len(out)
         return out
+
+    def dead_letter_count(self) -> int:
+        return len(self.dead)
 
     def requeue_pending(self) -> None:
         """Make every pending entry deliverable again, as a restarted Redis consumer re-reads its

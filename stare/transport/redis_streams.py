@@ -138,6 +138,7 @@ class RedisStream(Generic[T]):
         self.client, self.codec, self.group = client, codec, checked_key_part(group, "group")
         self.run_id, self.name = run_id, name
         self.key, self.dead_key = stream_key(run_id, name), dead_key(run_id, name)
+        self.redelivered = 0  # entries `reclaim` took over and delivered again (a Prometheus counter)
         self.maxlen, self.max_backlog, self.publish_timeout_s = maxlen, max_backlog, publish_timeout_s
         self.block_ms, self.claim_idle_ms, self.max_deliveries = block_ms, claim_idle_ms, max_deliveries
         self.dead_maxlen, self.op_timeout_s = dead_maxlen, op_timeout_s
@@ -219,7 +220,13 @@ class RedisStream(Generic[T]):
         fresh = [(i, f) for i, f in claimed if self._inflight.get(i) != consumer]
         if fresh and self.max_deliveries is not None:
             fresh = self._drop_poison(fresh)
-        return self._deliver(consumer, fresh)
+        out = self._deliver(consumer, fresh)
+        self.redelivered += len(out)
+        return out
+
+    def dead_letter_count(self) -> int:
+        """Entries in this stream's dead-letter stream (capped near `dead_maxlen`)."""
+        return self._call("XLEN", lambda: self.client.xlen(self.dead_key))
 
     def dead_letters(self, count: int = 100) -> list[DeadLetter]:
         """The oldest `count` dead letters of this stream (for inspection and tests)."""

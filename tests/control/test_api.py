@@ -124,17 +124,22 @@ def test_resume_clears_a_pause(state):
 
 
 def test_prometheus_exposes_the_last_step_queues_and_roles(state, controller):
+    from prometheus_client.parser import text_string_to_metric_families
+
     control = started(state, controller)
     control.after_step(controller, {"step": 4, "weight_version": 4, "entropy": 0.25, "target": 0.3, "gate": 1,
                                     "reward_mean": 0.5, "time_step_s": 1.5}, {"queue_depths": {"scored": 7}})
     r = client(state).get("/metrics")
-    lines = set(r.text.splitlines())
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
-    for line in ('stare_entropy{run_id="run"} 0.25', 'stare_entropy_target{run_id="run"} 0.3', 'stare_gate{run_id="run"} 1.0',
-                 'stare_reward_mean{run_id="run"} 0.5', 'stare_step_time_seconds{run_id="run"} 1.5',
-                 'stare_queue_depth{run_id="run",queue="scored"} 7.0', 'stare_weight_version{run_id="run"} 4.0',
-                 'stare_role_up{run_id="run",role="learner",name="learner-0"} 1.0', "# TYPE stare_entropy gauge"):
-        assert line in lines
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(r.text) for s in f.samples}
+    run = (("run_id", "run"),)
+    for (name, labels), value in {("stare_entropy", ()): 0.25, ("stare_entropy_target", ()): 0.3,
+                                  ("stare_gate", ()): 1.0, ("stare_reward_mean", ()): 0.5,
+                                  ("stare_step_time_seconds", ()): 1.5, ("stare_weight_version", ()): 4.0,
+                                  ("stare_queue_depth", (("queue", "scored"),)): 7.0,
+                                  ("stare_role_up", (("name", "learner-0"), ("role", "learner"))): 1.0}.items():
+        assert samples[(name, tuple(sorted(run + labels)))] == value, name
 
 
 def test_dashboard_page_and_assets_are_served_without_external_urls(state):

@@ -83,6 +83,8 @@ def test_reclaim_hands_a_dead_consumers_pending_entries_to_another(client):
     assert ids_of(got) == ["t0", "t1", "t2"]
     pending = client.xpending_range(live.key, "learner", "-", "+", 10)
     assert {p["consumer"] for p in pending} == {b"live"}
+    assert (live.redelivered, dead.redelivered) == (3, 0)  # the count the role reports to Prometheus
+    assert live.reclaim("live", min_idle_ms=20) == [] and live.redelivered == 3  # its own in-flight ones: not again
 
 
 def test_malformed_entries_are_dead_lettered_with_reason_and_good_ones_flow(client):
@@ -98,6 +100,7 @@ def test_malformed_entries_are_dead_lettered_with_reason_and_good_ones_flow(clie
     assert set(dead) == {garbage_id, wrong_id}
     assert "missing field 'json'" in dead[garbage_id].reason and dead[garbage_id].raw == {"foo": b"\x00\xff"}
     assert "schema is 99" in dead[wrong_id].reason and dead[wrong_id].raw == wrong
+    assert s.dead_letter_count() == 2
     assert s.backlog() == 2  # the dead ones are acked, the good ones pending
 
 

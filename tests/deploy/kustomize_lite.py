@@ -3,7 +3,7 @@ are rendered and validated where no `kustomize` binary exists.
 
 Covered: `resources` (files and directories with a kustomization.yaml), `namespace`, `labels`
 (metadata only: includeSelectors/includeTemplates false), `configMapGenerator` and
-`secretGenerator` (`files`, `literals`; behavior create/replace/merge; kustomize's name-hash suffix
+`secretGenerator` (`files`, `literals`, `options.labels`; behavior create/replace/merge; kustomize's name-hash suffix
 and the references to it in pod specs), `images` (newName/newTag), `replicas`, and `patches` given as
 strategic-merge-patch files (maps merge, null deletes a key, the lists containers, initContainers,
 env and volumes merge by name and volumeMounts by mountPath, other lists are replaced).
@@ -149,9 +149,11 @@ def _generate(resources: list[Resource], directory: Path, spec: dict, kind: str,
     for entry in spec.get("literals", []):
         key, _, value = entry.partition("=")
         data[key] = value
-    unknown = set(spec) - {"name", "files", "literals", "behavior", "type"}
+    unknown = (set(spec) - {"name", "files", "literals", "behavior", "type", "options"}) | \
+        {f"options.{k}" for k in set(spec.get("options") or {}) - {"labels"}}
     if unknown:
         raise KustomizeError(f"{kind} generator {spec['name']}: fields not covered: {sorted(unknown)}")
+    labels = (spec.get("options") or {}).get("labels")
     behavior = spec.get("behavior", "create")
     if kind == "Secret":
         data = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
@@ -163,6 +165,8 @@ def _generate(resources: list[Resource], directory: Path, spec: dict, kind: str,
         if kind == "Secret":
             res["type"] = spec.get("type", "Opaque")
         res["metadata"]["annotations"] = {"__hash_name__": str(hash_names)}
+        if labels:
+            res["metadata"]["labels"] = dict(labels)
         resources.append(res)
         return
     if not existing:

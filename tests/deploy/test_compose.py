@@ -1,7 +1,9 @@
 """docker-compose.yml without Docker: valid under the Compose Specification's JSON schema (vendored
 in tests/deploy/schemas/), and consistent with the code: every role in each profile, real `stare`
 command lines, environment variables the code reads, ports equal to the config's, GPUs assigned
-once each, mounted files that exist and configs that parse. Not covered: that images build and
+once each, mounted files that exist and configs that parse; the `monitoring` profile resolved as
+`docker compose --profile ... config` would (Prometheus scraping the control plane, Grafana's
+provisioning). Not covered: that images build and
 containers start (no Docker engine here; docs/deploy.md)."""
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from deploy_helpers import REPO, check_env_name, check_stare_argv, control_plane
 from stare.config import load_config
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
+PROMETHEUS_YML = REPO / "deploy" / "monitoring" / "prometheus.yml"
+DASHBOARDS = REPO / "deploy" / "monitoring" / "grafana" / "dashboards"
 SCHEMA_FILE = Path(__file__).parent / "schemas" / "compose-spec.json"
 SCHEMA_SHA256 = "d549057ebc2925f39f62799eab0db7b9e2c18b35b6c00595199116da3ed10e64"  # see schemas/README.md
 PROFILES = ["gpu", "cpu"]
@@ -247,3 +251,59 @@ def test_learner_and_rollout_share_the_run_volume():
         for name, s in services_of(doc, profile).items():
             if role_of(s) in ("learner", "rollout"):
                 assert "stare-data:/data" in s["volumes"], name
+
+
+# ---- the monitoring profile: Prometheus and Grafana (deploy/monitoring; docs/observability.md) ----
+
+def enabled(doc: dict, profiles: list[str]) -> dict:
+    """What `docker compose --profile P1 --profile P2 config` resolves: the enabled services only."""
+    out = dict(doc)
+    out["services"] = {n: s for n, s in doc["services"].items() if not s.get("profiles") or set(s["profiles"]) & set(profiles)}
+    return out
+
+
+@pytest.mark.parametrize("profiles", [["monitoring"], ["cpu", "monitoring"], ["gpu", "monitoring"]], ids="+".join)
+def test_compose_monitoring_profile_config_is_valid(profiles):
+    doc = enabled(load_compose(), profiles)
+    assert schema_errors(doc) == []
+    assert {"prometheus", "grafana"} <= set(doc["services"])
+    for name, service in doc["services"].items():
+        for dep in service.get("depends_on") or {}:
+            assert dep in doc["services"], f"{name} depends on {dep}, not enabled with --profile {profiles}"
+        for secret in service.get("secrets") or []:
+            assert secret in doc["secrets"]
+        for volume in service.get("volumes") or []:
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert name not in ("prometheus", "grafana") or (REPO / source).exists(), (name, source)
+            else:
+                assert source in doc["volumes"], (name, source)
+
+
+@pytest.mark.parametrize("profile", ["gpu", "cpu"])
+def test_prometheus_scrapes_the_control_plane_of_each_profile(profile):
+    doc = load_compose()
+    scrape = yaml.safe_load(PROMETHEUS_YML.read_text())["scrape_configs"]
+    (job,) = scrape
+    (target,) = job["static_configs"][0]["targets"]
+    host, port = target.split(":")
+    (control,) = [s for s in enabled(doc, [profile])["services"].values() if role_of(s) == "control"]
+    assert host in control["networks"]["default"]["aliases"]
+    command = control["command"]
+    assert int(port) == int(command[command.index("--port") + 1])
+    assert control_plane_status(job["metrics_path"]) == 200
+    token_path = job["authorization"]["credentials_file"]
+    assert token_path == f"/run/secrets/{doc['services']['prometheus']['secrets'][0]}"
+
+
+def test_grafana_provisioning_points_at_prometheus_and_the_dashboard():
+    doc = load_compose()
+    grafana = doc["services"]["grafana"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"]}  # target -> source
+    provisioning = REPO / mounts["/etc/grafana/provisioning"].removeprefix("./")
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    host, port = re.fullmatch(r"http://([\w-]+):(\d+)", source["url"]).groups()
+    assert host == "prometheus" and doc["services"]["prometheus"]["ports"][0].endswith(f":{port}")
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "stare.yml").read_text())["providers"]
+    assert REPO / mounts[provider["options"]["path"]].removeprefix("./") == DASHBOARDS
+    assert (DASHBOARDS / "stare.json").is_file()

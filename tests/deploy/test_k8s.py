@@ -31,9 +31,11 @@ ROLE_PORTS = {"control": 8321}
 
 @pytest.fixture(scope="module")
 def k8s_tree(tmp_path_factory) -> Path:
-    """A copy of deploy/k8s with the API token file a user creates before `kubectl apply -k`."""
-    tree = tmp_path_factory.mktemp("k8s") / "k8s"
+    """A copy of deploy/k8s (and deploy/monitoring, which the base includes) with the API token file
+    a user creates before `kubectl apply -k`."""
+    tree = tmp_path_factory.mktemp("deploy") / "k8s"
     shutil.copytree(K8S, tree)
+    shutil.copytree(REPO / "deploy" / "monitoring", tree.parent / "monitoring")
     (tree / "base" / "secrets" / "api-token").write_text("test-token-not-secret")
     return tree
 
@@ -73,7 +75,7 @@ def validation_error(obj, version) -> str | None:
 @pytest.mark.parametrize("version", KUBE_VERSIONS)
 @pytest.mark.parametrize("target", TARGETS)
 def test_every_rendered_object_is_valid_kubernetes(rendered, target, version):
-    assert len(rendered[target]) == 12
+    assert len(rendered[target]) == 13
     errors = {f"{o['kind']}/{o['metadata']['name']}": validation_error(o, version) for o in rendered[target]}
     assert {k: e for k, e in errors.items() if e} == {}
 
@@ -224,7 +226,7 @@ def test_references_resolve(rendered, target):
 
 
 def _config(rendered, target):
-    (cm,) = objects(rendered, target, "ConfigMap")
+    (cm,) = [c for c in objects(rendered, target, "ConfigMap") if c["metadata"]["name"].startswith("stare-config-")]
     return build_config(yaml.safe_load(cm["data"]["stare.yaml"]))
 
 

@@ -151,6 +151,32 @@ def _assert_nothing_lost_or_trained_twice(run_dir: Path, steps: int, server) -> 
     assert late <= WINDOW * SAMPLES
 
 
+def _assert_prometheus_counts_every_step(server, run_id: str, steps: int) -> None:
+    """The control plane's /metrics over the finished run's Redis state (from its AOF), parsed with
+    prometheus-client's parser: the step gauges, one histogram observation per step, dead letters
+    of each stream."""
+    from fastapi.testclient import TestClient
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from stare.config import ControlSection
+    from stare.services.control.app import create_app
+
+    server.start()
+    try:
+        state = RedisRunState.connect(server.url, run_id)
+        text = TestClient(create_app(state, ControlSection(), run_id, token="t")).get("/metrics").text
+        state.close()
+    finally:
+        server.kill()
+    samples = {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "run_id"))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("stare_step", ())] == samples[("stare_weight_version", ())] == steps
+    assert samples[("stare_step_duration_seconds_count", ())] == steps
+    assert samples[("stare_weight_sync_duration_seconds_count", ())] == steps
+    assert {labels for name, labels in samples if name == "stare_dead_letters"} == \
+        {(("stream", s),) for s in ("prompts", "raw", "scored")}
+
+
 def test_up_trains_across_processes_and_survives_sigkilled_workers(tiny_model_dir, tmp_path):
     steps = 30
     with Run(_config(tiny_model_dir, tmp_path, steps), rollout=2, reward=2) as run:
@@ -164,6 +190,7 @@ def test_up_trains_across_processes_and_survives_sigkilled_workers(tiny_model_di
         assert roles["learner"].restarts == 0
     _assert_nothing_lost_or_trained_twice(tmp_path / "up", steps, run.launcher.redis)
     assert (tmp_path / "up" / "eval.jsonl").exists()
+    _assert_prometheus_counts_every_step(run.launcher.redis, "up", steps)
 
 
 def test_a_sigkilled_learner_resumes_from_its_checkpoint_and_retrains_what_waited_in_redis(tiny_model_dir, tmp_path):

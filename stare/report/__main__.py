@@ -1,0 +1,3 @@
+from stare.report import main
+
+main()
