@@ -103,6 +103,10 @@ def export_checkpoint(ckpt_dir: Path, out: Path, *, model_path: Path, step: int 
         (staged / "export_info.json").write_text(json.dumps(
             {"checkpoint": str(ckpt_dir / tag), "step": step_done, "base_model": str(model_path), "dtype": dtype},
             indent=1))
+        umask = os.umask(0)
+        os.umask(umask)
+        for f in staged.iterdir():  # safetensors writes 0600 files; give them the usual mode
+            f.chmod(0o666 & ~umask)
         if out.exists():
             shutil.rmtree(out)
         os.replace(staged, out)
