@@ -40,3 +40,15 @@ def all_reduce_sum(t: Tensor, group=None) -> Tensor:
     out = t.clone()
     dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
     return out
+
+
+def all_gather_ints(values: list[int], device: torch.device, group=None) -> list[list[int]]:
+    """Every rank's few host ints (its rows, longest response, micro-batches), in rank order: one
+    collective and one host read at step start; no collective on one process."""
+    world = _world(group)
+    if world == 1:
+        return [list(values)]
+    t = torch.tensor(values, dtype=torch.long, device=device)  # [k]
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t, group=group)
+    return torch.stack(out).tolist()  # host sync: step start (shapes must be known on the host)

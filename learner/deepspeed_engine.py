@@ -66,16 +66,21 @@ def init_distributed(timeout_s: float = 300.0) -> None:
 
 def deepspeed_config(
     *, micro_batch: int, grad_accum: int, world_size: int, lr: float, betas: tuple[float, float],
-    weight_decay: float, grad_clip: float, zero_stage: int, bf16: bool,
+    weight_decay: float, grad_clip: float, zero_stage: int, bf16: bool, fused_adam: bool = False,
 ) -> dict[str, Any]:
+    """`fused_adam`: torch's fused AdamW kernel (CUDA only; no op to compile). Off on CPU, where
+    torch's for-each AdamW runs."""
+    params: dict[str, Any] = {"lr": lr, "betas": list(betas), "weight_decay": weight_decay, "torch_adam": True}
+    if fused_adam:
+        params["fused"] = True
     return {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,
         "train_batch_size": micro_batch * grad_accum * world_size,
         "optimizer": {
             "type": "AdamW",
-            # torch's AdamW: no 60 s FusedAdam compile on CPU.
-            "params": {"lr": lr, "betas": list(betas), "weight_decay": weight_decay, "torch_adam": True},
+            # torch's AdamW (fused on CUDA): no DeepSpeed op to compile, on CPU or GPU.
+            "params": params,
         },
         "gradient_clipping": grad_clip,
         "zero_optimization": {"stage": zero_stage},
@@ -93,9 +98,19 @@ def build_engine(model: torch.nn.Module, config: dict[str, Any]):
     return engine
 
 
-def backward(engine, loss: torch.Tensor) -> None:
-    """Our micro-batch losses are already shares of the step's loss: no 1/grad_accum scaling."""
+def backward(engine, loss: torch.Tensor, last: bool | None = None) -> None:
+    """Our micro-batch losses are already shares of the step's loss: no 1/grad_accum scaling.
+
+    `last`: whether this is the step's last micro-batch (its number varies under token budgets);
+    the gradient-accumulation boundary is set from it instead of DeepSpeed's fixed count."""
+    if last is not None:
+        engine.set_gradient_accumulation_boundary(last)
     engine.backward(loss, scale_wrt_gas=False)
+
+
+def engine_device(engine) -> torch.device:
+    """The device the engine computes on (where every tensor of a step must live)."""
+    return torch.device(engine.device)
 
 
 def full_state_dict(engine) -> dict[str, torch.Tensor]:
@@ -110,7 +125,9 @@ def full_state_dict(engine) -> dict[str, torch.Tensor]:
 
 
 def save_checkpoint(engine, directory: Path, tag: str) -> None:
-    engine.save_checkpoint(str(directory), tag=tag)
+    """The model and optimizer under directory/tag. DeepSpeed does not write `latest`: the trainer
+    points it at a tag only once the tag is whole (its trainer_state.json written)."""
+    engine.save_checkpoint(str(directory), tag=tag, save_latest=False)
 
 
 def load_checkpoint(engine, directory: Path, tag: str) -> None:

@@ -149,7 +149,9 @@ class GroupCollector:
         ids = [e for _, e in group.values()]
         group_id = trajectories[0].group_id
         lag = learner_version - min(t.weight_version for t in trajectories)
-        if self.max_staleness is not None and lag > self.max_staleness and not self.keep_stale:
+        # lag < 0: sampled with weights newer than the learner's (published by a learner that died
+        # before its checkpoint held them): never trainable, whatever the policy
+        if lag < 0 or (self.max_staleness is not None and lag > self.max_staleness and not self.keep_stale):
             self.stats.stale_groups += 1
             self.stats.stale_trajectories += len(trajectories)
             self._finish(group_id, ids)

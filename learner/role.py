@@ -52,7 +52,8 @@ class RedisDecisionLog:
 
 
 class RedisCursor:
-    """The feeder's published cursor in Redis: a restarted learner never publishes a group twice."""
+    """The feeder's published cursor and the newest published weight version, in Redis (see
+    `stare.learner.session.CursorStore`)."""
 
     def __init__(self, client, run_id: str):
         self.client, self.key = client, run_key(run_id, "feeder")
@@ -62,6 +63,12 @@ class RedisCursor:
 
     def save(self, cursor: int) -> None:
         retrying(lambda: self.client.hset(self.key, "cursor", cursor), "HSET feeder cursor")
+
+    def load_version(self) -> int:
+        return int(retrying(lambda: self.client.hget(self.key, "weight_version"), "HGET weight version") or 0)
+
+    def save_version(self, version: int) -> None:
+        retrying(lambda: self.client.hset(self.key, "weight_version", version), "HSET weight version")
 
 
 EvaluatorFactory = Callable[[TrainConfig, Path], Any]  # (config, model path) -> an Evaluator
@@ -78,12 +85,14 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
     from stare.learner.session import SessionSeams, TrainingSession, seed_everything
     from stare.learner.trainer import Learner
     from stare.models import load_run_setup
+    from stare.plan import check_fits
     from stare.runtime import RoleRuntime, connect_transport
     from stare.weight_sync.factory import build_publisher
 
     with RoleRuntime("learner", name, cfg, redis_url, stop=stop) as rt:
         seed_everything(cfg)
         setup = load_run_setup(cfg, log.info)
+        check_fits(cfg, setup.model_path, log=log.info)  # refuse a config this GPU cannot hold (stare plan)
         learner = Learner(cfg, setup.model_path, pad_id=setup.tokenizer.pad_token_id or 0)
         transport = connect_transport(cfg, redis_url)
         s = cfg.system
@@ -91,14 +100,15 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
         collector = GroupCollector(transport.scored, name=LEARNER_CONSUMER, dynamic_sampling=cfg.data.dynamic_sampling,
                                    max_staleness=s.max_staleness, keep_stale=s.stale_policy == "importance",
                                    decisions=RedisDecisionLog(transport.client, cfg.run.name))
-        evaluator = evaluator_factory(cfg, setup.model_path) if evaluator_factory is not None else None
-        seams = SessionSeams(
-            transport=transport, publisher=build_publisher(cfg, transport.client), control=rt.control,
-            cursor=RedisCursor(transport.client, cfg.run.name), evaluator=evaluator,
-            should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick,
-        )
-        session = None
+        evaluator = session = None
+        publisher = build_publisher(cfg, transport.client)
         try:
+            evaluator = evaluator_factory(cfg, setup.model_path) if evaluator_factory is not None else None
+            seams = SessionSeams(
+                transport=transport, publisher=publisher, control=rt.control,
+                cursor=RedisCursor(transport.client, cfg.run.name), evaluator=evaluator,
+                should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick,
+            )
             session = TrainingSession(cfg, learner, feeder, collector, seams, max_staleness=s.max_staleness,
                                       resume=(cfg.run_dir / "checkpoints" / "latest").is_file())
             session.run()
@@ -111,7 +121,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
             if session is not None:
                 session.close()
             else:
-                seams.publisher.close()
+                publisher.close()
             transport.close()
             if evaluator is not None and hasattr(evaluator, "close"):
                 evaluator.close()

@@ -41,27 +41,40 @@ log = logging.getLogger(__name__)
 
 PAUSE_POLL_S = 0.2  # while paused: how often the control is asked again
 PULL_BLOCK_S = 0.5  # without a pump: how long a fill round waits for scored entries
-MAX_EMPTY_STEPS = 20  # with a pump: steps in a row without a trainable group before giving up
+MAX_EMPTY_STEPS = 20  # on-policy: steps in a row without a trainable group before giving up
+STALL_LOG_S = 120.0  # without a pump: say what the learner waits for after this long without a step
 
 
 class CursorStore(Protocol):
-    """Where the feeder's published cursor survives the learner (Redis in the distributed mode), so
-    a restarted learner never publishes a group twice."""
+    """What must survive the learner process (Redis in the distributed mode): the feeder's published
+    cursor, so a restarted learner never publishes a group twice, and the newest weight version it
+    published, so a restarted learner never publishes an older one (the workers hold it and would
+    ignore anything not newer)."""
 
     def load(self) -> int: ...
 
     def save(self, cursor: int) -> None: ...
 
+    def load_version(self) -> int: ...
+
+    def save_version(self, version: int) -> None: ...
+
 
 class MemoryCursor:
     def __init__(self) -> None:
-        self.value = 0
+        self.value, self.version = 0, 0
 
     def load(self) -> int:
         return self.value
 
     def save(self, cursor: int) -> None:
         self.value = cursor
+
+    def load_version(self) -> int:
+        return self.version
+
+    def save_version(self, version: int) -> None:
+        self.version = version
 
 
 class Evaluator(Protocol):
@@ -116,8 +129,10 @@ class TrainingSession:
         if resume:
             state = learner.load(cfg.run_dir / "checkpoints")
             feeder.load_state_dict(state["data"])
-            if "collector" in state:  # checkpoints of `stare train` before the shared loop lack it
+            if "collector" in state:
                 collector.load_state_dict(state["collector"])
+            else:  # `stare train` before the shared loop: taken between steps, every published group done
+                collector.finished.watermark = max(collector.finished.watermark, feeder.cursor)
             if "rng" in state:  # likewise those of `stare learner`
                 set_rng_state(state["rng"])
             resume_step = learner.step
@@ -126,8 +141,14 @@ class TrainingSession:
         feeder.cursor = max(seams.cursor.load(), feeder.cursor)
         self.outputs = RunOutputs(cfg, resume_step=resume_step)
         self.step_lines = StepLines(cfg.logging.every_n_steps, cfg.run.steps, log)  # a log line per N steps
-        seams.publisher.publish(learner.version, learner.state_dict_for_rollout())
+        published = seams.cursor.load_version()
+        if published > learner.version:  # a learner killed after its checkpoint published newer weights
+            say(f"weights up to version {published} were published after the checkpoint (version {learner.version}); "
+                f"publishing the checkpoint's weights as version {published + 1}")
+            learner.version = published + 1
+        self._publish(learner.state_dict_for_rollout())
         self._paused = False
+        self._last_step_at = time.monotonic()
         self._round = 0  # fill rounds since the last step
         self._filtered0 = collector.stats.filtered_groups
         self._t_wait = time.perf_counter()
@@ -146,9 +167,15 @@ class TrainingSession:
         self.seams.cursor.save(self.feeder.cursor)
         return len(tasks)
 
-    def evaluate(self) -> dict[str, Any]:
+    def _publish(self, state: Mapping[str, torch.Tensor]) -> None:
+        self.seams.publisher.publish(self.learner.version, state)
+        self.seams.cursor.save_version(self.learner.version)
+
+    def evaluate(self, weights: Callable[[], Mapping[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+        """Held-out results of the current weights (`weights`: the state dict just published, so
+        that it is not gathered twice)."""
         learner = self.learner
-        result = self.seams.evaluator(learner.version, learner.state_dict_for_rollout)
+        result = self.seams.evaluator(learner.version, weights or learner.state_dict_for_rollout)
         result["step"] = learner.step
         self.outputs.log_eval(result)
         self.say(f"held-out at step {learner.step}: greedy {result['greedy_accuracy']:.3f}, "
@@ -223,6 +250,10 @@ class TrainingSession:
         else:
             self._serve_joiners()
             collector.pull(self.learner.version, block_s=PULL_BLOCK_S)
+            if time.monotonic() - self._last_step_at > STALL_LOG_S:
+                self._last_step_at = time.monotonic()  # once per STALL_LOG_S
+                self.say(f"waiting for data: {len(collector.ready)} of {want} groups ready, {self._unresolved()} "
+                         f"published groups not complete, queues {self.queue_depths()}")
 
     def _batch_ready(self) -> bool:
         """Enough groups for a step; on-policy also when this step's rounds are used up and done."""
@@ -257,7 +288,8 @@ class TrainingSession:
         metrics = learner.train_step(trajectories)
         collector.trained(trajectories, ids)
         t_pub = time.perf_counter()
-        self.seams.publisher.publish(learner.version, learner.state_dict_for_rollout())
+        state = learner.state_dict_for_rollout()
+        self._publish(state)
         publisher = self.seams.publisher
         step_time = time.perf_counter() - self._t_wait
         lags = trained_lags(trajectories, learner.version - 1)
@@ -276,7 +308,8 @@ class TrainingSession:
         )
         step = learner.step
         if self.seams.evaluator is not None and (step % cfg.task.eval_every == 0 or step == cfg.run.steps):
-            metrics["eval_greedy_accuracy"] = self.evaluate()["greedy_accuracy"]
+            metrics["eval_greedy_accuracy"] = self.evaluate(lambda s=state: s)["greedy_accuracy"]
+        del state  # a full copy of the weights (15 GB at 7B): not kept between steps
         status = {"weight_version": learner.version, "queue_depths": self.queue_depths(),
                   "dead_letters": self.dead_letters(),
                   "staleness": staleness_status(lags), "tokens_per_s": metrics["tokens_per_s"],
@@ -290,6 +323,7 @@ class TrainingSession:
         if step % cfg.run.checkpoint_every == 0 or step == cfg.run.steps or self.seams.should_stop():
             self.checkpoint()
         self._round, self._filtered0, self._t_wait = 0, stats.filtered_groups, time.perf_counter()
+        self._last_step_at = time.monotonic()
 
     # ---------------------------------------------------------------- the loop
     def run(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
@@ -297,29 +331,36 @@ class TrainingSession:
         seams.control.start(learner.controller, learner.step, {"weight_version": learner.version})
         if seams.evaluator is not None and learner.step == 0 and not (self.outputs.dir / "eval.jsonl").exists():
             self.evaluate()
-        empty = 0
-        while learner.step < cfg.run.steps and not seams.should_stop():
+        empty, gave_up = 0, False
+        while learner.step < cfg.run.steps:
+            # In-process workers hold what a step collected only in memory: stop, checkpoint and
+            # pause between steps only. With workers in other processes it is in Redis: any time.
+            between_steps = seams.pump is None or self._round == 0
+            if between_steps and seams.should_stop():
+                break
             seams.tick(step=learner.step, weight_version=learner.version)
-            if not self._obey_control():
+            if between_steps and not self._obey_control():
                 continue
             batch = self.next_batch()
             if batch is None:
                 continue
             trajectories, ids, info = batch
-            if not trajectories:  # only with a pump: every group of every round had equal rewards
+            if not trajectories:  # on-policy: every group of every round of this step had equal rewards
                 empty += 1
                 self.say(f"no group with a reward signal after {self._round} rounds; sampling again")
                 self._round = 0
                 if empty >= MAX_EMPTY_STEPS:
                     self.say("every group had equal rewards for too long; stopping (the task is solved or unsolvable)")
+                    gave_up = True
                     break
                 continue
             empty = 0
             self._step(trajectories, ids, info, on_step)
         saved = (self.outputs.ckpt_dir / f"step_{learner.step:06d}").exists()
-        if seams.should_stop() and (self.collector.unacked or not saved):
-            self.checkpoint()  # a stop request: leave nothing trained unsaved, and a checkpoint to resume
-        seams.control.set_phase("finished" if learner.step >= cfg.run.steps else "stopped", step=learner.step)
+        if self.collector.unacked or (seams.should_stop() and not saved):
+            self.checkpoint()  # leave nothing trained unsaved, and a checkpoint to resume from
+        phase = "finished" if learner.step >= cfg.run.steps else "stopped"
+        seams.control.set_phase(phase, step=learner.step, **({"reason": "no reward signal"} if gave_up else {}))
         self.outputs.tb.flush()
 
     def close(self) -> None:

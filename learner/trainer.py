@@ -1,9 +1,13 @@
 """The learner: one optimizer step of STARE (or a baseline) on a batch of scored trajectories.
 
-    step = collate -> pre-step no-grad pass (old log-probs, entropy) -> gather the step's tokens
+    step = collate + micro-batch plan (host) -> step tensors to the device
+           -> pre-step no-grad pass (old log-probs, entropy, chunked) -> gather the step's tokens
            -> gate (one host sync: the batch entropy) -> plan_step (thresholds, normalisers)
            -> micro-batches: forward, policy loss, backward -> DeepSpeed optimizer step
            -> controller update -> metrics (reduced once, read once)
+
+Every tensor of a step lives on the engine's device; the host syncs are listed in
+docs/algorithm.md ("Host syncs").
 
 Recipe shape (torchtune): setup in __init__, `train_step`, `save`, `load`, `state_dict_for_rollout`.
 No implementation inheritance, no per-micro-batch host sync: metrics are summed as tensors and
@@ -13,9 +17,9 @@ read at the step boundary.
 from __future__ import annotations
 
 import json
+import os
 import math
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +28,29 @@ import torch.distributed as dist
 
 from stare.config import TrainConfig
 from stare.learner import deepspeed_engine as ds
-from stare.learner.batch import TrainBatch, collate, token_logprobs_and_entropy
-from stare.learner.collectives import all_reduce_sum, gather_step_tokens
+from stare.learner.batch import TrainBatch, collate
+from stare.learner.collectives import all_gather_ints, all_reduce_sum, gather_step_tokens
 from stare.algo_config import StareLossConfig
 from stare.learner.controller import EntropyController
-from stare.learner.diagnostics import predicted_entropy_change, quadrant_metrics, quadrant_sums
-from stare.learner.policy_loss import LossInputs, policy_loss
+from stare.learner.diagnostics import quadrant_metrics
+from stare.learner.micro_batches import MicroBatch, build_micro_batch, filler_micro_batch, plan_rows
+from stare.learner.passes import Policy, hidden_state_fn, prepass, train_pass
 from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
 from stare.records import Trajectory
+
+
+def check_packing_supported(model) -> None:
+    """Packed rows need attention that separates sequences by their position_ids: transformers'
+    mask builder does so from 4.54 (sdpa, eager, flex) and flash-attention's varlen path always;
+    an older one would let packed sequences attend to each other, silently."""
+    try:
+        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
+    except ImportError:
+        if getattr(model.config, "_attn_implementation", None) != "flash_attention_2":
+            raise ValueError(
+                "optim.pack_sequences needs transformers >= 4.54 (or flash_attention_2) to keep packed sequences "
+                "apart; set optim.pack_sequences=false (padded token-budget micro-batches) or upgrade transformers"
+            ) from None
 
 
 class Learner:
@@ -42,18 +61,31 @@ class Learner:
         self.pad_id = pad_id
         ds.init_distributed()
         self.world = dist.get_world_size()
+        self.rank = dist.get_rank()
         torch.manual_seed(cfg.run.seed)
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        o = cfg.optim
+        if o.gradient_checkpointing:
+            enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if o.max_tokens_per_micro_batch is not None and o.pack_sequences:
+            check_packing_supported(model)
         rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
-        self.micro = min(cfg.optim.micro_batch, rows)
+        self.micro = min(o.micro_batch, rows)
         self.grad_accum = math.ceil(rows / self.micro)
         self.rows = self.micro * self.grad_accum
-        o = cfg.optim
         self.engine = ds.build_engine(model, ds.deepspeed_config(
             micro_batch=self.micro, grad_accum=self.grad_accum, world_size=self.world, lr=o.lr, betas=o.betas,
             weight_decay=o.weight_decay, grad_clip=o.grad_clip, zero_stage=o.zero_stage, bf16=dtype == torch.bfloat16,
+            fused_adam=torch.cuda.is_available(),
         ))
+        self.device = ds.engine_device(self.engine)
+        self.policy = Policy(hidden=hidden_state_fn(self.engine, self.engine.module, self.device), lm_head=self.engine.module.get_output_embeddings(),
+                             device=self.device, chunk_tokens=o.logits_chunk_tokens)
         self.controller = EntropyController(cfg.controller)
         self.step = 0
         self.version = 0
@@ -61,39 +93,40 @@ class Learner:
 
     # -- one step -------------------------------------------------------------------------------
 
-    def _forward(self, mb: TrainBatch) -> torch.Tensor:  # [B, P + L, V]
-        return self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids).logits
+    def _collate(self, trajectories: list[Trajectory]) -> tuple[TrainBatch, list[MicroBatch]]:
+        """The step's batch (global token uids, the ranks' common width) and its micro-batches, on the
+        host; the micro-batch count is the ranks' maximum (fillers make up the difference). Rank r's
+        trajectories are the step's rows after those of ranks < r."""
+        o = self.cfg.optim
+        pack = o.max_tokens_per_micro_batch is not None and o.pack_sequences
+        groups = plan_rows([len(t.prompt_token_ids) for t in trajectories],
+                           [len(t.response_token_ids) for t in trajectories],
+                           micro_batch=self.micro, max_tokens=o.max_tokens_per_micro_batch, pack=pack)
+        ranks = all_gather_ints([len(trajectories), max(len(t.response_token_ids) for t in trajectories), len(groups)],
+                                self.device)  # host sync: step start
+        real = [r[0] for r in ranks]
+        before = sum(real[: self.rank])
+        pad_before = sum(real) + sum(self.rows - n for n in real[: self.rank])
+        batch = collate(trajectories, pad_id=self.pad_id, rows=self.rows, scale_by_std=self.cfg.data.advantage_std,
+                        first_row=before, pad_first_row=pad_before, width=max(r[1] for r in ranks))
+        count = max(r[2] for r in ranks)
+        mbs = [build_micro_batch(g, batch.prompts, batch.responses, pad_id=self.pad_id, pack=pack) for g in groups]
+        mbs += [filler_micro_batch(self.pad_id, pack=pack)] * (count - len(mbs))
+        return batch, mbs
 
-    def _micro_batches(self, batch: TrainBatch):
-        for i in range(self.grad_accum):
-            sl = slice(i * self.micro, (i + 1) * self.micro)
-            yield sl, batch.rows(sl)
-
-    @torch.no_grad()
-    def _prepass(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Old log-probs, entropy and (optionally) the predicted entropy change, each [S, L]."""
-        S, L = batch.mask.shape
-        old = torch.zeros(S, L)
-        ent = torch.zeros(S, L)
-        dh = torch.zeros(S, L)
-        self.engine.eval()
-        for sl, mb in self._micro_batches(batch):
-            logits = self._forward(mb)
-            logp, entropy = token_logprobs_and_entropy(logits, mb)
-            n = logp.shape[1]
-            old[sl, :n], ent[sl, :n] = logp, entropy
-            if self.cfg.diagnostics.predicted_entropy_change:
-                P = mb.prompt_width
-                full = torch.log_softmax(logits[:, P - 1 : P - 1 + n].float(), -1)  # [B, n, V]
-                dh[sl, :n] = predicted_entropy_change(full, mb.response_ids, mb.advantages, eta=1.0)
-        self.engine.train()
-        return old, ent, dh
+    def _backward(self, loss: torch.Tensor, last: bool) -> None:
+        ds.backward(self.engine, loss * self.world, last=last)  # DeepSpeed averages over ranks
+        self.engine.step()
 
     def train_step(self, trajectories: list[Trajectory]) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        batch = collate(trajectories, pad_id=self.pad_id, rows=self.rows, scale_by_std=cfg.data.advantage_std)
-        old, ent0, dh = self._prepass(batch)
+        host_batch, mbs = self._collate(trajectories)
+        batch = host_batch.to(self.device)
+        self.engine.eval()
+        old, ent0, dh = prepass(self.policy, mbs, batch,
+                                predicted_entropy_change=cfg.diagnostics.predicted_entropy_change)
+        self.engine.train()
         tokens = gather_step_tokens(StepTokens(old, ent0, batch.advantages, batch.token_uid, batch.mask))
         h_step = mean_entropy(tokens.entropy, tokens.mask, cfg.loss.agg_mode)  # []
         h_prepass = float(h_step)  # host sync: once per step, before the first backward
@@ -105,26 +138,7 @@ class Learner:
                         seed=cfg.run.seed * 1_000_003 + self.step)
         t_plan = time.perf_counter()
 
-        sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
-        quadrants = torch.zeros(4, 5, dtype=torch.float64)
-        for sl, mb in self._micro_batches(batch):
-            logits = self._forward(mb)
-            logprobs, entropy = token_logprobs_and_entropy(logits, mb)
-            n = logprobs.shape[1]
-            x = LossInputs(
-                logprobs=logprobs, old_logprobs=old[sl, :n], advantages=mb.advantages, mask=mb.mask,
-                token_uid=mb.token_uid, entropy=entropy, step_entropy=ent0[sl, :n], rollout_logprobs=mb.rollout_logprobs,
-            )
-            out = policy_loss(x, ctx, cfg.loss)
-            ds.backward(self.engine, out.loss * self.world)  # DeepSpeed averages over ranks
-            self.engine.step()
-            sums["loss"] += out.loss.detach().double()
-            sums["train_entropy_sum"] += (entropy.detach() * mb.mask).sum().double()
-            # learner vs rollout-engine log-prob mismatch (what TIS corrects)
-            sums["rollout_logprob_gap_sum"] += ((old[sl, :n] - mb.rollout_logprobs).abs() * mb.mask).sum().double()
-            for k, v in out.metrics.items():
-                sums[k] += v.detach().double()
-            quadrants += quadrant_sums(mb.advantages.double(), -old[sl, :n].double(), mb.mask, h_step.double(), dh[sl, :n].double())
+        sums, quadrants = train_pass(self.policy, mbs, batch, old, ent0, dh, ctx, cfg.loss, h_step, self._backward)
         if is_stare:
             self.controller.update(h_prepass)
         self.step += 1
@@ -135,9 +149,10 @@ class Learner:
         names = sorted(sums)
         reduced = all_reduce_sum(torch.stack([sums[k] for k in names]))
         quadrants = all_reduce_sum(quadrants)
-        totals = dict(zip(names, reduced.tolist()))
-        n_tokens = max(float(ctx.norm.num_tokens), 1.0)
-        self.lagged_entropy = totals.pop("train_entropy_sum") / max(float(batch.mask.sum()), 1.0)
+        totals = dict(zip(names, reduced.tolist()))  # host sync: the step's metric sums
+        n_tokens = max(float(ctx.norm.num_tokens), 1.0)  # host sync: the step's token count
+        train_tokens = totals.pop("train_tokens")  # over every rank
+        self.lagged_entropy = totals.pop("train_entropy_sum") / max(train_tokens, 1.0)
         metrics: dict[str, Any] = {
             "step": self.step,
             "weight_version": self.version,
@@ -151,14 +166,17 @@ class Learner:
             "band_low": self.controller.band[0] if self.controller.band else None,
             "band_high": self.controller.band[1] if self.controller.band else None,
             "clip_fraction": totals.pop("clipped_tokens", 0.0) / n_tokens,
-            "grad_norm": ds.grad_norm(self.engine),
-            "train_tokens": float(batch.mask.sum()),
+            "grad_norm": ds.grad_norm(self.engine),  # host sync: DeepSpeed's norm of the step
+            "train_tokens": train_tokens,
+            "micro_batches": len(mbs),
+            "model_tokens": sum(mb.model_tokens for mb in mbs),
             "time_learn_s": t_end - t0,
             "time_plan_s": t_plan - t0,
         }
-        metrics["rollout_logprob_gap"] = totals.pop("rollout_logprob_gap_sum") / max(float(batch.mask.sum()), 1.0)
+        metrics["rollout_logprob_gap"] = totals.pop("rollout_logprob_gap_sum") / max(train_tokens, 1.0)
         metrics.update({k: v for k, v in totals.items()})
-        metrics.update({k: float(v) for k, v in quadrant_metrics(quadrants).items()})
+        quadrant_values = quadrant_metrics(quadrants)
+        metrics.update(dict(zip(quadrant_values, torch.stack(list(quadrant_values.values())).tolist())))  # host sync
         return metrics
 
     # -- weights and checkpoints --------------------------------------------------------------
@@ -167,24 +185,46 @@ class Learner:
         return ds.full_state_dict(self.engine)
 
     def save(self, directory: Path, extra: dict[str, Any]) -> str:
+        """A checkpoint under directory/step_N, then `latest` pointed at it: a process killed
+        anywhere in between leaves `latest` on the previous whole checkpoint."""
         tag = f"step_{self.step:06d}"
-        ds.save_checkpoint(self.engine, directory, tag)
-        state = {
-            "step": self.step,
-            "version": self.version,
-            "controller": self.controller.state_dict(),
-            "lagged_entropy": self.lagged_entropy,
-            **extra,
-        }
-        (directory / tag / "trainer_state.json").write_text(json.dumps(state, indent=1))
-        (directory / "latest").write_text(tag)
+        ds.save_checkpoint(self.engine, directory, tag)  # every rank: a collective under ZeRO
+        if dist.get_rank() == 0:
+            state = {
+                "step": self.step,
+                "version": self.version,
+                "controller": self.controller.state_dict(),
+                "lagged_entropy": self.lagged_entropy,
+                **extra,
+            }
+            _write_atomic(directory / tag / "trainer_state.json", json.dumps(state, indent=1))
+            _write_atomic(directory / "latest", tag)
         return tag
 
     def load(self, directory: Path, tag: str | None = None) -> dict[str, Any]:
-        tag = tag or (directory / "latest").read_text().strip()
+        tag = tag or latest_whole_tag(directory)
         ds.load_checkpoint(self.engine, directory, tag)
         state = json.loads((directory / tag / "trainer_state.json").read_text())
         self.step, self.version = state["step"], state["version"]
         self.controller.load_state_dict(state["controller"])
         self.lagged_entropy = state["lagged_entropy"]
         return state
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def latest_whole_tag(directory: Path) -> str:
+    """The tag `latest` names if that checkpoint is whole (has its trainer_state.json), else the
+    newest whole one (a learner killed while writing a checkpoint: DeepSpeed's files may be
+    partial, trainer_state.json is written last)."""
+    named = (directory / "latest").read_text().strip() if (directory / "latest").is_file() else None
+    if named is not None and (directory / named / "trainer_state.json").is_file():
+        return named
+    whole = sorted(p.name for p in directory.glob("step_*") if (p / "trainer_state.json").is_file())
+    if not whole:
+        raise FileNotFoundError(f"{directory}: no whole checkpoint (a step_N folder with trainer_state.json)")
+    return whole[-1]

@@ -66,20 +66,6 @@ class RewardInput(BaseModel):
     """Tests (the code component needs them)."""
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def _need(value, field: str, kind: str):
     if value is None:
         raise ValueError(f"RewardInput.{field} is missing; the {kind} component needs it")

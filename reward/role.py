@@ -30,7 +30,7 @@ SCORE_TIMEOUT_S = 30.0
 
 @functools.lru_cache(maxsize=4)
 def _task(name: str, kwargs_json: str):
-    from stare.tasks.base import build_task
+    from stare.tasks.registry import build_task
 
     return build_task(name, **json.loads(kwargs_json))
 
@@ -85,7 +85,7 @@ class PoolScorer:
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int = 1) -> None:
     from stare.reward.trajectory_worker import RewardWorker
     from stare.runtime import RoleRuntime, connect_transport
-    from stare.tasks.base import build_task
+    from stare.tasks.registry import build_task
     from stare.transport.redis_streams import BackpressureError
 
     with RoleRuntime("reward", name, cfg, redis_url, stop=stop) as rt:

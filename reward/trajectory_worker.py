@@ -18,7 +18,10 @@ from stare.transport.base import RecordStream
 
 def reward_info(score: RewardResult, finish_reason: str) -> dict:
     """The reward_info of a scored trajectory (the same keys in every mode)."""
-    info: dict = {"correct": score.reward >= 1.0, "finish_reason": finish_reason}
+    # correct: the answer is right. With a composed reward that is its math component (a right answer
+    # with an overlong penalty is still right), else a reward of at least 1.
+    math = score.components.get("math")
+    info: dict = {"correct": (math if math is not None else score.reward) >= 1.0, "finish_reason": finish_reason}
     if score.components:
         info["components"] = dict(score.components)
     if score.error is not None:

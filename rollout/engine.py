@@ -1,4 +1,5 @@
-"""The rollout engine seam: one Protocol, its records, its configs and the `build_engine` factory.
+"""The rollout engine seam: one Protocol, its records (SamplingParams, Completion) and the helpers the
+engines share (the configs and `build_engine` are in rollout/registry.py).
 
 A rollout engine turns prompts (token ids) into sampled completions (token ids plus the log-prob
 of every sampled token) and takes new policy weights in place. Two implementations exist:
@@ -49,13 +50,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Union, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from stare.config import HfEngineSection, VllmEngineSection
 
 if TYPE_CHECKING:  # torch stays out of module import: configs and records are light
     import torch
@@ -69,9 +68,12 @@ class SamplingParams:
 
     `temperature == 0` means greedy decoding. `stop_token_ids` adds to the model's EOS ids; they
     never replace them. `seed=None` means not reproducible. `prompt_seeds` (one per prompt of the
-    call, overriding `seed`) makes each prompt's samples depend on its own seed alone, not on which
-    other prompts share the call: the rollout worker seeds every group this way, so how prompts
-    are batched (one process or many) cannot change what is sampled.
+    call, overriding `seed`) gives each prompt its own random stream, independent of which other
+    prompts share the call: the rollout worker seeds every group this way. The random numbers are
+    then the same however prompts are batched; the samples are too only where the logits are
+    (fp32 on CPU: tested to 1e-6 by tests/system/test_modes_agree.py). In bf16, and in vLLM's
+    continuous batching, batch composition changes the logits' rounding, so a different batching
+    can sample differently.
     """
 
     n: int
@@ -149,83 +151,6 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Release the model and any engine resources; the engine is unusable afterwards."""
         ...
-
-
-# --- configs ---------------------------------------------------------------------------------
-
-
-_ENGINE_DTYPE = Literal["float32", "bfloat16", "float16"]
-
-
-class HFEngineConfig(HfEngineSection):
-    """The transformers engine: its run-config section (stare.config.HfEngineSection) plus the model."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    model_path: str = Field(description="Directory of a Hugging Face model (config + safetensors).")
-    dtype: _ENGINE_DTYPE = Field("float32", description="Weights and compute dtype; log-probs are always fp32.")
-    device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda:0' (the run config resolves 'auto').")
-
-
-class VLLMEngineConfig(VllmEngineSection):
-    """vLLM in process: its run-config section (stare.config.VllmEngineSection) plus the model."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    model_path: str = Field(description="Directory of a Hugging Face model (config + safetensors).")
-    dtype: _ENGINE_DTYPE = Field(
-        "float32", description="Model dtype. bf16 log-probs differ from an fp32 recompute by up to ~0.1."
-    )
-    seed: int = Field(0, ge=0, description="Engine seed (used for requests without their own seed).")
-
-
-EngineConfig = Annotated[Union[HFEngineConfig, VLLMEngineConfig], Field(discriminator="name")]
-
-
-# --- registry --------------------------------------------------------------------------------
-
-
-def _build_hf(config: HFEngineConfig) -> RolloutEngine:
-    from stare.rollout.hf_engine import HFEngine
-
-    return HFEngine(config.model_path, dtype=config.dtype, device=config.device,
-                    max_batch_size=config.max_batch_size)
-
-
-def _build_vllm(config: VLLMEngineConfig) -> RolloutEngine:
-    from stare.rollout.vllm_engine import VLLMEngine
-
-    return VLLMEngine(
-        config.model_path,
-        dtype=config.dtype,
-        seed=config.seed,
-        enforce_eager=config.enforce_eager,
-        max_model_len=config.max_model_len,
-        max_num_seqs=config.max_num_seqs,
-        cpu_kvcache_space_gib=config.cpu_kvcache_space_gib,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-    )
-
-
-ENGINES: dict[str, tuple[type[BaseModel], Callable[[Any], RolloutEngine]]] = {
-    "hf": (HFEngineConfig, _build_hf),
-    "vllm": (VLLMEngineConfig, _build_vllm),
-}
-"""Engine name -> (config class, builder). Builders import their heavy dependency lazily."""
-
-
-def build_engine(config: HFEngineConfig | VLLMEngineConfig | Mapping[str, Any]) -> RolloutEngine:
-    """Build the engine that `config` names (a config object, or a mapping with a `name` key)."""
-    if isinstance(config, Mapping):
-        name = config.get("name")
-        if name not in ENGINES:
-            raise ValueError(f"unknown rollout engine {name!r}; valid names: {sorted(ENGINES)}")
-        config = TypeAdapter(EngineConfig).validate_python(dict(config))
-    name = getattr(config, "name", None)
-    if name not in ENGINES:
-        raise ValueError(f"unknown rollout engine {name!r}; valid names: {sorted(ENGINES)}")
-    config_cls, builder = ENGINES[name]
-    if not isinstance(config, config_cls):
-        raise TypeError(f"engine {name!r} takes a {config_cls.__name__}, got {type(config).__name__}")
-    return builder(config)
 
 
 # --- helpers shared by the engines -----------------------------------------------------------

@@ -18,7 +18,8 @@ import torch
 
 from stare.config import TrainConfig
 from stare.models import RunSetup, load_run_setup
-from stare.rollout.engine import RolloutEngine, build_engine
+from stare.rollout.engine import RolloutEngine
+from stare.rollout.registry import build_engine
 
 
 @dataclass
@@ -38,15 +39,13 @@ class RolloutStack:
 
 def engine_config(cfg: TrainConfig, model_path: Path, engine: str | None = None) -> dict[str, Any]:
     """The rollout engine's config: the run's `rollout.engine` section (or the named engine's
-    defaults) with the model and dtype; the transformers engine's device `auto` resolved here."""
+    defaults) with the model and dtype (the engine config resolves the transformers engine's device auto)."""
     from stare.config import ENGINE_SECTIONS
 
     section = cfg.rollout.engine
     if engine is not None and engine != section.name:
         section = ENGINE_SECTIONS[engine]()
     out: dict[str, Any] = {**section.model_dump(), "model_path": str(model_path), "dtype": cfg.model.dtype}
-    if section.name == "hf" and out["device"] == "auto":
-        out["device"] = "cuda" if torch.cuda.is_available() else "cpu"
     if section.name == "vllm":
         out["seed"] = cfg.run.seed  # requests without a seed of their own (the rollout worker seeds each group)
     return out

@@ -171,6 +171,21 @@ def cmd_up(args) -> int:
               control=not args.no_control)
 
 
+def cmd_plan(args) -> int:
+    from stare.plan import build_plan, load_model_shape, render, render_json
+
+    cfg = _load(args)
+    gpu_mem = args.gpu_mem_gib
+    if gpu_mem is None:
+        import torch
+
+        gpu_mem = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
+    plan = build_plan(cfg, gpus=args.gpus, gpu_mem_gib=gpu_mem, shape=load_model_shape(cfg, args.model_config),
+                      prompt_tokens=args.prompt_tokens, config_name=str(args.config or default_config_path()))
+    print(render_json(plan) if args.json else render(plan))
+    return 0 if plan.fits else 1
+
+
 def cmd_launch(args) -> int:
     from stare.ray_launch import launch_ray
 
@@ -230,6 +245,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-timeout-s", type=float, default=600.0,
                    help="limit for the whole start: actors placed (e.g. waiting for GPUs) and answering (default 600)")
     p.set_defaults(fn=cmd_launch)
+
+    p = sub.add_parser("plan", help="the GPU memory a config needs per role (weights, gradients, optimizer state "
+                       "per ZeRO stage, activations, logits, vLLM's KV cache), whether it fits, and what to change; "
+                       "exit status 1 when a role does not fit")
+    _config_args(p)
+    p.add_argument("--gpus", type=int, default=1, help="learner GPUs (ZeRO data-parallel ranks; default 1)")
+    p.add_argument("--gpu-mem-gib", type=float, default=None,
+                   help="memory of each GPU in GiB (default: this machine's first CUDA device, else 80)")
+    p.add_argument("--model-config", type=Path, default=None,
+                   help="a Hugging Face config.json (or its folder) to plan with instead of model.path's, e.g. "
+                   "configs/models/qwen2.5-math-7b.json; no weights are read")
+    p.add_argument("--prompt-tokens", type=int, default=None,
+                   help="prompt length to plan for (default: data.max_prompt_len where the config has it, else 1024)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("learner", help="the learner process (DeepSpeed, STARE; publishes prompts and weights)")
     _role_args(p)

@@ -146,8 +146,13 @@ EngineSection = Annotated[Union[tuple(ENGINE_SECTIONS.values())], Field(discrimi
 
 
 def _engine_by_name(value: Any) -> Any:
-    """`engine: vllm` (a bare name) is `engine: {name: vllm}` with the engine's defaults."""
-    return {"name": value} if isinstance(value, str) else value
+    """`engine: vllm` (a bare name) is `engine: {name: vllm}` with the engine's defaults; a section
+    without a name is the default engine's (hf)."""
+    if isinstance(value, str):
+        return {"name": value}
+    if isinstance(value, dict) and "name" not in value:
+        return {"name": "hf", **value}
+    return value
 
 
 class RolloutSection(_Section):
@@ -183,13 +188,36 @@ class OptimSection(_Section):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
-    micro_batch: int = Field(16, ge=1, description="Sequences per micro-batch (gradient accumulation fills the step).")
+    micro_batch: int = Field(
+        16, ge=1, description="Sequences per micro-batch (gradient accumulation fills the step); used when "
+        "max_tokens_per_micro_batch is None.",
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="Token budget of a micro-batch (prompt + response tokens the model computes): rows "
+        "are sorted by length and placed first-fit into micro-batches under the budget (a longer sequence goes "
+        "alone). None: micro_batch rows per micro-batch. The loss does not depend on the cut. The reference's "
+        "ppo_max_token_len_per_gpu is 2 x (prompt + response).",
+    )
+    pack_sequences: bool = Field(
+        True, description="With a token budget: concatenate a micro-batch's sequences into one row with "
+        "position_ids restarting per sequence and no padding (transformers' sdpa/eager/flash attention "
+        "separate them). False: padded rows per micro-batch.",
+    )
+    logits_chunk_tokens: int = Field(
+        2048, ge=1, description="Response tokens per log-softmax chunk: lm_head runs on this many hidden states at "
+        "a time (fp32 logits [chunk, vocab]), recomputed in the backward; no [batch, length, vocab] tensor exists.",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each transformer layer's activations in the backward (transformers' "
+        "gradient checkpointing): activation memory of one layer instead of all. On for GPU configs.",
+    )
     zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
 
 
 class DiagnosticsSection(_Section):
     predicted_entropy_change: bool = Field(
-        True, description="Log the first-order predicted entropy change per quadrant (one extra pass over the logits)."
+        True, description="Log the first-order predicted entropy change per quadrant (computed in the pre-pass's "
+        "log-softmax chunks: a few extra [chunk, vocab] reductions, no extra forward). Off in the GPU configs.",
     )
 
 
@@ -319,6 +347,19 @@ class TrainConfig(_Section):
         if self.system.stale_policy == "importance" and self.loss.tis_cap is None:
             raise ValueError("system.stale_policy=importance needs loss.tis_cap (e.g. 2.0): the truncated importance "
                              "weight is what corrects a stale trajectory")
+        return self
+
+    @model_validator(mode="after")
+    def _reward_fits_the_rollout(self):
+        for c in self.reward.components if self.reward is not None else ():
+            if c.kind == "code":
+                raise ValueError("reward.components: kind code needs tests that trajectories do not carry yet; "
+                                 "score code tasks with the task's own verifier (leave reward unset)")
+            if c.kind == "overlong" and c.config.max_length - c.config.cache_length >= self.rollout.max_new_tokens:
+                raise ValueError(
+                    f"reward.components: the overlong penalty starts at max_length - cache_length = "
+                    f"{c.config.max_length - c.config.cache_length} tokens, which rollout.max_new_tokens "
+                    f"({self.rollout.max_new_tokens}) never reaches: set max_length to the response limit")
         return self
 
     @model_validator(mode="after")

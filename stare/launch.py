@@ -28,6 +28,7 @@ import yaml
 
 from stare.config import ConfigError, TrainConfig, build_config
 from stare.net import free_port, port_free
+from stare.plan import check_fits
 from stare.weight_sync.factory import broadcast_bind_host
 
 COLORS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
@@ -93,6 +94,7 @@ class Launcher:
         if control and (cfg.control.port == 0 or not port_free(cfg.control.host, cfg.control.port)):
             overrides["control.port"] = free_port(cfg.control.host)
         self.cfg = with_overrides(cfg, overrides)
+        check_fits(self.cfg, self.cfg.model.path, roles=("learner", "rollout"), log=self.say)
         self.dir = self.cfg.run_dir / "up"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.dir / "config.yaml"

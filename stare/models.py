@@ -59,7 +59,7 @@ def load_run_setup(cfg: TrainConfig, log: Callable[[str], None], model_path: Pat
     """Resolve the model (unless given), load its tokenizer and build the run's task."""
     from transformers import AutoTokenizer
 
-    from stare.tasks.base import build_task
+    from stare.tasks.registry import build_task
 
     path = model_path if model_path is not None else resolve_model(cfg, log)
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -71,7 +71,7 @@ class TinyModelSpec:
 
 def _task_build_version(task_name: str) -> int | None:
     """The task's `build_version` (bumped when its solutions or format change), if it has one."""
-    from stare.tasks.base import TASKS
+    from stare.tasks.registry import TASKS
 
     factory = TASKS.get(task_name)
     try:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from stare.config import TrainConfig
-from stare.weight_sync.base import WeightPublisher, WeightSubscriber
+
+if TYPE_CHECKING:  # torch stays out of the import of `stare up`
+    from stare.weight_sync.base import WeightPublisher, WeightSubscriber
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 

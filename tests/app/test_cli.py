@@ -67,3 +67,15 @@ def test_an_unknown_option_of_another_subcommand_is_still_an_error(capsys):
     with pytest.raises(SystemExit) as err:
         parse_args(["train", "--bogus"])
     assert err.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_the_algo_help_lists_every_preset():
+    import argparse
+
+    from stare.cli import _config_args
+    from stare.config import ALGO_PRESETS
+
+    parser = argparse.ArgumentParser()
+    _config_args(parser)
+    help_text = next(a.help for a in parser._actions if "--algo" in a.option_strings)
+    assert help_text.split(": ", 1)[1].split(", ") == list(ALGO_PRESETS)

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from stare.config import ConfigError, build_config
-from stare.tasks.base import build_task
+from stare.tasks import build_task
 from stare.tasks.chat_arithmetic import LEVELS
 from stare.tiny import build_tokenizer
 

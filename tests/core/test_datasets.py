@@ -13,7 +13,7 @@ import pytest
 
 from stare.tasks.dataset import DatasetError, DatasetTask, load_problems, prepare_dapo_math, problem_from_row
 from stare.rollout.engine import Completion
-from stare.tasks.base import build_task
+from stare.tasks.registry import build_task
 
 REPO = Path(__file__).resolve().parents[2]
 DAPO_INSTRUCTION = ("Solve the following math problem step by step. The last line of your response should be of the "

@@ -238,7 +238,7 @@ def test_a_stream_whose_keys_vanished_recreates_its_group(client):
 def test_the_roles_run_unchanged_on_redis_streams(server):
     from stare.learner.groups import GroupCollector
     from stare.reward.trajectory_worker import RewardWorker
-    from stare.tasks.base import build_task
+    from stare.tasks.registry import build_task
 
     t = RedisTransport.connect(server.url, "roles", block_ms=100)
     bad = traj(3)

@@ -8,7 +8,7 @@ import yaml
 
 from deploy_helpers import REPO
 
-YAML_FILES = sorted({*REPO.glob("configs/*.yaml"), *REPO.glob("deploy/**/*.yaml"), *REPO.glob("deploy/**/*.yml"),
+YAML_FILES = sorted({*REPO.glob("configs/**/*.yaml"), *REPO.glob("deploy/**/*.yaml"), *REPO.glob("deploy/**/*.yml"),
                      REPO / "docker-compose.yml"})
 
 

@@ -1,6 +1,6 @@
 import pytest
 from redis_fixtures import have_redis_server, redis_server
-from test_records import make_trajectory
+from record_helpers import make_trajectory
 
 from stare.learner.groups import GroupCollector, MemoryDecisionLog
 from stare.transport.memory import MemoryStream

@@ -11,7 +11,7 @@ from stare.config import build_config
 from stare.records import Trajectory
 from stare.reward.role import PoolScorer
 from stare.reward.trajectory_worker import score_trajectory
-from stare.tasks.base import build_task
+from stare.tasks.registry import build_task
 
 REWARD = {"components": [
     {"kind": "math", "weight": 1.0},
@@ -52,6 +52,7 @@ def test_a_reward_section_composes_its_verifiers(text, answer, tokens, expected)
     t = score_trajectory(build_task("arithmetic"), _trajectory(text, answer, tokens), config)
     assert t.reward == pytest.approx(expected, abs=1e-12)
     assert set(t.reward_info["components"]) == {"math", "overlong"} and "error" not in t.reward_info
+    assert t.reward_info["correct"] == (text.endswith("{12}"))  # the answer's verdict, penalty or not
 
 
 def test_the_process_pool_scores_exactly_as_the_in_process_worker():
@@ -73,3 +74,18 @@ def test_a_reward_section_with_an_unknown_component_names_the_field():
 
     with pytest.raises(ConfigError, match="reward.components"):
         build_config({"reward": {"components": [{"kind": "bleu"}]}})
+
+
+def test_a_code_component_is_refused_until_trajectories_carry_tests():
+    from stare.config import ConfigError
+
+    with pytest.raises(ConfigError, match="kind code"):
+        build_config({"reward": {"components": [{"kind": "code"}]}})
+
+
+def test_an_overlong_penalty_the_responses_can_never_reach_is_refused():
+    from stare.config import ConfigError
+
+    never = {"components": [{"kind": "math"}, {"kind": "overlong", "config": {"max_length": 4096, "cache_length": 512}}]}
+    with pytest.raises(ConfigError, match="rollout.max_new_tokens"):
+        build_config({"reward": never, "rollout": {"max_new_tokens": 1024}})

@@ -20,14 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stare.rollout.engine import (
-    Completion,
-    HFEngineConfig,
-    RolloutEngine,
-    SamplingParams,
-    build_engine,
-    read_eos_token_ids,
-)
+from stare.rollout.engine import Completion, RolloutEngine, SamplingParams, read_eos_token_ids
+from stare.rollout.registry import HFEngineConfig, build_engine
 
 VOCAB = 64
 PAD, EOS, UNK = 0, 1, 2

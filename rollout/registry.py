@@ -1,0 +1,98 @@
+"""The rollout engines' registry: each engine's config (its run-config section plus the model) and
+builder; `build_engine(config)` builds the one a config names. Builders import their heavy
+dependency (transformers, vLLM) lazily."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+from stare.config import HfEngineSection, VllmEngineSection
+from stare.rollout.engine import RolloutEngine
+
+# --- configs ---------------------------------------------------------------------------------
+
+
+_ENGINE_DTYPE = Literal["float32", "bfloat16", "float16"]
+
+
+class HFEngineConfig(HfEngineSection):
+    """The transformers engine: its run-config section (stare.config.HfEngineSection) plus the model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_path: str = Field(description="Directory of a Hugging Face model (config + safetensors).")
+    dtype: _ENGINE_DTYPE = Field("float32", description="Weights and compute dtype; log-probs are always fp32.")
+    device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda:0'; auto: cuda when there is one.")
+
+    @field_validator("device")
+    @classmethod
+    def _resolve_auto(cls, device: str) -> str:
+        if device != "auto":
+            return device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class VLLMEngineConfig(VllmEngineSection):
+    """vLLM in process: its run-config section (stare.config.VllmEngineSection) plus the model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_path: str = Field(description="Directory of a Hugging Face model (config + safetensors).")
+    dtype: _ENGINE_DTYPE = Field(
+        "float32", description="Model dtype. bf16 log-probs differ from an fp32 recompute by up to ~0.1."
+    )
+    seed: int = Field(0, ge=0, description="Engine seed (used for requests without their own seed).")
+
+
+EngineConfig = Annotated[Union[HFEngineConfig, VLLMEngineConfig], Field(discriminator="name")]
+
+
+# --- registry --------------------------------------------------------------------------------
+
+
+def _build_hf(config: HFEngineConfig) -> RolloutEngine:
+    from stare.rollout.hf_engine import HFEngine
+
+    return HFEngine(config.model_path, dtype=config.dtype, device=config.device,
+                    max_batch_size=config.max_batch_size)
+
+
+def _build_vllm(config: VLLMEngineConfig) -> RolloutEngine:
+    from stare.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(
+        config.model_path,
+        dtype=config.dtype,
+        seed=config.seed,
+        enforce_eager=config.enforce_eager,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        cpu_kvcache_space_gib=config.cpu_kvcache_space_gib,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+    )
+
+
+ENGINES: dict[str, tuple[type[BaseModel], Callable[[Any], RolloutEngine]]] = {
+    "hf": (HFEngineConfig, _build_hf),
+    "vllm": (VLLMEngineConfig, _build_vllm),
+}
+"""Engine name -> (config class, builder). Builders import their heavy dependency lazily."""
+
+
+def build_engine(config: HFEngineConfig | VLLMEngineConfig | Mapping[str, Any]) -> RolloutEngine:
+    """Build the engine that `config` names (a config object, or a mapping with a `name` key)."""
+    if isinstance(config, Mapping):
+        name = config.get("name")
+        if name not in ENGINES:
+            raise ValueError(f"unknown rollout engine {name!r}; valid names: {sorted(ENGINES)}")
+        config = TypeAdapter(EngineConfig).validate_python(dict(config))
+    name = getattr(config, "name", None)
+    if name not in ENGINES:
+        raise ValueError(f"unknown rollout engine {name!r}; valid names: {sorted(ENGINES)}")
+    config_cls, builder = ENGINES[name]
+    if not isinstance(config, config_cls):
+        raise TypeError(f"engine {name!r} takes a {config_cls.__name__}, got {type(config).__name__}")
+    return builder(config)

@@ -1,0 +1,34 @@
+"""`collate` on several data-parallel ranks: token uids unique across ranks and one [S, L] for all,
+so the step's selection counts k tokens whatever the ranks' tokens look like (2 gloo processes)."""
+
+import torch
+import torch.multiprocessing as mp
+
+from learner_helpers import collate_rank_worker
+from stare.net import free_port
+
+
+def test_two_ranks_with_equal_first_tokens_select_exactly_k(tmp_path):
+    world = 2
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=collate_rank_worker, args=(r, world, port, str(tmp_path))) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        if p.is_alive():
+            p.kill()
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    results = [torch.load(tmp_path / f"rank{r}.pt")["global"] for r in range(world)]
+    control = [torch.load(tmp_path / f"rank{r}.pt")["per_rank"] for r in range(world)]
+
+    # rank 0's responses have 3 tokens, rank 1's 7: both pad to the common width
+    assert [r["shape"] for r in results] == [(2, 7), (2, 7)]
+    first = results[0]["first_uids"]
+    assert len(set(first)) == 4 and first == results[1]["first_uids"]  # unique over the step, same on every rank
+    # the two rows with A > 0 (one per rank) have first tokens of equal surprisal; k = ceil(0.1 x 10) = 1
+    assert [r["selected"] for r in results] == [1, 1]
+    # the control: rows numbered from 0 on every rank (collate before the fix) tie both ranks'
+    # first tokens on uid too, and 2 tokens are selected where k = 1
+    assert [r["selected"] for r in control] == [2, 2]

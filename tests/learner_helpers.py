@@ -1,0 +1,117 @@
+"""Builders shared by the learner tests (not a test module): a small random causal LM on disk and
+scored trajectories with long-tailed lengths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from stare.records import Trajectory
+
+VOCAB = 97
+
+
+def random_qwen2(seed: int = 0, vocab: int = VOCAB, hidden: int = 32, layers: int = 2, dtype=torch.float32):
+    """A randomly initialised Qwen2 causal LM (sdpa attention), small enough for a CPU test."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=2 * hidden, max_position_embeddings=256,
+                         tie_word_embeddings=False, initializer_range=0.2, pad_token_id=0, eos_token_id=1,
+                         attn_implementation="sdpa")
+    return Qwen2ForCausalLM(config).to(dtype)
+
+
+def save_random_qwen2(path: Path, seed: int = 0) -> Path:
+    random_qwen2(seed).save_pretrained(path)
+    return path
+
+
+def trajectories(seed: int, groups: int = 3, group_size: int = 4, max_prompt: int = 6, max_response: int = 20,
+                 first_tokens: tuple[int, ...] | None = None) -> list[Trajectory]:
+    """Scored trajectories: mixed rewards inside each group, lengths drawn from a long tail."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for g in range(groups):
+        for s in range(group_size):
+            p = int(rng.integers(1, max_prompt + 1))
+            r = int(min(max_response, 1 + rng.pareto(1.2) * 3))
+            response = rng.integers(2, VOCAB, r).astype(np.int32)
+            if first_tokens is not None:
+                response[0] = first_tokens[len(out) % len(first_tokens)]
+            mask = np.ones(r, dtype=np.uint8)
+            if r > 3:
+                mask[1] = 0  # a tool-output token: masked out of the loss
+            out.append(Trajectory(
+                run_id="t", trajectory_id=f"{seed}-{g}-{s}", group_id=f"{seed}-{g}", group_size=group_size,
+                weight_version=0, prompt_token_ids=rng.integers(2, VOCAB, p).astype(np.int32),
+                response_token_ids=response, response_logprobs=-rng.random(r).astype(np.float32) * 3,
+                loss_mask=mask, finish_reason="stop", answer="", problem_id=str(g), data_source="t",
+                reward=float((s + g) % 2 if s < group_size - 1 else rng.random()),
+            ))
+    return out
+
+
+def collate_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """One gloo rank: collate its own trajectories (rank 1 has longer responses), gather the step's
+    tokens and count STARE's L+ selection. Every rank's first response token has the same, highest
+    surprisal, so a correct k = 1 selects exactly one of them. Also the same with the per-rank uids
+    collate gave before the fix (rows numbered from 0 on every rank), the test's control."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from stare.learner.batch import collate
+    from stare.learner.collectives import all_gather_ints, gather_step_tokens
+    from stare.algo_config import StareLossConfig
+    from stare.learner.selection import in_topk
+    from stare.learner.step_plan import StepTokens, plan_step
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        trajs = trajectories(10 + rank, groups=1, group_size=2)
+        n = 3 + 4 * rank  # rank 0's responses have 3 tokens, rank 1's 7
+        for t in trajs:
+            t.response_token_ids = np.resize(t.response_token_ids, n)
+            t.response_logprobs = np.resize(t.response_logprobs, n)
+            t.loss_mask = np.ones(n, dtype=np.uint8)
+        trajs[0].reward, trajs[1].reward = 1.0, 0.0  # row 0: A > 0, row 1: A < 0
+        rows = 2
+        width = max(r[0] for r in all_gather_ints([n], torch.device("cpu")))
+        out = {}
+        for name, first_row in (("global", rank * rows), ("per_rank", 0)):
+            batch = collate(trajs, pad_id=0, rows=rows, first_row=first_row, width=width)
+            old = torch.full(batch.mask.shape, -0.1)  # [S, L] surprisal 0.1 ...
+            old[:, 0] = -5.0  # ... except each row's first token: 5 nats, equal on both ranks
+            tokens = gather_step_tokens(StepTokens(old, torch.zeros_like(old), batch.advantages, batch.token_uid,
+                                                   batch.mask))
+            cfg = StareLossConfig(top_fraction=0.1)  # A > 0 tokens: 3 + 7 = 10 -> k = ceil(0.1 x 10) = 1
+            ctx = plan_step(tokens, cfg, gate=1.0, w=2.0, m=1.0)
+            positive = tokens.mask & (tokens.advantages > 0)
+            selected = in_topk(-tokens.old_logprobs, tokens.token_uid, positive, ctx.pos_threshold)
+            out[name] = {"selected": int(selected.sum()), "shape": tuple(batch.mask.shape),
+                         "first_uids": tokens.token_uid[:, 0].tolist()}
+        torch.save(out, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def learner_rank_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, overrides: list[str]) -> None:
+    """One rank of a data-parallel learner (real DeepSpeed, gloo): rank 0 trains the step's first 8
+    trajectories (groups 0-1), rank 1 the last 4 (group 2); saves the step's metrics and weights."""
+    import os
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    from stare.config import build_config
+    from stare.learner.trainer import Learner
+
+    learner = Learner(build_config({}, overrides=overrides), Path(model_dir), pad_id=0)
+    trajs = trajectories(0)
+    metrics = learner.train_step(trajs[:8] if rank == 0 else trajs[8:])
+    weights = torch.cat([p.detach().reshape(-1).double() for p in learner.engine.module.parameters()])
+    torch.save({"metrics": metrics, "weights": weights}, f"{out_dir}/rank{rank}.pt")
