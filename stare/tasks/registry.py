@@ -21,6 +21,12 @@ def _tool_arithmetic(**kwargs: Any) -> Task:
     return ToolArithmeticTask(**kwargs)
 
 
+def _chat_arithmetic(**kwargs: Any) -> Task:
+    from stare.tasks.chat_arithmetic import ChatArithmeticTask
+
+    return ChatArithmeticTask(**kwargs)
+
+
 def _dataset(**kwargs: Any) -> Task:
     from stare.tasks.dataset import DatasetTask
 
@@ -37,6 +43,7 @@ def _dataset_verifier(**kwargs: Any) -> Task:
 TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": _arithmetic,
     "tool-arithmetic": _tool_arithmetic,
+    "chat-arithmetic": _chat_arithmetic,  # a real instruct model's chat template: build_task(..., tokenizer=tok)
     "dataset": _dataset,  # a verl-format parquet/jsonl file: build_task("dataset", path=...)
 }
 
