@@ -13,7 +13,6 @@ from control_helpers import AUTH, TOKEN, client, started
 from stare.algo_config import ControllerConfig
 from stare.learner.controller import EntropyController
 from stare.learner.trainer import nonfinite_step
-from stare.services.control import prometheus
 from stare.services.control.app import create_app
 from stare.services.control.server import BackgroundServer
 
