@@ -9,19 +9,47 @@ run continue exactly. Host floats: called at the step boundary, never inside the
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
-from stare.algo_config import ControllerConfig, merge_config
+from pydantic import ValidationError
+
+from stare.algo_config import ControllerConfig, check_entropy_range, merge_config
+
+log = logging.getLogger(__name__)
 
 
 def _sign(x: float) -> float:
     return 0.0 if x == 0 else math.copysign(1.0, x)
 
 
+def fit_entropy_range(cfg: ControllerConfig, max_entropy: float | None) -> ControllerConfig:
+    """The run's starting config with target and band lowered to `max_entropy` (logged): a target above
+    ln V means "always below target", which ln V itself says (no distribution exceeds it), and the
+    published config must validate against ln V so later changes and checkpoint loads can."""
+    if max_entropy is None:
+        return cfg
+    update: dict[str, Any] = {}
+    if cfg.target > max_entropy:
+        update["target"] = max_entropy
+    if cfg.band is not None and cfg.band[1] > max_entropy:
+        update["band"] = (min(cfg.band[0], max_entropy), max_entropy)
+    if update:
+        log.warning("controller: %s above ln V = %.4g (the largest entropy over this model's vocabulary); using %s",
+                    {k: getattr(cfg, k) for k in update}, max_entropy, update)
+        return ControllerConfig.model_validate({**cfg.model_dump(), **update})
+    return cfg
+
+
 class EntropyController:
-    def __init__(self, cfg: ControllerConfig):
-        self.cfg = cfg
+    """`max_entropy`: ln V of the model (the learner passes it). The starting config's target and band
+    are lowered to it (`fit_entropy_range`); changes (`reconfigure`) and checkpoints
+    (`load_state_dict`) above it are refused."""
+
+    def __init__(self, cfg: ControllerConfig, max_entropy: float | None = None):
+        self.max_entropy = max_entropy
+        self.cfg = cfg = fit_entropy_range(cfg, max_entropy)
         self.target = cfg.target
         self.band: tuple[float, float] | None = cfg.band
         self.w = cfg.w
@@ -38,7 +66,7 @@ class EntropyController:
 
         Validated as a whole; on error nothing changes. W and M, when given, replace the current
         values; otherwise the current values are clipped into the new bounds."""
-        self.cfg = merge_config({**self.cfg.model_dump(), "w": self.w, "m": self.m}, changes)
+        self.cfg = merge_config({**self.cfg.model_dump(), "w": self.w, "m": self.m}, changes, self.max_entropy)
         self.target, self.band, self.w, self.m = self.cfg.target, self.cfg.band, self.cfg.w, self.cfg.m
 
     def decide(self, entropy: float) -> bool:
@@ -77,13 +105,18 @@ class EntropyController:
         """The config as changed at run time, the current W and M, the gate and the last entropy."""
         config = self.cfg.model_dump(mode="json")
         config.update(w=self.w, m=self.m)
-        return {"config": config, "gate": self.gate, "last_entropy": self.last_entropy}
+        return {"config": config, "gate": self.gate, "last_entropy": self.last_entropy, "max_entropy": self.max_entropy}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Validated like a change (bounds, finiteness, ln V): a checkpoint holding values outside the
+        ranges is refused (ValueError naming the field) instead of training on them."""
         config = dict(state["config"])
-        if config.get("band") is not None:
+        if isinstance(config.get("band"), list):
             config["band"] = tuple(config["band"])
-        self.cfg = ControllerConfig.model_validate(config)
+        try:
+            self.cfg = check_entropy_range(ControllerConfig.model_validate(config), self.max_entropy)
+        except ValidationError as err:
+            raise ValueError(f"the checkpoint's controller state is invalid: {err}") from None
         self.target, self.band, self.w, self.m = self.cfg.target, self.cfg.band, self.cfg.w, self.cfg.m
         self.gate = bool(state["gate"])
         self.last_entropy = state["last_entropy"]

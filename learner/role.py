@@ -79,7 +79,8 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
     """The distributed learner: the shared `TrainingSession` over the run's Redis streams and
     weight publisher. `evaluator_factory` (given by the application that wires the roles) builds
     the held-out evaluator; None: no evaluation."""
-    from stare.data import PromptFeeder
+    from stare.data import build_feeder
+    from stare.learner.export import export_run
     from stare.learner.groups import GroupCollector
     from stare.learner.session import SessionSeams, TrainingSession, seed_everything
     from stare.learner.trainer import Learner
@@ -90,28 +91,31 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
 
     with RoleRuntime("learner", name, cfg, redis_url, stop=stop) as rt:
         seed_everything(cfg)
-        setup = load_run_setup(cfg, log.info)
-        check_fits(cfg, setup.model_path, log=log.info)  # refuse a config this GPU cannot hold (stare plan)
-        learner = Learner(cfg, setup.model_path, pad_id=setup.tokenizer.pad_token_id or 0)
+        with rt.busy("loading the model"):
+            setup = load_run_setup(cfg, log.info)
+            check_fits(cfg, setup.model_path, log=log.info)  # refuse a config this GPU cannot hold (stare plan)
+            learner = Learner(cfg, setup.model_path, pad_id=setup.tokenizer.pad_token_id or 0)
         transport = connect_transport(cfg, redis_url)
         s = cfg.system
-        feeder = PromptFeeder(setup.task, setup.tokenizer, run_id=cfg.run.name,
-                              group_size=cfg.rollout.samples_per_prompt, seed=cfg.run.seed)
+        feeder = build_feeder(cfg, setup.task, setup.tokenizer, log.info)
         collector = GroupCollector(transport.scored, name=LEARNER_CONSUMER, dynamic_sampling=cfg.data.dynamic_sampling,
                                    max_staleness=s.max_staleness, keep_stale=s.stale_policy == "importance",
                                    decisions=RedisDecisionLog(transport.client, cfg.run.name))
         evaluator = session = None
         publisher = build_publisher(cfg, transport.client)
         try:
-            evaluator = evaluator_factory(cfg, setup.model_path) if evaluator_factory is not None else None
+            with rt.busy("loading the evaluator"):
+                evaluator = evaluator_factory(cfg, setup.model_path) if evaluator_factory is not None else None
             seams = SessionSeams(
                 transport=transport, publisher=publisher, control=rt.control,
                 cursor=RedisCursor(transport.client, cfg.run.name), evaluator=evaluator,
-                should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick,
+                should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick, busy=rt.busy,
             )
             session = TrainingSession(cfg, learner, feeder, collector, seams, max_staleness=s.max_staleness,
                                       resume=(cfg.run_dir / "checkpoints" / "latest").is_file())
             session.run()
+            if learner.step >= cfg.run.steps:
+                export_run(cfg.run_dir, setup.model_path, log.info, cfg.model.dtype)
         except BaseException:
             rt.control.set_phase("failed", step=learner.step)
             raise

@@ -21,11 +21,12 @@ scored entries a step trained are acknowledged only once a checkpoint holds that
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, ContextManager, Mapping, Protocol
 
 import numpy as np
 import torch
@@ -93,6 +94,8 @@ class SessionSeams:
     should_stop: Callable[[], bool]
     wait: Callable[[float], None]  # sleep that a stop request cuts short
     tick: Callable[..., None] = lambda **info: None  # liveness of the main loop
+    # long work (evaluation, a step, a checkpoint): alive while its thread makes progress (RoleRuntime.busy)
+    busy: Callable[[str], ContextManager] = lambda what: contextlib.nullcontext()
     pump: Callable[[int], None] | None = None  # in-process workers: run them once (arg: the fill round)
 
 
@@ -175,7 +178,8 @@ class TrainingSession:
         """Held-out results of the current weights (`weights`: the state dict just published, so
         that it is not gathered twice)."""
         learner = self.learner
-        result = self.seams.evaluator(learner.version, weights or learner.state_dict_for_rollout)
+        with self.seams.busy("evaluating"):
+            result = self.seams.evaluator(learner.version, weights or learner.state_dict_for_rollout)
         result["step"] = learner.step
         self.outputs.log_eval(result)
         self.say(f"held-out at step {learner.step}: greedy {result['greedy_accuracy']:.3f}, "
@@ -185,8 +189,9 @@ class TrainingSession:
     def checkpoint(self) -> None:
         ckpt_dir = self.outputs.ckpt_dir
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        tag = self.learner.save(ckpt_dir, {"data": self.feeder.state_dict(), "collector": self.collector.state_dict(),
-                                           "rng": rng_state()})
+        with self.seams.busy("checkpointing"):
+            tag = self.learner.save(ckpt_dir, {"data": self.feeder.state_dict(),
+                                               "collector": self.collector.state_dict(), "rng": rng_state()})
         acked = self.collector.ack_trained()  # only now: the checkpoint holds what they trained
         self.outputs.prune_checkpoints()
         self.say(f"checkpoint {ckpt_dir / tag} (acknowledged {acked} trained trajectories)")
@@ -285,7 +290,8 @@ class TrainingSession:
     def _step(self, trajectories: list, ids: list[str], info: dict[str, Any], on_step) -> None:
         cfg, learner, collector = self.cfg, self.learner, self.collector
         stats = collector.stats
-        metrics = learner.train_step(trajectories)
+        with self.seams.busy("training step"):
+            metrics = learner.train_step(trajectories)
         collector.trained(trajectories, ids)
         t_pub = time.perf_counter()
         state = learner.state_dict_for_rollout()

@@ -17,6 +17,7 @@ read at the step boundary.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import math
 import time
@@ -37,6 +38,19 @@ from stare.learner.micro_batches import MicroBatch, build_micro_batch, filler_mi
 from stare.learner.passes import Policy, hidden_state_fn, prepass, train_pass
 from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
 from stare.records import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+def nonfinite_step(loss: float, grad_norm: float | None, step: int) -> int:
+    """1 (and a warning) when the step's loss or gradient norm is NaN or infinite, else 0. DeepSpeed
+    skips such an update ("OVERFLOW! Skipping step"); counting them makes a run that stopped learning
+    visible in status, metrics and Prometheus instead of only in the engine's log."""
+    if math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)):
+        return 0
+    log.warning("step %d: loss %s, grad_norm %s: not finite (the optimizer update was skipped or is invalid)",
+                step, loss, grad_norm)
+    return 1
 
 
 def check_packing_supported(model) -> None:
@@ -86,7 +100,9 @@ class Learner:
         self.device = ds.engine_device(self.engine)
         self.policy = Policy(hidden=hidden_state_fn(self.engine, self.engine.module, self.device), lm_head=self.engine.module.get_output_embeddings(),
                              device=self.device, chunk_tokens=o.logits_chunk_tokens)
-        self.controller = EntropyController(cfg.controller)
+        # ln V bounds the target and band (a uniform distribution over the vocabulary)
+        self.controller = EntropyController(cfg.controller, max_entropy=math.log(model.config.vocab_size))
+        self.nonfinite_steps = 0  # steps whose loss or gradient norm was NaN or infinite (status, metrics)
         self.step = 0
         self.version = 0
         self.lagged_entropy: float | None = None
@@ -173,6 +189,8 @@ class Learner:
             "time_learn_s": t_end - t0,
             "time_plan_s": t_plan - t0,
         }
+        self.nonfinite_steps += nonfinite_step(metrics["loss"], metrics["grad_norm"], self.step)
+        metrics["nonfinite_steps"] = self.nonfinite_steps
         metrics["rollout_logprob_gap"] = totals.pop("rollout_logprob_gap_sum") / max(train_tokens, 1.0)
         metrics.update({k: v for k, v in totals.items()})
         quadrant_values = quadrant_metrics(quadrants)
@@ -195,6 +213,7 @@ class Learner:
                 "version": self.version,
                 "controller": self.controller.state_dict(),
                 "lagged_entropy": self.lagged_entropy,
+                "nonfinite_steps": self.nonfinite_steps,
                 **extra,
             }
             _write_atomic(directory / tag / "trainer_state.json", json.dumps(state, indent=1))
@@ -208,6 +227,7 @@ class Learner:
         self.step, self.version = state["step"], state["version"]
         self.controller.load_state_dict(state["controller"])
         self.lagged_entropy = state["lagged_entropy"]
+        self.nonfinite_steps = int(state.get("nonfinite_steps", 0))
         return state
 
 

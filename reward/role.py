@@ -30,9 +30,9 @@ SCORE_TIMEOUT_S = 30.0
 
 @functools.lru_cache(maxsize=4)
 def _task(name: str, kwargs_json: str):
-    from stare.tasks.registry import build_task
+    from stare.tasks.registry import build_verifier
 
-    return build_task(name, **json.loads(kwargs_json))
+    return build_verifier(name, **json.loads(kwargs_json))
 
 
 @functools.lru_cache(maxsize=4)
@@ -85,12 +85,13 @@ class PoolScorer:
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int = 1) -> None:
     from stare.reward.trajectory_worker import RewardWorker
     from stare.runtime import RoleRuntime, connect_transport
-    from stare.tasks.registry import build_task
+    from stare.tasks.registry import build_verifier
     from stare.transport.redis_streams import BackpressureError
 
     with RoleRuntime("reward", name, cfg, redis_url, stop=stop) as rt:
-        task_kwargs = {k: v for k, v in cfg.task.build_kwargs(None).items() if k != "tokenizer"}
-        task = build_task(cfg.task.name, **task_kwargs)
+        # the verifier alone: the trajectory carries its ground truth, no dataset file is opened
+        task_kwargs = cfg.task.verifier_kwargs()
+        task = build_verifier(cfg.task.name, **task_kwargs)
         transport = connect_transport(cfg, redis_url)
         scorer = PoolScorer(cfg.task.name, task_kwargs, workers, reward_config=cfg.reward)
         worker = RewardWorker(task, transport.raw, transport.scored, name=name, scorer=scorer)
@@ -103,7 +104,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int 
                         next_reclaim = time.monotonic() + cfg.system.claim_idle_s / 2
                         if claimed := transport.raw.reclaim(name, max_count=256):
                             log.info("reclaimed %d trajectories left pending by a dead worker", len(claimed))
-                            done += worker.process(claimed)
+                            done += worker.handle(claimed)
                             continue
                     done += worker.run_once(256, block_s=1.0)
                 except BackpressureError as err:  # the learner is behind: wait

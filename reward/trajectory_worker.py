@@ -14,6 +14,7 @@ from stare.reward.compose import RewardInput, RewardResult, compute_reward
 from stare.reward_config import RewardConfig
 from stare.tasks.base import Problem, Task
 from stare.transport.base import RecordStream
+from stare.transport.guard import process_guarded
 
 
 def reward_info(score: RewardResult, finish_reason: str) -> dict:
@@ -61,7 +62,12 @@ class RewardWorker:
         self.scorer = scorer or (lambda batch: [score_trajectory(self.task, t, reward_config) for t in batch])
 
     def run_once(self, max_count: int = 1024, block_s: float = 0.0) -> int:
-        return self.process(self.raw.consume(self.name, max_count, block_s))
+        return self.handle(self.raw.consume(self.name, max_count, block_s))
+
+    def handle(self, deliveries: list) -> int:
+        """`process` guarded: a trajectory that keeps failing ends in the dead-letter stream with its
+        error instead of failing its batch or its worker (stare.transport.guard)."""
+        return process_guarded(self.raw, deliveries, self.process)
 
     def process(self, deliveries: list) -> int:
         """Validate, score and publish `deliveries`; acknowledge them after the publish."""

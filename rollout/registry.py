@@ -61,18 +61,10 @@ def _build_hf(config: HFEngineConfig) -> RolloutEngine:
 
 
 def _build_vllm(config: VLLMEngineConfig) -> RolloutEngine:
-    from stare.rollout.vllm_engine import VLLMEngine
+    from stare.rollout.vllm_engine import VLLMEngine, engine_args
 
-    return VLLMEngine(
-        config.model_path,
-        dtype=config.dtype,
-        seed=config.seed,
-        enforce_eager=config.enforce_eager,
-        max_model_len=config.max_model_len,
-        max_num_seqs=config.max_num_seqs,
-        cpu_kvcache_space_gib=config.cpu_kvcache_space_gib,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-    )
+    return VLLMEngine(config.model_path, dtype=config.dtype, seed=config.seed,
+                      cpu_kvcache_space_gib=config.cpu_kvcache_space_gib, **engine_args(config))
 
 
 ENGINES: dict[str, tuple[type[BaseModel], Callable[[Any], RolloutEngine]]] = {

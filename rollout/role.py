@@ -40,6 +40,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
             engine, tokenizer, transport.prompts, transport.raw, weights, name=name,
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
             stop_token_ids=stack.setup.stop_ids, agent=stack.agent, should_stop=rt.stop.is_set, seed=cfg.run.seed,
+            max_prompt_len=cfg.data.max_prompt_len, prompt_overflow=cfg.data.prompt_overflow, tick=rt.tick,
         )
         batch = cfg.system.rollout_batch_prompts
         next_reclaim, done = 0.0, 0
@@ -51,9 +52,11 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
                         next_reclaim = time.monotonic() + cfg.system.claim_idle_s / 2
                         if claimed := transport.prompts.reclaim(name, max_count=batch):
                             log.info("reclaimed %d prompts left pending by a dead worker", len(claimed))
-                            done += worker.process(claimed)
+                            with rt.busy("sampling"):
+                                done += worker.handle(claimed)
                             continue
-                    done += worker.run_once(batch, block_s=1.0)
+                    with rt.busy("sampling"):  # a long generation is alive while it computes
+                        done += worker.run_once(batch, block_s=1.0)
                 except BackpressureError as err:  # reward workers are behind: wait, keep the prompts
                     log.warning("%s", err)
                     rt.stop.wait(1.0)

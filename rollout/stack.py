@@ -8,6 +8,8 @@ tool use) the tool agent; and the evaluator every mode uses (`stare train`, `sta
 
 from __future__ import annotations
 
+import logging
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -65,20 +67,23 @@ class StackEvaluator:
     """Held-out evaluation of the learner's newest weights on a rollout stack: the same problems,
     sampler (the tool agent when tool use is on) and seeds in every mode."""
 
-    def __init__(self, stack: RolloutStack, cfg: TrainConfig):
+    def __init__(self, stack: RolloutStack, cfg: TrainConfig, log: Callable[[str], None] | None = None):
+        from stare.data import eval_problems
+
         self.stack, self.cfg = stack, cfg
-        self.problems = stack.setup.task.problems("test", cfg.task.eval_problems, cfg.run.seed)
+        # the prompt length policy (data.max_prompt_len) applies to held-out prompts as to training ones
+        self.problems = eval_problems(cfg, stack.setup.task, stack.setup.tokenizer,
+                                      log or logging.getLogger(__name__).warning)
 
     def __call__(self, version: int, weights: Callable[[], Mapping[str, torch.Tensor]]) -> dict[str, Any]:
-        from stare.rollout.evaluation import evaluate
+        from stare.rollout.evaluation import eval_settings, evaluate
 
         engine = self.stack.engine
         if engine.weight_version < version:  # evaluate what the learner has, not what rollout last took
             engine.update_weights(weights(), version)
-        s, cfg = self.stack.setup, self.cfg
-        return evaluate(self.stack.sampler, s.tokenizer, s.task, self.problems, k=cfg.task.eval_k,
-                        max_new_tokens=cfg.rollout.max_new_tokens, stop_token_ids=s.stop_ids,
-                        seed=cfg.run.seed * 7 + 1)
+        s = self.stack.setup
+        return evaluate(self.stack.sampler, s.tokenizer, s.task, self.problems, stop_token_ids=s.stop_ids,
+                        **eval_settings(self.cfg))
 
     def close(self) -> None:
         """Close the stack (for an evaluator that owns its stack, as the distributed learner's does)."""

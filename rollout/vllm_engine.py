@@ -34,6 +34,10 @@ Limits and side effects:
   allocates `cpu_kvcache_space_gib` GiB of KV cache up front (RSS ~1.7 GB for a tiny model).
 - bf16 log-probs differ from an fp32 recompute by up to ~0.1 (use fp32 when the learner
   compares them).
+
+Engine arguments (`rollout.engine` with `name: vllm`; `engine_args` builds them): tensor_parallel_size,
+gpu_memory_utilization, enforce_eager, max_num_seqs, max_num_batched_tokens, max_model_len,
+enable_prefix_caching go to `LLM(...)` unchanged (vLLM's EngineArgs of the same names).
 """
 
 from __future__ import annotations
@@ -86,20 +90,36 @@ def _rebuild_output_heads(worker: Any) -> int:
     return len(heads)
 
 
+ENGINE_ARGS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "max_num_seqs",
+               "max_num_batched_tokens", "max_model_len", "enable_prefix_caching")
+"""Fields of the `rollout.engine` vllm section passed to vLLM's `LLM(...)` under the same names."""
+
+
+def engine_args(section: Any) -> dict[str, Any]:
+    """vLLM engine arguments from a `VllmEngineSection` (or VLLMEngineConfig): every field in
+    ENGINE_ARGS, those set to None left to vLLM's default. Pure: imports no vLLM."""
+    return {k: v for k in ENGINE_ARGS if (v := getattr(section, k)) is not None}
+
+
+def _section_defaults() -> dict[str, Any]:
+    from stare.config import VllmEngineSection
+
+    return engine_args(VllmEngineSection())
+
+
 class VLLMEngine:
-    """Rollout engine on vLLM's offline `LLM`, in process; see the module docstring."""
+    """Rollout engine on vLLM's offline `LLM`, in process; see the module docstring.
+
+    `args`: vLLM engine arguments (`engine_args(section)`; unset ones take the run config's
+    section defaults), passed to `LLM(...)` with the fixed ones this engine relies on."""
 
     def __init__(
         self,
         model_path: str,
         dtype: str = "float32",
         seed: int = 0,
-        enforce_eager: bool = True,
-        max_model_len: int | None = None,
-        max_num_seqs: int = 256,
         cpu_kvcache_space_gib: int = 1,
-        gpu_memory_utilization: float = 0.5,
-        **llm_kwargs: Any,
+        **args: Any,
     ) -> None:
         # vLLM reads these when its modules load and the engine starts: set them first.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process core: weights by reference
@@ -120,13 +140,9 @@ class VLLMEngine:
             model=str(model_path),
             dtype=dtype,
             seed=seed,
-            enforce_eager=enforce_eager,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            gpu_memory_utilization=gpu_memory_utilization,
             skip_tokenizer_init=True,
             logprobs_mode="processed_logprobs",
-            **llm_kwargs,
+            **{**_section_defaults(), **args},
         )
         self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
         self.weight_version = 0

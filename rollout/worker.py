@@ -11,14 +11,20 @@ Trajectory.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable
 
 import numpy as np
 
 from stare.records import PromptTask, Trajectory
 from stare.rollout.engine import RolloutEngine, SamplingParams, derive_seed
-from stare.transport.base import RecordStream
+from stare.rollout.prompt_guard import Overflow, fit_prompt, prompt_limit
+from stare.transport.base import Delivery, RecordStream
+from stare.transport.guard import process_guarded
 from stare.weight_sync.base import WeightSubscriber
+
+log = logging.getLogger(__name__)
 
 
 class RolloutWorker:
@@ -39,6 +45,9 @@ class RolloutWorker:
         should_stop: Callable[[], bool] = lambda: False,
         weight_wait_s: float = 1.0,
         seed: int = 0,
+        max_prompt_len: int | None = None,
+        prompt_overflow: Overflow = "truncate_left",
+        tick: Callable[[], None] = lambda: None,
     ):
         self.engine, self.tokenizer = engine, tokenizer
         self.prompts, self.raw, self.weights = prompts, raw, weights
@@ -48,6 +57,10 @@ class RolloutWorker:
         self.agent = agent  # a ToolAgent driving `engine`, or None for single-turn completions
         self.should_stop, self.weight_wait_s = should_stop, weight_wait_s
         self.seed = seed  # the run's seed: each group samples from derive_seed(seed, group_id)
+        self.prompt_limit = prompt_limit(max_prompt_len, getattr(engine, "max_model_len", None), max_new_tokens)
+        self.prompt_overflow = prompt_overflow
+        self.truncated_prompts = 0
+        self.tick = tick  # liveness while waiting for the learner's weights (it may be evaluating for long)
 
     def sync_weights(self) -> bool:
         update = self.weights.fetch(self.engine.weight_version)
@@ -59,7 +72,30 @@ class RolloutWorker:
 
     def run_once(self, max_prompts: int, seed: int | None = None, block_s: float = 0.0) -> int:
         """Sample one batch of pending prompts; returns how many prompts it handled."""
-        return self.process(self.prompts.consume(self.name, max_prompts, block_s), seed)
+        return self.handle(self.prompts.consume(self.name, max_prompts, block_s), seed)
+
+    def handle(self, deliveries: list, seed: int | None = None) -> int:
+        """`process` guarded: a batch that raises is retried prompt by prompt, and a prompt that keeps
+        failing ends in the dead-letter stream with its error (stare.transport.guard)."""
+        return process_guarded(self.prompts, deliveries, lambda ds: self.process(ds, seed))
+
+    def _screen(self, deliveries: list) -> list:
+        """The deliveries fit to sample (over-long prompts truncated left); the others dead-lettered
+        with the reason (stare.rollout.prompt_guard)."""
+        kept = []
+        for d in deliveries:
+            ids, reason = fit_prompt(d.record.prompt_token_ids, self.prompt_limit, self.prompt_overflow,
+                                     getattr(self.engine, "vocab_size", None))
+            if reason is not None:
+                self.prompts.dead_letter(d.id, d.record, reason)
+                continue
+            if len(ids) < len(d.record.prompt_token_ids):
+                self.truncated_prompts += 1
+                log.warning("prompt of group %s: %d tokens truncated left to %d", d.record.group_id,
+                            len(d.record.prompt_token_ids), len(ids))
+                d = Delivery(d.id, dataclasses.replace(d.record, prompt_token_ids=ids))
+            kept.append(d)
+        return kept
 
     def _await_weights(self, min_version: int) -> bool:
         """Take weights of at least `min_version` (waiting for the learner to publish them); False
@@ -68,6 +104,7 @@ class RolloutWorker:
         while self.engine.weight_version < min_version:
             if self.should_stop():
                 return False
+            self.tick()
             self.weights.wait_for(min_version, self.weight_wait_s)
             self.sync_weights()
         return True
@@ -75,6 +112,7 @@ class RolloutWorker:
     def process(self, deliveries: list, seed: int | None = None) -> int:
         """Sample `deliveries` (prompt tasks), publish their trajectories, then acknowledge them.
         seed None (the default): each group seeded by (the worker's run seed, its group id)."""
+        deliveries = self._screen(deliveries)
         if not deliveries:
             return 0
         tasks: list[PromptTask] = [d.record for d in deliveries]

@@ -6,9 +6,11 @@ docstring, variants are a discriminated union on `name`, cross-field rules live 
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from annotated_types import Interval
+from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict, StrictBool, model_validator
 
 AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -117,31 +119,44 @@ read it."""
 LossConfig = Annotated[Union[tuple(LOSS_CONFIGS.values())], Field(discriminator="name")]
 
 
-class ControllerConfig(_Strict):
-    """The closed-loop entropy gate and the optional adaptive W/M schedule."""
+# Physical ranges of the controller (the API, the learner and checkpoint loads all check them).
+# Entropy in nats is at most ln V; ln 2^32 (22.18) bounds every vocabulary, the learner checks its model's ln V.
+MAX_ENTROPY_NATS = math.log(2**32)
+MAX_W = 10.0  # W and w_max: a 10x weight on a token class is far past any useful setting
+MAX_ALPHA = 1.0  # the sign schedule's step on W (W lives in [1, w_max])
+MAX_GAIN = 1000.0  # full tilt 1 mnat under the target
+# Strict numbers: a JSON true or "0.3" is refused (ints are accepted for floats); never NaN or infinite.
+Num = Annotated[float, Strict(), AllowInfNan(False)]
+Entropy = Annotated[float, Strict(), AllowInfNan(False), Interval(gt=0.0, le=MAX_ENTROPY_NATS)]
 
-    target: float = Field(0.3, gt=0.0, description="H_tgt: target batch-mean token entropy (nats).")
-    band: tuple[float, float] | None = Field(
+
+class ControllerConfig(_Strict):
+    """The closed-loop entropy gate and the optional adaptive W/M schedule. Every number is finite and
+    inside its physical range: target and band in (0, ln V] nats, 1 <= W <= w_max <= 10, M and m_min in
+    (0, 1], alpha in [0, 1], gain in [0, 1000]."""
+
+    target: Entropy = Field(0.3, description="H_tgt: target batch-mean token entropy (nats), in (0, ln V].")
+    band: tuple[Entropy, Entropy] | None = Field(
         None,
         description="Optional [low, high] band with hysteresis: the gate turns on below low, off above high, "
         "and keeps its state in between. None: gate = entropy < target.",
     )
-    w: float = Field(1.1, ge=1.0, description="W: weight on L+ (positive advantage, high surprisal).")
-    m: float = Field(0.9, gt=0.0, le=1.0, description="M: weight on L- (negative advantage, high surprisal; C2).")
-    adaptive: bool = Field(False, description="Adapt W and M after every step (see schedule).")
+    w: Num = Field(1.1, ge=1.0, le=MAX_W, description="W: weight on L+ (positive advantage, high surprisal).")
+    m: Num = Field(0.9, gt=0.0, le=1.0, description="M: weight on L- (negative advantage, high surprisal; C2).")
+    adaptive: StrictBool = Field(False, description="Adapt W and M after every step (see schedule).")
     schedule: Literal["sign", "proportional"] = Field(
         "sign",
         description="Adaptive schedule. sign (the paper's): W <- clip(W + alpha sgn(target - H), 1, w_max), "
         "M <- clip(M - alpha sgn(target - H), m_min, 1). proportional: no memory; the tilt u = clip(gain "
         "(target - H), 0, 1) sets W = 1 + u (w_max - 1) and M = 1 - u (1 - m_min) for the next step.",
     )
-    alpha: float = Field(0.01, ge=0.0, description="Adaptive step size (schedule sign).")
-    gain: float = Field(
-        10.0, ge=0.0, description="Proportional gain (schedule proportional): full tilt when the entropy is 1/gain nats "
-        "below the target.",
+    alpha: Num = Field(0.01, ge=0.0, le=MAX_ALPHA, description="Adaptive step size (schedule sign).")
+    gain: Num = Field(
+        10.0, ge=0.0, le=MAX_GAIN, description="Proportional gain (schedule proportional): full tilt when the "
+        "entropy is 1/gain nats below the target.",
     )
-    w_max: float = Field(1.5, ge=1.0, description="Upper bound of W under the adaptive schedule.")
-    m_min: float = Field(0.5, gt=0.0, le=1.0, description="Lower bound of M under the adaptive schedule.")
+    w_max: Num = Field(1.5, ge=1.0, le=MAX_W, description="Upper bound of W under the adaptive schedule.")
+    m_min: Num = Field(0.5, gt=0.0, le=1.0, description="Lower bound of M under the adaptive schedule.")
     entropy_source: Literal["prepass", "lagged"] = Field(
         "prepass",
         description="prepass: the gate reads this step's entropy from the pre-step no-grad pass (exact). "
@@ -170,16 +185,28 @@ def clip_number(value: Any, low: Any, high: Any) -> Any:
     return value
 
 
-def merge_config(current: dict[str, Any], changes: dict[str, Any]) -> ControllerConfig:
+def check_entropy_range(cfg: ControllerConfig, max_entropy: float | None) -> ControllerConfig:
+    """`cfg` if its target and band lie within (0, max_entropy] (ln V of the model), else ValueError
+    naming the field. None: only the config's own bound applies."""
+    if max_entropy is not None:
+        for name, value in (("target", cfg.target), *((("band", cfg.band[1]),) if cfg.band else ())):
+            if value > max_entropy:
+                raise ValueError(f"controller.{name}: {value} nats is above ln V = {max_entropy:.4g}, the largest "
+                                 "entropy of this model's vocabulary; send a smaller value")
+    return cfg
+
+
+def merge_config(current: dict[str, Any], changes: dict[str, Any], max_entropy: float | None = None) -> ControllerConfig:
     """`current` (a config dump with the live W and M) with `changes`, validated as a whole (raises
-    pydantic's ValidationError). W and M, when given, replace the current values; otherwise the
-    current values are clipped into the (new) bounds. The learner and the control plane's
-    validation both use this, so they cannot disagree on what a change means."""
+    pydantic's ValidationError, or ValueError when target or band exceed `max_entropy`, ln V). W and
+    M, when given, replace the current values; otherwise the current values are clipped into the
+    (new) bounds. The learner and the control plane's validation both use this, so they cannot
+    disagree on what a change means."""
     merged = {**current, **changes}
     if "w" not in changes:
         merged["w"] = clip_number(merged["w"], 1.0, merged["w_max"])
     if "m" not in changes:
         merged["m"] = clip_number(merged["m"], merged["m_min"], 1.0)
-    if merged.get("band") is not None:
+    if isinstance(merged.get("band"), list):  # anything else is left for validation to name
         merged["band"] = tuple(merged["band"])
-    return ControllerConfig.model_validate(merged)
+    return check_entropy_range(ControllerConfig.model_validate(merged), max_entropy)

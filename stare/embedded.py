@@ -88,7 +88,7 @@ class EmbeddedRun:
 
     def __init__(self, cfg: TrainConfig, *, resume: bool, log: Callable[[str], None] = print,
                  control: RunControl | None = None):
-        from stare.data import PromptFeeder
+        from stare.data import build_feeder
         from stare.learner.groups import GroupCollector, MemoryDecisionLog
         from stare.learner.session import MemoryCursor, SessionSeams, TrainingSession, seed_everything
         from stare.learner.trainer import Learner
@@ -109,12 +109,12 @@ class EmbeddedRun:
         self.transport = MemoryTransport()
         self.board = MemoryWeightBoard()
         r = cfg.rollout
-        feeder = PromptFeeder(self.task, self.tokenizer, run_id=cfg.run.name, group_size=r.samples_per_prompt,
-                              seed=cfg.run.seed)
+        feeder = build_feeder(cfg, self.task, self.tokenizer, log)
         self.rollout = RolloutWorker(
             self.stack.engine, self.tokenizer, self.transport.prompts, self.transport.raw, self.board,
             name="rollout-0", max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
             stop_token_ids=setup.stop_ids, agent=self.stack.agent, seed=cfg.run.seed,
+            max_prompt_len=cfg.data.max_prompt_len, prompt_overflow=cfg.data.prompt_overflow,
         )
         self.reward = RewardWorker(self.task, self.transport.raw, self.transport.scored, name="reward-0",
                                    reward_config=cfg.reward)
@@ -214,10 +214,12 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
     if stop.requested:
         log(f"stopped after step {run.learner.step}; resume with: stare train --resume {run.run_dir}")
     else:
+        from stare.learner.export import export_run
         from stare.report import write_report
         from stare.wandb_log import log_report
 
         report = write_report(run.run_dir)
         log_report(cfg, report)  # to W&B with logging.wandb
         log(f"report: {report / 'summary.md'}")
+        export_run(run.run_dir, run.stack.setup.model_path, log, cfg.model.dtype)
     return run.run_dir

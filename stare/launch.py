@@ -27,8 +27,10 @@ from typing import Callable, TextIO
 import yaml
 
 from stare.config import ConfigError, TrainConfig, build_config
+from stare.gpu_plan import GpuPlan, node_gpu_count, plan_gpus
 from stare.net import free_port, port_free
 from stare.plan import check_fits
+from stare.transport.redis_secrets import URL_ENV, URL_FILE_ENV, write_secret
 from stare.weight_sync.factory import broadcast_bind_host
 
 COLORS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
@@ -65,15 +67,69 @@ def start_redis(dir, say: Callable[[str], None]):
     machine loses no acknowledged trajectory)."""
     from stare.services.redis_server import RedisServer
 
-    server = RedisServer.on_free_port(Path(dir), appendfsync="always")
-    say(f"redis-server on {server.url} (AOF in {server.dir})")
+    server = RedisServer.on_free_port(Path(dir), appendfsync="always")  # with a password generated for this run
+    say(f"redis-server on {server.public_url} (AOF in {server.dir}; password in {server.dir / 'redis.conf'})")
     return server
+
+
+# ---------------------------------------------------------------- GPU assignment (stare.gpu_plan)
+def role_names(rollout: int, reward: int, control: bool) -> list[str]:
+    return (["control"] if control else []) + ["learner"] + [f"rollout-{i}" for i in range(rollout)] + \
+        [f"reward-{i}" for i in range(reward)]
+
+
+def role_argv(name: str, config_path: Path) -> list[str]:
+    kind = name.split("-")[0]
+    argv = [sys.executable, "-m", "stare.cli", kind, "--config", str(config_path)]
+    return argv + (["--name", name] if kind != "control" else [])
+
+
+def gpu_env(plan: GpuPlan | None, name: str) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES of role `name` under `plan` (nothing set on a node without GPUs)."""
+    return {} if plan is None or plan.gpus == 0 else {"CUDA_VISIBLE_DEVICES": plan.devices(name)}
+
+
+def node_plan(cfg: TrainConfig, *, rollout: int | None, gpus: int | None = None, learner_gpus: str | None = None,
+              rollout_gpus: str | None = None) -> GpuPlan:
+    """The GPU map of this node (`gpus`: override the detected count, e.g. to print a plan)."""
+    engine = cfg.rollout.engine
+    return plan_gpus(node_gpu_count() if gpus is None else gpus, rollout=rollout,
+                     tensor_parallel_size=getattr(engine, "tensor_parallel_size", 1),
+                     learner_gpus=learner_gpus, rollout_gpus=rollout_gpus)
+
+
+def format_plan(cfg: TrainConfig, plan: GpuPlan, *, rollout: int, reward: int, control: bool,
+                redis_url: str | None) -> str:
+    """What `stare up` would start, without starting anything: the GPU map, then every role's
+    command, environment and ports (`stare up --print-plan`)."""
+    config_path = cfg.run_dir / "up" / "config.yaml"
+    s, lines = cfg.system, [f"GPU map ({plan.gpus} GPUs on this node):"]
+    if plan.gpus:
+        lines.append(f"  learner: {plan.learner}")
+        lines += [f"  rollout-{i}: {g}" for i, g in enumerate(plan.rollout)]
+        lines.append(f"  unused: {plan.unused}")
+        if plan.shared:
+            lines.append("  (one GPU: the rollout worker shares the learner's; set rollout.engine.gpu_memory_utilization"
+                         " so that both fit)")
+    else:
+        lines.append("  none: every role runs on CPU")
+    redis = redis_url or "a redis-server on a free local port (AOF in <run dir>/up/redis)"
+    lines += ["", f"redis: {redis}", f"config: {config_path} (ports taken at start are replaced by free ones)", ""]
+    for name in role_names(rollout, reward, control):
+        env = {**gpu_env(plan, name), "STARE_WORKER_NAME": name} if name != "control" else gpu_env(plan, name)
+        ports = {"control": f"API {cfg.control.host}:{cfg.control.port}",
+                 "learner": f"weight broadcast {s.broadcast_host}:{s.broadcast_port} ({s.weight_sync})"}.get(
+                     name.split("-")[0], "none")
+        lines += [f"{name}:", f"  command: {' '.join(role_argv(name, config_path))}",
+                  "  env: " + " ".join(f"{k}={v!r}" if v == "" else f"{k}={v}" for k, v in env.items()),
+                  f"  ports: {ports}"]
+    return "\n".join(lines)
 
 
 class Launcher:
     def __init__(self, cfg: TrainConfig, *, rollout: int = 1, reward: int = 1, redis_url: str | None = None,
                  control: bool = True, max_restarts: int = 5, grace_s: float = 60.0,
-                 out: TextIO | None = None, color: bool | None = None):
+                 out: TextIO | None = None, color: bool | None = None, gpu_plan: GpuPlan | None = None):
         if rollout < 1 or reward < 1:
             raise ConfigError(f"--rollout ({rollout}) and --reward ({reward}) must be >= 1: the run needs at least "
                               "one worker of each")
@@ -101,13 +157,9 @@ class Launcher:
         self.config_path.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
         self.redis_url = redis_url
         self.roles: dict[str, Role] = {}
-        names = (["control"] if control else []) + ["learner"] + [f"rollout-{i}" for i in range(rollout)] + \
-            [f"reward-{i}" for i in range(reward)]
-        for i, name in enumerate(names):
-            kind = name.split("-")[0]
-            argv = [sys.executable, "-m", "stare.cli", kind, "--config", str(self.config_path)]
-            argv += ["--name", name] if kind != "control" else []
-            self.roles[name] = Role(name, argv, color=COLORS[i % len(COLORS)])
+        self.gpu_plan = gpu_plan
+        for i, name in enumerate(role_names(rollout, reward, control)):
+            self.roles[name] = Role(name, role_argv(name, self.config_path), color=COLORS[i % len(COLORS)])
         self.stopping = False
         self.force_stop = False  # a second Ctrl-C: stop() kills instead of waiting
 
@@ -128,6 +180,8 @@ class Launcher:
         if self.redis_url is None:
             self.redis = start_redis(self.dir / "redis", self.say)
             self.redis_url = self.redis.url
+        # the roles read the URL (with its password) from a 0600 file, never from argv or the environment
+        self.redis_url_file = write_secret(self.dir / "redis.url", self.redis_url)
         for role in self.roles.values():
             self._spawn(role)
         if "control" in self.roles:
@@ -139,10 +193,11 @@ class Launcher:
     def _spawn(self, role: Role) -> None:
         from stare.learner.deepspeed_engine import child_env
 
-        env = {**child_env(), "STARE_REDIS_URL": self.redis_url, "PYTHONUNBUFFERED": "1", "STARE_WORKER_NAME": role.name,
+        env = {**child_env(), URL_FILE_ENV: str(self.redis_url_file), "PYTHONUNBUFFERED": "1", "STARE_WORKER_NAME": role.name,
                "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),  # c10d's reconnect chatter
-               "HF_HUB_OFFLINE": "1"}
+               "HF_HUB_OFFLINE": "1", **gpu_env(self.gpu_plan, role.name)}
         env.pop("STARE_HEALTH_PORT", None)  # one machine: roles would collide on one port
+        env.pop(URL_ENV, None)  # the file above wins anyway; keep a caller's URL out of the roles' environment
         role.proc = subprocess.Popen(role.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                      start_new_session=True)
         threading.Thread(target=self._pump, args=(role, role.proc.stdout), daemon=True).start()
@@ -201,8 +256,18 @@ class Launcher:
         self.say("stopped")
 
 
-def up(cfg: TrainConfig, *, rollout: int, reward: int, redis_url: str | None, control: bool = True) -> int:
-    return run_until_done(Launcher(cfg, rollout=rollout, reward=reward, redis_url=redis_url, control=control))
+def up(cfg: TrainConfig, *, rollout: int | None, reward: int, redis_url: str | None, control: bool = True,
+       gpus: int | None = None, learner_gpus: str | None = None, rollout_gpus: str | None = None,
+       print_plan: bool = False, out: TextIO | None = None) -> int:
+    plan = node_plan(cfg, rollout=rollout, gpus=gpus, learner_gpus=learner_gpus, rollout_gpus=rollout_gpus)
+    if rollout is None:  # GPUs: one worker per tensor_parallel_size rollout GPUs; CPU: one
+        rollout = len(plan.rollout) if plan.gpus else 1
+    if print_plan:
+        print(format_plan(cfg, plan, rollout=rollout, reward=reward, control=control, redis_url=redis_url),
+              file=out or sys.stdout)
+        return 0
+    return run_until_done(Launcher(cfg, rollout=rollout, reward=reward, redis_url=redis_url, control=control,
+                                   gpu_plan=plan))
 
 
 def run_until_done(launcher) -> int:

@@ -1,7 +1,7 @@
 """Model resolution: the one place that turns a run config into a model directory, its tokenizer,
 its stop ids and the run's task. Every role and application calls these (core: imports no role).
 
-    path = resolve_model(cfg, log)         # model.path, or the bundled tiny model (built once, cached)
+    path = resolve_model(cfg, log)         # model.path, SmolLM2 (model.source) or the tiny model (cached)
     setup = load_run_setup(cfg, log)       # path + tokenizer + task + stop ids
 """
 
@@ -19,12 +19,16 @@ if TYPE_CHECKING:
 
 
 def resolve_model(cfg: TrainConfig, log: Callable[[str], None]) -> Path:
-    """`model.path` (checked to be a Hugging Face directory) or the bundled tiny model, built on
-    first use and cached under ~/.cache/stare."""
+    """`model.path` (checked to be a Hugging Face directory), else by `model.source`: SmolLM2-135M-Instruct
+    (stare.smollm2) or the bundled tiny model, prepared on first use and cached under ~/.cache/stare."""
     if cfg.model.path is not None:
         if not (Path(cfg.model.path) / "config.json").is_file():
             raise ConfigError(f"model.path: {cfg.model.path} is not a Hugging Face model directory (no config.json)")
         return Path(cfg.model.path)
+    if cfg.model.source == "smollm2":
+        from stare.smollm2 import prepare_smollm2
+
+        return prepare_smollm2(log=log)
     from stare.tiny import build_tiny_model
 
     t0 = time.perf_counter()

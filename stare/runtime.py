@@ -4,7 +4,15 @@
 event the main loop checks between batches (a second SIGINT aborts); heartbeats in Redis from a
 background thread (so a long batch does not look like a death), carrying what the loop last
 reported with `tick(...)`; and an HTTP liveness endpoint `GET /healthz` on `system.health_port`
-(or STARE_HEALTH_PORT), 200 while the main loop ticked within `stall_s`, else 503.
+(or STARE_HEALTH_PORT), 200 while the main loop ticked within `system.stall_s`, else 503.
+
+Long work (an evaluation, a training step, a model load) runs inside `with rt.busy("evaluating"):`.
+While it runs, the heartbeat thread keeps the liveness fresh as long as the busy thread makes
+progress: its CPU time grows (read from its per-thread CPU clock; compute, and CUDA
+synchronisation, which spins, count) or it calls `rt.tick()`. A thread that hangs (deadlocked,
+blocked on a dead peer's collective or socket) uses no CPU, so `stall_s` later it is reported
+(503, "busy: evaluating, no progress for N s"). The compose and Kubernetes liveness probes are
+derived from `system.stall_s` (docs/deploy.md).
 
 Worker names: `--name`, else STARE_WORKER_NAME, else `<role>-<host>-<pid>`. A name is the
 worker's stream consumer name: a worker restarted under the same name first re-reads what it held.
@@ -12,6 +20,7 @@ worker's stream consumer name: a worker restarted under the same name first re-r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -20,9 +29,10 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from typing import Any
 
-from stare.config import TrainConfig
+from stare.config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +41,15 @@ def worker_name(role: str, name: str | None) -> str:
     return name or os.environ.get("STARE_WORKER_NAME") or f"{role}-{socket.gethostname()}-{os.getpid()}"
 
 
-def redis_url(cfg: TrainConfig, override: str | None) -> str:
-    return override or os.environ.get("STARE_REDIS_URL") or cfg.system.redis_url
+def redis_url(cfg: TrainConfig, override: str | None, url_file: str | None = None) -> str:
+    """--redis-url, --redis-url-file, STARE_REDIS_URL_FILE, STARE_REDIS_URL, system.redis_url; plus
+    STARE_REDIS_PASSWORD_FILE (see stare.transport.redis_secrets). Never log it: log masked(url)."""
+    from stare.transport.redis_secrets import SecretError, resolve_url
+
+    try:
+        return resolve_url(cfg.system.redis_url, url=override, url_file=url_file)
+    except SecretError as err:
+        raise ConfigError(str(err)) from None
 
 
 def connect_transport(cfg: TrainConfig, url: str):
@@ -45,7 +62,8 @@ def connect_transport(cfg: TrainConfig, url: str):
     rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     backlog = s.max_backlog + (cfg.run.checkpoint_every + s.max_staleness + 2) * rows
     return RedisTransport.connect(url, cfg.run.name, max_backlog=backlog, maxlen=2 * backlog,
-                                  claim_idle_ms=int(s.claim_idle_s * 1000), block_ms=1000, publish_timeout_s=5.0)
+                                  claim_idle_ms=int(s.claim_idle_s * 1000), block_ms=1000, publish_timeout_s=5.0,
+                                  max_deliveries=s.max_deliveries)
 
 
 def setup_logging(role: str, name: str, level: int = logging.INFO, fmt: str = "text") -> None:
@@ -64,6 +82,20 @@ def setup_logging(role: str, name: str, level: int = logging.INFO, fmt: str = "t
         pass
 
 
+MIN_PROGRESS_CPU_S = 0.01
+"""CPU seconds a busy thread must use between two looks to count as making progress (a blocked
+thread uses none; a heartbeat interval of real work uses far more)."""
+
+
+def _thread_cpu_s(ident: int) -> float | None:
+    """CPU seconds thread `ident` (threading.get_ident()) has used; None where the OS has no
+    per-thread CPU clock (then only explicit ticks keep a busy role alive)."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(ident))
+    except (AttributeError, OSError):
+        return None
+
+
 class RoleRuntime:
     def __init__(self, role: str, name: str, cfg: TrainConfig, url: str, *, stall_s: float | None = None,
                  stop: threading.Event | None = None):
@@ -74,7 +106,9 @@ class RoleRuntime:
         self.stop = stop or threading.Event()  # a caller's event (Ray actors, tests) or our own
         self._sigint = 0
         self._signalled = 0  # set by the signal handler, turned into `stop` by a watcher thread
-        self.stall_s = stall_s if stall_s is not None else max(120.0, 30 * cfg.system.heartbeat_s)
+        self.stall_s = stall_s if stall_s is not None else cfg.system.stall_s
+        self._busy: tuple[str, int, float] | None = None  # (what, thread id, its CPU time when last seen)
+        self._busy_lock = threading.Lock()
         self.state = RedisRunState.connect(url, cfg.run.name, dead_after_s=cfg.system.dead_after_s)
         self.control = RunControl(self.state, role=role, name=name, heartbeat_s=cfg.system.heartbeat_s)
         self.info: dict[str, Any] = {}
@@ -130,7 +164,37 @@ class RoleRuntime:
         self.info.update(info)
 
     def healthy(self) -> bool:
+        self._watch_busy()
         return time.monotonic() - self.last_tick < self.stall_s
+
+    @contextlib.contextmanager
+    def busy(self, what: str) -> Iterator[None]:
+        """Long work on the calling thread: liveness stays fresh while this thread uses CPU (or
+        ticks); a hung one is reported after `stall_s`. Nests (the outermost is watched)."""
+        if self._busy is not None:
+            yield
+            return
+        self.tick(busy=what)
+        with self._busy_lock:
+            self._busy = (what, threading.get_ident(), _thread_cpu_s(threading.get_ident()))
+        try:
+            yield
+        finally:
+            with self._busy_lock:
+                self._busy = None
+            self.info.pop("busy", None)
+            self.tick()
+
+    def _watch_busy(self) -> None:
+        """A busy thread whose CPU time grew since it was last seen is making progress: tick."""
+        with self._busy_lock:
+            if self._busy is None:
+                return
+            what, ident, seen = self._busy
+            now = _thread_cpu_s(ident)
+            if now is not None and seen is not None and now - seen >= MIN_PROGRESS_CPU_S:
+                self._busy = (what, ident, now)
+                self.last_tick = time.monotonic()
 
     def _beat_loop(self) -> None:
         while True:
@@ -151,6 +215,7 @@ class RoleRuntime:
                     return
                 ok = runtime.healthy()
                 body = json.dumps({"role": runtime.role, "name": runtime.name, "healthy": ok,
+                                   "busy": runtime.info.get("busy"), "stall_s": runtime.stall_s,
                                    "last_tick_s": round(time.monotonic() - runtime.last_tick, 3)}).encode()
                 self.send_response(200 if ok else 503)
                 self.send_header("Content-Type", "application/json")

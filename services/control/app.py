@@ -4,14 +4,21 @@ The app keeps no run state of its own (only its settings and the auth policy), s
 can serve one Redis. Errors are JSON `{"detail": "...", "errors": [{"field", "message"}]}`: 422
 names the field (body validation, band order, bounds); before a learner has published its controller,
 GET /v1/entropy is 404 and a change 409; 503 when the store does not answer within its retry budget.
+Before any route: limits.BodyLimit (413/408), security (trusted hosts, same-origin changes, headers);
+openapi.py makes the spec say what this instance does (auth per operation, error bodies).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from stare.services.control import openapi, security
 from stare.services.control.auth import ReadAuth, policy_from, resolve_token
+from stare.services.control.limits import BodyLimit
 from stare.services.control.routes import (
     dashboard,
     entropy,
@@ -43,6 +50,17 @@ async def _change_error(request: Request, exc: EntropyChangeError) -> JSONRespon
     return JSONResponse({"detail": str(exc), "errors": [{"field": exc.field, "message": exc.message}]}, status_code=422)
 
 
+async def _http_error(request: Request, exc: StarletteHTTPException):
+    """FastAPI's handler, but a 405 lists in Allow every method of the path (Starlette lists only
+    those of the first route that matched, e.g. GET of /v1/entropy and not its PUT and PATCH)."""
+    if exc.status_code != 405:
+        return await http_exception_handler(request, exc)
+    methods = {m for r in request.app.routes if isinstance(r, APIRoute) and r.path_regex.match(request.url.path)
+               for m in r.methods}
+    return JSONResponse({"detail": f"method {request.method} not allowed; allowed: {', '.join(sorted(methods))}"},
+                        status_code=405, headers={"Allow": ", ".join(sorted(methods))})
+
+
 async def _unavailable(request: Request, exc: RunStateUnavailable) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "2"})
 
@@ -50,12 +68,14 @@ async def _unavailable(request: Request, exc: RunStateUnavailable) -> JSONRespon
 def create_app(state: RunState, settings: ControlSection, run_id: str, *, token: str | None = None) -> FastAPI:
     """The API. `token`: the bearer token (None: STARE_API_TOKEN, else control.token_file; "": none)."""
     app = FastAPI(title="stare control plane", version=API_VERSION,
-                  description="Run status, the entropy controller, metrics and run commands of one stare run.")
-    app.state.run_state, app.state.run_id = state, run_id
+                  description="Run status, the entropy controller, metrics and run commands of one stare run.",
+                  docs_url="/docs" if settings.docs else None, redoc_url=None)
+    app.state.run_state, app.state.run_id, app.state.settings = state, run_id, settings
     app.state.auth = policy_from(settings, token if token is not None else resolve_token(settings))
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(EntropyChangeError, _change_error)
     app.add_exception_handler(RunStateUnavailable, _unavailable)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
 
     v1 = APIRouter(prefix=f"/{API_VERSION}")
     v1.include_router(health.router)
@@ -66,4 +86,7 @@ def create_app(state: RunState, settings: ControlSection, run_id: str, *, token:
     app.include_router(v1)
     app.include_router(prometheus.router)
     app.include_router(dashboard.router)
+    openapi.install(app, app.state.auth)
+    security.install(app, settings)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)  # outermost
     return app

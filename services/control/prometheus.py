@@ -42,6 +42,7 @@ STEP_GAUGES = {
     "stare_tokens_per_second": ("tokens_per_s", "Response tokens per second of the last step"),
     "stare_staleness_max": ("staleness_max", "Largest weight-version lag trained on in the last step"),
     "stare_staleness_mean": ("staleness_mean", "Mean weight-version lag trained on in the last step"),
+    "stare_nonfinite_steps": ("nonfinite_steps", "Steps so far whose loss or gradient norm was NaN or infinite"),
 }
 # phase label of stare_step_phase_seconds -> metrics.jsonl key. wait_data: sampling and scoring
 # (`stare train`) or waiting for scored groups (`stare learner`); publish: the weight sync.

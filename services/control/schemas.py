@@ -19,16 +19,26 @@ from stare.runstate.base import AuditEntry, RoleHealth
 _BODY = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
 def _optional_fields(required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The config's fields, optional; only band takes null (it removes the band), the others are
+    absent or a value, so the schema declares no null the API would refuse."""
     fields: dict[str, Any] = {}
     for name, info in ControllerConfig.model_fields.items():
         fi = copy.copy(info)
         if name in required:
             fi.default = PydanticUndefined
             fields[name] = (info.annotation, fi)
-        else:
+        elif name == "band":
             fi.default = None
-            fields[name] = (info.annotation | None, fi)
+            fields[name] = (info.annotation, fi)
+        else:
+            fi.default = None  # never validated: absent means unchanged (model_dump(exclude_unset=True))
+            fi.json_schema_extra = _no_default
+            fields[name] = (info.annotation, fi)
     return fields
 
 
@@ -48,6 +58,8 @@ class _ControllerState(BaseModel):
     last_entropy: float | None
     step: int | None = Field(description="The learner step this state was published after.")
     updated_at: float | None
+    max_entropy: float | None = Field(None, description="ln V of the model's vocabulary: the largest target or "
+                                      "band edge the learner accepts (null: only the config bound applies).")
     pending: list[AuditEntry]
 
 
@@ -77,6 +89,7 @@ class StatusView(BaseModel):
     step: int | None = None
     weight_version: int | None = None
     tokens_per_s: float | None = None
+    nonfinite_steps: int | None = Field(None, description="Steps whose loss or gradient norm was NaN or infinite.")
     step_time_s: float | None = None
     queue_depths: dict[str, int] = Field(default_factory=dict)
     dead_letters: dict[str, int] = Field(default_factory=dict, description="Dead-lettered entries per stream.")

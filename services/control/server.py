@@ -1,7 +1,14 @@
 """Serving the app with uvicorn: in the foreground (`stare control`) or in a background thread of
 `stare train` (`BackgroundServer`: binds first, falls back to a free port when the configured one
 is taken, stops cleanly). Uvicorn's access log is off: request lines could carry a token in a
-query string some client put there."""
+query string some client put there.
+
+The listening socket is created with proto=IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted
+sockets only when `sock.proto == IPPROTO_TCP` (base_events._set_nodelay), and a socket made with
+proto 0 passes that on to every accepted one, so each keep-alive response waited ~40 ms on Nagle's
+algorithm and the peer's delayed ACK. Limits (control section): `limit_concurrency` caps
+connections, `timeout_keep_alive` closes idle ones, limits.GuardedH11Protocol closes connections
+whose headers do not arrive in time, h11's incomplete-event bound caps the headers' size."""
 
 from __future__ import annotations
 
@@ -11,6 +18,8 @@ import socket
 import threading
 import time
 
+from stare.config import ControlSection
+
 log = logging.getLogger(__name__)
 
 
@@ -18,7 +27,7 @@ def bind(host: str, port: int, *, fallback: bool = True) -> socket.socket:
     """A listening socket on host:port; port 0 or (with fallback) a taken port gives a free one."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for candidate in (port, 0) if port and fallback else (port,):
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # see the module docstring
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, candidate))
@@ -42,10 +51,14 @@ def url_of(sock: socket.socket) -> str:
 
 def _config(app, sock: socket.socket):
     import uvicorn
+    from stare.services.control.limits import guarded_protocol
 
+    limits: ControlSection = getattr(app.state, "settings", None) or ControlSection()  # create_app sets it
     host, port = sock.getsockname()[:2]
     return uvicorn.Config(app, host=host, port=port, access_log=False, log_level="warning", lifespan="off",
-                          timeout_graceful_shutdown=2)
+                          timeout_graceful_shutdown=2, http=guarded_protocol(limits.header_timeout_s),
+                          timeout_keep_alive=limits.keepalive_timeout_s, limit_concurrency=limits.max_connections,
+                          h11_max_incomplete_event_size=16 * 1024)
 
 
 def serve_forever(app, host: str, port: int) -> None:
@@ -53,7 +66,7 @@ def serve_forever(app, host: str, port: int) -> None:
     import uvicorn
 
     sock = bind(host, port, fallback=False)
-    print(f"stare control plane: {url_of(sock)} (dashboard at /, API under /v1, docs at /docs)", flush=True)
+    print(f"stare control plane: {url_of(sock)} (dashboard at /, API under /v1, spec at /openapi.json)", flush=True)
     uvicorn.Server(_config(app, sock)).run(sockets=[sock])
 
 

@@ -24,7 +24,7 @@ SUMMARY_KEYS = (
     "band_source", "band_last", "first_in_band_step", "in_band_fraction", "gate_on_fraction",
     "reward_first", "reward_last", "tokens_per_s_mean",
     "evals", "k", "greedy_accuracy_first", "greedy_accuracy_last",
-    "pass_at_k_first", "pass_at_k_last", "avg_at_k_last", "per_level_last",
+    "pass_at_k_first", "pass_at_k_last", "avg_at_k_last", "per_level_last", "per_source_last",
     "w_final", "m_final",
 )  # fmt: skip
 
@@ -196,6 +196,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "pass_at_k_last": _last(pass_k),
         "avg_at_k_last": _last(_series(evals, "avg_at_k")[1]),
         "per_level_last": per_level,
+        "per_source_last": next((r["per_source"] for r in reversed(evals) if isinstance(r.get("per_source"), dict)), None),
         "w_final": _last(_series(metrics, "w")[1]),
         "m_final": _last(_series(metrics, "m")[1]),
     }
@@ -267,6 +268,12 @@ def _summary_markdown(s: dict[str, Any]) -> str:
         lines += ["", "## Held-out greedy accuracy per level (last evaluation)", ""]
         lines += ["| level | accuracy |", "|---|---|"]
         lines += [f"| {lvl} | {_fmt(_number(acc))} |" for lvl, acc in s["per_level_last"].items()]
+    if s["per_source_last"]:
+        lines += ["", "## Held-out per data source (last evaluation)", ""]
+        lines += ["| source | problems | n | temperature | top_p | avg@n | pass@n | greedy |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {src} | {v.get('problems')} | {v.get('n')} | {_fmt(v.get('temperature'), 2)} | {_fmt(v.get('top_p'), 2)} "
+                  f"| {_fmt(v.get('avg_at_n'))} | {_fmt(v.get('pass_at_n'))} | {_fmt(v.get('greedy_accuracy'))} |"
+                  for src, v in s["per_source_last"].items() if isinstance(v, dict)]
     lines += [
         "",
         f"In-band fraction: from the first step whose entropy lies in the band (bounds inclusive), the "

@@ -136,6 +136,12 @@ class RunState(Protocol):
 
     def record_applied(self, ids: list[int], step: int, error: str | None = None) -> None: ...
 
+    def record_rejected(self, entry: AuditEntry, step: int, reason: str) -> None:
+        """The learner refused `entry`: mark its audit entry with `reason`, or, when the audit log has
+        no such entry (it was written to the store directly, not through the API), append it with a
+        fresh id, its `who` marked as not from the control plane."""
+        ...
+
     def audit(self, limit: int = 100) -> list[AuditEntry]:
         """The last `limit` audit entries, oldest first, with their applied step or error."""
         ...
@@ -168,29 +174,54 @@ def merged_config(published: dict[str, Any] | None, pending: list[AuditEntry]) -
     return config
 
 
-def validate_change(current: dict[str, Any], changes: dict[str, Any]) -> ControllerConfig:
-    """`current` merged with `changes`, validated as a whole; raises EntropyChangeError naming the field."""
+def validate_change(current: dict[str, Any], changes: dict[str, Any], max_entropy: float | None = None) -> ControllerConfig:
+    """`current` merged with `changes`, validated as a whole (bounds, strict types, target and band at
+    most `max_entropy` = ln V when the learner published it); raises EntropyChangeError naming the field."""
     if not changes:
         raise EntropyChangeError("body", f"no field to change; give at least one of {', '.join(SETTABLE_FIELDS)}")
     for key in changes:
         if key not in SETTABLE_FIELDS:
             raise EntropyChangeError(key, f"unknown field; settable fields are {', '.join(SETTABLE_FIELDS)}")
     try:
-        return merge_config(current, changes)
+        return merge_config(current, changes, max_entropy)
     except ValidationError as err:
         first = err.errors()[0]
         loc = [str(p) for p in first["loc"]]
         field = loc[0] if loc else (_FIELD_IN_MESSAGE.findall(first["msg"]) or ["body"])[0]
         message = first["msg"].removeprefix("Value error, ")
         raise EntropyChangeError(field, f"{message} (got {({**current, **changes}).get(field)!r}); send a value that satisfies this") from None
+    except ValueError as err:  # above ln V
+        field = (_FIELD_IN_MESSAGE.findall(str(err)) or ["body"])[0]
+        raise EntropyChangeError(field, str(err).split(": ", 1)[-1]) from None
 
 
-def plan_change(entry_id: int, current: dict[str, Any], changes: dict[str, Any], who: str, when: float) -> AuditEntry:
+def plan_change(entry_id: int, current: dict[str, Any], changes: dict[str, Any], who: str, when: float,
+                max_entropy: float | None = None) -> AuditEntry:
     """Validate `changes` against `current` and build its audit entry (changed fields only)."""
-    config = validate_change(current, changes).model_dump(mode="json")
+    config = validate_change(current, changes, max_entropy).model_dump(mode="json")
     new = {k: config[k] for k in changes}
     old = {k: current.get(k) for k in changes}
     return AuditEntry(id=entry_id, who=who, when=when, old=old, new=new)
+
+
+def published_max_entropy(published: dict[str, Any] | None) -> float | None:
+    """ln V as the learner published it with its controller (None: unknown)."""
+    value = (published or {}).get("max_entropy")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def unparsable_entry(raw: Any, err: Exception) -> AuditEntry:
+    """What the learner sees for a pending entry that is not an AuditEntry (written to the store by
+    something other than the control plane): an entry it will reject, with the raw text kept."""
+    return AuditEntry(id=0, who="unknown (a malformed pending entry in the store)", when=time.time(), old={},
+                      new={"raw": str(raw)[:500]}, error=f"malformed: {str(err)[:300]}")
+
+
+def rejected_entry(entry: AuditEntry, audit: list[AuditEntry], next_id: int) -> AuditEntry | None:
+    """None when `entry` is in `audit` (the API validated and logged it); else the copy to append."""
+    if any(e.id == entry.id and e.new == entry.new and e.who == entry.who for e in audit):
+        return None
+    return entry.model_copy(update={"id": next_id, "who": f"{entry.who} [not from the control plane]"[:300]})
 
 
 def json_safe(value: Any) -> Any:

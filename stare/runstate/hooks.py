@@ -11,8 +11,10 @@
     control.set_phase("finished")                  # or "failed"
 
 `before_step` takes every pending change, merges them in request order and applies them with
-`controller.reconfigure(**changes)`; a change that no longer validates (the adaptive schedule moved
-W meanwhile) is recorded on its audit entry and skipped, never raised into the loop. The changes it
+`controller.reconfigure(**changes)`, which validates them again (bounds, strict types, ln V): a
+change that no longer validates (the adaptive schedule moved W meanwhile) or never did (written to
+the store directly, bypassing the API, e.g. `{"w": Infinity}`) is rejected, recorded in the audit
+log with the reason (`record_rejected`) and skipped, never raised into the loop. The changes it
 applied are reported in the next `after_step`'s metrics (`control_changes`: how many,
 `control_audit_ids`: which), so the step that first ran with a new target says so.
 `heartbeat()` rate-limits itself to `heartbeat_s`. Host-side only; call at step boundaries.
@@ -67,12 +69,16 @@ class RunControl:
         applied: list[AuditEntry] = []
         next_step = (self._step or 0) + 1
         for entry in taken:
-            try:
-                controller.reconfigure(**_as_config(entry.new))
-            except ValidationError as err:  # moved under it since it was validated: record, go on
-                reason = f"not applied: {err.errors()[0]['msg']}"
-                log.warning("entropy change %d %s", entry.id, reason)
-                self.state.record_applied([entry.id], next_step, error=reason)
+            reason = entry.error  # set for an entry that did not even parse
+            if reason is None:
+                try:
+                    controller.reconfigure(**_as_config(entry.new))
+                except (ValueError, TypeError) as err:  # pydantic's ValidationError is a ValueError
+                    # moved under it since it was validated, or never validated (written to the store directly)
+                    reason = _reason(err)
+            if reason is not None:
+                log.warning("entropy change %d from %s rejected: %s", entry.id, entry.who, reason)
+                self.state.record_rejected(entry, next_step, f"not applied: {reason}")
                 continue
             applied.append(entry)
         if applied:
@@ -91,7 +97,8 @@ class RunControl:
         self.state.append_metrics(metrics)
         self.state.publish_controller(controller_state(controller, self._step))
         self.state.set_status({"run_id": self.state.run_id, "phase": "training", "step": self._step,
-                               "weight_version": metrics.get("weight_version"), **(status or {}),
+                               "weight_version": metrics.get("weight_version"),
+                               "nonfinite_steps": metrics.get("nonfinite_steps"), **(status or {}),
                                "updated_at": time.time()})
         self.heartbeat(info={"step": self._step})
         return metrics
@@ -112,6 +119,16 @@ class RunControl:
 
 def _as_config(new: dict[str, Any]) -> dict[str, Any]:
     out = dict(new)
-    if out.get("band") is not None:
+    if isinstance(out.get("band"), list):
         out["band"] = tuple(out["band"])
     return out
+
+
+def _reason(err: Exception) -> str:
+    if isinstance(err, ValidationError):
+        first = err.errors()[0]
+        message = first["msg"].removeprefix("Value error, ")
+        if not first["loc"]:  # a cross-field rule: its message names the fields
+            return message
+        return f"{'.'.join(str(p) for p in first['loc'])}: {message} (got {first.get('input')!r:.80})"
+    return str(err)[:300]

@@ -22,6 +22,8 @@ from stare.runstate.base import (
     merged_config,
     page_bounds,
     plan_change,
+    published_max_entropy,
+    rejected_entry,
     role_health,
 )
 
@@ -88,7 +90,8 @@ class MemoryRunState:
     def request_entropy_change(self, changes: dict[str, Any], who: str) -> AuditEntry:
         with self._lock:
             current = merged_config(self._controller, self._pending)
-            entry = plan_change(self._audit_seq + 1, current, changes, who, time.time())
+            entry = plan_change(self._audit_seq + 1, current, changes, who, time.time(),
+                                published_max_entropy(self._controller))
             self._audit_seq += 1
             self._pending.append(entry)
             self._audit.append(entry)
@@ -107,6 +110,14 @@ class MemoryRunState:
         with self._lock:
             for i in ids:
                 self._applied[i] = (step, error)
+
+    def record_rejected(self, entry: AuditEntry, step: int, reason: str) -> None:
+        with self._lock:
+            copy = rejected_entry(entry, list(self._audit), self._audit_seq + 1)
+            if copy is not None:
+                self._audit_seq += 1
+                self._audit.append(copy)
+            self._applied[entry.id if copy is None else copy.id] = (step, reason)
 
     def audit(self, limit: int = 100) -> list[AuditEntry]:
         with self._lock:

@@ -43,7 +43,10 @@ from stare.runstate.base import (
     merged_config,
     page_bounds,
     plan_change,
+    published_max_entropy,
+    rejected_entry,
     role_health,
+    unparsable_entry,
 )
 from stare.transport.redis_streams import RETRYABLE_ERRORS, checked_key_part, connect_client, retrying
 
@@ -154,8 +157,10 @@ class RedisRunState:
             published = pipe.get(keys[0])
             pending = [AuditEntry.model_validate_json(r) for r in pipe.lrange(keys[1], 0, -1)]
             seq = int(pipe.get(keys[2]) or 0)
-            current = merged_config(None if published is None else json.loads(published), pending)
-            entry = plan_change(seq + 1, current, changes, who, time.time())  # raises before MULTI: nothing written
+            controller = None if published is None else json.loads(published)
+            current = merged_config(controller, pending)
+            entry = plan_change(seq + 1, current, changes, who, time.time(),  # raises before MULTI: nothing written
+                                published_max_entropy(controller))
             data = entry.model_dump_json()
             pipe.multi()
             pipe.set(keys[2], seq + 1)
@@ -178,7 +183,25 @@ class RedisRunState:
             pipe.delete(self._key("entropy:pending"))
             return pipe.execute()[0]
 
-        return [AuditEntry.model_validate_json(r) for r in self._call(op, "take entropy changes")]
+        return [_parsed(r) for r in self._call(op, "take entropy changes")]
+
+    def record_rejected(self, entry: AuditEntry, step: int, reason: str) -> None:
+        result: list[int] = []
+
+        def txn(pipe) -> None:
+            audit = [_parsed(r) for r in pipe.lrange(self._key("entropy:audit"), 0, -1)]
+            seq = int(pipe.get(self._key("entropy:seq")) or 0)
+            copy = rejected_entry(entry, audit, seq + 1)
+            pipe.multi()
+            if copy is not None:
+                pipe.set(self._key("entropy:seq"), seq + 1)
+                pipe.rpush(self._key("entropy:audit"), copy.model_dump_json())
+                pipe.ltrim(self._key("entropy:audit"), -self.max_audit, -1)
+            result[:] = [entry.id if copy is None else copy.id]
+            pipe.hset(self._key("entropy:applied"), str(result[0]), json.dumps({"step": step, "error": reason}))
+
+        self._call(lambda: self.client.transaction(txn, self._key("entropy:audit"), self._key("entropy:seq")),
+                   "record rejected")
 
     def record_applied(self, ids: list[int], step: int, error: str | None = None) -> None:
         if not ids:
@@ -190,14 +213,19 @@ class RedisRunState:
         if limit <= 0:
             return []
         raw = self._call(lambda: self.client.lrange(self._key("entropy:audit"), -limit, -1), "LRANGE audit")
-        entries = [AuditEntry.model_validate_json(r) for r in raw]
+        entries = [_parsed(r) for r in raw]
         if not entries:
             return []
         ids = [str(e.id) for e in entries]
         applied = self._call(lambda: self.client.hmget(self._key("entropy:applied"), ids), "HMGET applied")
         out = []
         for e, a in zip(entries, applied):
-            info = json.loads(a) if a else {"step": None, "error": None}
+            try:
+                info = json.loads(a) if a else {"step": None, "error": None}
+                info = {"step": int(info["step"]) if info.get("step") is not None else None,
+                        "error": None if info.get("error") is None else str(info["error"])}
+            except (ValueError, TypeError, KeyError, AttributeError):
+                info = {"step": None, "error": "malformed applied record in the store"}
             out.append(e.model_copy(update={"applied_step": info["step"], "error": info["error"]}))
         return out
 
@@ -218,3 +246,12 @@ class RedisRunState:
 
     def take_checkpoint_request(self) -> bool:
         return self._call(lambda: self.client.getdel(self._key("checkpoint")), "GETDEL checkpoint") is not None
+
+
+def _parsed(raw: str) -> AuditEntry:
+    """An entry as stored; one that does not parse (not written by the control plane) becomes an
+    entry the learner rejects and audits, instead of an exception in its loop or the API."""
+    try:
+        return AuditEntry.model_validate_json(raw)
+    except ValueError as err:
+        return unparsable_entry(raw, err)

@@ -38,6 +38,9 @@ class Problem:
     problem_id: str
     level: int
     data_source: str
+    prompt_token_ids: tuple[int, ...] | None = None
+    """The prompt's tokens when a length policy already tokenized (and maybe cut) it
+    (stare.prompt_policy); None: encode `prompt`."""
 
 
 @runtime_checkable

@@ -17,7 +17,7 @@ field or has the wrong type raises `DatasetError` naming the file, the row and t
 
 `DatasetTask(path, test_path=None, tokenizer=None)` serves those problems to the trainer
 (`task.name: dataset`, `task.path: FILE` in a config). Train split: the rows of `path`; test
-split: the rows of `test_path`, or without one a fixed 1/20 of `path` chosen by a hash of the
+split: the rows of `test_path` (one file or a list of files), or without one a fixed 1/20 of `path` chosen by a hash of the
 prompt (then left out of train). Reward: `stare.tasks.math_verify.math_reward` (math-verify
 equivalence of the final answer: `\\boxed{}`, `<answer>` or an "Answer:" line).
 
@@ -167,7 +167,8 @@ class DatasetTask:
 
     name = "dataset"
 
-    def __init__(self, path: Path | str, test_path: Path | str | None = None, tokenizer=None, math_config=None) -> None:
+    def __init__(self, path: Path | str, test_path: Path | str | list[Path | str] | None = None, tokenizer=None,
+                 math_config=None) -> None:
         rows = [(i, row) for i, row in iter_rows(path)]
         if not rows:
             raise DatasetError(f"{path}: no rows")
@@ -176,7 +177,8 @@ class DatasetTask:
             problem = problem_from_row(row, f"{path} row {i}", tokenizer)
             (test if test_path is None and _held_out(row) else train).append(problem)
         if test_path is not None:
-            test = load_problems(test_path, tokenizer)
+            paths = test_path if isinstance(test_path, (list, tuple)) else [test_path]
+            test = [p for one in paths for p in load_problems(one, tokenizer)]
         self._splits: dict[str, list[Problem]] = {"train": train, "test": test}
         self.math_config = math_config
 
@@ -201,6 +203,24 @@ class DatasetTask:
             return math_reward(completion, problem.answer, self.math_config)
         except Exception:  # the reward must survive any policy output (and a bad reference)
             return 0.0
+
+
+class DatasetVerifier:
+    """The reward of `DatasetTask` without its problems: what a reward worker needs (`task.name:
+    dataset` in a `stare reward` process, which has no data file mounted). The ground truth comes
+    with each trajectory (answer, data_source, problem_id, level), so no file is opened."""
+
+    name = "dataset"
+
+    def __init__(self, math_config=None) -> None:
+        self.math_config = math_config
+
+    def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
+        raise DatasetError("a verifier-only dataset task has no problems (it scores responses against the "
+                           "ground truth carried by each trajectory); build DatasetTask(path) to sample problems")
+
+    extract_answer = DatasetTask.extract_answer
+    reward = DatasetTask.reward
 
 
 def prepare_dapo_math(src: Path | str, out_dir: Path | str, *, heldout: int = 500, seed: int = 0) -> dict[str, int]:

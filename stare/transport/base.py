@@ -28,6 +28,11 @@ class RecordStream(Protocol[T]):
 
     def dead_letter(self, entry_id: str, raw: object, reason: str) -> None: ...
 
+    def fail(self, ids: Sequence[str], error: str) -> None:
+        """Processing `ids` raised `error`: they stay pending and are delivered again; the delivery
+        past the stream's max_deliveries dead-letters an entry with its last error."""
+        ...
+
     def backlog(self) -> int:
         """Entries published and not yet acknowledged."""
         ...

@@ -16,12 +16,19 @@ T = TypeVar("T")
 
 
 class MemoryStream(Generic[T]):
-    def __init__(self, name: str, maxlen: int | None = None):
+    """max_deliveries: as the Redis stream's; an entry delivered more often without an ack (each
+    `fail`, `reclaim` or `requeue_pending` delivers it again) is dead-lettered with its last error."""
+
+    def __init__(self, name: str, maxlen: int | None = None, max_deliveries: int | None = 5):
+        if max_deliveries is not None and max_deliveries < 2:
+            raise ValueError(f"max_deliveries={max_deliveries} must be >= 2 (or None to never give up on an entry)")
         self.name = name
-        self.maxlen = maxlen
+        self.maxlen, self.max_deliveries = maxlen, max_deliveries
         self._ids = itertools.count(1)
         self._queue: deque[tuple[str, T]] = deque()
         self._pending: OrderedDict[str, tuple[str, T]] = OrderedDict()  # id -> (consumer, record)
+        self._deliveries: dict[str, int] = {}  # id -> times delivered, until acked
+        self._errors: dict[str, str] = {}  # id -> last processing error, until acked
         self.dead: list[tuple[str, object, str]] = []
         self.redelivered = 0  # entries `reclaim` delivered again
 
@@ -37,16 +44,28 @@ class MemoryStream(Generic[T]):
         while self._queue and len(out) < max_count:
             entry_id, record = self._queue.popleft()
             self._pending[entry_id] = (consumer, record)
-            out.append(Delivery(entry_id, record))
+            if self._count_delivery(entry_id, record):
+                out.append(Delivery(entry_id, record))
         return out
 
     def ack(self, ids: Sequence[str]) -> None:
         for entry_id in ids:
             self._pending.pop(entry_id, None)
+            self._deliveries.pop(entry_id, None)
+            self._errors.pop(entry_id, None)
 
     def dead_letter(self, entry_id: str, raw: object, reason: str) -> None:
         self.dead.append((entry_id, raw, reason))
         self.ack([entry_id])
+
+    def fail(self, ids: Sequence[str], error: str) -> None:
+        """Processing `ids` failed with `error`: they are delivered again first (the Redis stream's
+        replay of a consumer's pending entries); past max_deliveries, dead-lettered with the error."""
+        for entry_id in reversed(list(ids)):
+            if entry_id in self._pending:
+                self._errors[entry_id] = error
+                _, record = self._pending.pop(entry_id)
+                self._queue.appendleft((entry_id, record))
 
     def reclaim(self, consumer: str, min_idle_ms: int | None = None, max_count: int = 1000) -> list[Delivery[T]]:
         """Hand pending entries to `consumer` (what XAUTOCLAIM does for a dead consumer); one
@@ -54,12 +73,24 @@ class MemoryStream(Generic[T]):
         out = []
         for entry_id, (_, record) in list(self._pending.items())[:max_count]:
             self._pending[entry_id] = (consumer, record)
-            out.append(Delivery(entry_id, record))
+            if self._count_delivery(entry_id, record):
+                out.append(Delivery(entry_id, record))
         self.redelivered += len(out)
         return out
 
     def dead_letter_count(self) -> int:
         return len(self.dead)
+
+    def _count_delivery(self, entry_id: str, record: T) -> bool:
+        """Count one delivery; False (and dead-lettered) when it is one more than max_deliveries."""
+        n = self._deliveries[entry_id] = self._deliveries.get(entry_id, 0) + 1
+        if self.max_deliveries is None or n <= self.max_deliveries:
+            return True
+        error = self._errors.get(entry_id)
+        self.dead_letter(entry_id, record, f"delivered {n - 1} times without an ack (max_deliveries="
+                         f"{self.max_deliveries}); " + (f"last error: {error}" if error is not None
+                                                        else "its consumer died or stalled on it each time"))
+        return False
 
     def requeue_pending(self) -> None:
         """Make every pending entry deliverable again, as a restarted Redis consumer re-reads its

@@ -150,6 +150,8 @@ class RedisStream(Generic[T]):
         # after a reconnect must not hand the caller what it already holds.
         self._inflight: dict[str, str] = {}
         self._known_backlog: int | None = None  # as seen right after this object's last publish
+        self.failures_key = run_key(run_id, f"failures:{name}")  # entry id -> its last processing error
+        self._failed: set[str] = set()  # ids this object recorded a failure of (cleared on ack)
         self._call("XGROUP CREATE", self._create_group)
 
     # ---------------------------------------------------------------- protocol
@@ -177,6 +179,8 @@ class RedisStream(Generic[T]):
                 break
             self._cursor[consumer] = entries[-1][0]
             fresh = [(i, f) for i, f in entries if self._inflight.get(i) != consumer]
+            if fresh and self.max_deliveries is not None:  # a replay (a restart, a failure) counts a delivery
+                fresh = self._drop_poison(fresh)
             if out := self._deliver(consumer, fresh):
                 return out
         block_ms = min(int(block_s * 1000), self.block_ms) if block_s > 0 else None
@@ -189,10 +193,25 @@ class RedisStream(Generic[T]):
         self._call("XACK", lambda: self.client.xack(self.key, self.group, *ids))
         for i in ids:
             self._inflight.pop(i, None)
+        if failed := [i for i in ids if i in self._failed]:  # failed before, done now: forget the error
+            self._call("HDEL", lambda: self.client.hdel(self.failures_key, *failed))
+            self._failed.difference_update(failed)
 
     def dead_letter(self, entry_id: str, raw: object, reason: str) -> None:
         """Park an entry with its reason in the run's dead-letter stream and acknowledge it."""
         self._dead_letter_many([(entry_id, _raw_fields(raw), reason)])
+
+    def fail(self, ids: Sequence[str], error: str) -> None:
+        """Processing `ids` failed with `error`: keep them pending, remember the error (in Redis, so a
+        successor consumer sees it too) and deliver them again on the holder's next `consume`. The
+        delivery that would exceed `max_deliveries` dead-letters an entry with its last error."""
+        if not ids:
+            return
+        self._call("HSET", lambda: self.client.hset(self.failures_key, mapping=dict.fromkeys(ids, error[:2000])))
+        self._failed.update(ids)
+        for i in ids:
+            if (consumer := self._inflight.pop(i, None)) is not None:
+                self._cursor[consumer] = "0"  # replay this consumer's pending entries first
 
     def backlog(self) -> int:
         """Entries published and not yet acknowledged by this group (pending + never delivered)."""
@@ -326,9 +345,15 @@ class RedisStream(Generic[T]):
         times = {_str(r["message_id"]): r["times_delivered"] for rows in self._call("XPENDING", counts) for r in rows}
         poison = [(i, f) for i, f in claimed if times.get(i, 0) > self.max_deliveries]
         if poison:
-            self._dead_letter_many([(i, f, f"delivered {times[i] - 1} times without an ack (max_deliveries="
-                                     f"{self.max_deliveries}); the record may crash its consumers") for i, f in poison])
-            dropped = {i for i, _ in poison}
+            ids = [i for i, _ in poison]
+            errors = self._call("HMGET", lambda: self.client.hmget(self.failures_key, ids))
+            self._dead_letter_many([
+                (i, f, f"delivered {times[i] - 1} times without an ack (max_deliveries={self.max_deliveries}); "
+                 + (f"last error: {_str(e)}" if e is not None else "its consumer died or stalled on it each time"))
+                for (i, f), e in zip(poison, errors)])
+            self._call("HDEL", lambda: self.client.hdel(self.failures_key, *ids))
+            self._failed.difference_update(ids)
+            dropped = set(ids)
             claimed = [(i, f) for i, f in claimed if i not in dropped]
         return claimed
 

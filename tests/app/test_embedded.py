@@ -37,6 +37,7 @@ def test_train_writes_metrics_eval_checkpoint_tensorboard_and_report(fast_overri
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000002"
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     assert (run_dir / "report" / "report.png").stat().st_size > 10_000
+    assert (run_dir / "hf" / "model.safetensors").is_file()  # the end-of-run export (learner/export.py)
 
 
 def test_resumed_run_reproduces_the_uninterrupted_run(fast_overrides, tmp_path):

@@ -98,14 +98,16 @@ def run(tiny_model_dir, tmp_path_factory):
 def test_a_target_change_applies_at_the_next_step_and_the_gate_follows(run):
     with run.paused() as paused_at:
         before = run.step_metrics(paused_at)
-        assert before["target"] != 5.0 and before["control_changes"] == 0
-        entry = run.api.put("/v1/entropy", json={"target": 5.0}).raise_for_status().json()["audit"]  # above any entropy
+        top = run.api.get("/v1/entropy").json()["max_entropy"]  # ln V: above any entropy the model can have
+        assert top is not None and before["target"] != top and before["control_changes"] == 0
+        assert run.api.put("/v1/entropy", json={"target": top * 1.01}).status_code == 422  # above ln V
+        entry = run.api.put("/v1/entropy", json={"target": top}).raise_for_status().json()["audit"]
     after = run.step_metrics(paused_at + 1)
-    assert (after["target"], after["control_changes"], after["control_audit_ids"]) == (5.0, 1, [entry["id"]])
-    assert after["gate"] == 1 and after["entropy_gate_input"] < 5.0  # gate = entropy < target
+    assert (after["target"], after["control_changes"], after["control_audit_ids"]) == (top, 1, [entry["id"]])
+    assert after["gate"] == 1 and after["entropy_gate_input"] < top  # gate = entropy < target
     audit = {e["id"]: e for e in run.api.get("/v1/entropy/audit").json()}
     assert audit[entry["id"]]["applied_step"] == paused_at + 1
-    assert run.api.get("/v1/entropy").json()["target"] == 5.0
+    assert run.api.get("/v1/entropy").json()["target"] == top
 
 
 def test_stare_ctl_changes_the_target_and_the_gate_turns_off(run):

@@ -7,12 +7,32 @@ from stare.config import ALGO_PRESETS, ConfigError, build_config, load_config
 
 CONFIG_DIR = Path(__file__).parents[2] / "configs"
 CONFIGS = sorted(CONFIG_DIR.glob("**/*.yaml"))
+# the paper settings with their GRPO-ds baselines (docs/recipes.md)
+PAPER = sorted(p for p in (CONFIG_DIR / "paper").glob("*.yaml") if p.name.startswith(("short-cot-", "long-cot-", "tool-use-")))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.relative_to(CONFIG_DIR).as_posix() for p in CONFIGS])
 def test_every_shipped_config_parses(path):
     cfg = load_config(path)
     assert cfg.run.steps >= 1
+
+
+@pytest.mark.parametrize("path", PAPER, ids=[p.name for p in PAPER])
+def test_paper_configs_name_their_source_and_the_reference_settings(path):
+    text = path.read_text()
+    assert "hp-luo/STARE recipe/STARE/" in text and "[ref]" in text
+    cfg = load_config(path)
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.optim.lr) == (64, 8, 1e-6)
+    assert (cfg.loss.eps_low, cfg.loss.eps_high, cfg.loss.dual_clip_c, cfg.loss.agg_mode) == (0.2, 0.28, 10.0, "token-mean")
+    assert (cfg.data.max_prompt_len, cfg.data.prompt_overflow, cfg.data.max_sampling_rounds) == (1024, "truncate_left", 10)
+    assert cfg.system.max_staleness == 0 and cfg.data.dynamic_sampling
+    assert {s: (e.n, e.top_p) for s, e in cfg.task.eval_sources.items()} == {"aime24": (32, 0.7), "aime25": (32, 0.7)}
+
+
+def test_paper_grpo_ds_baseline_is_the_stare_config_with_the_preset():
+    stare = load_config(CONFIG_DIR / "paper" / "short-cot-qwen2.5-math-7b-stare.yaml", algo="grpo-ds")
+    baseline = load_config(CONFIG_DIR / "paper" / "short-cot-qwen2.5-math-7b-grpo-ds.yaml")
+    assert stare.model_dump() == baseline.model_dump()
 
 
 def test_default_config_is_shipped_and_is_stare():

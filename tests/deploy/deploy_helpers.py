@@ -69,7 +69,7 @@ def control_plane_status(path: str) -> int:
     from stare.runstate.memory import MemoryRunState
     from stare.services.control.app import create_app
 
-    app = create_app(MemoryRunState("probe"), ControlSection(), "probe", token="probe-token")
+    app = create_app(MemoryRunState("probe"), ControlSection(trusted_hosts=["testserver"]), "probe", token="probe-token")
     return TestClient(app).get(path).status_code
 
 

@@ -163,8 +163,8 @@ def test_one_config_per_profile_and_its_addresses_resolve(profile):
     configs = {config_of(s) for s in services.values() if role_of(s)}
     assert len(configs) == 1, f"every role of a profile reads the same config: {configs}"
     cfg = load_config(configs.pop())
-    names = set(services) | {a for s in services.values() for net in (s.get("networks") or {}).values()
-                             for a in (net or {}).get("aliases", [])}
+    names = set(services) | {a for s in services.values() if isinstance(s.get("networks"), dict)
+                             for net in s["networks"].values() for a in (net or {}).get("aliases", [])}
     redis_host = re.match(r"rediss?://([^:/]+)", cfg.system.redis_url).group(1)
     assert redis_host in names and cfg.system.broadcast_host in names
     for s in services.values():
@@ -217,7 +217,8 @@ def test_roles_wait_for_healthy_dependencies(name):
     for dep, spec in depends.items():
         assert spec == {"condition": "service_healthy"}, (name, dep)
         assert "healthcheck" in doc["services"][dep] or dep == "redis"
-    assert doc["services"]["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    assert doc["services"]["redis"]["healthcheck"]["test"][0] == "CMD-SHELL"
+    assert "redis-cli ping" in doc["services"]["redis"]["healthcheck"]["test"][1]
 
 
 def test_redis_keeps_its_streams_on_a_volume():
@@ -231,11 +232,29 @@ def test_redis_keeps_its_streams_on_a_volume():
 def test_api_token_comes_from_the_secret(profile):
     doc = load_compose()
     control = next(s for s in services_of(doc, profile).values() if role_of(s) == "control")
-    (secret,) = control["secrets"]
+    (secret,) = [s for s in control["secrets"] if s != "redis_password"]
     assert load_config(config_of(control)).control.token_file == Path("/run/secrets") / secret
     source = REPO / doc["secrets"][secret]["file"]
     assert source.parent.is_dir()
     assert not any(p.name != ".gitignore" for p in source.parent.iterdir() if _tracked(p)), "no token in git"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_redis_needs_the_password_every_role_reads_and_only_control_is_reachable(profile):
+    doc = load_compose()
+    redis = doc["services"]["redis"]
+    assert "requirepass" in " ".join(redis["entrypoint"]) and "/run/secrets/redis_password" in redis["entrypoint"][2]
+    assert redis["secrets"] == ["redis_password"] and "ports" not in redis
+    assert (REPO / doc["secrets"]["redis_password"]["file"]).parent == REPO / "deploy" / "secrets"  # git-ignored
+    assert doc["networks"]["internal"] == {"internal": True}
+    for name, s in services_of(doc, profile).items():
+        nets = s.get("networks")
+        assert "internal" in (nets or {}), name
+        if role_of(s):
+            assert env_of(s)["STARE_REDIS_PASSWORD_FILE"] == "/run/secrets/redis_password", name
+            assert "redis_password" in s["secrets"], name
+        if role_of(s) != "control":
+            assert "ports" not in s and "public" not in (nets or {}), f"{name} must not be reachable from outside"
 
 
 def _tracked(path: Path) -> bool:
@@ -251,6 +270,25 @@ def test_learner_and_rollout_share_the_run_volume():
         for name, s in services_of(doc, profile).items():
             if role_of(s) in ("learner", "rollout"):
                 assert "stare-data:/data" in s["volumes"], name
+
+
+def _seconds(text: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m)", str(text))
+    assert m, f"compose duration {text!r}"
+    return float(m.group(1)) * {"ms": 1e-3, "s": 1.0, "m": 60.0}[m.group(2)]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_health_checks_are_derived_from_stall_s(profile):
+    """/healthz turns 503 only after system.stall_s without progress (RoleRuntime.busy keeps long
+    work alive); the check then acts within another stall_s: interval x retries <= stall_s, and a
+    check's timeout is shorter than its interval."""
+    for name, s in services_of(load_compose(), profile).items():
+        if role_of(s) in ("learner", "rollout", "reward"):
+            cfg = load_config(config_of(s))
+            check = s["healthcheck"]
+            assert _seconds(check["interval"]) * check["retries"] <= cfg.system.stall_s, name
+            assert _seconds(check["timeout"]) < _seconds(check["interval"]), name
 
 
 # ---- the monitoring profile: Prometheus and Grafana (deploy/monitoring; docs/observability.md) ----
@@ -288,7 +326,8 @@ def test_prometheus_scrapes_the_control_plane_of_each_profile(profile):
     (target,) = job["static_configs"][0]["targets"]
     host, port = target.split(":")
     (control,) = [s for s in enabled(doc, [profile])["services"].values() if role_of(s) == "control"]
-    assert host in control["networks"]["default"]["aliases"]
+    assert host in control["networks"]["public"]["aliases"]
+    assert doc["services"]["prometheus"]["networks"] == ["public"]  # it reaches the alias, never Redis
     command = control["command"]
     assert int(port) == int(command[command.index("--port") + 1])
     assert control_plane_status(job["metrics_path"]) == 200

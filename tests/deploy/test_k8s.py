@@ -37,6 +37,7 @@ def k8s_tree(tmp_path_factory) -> Path:
     shutil.copytree(K8S, tree)
     shutil.copytree(REPO / "deploy" / "monitoring", tree.parent / "monitoring")
     (tree / "base" / "secrets" / "api-token").write_text("test-token-not-secret")
+    (tree / "base" / "secrets" / "redis-password").write_text("test-password-not-secret")
     return tree
 
 
@@ -75,7 +76,7 @@ def validation_error(obj, version) -> str | None:
 @pytest.mark.parametrize("version", KUBE_VERSIONS)
 @pytest.mark.parametrize("target", TARGETS)
 def test_every_rendered_object_is_valid_kubernetes(rendered, target, version):
-    assert len(rendered[target]) == 13
+    assert len(rendered[target]) == 15  # + the stare-redis Secret and NetworkPolicy
     errors = {f"{o['kind']}/{o['metadata']['name']}": validation_error(o, version) for o in rendered[target]}
     assert {k: e for k, e in errors.items() if e} == {}
 
@@ -121,9 +122,33 @@ def test_strategic_merge_of_the_cases_we_use():
     }
 
 
-def test_the_api_token_is_not_in_git():
+def test_the_api_token_and_redis_password_are_not_in_git():
     out = subprocess.run(["git", "ls-files", "deploy/k8s/base/secrets"], cwd=REPO, capture_output=True, text=True)
     assert out.stdout.split() == ["deploy/k8s/base/secrets/.gitignore"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_redis_is_closed_to_everything_but_the_runs_pods(rendered, target):
+    redis = containers(named(rendered, target, "StatefulSet", "stare-redis"))[0]
+    args = redis["args"]
+    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    secret_of = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in redis["env"]}
+    assert set(secret_of) == {"REDIS_PASSWORD", "REDISCLI_AUTH"}
+    secret = next(o for o in rendered[target] if o["kind"] == "Secret" and o["metadata"]["name"].startswith("stare-redis"))
+    assert set(secret_of.values()) == {secret["metadata"]["name"]}
+    for pod_labels, c in ((o["spec"]["template"]["metadata"]["labels"], c) for o in rendered[target]
+                          if o["kind"] == "Deployment" for c in containers(o)):
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        (mount,) = [m["mountPath"] for m in c["volumeMounts"] if m["name"] == "redis-password"]
+        assert env["STARE_REDIS_PASSWORD_FILE"] == f"{mount}/password", pod_labels
+    policy = named(rendered, target, "NetworkPolicy", "stare-redis")
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "stare-redis"}
+    (rule,) = policy["spec"]["ingress"]
+    (allowed,) = rule["from"][0]["podSelector"]["matchExpressions"]
+    assert rule["from"][1]["podSelector"]["matchLabels"] == {"ray.io/cluster": "stare"}  # deploy/ray's cluster
+    role_pods = {o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+                 for o in rendered[target] if o["kind"] == "Deployment"}
+    assert set(allowed["values"]) == role_pods and rule["ports"] == [{"protocol": "TCP", "port": 6379}]
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -147,7 +172,8 @@ def _env_names():
     names = set()
     for d in docs:
         pod = d["spec"].get("template", {}).get("spec", {})
-        names |= {e["name"] for c in pod.get("containers", []) for e in c.get("env", [])}
+        names |= {e["name"] for c in pod.get("containers", []) for e in c.get("env", [])
+                  if c["image"].split(":")[0].split("/")[-1].startswith("stare-")}  # redis' own are redis' business
     return sorted(names)
 
 
@@ -241,7 +267,7 @@ def test_config_parses_and_addresses_the_services(rendered, target, engine):
     assert [p["port"] for p in learner["spec"]["ports"]] == [cfg.system.broadcast_port]
     assert cfg.control.token_file == Path("/run/secrets/stare_api_token")
     control = named(rendered, target, "Deployment", "stare-control")
-    (item,) = next(v for v in control["spec"]["template"]["spec"]["volumes"] if "secret" in v)["secret"]["items"]
+    (item,) = next(v for v in control["spec"]["template"]["spec"]["volumes"] if v["name"] == "api-token")["secret"]["items"]
     mount = next(m for m in containers(control)[0]["volumeMounts"] if m["name"] == "api-token")
     assert Path(mount["mountPath"]) / item["path"] == cfg.control.token_file
     assert str(cfg.run.output_dir).startswith("/data") and str(cfg.system.weight_dir).startswith("/data")
@@ -257,3 +283,18 @@ def test_k8s_configs_differ_from_the_compose_ones_only_in_addresses(k8s_config, 
     for cfg in (ours, theirs):
         cfg["system"].pop("redis_url"), cfg["system"].pop("broadcast_host")
     assert ours == theirs
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_liveness_probes_are_derived_from_stall_s(rendered, target):
+    """/healthz turns 503 only after system.stall_s without progress (RoleRuntime.busy keeps long
+    work alive); the liveness probe then restarts within another stall_s: period x failureThreshold
+    <= stall_s of the mounted config, and a probe's timeout is shorter than its period."""
+    config = next(o for o in objects(rendered, target, "ConfigMap") if "stare.yaml" in o.get("data", {}))
+    stall_s = build_config(yaml.safe_load(config["data"]["stare.yaml"])).system.stall_s
+    for w, c in stare_containers(rendered, target):
+        if c["args"][0] == "control":
+            continue
+        probe = c["livenessProbe"]
+        assert probe["periodSeconds"] * probe.get("failureThreshold", 3) <= stall_s, w["metadata"]["name"]
+        assert probe.get("timeoutSeconds", 1) < probe["periodSeconds"], w["metadata"]["name"]

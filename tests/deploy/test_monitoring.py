@@ -50,7 +50,7 @@ def exported() -> dict[str, set[str]]:
     control.after_step(controller, {**step, "step": 1, "weight_version": 1, "eval_greedy_accuracy": 0.5},
                        {"queue_depths": {"raw": 1}, "dead_letters": {"raw": 0}, "staleness": {"counts": {"0": 4}}})
     state.beat(Heartbeat(role="rollout", name="rollout-0", pid=1, host="h", info={"redelivered": 2}))
-    text = TestClient(create_app(state, ControlSection(), "run", token="t")).get("/metrics").text
+    text = TestClient(create_app(state, ControlSection(trusted_hosts=["testserver"]), "run", token="t")).get("/metrics").text
     names: dict[str, set[str]] = defaultdict(set)
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -114,6 +114,7 @@ def test_kubernetes_ships_the_dashboard_configmap_and_scrape_annotations(tmp_pat
     shutil.copytree(REPO / "deploy" / "k8s", tmp_path / "k8s")
     shutil.copytree(REPO / "deploy" / "monitoring", tmp_path / "monitoring")
     (tmp_path / "k8s" / "base" / "secrets" / "api-token").write_text("t")
+    (tmp_path / "k8s" / "base" / "secrets" / "redis-password").write_text("p")
     for target in ("base", "overlays/gpu", "overlays/cpu-dev"):
         objs = render(tmp_path / "k8s" / target)
         (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("stare-grafana-dashboard")]

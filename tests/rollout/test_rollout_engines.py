@@ -349,3 +349,44 @@ def test_sampling_params_validation():
         SamplingParams(n=1, max_new_tokens=4, top_p=0.0)
     with pytest.raises(ValueError, match="n must be"):
         SamplingParams(n=0, max_new_tokens=4)
+
+
+VLLM_SECTION = {"name": "vllm", "tensor_parallel_size": 1, "max_num_seqs": 7, "max_num_batched_tokens": 512,
+                "enable_prefix_caching": False, "max_model_len": 256, "enforce_eager": True,
+                "gpu_memory_utilization": 0.3}
+
+
+def test_the_vllm_section_becomes_the_engine_arguments_without_importing_vllm(model_dir):
+    from stare.config import build_config
+    from stare.rollout.registry import VLLMEngineConfig
+    from stare.rollout.stack import engine_config
+    from stare.rollout.vllm_engine import engine_args
+
+    cfg = build_config({"model": {"path": str(model_dir)}, "rollout": {"engine": VLLM_SECTION}})
+    config = VLLMEngineConfig.model_validate(engine_config(cfg, model_dir))
+    assert engine_args(config) == {k: v for k, v in VLLM_SECTION.items() if k != "name"}
+    # None leaves vLLM its own default
+    assert "max_num_batched_tokens" not in engine_args(build_config({"rollout": {"engine": "vllm"}}).rollout.engine)
+
+
+@pytest.mark.vllm
+def test_a_vllm_engine_is_built_with_the_sections_arguments(model_dir):
+    pytest.importorskip("vllm")
+    from stare.config import build_config
+    from stare.rollout.stack import engine_config
+
+    cfg = build_config({"model": {"path": str(model_dir)}, "rollout": {"engine": VLLM_SECTION}})
+    engine = build_engine(engine_config(cfg, model_dir))
+    try:
+        vc = engine.llm.llm_engine.vllm_config
+        seen = {"tensor_parallel_size": vc.parallel_config.tensor_parallel_size,
+                "max_num_seqs": vc.scheduler_config.max_num_seqs,
+                "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,
+                "enable_prefix_caching": vc.cache_config.enable_prefix_caching,
+                "max_model_len": vc.model_config.max_model_len, "enforce_eager": vc.model_config.enforce_eager,
+                "gpu_memory_utilization": vc.cache_config.gpu_memory_utilization}
+        assert seen == {k: v for k, v in VLLM_SECTION.items() if k != "name"}
+        groups = engine.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=4, seed=0))
+        assert len(groups[0]) == 2
+    finally:
+        engine.close()

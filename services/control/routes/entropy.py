@@ -16,7 +16,7 @@ from stare.services.control.schemas import (
     EntropyView,
 )
 
-from stare.runstate.base import AuditEntry, NoControllerError
+from stare.runstate.base import AuditEntry, NoControllerError, published_max_entropy
 
 router = APIRouter(prefix="/entropy", tags=["entropy"])
 _NO_CONTROLLER = {409: {"description": "No learner has published the controller yet"}}
@@ -32,7 +32,7 @@ def get_entropy(state: StateDep) -> EntropyView:
     return EntropyView(
         **{k: config[k] for k in ControllerConfig.model_fields if k in config},
         gate=published["gate"], last_entropy=published.get("last_entropy"), step=published.get("step"),
-        updated_at=published.get("updated_at"), pending=state.pending_entropy_changes(),
+        updated_at=published.get("updated_at"), max_entropy=published_max_entropy(published), pending=state.pending_entropy_changes(),
     )
 
 

@@ -11,7 +11,7 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/health", response_model=Health, summary="Liveness: the API process answers")
-def health() -> Health:
+async def health() -> Health:  # async: answered on the event loop, never queued behind the thread pool
     return Health(status="ok")
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -21,7 +23,9 @@ from stare.services.control.deps import StateDep
 
 from stare.runstate.base import MetricsPage
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/metrics", tags=["metrics"])
+_DIGITS = re.compile(r"[0-9]{1,15}")
 POLL_S = 0.5
 KEEPALIVE_S = 15.0
 
@@ -35,20 +39,33 @@ def history(state: StateDep,
 
 async def _events(request: Request, state, after: int, limit_s: float) -> AsyncIterator[str]:
     deadline = time.monotonic() + limit_s
-    next_index, last_sent = after + 1, time.monotonic()
-    yield "retry: 2000\n\n"
-    while time.monotonic() < deadline and not await request.is_disconnected():
-        page = await to_thread.run_sync(state.metrics_page, next_index, 100)
-        for i, item in enumerate(page.items):
-            yield f"id: {page.offset + i}\nevent: metrics\ndata: {json.dumps(item)}\n\n"
-        next_index = page.next
-        if page.items:
-            last_sent = time.monotonic()
-        elif time.monotonic() - last_sent > KEEPALIVE_S:
-            yield ": keep-alive\n\n"
-            last_sent = time.monotonic()
-        if not page.items:
-            await asyncio.sleep(POLL_S)
+    next_index, last_sent, sent = after + 1, time.monotonic(), 0
+    client = request.client.host if request.client else "unknown"
+    try:
+        yield "retry: 2000\n\n"
+        while time.monotonic() < deadline and not await request.is_disconnected():
+            page = await to_thread.run_sync(state.metrics_page, next_index, 100)
+            if page.items:  # one write per page: a client that leaves mid-backlog costs one failed send
+                yield "".join(f"id: {page.offset + i}\nevent: metrics\ndata: {json.dumps(item)}\n\n"
+                              for i, item in enumerate(page.items))
+                sent += len(page.items)
+                last_sent = time.monotonic()
+            elif time.monotonic() - last_sent > KEEPALIVE_S:
+                yield ": keep-alive\n\n"
+                last_sent = time.monotonic()
+            next_index = page.next
+            if not page.items:
+                await asyncio.sleep(POLL_S)
+    finally:  # once per stream, however it ended
+        log.info("metrics stream to %s ended after %d events (%s)", client, sent,
+                 "time limit" if time.monotonic() >= deadline else "client left")
+
+
+def last_event_index(header: str | None) -> int | None:
+    """The index in a Last-Event-ID header: ASCII digits only (str.isdigit accepts '²'), else None."""
+    if header is None or not _DIGITS.fullmatch(header.strip()):
+        return None
+    return int(header.strip())
 
 
 @router.get("/stream", summary="Server-sent events: each new step's metrics",
@@ -57,7 +74,7 @@ def stream(request: Request, state: StateDep,
            after: int = Query(-1, ge=-1, le=1_000_000_000, description="Send entries after this index (-1: all kept)"),
            limit_s: float = Query(300.0, gt=0, le=3600, description="Close the stream after this many seconds"),
            last_event_id: Annotated[str | None, Header(max_length=32)] = None) -> StreamingResponse:
-    if last_event_id is not None and last_event_id.strip().isdigit():
-        after = max(after, int(last_event_id))
+    if (index := last_event_index(last_event_id)) is not None:
+        after = max(after, index)
     return StreamingResponse(_events(request, state, after, limit_s), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,0 +1,55 @@
+"""Evaluation sampled per data source (n, temperature, top_p), with avg@n and pass@n per source."""
+
+import pytest
+
+from stare.config import build_config
+from stare.rollout.evaluation import SourceSampling, eval_settings, evaluate
+from stare.rollout.engine import Completion
+from stare.tasks.base import Problem
+from stare.tiny import build_tokenizer
+
+TOK = build_tokenizer(["0123456789abcdefghijklmnopqrstuvwxyz#"])
+
+
+class ExactTask:
+    name = "exact"
+
+    def reward(self, problem, completion):
+        return float(completion == problem.answer)
+
+
+class RecordingEngine:
+    """Answers "1" on the first `right` samples of each prompt, "0" after; records each call's params."""
+
+    def __init__(self, right: dict[str, int]):
+        self.right, self.calls = right, []
+
+    def generate(self, prompts, params):
+        self.calls.append(([TOK.decode(p) for p in prompts], params))
+        out = []
+        for p in prompts:
+            k = self.right[TOK.decode(p)] if params.temperature > 0 else 1
+            out.append([Completion(TOK.encode("1" if j < k else "0", add_special_tokens=False), [-1.0], "stop")
+                        for j in range(params.n)])
+        return out
+
+
+def test_each_source_is_sampled_with_its_own_n_temperature_and_top_p():
+    problems = [Problem("aa", "1", "a1", 1, "aime24"), Problem("bb", "1", "b1", 1, "aime24"),
+                Problem("cc", "1", "c1", 1, "math500")]
+    engine = RecordingEngine({"aa": 8, "bb": 0, "cc": 1})
+    result = evaluate(engine, TOK, ExactTask(), problems, k=4, max_new_tokens=4, stop_token_ids=(), seed=0,
+                      per_source={"aime24": SourceSampling(32, 1.0, 0.7)})
+    sampled = [(prompts, (p.n, p.temperature, p.top_p)) for prompts, p in engine.calls if p.temperature > 0]
+    assert sampled == [(["aa", "bb"], (32, 1.0, 0.7)), (["cc"], (4, 1.0, 1.0))]
+    aime = result["per_source"]["aime24"]
+    assert (aime["n"], aime["top_p"], aime["avg_at_n"], aime["pass_at_n"]) == (32, 0.7, (8 / 32 + 0) / 2, 0.5)
+    assert result["per_source"]["math500"]["avg_at_n"] == pytest.approx(1 / 4)
+    assert result["avg_at_k"] == pytest.approx((8 / 32 + 0 + 1 / 4) / 3)
+
+
+def test_eval_settings_come_from_the_task_section():
+    cfg = build_config({}, overrides=["task.eval_k=2", "task.eval_top_p=0.9",
+                                      "task.eval_sources={aime24: {n: 32, top_p: 0.7}}"])
+    s = eval_settings(cfg)
+    assert (s["k"], s["top_p"], s["per_source"]) == (2, 0.9, {"aime24": SourceSampling(32, 1.0, 0.7)})

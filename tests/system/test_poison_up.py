@@ -1,0 +1,59 @@
+"""A `stare up` run (real processes, a real redis-server) fed poison: an over-long prompt
+(data.prompt_overflow=reject), a prompt that makes its rollout worker raise every time it is
+sampled (group_size 0), and a trajectory that breaks the wire invariants. All three end in the
+run's dead-letter streams with their reasons (the raising one after system.max_deliveries
+deliveries, with its last error), no role restarts, and the run finishes every step."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+from redis_fixtures import have_redis_server
+from test_up import Run, _config
+
+from stare.records import PromptTask
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
+
+LIMIT = 64
+MAX_DELIVERIES = 3
+
+
+def test_a_poison_prompt_and_a_poison_trajectory_are_dead_lettered_and_the_run_finishes(tiny_model_dir, tmp_path):
+    steps = 4
+    cfg = _config(tiny_model_dir, tmp_path, steps, data__max_prompt_len=LIMIT, data__prompt_overflow="reject",
+                  system__max_deliveries=MAX_DELIVERIES)
+    long_prompt = PromptTask(run_id="up", group_id="poison-prompt", prompt="x", prompt_token_ids=[5] * (LIMIT + 1),
+                             answer="1", problem_id="poison", data_source="test", group_size=4)
+    raising_prompt = PromptTask(run_id="up", group_id="poison-raises", prompt="x", prompt_token_ids=[5, 6],
+                                answer="1", problem_id="poison", data_source="test", group_size=0)
+    # decodes as JSON but breaks the wire invariants (2 log-probs for 3 response tokens)
+    bad_trajectory = {"json": json.dumps({"schema": 2, "run_id": "up", "trajectory_id": "poison:0"}).encode()}
+    with Run(cfg, rollout=1, reward=1, control=False) as run:
+        run.wait_for_step(1)
+        client = redis.Redis.from_url(run.launcher.redis_url, socket_timeout=10)
+        client.xadd("stare:up:stream:prompts", long_prompt.to_fields())
+        client.xadd("stare:up:stream:prompts", raising_prompt.to_fields())
+        client.xadd("stare:up:stream:raw", bad_trajectory)
+        deadline = time.monotonic() + 120
+        while client.xlen("stare:up:dead:prompts") < 2 or client.xlen("stare:up:dead:raw") < 1:
+            assert time.monotonic() < deadline, f"nothing dead-lettered in 120 s\n{run.tail()}"
+            time.sleep(0.2)
+        dead_prompts = {json.loads(f[b"raw:json"])["group_id"]: f[b"reason"].decode()
+                        for _, f in client.xrange("stare:up:dead:prompts")}
+        dead_trajectory = client.xrange("stare:up:dead:raw")[0][1]
+        client.close()
+        run.wait_finished()
+        restarts = {name: r.restarts for name, r in run.launcher.roles.items()}
+    assert restarts == dict.fromkeys(restarts, 0), restarts
+    assert set(dead_prompts) == {"poison-prompt", "poison-raises"}
+    assert dead_prompts["poison-prompt"].startswith(f"prompt has {LIMIT + 1} tokens, over the limit of {LIMIT}")
+    assert dead_prompts["poison-raises"] == (
+        f"delivered {MAX_DELIVERIES} times without an ack (max_deliveries={MAX_DELIVERIES}); "
+        "last error: ValueError: SamplingParams.n must be >= 1, got 0")
+    assert b"poison:0" in dead_trajectory[b"raw:json"] and b"RecordError" in dead_trajectory[b"reason"]
+    metrics = [json.loads(line) for line in (tmp_path / "up" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
