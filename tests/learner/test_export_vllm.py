@@ -4,7 +4,8 @@ log-probs. Marked `vllm`: scripts/test.sh runs these in .venv-vllm; they skip wi
 import pytest
 import torch
 
-from stare.rollout.engine import SamplingParams, build_engine
+from stare.rollout.engine import SamplingParams
+from stare.rollout.registry import build_engine
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
