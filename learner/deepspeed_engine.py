@@ -56,7 +56,13 @@ def init_distributed(timeout_s: float = 300.0) -> None:
             _skip_cpu_shm_op()
         deepspeed.init_distributed(dist_backend=dist.get_backend(), timeout=datetime.timedelta(seconds=timeout_s))
         return
-    if "RANK" not in os.environ:
+    missing = [k for k in LAUNCH_ENV if k not in os.environ]
+    if missing:
+        if os.environ.get("WORLD_SIZE", "1") != "1":
+            raise RuntimeError(f"a {os.environ['WORLD_SIZE']}-rank launch without {', '.join(missing)}: set them "
+                               "(torchrun and `stare up` do), or unset WORLD_SIZE for a one-process learner")
+        # one process: its own group on loopback (also when an in-process engine left some of the
+        # variables set, as vLLM does; DeepSpeed would otherwise go looking for MPI)
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "gloo":

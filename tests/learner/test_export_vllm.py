@@ -22,7 +22,7 @@ def _hf_logprobs(model_dir, prompt: list[int], tokens: list[int]) -> torch.Tenso
 
 
 def _vllm_matches_hf(model_dir, prompt: list[int]) -> None:
-    engine = build_engine({"name": "vllm", "model_path": str(model_dir), "max_model_len": 256})
+    engine = build_engine({"name": "vllm", "model_path": str(model_dir), "max_model_len": 128})
     try:
         [[c]] = engine.generate([prompt], SamplingParams(n=1, max_new_tokens=8, temperature=0.0))
     finally:
