@@ -6,7 +6,6 @@ redis-server, real HTTP /healthz."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from redis_fixtures import free_port, have_redis_server, redis_server
 
 from stare.config import build_config
 from stare.runtime import RoleRuntime
+from stare.learner.deepspeed_engine import child_env
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
 
@@ -61,10 +61,11 @@ def test_a_busy_role_is_healthy_while_its_thread_progresses_and_reported_when_it
         prober.start()
         with rt.busy("evaluating"):
             work(4 * STALL_S)
+            during = len(seen)  # the probes taken while busy (the prober goes on a moment after)
         after = _health(port)
         done.set()
         prober.join(timeout=10)
-    late = seen[len(seen) // 2:]  # well past stall_s into the work
+    late = seen[during // 2:during]  # well past stall_s into the work
     assert late and all(body["busy"] == "evaluating" for _, body in late)
     assert all(code == (200 if healthy else 503) for code, _ in late), seen
     assert after[0] == 200 and after[1]["busy"] is None  # done: the loop ticks again
@@ -82,7 +83,8 @@ def test_a_learner_process_stays_healthy_through_an_evaluation_longer_than_stall
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     eval_file = tmp_path / "runs" / "health" / "eval.jsonl"
     with redis_server(tmp_path / "redis") as server:
-        env = {**os.environ, "STARE_REDIS_URL": server.url, "TORCH_CPP_LOG_LEVEL": "ERROR"}
+        # without this process's process-group variables (an in-process run earlier holds its MASTER_PORT)
+        env = {**child_env(), "STARE_REDIS_URL": server.url, "TORCH_CPP_LOG_LEVEL": "ERROR"}
         proc = subprocess.Popen([sys.executable, "-c", "from stare.cli import main; main()", "learner", "--config",
                                  str(tmp_path / "cfg.yaml")], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)

@@ -4,7 +4,6 @@ mount: only the config). A real role process, a real redis-server."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from redis_fixtures import have_redis_server, redis_server
 from stare.records import Trajectory
 from stare.tasks.registry import build_verifier
 from stare.transport.redis_streams import RedisTransport
+from stare.learner.deepspeed_engine import child_env
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
 
@@ -58,7 +58,7 @@ def test_a_reward_process_scores_dataset_trajectories_without_the_dataset(tmp_pa
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     assert not missing.exists()
     with redis_server(tmp_path / "redis") as server:
-        env = {**os.environ, "STARE_REDIS_URL": server.url}
+        env = {**child_env(), "STARE_REDIS_URL": server.url}
         proc = subprocess.Popen([sys.executable, "-c", "from stare.cli import main; main()", "reward", "--config",
                                  str(tmp_path / "cfg.yaml"), "--name", "reward-0", "--workers", "1"],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
