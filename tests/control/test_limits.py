@@ -71,6 +71,14 @@ class _Liveness(threading.Thread):
                 time.sleep(0.05)
 
 
+def _read_until_closed(sock) -> bytes:
+    """The whole reply (headers and body may come in separate packets), up to the server's close."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
 def _status(reply: bytes) -> int:
     return int(reply.split(b" ", 2)[1])
 
@@ -165,7 +173,7 @@ def test_a_stalled_body_is_answered_408(server):
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(b"PATCH /v1/entropy HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 100\r\n\r\n{\"target\"")
-        reply = sock.recv(4096)
+        reply = _read_until_closed(sock)
     assert _status(reply) == 408 and b"control.body_timeout_s" in reply
 
 

@@ -130,6 +130,15 @@ def test_a_checkpoint_request_is_saved_while_paused(run):
         assert run.status()["checkpoint_requested"] is False
 
 
+def _wait_in_page(page, predicate: str, timeout_s: float) -> None:
+    """Poll a JS function in the page (page.wait_for_function compiles its predicate with eval, which
+    the dashboard's CSP forbids; page.evaluate calls a function without eval)."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(predicate):
+        assert time.monotonic() < deadline, f"not true within {timeout_s}s: {predicate}"
+        page.wait_for_timeout(200)
+
+
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian chromium is not installed (apt-get install chromium)")
 def test_the_dashboard_draws_curves_and_its_form_changes_the_target(run):
     sync_api = pytest.importorskip("playwright.sync_api")
@@ -137,9 +146,11 @@ def test_the_dashboard_draws_curves_and_its_form_changes_the_target(run):
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1500, "height": 900})
+        violations = []  # the dashboard runs under its Content-Security-Policy (no inline script, no eval)
+        page.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
         page.goto(run.url + "/", timeout=30_000)
         for chart in ("entropy", "reward", "eval", "length", "gate", "wm"):
-            page.wait_for_function(f"Number(document.getElementById('chart-{chart}').dataset.points) > 1", timeout=30_000)
+            _wait_in_page(page, f"() => Number(document.getElementById('chart-{chart}').dataset.points) > 1", 30)
         inked = page.evaluate("""() => {
             const c = document.getElementById('chart-entropy');
             const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
@@ -154,10 +165,10 @@ def test_the_dashboard_draws_curves_and_its_form_changes_the_target(run):
             page.fill("#f-band-low", "0.3")
             page.fill("#f-band-high", "0.6")
             page.click("#f-submit")
-            page.wait_for_function("document.getElementById('form-message').textContent.includes('accepted')",
-                                   timeout=15_000)
-            pending = run.api.get("/v1/entropy").json()["pending"]
-            assert pending[-1]["new"] == {"target": 0.42, "band": [0.3, 0.6]} and pending[-1]["who"].startswith("dashboard")
+            _wait_in_page(page, "() => document.getElementById('form-message').textContent.includes('accepted')", 15)
+            # the audit keeps it (pending would race the paused learner, which applies changes as they come)
+            change = run.api.get("/v1/entropy/audit").json()[-1]
+            assert change["new"] == {"target": 0.42, "band": [0.3, 0.6]} and change["who"].startswith("dashboard")
         after = run.step_metrics(paused_at + 1)
         assert (after["target"], after["band_low"], after["band_high"], after["control_changes"]) == (0.42, 0.3, 0.6, 1)
         run.wait(lambda: run.status()["step"] >= paused_at + 3, "more steps for the picture")
@@ -167,3 +178,4 @@ def test_the_dashboard_draws_curves_and_its_form_changes_the_target(run):
         shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot), full_page=True)
         browser.close()
+    assert violations == []
