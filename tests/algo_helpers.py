@@ -70,9 +70,6 @@ def context(ctx: StepContext, **changes) -> StepContext:
     return replace(ctx, **changes)
 
 
-from stare.net import free_port  # noqa: F401  (re-exported for the tests)
-
-
 def dp_worker(rank: int, world: int, port: int, cfg, step: dict, out_dir: str) -> None:
     """One data-parallel rank: its rows are rank::world; gathers the step, plans, backprops its share."""
     import datetime

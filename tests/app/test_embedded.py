@@ -119,3 +119,57 @@ def test_an_entropy_source_changed_at_run_time_feeds_the_gate_from_the_next_step
         run.close()
     assert steps[0]["entropy_gate_input"] == steps[0]["entropy"]  # nothing lagged yet at step 1
     assert steps[1]["entropy_gate_input"] == lagged_after[1] != steps[1]["entropy"]
+
+
+def test_a_stop_during_a_sampling_round_takes_effect_between_steps_and_the_run_resumes(fast_overrides):
+    """In process, what a step has collected lives only in memory: a stop asked for in the middle of a
+    step's sampling rounds must not checkpoint a cursor past groups that die with the process."""
+    import json
+
+    from stare.embedded import EmbeddedRun, StopFlag
+
+    # 2 samples a group: about half the groups have equal rewards and are filtered, so a step's first
+    # round rarely fills it
+    overrides = fast_overrides + ["run.name=midstep", "run.steps=3", "data.dynamic_sampling=true",
+                                  "data.max_sampling_rounds=3", "rollout.prompts_per_step=4",
+                                  "rollout.samples_per_prompt=2"]
+    cfg = prepare_run(build_config({}, overrides=overrides), None)
+    run = EmbeddedRun(cfg, resume=False, log=lambda *_: None)
+    stop, pumps = StopFlag(), []
+    pump = run.session.seams.pump
+
+    def pump_then_stop(fill_round: int) -> None:
+        pump(fill_round)
+        pumps.append((run.learner.step, fill_round))
+        if run.learner.step == 1:
+            stop.requested = True  # in the first round of step 2: step 2 still completes
+    run.session.seams.pump = pump_then_stop
+    try:
+        run.train(stop)
+    finally:
+        run.close()
+    # step 2's sampling went on after the stop: more rounds, or the step trained (old code: stopped at once)
+    assert (1, 1) in pumps and ((1, 2) in pumps or run.learner.step == 2)
+    tag = (cfg.run_dir / "checkpoints" / "latest").read_text()
+    state = json.loads((cfg.run_dir / "checkpoints" / tag / "trainer_state.json").read_text())
+    finished = state["collector"]["finished"]
+    # every group the checkpoint's cursor counts is finished: none was left half-collected in memory
+    assert state["data"]["cursor"] == finished["watermark"] + len(finished["above"]) + len(finished["other"])
+    resumed = prepare_run(None, cfg.run_dir, [])
+    run_training(resumed, resume=True, progress=False)  # hung before: a cursor past groups that died
+    assert [m["step"] for m in _lines(cfg.run_dir / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_a_checkpoint_of_stare_train_from_before_the_shared_loop_resumes(fast_overrides):
+    """Those checkpoints have no collector (nor, in `stare learner`'s, RNG) state: every group up to
+    the saved cursor counts as finished."""
+    import json
+
+    cfg = prepare_run(build_config({}, overrides=fast_overrides + ["run.name=old", "run.steps=1"]), None)
+    run_training(cfg, progress=False)
+    state_file = cfg.run_dir / "checkpoints" / "step_000001" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["collector"]
+    state_file.write_text(json.dumps(state))
+    run_training(prepare_run(None, cfg.run_dir, ["run.steps=2"]), resume=True, progress=False)
+    assert [m["step"] for m in _lines(cfg.run_dir / "metrics.jsonl")] == [1, 2]

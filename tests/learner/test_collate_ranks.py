@@ -2,24 +2,14 @@
 so the step's selection counts k tokens whatever the ranks' tokens look like (2 gloo processes)."""
 
 import torch
-import torch.multiprocessing as mp
 
 from learner_helpers import collate_rank_worker
-from stare.net import free_port
+from rank_helpers import spawn_ranks
 
 
 def test_two_ranks_with_equal_first_tokens_select_exactly_k(tmp_path):
     world = 2
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=collate_rank_worker, args=(r, world, port, str(tmp_path))) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-        if p.is_alive():
-            p.kill()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    spawn_ranks(collate_rank_worker, world, str(tmp_path))
     results = [torch.load(tmp_path / f"rank{r}.pt")["global"] for r in range(world)]
     control = [torch.load(tmp_path / f"rank{r}.pt")["per_rank"] for r in range(world)]
 

@@ -2,24 +2,15 @@
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from algo_helpers import dp_worker, free_port, inputs, loss_and_grad, random_step
+from rank_helpers import spawn_ranks
+from algo_helpers import dp_worker, inputs, loss_and_grad, random_step
 from stare.algo_config import ClipCovLossConfig, StareLossConfig
 from stare.learner.policy_loss import policy_loss
 
 
 def _run_dp(cfg, step, tmp_path, world=2):
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=dp_worker, args=(r, world, port, cfg, step, str(tmp_path))) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-        if p.is_alive():
-            p.kill()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    spawn_ranks(dp_worker, world, cfg, step, str(tmp_path))
     return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
 
 

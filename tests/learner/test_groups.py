@@ -54,6 +54,18 @@ def test_stale_trajectories_are_dropped_beyond_max_staleness():
     assert c.stats.stale_trajectories == 2 and c.stats.staleness == {2: 2, 1: 2}
 
 
+@pytest.mark.parametrize("keep_stale", [False, True])
+def test_a_group_sampled_with_weights_newer_than_the_learners_is_never_trained(keep_stale):
+    # a learner restarted from its checkpoint (version 5) while workers still sent version-7 samples
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False, max_staleness=1, keep_stale=keep_stale)
+    s.publish(_group("future", [1.0, 0.0], version=7) + _group("ok", [1.0, 0.0], version=5))
+    c.pull(5)
+    trajectories, _ = c.take(10)
+    assert {t.group_id for t in trajectories} == {"ok"} and c.stats.stale_groups == 1
+    assert "future" in c.finished and s.backlog() == 2  # decided and acknowledged: only "ok" is held
+
+
 def test_an_entry_handed_back_while_held_is_not_acknowledged():
     s = MemoryStream("scored")
     c = GroupCollector(s, name="l", dynamic_sampling=False)

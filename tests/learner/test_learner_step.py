@@ -3,10 +3,9 @@ is cut into micro-batches, packed or not, nor on gradient checkpointing or the l
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from learner_helpers import learner_rank_worker, save_random_qwen2, trajectories
-from stare.net import free_port
+from rank_helpers import spawn_ranks
 from stare.config import build_config
 from stare.learner import deepspeed_engine as ds
 
@@ -79,17 +78,7 @@ def test_two_learner_ranks_give_the_one_rank_step(model_dir, tmp_path):
     widths = [max(len(t.response_token_ids) for t in share) for share in (trajs[:8], trajs[8:])]
     assert counts[0] != counts[1] and widths[0] != widths[1]  # fillers and the common width take part
     one, one_w = _one_step(model_dir, extra)
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=learner_rank_worker, args=(r, 2, port, str(model_dir), str(tmp_path), COMMON + extra))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-        if p.is_alive():
-            p.kill()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    spawn_ranks(learner_rank_worker, 2, str(model_dir), str(tmp_path), COMMON + extra, timeout_s=300)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert results[0]["metrics"]["micro_batches"] == results[1]["metrics"]["micro_batches"]
     for res in results:
