@@ -179,7 +179,6 @@ def _control_plane(cfg: TrainConfig, log: Callable[[str], None]):
 def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> Path:
     """Train (or resume) one run; returns the run folder. Writes the report at the end."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     console = Console(stderr=True)
     log = console.log if progress else (lambda *_: None)
@@ -190,7 +189,28 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
         logger = train_logger(cfg.logging.format, cfg.run.name)
         log, step_lines = logger.info, StepLines(cfg.logging.every_n_steps, cfg.run.steps, logger)
     stop = StopFlag()
-    with run_lock(cfg.run_dir), _signals(stop), _control_plane(cfg, log) as control:
+    with _signals(stop):  # also over the report and export: a Ctrl-C then lets them finish
+        run = _train(cfg, resume, log, console, progress, step_lines, stop)
+        finished = not stop.requested  # decided here: a signal during the report does not undo it
+        if finished:
+            from stare.learner.export import export_run
+            from stare.report import write_report
+            from stare.wandb_log import log_report
+
+            report = write_report(run.run_dir)
+            log_report(cfg, report)  # to W&B with logging.wandb
+            log(f"report: {report / 'summary.md'}")
+            export_run(run.run_dir, run.stack.setup.model_path, log, cfg.model.dtype)
+    if not finished:
+        log(f"stopped after step {run.learner.step}; resume with: stare train --resume {run.run_dir}")
+    return run.run_dir
+
+
+def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_lines, stop: StopFlag) -> EmbeddedRun:
+    """The run itself, under its lock and control plane; returns it closed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with run_lock(cfg.run_dir), _control_plane(cfg, log) as control:
         run = EmbeddedRun(cfg, resume=resume, log=log, control=control)
         columns = [
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[live]}"),
@@ -211,15 +231,4 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
                 run.train(stop, on_step)
             finally:
                 run.close()
-    if stop.requested:
-        log(f"stopped after step {run.learner.step}; resume with: stare train --resume {run.run_dir}")
-    else:
-        from stare.learner.export import export_run
-        from stare.report import write_report
-        from stare.wandb_log import log_report
-
-        report = write_report(run.run_dir)
-        log_report(cfg, report)  # to W&B with logging.wandb
-        log(f"report: {report / 'summary.md'}")
-        export_run(run.run_dir, run.stack.setup.model_path, log, cfg.model.dtype)
-    return run.run_dir
+    return run
