@@ -254,8 +254,19 @@ class SystemSection(_Section):
         "importance correction against the rollout log-probs (loss.tis_cap must be set).",
     )
     weight_sync: Literal["broadcast", "filesystem"] = Field(
-        "broadcast", description="broadcast: a gloo/NCCL group formed at run time through a TCPStore the learner "
-        "hosts; filesystem: safetensors under weight_dir with the version pointer in Redis.",
+        "broadcast", description="broadcast: a point-to-point group (gloo or NCCL: weight_sync_communicator) formed "
+        "at run time through a TCPStore the learner hosts; filesystem: safetensors under weight_dir with the version "
+        "pointer in Redis. With max_staleness >= 1 the learner publishes in the background (it does not wait for "
+        "the sync; at most one version in flight, a newer one replaces a waiting one).",
+    )
+    weight_sync_communicator: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="Communicator of the broadcast: nccl sends from the learner's GPU to each vLLM worker's "
+        "GPU; gloo goes through host memory and TCP; auto: nccl for a group whose learner and every worker see a "
+        "CUDA device with NCCL, else gloo. nccl in a process without CUDA refuses to start.",
+    )
+    weight_sync_bucket_mb: int = Field(
+        256, ge=1, description="Broadcast bucket size in MiB: small tensors are packed into two buckets of this size "
+        "on the learner (on the GPU with nccl); larger tensors are sent in chunks of this size from their own memory.",
     )
     weight_dir: Path | None = Field(
         None, description="Shared folder of the filesystem weight backend (None: <run dir>/weights).",

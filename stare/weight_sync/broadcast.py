@@ -1,27 +1,34 @@
-"""Weight broadcast over a collective group formed at run time (gloo on CPU, NCCL on GPU).
+"""Weight broadcast over a point-to-point group formed at run time (gloo on CPU, NCCL on GPU).
 
-The learner hosts a `TCPStore`; rollout workers dial it and ask to join. Membership changes only
-between steps: at each `publish` (and each `serve_joiners`, called while the learner waits for
-data) the learner admits the workers that asked, forms a fresh process group for the new
-membership (generation g: `ProcessGroupGloo(PrefixStore("pg/g", store), rank, size, timeout)`;
-`dist.new_group` cannot add processes) and broadcasts the weights to it. A worker receives in a background thread into its own buffers; the rollout
-loop takes the newest version between batches (`fetch`), so a worker that missed versions jumps
-to the newest, and a learner broadcast never waits for a generation to finish. Tensors go one by one
-in layout order, all issued at once and then awaited (gloo pipelines them), one send per member
-and tensor (what a one-to-all broadcast does anyway, with failures isolated per member); receivers write into
-a small pool of preallocated buffer sets (one being received, the newest complete one, the one
-the rollout loop is copying from), so no version costs fresh allocations.
+The learner hosts a `TCPStore`; rollout workers dial it and ask to join (saying whether they can
+use NCCL). Membership changes only between steps: at each `publish` (and each `serve_joiners`,
+called while the learner waits for data) the learner admits the workers that asked, picks the
+generation's communicator (`communicator.py`: auto = NCCL when the learner and every member have
+CUDA, else gloo), forms a fresh group for the new membership (generation g: a group over
+`PrefixStore("pg/g", store)`; `dist.new_group` cannot add processes) and sends the weights to it.
+This file and `buckets.py` are the same for both communicators; only the group differs.
 
-Failure: the learner sends each tensor to each member on its own (all sends issued, then awaited),
-so a dead worker fails only its own sends (within `timeout_s` for a stalled one): the others get
-the whole version, the learner carries on, and the lost member is left out until the next
-generation (it rejoins when it comes back). A joiner that dies before the group forms makes the
-formation fail within `timeout_s`; that generation is dissolved and every member asks again. Workers that see their generation dissolved, or lose
-the store (learner restart), rejoin from scratch.
+Sending: the state dict is iterated once (`buckets.py`): small tensors packed into two alternating
+fixed-size buckets, larger ones sent from their own memory in bucket-sized chunks. Each message
+goes to each member on its own (all members' sends issued, then awaited), so a dead worker fails
+only its own sends (within `timeout_s` for a stalled one): the others get the whole version, the
+learner carries on, and the lost member is skipped until the next generation (it rejoins when it
+comes back). A joiner that dies before the group forms makes the formation fail within
+`timeout_s`; that generation is dissolved and every member asks again. Workers that see their
+generation dissolved, or lose the store (learner restart), or whose receive fails, rejoin from
+scratch.
 
-Store keys: `joins` (counter), `join/<n>` (worker name), `gen` (current generation),
-`gen/<g>/members` (JSON list, rank = index + 1), `gen/<g>/layout` (names, shapes, dtypes),
-`gen/<g>/bcast/<seq>` (the version the seq-th broadcast carries), `version` (newest published).
+Receiving: a background thread per worker receives into a buffer set on the communicator's device
+(CPU for gloo, the worker's GPU for NCCL): one contiguous buffer per segment, every tensor a view.
+At most two sets exist: the one the rollout loop took last (`fetch`) and one being received; a
+version that arrives before the previous one was taken overwrites it (the worker jumps to the
+newest anyway). The rollout loop takes the newest between batches, so a learner broadcast never
+waits for a generation to finish.
+
+Store keys: `joins` (counter), `join/<n>` (worker name), `join/<n>/nccl` ("1" if it can use NCCL),
+`gen` (current generation), `gen/<g>/members` (JSON list, rank = index + 1), `gen/<g>/comm` (gloo or
+nccl), `gen/<g>/bcast/<seq>` (the version the seq-th broadcast carries), `gen/<g>/layout/<seq>`
+(names, shapes, dtypes, positions; written when it changes), `version` (newest published).
 """
 
 from __future__ import annotations
@@ -37,26 +44,27 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from stare.weight_sync.buckets import TERMINATOR, BucketPacker, Segments
+from stare.weight_sync.communicator import Setting, build_communicator, check_setting, choose_communicator, has_nccl
+
 log = logging.getLogger(__name__)
 
 GENERATION_OVER = -1  # announced instead of a version: the generation ended, read `gen`
-_DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32)}
+DEFAULT_BUCKET_BYTES = 256 * 2**20
 
 
-def _layout(state_dict: Mapping[str, torch.Tensor]) -> list[tuple[str, list[int], str]]:
-    return [(name, list(t.shape), str(t.dtype)) for name, t in state_dict.items()]
-
-
-def _gloo_group(store: dist.Store, generation: int, rank: int, size: int, timeout_s: float):
-    prefix = dist.PrefixStore(f"pg/{generation}", store)
-    return dist.ProcessGroupGloo(prefix, rank, size, timedelta(seconds=timeout_s))
+def _can_use_nccl(setting: Setting) -> bool:
+    return setting != "gloo" and has_nccl()
 
 
 class BroadcastPublisher:
-    """Learner side: hosts the rendezvous and broadcasts each new version to the current members."""
+    """Learner side: hosts the rendezvous and sends each new version to the current members."""
 
-    def __init__(self, host: str, port: int, *, timeout_s: float = 30.0):
-        self.timeout_s = timeout_s
+    def __init__(self, host: str, port: int, *, timeout_s: float = 30.0, communicator: Setting = "auto",
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        check_setting(communicator)
+        self.timeout_s, self.setting, self.bucket_bytes = timeout_s, communicator, bucket_bytes
+        self._nccl = _can_use_nccl(communicator)
         self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=timeout_s), use_libuv=True)
         self.store.set("gen", "0")
@@ -65,21 +73,25 @@ class BroadcastPublisher:
         self.members: list[str] = []  # the current generation, rank = index + 1
         self._lost: set[str] = set()  # members whose sends failed: skipped until the next generation
         self._pg = None
+        self._comm = None  # the current generation's communicator
+        self._packers: dict[str, BucketPacker] = {}  # per communicator: its buckets, reused
+        self._member_nccl: dict[str, bool] = {}
         self._seq = 0
         self._joins_seen = 0
-        self._layout_json: str | None = None
+        self._layout: list | None = None  # the layout stored for the current generation, and its key
+        self._layout_seq = -1
         self.version = -1
         self.failures = 0
 
     # ---------------------------------------------------------------- API
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Broadcast `version` to every member, admitting new joiners first. Never raises for a
-        worker's failure: the generation is dissolved and the members rejoin."""
+        """Send `version` to every member, admitting new joiners first. Never raises for a
+        worker's failure: a lost member is skipped, a failed formation dissolves the generation."""
         if version <= self.version:
             raise ValueError(f"weight version must increase: got {version} after {self.version}")
         joiners = self._new_joiners()
         if joiners or (self._pg is None and self.members):
-            self._form(self.alive_members + [j for j in joiners if j not in self.alive_members], state_dict)
+            self._form(self.alive_members + [j for j in joiners if j not in self.alive_members])
         if self._pg is not None:
             self._broadcast(version, state_dict)
         self.version = version
@@ -91,10 +103,9 @@ class BroadcastPublisher:
         joiners = self._new_joiners()
         if not joiners:
             return False
-        state_dict = state_fn()
-        self._form(self.alive_members + joiners, state_dict)
+        self._form(self.alive_members + joiners)
         if self._pg is not None:
-            self._broadcast(version, state_dict)
+            self._broadcast(version, state_fn())
         return True
 
     def close(self) -> None:
@@ -105,12 +116,18 @@ class BroadcastPublisher:
     def alive_members(self) -> list[str]:
         return [m for m in self.members if m not in self._lost]
 
+    @property
+    def communicator(self) -> str | None:
+        """The current generation's communicator (None: no group)."""
+        return None if self._pg is None else self._comm.name
+
     # ---------------------------------------------------------------- internals
     def _new_joiners(self) -> list[str]:
         count = self.store.add("joins", 0)
         names = []
         for n in range(self._joins_seen + 1, count + 1):
             name = self.store.get(f"join/{n}").decode()
+            self._member_nccl[name] = self.store.get(f"join/{n}/nccl") == b"1"  # set before the name
             if name not in self.alive_members and name not in names:  # a lost member may come back
                 names.append(name)
         self._joins_seen = count
@@ -121,19 +138,23 @@ class BroadcastPublisher:
         called after `gen` moved on."""
         self.store.set(f"gen/{generation}/bcast/{seq}", str(GENERATION_OVER))
 
-    def _form(self, members: list[str], state_dict: Mapping[str, torch.Tensor]) -> None:
+    def _form(self, members: list[str]) -> None:
+        name, left_out = choose_communicator(self.setting, self._nccl, {m: self._member_nccl.get(m, False) for m in members})
+        if left_out:
+            log.warning("weight sync is nccl; %s cannot use NCCL and stay out of the group", left_out)
+            members = [m for m in members if m not in left_out]
         old = (self.generation, self._seq)
         self.generation += 1
         g = self.generation
-        self._layout_json = json.dumps(_layout(state_dict))
-        self.store.set(f"gen/{g}/layout", self._layout_json)
+        self.store.set(f"gen/{g}/comm", name)
         self.store.set(f"gen/{g}/members", json.dumps(members))
         self.store.set("gen", str(g))
         self._end_generation(*old)
-        self._seq = 0
+        self._seq, self._layout = 0, None
         t0 = time.perf_counter()
         try:
-            self._pg = _gloo_group(self.store, g, 0, len(members) + 1, self.timeout_s)
+            self._comm = build_communicator(name)
+            self._pg = self._comm.group(self.store, g, 0, len(members) + 1, self.timeout_s)
         except Exception as err:  # a joiner died before connecting: drop the generation
             self.failures += 1
             log.warning("weight group generation %d (%d workers) did not form: %s; members must rejoin", g,
@@ -141,36 +162,44 @@ class BroadcastPublisher:
             self._dissolve(f"formation failed: {err}")
             return
         self.members, self._lost = members, set()
-        log.info("weight group generation %d formed with %d workers in %.2fs: %s", g, len(members),
+        log.info("weight group generation %d (%s) formed with %d workers in %.2fs: %s", g, name, len(members),
                  time.perf_counter() - t0, members)
 
+    def _layout_key(self, layout: list) -> int:
+        """Store the layout of the version just packed if it changed; the broadcast seq it is under."""
+        if layout != self._layout:
+            self.store.set(f"gen/{self.generation}/layout/{self._seq}", json.dumps(layout))
+            self._layout, self._layout_seq = layout, self._seq
+        return self._layout_seq
+
     def _broadcast(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
-        g, seq = self.generation, self._seq
-        layout = json.loads(self._layout_json) if self._layout_json else []
-        if [tuple(x) for x in layout] != [(n, s, d) for n, s, d in _layout(state_dict)]:
-            self._form(self.alive_members, state_dict)  # a new layout: a new generation carries it
-            if self._pg is None:
-                return
-            g, seq = self.generation, self._seq
-        self.store.set(f"gen/{g}/bcast/{seq}", str(version))
-        tensors = [state_dict[name].detach().cpu().contiguous() for name, _, _ in json.loads(self._layout_json)]
-        # One send per (member, tensor), all issued before any is awaited: a member that died or
-        # stalls past the timeout fails only its own sends; the others get the whole version.
-        works: dict[int, list] = {}
+        pg, comm = self._pg, self._comm
+        packer = self._packers.get(comm.name)
+        if packer is None:
+            packer = self._packers[comm.name] = BucketPacker(self.bucket_bytes, comm.device)
+        self.store.set(f"gen/{self.generation}/bcast/{self._seq}", str(version))
+        ranks = {rank: name for rank, name in enumerate(self.members, start=1) if name not in self._lost}
         lost: dict[str, str] = {}
-        for rank, name in enumerate(self.members, start=1):
-            if name in self._lost:
-                continue
-            try:
-                works[rank] = [self._pg.send([t], rank, tag) for tag, t in enumerate(tensors)]
-            except Exception as err:  # noqa: BLE001 - gloo raises RuntimeError subclasses
-                lost[name] = str(err).splitlines()[0]
-        for rank, rank_works in works.items():
-            try:
-                for work in rank_works:
-                    work.wait()
-            except Exception as err:  # noqa: BLE001
-                lost[self.members[rank - 1]] = str(err).splitlines()[0]
+        # Each message to each member on its own, every member's sends issued before any is
+        # awaited; message k-1 is awaited after message k is issued (its bucket is then refilled).
+        # A member that died or stalls past the timeout fails only its own sends.
+        previous: list = []
+        for k, msg in enumerate(packer.messages(state_dict, self._layout_key)):
+            header = torch.tensor(msg.header, dtype=torch.int64, device=comm.device)
+            current = []
+            for rank, name in ranks.items():
+                if name in lost:
+                    continue
+                try:
+                    works = [pg.send([header], rank, 2 * k)]
+                    if msg.payload is not None:
+                        works.append(pg.send([msg.payload], rank, 2 * k + 1))
+                    current.append((name, works, header, msg.payload))
+                except Exception as err:  # noqa: BLE001 - the backends raise RuntimeError subclasses
+                    lost[name] = str(err).splitlines()[0]
+            _await(previous, lost)
+            previous = current
+        _await(previous, lost)
         self._seq += 1
         if lost:
             self.failures += 1
@@ -193,21 +222,37 @@ class BroadcastPublisher:
         self._end_generation(*old)
 
 
+def _await(sends: list, lost: dict[str, str]) -> None:
+    """Wait for each member's sends; a member whose wait fails goes into `lost`."""
+    for name, works, *_keep_alive in sends:
+        if name in lost:
+            continue
+        try:
+            for work in works:
+                work.wait()
+        except Exception as err:  # noqa: BLE001
+            lost[name] = str(err).splitlines()[0]
+
+
 class BroadcastSubscriber:
     """Rollout side: joins the learner's group and receives every broadcast in a background thread;
     `fetch` hands the newest received version to the rollout loop."""
 
     def __init__(self, host: str, port: int, name: str, *, timeout_s: float = 30.0, poll_s: float = 0.05,
-                 wait_s: float = 1.0):
+                 wait_s: float = 1.0, communicator: Setting = "auto"):
+        check_setting(communicator)
         self.host, self.port, self.name = host, port, name
         self.timeout_s, self.poll_s, self.wait_s = timeout_s, poll_s, wait_s
+        self._nccl = _can_use_nccl(communicator)
         self._lock = threading.Condition()
-        self._latest: tuple[int, dict[str, torch.Tensor]] | None = None
-        self._in_use: dict[str, torch.Tensor] | None = None  # what the last fetch handed out
-        self._pool: list[dict[str, torch.Tensor]] = []  # buffer sets of the current layout
+        self._latest: tuple[int, dict[str, torch.Tensor], Segments] | None = None
+        self._in_use: Segments | None = None  # the buffer set the last fetch handed out
+        self._pool: list[Segments] = []  # at most two buffer sets, on the current communicator's device
+        self._layouts: dict[tuple[int, int], list] = {}
         self._stop = threading.Event()
         self.generations_joined = 0
         self.received = 0
+        self.communicator: str | None = None  # of the generation joined last
         self._thread = threading.Thread(target=self._run, name=f"weights-{name}", daemon=True)
         self._thread.start()
 
@@ -217,9 +262,11 @@ class BroadcastSubscriber:
         later broadcasts) until the next `fetch`."""
         with self._lock:
             if self._latest is None or self._latest[0] <= have_version:
+                self._in_use = None  # the caller is done with what it took before
                 return None
-            self._in_use = self._latest[1]
-            return self._latest
+            version, state, buffers = self._latest
+            self._in_use = buffers
+            return version, state
 
     def wait_for(self, min_version: int, timeout_s: float) -> bool:
         """Block until a version >= min_version has arrived (True) or timeout_s passed (False)."""
@@ -244,7 +291,7 @@ class BroadcastSubscriber:
                 backoff = 0.1
                 while not self._stop.is_set():
                     self._serve_one_generation(store)
-            except Exception as err:  # learner gone or restarting: dial again
+            except Exception as err:  # learner gone or restarting, or a receive failed: dial again
                 if self._stop.is_set():
                     return
                 log.info("weight receiver %s: %s; reconnecting in %.1fs", self.name, str(err).splitlines()[0], backoff)
@@ -256,6 +303,7 @@ class BroadcastSubscriber:
         leaves it out (dissolved) so the caller asks again."""
         asked_at = int(store.get("gen"))
         ticket = store.add("joins", 1)
+        store.set(f"join/{ticket}/nccl", "1" if self._nccl else "0")
         store.set(f"join/{ticket}", self.name)
         joined = self._await_membership(store, asked_at)
         while joined is not None and not self._stop.is_set():
@@ -265,12 +313,12 @@ class BroadcastSubscriber:
         """Receive generation g's broadcasts until the generation changes; the next generation if it
         lists this worker too (a member stays a member when others join), else None."""
         rank = members.index(self.name) + 1
-        layout = [tuple(x) for x in json.loads(store.get(f"gen/{g}/layout"))]
-        if self._pool and [(n, list(t.shape), str(t.dtype)) for n, t in self._pool[0].items()] != layout:
-            self._pool = []  # a new layout: new buffers
-        pg = _gloo_group(store, g, rank, len(members) + 1, self.timeout_s)
+        comm = build_communicator(store.get(f"gen/{g}/comm").decode())
+        pg = comm.group(store, g, rank, len(members) + 1, self.timeout_s)
         self.generations_joined += 1
-        log.info("weight receiver %s joined generation %d as rank %d of %d", self.name, g, rank, len(members) + 1)
+        self.communicator = comm.name
+        log.info("weight receiver %s joined generation %d (%s) as rank %d of %d", self.name, g, comm.name, rank,
+                 len(members) + 1)
         seq = 0
         while not self._stop.is_set():
             key = f"gen/{g}/bcast/{seq}"
@@ -284,27 +332,51 @@ class BroadcastSubscriber:
                 nxt = json.loads(store.get(f"gen/{now}/members"))
                 return (now, nxt) if self.name in nxt else None
             version = int(store.get(key))
-            state = self._free_buffers(layout)
-            works = [pg.recv([t], 0, tag) for tag, t in enumerate(state.values())]
-            for work in works:
-                work.wait()
+            buffers = self._free_buffers(comm.device)
+            layout_seq = self._receive_segments(pg, comm.device, buffers)
+            state = buffers.tensors(self._layout(store, g, layout_seq))
             with self._lock:
-                self._latest = (version, state)
+                self._latest = (version, state, buffers)
                 self.received += 1
                 self._lock.notify_all()
             seq += 1
         return None
 
-    def _free_buffers(self, layout: list[tuple[str, list[int], str]]) -> dict[str, torch.Tensor]:
-        """A buffer set that is neither the newest complete version nor the one handed out last."""
+    @staticmethod
+    def _receive_segments(pg, device: torch.device, buffers: Segments) -> int:
+        """Receive one version's messages into `buffers`; the layout's seq from the terminator."""
+        header = torch.empty(4, dtype=torch.int64, device=device)
+        buffers.start()
+        k = 0
+        while True:
+            pg.recv([header], 0, 2 * k).wait()
+            h = header.tolist()
+            if h[2] == TERMINATOR:
+                buffers.finish()
+                return h[3]
+            pg.recv([buffers.target(h)], 0, 2 * k + 1).wait()
+            k += 1
+
+    def _layout(self, store, g: int, layout_seq: int) -> list:
+        key = (g, layout_seq)
+        if key not in self._layouts:
+            self._layouts = {key: json.loads(store.get(f"gen/{g}/layout/{layout_seq}"))}  # keep only the newest
+        return self._layouts[key]
+
+    def _free_buffers(self, device: torch.device) -> Segments:
+        """A buffer set to receive into: not the one handed out last; a third set is never made:
+        the newest complete version is overwritten instead (it is withdrawn first)."""
         with self._lock:
-            busy = {id(self._in_use), id(self._latest[1]) if self._latest else None}
+            self._pool = [b for b in self._pool if b.device == device]
+            latest = self._latest[2] if self._latest else None
             for buffers in self._pool:
-                if id(buffers) not in busy:
+                if buffers is not self._in_use and buffers is not latest:
                     return buffers
-            buffers = {name: torch.empty(shape, dtype=_DTYPES[dtype]) for name, shape, dtype in layout}
-            self._pool.append(buffers)
-            return buffers
+            if len(self._pool) < 2:
+                self._pool.append(Segments(device))
+                return self._pool[-1]
+            self._latest = None  # superseded before it was taken: its buffers take the newer version
+            return latest
 
     def _await_membership(self, store, asked_at: int) -> tuple[int, list[str]] | None:
         """Wait (polling) for the first generation newer than `asked_at`: this worker's rank in it,

@@ -18,18 +18,26 @@ def broadcast_bind_host(host: str) -> str:
     return host if host in LOOPBACK else "0.0.0.0"
 
 
-def build_publisher(cfg: TrainConfig, client) -> WeightPublisher:
+def build_publisher(cfg: TrainConfig, client, *, background: bool | None = None) -> WeightPublisher:
     """The learner's end. `client`: the run's Redis client (the filesystem backend keeps its
-    version pointer there)."""
+    version pointer there). `background` (None: when `system.max_staleness >= 1`): publish from a
+    thread of its own, the learner not waiting (stare.weight_sync.background)."""
     s = cfg.system
     if s.weight_sync == "broadcast":
         from stare.weight_sync.broadcast import BroadcastPublisher
 
-        return BroadcastPublisher(broadcast_bind_host(s.broadcast_host), s.broadcast_port,
-                                  timeout_s=s.broadcast_timeout_s)
-    from stare.weight_sync.filesystem import FilesystemPublisher
+        publisher = BroadcastPublisher(broadcast_bind_host(s.broadcast_host), s.broadcast_port,
+                                       timeout_s=s.broadcast_timeout_s, communicator=s.weight_sync_communicator,
+                                       bucket_bytes=s.weight_sync_bucket_mb * 2**20)
+    else:
+        from stare.weight_sync.filesystem import FilesystemPublisher
 
-    return FilesystemPublisher(client, cfg.run.name, s.weight_dir or cfg.run_dir / "weights")
+        publisher = FilesystemPublisher(client, cfg.run.name, s.weight_dir or cfg.run_dir / "weights")
+    if background if background is not None else s.max_staleness >= 1:
+        from stare.weight_sync.background import BackgroundPublisher
+
+        return BackgroundPublisher(publisher, close_timeout_s=max(60.0, 4 * s.broadcast_timeout_s))
+    return publisher
 
 
 def build_subscriber(cfg: TrainConfig, name: str, client) -> WeightSubscriber:
@@ -38,7 +46,8 @@ def build_subscriber(cfg: TrainConfig, name: str, client) -> WeightSubscriber:
     if s.weight_sync == "broadcast":
         from stare.weight_sync.broadcast import BroadcastSubscriber
 
-        return BroadcastSubscriber(s.broadcast_host, s.broadcast_port, name, timeout_s=s.broadcast_timeout_s)
+        return BroadcastSubscriber(s.broadcast_host, s.broadcast_port, name, timeout_s=s.broadcast_timeout_s,
+                                   communicator=s.weight_sync_communicator)
     from stare.weight_sync.filesystem import FilesystemSubscriber
 
     return FilesystemSubscriber(client, cfg.run.name)

@@ -1,0 +1,123 @@
+"""The one part of the weight broadcast that differs between CPU and GPU: the point-to-point group.
+
+`broadcast.py` (membership, generations, timeouts, skipping dead members) and `buckets.py` (the
+wire format) are shared; a communicator only builds the group of one generation and says where
+its buffers live:
+
+- `GlooCommunicator`: `ProcessGroupGloo` over the learner's store, CPU buffers (the tested path);
+- `NcclCommunicator`: `ProcessGroupNCCL` over the same store, buffers on this process's GPU (what
+  vLLM's `stateless_init_process_group` does with `StatelessProcessGroup` + `PyNcclCommunicator`,
+  here with torch's own NCCL group so the learner needs no vLLM; cannot run on this CPU machine).
+
+Both groups are built from a `PrefixStore("pg/<generation>", store)` with rank 0 the learner and
+give `send(tensors, dst, tag)` / `recv(tensors, src, tag)` returning works whose `wait()` blocks
+the host and raises within the timeout (NCCL: blocking wait, communicators aborted on error rather
+than the process torn down). NCCL ignores tags; both ends issue messages in the same order.
+
+`choose_communicator` picks one per generation from `system.weight_sync_communicator`: auto =
+NCCL when the learner and every member have CUDA, else gloo.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Literal, Protocol
+
+import torch
+import torch.distributed as dist
+
+CommunicatorName = Literal["gloo", "nccl"]
+Setting = Literal["auto", "gloo", "nccl"]
+
+
+class Communicator(Protocol):
+    name: CommunicatorName
+    device: torch.device  # where send and receive buffers live
+
+    def group(self, store: dist.Store, generation: int, rank: int, size: int, timeout_s: float):
+        """The point-to-point group of one generation (rank 0: the learner)."""
+        ...
+
+
+class GlooCommunicator:
+    name: CommunicatorName = "gloo"
+    device = torch.device("cpu")
+
+    def group(self, store, generation: int, rank: int, size: int, timeout_s: float):
+        prefix = dist.PrefixStore(f"pg/{generation}", store)
+        return dist.ProcessGroupGloo(prefix, rank, size, timedelta(seconds=timeout_s))
+
+
+class NcclCommunicator:
+    """NCCL on this process's current CUDA device (the vLLM worker's, the learner's local rank)."""
+
+    name: CommunicatorName = "nccl"
+
+    def __init__(self) -> None:
+        problem = nccl_problem()
+        if problem:
+            raise RuntimeError(f"NCCL weight sync is not possible here: {problem}; set "
+                               "system.weight_sync_communicator: gloo (or auto, which picks gloo without CUDA)")
+        self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def group(self, store, generation: int, rank: int, size: int, timeout_s: float):
+        prefix = dist.PrefixStore(f"pg/{generation}", store)
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timedelta(seconds=timeout_s)
+        # Read by the constructor: a failed or timed-out work raises in wait() on the host and aborts
+        # this group's communicators, instead of the watchdog tearing the whole process down.
+        saved = {k: os.environ.get(k) for k in ("TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_ASYNC_ERROR_HANDLING")}
+        os.environ.update(TORCH_NCCL_BLOCKING_WAIT="1", TORCH_NCCL_ASYNC_ERROR_HANDLING="2")
+        try:
+            with torch.cuda.device(self.device):
+                return dist.ProcessGroupNCCL(prefix, rank, size, options)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def nccl_problem() -> str | None:
+    """Why this process cannot use NCCL (None: it can)."""
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible to this process"
+    if not (dist.is_nccl_available() and hasattr(dist, "ProcessGroupNCCL")):
+        return f"this torch build ({torch.__version__}) has no NCCL"
+    return None
+
+
+def has_nccl() -> bool:
+    return nccl_problem() is None
+
+
+def choose_communicator(setting: Setting, learner_nccl: bool, members_nccl: dict[str, bool]
+                        ) -> tuple[CommunicatorName, list[str]]:
+    """The communicator of a generation and the members it leaves out (pure).
+
+    gloo: gloo for everyone. auto: NCCL when the learner and every member can, else gloo for
+    everyone. nccl: NCCL; members that cannot are left out (they refuse to start anyway, see
+    `check_setting`), and a learner that cannot is a config error."""
+    if setting == "gloo":
+        return "gloo", []
+    if setting == "auto":
+        return ("nccl" if learner_nccl and members_nccl and all(members_nccl.values()) else "gloo"), []
+    if setting != "nccl":
+        raise ValueError(f"system.weight_sync_communicator must be auto, gloo or nccl, got {setting!r}")
+    if not learner_nccl:
+        raise ValueError("system.weight_sync_communicator is nccl but the learner has no CUDA/NCCL: set it to auto or gloo")
+    return "nccl", sorted(name for name, ok in members_nccl.items() if not ok)
+
+
+def check_setting(setting: Setting) -> None:
+    """At either end's start: a forced NCCL setting in a process that cannot use NCCL is an error."""
+    if setting == "nccl" and (problem := nccl_problem()):
+        raise RuntimeError(f"system.weight_sync_communicator is nccl but {problem}: set it to auto or gloo")
+    if setting not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"system.weight_sync_communicator must be auto, gloo or nccl, got {setting!r}")
+
+
+def build_communicator(name: CommunicatorName) -> Communicator:
+    return NcclCommunicator() if name == "nccl" else GlooCommunicator()

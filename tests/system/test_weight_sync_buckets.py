@@ -1,0 +1,247 @@
+"""The bucketed weight broadcast (one implementation, gloo here), background publishing and the
+communicator choice."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+
+import pytest
+import torch
+
+from stare.net import free_port
+from stare.weight_sync.background import BackgroundPublisher
+from stare.weight_sync.broadcast import BroadcastPublisher, BroadcastSubscriber
+from stare.weight_sync.buckets import BucketPacker, Segments
+from stare.weight_sync.communicator import NcclCommunicator, choose_communicator, has_nccl
+from stare.weight_sync.memory import MemoryWeightBoard
+
+TIMEOUT_S = 3.0
+
+
+def _state(shift: float) -> dict[str, torch.Tensor]:
+    """Mixed dtypes and sizes: a 4000-byte tensor (larger than the small buckets), odd byte counts,
+    a non-contiguous view, a 0-d and an empty tensor."""
+    g = torch.Generator().manual_seed(0)
+    return {
+        "embed.weight": torch.randn(40, 25, generator=g) + shift,  # 4000 bytes
+        "layer.bias": torch.arange(3, dtype=torch.float32) + shift,
+        "half.weight": (torch.randn(7, 3, generator=g) + shift).to(torch.bfloat16),  # 42 bytes
+        "steps": torch.tensor([int(shift), 5, 9], dtype=torch.int64),
+        "scale": torch.tensor(shift + 0.5, dtype=torch.float64),  # 0-d
+        "empty": torch.zeros(0, 4),
+        "transposed": (torch.randn(6, 5, generator=g) + shift).t(),  # not contiguous
+    }
+
+
+def _same(a: Mapping, b: Mapping) -> bool:
+    return list(a) == list(b) and all(
+        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(a[k], b[k]) for k in a)
+
+
+class OnePassOnly(Mapping):
+    """A state that may be iterated once, in order, and never indexed (what the learner's lazy
+    ZeRO-3 mapping allows)."""
+
+    def __init__(self, state: dict[str, torch.Tensor]):
+        self._state, self.passes = state, 0
+
+    def items(self):
+        self.passes += 1
+        assert self.passes == 1, "the state was iterated twice"
+        return iter(list(self._state.items()))
+
+    def __getitem__(self, key):
+        raise AssertionError(f"the state was indexed by {key!r}")
+
+    def __iter__(self):
+        raise AssertionError("the state's keys were iterated apart from its items")
+
+    def __len__(self):
+        return len(self._state)
+
+
+def _publisher(bucket_bytes: int) -> BroadcastPublisher:
+    return BroadcastPublisher("127.0.0.1", free_port(), timeout_s=TIMEOUT_S, communicator="gloo",
+                              bucket_bytes=bucket_bytes)
+
+
+def _subscriber(pub, name):
+    return BroadcastSubscriber("127.0.0.1", pub.store.port, name, timeout_s=TIMEOUT_S, poll_s=0.01)
+
+
+def _await_join_request(pub, n, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while pub.store.add("joins", 0) < n:
+        assert time.monotonic() < deadline, "the worker never asked to join"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("bucket_bytes", [64, 256, 1024, 1 << 20])
+def test_every_bucket_size_delivers_bit_identical_weights_from_one_pass(bucket_bytes):
+    pub = _publisher(bucket_bytes)
+    subs = [_subscriber(pub, "w0"), _subscriber(pub, "w1")]
+    try:
+        _await_join_request(pub, 2)
+        for version in (1, 2, 3):
+            one_pass = OnePassOnly(_state(version))
+            pub.publish(version, one_pass)
+            assert one_pass.passes == 1 and pub.failures == 0
+            for sub in subs:
+                assert sub.wait_for(version, 10)
+                got_version, got = sub.fetch(version - 1)
+                assert got_version == version and _same(got, _state(version))
+        assert all(s.communicator == "gloo" for s in subs)
+    finally:
+        for sub in subs:
+            sub.close()
+        pub.close()
+
+
+def test_a_tensor_larger_than_a_bucket_is_sent_from_its_own_memory_in_bucket_chunks():
+    big = torch.arange(1000, dtype=torch.float32)  # 4000 bytes
+    packer = BucketPacker(1024, torch.device("cpu"))
+    msgs = list(packer.messages({"small": torch.ones(3), "big": big, "tail": torch.zeros(2)}, lambda layout: 7))
+    chunks = [m for m in msgs if m.header[0] == 4000]
+    assert [m.header[1:3] for m in chunks] == [[0, 1024], [1024, 1024], [2048, 1024], [3072, 928]]
+    base = big.untyped_storage().data_ptr()
+    assert [m.payload.data_ptr() - base for m in chunks] == [0, 1024, 2048, 3072]  # no copy
+    assert msgs[-1].header == [0, 0, -1, 7] and msgs[-1].payload is None
+    # the receiver's view of the same messages: three segments, every tensor a view of one
+    segments = Segments(torch.device("cpu"))
+    segments.start()
+    for m in msgs[:-1]:
+        segments.target(m.header).copy_(m.payload)
+    segments.finish()
+    got = segments.tensors(packer.layout)
+    assert len(segments.buffers) == 3 and torch.equal(got["big"], big) and torch.equal(got["tail"], torch.zeros(2))
+
+
+def test_a_dead_member_is_skipped_mid_version_and_rejoins_with_small_buckets():
+    pub = _publisher(128)  # dozens of messages per version
+    alive, doomed = _subscriber(pub, "alive"), _subscriber(pub, "doomed")
+    try:
+        _await_join_request(pub, 2)
+        pub.publish(1, _state(1))
+        assert alive.wait_for(1, 10) and doomed.wait_for(1, 10)
+        doomed.close()
+        t0 = time.monotonic()
+        pub.publish(2, _state(2))
+        assert time.monotonic() - t0 < TIMEOUT_S + 2.0 and pub.failures == 1
+        assert pub.alive_members == ["alive"] and alive.wait_for(2, 10) and _same(alive.fetch(1)[1], _state(2))
+        pub.publish(3, _state(3))  # skipped: no second failure
+        assert alive.wait_for(3, 10) and pub.failures == 1
+        back = _subscriber(pub, "doomed")
+        try:
+            _await_join_request(pub, 3)
+            pub.publish(4, _state(4))
+            assert back.wait_for(4, 10) and alive.wait_for(4, 10) and pub.members == ["alive", "doomed"]
+            assert _same(back.fetch(0)[1], _state(4)) and _same(alive.fetch(3)[1], _state(4))
+        finally:
+            back.close()
+    finally:
+        alive.close()
+        pub.close()
+
+
+def test_a_worker_keeps_at_most_two_buffer_sets_and_an_untaken_version_is_replaced_by_the_newer():
+    pub = _publisher(256)
+    sub = _subscriber(pub, "w0")
+    try:
+        _await_join_request(pub, 1)
+        pub.publish(1, _state(1))
+        assert sub.wait_for(1, 10)
+        held = sub.fetch(0)[1]  # the rollout loop holds version 1 while 2..5 arrive
+        for version in (2, 3, 4, 5):
+            pub.publish(version, _state(version))
+            assert sub.wait_for(version, 10)
+        assert len(sub._pool) == 2 and _same(held, _state(1))  # what it holds was never overwritten
+        version, got = sub.fetch(1)
+        assert version == 5 and _same(got, _state(5))
+    finally:
+        sub.close()
+        pub.close()
+
+
+class GatedBoard(MemoryWeightBoard):
+    """The in-memory publisher, each publish held until the test opens the gate; records the order."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.started, self.sent = threading.Event(), threading.Event(), []
+
+    def publish(self, version, state_dict):
+        self.started.set()
+        assert self.gate.wait(10), "the gate never opened"
+        super().publish(version, state_dict)
+        self.sent.append(version)
+
+
+def test_background_publish_returns_before_the_sync_and_never_sends_an_older_version_after_a_newer():
+    board = GatedBoard()
+    pub = BackgroundPublisher(board, close_timeout_s=10)
+    t0 = time.monotonic()
+    pub.publish(1, _state(1))
+    assert board.started.wait(5)  # version 1 is being sent and blocked
+    for version in (2, 3, 4):
+        pub.publish(version, _state(version))  # 2 and 3 wait in turn, each replaced by the next
+    assert time.monotonic() - t0 < 2.0 and board.sent == []  # the learner did not wait
+    with pytest.raises(ValueError, match="must increase"):
+        pub.publish(4, _state(4))
+    board.gate.set()
+    assert pub.wait_idle(10)
+    assert board.sent == [1, 4] and pub.superseded == 2 and pub.sent_version == 4
+    assert _same(board.fetch(0)[1], _state(4))
+    pub.close()
+
+
+def test_background_publish_raises_a_sender_error_on_the_next_call():
+    class Broken(MemoryWeightBoard):
+        def publish(self, version, state_dict):
+            raise OSError("disk full")
+
+    pub = BackgroundPublisher(Broken(), close_timeout_s=5)
+    pub.publish(1, _state(1))
+    assert pub.wait_idle(5)
+    with pytest.raises(RuntimeError, match="disk full"):
+        pub.publish(2, _state(2))
+    pub.close()
+
+
+@pytest.mark.parametrize("setting, learner, members, expected", [
+    ("auto", True, {"a": True, "b": True}, ("nccl", [])),
+    ("auto", True, {"a": True, "b": False}, ("gloo", [])),  # one CPU worker: gloo for everyone
+    ("auto", False, {"a": True}, ("gloo", [])),
+    ("auto", True, {}, ("gloo", [])),
+    ("gloo", True, {"a": True}, ("gloo", [])),
+    ("nccl", True, {"a": True, "b": False}, ("nccl", ["b"])),  # forced: the CPU worker stays out
+])
+def test_the_communicator_is_nccl_only_when_every_end_can_use_it(setting, learner, members, expected):
+    assert choose_communicator(setting, learner, members) == expected
+
+
+def test_forcing_nccl_without_cuda_is_refused_naming_the_field():
+    if has_nccl():
+        pytest.skip("this machine has CUDA and NCCL")
+    with pytest.raises(ValueError, match="weight_sync_communicator is nccl but the learner"):
+        choose_communicator("nccl", False, {"a": True})
+    with pytest.raises(RuntimeError, match="system.weight_sync_communicator"):
+        NcclCommunicator()
+    with pytest.raises(RuntimeError, match="system.weight_sync_communicator is nccl but no CUDA"):
+        BroadcastPublisher("127.0.0.1", free_port(), communicator="nccl")
+    with pytest.raises(RuntimeError, match="system.weight_sync_communicator is nccl but no CUDA"):
+        BroadcastSubscriber("127.0.0.1", free_port(), "w0", communicator="nccl")
+
+
+def test_auto_forms_a_gloo_group_on_a_machine_without_cuda():
+    pub = BroadcastPublisher("127.0.0.1", free_port(), timeout_s=TIMEOUT_S)  # auto
+    sub = _subscriber(pub, "w0")
+    try:
+        _await_join_request(pub, 1)
+        pub.publish(1, _state(1))
+        assert sub.wait_for(1, 10)
+        assert pub.communicator == ("nccl" if has_nccl() else "gloo")
+    finally:
+        sub.close()
+        pub.close()
