@@ -1,11 +1,13 @@
 """The weight broadcast's wire format: a state dict as fixed-size byte messages (pure, no I/O).
 
 Sender (`messages`): iterates `state.items()` exactly once, in order, never indexing by name, so a
-lazy mapping (ZeRO-3 parameters gathered one at a time) is never held whole. Tensors of at most
-`bucket_bytes` are copied into a flat uint8 bucket (offsets aligned to ALIGN bytes) that is sent
-when the next tensor does not fit; a larger tensor is sent from its own memory (no copy) as
-`bucket_bytes` chunks of a segment of its own. Two buckets alternate: the caller must have awaited
-message k-1's sends before it pulls message k+1 (the bucket of k-1 is then rewritten).
+lazy mapping (ZeRO-3 parameters gathered one at a time) is never held whole. Small tensors (at most
+PACK_MAX_BYTES, or the bucket size if smaller: norms, biases) are copied into a flat uint8 bucket of
+`bucket_bytes` (offsets aligned to ALIGN bytes) that is sent when the next one does not fit; a
+larger tensor is sent from its own memory (no copy) as `bucket_bytes` chunks of a segment of its
+own, so no message exceeds `bucket_bytes` and only the small tensors are copied. Two buckets
+alternate: the caller must have awaited message k-1's sends before it pulls message k+1 (the
+bucket of k-1 is then rewritten).
 
 Every message is a header `[segment_bytes, offset, n, layout_seq]` (int64 [4]) then `n` payload
 bytes, written at `offset` of the current segment (a new segment starts at offset 0). The version
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 ALIGN = 64  # bytes: any dtype can view a packed tensor at an aligned offset
+PACK_MAX_BYTES = 2**20  # larger tensors are sent from their own memory
 TERMINATOR = -1
 DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64,
                               torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
@@ -57,6 +60,7 @@ class BucketPacker:
         if bucket_bytes < ALIGN:
             raise ValueError(f"bucket size {bucket_bytes} bytes is below {ALIGN}: raise system.weight_sync_bucket_mb")
         self.bucket_bytes, self.device = bucket_bytes, device
+        self.pack_bytes = min(bucket_bytes, PACK_MAX_BYTES)
         self._buckets: list[torch.Tensor] = []
         self.layout: list[LayoutEntry] = []
 
@@ -76,7 +80,7 @@ class BucketPacker:
             data = as_bytes(value, self.device)
             n = data.numel()
             entry = (name, list(value.shape), str(value.dtype))
-            if n > self.bucket_bytes:  # a segment of its own, sent from the tensor's memory
+            if n > self.pack_bytes:  # a segment of its own, sent from the tensor's memory
                 if fill:
                     yield Message([fill, 0, fill, 0], self._bucket(sent)[:fill])
                     sent, fill = sent + 1, 0
