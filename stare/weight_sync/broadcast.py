@@ -45,7 +45,8 @@ import torch
 import torch.distributed as dist
 
 from stare.weight_sync.buckets import TERMINATOR, BucketPacker, Segments
-from stare.weight_sync.communicator import Setting, build_communicator, check_setting, choose_communicator, has_nccl
+from stare.weight_sync.communicator import (Setting, build_communicator, check_setting, choose_communicator,
+                                            device_scope, has_nccl)
 
 log = logging.getLogger(__name__)
 
@@ -180,26 +181,8 @@ class BroadcastPublisher:
         self.store.set(f"gen/{self.generation}/bcast/{self._seq}", str(version))
         ranks = {rank: name for rank, name in enumerate(self.members, start=1) if name not in self._lost}
         lost: dict[str, str] = {}
-        # Each message to each member on its own, every member's sends issued before any is
-        # awaited; message k-1 is awaited after message k is issued (its bucket is then refilled).
-        # A member that died or stalls past the timeout fails only its own sends.
-        previous: list = []
-        for k, msg in enumerate(packer.messages(state_dict, self._layout_key)):
-            header = torch.tensor(msg.header, dtype=torch.int64, device=comm.device)
-            current = []
-            for rank, name in ranks.items():
-                if name in lost:
-                    continue
-                try:
-                    works = [pg.send([header], rank, 2 * k)]
-                    if msg.payload is not None:
-                        works.append(pg.send([msg.payload], rank, 2 * k + 1))
-                    current.append((name, works, header, msg.payload))
-                except Exception as err:  # noqa: BLE001 - the backends raise RuntimeError subclasses
-                    lost[name] = str(err).splitlines()[0]
-            _await(previous, lost)
-            previous = current
-        _await(previous, lost)
+        with device_scope(comm.device):
+            _send_all(pg, comm.device, packer.messages(state_dict, self._layout_key), ranks, lost)
         self._seq += 1
         if lost:
             self.failures += 1
@@ -220,6 +203,29 @@ class BroadcastPublisher:
         self.store.set(f"gen/{self.generation}/reason", reason)
         self.store.set("gen", str(self.generation))
         self._end_generation(*old)
+
+
+def _send_all(pg, device: torch.device, messages, ranks: dict[int, str], lost: dict[str, str]) -> None:
+    """Each message to each member on its own, every member's sends issued before any is awaited;
+    message k-1 is awaited after message k is issued (its bucket is then refilled). A member that
+    died or stalls past the timeout fails only its own sends (it goes into `lost`)."""
+    previous: list = []
+    for k, msg in enumerate(messages):
+        header = torch.tensor(msg.header, dtype=torch.int64, device=device)
+        current = []
+        for rank, name in ranks.items():
+            if name in lost:
+                continue
+            try:
+                works = [pg.send([header], rank, 2 * k)]
+                if msg.payload is not None:
+                    works.append(pg.send([msg.payload], rank, 2 * k + 1))
+                current.append((name, works, header, msg.payload))  # the tensors stay alive until awaited
+            except Exception as err:  # noqa: BLE001 - the backends raise RuntimeError subclasses
+                lost[name] = str(err).splitlines()[0]
+        _await(previous, lost)
+        previous = current
+    _await(previous, lost)
 
 
 def _await(sends: list, lost: dict[str, str]) -> None:
@@ -333,7 +339,8 @@ class BroadcastSubscriber:
                 return (now, nxt) if self.name in nxt else None
             version = int(store.get(key))
             buffers = self._free_buffers(comm.device)
-            layout_seq = self._receive_segments(pg, comm.device, buffers)
+            with device_scope(comm.device):
+                layout_seq = self._receive_segments(pg, comm.device, buffers)
             state = buffers.tensors(self._layout(store, g, layout_seq))
             with self._lock:
                 self._latest = (version, state, buffers)
@@ -345,16 +352,21 @@ class BroadcastSubscriber:
     @staticmethod
     def _receive_segments(pg, device: torch.device, buffers: Segments) -> int:
         """Receive one version's messages into `buffers`; the layout's seq from the terminator."""
-        header = torch.empty(4, dtype=torch.int64, device=device)
+        headers = [torch.empty(4, dtype=torch.int64, device=device) for _ in range(2)]
         buffers.start()
+        pending = pg.recv([headers[0]], 0, 0)
+        payloads = []  # distinct regions: awaited at the end (the next header arrives after them)
         k = 0
         while True:
-            pg.recv([header], 0, 2 * k).wait()
-            h = header.tolist()
+            pending.wait()
+            h = headers[k % 2].tolist()
             if h[2] == TERMINATOR:
+                for work in payloads:
+                    work.wait()
                 buffers.finish()
                 return h[3]
-            pg.recv([buffers.target(h)], 0, 2 * k + 1).wait()
+            payloads.append(pg.recv([buffers.target(h)], 0, 2 * k + 1))
+            pending = pg.recv([headers[(k + 1) % 2]], 0, 2 * k + 2)  # posted before the payload lands
             k += 1
 
     def _layout(self, store, g: int, layout_seq: int) -> list:

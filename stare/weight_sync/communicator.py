@@ -20,6 +20,7 @@ NCCL when the learner and every member have CUDA, else gloo.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from datetime import timedelta
 from typing import Literal, Protocol
@@ -78,6 +79,11 @@ class NcclCommunicator:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+
+def device_scope(device: torch.device):
+    """Make `device` current in this thread (a sender or receiver thread starts on GPU 0)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def nccl_problem() -> str | None:
