@@ -18,6 +18,19 @@ def broadcast_bind_host(host: str) -> str:
     return host if host in LOOPBACK else "0.0.0.0"
 
 
+def communicator_setting(cfg: TrainConfig, *, rollout_end: bool) -> str:
+    """`system.weight_sync_communicator`, checked against the rollout engine (pure). NCCL reaches a
+    vLLM engine's GPU directly only with tensor_parallel_size 1 (its one worker runs in the rollout
+    process); with more, vLLM's workers are other processes, so a rollout worker takes gloo under
+    auto, and nccl is refused (at both ends, so the learner fails at start too)."""
+    setting = cfg.system.weight_sync_communicator
+    tp = getattr(cfg.rollout.engine, "tensor_parallel_size", 1)
+    if tp > 1 and setting == "nccl":
+        raise ValueError(f"system.weight_sync_communicator: nccl needs rollout.engine.tensor_parallel_size 1 (got {tp}): "
+                         "set the communicator to auto or gloo")
+    return "gloo" if tp > 1 and rollout_end else setting
+
+
 def build_publisher(cfg: TrainConfig, client, *, background: bool | None = None) -> WeightPublisher:
     """The learner's end. `client`: the run's Redis client (the filesystem backend keeps its
     version pointer there). `background` (None: when `system.max_staleness >= 1`): publish from a
@@ -27,7 +40,8 @@ def build_publisher(cfg: TrainConfig, client, *, background: bool | None = None)
         from stare.weight_sync.broadcast import BroadcastPublisher
 
         publisher = BroadcastPublisher(broadcast_bind_host(s.broadcast_host), s.broadcast_port,
-                                       timeout_s=s.broadcast_timeout_s, communicator=s.weight_sync_communicator,
+                                       timeout_s=s.broadcast_timeout_s,
+                                       communicator=communicator_setting(cfg, rollout_end=False),
                                        bucket_bytes=s.weight_sync_bucket_mb * 2**20)
     else:
         from stare.weight_sync.filesystem import FilesystemPublisher
@@ -47,7 +61,7 @@ def build_subscriber(cfg: TrainConfig, name: str, client) -> WeightSubscriber:
         from stare.weight_sync.broadcast import BroadcastSubscriber
 
         return BroadcastSubscriber(s.broadcast_host, s.broadcast_port, name, timeout_s=s.broadcast_timeout_s,
-                                   communicator=s.weight_sync_communicator)
+                                   communicator=communicator_setting(cfg, rollout_end=True))
     from stare.weight_sync.filesystem import FilesystemSubscriber
 
     return FilesystemSubscriber(client, cfg.run.name)

@@ -245,3 +245,18 @@ def test_auto_forms_a_gloo_group_on_a_machine_without_cuda():
     finally:
         sub.close()
         pub.close()
+
+
+def test_a_tensor_parallel_vllm_worker_takes_gloo_under_auto_and_nccl_is_refused_naming_both_fields():
+    from stare.config import load_config
+    from stare.weight_sync.factory import communicator_setting
+
+    def cfg(tp, setting):
+        return load_config(None, overrides=["rollout.engine.name=vllm", f"rollout.engine.tensor_parallel_size={tp}",
+                                            f"system.weight_sync_communicator={setting}"])
+
+    assert communicator_setting(cfg(1, "auto"), rollout_end=True) == "auto"
+    assert communicator_setting(cfg(2, "auto"), rollout_end=True) == "gloo"
+    assert communicator_setting(cfg(2, "auto"), rollout_end=False) == "auto"  # the learner: what its members can
+    with pytest.raises(ValueError, match="weight_sync_communicator: nccl needs rollout.engine.tensor_parallel_size 1"):
+        communicator_setting(cfg(2, "nccl"), rollout_end=False)
