@@ -7,7 +7,9 @@ PACK_MAX_BYTES, or the bucket size if smaller: norms, biases) are copied into a 
 larger tensor is sent from its own memory (no copy) as `bucket_bytes` chunks of a segment of its
 own, so no message exceeds `bucket_bytes` and only the small tensors are copied. Two buckets
 alternate: the caller must have awaited message k-1's sends before it pulls message k+1 (the
-bucket of k-1 is then rewritten).
+bucket of k-1 is then rewritten). So the next item of the state is taken while the previous
+tensor's sends may still run: a lazy mapping must not rewrite item i's memory for item i+1 (fresh
+tensors per item, as a gather into new memory gives, are fine).
 
 Every message is a header `[segment_bytes, offset, n, layout_seq]` (int64 [4]) then `n` payload
 bytes, written at `offset` of the current segment (a new segment starts at offset 0). The version
