@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 
 import torch
@@ -40,6 +41,7 @@ class BackgroundPublisher:
         self.version = -1  # the newest version handed over
         self.sent_version = -1  # the newest version the inner publisher finished
         self.superseded = 0
+        self.last_sync_s: float | None = None  # wall time of the last finished background publish
         self._thread = threading.Thread(target=self._run, name="weights-publisher", daemon=True)
         self._thread.start()
 
@@ -106,7 +108,9 @@ class BackgroundPublisher:
                 self._sending = version
             try:
                 with self._send_lock:
+                    t0 = time.perf_counter()
                     self.inner.publish(version, state)
+                    self.last_sync_s = time.perf_counter() - t0
                 del state
             except BaseException as err:  # noqa: BLE001 - handed to the learner's thread
                 log.error("publishing weight version %d failed: %s", version, err)
