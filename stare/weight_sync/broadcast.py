@@ -340,7 +340,7 @@ class BroadcastSubscriber:
             version = int(store.get(key))
             buffers = self._free_buffers(comm.device)
             with device_scope(comm.device):
-                layout_seq = self._receive_segments(pg, comm.device, buffers)
+                layout_seq = self._receive_segments(pg, comm.device, buffers, comm.matched_by_tag)
             state = buffers.tensors(self._layout(store, g, layout_seq))
             with self._lock:
                 self._latest = (version, state, buffers)
@@ -350,7 +350,7 @@ class BroadcastSubscriber:
         return None
 
     @staticmethod
-    def _receive_segments(pg, device: torch.device, buffers: Segments) -> int:
+    def _receive_segments(pg, device: torch.device, buffers: Segments, matched_by_tag: bool) -> int:
         """Receive one version's messages into `buffers`; the layout's seq from the terminator."""
         headers = [torch.empty(4, dtype=torch.int64, device=device) for _ in range(2)]
         buffers.start()
@@ -365,8 +365,13 @@ class BroadcastSubscriber:
                     work.wait()
                 buffers.finish()
                 return h[3]
-            payloads.append(pg.recv([buffers.target(h)], 0, 2 * k + 1))
-            pending = pg.recv([headers[(k + 1) % 2]], 0, 2 * k + 2)  # posted before the payload lands
+            target = buffers.target(h)
+            if matched_by_tag:  # ask for the next header first: it overtakes this payload, so the next
+                pending = pg.recv([headers[(k + 1) % 2]], 0, 2 * k + 2)  # payload is asked for while this one streams
+                payloads.append(pg.recv([target], 0, 2 * k + 1))
+            else:  # in the sender's order
+                payloads.append(pg.recv([target], 0, 2 * k + 1))
+                pending = pg.recv([headers[(k + 1) % 2]], 0, 2 * k + 2)
             k += 1
 
     def _layout(self, store, g: int, layout_seq: int) -> list:

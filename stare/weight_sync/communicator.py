@@ -12,7 +12,8 @@ its buffers live:
 Both groups are built from a `PrefixStore("pg/<generation>", store)` with rank 0 the learner and
 give `send(tensors, dst, tag)` / `recv(tensors, src, tag)` returning works whose `wait()` blocks
 the host and raises within the timeout (NCCL: blocking wait, communicators aborted on error rather
-than the process torn down). NCCL ignores tags; both ends issue messages in the same order.
+than the process torn down). NCCL ignores tags, so its receives are posted in the sender's order;
+gloo matches by tag, so a receiver asks for the next header before the current payload.
 
 `choose_communicator` picks one per generation from `system.weight_sync_communicator`: auto =
 NCCL when the learner and every member have CUDA, else gloo.
@@ -35,6 +36,7 @@ Setting = Literal["auto", "gloo", "nccl"]
 class Communicator(Protocol):
     name: CommunicatorName
     device: torch.device  # where send and receive buffers live
+    matched_by_tag: bool  # receives may be posted in any order (gloo); else in the sender's order (NCCL)
 
     def group(self, store: dist.Store, generation: int, rank: int, size: int, timeout_s: float):
         """The point-to-point group of one generation (rank 0: the learner)."""
@@ -44,6 +46,7 @@ class Communicator(Protocol):
 class GlooCommunicator:
     name: CommunicatorName = "gloo"
     device = torch.device("cpu")
+    matched_by_tag = True
 
     def group(self, store, generation: int, rank: int, size: int, timeout_s: float):
         prefix = dist.PrefixStore(f"pg/{generation}", store)
@@ -54,6 +57,7 @@ class NcclCommunicator:
     """NCCL on this process's current CUDA device (the vLLM worker's, the learner's local rank)."""
 
     name: CommunicatorName = "nccl"
+    matched_by_tag = False  # NCCL pairs sends and receives in issue order; tags are ignored
 
     def __init__(self) -> None:
         problem = nccl_problem()

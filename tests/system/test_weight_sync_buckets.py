@@ -260,3 +260,19 @@ def test_a_tensor_parallel_vllm_worker_takes_gloo_under_auto_and_nccl_is_refused
     assert communicator_setting(cfg(2, "auto"), rollout_end=False) == "auto"  # the learner: what its members can
     with pytest.raises(ValueError, match="weight_sync_communicator: nccl needs rollout.engine.tensor_parallel_size 1"):
         communicator_setting(cfg(2, "nccl"), rollout_end=False)
+
+
+def test_receives_posted_in_the_senders_order_as_nccl_needs_deliver_the_same_weights(monkeypatch):
+    from stare.weight_sync.communicator import GlooCommunicator
+
+    monkeypatch.setattr(GlooCommunicator, "matched_by_tag", False)  # NCCL's order, over gloo
+    pub = _publisher(256)
+    sub = _subscriber(pub, "w0")
+    try:
+        _await_join_request(pub, 1)
+        for version in (1, 2):
+            pub.publish(version, _state(version))
+            assert sub.wait_for(version, 10) and _same(sub.fetch(version - 1)[1], _state(version))
+    finally:
+        sub.close()
+        pub.close()
