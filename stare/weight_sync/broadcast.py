@@ -1,10 +1,10 @@
 """Weight broadcast over a point-to-point group formed at run time (gloo on CPU, NCCL on GPU).
 
-The learner hosts a `TCPStore`; rollout workers dial it and ask to join (saying whether they can
-use NCCL). Membership changes only between steps: at each `publish` (and each `serve_joiners`,
+The learner hosts a `TCPStore`; rollout workers dial it and ask to join (naming their GPU if they
+can use NCCL). Membership changes only between steps: at each `publish` (and each `serve_joiners`,
 called while the learner waits for data) the learner admits the workers that asked, picks the
 generation's communicator (`communicator.py`: auto = NCCL when the learner and every member have
-CUDA, else gloo), forms a fresh group for the new membership (generation g: a group over
+GPUs of their own, else gloo), forms a fresh group for the new membership (generation g: a group over
 `PrefixStore("pg/g", store)`; `dist.new_group` cannot add processes) and sends the weights to it.
 This file and `buckets.py` are the same for both communicators; only the group differs.
 
@@ -25,7 +25,7 @@ version that arrives before the previous one was taken overwrites it (the worker
 newest anyway). The rollout loop takes the newest between batches, so a learner broadcast never
 waits for a generation to finish.
 
-Store keys: `joins` (counter), `join/<n>` (worker name), `join/<n>/nccl` ("1" if it can use NCCL),
+Store keys: `joins` (counter), `join/<n>` (worker name), `join/<n>/gpu` (its GPU's id, "" without NCCL),
 `gen` (current generation), `gen/<g>/members` (JSON list, rank = index + 1), `gen/<g>/comm` (gloo or
 nccl), `gen/<g>/bcast/<seq>` (the version the seq-th broadcast carries), `gen/<g>/layout/<seq>`
 (names, shapes, dtypes, positions; written when it changes), `version` (newest published).
@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from stare.weight_sync.buckets import TERMINATOR, BucketPacker, Segments
 from stare.weight_sync.communicator import (Setting, build_communicator, check_setting, choose_communicator,
-                                            device_scope, has_nccl)
+                                            device_scope, nccl_device_id)
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,9 @@ GENERATION_OVER = -1  # announced instead of a version: the generation ended, re
 DEFAULT_BUCKET_BYTES = 256 * 2**20
 
 
-def _can_use_nccl(setting: Setting) -> bool:
-    return setting != "gloo" and has_nccl()
+def _nccl_gpu(setting: Setting) -> str | None:
+    """This end's GPU id for NCCL (None: gloo only)."""
+    return nccl_device_id() if setting != "gloo" else None
 
 
 class BroadcastPublisher:
@@ -65,7 +66,9 @@ class BroadcastPublisher:
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES):
         check_setting(communicator)
         self.timeout_s, self.setting, self.bucket_bytes = timeout_s, communicator, bucket_bytes
-        self._nccl = _can_use_nccl(communicator)
+        self._gpu = _nccl_gpu(communicator)
+        # the learner's GPU, fixed here: `publish` may run in a thread of its own (background.py)
+        self._device = torch.device("cuda", torch.cuda.current_device()) if self._gpu else None
         self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=timeout_s), use_libuv=True)
         self.store.set("gen", "0")
@@ -76,7 +79,7 @@ class BroadcastPublisher:
         self._pg = None
         self._comm = None  # the current generation's communicator
         self._packers: dict[str, BucketPacker] = {}  # per communicator: its buckets, reused
-        self._member_nccl: dict[str, bool] = {}
+        self._member_gpus: dict[str, str | None] = {}
         self._seq = 0
         self._joins_seen = 0
         self._layout: list | None = None  # the layout stored for the current generation, and its key
@@ -128,7 +131,8 @@ class BroadcastPublisher:
         names = []
         for n in range(self._joins_seen + 1, count + 1):
             name = self.store.get(f"join/{n}").decode()
-            self._member_nccl[name] = self.store.get(f"join/{n}/nccl") == b"1"  # set before the name
+            gpu = self.store.get(f"join/{n}/gpu").decode()  # set before the name
+            self._member_gpus[name] = gpu or None
             if name not in self.alive_members and name not in names:  # a lost member may come back
                 names.append(name)
         self._joins_seen = count
@@ -140,9 +144,10 @@ class BroadcastPublisher:
         self.store.set(f"gen/{generation}/bcast/{seq}", str(GENERATION_OVER))
 
     def _form(self, members: list[str]) -> None:
-        name, left_out = choose_communicator(self.setting, self._nccl, {m: self._member_nccl.get(m, False) for m in members})
+        name, left_out = choose_communicator(self.setting, self._gpu, {m: self._member_gpus.get(m) for m in members})
         if left_out:
-            log.warning("weight sync is nccl; %s cannot use NCCL and stay out of the group", left_out)
+            log.warning("weight sync is nccl; %s have no NCCL or share a GPU with another member and stay out of the "
+                        "group: give every role its own GPU, or set system.weight_sync_communicator: auto", left_out)
             members = [m for m in members if m not in left_out]
         old = (self.generation, self._seq)
         self.generation += 1
@@ -154,7 +159,7 @@ class BroadcastPublisher:
         self._seq, self._layout = 0, None
         t0 = time.perf_counter()
         try:
-            self._comm = build_communicator(name)
+            self._comm = build_communicator(name, self._device)
             self._pg = self._comm.group(self.store, g, 0, len(members) + 1, self.timeout_s)
         except Exception as err:  # a joiner died before connecting: drop the generation
             self.failures += 1
@@ -249,7 +254,8 @@ class BroadcastSubscriber:
         check_setting(communicator)
         self.host, self.port, self.name = host, port, name
         self.timeout_s, self.poll_s, self.wait_s = timeout_s, poll_s, wait_s
-        self._nccl = _can_use_nccl(communicator)
+        self._gpu = _nccl_gpu(communicator)
+        self._device = torch.device("cuda", torch.cuda.current_device()) if self._gpu else None  # the engine's
         self._lock = threading.Condition()
         self._latest: tuple[int, dict[str, torch.Tensor], Segments] | None = None
         self._in_use: Segments | None = None  # the buffer set the last fetch handed out
@@ -309,7 +315,7 @@ class BroadcastSubscriber:
         leaves it out (dissolved) so the caller asks again."""
         asked_at = int(store.get("gen"))
         ticket = store.add("joins", 1)
-        store.set(f"join/{ticket}/nccl", "1" if self._nccl else "0")
+        store.set(f"join/{ticket}/gpu", self._gpu or "")
         store.set(f"join/{ticket}", self.name)
         joined = self._await_membership(store, asked_at)
         while joined is not None and not self._stop.is_set():
@@ -319,7 +325,7 @@ class BroadcastSubscriber:
         """Receive generation g's broadcasts until the generation changes; the next generation if it
         lists this worker too (a member stays a member when others join), else None."""
         rank = members.index(self.name) + 1
-        comm = build_communicator(store.get(f"gen/{g}/comm").decode())
+        comm = build_communicator(store.get(f"gen/{g}/comm").decode(), self._device)
         pg = comm.group(store, g, rank, len(members) + 1, self.timeout_s)
         self.generations_joined += 1
         self.communicator = comm.name

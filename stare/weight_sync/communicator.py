@@ -16,7 +16,8 @@ than the process torn down). NCCL ignores tags, so its receives are posted in th
 gloo matches by tag, so a receiver asks for the next header before the current payload.
 
 `choose_communicator` picks one per generation from `system.weight_sync_communicator`: auto =
-NCCL when the learner and every member have CUDA, else gloo.
+NCCL when the learner and every member have a GPU of their own (NCCL refuses two ranks on one
+GPU), else gloo.
 """
 
 from __future__ import annotations
@@ -59,12 +60,12 @@ class NcclCommunicator:
     name: CommunicatorName = "nccl"
     matched_by_tag = False  # NCCL pairs sends and receives in issue order; tags are ignored
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
         problem = nccl_problem()
         if problem:
             raise RuntimeError(f"NCCL weight sync is not possible here: {problem}; set "
                                "system.weight_sync_communicator: gloo (or auto, which picks gloo without CUDA)")
-        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device or torch.device("cuda", torch.cuda.current_device())
 
     def group(self, store, generation: int, rank: int, size: int, timeout_s: float):
         prefix = dist.PrefixStore(f"pg/{generation}", store)
@@ -103,22 +104,37 @@ def has_nccl() -> bool:
     return nccl_problem() is None
 
 
-def choose_communicator(setting: Setting, learner_nccl: bool, members_nccl: dict[str, bool]
-                        ) -> tuple[CommunicatorName, list[str]]:
-    """The communicator of a generation and the members it leaves out (pure).
+def nccl_device_id() -> str | None:
+    """This process's current GPU as NCCL sees it (its UUID), or None when it cannot use NCCL. NCCL
+    refuses two ranks of one communicator on the same GPU, so ids must differ across a group."""
+    if not has_nccl():
+        return None
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
 
-    gloo: gloo for everyone. auto: NCCL when the learner and every member can, else gloo for
-    everyone. nccl: NCCL; members that cannot are left out (they refuse to start anyway, see
-    `check_setting`), and a learner that cannot is a config error."""
+
+def choose_communicator(setting: Setting, learner_gpu: str | None, member_gpus: dict[str, str | None]
+                        ) -> tuple[CommunicatorName, list[str]]:
+    """The communicator of a generation and the members it leaves out (pure). `learner_gpu` and
+    `member_gpus`: each end's `nccl_device_id()` (None: no NCCL).
+
+    gloo: gloo for everyone. auto: NCCL when the learner and every member can use it on GPUs of their
+    own (a single-GPU box runs learner and worker on one GPU: gloo), else gloo for everyone. nccl:
+    NCCL; members without NCCL (they refuse to start anyway, see `check_setting`) or on a GPU
+    already in the group are left out, and a learner without NCCL is a config error."""
     if setting == "gloo":
         return "gloo", []
-    if setting == "auto":
-        return ("nccl" if learner_nccl and members_nccl and all(members_nccl.values()) else "gloo"), []
-    if setting != "nccl":
+    if setting not in ("auto", "nccl"):
         raise ValueError(f"system.weight_sync_communicator must be auto, gloo or nccl, got {setting!r}")
-    if not learner_nccl:
+    if learner_gpu is None and setting == "nccl":
         raise ValueError("system.weight_sync_communicator is nccl but the learner has no CUDA/NCCL: set it to auto or gloo")
-    return "nccl", sorted(name for name, ok in members_nccl.items() if not ok)
+    taken, left_out = {learner_gpu}, []
+    for name, gpu in member_gpus.items():
+        if gpu is None or gpu in taken:
+            left_out.append(name)
+        taken.add(gpu)
+    if setting == "auto":
+        return ("nccl" if learner_gpu is not None and member_gpus and not left_out else "gloo"), []
+    return "nccl", sorted(left_out)
 
 
 def check_setting(setting: Setting) -> None:
@@ -129,5 +145,6 @@ def check_setting(setting: Setting) -> None:
         raise ValueError(f"system.weight_sync_communicator must be auto, gloo or nccl, got {setting!r}")
 
 
-def build_communicator(name: CommunicatorName) -> Communicator:
-    return NcclCommunicator() if name == "nccl" else GlooCommunicator()
+def build_communicator(name: CommunicatorName, device: torch.device | None = None) -> Communicator:
+    """`device`: the GPU for NCCL (None: the calling thread's current one)."""
+    return NcclCommunicator(device) if name == "nccl" else GlooCommunicator()

@@ -210,14 +210,16 @@ def test_background_publish_raises_a_sender_error_on_the_next_call():
 
 
 @pytest.mark.parametrize("setting, learner, members, expected", [
-    ("auto", True, {"a": True, "b": True}, ("nccl", [])),
-    ("auto", True, {"a": True, "b": False}, ("gloo", [])),  # one CPU worker: gloo for everyone
-    ("auto", False, {"a": True}, ("gloo", [])),
-    ("auto", True, {}, ("gloo", [])),
-    ("gloo", True, {"a": True}, ("gloo", [])),
-    ("nccl", True, {"a": True, "b": False}, ("nccl", ["b"])),  # forced: the CPU worker stays out
+    ("auto", "G0", {"a": "G1", "b": "G2"}, ("nccl", [])),
+    ("auto", "G0", {"a": "G1", "b": None}, ("gloo", [])),  # one CPU worker: gloo for everyone
+    ("auto", "G0", {"a": "G0"}, ("gloo", [])),  # one GPU for learner and worker: NCCL would refuse
+    ("auto", "G0", {"a": "G1", "b": "G1"}, ("gloo", [])),
+    ("auto", None, {"a": "G1"}, ("gloo", [])),
+    ("auto", "G0", {}, ("gloo", [])),
+    ("gloo", "G0", {"a": "G1"}, ("gloo", [])),
+    ("nccl", "G0", {"a": "G1", "b": None, "c": "G0", "d": "G1"}, ("nccl", ["b", "c", "d"])),  # forced: they stay out
 ])
-def test_the_communicator_is_nccl_only_when_every_end_can_use_it(setting, learner, members, expected):
+def test_the_communicator_is_nccl_only_when_every_end_has_a_gpu_of_its_own(setting, learner, members, expected):
     assert choose_communicator(setting, learner, members) == expected
 
 
@@ -225,7 +227,7 @@ def test_forcing_nccl_without_cuda_is_refused_naming_the_field():
     if has_nccl():
         pytest.skip("this machine has CUDA and NCCL")
     with pytest.raises(ValueError, match="weight_sync_communicator is nccl but the learner"):
-        choose_communicator("nccl", False, {"a": True})
+        choose_communicator("nccl", None, {"a": "G1"})
     with pytest.raises(RuntimeError, match="system.weight_sync_communicator"):
         NcclCommunicator()
     with pytest.raises(RuntimeError, match="system.weight_sync_communicator is nccl but no CUDA"):
@@ -234,14 +236,14 @@ def test_forcing_nccl_without_cuda_is_refused_naming_the_field():
         BroadcastSubscriber("127.0.0.1", free_port(), "w0", communicator="nccl")
 
 
-def test_auto_forms_a_gloo_group_on_a_machine_without_cuda():
+def test_auto_forms_a_gloo_group_when_learner_and_worker_have_no_gpu_of_their_own():
     pub = BroadcastPublisher("127.0.0.1", free_port(), timeout_s=TIMEOUT_S)  # auto
     sub = _subscriber(pub, "w0")
     try:
         _await_join_request(pub, 1)
         pub.publish(1, _state(1))
         assert sub.wait_for(1, 10)
-        assert pub.communicator == ("nccl" if has_nccl() else "gloo")
+        assert pub.communicator == "gloo"  # one process: no GPU, or the same one for both ends
     finally:
         sub.close()
         pub.close()
