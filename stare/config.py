@@ -270,8 +270,9 @@ class SystemSection(_Section):
     )
     weight_sync_communicator: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="Communicator of the broadcast: nccl sends from the learner's GPU to each vLLM worker's "
-        "GPU; gloo goes through host memory and TCP; auto: nccl for a group whose learner and every worker see a "
-        "CUDA device with NCCL, else gloo. nccl in a process without CUDA refuses to start.",
+        "GPU; gloo goes through host memory and TCP; auto: nccl for a group whose learner and every worker have NCCL on "
+        "a GPU of their own (NCCL refuses two ranks on one GPU), else gloo. nccl in a process without CUDA refuses to "
+        "start; workers sharing a GPU with another member stay out of an nccl group.",
     )
     weight_sync_bucket_mb: int = Field(
         256, ge=1, description="Broadcast bucket size in MiB: small tensors are packed into two buckets of this size "
