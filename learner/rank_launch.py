@@ -120,6 +120,15 @@ class FollowerProcesses:
                 proc.wait(timeout=10)
 
 
+def leave_process_groups() -> None:
+    """Destroy this process's groups before it exits: a gloo group torn down by interpreter exit while
+    its threads still run aborts the process (`terminate called without an active exception`)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def follower_model(cfg: TrainConfig) -> tuple[Path, int]:
     """A follower's model path and pad id: rank 0's (built-in launcher), else resolved from the config."""
     if MODEL_ENV in os.environ:

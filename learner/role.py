@@ -93,7 +93,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
 
 def run_follower(cfg: TrainConfig, name: str) -> None:
     """A learner rank > 0: no Redis, no ports; it trains its share of each step as rank 0 says."""
-    from stare.learner.rank_launch import die_with_parent, follower_model, rank_timeout_s
+    from stare.learner.rank_launch import die_with_parent, follower_model, leave_process_groups, rank_timeout_s
     from stare.learner.ranks import RankChannel, follow
     from stare.learner.session import seed_everything
     from stare.learner.trainer import Learner
@@ -106,11 +106,12 @@ def run_follower(cfg: TrainConfig, name: str) -> None:
     log.info("learner rank %d of %d following rank 0", channel.rank, channel.world)
     steps = follow(learner, channel)
     log.info("learner rank %d: rank 0 said stop after %d steps here", channel.rank, steps)
+    leave_process_groups()
 
 
 def _run_leader(cfg: TrainConfig, *, redis_url: str, name: str, stop, evaluator_factory: EvaluatorFactory | None,
                 spawn: bool, world: int) -> None:
-    from stare.learner.rank_launch import FollowerProcesses, rank_timeout_s
+    from stare.learner.rank_launch import FollowerProcesses, leave_process_groups, rank_timeout_s
     from stare.learner.ranks import LeaderLearner, RankChannel
     from stare.learner.session import seed_everything
     from stare.learner.trainer import Learner
@@ -142,6 +143,8 @@ def _run_leader(cfg: TrainConfig, *, redis_url: str, name: str, stop, evaluator_
                     log.error("could not tell the learner ranks to stop: %s", err)
             if followers is not None:
                 followers.stop(timeout_s=rank_timeout_s(cfg))
+            if world > 1:
+                leave_process_groups()
 
 
 def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_factory: EvaluatorFactory | None) -> None:

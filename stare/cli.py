@@ -288,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-url-file", default=None, help="file holding that Redis URL with its password (a secret)")
     p.add_argument("--no-control", action="store_true", help="do not start the control plane actor")
     p.add_argument("--learner-gpus", type=float, default=None,
-                   help="GPUs the learner actor requests (default: 1 if the cluster has GPUs, else 0)")
+                   help="GPUs the learner actor requests (default: system.learner_ranks if the cluster has GPUs, "
+                   "else 0)")
     p.add_argument("--rollout-gpus", type=float, default=None,
                    help="GPUs each rollout actor requests (default: 1 if the cluster has GPUs, else 0)")
     p.add_argument("--max-restarts", type=int, default=5, help="restarts Ray makes of each crashed actor (default 5)")

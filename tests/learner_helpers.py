@@ -129,6 +129,7 @@ def leader_follower_worker(rank: int, world: int, port: int, model_dir: str, out
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     from stare.config import build_config
+    from stare.learner.rank_launch import leave_process_groups
     from stare.learner.ranks import LeaderLearner, RankChannel, follow
     from stare.learner.trainer import Learner
 
@@ -136,6 +137,7 @@ def leader_follower_worker(rank: int, world: int, port: int, model_dir: str, out
     channel = RankChannel(timeout_s=120, heartbeat_s=0.2)  # a heartbeat between every op
     if rank > 0:
         follow(learner, channel)
+        leave_process_groups()
         return
     leader = LeaderLearner(learner, channel)
     metrics = []
@@ -147,5 +149,30 @@ def leader_follower_worker(rank: int, world: int, port: int, model_dir: str, out
     leader.version = 99  # rank 0's attributes are the learner's
     loaded = leader.load(Path(out_dir) / "ckpt")
     leader.close()
+    leave_process_groups()
     torch.save({"metrics": metrics, "state": state, "loaded": loaded["note"], "version": learner.version},
                f"{out_dir}/leader.pt")
+
+
+def silent_leader_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """Rank 0 forms the rank channel and then says nothing (hung) for longer than its timeout; rank 1
+    follows and must give up with an error naming rank 0 instead of waiting forever."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from stare.learner.ranks import RankChannel, follow
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    channel = RankChannel(timeout_s=2.0, heartbeat_s=0.5)
+    if rank == 0:
+        time.sleep(8)
+        return
+    t0 = time.monotonic()
+    try:
+        follow(None, channel)
+        outcome = "returned"
+    except RuntimeError as err:
+        outcome = str(err)
+    Path(out_dir, "follower.txt").write_text(f"{time.monotonic() - t0:.1f}\n{outcome}")

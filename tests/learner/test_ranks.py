@@ -59,3 +59,12 @@ def test_two_ranks_driven_from_rank_0_give_the_one_rank_steps_weights_and_checkp
     for name, tensor in one_state.items():
         torch.testing.assert_close(got["state"][name], tensor, rtol=0, atol=1e-6, msg=name)
     assert got["loaded"] == "x" and got["version"] == len(steps)  # the checkpoint's version, on rank 0
+
+
+def test_a_follower_gives_up_when_rank_0_goes_silent(tmp_path):
+    from learner_helpers import silent_leader_worker
+
+    spawn_ranks(silent_leader_worker, 2, str(tmp_path), timeout_s=60)
+    waited, outcome = (tmp_path / "follower.txt").read_text().split("\n", 1)
+    assert "nothing from rank 0" in outcome and "dead or hung" in outcome
+    assert float(waited) < 7  # the channel's 2 s timeout, not rank 0's 8 s silence
