@@ -62,7 +62,8 @@ def paired_row(name: str, what: str, ours: Sequence[float], baseline: Sequence[f
     paired = median([o / b for o, b in zip(ours, baseline)]) if median_of_ratios else None
     return row(name, what, ours=median(ours), baseline=median(baseline), unit=unit, target=target,
                higher_is_better=higher_is_better, spread=spread, repeats=len(ours), ratio=paired,
-               samples={"ours": list(ours), "baseline": list(baseline)}, **extra)
+               samples={"ours": list(ours), "baseline": list(baseline)},
+               **({"ratio_of": "pairs"} if median_of_ratios else {}), **extra)
 
 
 def skipped(name: str, what: str, reason: str, *, unit: str = "", target: float | None = None,
