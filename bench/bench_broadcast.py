@@ -37,8 +37,8 @@ from stare.bench.common import format_table, paired_row
 
 TIMEOUT_S = 300.0
 TARGET = 0.95
-QUICK = dict(params_m=100.0, receivers=2, rounds=9)
-FULL = dict(params_m=100.0, receivers=2, rounds=15)
+QUICK = dict(params_m=100.0, receivers=2, rounds=15)
+FULL = dict(params_m=100.0, receivers=2, rounds=31)
 
 
 def make_state(params_m: float):
