@@ -10,9 +10,13 @@ machine over gloo (loopback), both modes in the same run:
            stare/weight_sync/broadcast.py) to `BroadcastSubscriber`s (background receiver
            threads; the receiver process takes the new version with `fetch`).
 Each timed round ends when every receiver has the whole version in hand and said so through a
-TCPStore key (the same acknowledgement in both modes). One uncounted warm-up round first (it
-forms the groups); each cell is the median of `--rounds`. Ratio = stare throughput / raw
-throughput (target >= 0.95). Every process runs one torch thread.
+TCPStore key (the same acknowledgement in both modes). Both modes' processes are up at once and
+their rounds alternate (raw, stare, then stare, raw, ...), the idle mode's processes blocked (gloo
+receive, store wait) while the other sends, so that the machine's load drifting over the run hits
+both alike: one uncounted warm-up round of each first (it forms the groups), then `--rounds`
+timed pairs. Ratio = the median over pairs of stare throughput / raw throughput (target >= 0.95);
+ours and baseline are each mode's median GB/s, the spread the range of the per-pair ratios.
+Every process runs one torch thread.
 
 Usage: python bench/bench_broadcast.py [--receivers 2] [--rounds 5] [--params-m 100]
 (or `stare bench broadcast`)
@@ -29,12 +33,12 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from stare.bench.common import format_table, median, row
+from stare.bench.common import format_table, paired_row
 
 TIMEOUT_S = 300.0
 TARGET = 0.95
-QUICK = dict(params_m=100.0, receivers=2, rounds=5)
-FULL = dict(params_m=100.0, receivers=2, rounds=9)
+QUICK = dict(params_m=100.0, receivers=2, rounds=15)
+FULL = dict(params_m=100.0, receivers=2, rounds=31)
 
 
 def make_state(params_m: float):
@@ -73,11 +77,13 @@ def _ack_store(port: int, master: bool):
                          timeout=timedelta(seconds=TIMEOUT_S))
 
 
-def _await_acks(acks, r: int, world: int) -> None:
-    acks.wait([f"ack/{r}/{rank}" for rank in range(1, world)], timedelta(seconds=TIMEOUT_S))
+def _await_acks(acks, mode: str, r: int, world: int) -> None:
+    acks.wait([f"ack/{mode}/{r}/{rank}" for rank in range(1, world)], timedelta(seconds=TIMEOUT_S))
 
 
-def raw_sender(world: int, pg_port: int, ack_port: int, params_m: float, rounds: int, out) -> None:
+def raw_sender(world: int, pg_port: int, ack_port: int, params_m: float, rounds: int) -> None:
+    """Round r starts when the main process sets `go/raw/<r>`; its time (broadcast until every
+    receiver acknowledged) goes back as `time/raw/<r>`."""
     _quiet()
     import torch
     import torch.distributed as dist
@@ -87,16 +93,14 @@ def raw_sender(world: int, pg_port: int, ack_port: int, params_m: float, rounds:
     acks = _ack_store(ack_port, False)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{pg_port}", rank=0, world_size=world,
                             timeout=timedelta(seconds=TIMEOUT_S))
-    times = []
     for r in range(rounds + 1):
+        acks.wait([f"go/raw/{r}"], timedelta(seconds=TIMEOUT_S))
         t0 = time.perf_counter()
         for t in state.values():
             dist.broadcast(t, 0)
-        _await_acks(acks, r, world)
-        if r:
-            times.append(time.perf_counter() - t0)
+        _await_acks(acks, "raw", r, world)
+        acks.set(f"time/raw/{r}", repr(time.perf_counter() - t0))
     dist.destroy_process_group()
-    out.put(times)
 
 
 def raw_receiver(rank: int, world: int, pg_port: int, ack_port: int, params_m: float, rounds: int) -> None:
@@ -112,7 +116,7 @@ def raw_receiver(rank: int, world: int, pg_port: int, ack_port: int, params_m: f
     for r in range(rounds + 1):
         for t in buffers.values():
             dist.broadcast(t, 0)
-        acks.set(f"ack/{r}/{rank}", "1")
+        acks.set(f"ack/raw/{r}/{rank}", "1")
     dist.destroy_process_group()
 
 
@@ -130,7 +134,7 @@ def stare_receiver(rank: int, world: int, pub_port: int, ack_port: int, params_m
             raise TimeoutError(f"receiver {rank}: version {r + 1} never arrived")
         version, state = sub.fetch(r)
         assert version == r + 1 and len(state) > 0
-        acks.set(f"ack/{r}/{rank}", "1")
+        acks.set(f"ack/stare/{r}/{rank}", "1")
     sub.close()
 
 
@@ -145,61 +149,60 @@ def _join(procs, what: str) -> None:
         raise RuntimeError(f"{what}: a process exited with {bad}")
 
 
-def bench_raw(receivers: int, rounds: int, params_m: float) -> list[float]:
-    from stare.net import free_port
-
-    world, pg_port, ack_port = receivers + 1, free_port(), free_port()
-    acks = _ack_store(ack_port, True)  # noqa: F841 (hosts the acknowledgement keys)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=raw_receiver, args=(rank, world, pg_port, ack_port, params_m, rounds))
-             for rank in range(1, world)]
-    procs.append(ctx.Process(target=raw_sender, args=(world, pg_port, ack_port, params_m, rounds, out)))
-    for p in procs:
-        p.start()
-    try:
-        times = out.get(timeout=TIMEOUT_S * 2)
-    finally:
-        _join(procs, "raw broadcast")
-    return times
-
-
-def bench_stare(state, receivers: int, rounds: int, params_m: float) -> list[float]:
+def bench_interleaved(state, receivers: int, rounds: int, params_m: float) -> dict[str, list[float]]:
+    """Seconds per round of each mode ("raw", "stare"), `rounds` each after one warm-up round each;
+    the modes alternate round by round, rotating which goes first."""
     from stare.net import free_port
     from stare.weight_sync.broadcast import BroadcastPublisher
 
-    world, pub_port, ack_port = receivers + 1, free_port(), free_port()
+    world, pg_port, pub_port, ack_port = receivers + 1, free_port(), free_port(), free_port()
     acks = _ack_store(ack_port, True)
     pub = BroadcastPublisher("127.0.0.1", pub_port, timeout_s=TIMEOUT_S)
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=stare_receiver, args=(rank, world, pub_port, ack_port, params_m, rounds))
+    procs = [ctx.Process(target=raw_receiver, args=(rank, world, pg_port, ack_port, params_m, rounds))
              for rank in range(1, world)]
+    procs.append(ctx.Process(target=raw_sender, args=(world, pg_port, ack_port, params_m, rounds)))
+    procs += [ctx.Process(target=stare_receiver, args=(rank, world, pub_port, ack_port, params_m, rounds))
+              for rank in range(1, world)]
     for p in procs:
         p.start()
+
+    def raw_round(r: int) -> float:
+        acks.set(f"go/raw/{r}", "1")
+        acks.wait([f"time/raw/{r}"], timedelta(seconds=TIMEOUT_S))
+        return float(acks.get(f"time/raw/{r}"))
+
+    def stare_round(r: int) -> float:
+        t0 = time.perf_counter()
+        pub.publish(r + 1, state)
+        _await_acks(acks, "stare", r, world)
+        return time.perf_counter() - t0
+
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while pub.store.add("joins", 0) < receivers:  # everyone asked to join before the warm-up round
             if time.monotonic() > deadline:
                 raise TimeoutError("receivers never asked to join")
             time.sleep(0.01)
-        times = []
-        for r in range(rounds + 1):
-            t0 = time.perf_counter()
-            pub.publish(r + 1, state)
-            _await_acks(acks, r, world)
-            if r:
-                times.append(time.perf_counter() - t0)
+        times: dict[str, list[float]] = {"raw": [], "stare": []}
+        arms = {"raw": raw_round, "stare": stare_round}
+        for r in range(rounds + 1):  # round 0: the warm-up of each mode, uncounted
+            order = ("raw", "stare") if r % 2 == 0 else ("stare", "raw")
+            for mode in order:
+                seconds = arms[mode](r)
+                if r:
+                    times[mode].append(seconds)
         if pub.failures:
             raise RuntimeError(f"{pub.failures} broadcasts failed")
     finally:
-        _join(procs, "stare broadcast")
+        _join(procs, "broadcast")
         pub.close()
     return times
 
 
 def measure(*, params_m: float, receivers: int, rounds: int) -> list[dict[str, Any]]:
-    """One row: BroadcastPublisher's GB/s over the raw loop's (medians; the two modes run one after
-    the other, raw first, each with its own processes)."""
+    """One row: BroadcastPublisher's GB/s over the raw loop's, from interleaved rounds (the module
+    docstring)."""
     _quiet()
     import torch
 
@@ -207,13 +210,12 @@ def measure(*, params_m: float, receivers: int, rounds: int) -> list[dict[str, A
     state = make_state(params_m)
     n_bytes = sum(t.numel() * t.element_size() for t in state.values())
     n_params = sum(t.numel() for t in state.values())
-    raw = bench_raw(receivers, rounds, params_m)
-    ours = bench_stare(state, receivers, rounds, params_m)
-    spread = [min(raw) / max(ours), max(raw) / min(ours)]  # unpaired: the modes ran one after the other
-    return [row("broadcast", f"BroadcastPublisher vs raw gloo dist.broadcast loop, {n_params / 1e6:.0f}M fp32 "
-                f"params ({n_bytes / 2**20:.0f} MiB) to {receivers} receiver(s)",
-                ours=n_bytes / median(ours) / 1e9, baseline=n_bytes / median(raw) / 1e9, unit="GB/s", target=TARGET,
-                spread=spread, repeats=rounds, samples={"ours_s": ours, "baseline_s": raw})]
+    times = bench_interleaved(state, receivers, rounds, params_m)
+    ours, raw = times["stare"], times["raw"]
+    return [paired_row("broadcast", f"BroadcastPublisher vs raw gloo dist.broadcast loop, {n_params / 1e6:.0f}M fp32 "
+                       f"params ({n_bytes / 2**20:.0f} MiB) to {receivers} receiver(s), rounds interleaved",
+                       [n_bytes / t / 1e9 for t in ours], [n_bytes / t / 1e9 for t in raw], unit="GB/s",
+                       target=TARGET, median_of_ratios=True, seconds={"ours_s": ours, "baseline_s": raw})]
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
@@ -223,14 +225,14 @@ def run(quick: bool) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--receivers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=QUICK["rounds"])
     parser.add_argument("--params-m", type=float, default=100.0)
     args = parser.parse_args(argv)
     rows = measure(params_m=args.params_m, receivers=args.receivers, rounds=args.rounds)
-    print(f"median of {args.rounds} rounds after 1 warm-up; ours = BroadcastPublisher, baseline = raw loop; "
-          f"ratio = throughput ratio")
+    print(f"{args.rounds} interleaved rounds of each mode after 1 warm-up each; ours = BroadcastPublisher, "
+          f"baseline = raw loop; ratio = median of the per-round throughput ratios")
     print(format_table(rows))
-    print("seconds per round: " + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in rows[0]["samples"].items()))
+    print("seconds per round: " + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in rows[0]["seconds"].items()))
     return 0
 
 

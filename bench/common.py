@@ -39,12 +39,12 @@ def ratio_spread(ours: Sequence[float], baseline: Sequence[float]) -> list[float
 
 def row(name: str, what: str, *, ours: float, baseline: float, unit: str, target: float | None = None,
         higher_is_better: bool = True, spread: Sequence[float] | None = None, repeats: int = 1,
-        **extra: Any) -> dict[str, Any]:
-    """One measured figure. `ratio` = ours / baseline; it meets `target` when >= target
-    (higher_is_better) or <= target (lower is better, e.g. a time)."""
+        ratio: float | None = None, **extra: Any) -> dict[str, Any]:
+    """One measured figure. `ratio` = ours / baseline unless given (a median of paired ratios); it
+    meets `target` when >= target (higher_is_better) or <= target (lower is better, e.g. a time)."""
     if not (math.isfinite(ours) and math.isfinite(baseline)) or baseline <= 0:
         raise ValueError(f"{name}: ours={ours} and baseline={baseline} must be finite, baseline > 0")
-    ratio = ours / baseline
+    ratio = ours / baseline if ratio is None else ratio
     passed = None if target is None else (ratio >= target if higher_is_better else ratio <= target)
     return {"name": name, "what": what, "ours": ours, "baseline": baseline, "unit": unit, "ratio": ratio,
             "target": target, "higher_is_better": higher_is_better, "pass": passed,
@@ -52,11 +52,18 @@ def row(name: str, what: str, *, ours: float, baseline: float, unit: str, target
 
 
 def paired_row(name: str, what: str, ours: Sequence[float], baseline: Sequence[float], *, unit: str,
-               target: float | None = None, higher_is_better: bool = True, **extra: Any) -> dict[str, Any]:
-    """A row from interleaved per-repeat samples of both arms: medians and the ratio spread."""
+               target: float | None = None, higher_is_better: bool = True, median_of_ratios: bool = False,
+               **extra: Any) -> dict[str, Any]:
+    """A row from interleaved per-repeat samples of both arms: medians and the ratio spread. The
+    ratio is median(ours) / median(baseline), or with `median_of_ratios` the median of the
+    per-repeat ratios ours[i] / baseline[i] (robust to load that drifts between repeats: each pair
+    ran back to back)."""
+    spread = ratio_spread(ours, baseline)
+    paired = median([o / b for o, b in zip(ours, baseline)]) if median_of_ratios else None
     return row(name, what, ours=median(ours), baseline=median(baseline), unit=unit, target=target,
-               higher_is_better=higher_is_better, spread=ratio_spread(ours, baseline), repeats=len(ours),
-               samples={"ours": list(ours), "baseline": list(baseline)}, **extra)
+               higher_is_better=higher_is_better, spread=spread, repeats=len(ours), ratio=paired,
+               samples={"ours": list(ours), "baseline": list(baseline)},
+               **({"ratio_of": "pairs"} if median_of_ratios else {}), **extra)
 
 
 def skipped(name: str, what: str, reason: str, *, unit: str = "", target: float | None = None,

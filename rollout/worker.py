@@ -129,9 +129,21 @@ class RolloutWorker:
             seed=seed, stop_token_ids=self.stop_token_ids, prompt_seeds=prompt_seeds,
         )
         outputs = (self.agent or self.engine).generate([t.prompt_token_ids for t in tasks], params)
+        self.raw.publish_and_ack(self._records(tasks, outputs), self.prompts, [d.id for d in deliveries])
+        return len(tasks)
+
+    def _records(self, tasks: list[PromptTask], outputs: list[list]) -> list[Trajectory]:
+        """One Trajectory per completion (outputs[i]: the completions of tasks[i]); the responses'
+        texts decoded in one batch call, each prompt's ids converted once for its group."""
+        texts = iter(self.tokenizer.batch_decode([c.token_ids for group in outputs for c in group],
+                                                 skip_special_tokens=True))
+        version = self.engine.weight_version
         records = []
         for task, completions in zip(tasks, outputs):
+            prompt_ids = np.asarray(task.prompt_token_ids, dtype=np.int32)  # shared by the group's records (read-only)
             for j, c in enumerate(completions):
+                n = len(c.token_ids)
+                mask = getattr(c, "loss_mask", None)
                 records.append(Trajectory(
                     run_id=task.run_id,
                     # Deterministic: a prompt sampled twice (a redelivery) yields the same ids, so the
@@ -139,19 +151,17 @@ class RolloutWorker:
                     trajectory_id=f"{task.group_id}:{j}",
                     group_id=task.group_id,
                     group_size=task.group_size,
-                    weight_version=self.engine.weight_version,
-                    prompt_token_ids=np.asarray(task.prompt_token_ids, dtype=np.int32),
+                    weight_version=version,
+                    prompt_token_ids=prompt_ids,
                     response_token_ids=np.asarray(c.token_ids, dtype=np.int32),
                     response_logprobs=np.asarray(c.logprobs, dtype=np.float32),
-                    loss_mask=np.asarray(getattr(c, "loss_mask", [1] * len(c.token_ids)), dtype=np.uint8),
+                    loss_mask=np.ones(n, dtype=np.uint8) if mask is None else np.asarray(mask, dtype=np.uint8),
                     finish_reason=c.finish_reason,
                     answer=task.answer,
                     problem_id=task.problem_id,
                     data_source=task.data_source,
-                    response_text=self.tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                    response_text=next(texts),
                     level=task.level,
                     turns=getattr(c, "turns", 1),
                 ))
-        self.raw.publish(records)
-        self.prompts.ack([d.id for d in deliveries])
-        return len(tasks)
+        return records

@@ -194,12 +194,27 @@ def cmd_role(args) -> int:
     return 0
 
 
+def _up_command(args) -> str:
+    """The `stare up ... --print-compose` line that reproduces a generated file (its header)."""
+    flags = [("--config", args.config), ("--algo", args.algo), ("--gpus", args.gpus),
+             ("--learner-gpus", args.learner_gpus), ("--learner-ranks", args.learner_ranks),
+             ("--rollout-gpus", args.rollout_gpus),
+             ("--rollout", args.rollout), ("--reward", args.reward)]
+    words = ["stare", "up"] + [w for flag, v in flags if v is not None for w in (flag, str(v))]
+    words += [w for o in args.overrides for w in ("--set", o)]
+    if args.compose_base != Path("docker-compose.yml"):
+        words += ["--compose-base", str(args.compose_base)]
+    return " ".join(words + ["--print-compose"])
+
+
 def cmd_up(args) -> int:
     from stare.launch import up
 
     return up(_load(args), rollout=args.rollout, reward=args.reward, redis_url=args.redis_url,
               control=not args.no_control, gpus=args.gpus, learner_gpus=args.learner_gpus,
-              rollout_gpus=args.rollout_gpus, learner_ranks=args.learner_ranks, print_plan=args.print_plan)
+              rollout_gpus=args.rollout_gpus, learner_ranks=args.learner_ranks, print_plan=args.print_plan,
+              print_compose=args.compose_base if args.print_compose else None,
+              command=_up_command(args))
 
 
 def cmd_plan(args) -> int:
@@ -270,6 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan for N GPUs instead of the ones this machine shows (with --print-plan)")
     p.add_argument("--print-plan", action="store_true",
                    help="print every role's command, environment (CUDA_VISIBLE_DEVICES) and ports; start nothing")
+    p.add_argument("--print-compose", action="store_true",
+                   help="print the GPU services of docker-compose.yml for this plan (learner, one rollout service "
+                   "per GPU set, reward replicas) as a Compose file; redirect it to docker-compose.gpus.yml "
+                   "(docs/deploy.md); start nothing")
+    p.add_argument("--compose-base", type=Path, default=Path("docker-compose.yml"), metavar="FILE",
+                   help="the docker-compose.yml whose x-learner-gpu/x-rollout-gpu templates --print-compose fills "
+                   "(default: ./docker-compose.yml)")
     p.set_defaults(fn=cmd_up)
 
     p = sub.add_parser("launch", help="run the distributed system on a Ray cluster: the roles of `stare up` as "

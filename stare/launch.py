@@ -259,7 +259,10 @@ class Launcher:
 
 def up(cfg: TrainConfig, *, rollout: int | None, reward: int, redis_url: str | None, control: bool = True,
        gpus: int | None = None, learner_gpus: str | None = None, rollout_gpus: str | None = None,
-       learner_ranks: int | None = None, print_plan: bool = False, out: TextIO | None = None) -> int:
+       learner_ranks: int | None = None, print_plan: bool = False, print_compose: Path | None = None,
+       command: str = "stare up --print-compose", out: TextIO | None = None) -> int:
+    """Run the roles (or, with `print_plan`, print them; with `print_compose` = the base
+    docker-compose.yml, print the GPU services of compose for the same plan: stare.compose_plan)."""
     from stare.gpu_plan import parse_gpus
 
     if learner_ranks is None and learner_gpus is not None:  # one rank per GPU named
@@ -269,6 +272,12 @@ def up(cfg: TrainConfig, *, rollout: int | None, reward: int, redis_url: str | N
     plan = node_plan(cfg, rollout=rollout, gpus=gpus, learner_gpus=learner_gpus, rollout_gpus=rollout_gpus)
     if rollout is None:  # GPUs: one worker per tensor_parallel_size rollout GPUs; CPU: one
         rollout = len(plan.rollout) if plan.gpus else 1
+    if print_compose is not None:
+        from stare.compose_plan import compose_services, load_templates, render_compose
+
+        doc = compose_services(plan, load_templates(print_compose), reward=reward)
+        print(render_compose(doc, plan, command), end="", file=out or sys.stdout)
+        return 0
     if print_plan:
         print(format_plan(cfg, plan, rollout=rollout, reward=reward, control=control, redis_url=redis_url),
               file=out or sys.stdout)

@@ -10,7 +10,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Generic, Sequence, TypeVar
 
-from stare.transport.base import Delivery
+from stare.transport.base import Delivery, RecordStream
 
 T = TypeVar("T")
 
@@ -38,6 +38,12 @@ class MemoryStream(Generic[T]):
         ids = [f"{next(self._ids)}-0" for _ in records]
         self._queue.extend(zip(ids, records))
         return ids
+
+    def publish_and_ack(self, records: Sequence[T], source: RecordStream | None, ids: Sequence[str]) -> list[str]:
+        out = self.publish(records)
+        if source is not None:
+            source.ack(ids)
+        return out
 
     def consume(self, consumer: str, max_count: int, block_s: float = 0.0) -> list[Delivery[T]]:
         out = []

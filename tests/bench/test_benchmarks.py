@@ -36,7 +36,7 @@ def test_broadcast_compares_the_publisher_with_a_raw_gloo_loop():
 
     (r,) = check_rows(measure(params_m=1.0, receivers=1, rounds=1), ["broadcast"]).values()
     assert r["unit"] == "GB/s" and r["target"] == 0.95
-    assert len(r["samples"]["ours_s"]) == len(r["samples"]["baseline_s"]) == 1
+    assert len(r["samples"]["ours"]) == len(r["samples"]["baseline"]) == len(r["seconds"]["ours_s"]) == 1
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from stare.plan import GIB, HEADROOM, build_plan, check_fits, load_model_shape, 
 
 REPO = Path(__file__).parents[2]
 MODELS = REPO / "configs" / "models"
-PAPER_7B = REPO / "configs" / "paper" / "qwen2.5-math-7b-stare.yaml"
+PAPER_7B = REPO / "configs" / "paper" / "short-cot-qwen2.5-math-7b-stare.yaml"  # the recipe
 
 # A small Qwen2: vocab 100, hidden 16, 2 layers, 4 heads (head_dim 4), 2 kv heads (kv_dim 8), MLP 32, tied.
 SMALL = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 100, "hidden_size": 16,

@@ -104,6 +104,34 @@ def test_malformed_entries_are_dead_lettered_with_reason_and_good_ones_flow(clie
     assert s.backlog() == 2  # the dead ones are acked, the good ones pending
 
 
+def test_publish_and_ack_lands_outputs_and_acks_inputs_in_one_transaction(server, client):
+    prompts = make_stream(client, name="prompts", codec=Trajectory, group="rollout")
+    raw = make_stream(client, name="raw")
+    prompts.publish([traj(i) for i in range(3)])
+    taken = prompts.consume("rollout-0", 3)
+    watcher = redis.Redis.from_url(server.url, socket_timeout=5, socket_connect_timeout=5)
+    with watcher.monitor() as monitor:  # what Redis executes, in order
+        ids = raw.publish_and_ack([traj(10), traj(11)], prompts, [d.id for d in taken])
+        seen = []
+        while not seen or seen[-1] != "EXEC":
+            seen.append(monitor.next_command()["command"].split()[0].upper())
+    watcher.close()
+    assert seen[seen.index("MULTI"):] == ["MULTI", "XADD", "XADD", "XINFO", "XACK", "EXEC"]  # one transaction
+    assert ids_of(raw.consume("l", 10)) == ["t10", "t11"] and len(ids) == 2
+    assert prompts.backlog() == 0  # every input acknowledged
+
+
+def test_publish_and_ack_on_another_client_publishes_then_acks(server, client):
+    other = redis.Redis.from_url(server.url, socket_timeout=5, socket_connect_timeout=5)
+    prompts = make_stream(other, name="prompts", codec=Trajectory, group="rollout")
+    raw = make_stream(client, name="raw")
+    prompts.publish([traj(0)])
+    taken = prompts.consume("rollout-0", 1)
+    raw.publish_and_ack([traj(1)], prompts, [taken[0].id])
+    assert ids_of(raw.consume("l", 10)) == ["t1"] and prompts.backlog() == 0
+    other.close()
+
+
 def test_backlog_counts_pending_and_undelivered_entries(client):
     s = make_stream(client)
     s.publish([traj(i) for i in range(5)])

@@ -52,8 +52,33 @@ def interpolate(value, env: dict[str, str]):
     return re.sub(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}", sub, value)
 
 
+def compose_files() -> list[Path]:
+    """The files `docker compose` reads here: .env's COMPOSE_FILE (docker-compose.yml plus the
+    generated GPU services, stare/compose_plan.py)."""
+    env = dict(line.split("=", 1) for line in (REPO / ".env").read_text().splitlines()
+               if line.strip() and not line.startswith("#"))
+    return [REPO / f for f in env.get("COMPOSE_FILE", COMPOSE_FILE.name).split(":")]
+
+
+def merge(base: dict, override: dict, where: str = "") -> dict:
+    """Compose's merge of a later file into an earlier one, for what the generated file holds:
+    mappings merge key by key, a later scalar wins. (Compose appends or dedups sequences by rules of
+    their own: a sequence overriding an existing one is refused here rather than guessed.)"""
+    out = dict(base)
+    for key, value in override.items():
+        if key in base and isinstance(value, dict) and isinstance(base[key], dict):
+            out[key] = merge(base[key], value, f"{where}/{key}")
+        else:
+            assert not (key in base and isinstance(value, list)), f"{where}/{key}: sequence merge not emulated"
+            out[key] = value
+    return out
+
+
 def load_compose(env: dict[str, str] | None = None) -> dict:
-    return interpolate(yaml.safe_load(COMPOSE_FILE.read_text()), env or {})
+    doc: dict = {}
+    for path in compose_files():
+        doc = merge(doc, yaml.safe_load(path.read_text()))
+    return interpolate(doc, env or {})
 
 
 def schema_errors(doc: dict) -> list[str]:

@@ -226,6 +226,22 @@ def test_gpu_requests(rendered, target, gpus):
         assert image == ("stare-gpu" if wants else "stare-cpu"), (w["metadata"]["name"], image)
 
 
+@pytest.mark.parametrize("target", ["base", "overlays/gpu"])
+def test_pod_gpu_requests_follow_the_gpu_plan(rendered, target):
+    """Kubernetes gets counts, not device ids: each learner pod requests the plan's learner GPUs and
+    each rollout pod one GPU set of the plan (`stare up --print-plan`, stare.gpu_plan) for the
+    config it mounts; the rollout Deployment's replicas are the plan's worker count (docs/deploy.md)."""
+    from stare.gpu_plan import plan_gpus
+
+    cfg = _config(rendered, target)
+    plan = plan_gpus(8, tensor_parallel_size=cfg.rollout.engine.tensor_parallel_size,
+                     learner_ranks=cfg.system.learner_ranks)
+    wants = {"learner": len(plan.learner), "rollout": len(plan.rollout[0])}
+    for w, c in stare_containers(rendered, target):
+        if c["args"][0] in wants:
+            assert c["resources"]["limits"]["nvidia.com/gpu"] == wants[c["args"][0]], w["metadata"]["name"]
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_references_resolve(rendered, target):
     names = {(o["kind"], o["metadata"]["name"]) for o in rendered[target]}
