@@ -309,6 +309,8 @@ class TrainingSession:
             stale_groups_total=stats.stale_groups,
             duplicates_total=stats.duplicates,
             weight_sync_failures=getattr(publisher, "failures", 0),
+            # the last whole sync (a background publisher: time_publish_s is only the hand-off)
+            time_weight_sync_s=getattr(publisher, "last_sync_s", None),
             weight_sync_members=len(getattr(publisher, "alive_members", [])),
             **staleness_summary(lags),
         )
