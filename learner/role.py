@@ -136,8 +136,10 @@ def _run_leader(cfg: TrainConfig, *, redis_url: str, name: str, stop, evaluator_
         try:
             _train(cfg, rt, setup, learner, redis_url=redis_url, evaluator_factory=evaluator_factory)
         finally:
-            if world > 1:
+            if world > 1 and isinstance(learner, LeaderLearner):
                 try:
+                    if followers is not None:
+                        followers.check()  # a dead follower would make the stop op wait out its timeout
                     learner.close()  # the followers leave their loop
                 except Exception as err:  # a follower already gone: it is killed below
                     log.error("could not tell the learner ranks to stop: %s", err)
