@@ -55,6 +55,7 @@ class StreamEvaluator:
         self.prompts = [prompt_ids(p, tokenizer) for p in self.problems]
         self.settings = eval_settings(cfg)
         self.timeout_s = cfg.task.eval_timeout_s if timeout_s is None else timeout_s
+        self.poll_s = min(POLL_S, cfg.system.stall_s / 4)  # ticks well within the liveness limit
         self.dead = Feeds([dead_letter_feed(s) for s in (streams.tasks, streams.raw, streams.scored)])
 
     def tasks(self, version: int) -> list[EvalTask]:
@@ -87,7 +88,7 @@ class StreamEvaluator:
         start = last_log = time.monotonic()
         while len(scores) + len(dead) < len(expected):
             self.tick(evaluating=eval_id, samples=len(scores), of=len(expected))
-            deliveries = self.streams.scored.consume(self.consumer, 4096, block_s=POLL_S)
+            deliveries = self.streams.scored.consume(self.consumer, 4096, block_s=self.poll_s)
             other: list[str] = []
             for d in deliveries:
                 tid = d.record.trajectory_id

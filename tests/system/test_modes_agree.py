@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis,
 STEPS = 3
 COMPARED = ("entropy", "loss", "reward_mean", "gate", "w", "m", "clip_fraction", "response_length_mean",
             "train_tokens", "groups")
+EVAL_COMPARED = ("greedy_accuracy", "pass_at_k", "avg_at_k", "per_level", "per_source")
 
 
 def _config(model_dir: Path, out: Path, name: str):
@@ -69,3 +70,10 @@ def test_stare_up_and_stare_train_train_the_same_trajectories_with_the_same_metr
     for e, d in zip(metrics_e, metrics_d):
         for key in COMPARED:
             assert d[key] == pytest.approx(e[key], abs=1e-5, rel=1e-5), (e["step"], key, e[key], d[key])
+    # held-out: in process for `stare train`, through the streams (rollout and reward workers) for
+    # `stare up`; the same problems, seeds and weights give the same numbers
+    evals_e, evals_d = _lines(embedded / "eval.jsonl"), _lines(distributed / "eval.jsonl")
+    assert [r["step"] for r in evals_d] == [r["step"] for r in evals_e] == [0, STEPS]
+    assert all(r["complete"] and r["missing_samples"] == 0 for r in evals_d)
+    for e, d in zip(evals_e, evals_d):
+        assert {k: d[k] for k in EVAL_COMPARED} == {k: e[k] for k in EVAL_COMPARED}, (e, d)
