@@ -16,7 +16,9 @@ function of training).
   acknowledged once its result is computed.
 * A restart: the `EvalIndex` says the evaluation was published; a restarted learner collects it
   (its pending entries are re-read) instead of publishing it again; one already closed (its
-  samples acknowledged, the result lost with the process) is published again and recomputed.
+  samples acknowledged, the result lost with the process) is published again and recomputed; one
+  left open under another version (the restart republished the weights as a newer version) is
+  closed as superseded, so workers skip its tasks.
 * Nothing waits for ever: a sample dead-lettered anywhere on the way (an unsampleable prompt, a
   record that failed scoring) counts as incorrect and is reported with its reason; after
   `task.eval_timeout_s` the result covers what arrived (`complete: false`, the missing samples
@@ -72,6 +74,9 @@ class StreamEvaluator:
         if seen is not None and seen.get("state") == "open":
             self.say(f"evaluation {eval_id}: published before a restart; collecting it")
         else:
+            for stale in set(self.index.open_ids()) - {eval_id}:  # one a killed learner left: nobody waits for it
+                self.index.close(stale, "superseded")
+                self.say(f"evaluation {stale}: left open by an earlier learner; closed (workers skip its tasks)")
             self.streams.tasks.publish(tasks)
             self.index.publish(eval_id, {"tasks": len(tasks), "samples": len(expected)})
         scores, dead = self._collect(eval_id, tasks, expected)

@@ -55,6 +55,8 @@ class EvalIndex(Protocol):
 
     def is_open(self, eval_id: str) -> bool: ...
 
+    def open_ids(self) -> list[str]: ...
+
 
 @dataclass
 class MemoryEvalIndex:
@@ -71,6 +73,9 @@ class MemoryEvalIndex:
 
     def is_open(self, eval_id: str) -> bool:
         return self.entries.get(eval_id, {}).get("state", "open") == "open"
+
+    def open_ids(self) -> list[str]:
+        return [e for e, info in self.entries.items() if info.get("state") == "open"]
 
 
 class RedisEvalIndex:
@@ -104,3 +109,10 @@ class RedisEvalIndex:
     def is_open(self, eval_id: str) -> bool:
         info = self._get(eval_id)
         return info is None or info.get("state") == "open"
+
+    def open_ids(self) -> list[str]:
+        from stare.transport.redis_streams import retrying
+
+        entries = retrying(lambda: self.client.hgetall(self.key), "HGETALL evaluations")
+        return sorted(k.decode() if isinstance(k, bytes) else k for k, v in entries.items()
+                      if json.loads(v).get("state") == "open")

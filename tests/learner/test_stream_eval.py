@@ -1,7 +1,8 @@
 """Evaluation through the streams (real redis-server; rollout and reward workers in threads, each
 with its own Redis connection) gives the same numbers as the in-process evaluator for the same
 weights and seeds, per data source; a restarted learner collects what it had published without
-counting a sample twice; a wait for samples nobody produces ends at the timeout, saying so."""
+counting a sample twice; a sample dead-lettered on the way counts as incorrect, with its reason;
+a wait for samples nobody produces ends at the timeout, saying so."""
 
 from __future__ import annotations
 
@@ -163,9 +164,29 @@ def test_a_wait_for_samples_nobody_produces_ends_at_the_timeout_and_says_what_is
     local = _stack(cfg)
     said: list[str] = []
     with redis_server(tmp_path / "redis") as server:
+        index = RedisEvalIndex(connect_client(server.url), "ev")
+        index.publish("v7", {"tasks": 12})  # left open by a learner killed while it waited
         got = _evaluator(cfg, server.url, local, timeout_s=1.0, say=said.append)(0)
-        state = RedisEvalIndex(connect_client(server.url), "ev").published("v0")["state"]
+        states = {e: index.published(e)["state"] for e in ("v0", "v7")}
     local.close()
     assert not got["complete"] and got["missing_samples"] == 6 * 4 and got["greedy_accuracy"] == 0.0
-    assert state == "timed out"  # workers now skip its tasks
+    assert states == {"v0": "timed out", "v7": "superseded"}  # workers skip the tasks of both
     assert any("24 of 24 samples missing" in s and "tasks 12 not sampled" in s for s in said), said
+
+
+def test_samples_dead_lettered_on_the_way_count_as_incorrect_with_their_reason_and_nothing_waits(tiny_model_dir,
+                                                                                                 tmp_path):
+    # 128 positions - 121 new tokens leave room for 7-token prompts: the rollout worker parks the
+    # longer held-out prompts (4 to 9 tokens here) in the eval_prompts dead-letter stream
+    cfg = build_config({**_config(tiny_model_dir, tmp_path).model_dump(mode="json"),
+                        "rollout": {"max_new_tokens": 121}})
+    local = _stack(cfg)
+    board = MemoryWeightBoard()
+    with redis_server(tmp_path / "redis") as server, Workers(cfg, server.url, board):
+        evaluator = _evaluator(cfg, server.url, local, timeout_s=120)
+        long_ones = sum(len(p) > 7 for p in evaluator.prompts)
+        got = evaluator(0)
+    local.close()
+    assert 0 < long_ones < 6, "the held-out prompts must straddle the limit"
+    assert got["missing_samples"] == 0 and got["dead_lettered_samples"] == long_ones * (1 + 3)
+    assert not got["complete"] and all("over the limit of 7" in r for r in got["dead_letter_reasons"])
