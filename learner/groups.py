@@ -22,10 +22,16 @@
   wait), so the decision is written to a `DecisionLog` first (Redis for the distributed learner):
   a restarted learner adds those groups to the finished set it restores, and the log is cleared
   once a checkpoint holds them. Without it such a group would count as in flight for ever.
+* dead letters: a group whose prompt or one of whose trajectories was dead-lettered (poison,
+  `system.max_deliveries`) can never complete; with a `DeadLetterFeed` over the training streams
+  the collector closes such a group as filtered (finished, not trained; its entries acknowledged;
+  counted in `stats.dead_lettered_groups`, the reason logged), so an on-policy step never waits
+  for it. Only the feeder's groups (g<ordinal>) are closed; anything else dead-lettered is not ours.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,6 +39,9 @@ from typing import Any, Protocol
 
 from stare.records import Trajectory
 from stare.transport.base import RecordStream
+from stare.transport.dead_letters import DeadLetterFeed
+
+log = logging.getLogger(__name__)
 
 _ORDINAL = re.compile(r"^g(\d+)$")  # group ids written by stare.data.PromptFeeder
 
@@ -43,6 +52,7 @@ class GroupStats:
     stale_groups: int = 0
     stale_trajectories: int = 0
     duplicates: int = 0
+    dead_lettered_groups: int = 0  # closed because their prompt or a trajectory was dead-lettered
     staleness: Counter = field(default_factory=Counter)  # lag -> trajectories collected with it
 
 
@@ -107,7 +117,8 @@ class MemoryDecisionLog:
 
 class GroupCollector:
     def __init__(self, scored: RecordStream, *, name: str, dynamic_sampling: bool, max_staleness: int | None = None,
-                 keep_stale: bool = False, decisions: DecisionLog | None = None):
+                 keep_stale: bool = False, decisions: DecisionLog | None = None,
+                 dead_letters: DeadLetterFeed | None = None):
         self.scored, self.name = scored, name
         self.dynamic_sampling = dynamic_sampling
         self.max_staleness, self.keep_stale = max_staleness, keep_stale
@@ -119,6 +130,7 @@ class GroupCollector:
         self.held: set[str] = set()  # entry ids collected and not yet acknowledged (partial, ready, taken, unacked)
         self.stats = GroupStats()
         self.decisions = decisions
+        self.dead_letters = dead_letters
         self._merge_decisions()
 
     def pull(self, learner_version: int, max_count: int = 4096, block_s: float = 0.0) -> int:
@@ -142,7 +154,23 @@ class GroupCollector:
         if duplicates:  # one acknowledgement for the batch of them
             self.stats.duplicates += len(duplicates)
             self.scored.ack(duplicates)
+        self._close_dead_lettered()
         return len(deliveries)
+
+    def _close_dead_lettered(self) -> None:
+        """Close the groups the dead-letter streams say can never complete (see the module docstring)."""
+        if self.dead_letters is None:
+            return
+        for rec in self.dead_letters.new():
+            group_id = rec.group_id
+            if group_id is None or _ORDINAL.match(group_id) is None or group_id in self.finished \
+                    or group_id in self.closed:
+                continue  # not one of our groups, or decided already
+            partial = self.partial.pop(group_id, {})
+            self.stats.dead_lettered_groups += 1
+            log.warning("group %s closed without training: its %s entry %s was dead-lettered (%s); %d of its "
+                        "trajectories had arrived", group_id, rec.stream, rec.entry_id, rec.reason, len(partial))
+            self._finish(group_id, [e for _, e in partial.values()])
 
     def _complete(self, group: dict[str, tuple[Trajectory, str]], learner_version: int) -> None:
         trajectories = [t for t, _ in group.values()]

@@ -22,7 +22,6 @@ the same one `stare train` runs; this module wires its Redis seams.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any, Callable
 
 from stare.config import TrainConfig
@@ -71,7 +70,7 @@ class RedisCursor:
         retrying(lambda: self.client.hset(self.key, "weight_version", version), "HSET weight version")
 
 
-EvaluatorFactory = Callable[[TrainConfig, Path], Any]  # (config, model path) -> an Evaluator
+EvaluatorFactory = Callable[..., Any]  # (config, RunSetup, transport, tick) -> an Evaluator
 
 
 def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
@@ -156,6 +155,7 @@ def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_fa
     from stare.learner.groups import GroupCollector
     from stare.learner.session import SessionSeams, TrainingSession
     from stare.runtime import connect_transport
+    from stare.transport.dead_letters import training_dead_letters
     from stare.weight_sync.factory import build_publisher
 
     transport = connect_transport(cfg, redis_url)
@@ -163,12 +163,13 @@ def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_fa
     feeder = build_feeder(cfg, setup.task, setup.tokenizer, log.info)
     collector = GroupCollector(transport.scored, name=LEARNER_CONSUMER, dynamic_sampling=cfg.data.dynamic_sampling,
                                max_staleness=s.max_staleness, keep_stale=s.stale_policy == "importance",
-                               decisions=RedisDecisionLog(transport.client, cfg.run.name))
+                               decisions=RedisDecisionLog(transport.client, cfg.run.name),
+                               dead_letters=training_dead_letters(transport))
     evaluator = session = None
     publisher = build_publisher(cfg, transport.client)
     try:
         with rt.busy("loading the evaluator"):
-            evaluator = evaluator_factory(cfg, setup.model_path) if evaluator_factory is not None else None
+            evaluator = evaluator_factory(cfg, setup, transport, rt.tick) if evaluator_factory is not None else None
         seams = SessionSeams(
             transport=transport, publisher=publisher, control=rt.control,
             cursor=RedisCursor(transport.client, cfg.run.name), evaluator=evaluator,

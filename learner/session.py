@@ -1,10 +1,11 @@
 """The training session: THE loop of a run, the same for `stare train` (one process, in-memory
 seams) and `stare learner` (Redis streams, a weight broadcast, the other roles in other processes).
 
-    start -> [evaluate at step 0]
+    start -> [evaluate at step 0, or the resumed step's evaluation a restart lost]
     loop:  control (pause, checkpoint, entropy changes) -> fill (publish prompts up to the window,
            pump, pull scored groups) -> train (one optimizer step) -> publish weights
            -> evaluate when due -> report (metrics, status) -> checkpoint when due
+           (a remote evaluator, one that waits on other processes: checkpoint, then evaluate)
     end:   checkpoint what is unsaved on a stop, say finished/stopped
 
 What differs between the modes is only what is passed in (`SessionSeams`): the streams, the weight
@@ -22,6 +23,7 @@ scored entries a step trained are acknowledged only once a checkpoint holds that
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import random
 import time
@@ -186,6 +188,16 @@ class TrainingSession:
                  f"pass@{result['k']} {result['pass_at_k']:.3f}")
         return result
 
+    def _eval_due(self, step: int) -> bool:
+        every, last = self.cfg.task.eval_every, self.cfg.run.steps
+        return self.seams.evaluator is not None and (step % every == 0 or step == last)
+
+    def _evaluated(self, step: int) -> bool:
+        """eval.jsonl has the evaluation of `step` (a learner killed while it waited for one has not)."""
+        path = self.outputs.dir / "eval.jsonl"
+        return path.exists() and any(json.loads(line).get("step") == step
+                                     for line in path.read_text().splitlines() if line.strip())
+
     def checkpoint(self) -> None:
         ckpt_dir = self.outputs.ckpt_dir
         ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -308,6 +320,7 @@ class TrainingSession:
             filtered_groups_total=stats.filtered_groups,
             stale_groups_total=stats.stale_groups,
             duplicates_total=stats.duplicates,
+            dead_lettered_groups_total=stats.dead_lettered_groups,
             weight_sync_failures=getattr(publisher, "failures", 0),
             # the last whole sync (a background publisher: time_publish_s is only the hand-off)
             time_weight_sync_s=getattr(publisher, "last_sync_s", None),
@@ -315,7 +328,12 @@ class TrainingSession:
             **staleness_summary(lags),
         )
         step = learner.step
-        if self.seams.evaluator is not None and (step % cfg.task.eval_every == 0 or step == cfg.run.steps):
+        saved = False
+        if self._eval_due(step):
+            if getattr(self.seams.evaluator, "remote", False):  # a wait on other processes: save the step first
+                self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])  # lineage before the acks
+                self.checkpoint()
+                saved = True
             metrics["eval_greedy_accuracy"] = self.evaluate(lambda s=state: s)["greedy_accuracy"]
         del state  # a full copy of the weights (15 GB at 7B): not kept between steps
         status = {"weight_version": learner.version, "queue_depths": self.queue_depths(),
@@ -324,11 +342,12 @@ class TrainingSession:
                   "step_time_s": step_time}
         self.seams.control.after_step(learner.controller, metrics, status)
         self.outputs.log_step(metrics)
-        self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])
+        if not saved:
+            self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])
         self.step_lines(metrics)
         if on_step is not None:
             on_step(metrics)
-        if step % cfg.run.checkpoint_every == 0 or step == cfg.run.steps or self.seams.should_stop():
+        if not saved and (step % cfg.run.checkpoint_every == 0 or step == cfg.run.steps or self.seams.should_stop()):
             self.checkpoint()
         self._round, self._filtered0, self._t_wait = 0, stats.filtered_groups, time.perf_counter()
         self._last_step_at = time.monotonic()
@@ -337,7 +356,7 @@ class TrainingSession:
     def run(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
         cfg, learner, seams = self.cfg, self.learner, self.seams
         seams.control.start(learner.controller, learner.step, {"weight_version": learner.version})
-        if seams.evaluator is not None and learner.step == 0 and not (self.outputs.dir / "eval.jsonl").exists():
+        if self._eval_due(learner.step) and not self._evaluated(learner.step):  # step 0, or lost with a restart
             self.evaluate()
         empty, gave_up = 0, False
         while learner.step < cfg.run.steps:

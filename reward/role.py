@@ -1,6 +1,7 @@
 """`stare reward`: a reward worker process of the distributed system.
 
     raw stream (group "reward") -> validate -> score in a ScoringPool -> scored stream
+    eval_raw (read first)       -> the same                           -> eval_scored
 
 Scoring runs in a pool of worker processes with a hard timeout per trajectory (a verifier stuck
 in C code or allocating without end is killed; the trajectory gets reward 0 and the reason).
@@ -84,7 +85,7 @@ class PoolScorer:
 
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int = 1) -> None:
     from stare.reward.trajectory_worker import RewardWorker
-    from stare.runtime import RoleRuntime, connect_transport
+    from stare.runtime import RoleRuntime, connect_eval_streams, connect_transport
     from stare.tasks.registry import build_verifier
     from stare.transport.redis_streams import BackpressureError
 
@@ -95,6 +96,8 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int 
         transport = connect_transport(cfg, redis_url)
         scorer = PoolScorer(cfg.task.name, task_kwargs, workers, reward_config=cfg.reward)
         worker = RewardWorker(task, transport.raw, transport.scored, name=name, scorer=scorer)
+        evals = connect_eval_streams(cfg, transport.client)  # held-out samples: the same scorer, their own streams
+        eval_worker = RewardWorker(task, evals.raw, evals.scored, name=name, scorer=scorer)
         next_reclaim, done = 0.0, 0
         try:
             while not rt.stop.is_set():
@@ -106,6 +109,12 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int 
                             log.info("reclaimed %d trajectories left pending by a dead worker", len(claimed))
                             done += worker.handle(claimed)
                             continue
+                        if claimed := evals.raw.reclaim(name, max_count=256):
+                            done += eval_worker.handle(claimed)
+                            continue
+                    if scored := eval_worker.run_once(256):  # the learner waits for held-out scores: first
+                        done += scored
+                        continue
                     done += worker.run_once(256, block_s=1.0)
                 except BackpressureError as err:  # the learner is behind: wait
                     log.warning("%s", err)

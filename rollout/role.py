@@ -1,6 +1,7 @@
 """`stare rollout`: a rollout worker process of the distributed system.
 
     prompts (Redis stream, group "rollout") -> RolloutWorker (vLLM or transformers) -> raw stream
+    eval_prompts (read first)                -> EvalSampler (same engine)            -> eval_raw
 
 It takes the learner's weights from the configured backend (broadcast group or shared folder)
 between batches, samples each prompt batch with weights at least as new as the batch asks
@@ -22,9 +23,11 @@ log = logging.getLogger(__name__)
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
     import torch
 
+    from stare.rollout.eval_sampler import EvalSampler
     from stare.rollout.stack import build_rollout_stack
     from stare.rollout.worker import RolloutWorker
-    from stare.runtime import RoleRuntime, connect_transport
+    from stare.runtime import RoleRuntime, connect_eval_streams, connect_transport
+    from stare.transport.eval_streams import RedisEvalIndex
     from stare.transport.redis_streams import BackpressureError
     from stare.weight_sync.factory import build_subscriber
 
@@ -42,11 +45,15 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
             stop_token_ids=stack.setup.stop_ids, agent=stack.agent, should_stop=rt.stop.is_set, seed=cfg.run.seed,
             max_prompt_len=cfg.data.max_prompt_len, prompt_overflow=cfg.data.prompt_overflow, tick=rt.tick,
         )
+        evals = connect_eval_streams(cfg, transport.client)
+        eval_sampler = EvalSampler(worker, evals.tasks, evals.raw,
+                                   is_open=RedisEvalIndex(transport.client, cfg.run.name).is_open)
         batch = cfg.system.rollout_batch_prompts
         next_reclaim, done = 0.0, 0
         try:
             while not rt.stop.is_set():
-                rt.tick(prompts=done, weight_version=engine.weight_version, redelivered=transport.prompts.redelivered)
+                rt.tick(prompts=done, eval_tasks=eval_sampler.sampled, weight_version=engine.weight_version,
+                        redelivered=transport.prompts.redelivered)
                 try:
                     if time.monotonic() >= next_reclaim:  # prompts a dead worker held
                         next_reclaim = time.monotonic() + cfg.system.claim_idle_s / 2
@@ -54,6 +61,13 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
                             log.info("reclaimed %d prompts left pending by a dead worker", len(claimed))
                             with rt.busy("sampling"):
                                 done += worker.handle(claimed)
+                            continue
+                        if claimed := evals.tasks.reclaim(name, max_count=batch):
+                            with rt.busy("evaluating"):
+                                eval_sampler.handle(claimed)
+                            continue
+                    with rt.busy("evaluating"):  # held-out tasks first: the learner waits for them
+                        if eval_sampler.run_once(batch):
                             continue
                     with rt.busy("sampling"):  # a long generation is alive while it computes
                         done += worker.run_once(batch, block_s=1.0)

@@ -1,5 +1,6 @@
 """The one place that builds the rollout stack of a run: tokenizer, task, stop ids, engine and (with
-tool use) the tool agent; and the evaluator every mode uses (`stare train`, `stare learner`).
+tool use) the tool agent; and the in-process evaluator of `stare train` (`stare learner` evaluates
+through the streams on the rollout workers: learner/stream_eval.py, same plan and numbers).
 
     stack = build_rollout_stack(cfg, log)              # the rollout worker's engine
     evaluate = StackEvaluator(stack, cfg)              # held-out evaluation on the same stack
@@ -64,8 +65,9 @@ def build_rollout_stack(cfg: TrainConfig, log: Callable[[str], None], *, model_p
 
 
 class StackEvaluator:
-    """Held-out evaluation of the learner's newest weights on a rollout stack: the same problems,
-    sampler (the tool agent when tool use is on) and seeds in every mode."""
+    """Held-out evaluation of the learner's newest weights on a rollout stack of this process: the
+    problems, seeds and summary of stare.eval_plan, the sampler of the stack (the tool agent when
+    tool use is on)."""
 
     def __init__(self, stack: RolloutStack, cfg: TrainConfig, log: Callable[[str], None] | None = None):
         from stare.data import eval_problems

@@ -77,6 +77,11 @@ class TaskSection(_Section):
         default_factory=dict, description="Per data source (a test row's data_source): its own n, temperature and "
         "top_p, e.g. {aime24: {n: 32, top_p: 0.7}}. Other sources use eval_k, eval_temperature, eval_top_p.",
     )
+    eval_timeout_s: float = Field(
+        7200.0, gt=0, description="Distributed runs (`stare learner`): how long the learner waits for an "
+        "evaluation sampled by the rollout workers and scored by the reward workers; past it the result "
+        "covers what arrived (complete: false) and says what was missing.",
+    )
     path: Path | None = Field(
         None, description="name=dataset only: a verl-format .parquet/.jsonl file of training problems (see stare.tasks.dataset)."
     )

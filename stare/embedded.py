@@ -95,6 +95,7 @@ class EmbeddedRun:
         from stare.reward.trajectory_worker import RewardWorker
         from stare.rollout.stack import StackEvaluator, build_rollout_stack
         from stare.rollout.worker import RolloutWorker
+        from stare.transport.dead_letters import training_dead_letters
         from stare.transport.memory import MemoryTransport
         from stare.weight_sync.memory import MemoryWeightBoard
 
@@ -119,7 +120,8 @@ class EmbeddedRun:
         self.reward = RewardWorker(self.task, self.transport.raw, self.transport.scored, name="reward-0",
                                    reward_config=cfg.reward)
         collector = GroupCollector(self.transport.scored, name="learner", dynamic_sampling=cfg.data.dynamic_sampling,
-                                   max_staleness=0, decisions=MemoryDecisionLog())
+                                   max_staleness=0, decisions=MemoryDecisionLog(),
+                                   dead_letters=training_dead_letters(self.transport))
         if control is None:  # no control plane: the same loop, its requests never come
             control = RunControl(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s)
         seams = SessionSeams(

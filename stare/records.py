@@ -58,6 +58,49 @@ class PromptTask:
             raise RecordError(f"PromptTask fields do not match schema {SCHEMA_VERSION}: {err}") from None
 
 
+@dataclass
+class EvalTask:
+    """One held-out prompt to sample for an evaluation: `n` completions with the evaluation's own
+    sampling settings (greedy: n 1, temperature 0). Its trajectories carry `group_id = task_id`,
+    ids `<task_id>:<sample>`, and travel on the evaluation streams, never the training ones.
+
+    Invariants: `task_id` is `<eval_id>/<problem index>/<greedy|sampled>` (stare.eval_plan); the
+    worker samples with weights of at least `min_weight_version` (the version under evaluation)
+    and seeds prompt i of a call with its own `seed`, so the samples do not depend on batching."""
+
+    run_id: str
+    eval_id: str
+    task_id: str
+    prompt_token_ids: list[int]
+    answer: str
+    problem_id: str
+    data_source: str
+    level: int
+    n: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+    min_weight_version: int
+    schema: int = SCHEMA_VERSION
+
+    def to_fields(self) -> dict[str, bytes]:
+        return {"json": json.dumps(asdict(self)).encode()}
+
+    @classmethod
+    def from_fields(cls, data: dict[bytes | str, bytes]) -> "EvalTask":
+        raw = json.loads(_get(data, "json"))
+        if raw.get("schema") != SCHEMA_VERSION:
+            raise RecordError(f"EvalTask.schema is {raw.get('schema')!r}, this build reads {SCHEMA_VERSION}")
+        try:
+            task = cls(**raw)
+        except TypeError as err:
+            raise RecordError(f"EvalTask fields do not match schema {SCHEMA_VERSION}: {err}") from None
+        if task.n < 1:
+            raise RecordError(f"EvalTask.n must be >= 1, got {task.n}")
+        return task
+
+
 _ARRAYS = {
     "prompt_token_ids": np.int32,
     "response_token_ids": np.int32,

@@ -1,6 +1,6 @@
 """The entry point of each role process (`stare learner|rollout|reward`, `stare up`, the Ray
 actors): an application, so it may wire one role's pieces into another's seams. The learner gets
-its held-out evaluator from the rollout stack here (roles never import each other)."""
+its held-out evaluator here: the one through the streams, since its workers run in other processes."""
 
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ from stare.config import TrainConfig
 ROLES = ("learner", "rollout", "reward")
 
 
-def learner_evaluator(cfg: TrainConfig, model_path: Path):
-    """The distributed learner's evaluator: the shared `StackEvaluator` on a transformers engine in
-    the learner's process (the rollout engines are busy sampling)."""
-    import logging
+def learner_evaluator(cfg: TrainConfig, setup, transport, tick):
+    """The distributed learner's evaluator: through the evaluation streams, sampled by the rollout
+    workers and scored by the reward workers (learner/stream_eval.py); the learner holds no second
+    model and no sandbox. (`stare train` keeps its in-process `StackEvaluator`.)"""
+    from stare.learner.stream_eval import StreamEvaluator
+    from stare.runtime import connect_eval_streams
+    from stare.transport.eval_streams import RedisEvalIndex
 
-    from stare.rollout.stack import StackEvaluator, build_rollout_stack
-
-    stack = build_rollout_stack(cfg, logging.getLogger("stare.learner").info, model_path=model_path, engine="hf")
-    return StackEvaluator(stack, cfg)
+    return StreamEvaluator(cfg, setup.task, setup.tokenizer, connect_eval_streams(cfg, transport.client),
+                           RedisEvalIndex(transport.client, cfg.run.name), tick=tick)
 
 
 def run_role(kind: str, cfg: TrainConfig, *, redis_url: str, name: str, stop=None, **extra: Any) -> None:

@@ -1,6 +1,7 @@
 """Health that matches long work: `RoleRuntime.busy` keeps a role healthy while its busy thread
 makes progress (uses CPU) and reports a hung one after `system.stall_s`; a real `stare learner`
-process stays healthy through an evaluation several times longer than `stall_s`. Real
+process stays healthy while it waits for an evaluation (sampled and scored by other processes,
+here none: it ends at `task.eval_timeout_s`) several times longer than `stall_s`. Real
 redis-server, real HTTP /healthz."""
 
 from __future__ import annotations
@@ -72,11 +73,11 @@ def test_a_busy_role_is_healthy_while_its_thread_progresses_and_reported_when_it
 
 
 @pytest.mark.slow
-def test_a_learner_process_stays_healthy_through_an_evaluation_longer_than_stall_s(tiny_model_dir, tmp_path: Path):
+def test_a_learner_process_stays_healthy_while_it_waits_for_an_evaluation_longer_than_stall_s(tiny_model_dir, tmp_path: Path):
     port = free_port()
     cfg = {"run": {"name": "health", "output_dir": str(tmp_path / "runs"), "threads": 1},
            "model": {"path": str(tiny_model_dir)},
-           "task": {"eval_problems": 256, "eval_k": 16},
+           "task": {"eval_problems": 4, "eval_k": 2, "eval_timeout_s": 8 * LEARNER_STALL_S},
            "rollout": {"max_new_tokens": 32},
            "system": {"stall_s": LEARNER_STALL_S, "heartbeat_s": 0.1, "health_port": port,
                       "broadcast_port": free_port()}}
@@ -110,3 +111,6 @@ def test_a_learner_process_stays_healthy_through_an_evaluation_longer_than_stall
     assert evaluated_s > 3 * LEARNER_STALL_S, f"the evaluation took {evaluated_s:.1f}s: too short to show anything"
     during = [code for code, body in seen if body["busy"] == "evaluating"]
     assert len(during) >= 10 and set(during) == {200}, (during, out[-3000:])
+    row = json.loads(eval_file.read_text().splitlines()[0])
+    assert (row["step"], row["complete"], row["missing_samples"]) == (0, False, 4 * (1 + 2))
+    assert "12 of 12 samples missing" in out  # the log says what was missing

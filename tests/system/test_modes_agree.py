@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis,
 STEPS = 3
 COMPARED = ("entropy", "loss", "reward_mean", "gate", "w", "m", "clip_fraction", "response_length_mean",
             "train_tokens", "groups")
+EVAL_COMPARED = ("greedy_accuracy", "pass_at_k", "avg_at_k", "per_level", "per_source")
 
 
 def _config(model_dir: Path, out: Path, name: str, *, learner_ranks: int = 1, zero_stage: int = 1):
@@ -96,3 +97,10 @@ def test_stare_up_trains_the_same_trajectories_with_the_same_metrics_and_weights
     assert weights_d.keys() == weights_e.keys()
     for name, tensor in weights_e.items():
         torch.testing.assert_close(weights_d[name], tensor, rtol=0, atol=1e-5, msg=name)
+    # held-out: in process for `stare train`, through the streams (rollout and reward workers) for
+    # `stare up`; the same problems, seeds and weights give the same numbers
+    evals_e, evals_d = _lines(embedded / "eval.jsonl"), _lines(distributed / "eval.jsonl")
+    assert [r["step"] for r in evals_d] == [r["step"] for r in evals_e] == [0, STEPS]
+    assert all(r["complete"] and r["missing_samples"] == 0 for r in evals_d)
+    for e, d in zip(evals_e, evals_d):
+        assert {k: d[k] for k in EVAL_COMPARED} == {k: e[k] for k in EVAL_COMPARED}, (e, d)

@@ -57,3 +57,24 @@ def test_a_poison_prompt_and_a_poison_trajectory_are_dead_lettered_and_the_run_f
     assert b"poison:0" in dead_trajectory[b"raw:json"] and b"RecordError" in dead_trajectory[b"reason"]
     metrics = [json.loads(line) for line in (tmp_path / "up" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+
+
+def test_an_on_policy_run_does_not_wait_for_groups_whose_prompts_were_dead_lettered(tiny_model_dir, tmp_path):
+    # The engine's room for a prompt is max_model_len (128) - max_new_tokens (121) = 7 tokens, and the
+    # policy rejects longer ones: the rollout worker dead-letters the feeder's 8- and 9-token prompts
+    # (about a third of them). Strictly on-policy, a step waits for every group of its round: the
+    # collector must learn of those groups from the dead-letter stream and close them.
+    steps = 3
+    cfg = _config(tiny_model_dir, tmp_path, steps, rollout__max_new_tokens=121, data__prompt_overflow="reject",
+                  system__max_staleness=0)
+    with Run(cfg, rollout=1, reward=1, control=False) as run:
+        run.wait_finished(timeout_s=240)
+        restarts = {name: r.restarts for name, r in run.launcher.roles.items()}
+        client = redis.Redis.from_url(run.launcher.redis_url, socket_timeout=10)
+        reasons = {f[b"reason"].decode() for _, f in client.xrange("stare:up:dead:prompts")}
+        client.close()
+    assert restarts == dict.fromkeys(restarts, 0), restarts
+    assert reasons and all(r.startswith("prompt has") and "over the limit of 7" in r for r in reasons), reasons
+    metrics = [json.loads(line) for line in (tmp_path / "up" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+    assert metrics[-1]["dead_lettered_groups_total"] >= 1
