@@ -174,12 +174,14 @@ class TrainingSession:
         self.seams.publisher.publish(self.learner.version, state)
         self.seams.cursor.save_version(self.learner.version)
 
-    def evaluate(self, weights: Callable[[], Mapping[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+    def evaluate(self, weights: Callable[[], Mapping[str, torch.Tensor]] | None = None,
+                 final: bool = False) -> dict[str, Any]:
         """Held-out results of the current weights (`weights`: the state dict just published, so
-        that it is not gathered twice)."""
+        that it is not gathered twice); `final`: the run's last evaluation (`task.final_eval_k`)."""
         learner = self.learner
         with self.seams.busy("evaluating"):
-            result = self.seams.evaluator(learner.version, weights or learner.state_dict_for_rollout)
+            kwargs = {"final": True} if final else {}
+            result = self.seams.evaluator(learner.version, weights or learner.state_dict_for_rollout, **kwargs)
         result["step"] = learner.step
         self.outputs.log_eval(result)
         self.say(f"held-out at step {learner.step}: greedy {result['greedy_accuracy']:.3f}, "
@@ -314,7 +316,7 @@ class TrainingSession:
         )
         step = learner.step
         if self.seams.evaluator is not None and (step % cfg.task.eval_every == 0 or step == cfg.run.steps):
-            metrics["eval_greedy_accuracy"] = self.evaluate(lambda s=state: s)["greedy_accuracy"]
+            metrics["eval_greedy_accuracy"] = self.evaluate(lambda s=state: s, final=step == cfg.run.steps)["greedy_accuracy"]
         del state  # a full copy of the weights (15 GB at 7B): not kept between steps
         status = {"weight_version": learner.version, "queue_depths": self.queue_depths(),
                   "dead_letters": self.dead_letters(),

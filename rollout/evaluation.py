@@ -28,11 +28,12 @@ class SourceSampling:
     top_p: float
 
 
-def eval_settings(cfg) -> dict[str, Any]:
-    """`evaluate` keyword arguments from a run config (a stare.config.TrainConfig)."""
+def eval_settings(cfg, final: bool = False) -> dict[str, Any]:
+    """`evaluate` keyword arguments from a run config (a stare.config.TrainConfig); `final`: the run's
+    last evaluation, with `task.final_eval_k` samples when set."""
     t = cfg.task
     return {
-        "k": t.eval_k, "temperature": t.eval_temperature, "top_p": t.eval_top_p,
+        "k": t.final_eval_k if final and t.final_eval_k is not None else t.eval_k, "temperature": t.eval_temperature, "top_p": t.eval_top_p,
         "per_source": {src: SourceSampling(s.n, s.temperature, s.top_p) for src, s in t.eval_sources.items()},
         "max_new_tokens": cfg.rollout.max_new_tokens, "seed": cfg.run.seed * 7 + 1,
     }
@@ -71,10 +72,11 @@ def evaluate(
     mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
     by_level: dict[int, list[float]] = defaultdict(list)
     by_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    greedy_scores, pass_k, avg_k = [], [], []
+    greedy_scores, pass_k, avg_k, correct_counts = [], [], [], []
     for problem, g, samples in zip(problems, greedy, sampled):
         correct = task.reward(problem, text(g[0]))
         scores = [task.reward(problem, text(c)) for c in samples]
+        correct_counts.append([len(scores), sum(s >= 1.0 for s in scores)])
         greedy_scores.append(correct)
         pass_k.append(float(max(scores) >= 1.0))
         avg_k.append(sum(scores) / len(scores))
@@ -98,6 +100,8 @@ def evaluate(
         "per_source": sources,
         "pass_at_k_per_source": {name: s["pass_at_n"] for name, s in sources.items()},
         "avg_at_k_per_source": {name: s["avg_at_n"] for name, s in sources.items()},
+        # [n, c] per problem: samples and correct ones (the unbiased pass@k of stare.report.passk)
+        "correct_counts": correct_counts,
     }
     if sampled and sampled[0] and hasattr(sampled[0][0], "turns"):
         result["tool_call_rate"] = mean([float(c.turns > 1) for samples in sampled for c in samples])
