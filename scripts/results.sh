@@ -83,7 +83,8 @@ sweep() {
 }
 
 report() {
-  "$PY" -m stare.report.results --runs-dir "$RUNS_DIR" --out docs/results.md --figures docs/results
+  "$PY" ${PYFLAGS:-} -m stare.report.results --runs-dir "$RUNS_DIR" --out docs/results.md --figures docs/results \
+    --notes docs/results-notes.md
 }
 
 case "${1:-all}" in
