@@ -67,3 +67,15 @@ def test_the_final_evaluation_takes_final_eval_k_and_the_others_eval_k():
     cfg = build_config({}, overrides=["task.eval_k=4", "task.final_eval_k=64"])
     assert (eval_settings(cfg)["k"], eval_settings(cfg, final=True)["k"]) == (4, 64)
     assert eval_settings(build_config({}, overrides=["task.eval_k=4"]), final=True)["k"] == 4
+
+
+def test_eval_seed_fixes_the_held_out_problems_across_run_seeds():
+    from stare.data import eval_problems
+    from stare.tasks.registry import build_task
+
+    def drawn(*overrides):
+        cfg = build_config({}, overrides=["task.eval_problems=16", *overrides])
+        return [p.prompt for p in eval_problems(cfg, build_task("arithmetic"), TOK, log=lambda _: None)]
+
+    assert drawn("run.seed=0") != drawn("run.seed=1")  # the default: each run seed its own draw
+    assert drawn("run.seed=0", "task.eval_seed=7") == drawn("run.seed=1", "task.eval_seed=7")
