@@ -2,9 +2,10 @@
 
     step = collate + micro-batch plan (host) -> step tensors to the device
            -> pre-step no-grad pass (old log-probs, entropy, chunked) -> gather the step's tokens
-           -> gate (one host sync: the batch entropy) -> plan_step (thresholds, normalisers)
+           -> controller (one host sync: the batch entropy; W/M from it, then the gate)
+           -> plan_step (thresholds, normalisers)
            -> micro-batches: forward, policy loss, backward -> DeepSpeed optimizer step
-           -> controller update -> metrics (reduced once, read once)
+           -> (controller.order lagged: W/M update) -> metrics (reduced once, read once)
 
 Every tensor of a step lives on the engine's device; the host syncs are listed in
 docs/algorithm.md ("Host syncs").
