@@ -24,8 +24,16 @@ PASS_KS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def _final_eval(run_dir: Path) -> dict[str, Any] | None:
+    """The evaluation after the run's last step (config.yaml's run.steps), None while it runs."""
+    import yaml
+
     evals = load_jsonl(run_dir / EVAL_FILE)
-    return evals[-1] if evals and evals[-1].get("correct_counts") else None
+    try:
+        steps = yaml.safe_load((run_dir / "config.yaml").read_text())["run"]["steps"]
+    except (OSError, KeyError, TypeError):
+        return None
+    last = evals[-1] if evals else {}
+    return last if last.get("step") == steps and last.get("correct_counts") else None
 
 
 def _mean(xs: list[float]) -> float | None:

@@ -59,3 +59,33 @@ def test_bootstrap_is_reproducible_and_contains_the_mean():
     a, b = bootstrap_ci(values), bootstrap_ci(values)
     assert a == b
     assert a[1] <= a[0] <= a[2] and min(values) <= a[1] and a[2] <= max(values)
+
+
+def _run(root, name, *, steps=4, last_eval_step=4, w=(1.0, 3.0, 2.0, 2.0), counts=((8, 2), (8, 0))):
+    import json
+
+    d = root / name
+    d.mkdir()
+    (d / "config.yaml").write_text(f"run:\n  steps: {steps}\n")
+    metrics = [{"step": i + 1, "algo": "stare", "entropy": 0.2, "band_low": 0.1, "band_high": 0.3, "target": 0.2,
+                "w": w[i], "gate": 1, "time_step_s": 1.5} for i in range(steps)]
+    evals = [{"step": 0, "greedy_accuracy": 0.3, "correct_counts": [[4, 1]]},
+             {"step": last_eval_step, "greedy_accuracy": 0.5, "avg_at_k": 0.125, "correct_counts": [list(c) for c in counts]}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    return d
+
+
+def test_results_take_completed_runs_only_and_compute_their_numbers_by_hand(tmp_path):
+    from stare.report.results import collect
+
+    _run(tmp_path, "s0-stare")
+    _run(tmp_path, "s1-stare", last_eval_step=2)  # still running: its last evaluation is not the final one
+    data = collect(tmp_path)
+    assert list(data) == ["stare"] and list(data["stare"]) == [0]
+    n = data["stare"][0]
+    assert n["w_variation"] == pytest.approx((2 + 1 + 0) / 3)  # |3-1|, |2-3|, |2-2|
+    assert n["pass@1"] == pytest.approx((2 / 8 + 0) / 2)
+    assert n["pass@8"] == pytest.approx((1 + 0) / 2)
+    assert n["pass@64"] is None  # 8 samples cannot estimate pass@64
+    assert (n["greedy_first"], n["greedy_last"], n["in_band"], n["step_s"]) == (0.3, 0.5, 1.0, 1.5)
