@@ -85,8 +85,8 @@ def collate(
     groups = torch.tensor([group_ids[t.group_id] for t in trajectories], dtype=torch.long)  # [N]
     adv = grpo_advantages(rewards, groups, len(group_ids), scale_by_std=scale_by_std)  # [N]
 
-    P = max(len(t.prompt_token_ids) for t in trajectories)
-    L = max(len(t.response_token_ids) for t in trajectories)
+    P = max((len(t.prompt_token_ids) for t in trajectories), default=1)  # a rank may get no trajectory
+    L = max((len(t.response_token_ids) for t in trajectories), default=1)
     if width is not None:
         if width < L:
             raise ValueError(f"width {width} is shorter than the longest response ({L} tokens)")

@@ -19,6 +19,11 @@ from stare.net import free_port
 from stare.paths import cache_dir
 
 LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # model.dtype
+# fp16: DeepSpeed's dynamic loss scaling (the reference's fp16 setting): start at 2^16, halve on an
+# overflowing step (which is skipped), double after 1000 clean steps.
+FP16_LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
+                     "min_loss_scale": 1}
 
 
 def child_env() -> dict[str, str]:
@@ -65,6 +70,8 @@ def init_distributed(timeout_s: float = 300.0) -> None:
         # variables set, as vLLM does; DeepSpeed would otherwise go looking for MPI)
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":  # one GPU per rank: LOCAL_RANK among those CUDA_VISIBLE_DEVICES shows
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     if backend == "gloo":
         _skip_cpu_shm_op()
     deepspeed.init_distributed(dist_backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
@@ -72,10 +79,11 @@ def init_distributed(timeout_s: float = 300.0) -> None:
 
 def deepspeed_config(
     *, micro_batch: int, grad_accum: int, world_size: int, lr: float, betas: tuple[float, float],
-    weight_decay: float, grad_clip: float, zero_stage: int, bf16: bool, fused_adam: bool = False,
+    weight_decay: float, grad_clip: float, zero_stage: int, dtype: str = "float32", fused_adam: bool = False,
 ) -> dict[str, Any]:
-    """`fused_adam`: torch's fused AdamW kernel (CUDA only; no op to compile). Off on CPU, where
-    torch's for-each AdamW runs."""
+    """`dtype`: model.dtype (bfloat16: bf16 weights with fp32 optimizer state; float16: the same with
+    dynamic loss scaling). `fused_adam`: torch's fused AdamW kernel (CUDA only; no op to compile).
+    Off on CPU, where torch's for-each AdamW runs."""
     params: dict[str, Any] = {"lr": lr, "betas": list(betas), "weight_decay": weight_decay, "torch_adam": True}
     if fused_adam:
         params["fused"] = True
@@ -91,10 +99,24 @@ def deepspeed_config(
         "gradient_clipping": grad_clip,
         "zero_optimization": {"stage": zero_stage},
         "zero_allow_untested_optimizer": True,
-        "bf16": {"enabled": bf16},
+        "bf16": {"enabled": dtype == "bfloat16"},
+        "fp16": {"enabled": dtype == "float16", **(FP16_LOSS_SCALING if dtype == "float16" else {})},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+
+
+def check_dtype_supported(dtype: str) -> None:
+    """model.dtype against what this machine's DeepSpeed accelerator computes in (its own check
+    raises a ValueError that names no config field)."""
+    from deepspeed.accelerator import get_accelerator
+
+    from stare.config import ConfigError
+
+    supported = {"float16": get_accelerator().is_fp16_supported, "bfloat16": get_accelerator().is_bf16_supported}
+    if dtype in supported and not supported[dtype]():
+        raise ConfigError(f"model.dtype: {dtype} is not supported by DeepSpeed on this device "
+                          f"({get_accelerator().device_name()}); use float32 here (bfloat16/float16 on a GPU)")
 
 
 def build_engine(model: torch.nn.Module, config: dict[str, Any]):
@@ -119,15 +141,38 @@ def engine_device(engine) -> torch.device:
     return torch.device(engine.device)
 
 
-def full_state_dict(engine) -> dict[str, torch.Tensor]:
-    """The whole model's weights on CPU (gathered under ZeRO-3), for the rollout engines."""
+def full_state_dict(engine, keep: bool = True) -> dict[str, torch.Tensor]:
+    """The whole model's weights on CPU, for the rollout engines. Under ZeRO-3 every rank must call
+    it (each gather is a collective); parameters are gathered one at a time, so the device never holds
+    more than its shard plus one whole parameter. `keep=False` (a rank that does not publish): take
+    part in the gathers, copy nothing."""
     module = engine.module
-    if engine.zero_optimization_stage() == 3:
-        import deepspeed
+    if engine.zero_optimization_stage() != 3:
+        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if keep else {}
+    import deepspeed
 
-        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
-            return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+    named = module.state_dict(keep_vars=True)  # names -> the (partitioned) parameters and buffers
+    names_of: dict[int, list[str]] = {}
+    for name, tensor in named.items():
+        names_of.setdefault(id(tensor), []).append(name)  # tied weights: one gather, every name
+    out: dict[str, torch.Tensor] = {}
+    for names in names_of.values():
+        tensor = named[names[0]]
+        if not isinstance(tensor, torch.nn.Parameter) or not hasattr(tensor, "ds_id"):  # a buffer: whole everywhere
+            copy = tensor.detach().cpu().clone() if keep else None
+        else:
+            with deepspeed.zero.GatheredParameters([tensor], modifier_rank=None):
+                copy = tensor.detach().cpu().clone() if keep else None
+        if keep:
+            out.update({name: copy for name in names})
+    return {name: out[name] for name in named} if keep else {}
+
+
+def loss_scale(engine) -> float | None:
+    """fp16: the dynamic loss scale now (None without loss scaling)."""
+    if not engine.fp16_enabled():
+        return None
+    return float(getattr(engine.optimizer, "cur_scale", getattr(engine.optimizer, "loss_scale", 0.0)))
 
 
 def save_checkpoint(engine, directory: Path, tag: str) -> None:

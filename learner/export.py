@@ -75,7 +75,9 @@ def export_checkpoint(ckpt_dir: Path, out: Path, *, model_path: Path, step: int 
 
     ckpt_dir, out = Path(ckpt_dir), Path(out)
     tag = checkpoint_tag(ckpt_dir, step)
-    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    from stare.learner.deepspeed_engine import DTYPES
+
+    torch_dtype = DTYPES[dtype]
     state = checkpoint_state_dict(ckpt_dir, tag, torch_dtype)
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):

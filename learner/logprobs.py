@@ -88,16 +88,20 @@ def chunked_logprobs_and_entropy(
     *,
     chunk_tokens: int,
     advantages: Tensor | None = None,  # [N]: also return the predicted entropy change (no-grad only)
+    min_chunks: int = 1,
 ) -> tuple[Tensor, Tensor, Tensor | None]:  # logp [N], entropy [N] (fp32, fp64 for fp64 models), predicted dH [N] | None
     """log pi(target) and the entropy of each position's next-token distribution, `chunk_tokens`
-    positions at a time (N is a host int: the loop has no host sync)."""
+    positions at a time (N is a host int: the loop has no host sync). At least `min_chunks` head
+    calls (the extra ones on no rows): under ZeRO-3 each call of a partitioned head gathers its
+    weight, a collective, so every rank must make as many as the others."""
     if chunk_tokens < 1:
         raise ValueError(f"optim.logits_chunk_tokens must be >= 1, got {chunk_tokens}")
     grad = torch.is_grad_enabled() and hidden.requires_grad
     if grad and advantages is not None:
         raise ValueError("the predicted entropy change is a no-grad diagnostic: compute it in the pre-pass")
     logps, entropies, dhs = [], [], []
-    for start in range(0, hidden.shape[0], chunk_tokens):
+    n_chunks = max(-(-hidden.shape[0] // chunk_tokens), min_chunks)
+    for start in range(0, n_chunks * chunk_tokens, chunk_tokens):
         h, t = hidden[start : start + chunk_tokens], targets[start : start + chunk_tokens]  # [C, H], [C]
         a = None if advantages is None else advantages[start : start + chunk_tokens]
         if grad and _fusable(lm_head):
@@ -110,7 +114,7 @@ def chunked_logprobs_and_entropy(
         logps.append(logp)
         entropies.append(entropy)
         dhs.append(dh)
-    if not logps:  # no response tokens
+    if not logps:  # no response tokens and no head call asked for
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty, (empty if advantages is not None else None)
     dh = torch.cat(dhs) if advantages is not None else None

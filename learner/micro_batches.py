@@ -44,6 +44,9 @@ class MicroBatch:
     length: int  # longest response of these rows (host int)
     model_tokens: int  # R x T positions the model computes (host int)
     filler: bool = False  # a no-token stand-in that keeps ranks' micro-batch counts equal
+    # output-head calls at least (several ranks: the ranks' largest chunk count of this micro-batch,
+    # so that under ZeRO-3 every rank gathers the head's weight as often as the others)
+    min_chunks: int = 1
 
     def to(self, device: torch.device) -> "MicroBatch":
         """Every tensor on `device`; from pinned memory without blocking when it is CUDA."""

@@ -64,8 +64,8 @@ def response_stats(
     hidden = policy.hidden(mb)  # [R, T, H]
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.pred_index)  # [N, H]
     adv = None if advantages is None else advantages.reshape(-1).index_select(0, mb.token_index)  # [N]
-    logp, entropy, dh = chunked_logprobs_and_entropy(policy.lm_head, h, mb.targets,
-                                                     chunk_tokens=policy.chunk_tokens, advantages=adv)
+    logp, entropy, dh = chunked_logprobs_and_entropy(policy.lm_head, h, mb.targets, chunk_tokens=policy.chunk_tokens,
+                                                     advantages=adv, min_chunks=mb.min_chunks)
     B = mb.rows.shape[0]
 
     def to_rows(v: Tensor) -> Tensor:  # [N] -> [B, length], zero where a row is shorter
@@ -92,7 +92,7 @@ def prepass(
     old, ent, dh = (torch.zeros(S, L, dtype=dtype, device=policy.device) for _ in range(3))
     for host_mb in micro_batches:
         if host_mb.filler:
-            policy.hidden(host_mb.to(policy.device))  # same collectives as the other ranks (ZeRO-3)
+            response_stats(policy, host_mb.to(policy.device))  # same collectives as the other ranks (ZeRO-3)
             continue
         mb = host_mb.to(policy.device)
         adv = _rows(step.advantages, mb) if predicted_entropy_change else None

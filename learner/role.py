@@ -78,52 +78,113 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
         evaluator_factory: EvaluatorFactory | None = None) -> None:
     """The distributed learner: the shared `TrainingSession` over the run's Redis streams and
     weight publisher. `evaluator_factory` (given by the application that wires the roles) builds
-    the held-out evaluator; None: no evaluation."""
-    from stare.data import build_feeder
-    from stare.learner.export import export_run
-    from stare.learner.groups import GroupCollector
-    from stare.learner.session import SessionSeams, TrainingSession, seed_everything
+    the held-out evaluator; None: no evaluation. Several ranks (`system.learner_ranks`, or an
+    external launcher's WORLD_SIZE): this process is rank 0 and drives, or a follower
+    (stare.learner.ranks)."""
+    from stare.learner.rank_launch import rank_info
+
+    ranks = rank_info(cfg)
+    if not ranks.leader:
+        run_follower(cfg, name)
+        return
+    _run_leader(cfg, redis_url=redis_url, name=name, stop=stop, evaluator_factory=evaluator_factory,
+                spawn=ranks.spawn, world=ranks.world)
+
+
+def run_follower(cfg: TrainConfig, name: str) -> None:
+    """A learner rank > 0: no Redis, no ports; it trains its share of each step as rank 0 says."""
+    from stare.learner.rank_launch import die_with_parent, follower_model, leave_process_groups, rank_timeout_s
+    from stare.learner.ranks import RankChannel, follow
+    from stare.learner.session import seed_everything
+    from stare.learner.trainer import Learner
+
+    die_with_parent()
+    seed_everything(cfg)
+    model_path, pad_id = follower_model(cfg)
+    learner = Learner(cfg, model_path, pad_id=pad_id)
+    channel = RankChannel(timeout_s=rank_timeout_s(cfg), heartbeat_s=min(10.0, rank_timeout_s(cfg) / 6))
+    log.info("learner rank %d of %d following rank 0", channel.rank, channel.world)
+    steps = follow(learner, channel)
+    log.info("learner rank %d: rank 0 said stop after %d steps here", channel.rank, steps)
+    leave_process_groups()
+
+
+def _run_leader(cfg: TrainConfig, *, redis_url: str, name: str, stop, evaluator_factory: EvaluatorFactory | None,
+                spawn: bool, world: int) -> None:
+    from stare.learner.rank_launch import FollowerProcesses, leave_process_groups, rank_timeout_s
+    from stare.learner.ranks import LeaderLearner, RankChannel
+    from stare.learner.session import seed_everything
     from stare.learner.trainer import Learner
     from stare.models import load_run_setup
     from stare.plan import check_fits
-    from stare.runtime import RoleRuntime, connect_transport
-    from stare.weight_sync.factory import build_publisher
+    from stare.runtime import RoleRuntime
 
     with RoleRuntime("learner", name, cfg, redis_url, stop=stop) as rt:
         seed_everything(cfg)
+        followers = None
         with rt.busy("loading the model"):
             setup = load_run_setup(cfg, log.info)
             check_fits(cfg, setup.model_path, log=log.info)  # refuse a config this GPU cannot hold (stare plan)
-            learner = Learner(cfg, setup.model_path, pad_id=setup.tokenizer.pad_token_id or 0)
-        transport = connect_transport(cfg, redis_url)
-        s = cfg.system
-        feeder = build_feeder(cfg, setup.task, setup.tokenizer, log.info)
-        collector = GroupCollector(transport.scored, name=LEARNER_CONSUMER, dynamic_sampling=cfg.data.dynamic_sampling,
-                                   max_staleness=s.max_staleness, keep_stale=s.stale_policy == "importance",
-                                   decisions=RedisDecisionLog(transport.client, cfg.run.name))
-        evaluator = session = None
-        publisher = build_publisher(cfg, transport.client)
+            pad_id = setup.tokenizer.pad_token_id or 0
+            if spawn:
+                followers = FollowerProcesses(cfg, model_path=setup.model_path, pad_id=pad_id, name=name)
+            learner = Learner(cfg, setup.model_path, pad_id=pad_id)
+            if world > 1:
+                timeout_s = rank_timeout_s(cfg)
+                learner = LeaderLearner(learner, RankChannel(timeout_s=timeout_s, heartbeat_s=min(10.0, timeout_s / 6)),
+                                        check=followers.check if followers is not None else (lambda: None))
         try:
-            with rt.busy("loading the evaluator"):
-                evaluator = evaluator_factory(cfg, setup.model_path) if evaluator_factory is not None else None
-            seams = SessionSeams(
-                transport=transport, publisher=publisher, control=rt.control,
-                cursor=RedisCursor(transport.client, cfg.run.name), evaluator=evaluator,
-                should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick, busy=rt.busy,
-            )
-            session = TrainingSession(cfg, learner, feeder, collector, seams, max_staleness=s.max_staleness,
-                                      resume=(cfg.run_dir / "checkpoints" / "latest").is_file())
-            session.run()
-            if learner.step >= cfg.run.steps:
-                export_run(cfg.run_dir, setup.model_path, log.info, cfg.model.dtype)
-        except BaseException:
-            rt.control.set_phase("failed", step=learner.step)
-            raise
+            _train(cfg, rt, setup, learner, redis_url=redis_url, evaluator_factory=evaluator_factory)
         finally:
-            if session is not None:
-                session.close()
-            else:
-                publisher.close()
-            transport.close()
-            if evaluator is not None and hasattr(evaluator, "close"):
-                evaluator.close()
+            if world > 1:
+                try:
+                    learner.close()  # the followers leave their loop
+                except Exception as err:  # a follower already gone: it is killed below
+                    log.error("could not tell the learner ranks to stop: %s", err)
+            if followers is not None:
+                followers.stop(timeout_s=rank_timeout_s(cfg))
+            if world > 1:
+                leave_process_groups()
+
+
+def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_factory: EvaluatorFactory | None) -> None:
+    """Rank 0: the session over the run's Redis seams, then the Hugging Face export."""
+    from stare.data import build_feeder
+    from stare.learner.export import export_run
+    from stare.learner.groups import GroupCollector
+    from stare.learner.session import SessionSeams, TrainingSession
+    from stare.runtime import connect_transport
+    from stare.weight_sync.factory import build_publisher
+
+    transport = connect_transport(cfg, redis_url)
+    s = cfg.system
+    feeder = build_feeder(cfg, setup.task, setup.tokenizer, log.info)
+    collector = GroupCollector(transport.scored, name=LEARNER_CONSUMER, dynamic_sampling=cfg.data.dynamic_sampling,
+                               max_staleness=s.max_staleness, keep_stale=s.stale_policy == "importance",
+                               decisions=RedisDecisionLog(transport.client, cfg.run.name))
+    evaluator = session = None
+    publisher = build_publisher(cfg, transport.client)
+    try:
+        with rt.busy("loading the evaluator"):
+            evaluator = evaluator_factory(cfg, setup.model_path) if evaluator_factory is not None else None
+        seams = SessionSeams(
+            transport=transport, publisher=publisher, control=rt.control,
+            cursor=RedisCursor(transport.client, cfg.run.name), evaluator=evaluator,
+            should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick, busy=rt.busy,
+        )
+        session = TrainingSession(cfg, learner, feeder, collector, seams, max_staleness=s.max_staleness,
+                                  resume=(cfg.run_dir / "checkpoints" / "latest").is_file())
+        session.run()
+        if learner.step >= cfg.run.steps:
+            export_run(cfg.run_dir, setup.model_path, log.info, cfg.model.dtype)
+    except BaseException:
+        rt.control.set_phase("failed", step=learner.step)
+        raise
+    finally:
+        if session is not None:
+            session.close()
+        else:
+            publisher.close()
+        transport.close()
+        if evaluator is not None and hasattr(evaluator, "close"):
+            evaluator.close()

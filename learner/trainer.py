@@ -17,6 +17,7 @@ read at the step boundary.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -78,7 +79,8 @@ class Learner:
         self.world = dist.get_world_size()
         self.rank = dist.get_rank()
         torch.manual_seed(cfg.run.seed)
-        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        dtype = ds.DTYPES[cfg.model.dtype]
+        ds.check_dtype_supported(cfg.model.dtype)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         o = cfg.optim
         if o.gradient_checkpointing:
@@ -89,13 +91,14 @@ class Learner:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if o.max_tokens_per_micro_batch is not None and o.pack_sequences:
             check_packing_supported(model)
-        rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+        # this rank's rows: its share of the step's groups (stare.learner.ranks.split_groups), padded
+        rows = math.ceil(cfg.rollout.prompts_per_step / self.world) * cfg.rollout.samples_per_prompt
         self.micro = min(o.micro_batch, rows)
         self.grad_accum = math.ceil(rows / self.micro)
         self.rows = self.micro * self.grad_accum
         self.engine = ds.build_engine(model, ds.deepspeed_config(
             micro_batch=self.micro, grad_accum=self.grad_accum, world_size=self.world, lr=o.lr, betas=o.betas,
-            weight_decay=o.weight_decay, grad_clip=o.grad_clip, zero_stage=o.zero_stage, bf16=dtype == torch.bfloat16,
+            weight_decay=o.weight_decay, grad_clip=o.grad_clip, zero_stage=o.zero_stage, dtype=cfg.model.dtype,
             fused_adam=torch.cuda.is_available(),
         ))
         self.device = ds.engine_device(self.engine)
@@ -119,7 +122,8 @@ class Learner:
         groups = plan_rows([len(t.prompt_token_ids) for t in trajectories],
                            [len(t.response_token_ids) for t in trajectories],
                            micro_batch=self.micro, max_tokens=o.max_tokens_per_micro_batch, pack=pack)
-        ranks = all_gather_ints([len(trajectories), max(len(t.response_token_ids) for t in trajectories), len(groups)],
+        longest = max((len(t.response_token_ids) for t in trajectories), default=1)  # a rank may have no rows
+        ranks = all_gather_ints([len(trajectories), longest, len(groups)],
                                 self.device)  # host sync: step start
         real = [r[0] for r in ranks]
         before = sum(real[: self.rank])
@@ -129,6 +133,10 @@ class Learner:
         count = max(r[2] for r in ranks)
         mbs = [build_micro_batch(g, batch.prompts, batch.responses, pad_id=self.pad_id, pack=pack) for g in groups]
         mbs += [filler_micro_batch(self.pad_id, pack=pack)] * (count - len(mbs))
+        if self.world > 1:  # the same number of output-head calls per micro-batch on every rank (ZeRO-3)
+            chunks = [max(-(-mb.targets.shape[0] // o.logits_chunk_tokens), 1) for mb in mbs]  # host ints
+            most = [max(c) for c in zip(*all_gather_ints(chunks, self.device))]  # host sync: step start
+            mbs = [dataclasses.replace(mb, min_chunks=c) for mb, c in zip(mbs, most)]
         return batch, mbs
 
     def _backward(self, loss: torch.Tensor, last: bool) -> None:
@@ -193,6 +201,8 @@ class Learner:
         }
         self.nonfinite_steps += nonfinite_step(metrics["loss"], metrics["grad_norm"], self.step)
         metrics["nonfinite_steps"] = self.nonfinite_steps
+        if (scale := ds.loss_scale(self.engine)) is not None:  # fp16
+            metrics.update(loss_scale=scale, skipped_steps=int(self.engine.skipped_steps))
         metrics["rollout_logprob_gap"] = totals.pop("rollout_logprob_gap_sum") / max(train_tokens, 1.0)
         metrics.update({k: v for k, v in totals.items()})
         quadrant_values = quadrant_metrics(quadrants)
@@ -201,8 +211,14 @@ class Learner:
 
     # -- weights and checkpoints --------------------------------------------------------------
 
+    def weights_are_collective(self) -> bool:
+        """Whether gathering the weights needs every rank (ZeRO-3 over several ranks)."""
+        return self.world > 1 and self.engine.zero_optimization_stage() == 3
+
     def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
-        return ds.full_state_dict(self.engine)
+        """The whole model on CPU on rank 0 (what the rollout engines load); other ranks only take
+        part in the ZeRO-3 gathers and get {}."""
+        return ds.full_state_dict(self.engine, keep=self.rank == 0)
 
     def save(self, directory: Path, extra: dict[str, Any]) -> str:
         """A checkpoint under directory/step_N, then `latest` pointed at it: a process killed

@@ -201,7 +201,7 @@ def cmd_up(args) -> int:
 
     return up(_load(args), rollout=args.rollout, reward=args.reward, redis_url=args.redis_url,
               control=not args.no_control, gpus=args.gpus, learner_gpus=args.learner_gpus,
-              rollout_gpus=args.rollout_gpus, print_plan=args.print_plan)
+              rollout_gpus=args.rollout_gpus, learner_ranks=args.learner_ranks, print_plan=args.print_plan)
 
 
 def cmd_plan(args) -> int:
@@ -213,7 +213,8 @@ def cmd_plan(args) -> int:
         import torch
 
         gpu_mem = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
-    plan = build_plan(cfg, gpus=args.gpus, gpu_mem_gib=gpu_mem, shape=load_model_shape(cfg, args.model_config),
+    gpus = args.gpus if args.gpus is not None else cfg.system.learner_ranks
+    plan = build_plan(cfg, gpus=gpus, gpu_mem_gib=gpu_mem, shape=load_model_shape(cfg, args.model_config),
                       prompt_tokens=args.prompt_tokens, config_name=str(args.config or default_config_path()))
     print(render_json(plan) if args.json else render(plan))
     return 0 if plan.fits else 1
@@ -260,8 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reward", type=int, default=1, help="reward worker processes (default 1)")
     p.add_argument("--redis-url", default=None, help="use this Redis instead of starting a redis-server")
     p.add_argument("--no-control", action="store_true", help="do not start the control plane")
+    p.add_argument("--learner-ranks", type=int, default=None, metavar="N",
+                   help="learner processes (DeepSpeed data-parallel ranks, one GPU each; default: "
+                   "system.learner_ranks, or one per --learner-gpus GPU)")
     p.add_argument("--learner-gpus", default=None, metavar="IDS",
-                   help="GPUs of the learner, e.g. 0 or 0,1 (default: the first GPU)")
+                   help="GPUs of the learner, one per rank, e.g. 0 or 0-3 (default: the first learner_ranks GPUs)")
     p.add_argument("--rollout-gpus", default=None, metavar="IDS",
                    help="GPUs of the rollout workers, e.g. 1-7 (default: every GPU the learner does not use)")
     p.add_argument("--gpus", type=int, default=None, metavar="N",
@@ -286,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-url-file", default=None, help="file holding that Redis URL with its password (a secret)")
     p.add_argument("--no-control", action="store_true", help="do not start the control plane actor")
     p.add_argument("--learner-gpus", type=float, default=None,
-                   help="GPUs the learner actor requests (default: 1 if the cluster has GPUs, else 0)")
+                   help="GPUs the learner actor requests (default: system.learner_ranks if the cluster has GPUs, "
+                   "else 0)")
     p.add_argument("--rollout-gpus", type=float, default=None,
                    help="GPUs each rollout actor requests (default: 1 if the cluster has GPUs, else 0)")
     p.add_argument("--max-restarts", type=int, default=5, help="restarts Ray makes of each crashed actor (default 5)")
@@ -298,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "per ZeRO stage, activations, logits, vLLM's KV cache), whether it fits, and what to change; "
                        "exit status 1 when a role does not fit")
     _config_args(p)
-    p.add_argument("--gpus", type=int, default=1, help="learner GPUs (ZeRO data-parallel ranks; default 1)")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="learner GPUs (ZeRO data-parallel ranks; default: system.learner_ranks)")
     p.add_argument("--gpu-mem-gib", type=float, default=None,
                    help="memory of each GPU in GiB (default: this machine's first CUDA device, else 80)")
     p.add_argument("--model-config", type=Path, default=None,

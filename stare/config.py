@@ -52,7 +52,10 @@ class ModelSection(_Section):
     tiny: dict[str, Any] = Field(
         default_factory=dict, description="Overrides of the tiny model build (fields of stare.tiny.TinyModelSpec)."
     )
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training and rollout dtype.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Training and rollout dtype. bfloat16 and float16 keep fp32 optimizer state (DeepSpeed); "
+        "float16 adds dynamic loss scaling (an overflowing step is skipped and counted in skipped_steps) and needs a "
+        "device with fp16 support (a GPU; DeepSpeed refuses it on most CPUs).")
 
 
 class EvalSource(_Section):
@@ -256,6 +259,12 @@ class SystemSection(_Section):
         1, ge=0, description="Largest weight-version lag the learner trains on; 0 is strictly on-policy. The learner "
         "keeps prompts_per_step x (1 + max_staleness) groups in flight and stamps each prompt with its weight "
         "version; rollout waits for that version before sampling it.",
+    )
+    learner_ranks: int = Field(
+        1, ge=1, le=64, description="Processes of the learner (DeepSpeed data-parallel ranks, one per learner GPU, ZeRO "
+        "shards across them). Rank 0 owns the Redis side and hands each rank whole groups of every step; `stare "
+        "learner` starts the other ranks itself on its node (an external launcher such as torchrun that sets "
+        "WORLD_SIZE overrides this). `stare up --learner-ranks` sets it.",
     )
     stale_policy: Literal["drop", "importance"] = Field(
         "drop", description="Trajectories older than max_staleness: drop (counted) or train them with truncated "

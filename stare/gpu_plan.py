@@ -1,6 +1,7 @@
 """Which GPUs each role of `stare up` gets on one node (CUDA_VISIBLE_DEVICES per role process).
 
-Defaults from the node's GPU count: the learner takes the first GPU, the rest go to rollout
+Defaults from the node's GPU count: the learner takes the first GPU (the first N with
+`system.learner_ranks` N: one per rank), the rest go to rollout
 workers, `rollout.engine.tensor_parallel_size` GPUs each (one vLLM worker per GPU with the
 default 1); GPUs that do not fill a worker are left unused and listed. `--learner-gpus` and
 `--rollout-gpus` ("0", "1,2", "1-7") choose the sets; they must be disjoint and exist. Reward
@@ -57,14 +58,18 @@ class GpuPlan:
 
 
 def plan_gpus(gpus: int, *, tensor_parallel_size: int = 1, rollout: int | None = None,
-              learner_gpus: str | None = None, rollout_gpus: str | None = None) -> GpuPlan:
+              learner_gpus: str | None = None, rollout_gpus: str | None = None, learner_ranks: int = 1) -> GpuPlan:
     """The GPU map of one node; see the module docstring. `rollout`: the worker count asked for
-    (None: as many as the rollout GPUs fill)."""
+    (None: as many as the rollout GPUs fill); `learner_ranks`: learner processes, one GPU each (the
+    first ones unless `learner_gpus` names them)."""
     if gpus == 0:
         if learner_gpus or rollout_gpus:
             raise ConfigError("--learner-gpus/--rollout-gpus given, but this node has no GPU (--gpus N to plan for one)")
         return GpuPlan(0)
-    learner = parse_gpus(learner_gpus, "--learner-gpus") if learner_gpus is not None else [0]
+    learner = parse_gpus(learner_gpus, "--learner-gpus") if learner_gpus is not None else list(range(learner_ranks))
+    if len(learner) != learner_ranks:
+        raise ConfigError(f"--learner-gpus {learner_gpus} names {len(learner)} GPUs for {learner_ranks} learner ranks "
+                          "(system.learner_ranks, --learner-ranks): give one GPU per rank")
     free = [g for g in range(gpus) if g not in learner]
     pool = parse_gpus(rollout_gpus, "--rollout-gpus") if rollout_gpus is not None else free
     sharing = rollout_gpus is None and not free  # one GPU: rollout shares the learner's (split its memory)

@@ -95,7 +95,7 @@ def node_plan(cfg: TrainConfig, *, rollout: int | None, gpus: int | None = None,
     engine = cfg.rollout.engine
     return plan_gpus(node_gpu_count() if gpus is None else gpus, rollout=rollout,
                      tensor_parallel_size=getattr(engine, "tensor_parallel_size", 1),
-                     learner_gpus=learner_gpus, rollout_gpus=rollout_gpus)
+                     learner_gpus=learner_gpus, rollout_gpus=rollout_gpus, learner_ranks=cfg.system.learner_ranks)
 
 
 def format_plan(cfg: TrainConfig, plan: GpuPlan, *, rollout: int, reward: int, control: bool,
@@ -105,7 +105,8 @@ def format_plan(cfg: TrainConfig, plan: GpuPlan, *, rollout: int, reward: int, c
     config_path = cfg.run_dir / "up" / "config.yaml"
     s, lines = cfg.system, [f"GPU map ({plan.gpus} GPUs on this node):"]
     if plan.gpus:
-        lines.append(f"  learner: {plan.learner}")
+        lines.append(f"  learner: {plan.learner} ({cfg.system.learner_ranks} rank"
+                     f"{'s' if cfg.system.learner_ranks > 1 else ''}, one GPU each)")
         lines += [f"  rollout-{i}: {g}" for i, g in enumerate(plan.rollout)]
         lines.append(f"  unused: {plan.unused}")
         if plan.shared:
@@ -258,7 +259,13 @@ class Launcher:
 
 def up(cfg: TrainConfig, *, rollout: int | None, reward: int, redis_url: str | None, control: bool = True,
        gpus: int | None = None, learner_gpus: str | None = None, rollout_gpus: str | None = None,
-       print_plan: bool = False, out: TextIO | None = None) -> int:
+       learner_ranks: int | None = None, print_plan: bool = False, out: TextIO | None = None) -> int:
+    from stare.gpu_plan import parse_gpus
+
+    if learner_ranks is None and learner_gpus is not None:  # one rank per GPU named
+        learner_ranks = len(parse_gpus(learner_gpus, "--learner-gpus"))
+    if learner_ranks is not None:
+        cfg = with_overrides(cfg, {"system.learner_ranks": learner_ranks})
     plan = node_plan(cfg, rollout=rollout, gpus=gpus, learner_gpus=learner_gpus, rollout_gpus=rollout_gpus)
     if rollout is None:  # GPUs: one worker per tensor_parallel_size rollout GPUs; CPU: one
         rollout = len(plan.rollout) if plan.gpus else 1

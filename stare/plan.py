@@ -490,7 +490,8 @@ def check_fits(cfg: TrainConfig, model_path: Path | str | None, *, roles: tuple[
                log: Callable[[str], None] = print) -> Plan | None:
     """Refuse (ConfigError naming the field) a config whose roles cannot fit this machine's GPU.
 
-    Learner ranks: WORLD_SIZE (1 without a launcher); each role is checked against one whole GPU.
+    Learner ranks: an external launcher's WORLD_SIZE, else system.learner_ranks; each role is checked
+    against one whole GPU.
     Without CUDA there is nothing to check: it logs that and returns None."""
     import torch
 
@@ -498,7 +499,7 @@ def check_fits(cfg: TrainConfig, model_path: Path | str | None, *, roles: tuple[
         log("memory plan: no CUDA device, skipped (stare plan --gpu-mem-gib G plans for a GPU)")
         return None
     mem = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    gpus = int(os.environ.get("WORLD_SIZE", "1"))
+    gpus = int(os.environ.get("WORLD_SIZE", cfg.system.learner_ranks))
     shape = load_model_shape(cfg, Path(model_path) / "config.json" if model_path is not None else None)
     plan = build_plan(cfg, gpus=gpus, gpu_mem_gib=mem / GIB, shape=shape, roles=roles)
     for r in plan.roles:

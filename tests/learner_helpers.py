@@ -3,6 +3,7 @@ scored trajectories with long-tailed lengths."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -115,3 +116,63 @@ def learner_rank_worker(rank: int, world: int, port: int, model_dir: str, out_di
     metrics = learner.train_step(trajs[:8] if rank == 0 else trajs[8:])
     weights = torch.cat([p.detach().reshape(-1).double() for p in learner.engine.module.parameters()])
     torch.save({"metrics": metrics, "weights": weights}, f"{out_dir}/rank{rank}.pt")
+
+
+def leader_follower_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, overrides: list[str],
+                           steps: list[int]) -> None:
+    """One rank of a learner driven the way `stare learner` drives several ranks: rank 0 wraps its
+    Learner in a LeaderLearner and trains every step's whole batch (the first `steps[i]` groups of
+    `trajectories(i)`), gathers the weights for rollout, checkpoints and loads the checkpoint back;
+    the other ranks `follow`. Rank 0 saves each step's metrics and the weights it would publish."""
+    import os
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    from stare.config import build_config
+    from stare.learner.rank_launch import leave_process_groups
+    from stare.learner.ranks import LeaderLearner, RankChannel, follow
+    from stare.learner.trainer import Learner
+
+    learner = Learner(build_config({}, overrides=overrides), Path(model_dir), pad_id=0)
+    channel = RankChannel(timeout_s=120, heartbeat_s=0.2)  # a heartbeat between every op
+    if rank > 0:
+        follow(learner, channel)
+        leave_process_groups()
+        return
+    leader = LeaderLearner(learner, channel)
+    metrics = []
+    for i, groups in enumerate(steps):
+        metrics.append(leader.train_step(trajectories(i)[: groups * 4]))
+        time.sleep(0.5)  # idle: heartbeats go out
+    state = leader.state_dict_for_rollout()
+    leader.save(Path(out_dir) / "ckpt", {"note": "x"})
+    leader.version = 99  # rank 0's attributes are the learner's
+    loaded = leader.load(Path(out_dir) / "ckpt")
+    leader.close()
+    leave_process_groups()
+    torch.save({"metrics": metrics, "state": state, "loaded": loaded["note"], "version": learner.version},
+               f"{out_dir}/leader.pt")
+
+
+def silent_leader_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """Rank 0 forms the rank channel and then says nothing (hung) for longer than its timeout; rank 1
+    follows and must give up with an error naming rank 0 instead of waiting forever."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from stare.learner.ranks import RankChannel, follow
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    channel = RankChannel(timeout_s=2.0, heartbeat_s=0.5)
+    if rank == 0:
+        time.sleep(8)
+        return
+    t0 = time.monotonic()
+    try:
+        follow(None, channel)
+        outcome = "returned"
+    except RuntimeError as err:
+        outcome = str(err)
+    Path(out_dir, "follower.txt").write_text(f"{time.monotonic() - t0:.1f}\n{outcome}")

@@ -217,8 +217,9 @@ def test_resources_and_non_root(rendered, target):
 
 @pytest.mark.parametrize("target, gpus", [("base", 1), ("overlays/gpu", 1), ("overlays/cpu-dev", 0)])
 def test_gpu_requests(rendered, target, gpus):
+    ranks = _config(rendered, target).system.learner_ranks  # the learner: one GPU per rank
     for w, c in stare_containers(rendered, target):
-        wants = c["args"][0] in ("learner", "rollout") and gpus
+        wants = {"learner": ranks * gpus, "rollout": gpus}.get(c["args"][0], 0)
         for section in ("requests", "limits"):
             assert c["resources"][section].get("nvidia.com/gpu", 0) == wants, (w["metadata"]["name"], section)
         image = c["image"].split(":")[0]

@@ -60,7 +60,7 @@ def test_packing_computes_fewer_model_tokens(model_dir):
 
 def test_fused_adam_only_when_asked():
     kw = dict(micro_batch=1, grad_accum=1, world_size=1, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0,
-              grad_clip=1.0, zero_stage=1, bf16=False)
+              grad_clip=1.0, zero_stage=1)
     assert ds.deepspeed_config(**kw, fused_adam=True)["optimizer"]["params"]["fused"] is True
     assert "fused" not in ds.deepspeed_config(**kw)["optimizer"]["params"]
 

@@ -1,7 +1,12 @@
 """The two modes are one algorithm: for the same seed and config, strictly on-policy, one rollout and
 one reward worker and the rollout batch equal to a step's prompts, `stare up` (every role its own
 process, Redis streams, a gloo weight broadcast) trains the same trajectories and logs the same
-metrics as `stare train` (one process, in-memory seams)."""
+metrics as `stare train` (one process, in-memory seams), and ends with the same weights.
+
+Also with the learner as 2 ranks (`system.learner_ranks: 2`: `stare learner` starts its second rank
+as a process; rank 0 hands it whole groups of each step) under ZeRO-3 (the weights for the rollout
+worker gathered parameter by parameter on both ranks): 2 ranks give the one-rank step metrics and
+weights (1e-5)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,10 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 from redis_fixtures import have_redis_server
+
+from safetensors.torch import load_file
 
 from stare.config import build_config
 from stare.embedded import prepare_run, run_training
@@ -25,17 +33,17 @@ COMPARED = ("entropy", "loss", "reward_mean", "gate", "w", "m", "clip_fraction",
             "train_tokens", "groups")
 
 
-def _config(model_dir: Path, out: Path, name: str):
+def _config(model_dir: Path, out: Path, name: str, *, learner_ranks: int = 1, zero_stage: int = 1):
     return build_config({
         "run": {"name": name, "output_dir": str(out), "steps": STEPS, "checkpoint_every": 10, "threads": 1},
         "model": {"path": str(model_dir)},
         "task": {"eval_problems": 4, "eval_every": 1000, "eval_k": 2},
         "rollout": {"prompts_per_step": 3, "samples_per_prompt": 4, "max_new_tokens": 12},
         "data": {"dynamic_sampling": True, "max_sampling_rounds": 10},
-        "optim": {"lr": 3e-4, "micro_batch": 6},
+        "optim": {"lr": 3e-4, "micro_batch": 6, "zero_stage": zero_stage},
         # the gate on (target above any entropy here) and the sign schedule moving W and M every step
         "controller": {"target": 5.0, "schedule": "sign", "alpha": 0.5, "w_max": 10.0, "m_min": 0.1, "adaptive": True},
-        "system": {"max_staleness": 0, "rollout_batch_prompts": 3, "heartbeat_s": 0.5,
+        "system": {"max_staleness": 0, "rollout_batch_prompts": 3, "heartbeat_s": 0.5, "learner_ranks": learner_ranks,
                    "broadcast_timeout_s": 20.0},
         "control": {"port": 0, "allow_unauthenticated": True, "serve_in_train": False},
     })
@@ -45,10 +53,21 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_stare_up_and_stare_train_train_the_same_trajectories_with_the_same_metrics(tiny_model_dir, tmp_path):
-    embedded = run_training(prepare_run(_config(tiny_model_dir, tmp_path, "embedded"), None), progress=False)
+@pytest.fixture(scope="module")
+def embedded_run(tiny_model_dir, tmp_path_factory) -> Path:
+    return run_training(prepare_run(_config(tiny_model_dir, tmp_path_factory.mktemp("embedded"), "embedded"), None),
+                        progress=False)
 
-    cfg = _config(tiny_model_dir, tmp_path, "distributed")
+
+def _weights(run_dir: Path) -> dict:
+    return load_file(run_dir / "hf" / "model.safetensors")
+
+
+@pytest.mark.parametrize("learner_ranks,zero_stage", [(1, 1), (2, 3)], ids=["1-rank", "2-ranks-zero3"])
+def test_stare_up_trains_the_same_trajectories_with_the_same_metrics_and_weights_as_stare_train(
+        embedded_run, tiny_model_dir, tmp_path, learner_ranks, zero_stage):
+    embedded = embedded_run
+    cfg = _config(tiny_model_dir, tmp_path, "distributed", learner_ranks=learner_ranks, zero_stage=zero_stage)
     log = io.StringIO()
     launcher = Launcher(cfg, rollout=1, reward=1, out=log, color=False, grace_s=30, control=False)
     launcher.start()
@@ -58,7 +77,11 @@ def test_stare_up_and_stare_train_train_the_same_trajectories_with_the_same_metr
     thread.join(timeout=420)
     launcher.stop()
     assert code == [0], log.getvalue()[-4000:]
+    Path("/tmp/up.log").write_text(log.getvalue())
+    assert {n: r.exits for n, r in launcher.roles.items() if r.exits} == {"learner": [0]}, log.getvalue()[-4000:]
     distributed = cfg.run_dir
+    if learner_ranks > 1:
+        assert "following rank 0" in log.getvalue() and f"said stop after {STEPS} steps" in log.getvalue()
 
     trained_e = [r["ids"] for r in _lines(embedded / "trained.jsonl")]
     trained_d = [r["ids"] for r in _lines(distributed / "trained.jsonl")]
@@ -69,3 +92,7 @@ def test_stare_up_and_stare_train_train_the_same_trajectories_with_the_same_metr
     for e, d in zip(metrics_e, metrics_d):
         for key in COMPARED:
             assert d[key] == pytest.approx(e[key], abs=1e-5, rel=1e-5), (e["step"], key, e[key], d[key])
+    weights_e, weights_d = _weights(embedded), _weights(distributed)
+    assert weights_d.keys() == weights_e.keys()
+    for name, tensor in weights_e.items():
+        torch.testing.assert_close(weights_d[name], tensor, rtol=0, atol=1e-5, msg=name)

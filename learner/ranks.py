@@ -1,0 +1,188 @@
+"""Several learner ranks: rank 0 drives, every other rank follows.
+
+    rank 0:  TrainingSession(learner=LeaderLearner(learner, channel), ...)   Redis, feeder, collector,
+             publisher, control, evaluation, checkpoint metadata: all on rank 0
+    rank r:  follow(learner, channel)                                         no Redis, no ports
+
+Every call of the session that is a collective under DeepSpeed (a training step, gathering the
+weights under ZeRO-3, saving or loading a checkpoint) is sent to the followers as an op over a gloo
+group of its own (`RankChannel`), so that every rank enters the same collectives in the same order.
+A training step's op carries each rank its share of the step's groups (whole groups, so each rank's
+advantages are those of the one-rank step; `split_groups`) and rank 0's controller state, which the
+control plane may have changed.
+
+No hang: every receive waits at most `timeout_s`; while rank 0 has nothing to send (waiting for
+data, evaluating, paused) a heartbeat thread sends `idle` every `heartbeat_s`. A follower that
+hears nothing for `timeout_s` (rank 0 dead or hung) exits with an error; rank 0 sees a dead follower
+before its next op (`FollowerProcesses.check`) or in that op's collective (its group timeout), and
+fails. Either way the learner's supervisor (`stare up`, compose, Kubernetes, Ray) restarts the whole
+learner, which resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+IDLE, STOP, TRAIN, WEIGHTS, SAVE, LOAD = "idle", "stop", "train", "weights", "save", "load"
+
+
+def split_groups(trajectories: Sequence, world: int) -> list[list]:
+    """The step's trajectories (whole groups, consecutive) cut into `world` shares of whole groups,
+    rank r getting groups [r*n/world, (r+1)*n/world): the shares differ by one group at most, and
+    concatenated in rank order they are the step's rows in order (the one-rank step's token uids).
+    A rank may get no group (fewer groups than ranks)."""
+    starts = [i for i, t in enumerate(trajectories) if i == 0 or t.group_id != trajectories[i - 1].group_id]
+    bounds = starts + [len(trajectories)]
+    n = len(starts)
+    cuts = [bounds[r * n // world] for r in range(world)] + [len(trajectories)]
+    return [list(trajectories[cuts[r]: cuts[r + 1]]) for r in range(world)]
+
+
+class RankChannel:
+    """Rank 0 -> each rank, one op at a time, over a gloo group created for it (every rank must
+    construct it, in the same order as their other groups). `timeout_s` bounds every send and
+    receive."""
+
+    def __init__(self, timeout_s: float, heartbeat_s: float):
+        self.timeout_s, self.heartbeat_s = timeout_s, heartbeat_s
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.lock = threading.Lock()  # rank 0: one op at a time (the heartbeat thread's idle ones too)
+        self.last_op = time.monotonic()
+
+    def send(self, messages: list) -> None:
+        """Rank 0: messages[r] to rank r (messages[0] stays here). Hold `lock` around send + work."""
+        out: list = [None]
+        dist.scatter_object_list(out, messages, src=0, group=self.group)
+        self.last_op = time.monotonic()
+
+    def receive(self) -> Any:
+        """Rank r > 0: the next op (RuntimeError after timeout_s without one)."""
+        out: list = [None]
+        dist.scatter_object_list(out, None, src=0, group=self.group)
+        return out[0]
+
+
+class LeaderLearner:
+    """Rank 0's view of a learner of several ranks: the `Learner` interface the session uses, each
+    collective call mirrored on every rank. Attributes the session reads or sets (step, version,
+    controller, ...) are rank 0's learner's."""
+
+    def __init__(self, learner, channel: RankChannel, check: Callable[[], None] = lambda: None):
+        object.__setattr__(self, "_learner", learner)
+        object.__setattr__(self, "_channel", channel)
+        object.__setattr__(self, "_check", check)
+        object.__setattr__(self, "_stop_heartbeat", threading.Event())
+        thread = threading.Thread(target=self._heartbeat, name="learner-rank-heartbeat", daemon=True)
+        object.__setattr__(self, "_thread", thread)
+        thread.start()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._learner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._learner, name, value)
+
+    # ------------------------------------------------------------------ ops
+    @contextlib.contextmanager
+    def _op(self, messages: list) -> Iterator[None]:
+        """Send the op to every rank, then run rank 0's part; the heartbeat waits meanwhile."""
+        self._check()  # a dead follower: fail now rather than in the collective's timeout
+        with self._channel.lock:
+            self._channel.send(messages)
+            yield
+            self._channel.last_op = time.monotonic()
+
+    def _same(self, *op: Any) -> list:
+        return [op] * self._channel.world
+
+    def train_step(self, trajectories: list) -> dict[str, Any]:
+        learner = self._learner
+        shares = split_groups(trajectories, self._channel.world)
+        state = {"controller": learner.controller.state_dict(), "step": learner.step, "version": learner.version,
+                 "lagged_entropy": learner.lagged_entropy, "nonfinite_steps": learner.nonfinite_steps}
+        with self._op([(TRAIN, share, state) for share in shares]):
+            return learner.train_step(shares[0])
+
+    def state_dict_for_rollout(self):
+        if not self._learner.weights_are_collective():
+            return self._learner.state_dict_for_rollout()  # every rank holds the whole model
+        with self._op(self._same(WEIGHTS)):
+            return self._learner.state_dict_for_rollout()
+
+    def save(self, directory: Path, extra: dict[str, Any]) -> str:
+        with self._op(self._same(SAVE, str(directory))):
+            return self._learner.save(directory, extra)
+
+    def load(self, directory: Path, tag: str | None = None) -> dict[str, Any]:
+        from stare.learner.trainer import latest_whole_tag
+
+        tag = tag or latest_whole_tag(directory)  # decided here: every rank loads the same one
+        with self._op(self._same(LOAD, str(directory), tag)):
+            return self._learner.load(directory, tag)
+
+    def close(self) -> None:
+        """Tell the followers to exit (they return from `follow`); stop the heartbeat."""
+        self._stop_heartbeat.set()
+        with self._channel.lock:
+            self._channel.send(self._same(STOP))
+        self._thread.join(timeout=self._channel.timeout_s)
+
+    def _heartbeat(self) -> None:
+        """While rank 0 sends nothing (waiting for data, evaluating, paused): `idle` every heartbeat_s,
+        so that the followers' receive timeout means rank 0 is gone, not busy."""
+        channel = self._channel
+        while not self._stop_heartbeat.wait(channel.heartbeat_s / 2):
+            if time.monotonic() - channel.last_op < channel.heartbeat_s:
+                continue
+            if not channel.lock.acquire(timeout=channel.heartbeat_s):
+                continue  # an op is running: the followers are in it
+            try:
+                if not self._stop_heartbeat.is_set():
+                    channel.send(self._same(IDLE))
+            except Exception as err:  # a follower gone: the next op fails loudly (check / its timeout)
+                log.error("learner rank heartbeat failed: %s", err)
+                return
+            finally:
+                channel.lock.release()
+
+
+def follow(learner, channel: RankChannel) -> int:
+    """Rank r > 0: run rank 0's ops until it says stop (returns the number of steps trained here).
+    A receive that times out raises: rank 0 is dead or hung, this rank must not outlive it."""
+    steps = 0
+    while True:
+        try:
+            op, *args = channel.receive()
+        except RuntimeError as err:
+            raise RuntimeError(f"learner rank {channel.rank}: nothing from rank 0 for {channel.timeout_s:.0f} s "
+                               f"(rank 0 dead or hung): {err}") from err
+        if op == IDLE:
+            continue
+        if op == STOP:
+            return steps
+        if op == TRAIN:
+            share, state = args
+            learner.controller.load_state_dict(state["controller"])
+            learner.step, learner.version = state["step"], state["version"]
+            learner.lagged_entropy, learner.nonfinite_steps = state["lagged_entropy"], state["nonfinite_steps"]
+            learner.train_step(share)
+            steps += 1
+        elif op == WEIGHTS:
+            learner.state_dict_for_rollout()  # its part of the gather; rank 0 publishes
+        elif op == SAVE:
+            learner.save(Path(args[0]), {})
+        elif op == LOAD:
+            learner.load(Path(args[0]), args[1])
+        else:
+            raise RuntimeError(f"learner rank {channel.rank}: unknown op {op!r} from rank 0")
