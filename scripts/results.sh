@@ -19,8 +19,8 @@ JOBS=${JOBS:-2}
 NICE=${NICE:-5}
 CONFIG=${CONFIG:-configs/tiny-cpu.yaml}
 # tier|label|algo|extra --set overrides (space separated). Tiers run in order, seeds interleaved
-# within a tier: the headline pair and the controller without its EMA first, then the other
-# baselines, then STARE variants that look for where its accuracy cost comes from.
+# within a tier: the headline pair and the controller without its EMA first, then STARE variants
+# that look for where its accuracy cost comes from, then the other baselines.
 ALL_VARIANTS=(
   "1|stare|stare|"
   "1|grpo|grpo|"
@@ -31,9 +31,9 @@ ALL_VARIANTS=(
   "3|clip-cov|clip-cov|"
   "3|kl-cov|kl-cov|"
   "3|80-20|80-20|"
-  "4|stare-w3|stare|controller.w_max=3.0 controller.m_min=0.5"
-  "4|stare-o1|stare|loss.variant=O1"
-  "4|stare-lowtarget|stare|controller.target=0.2 controller.band=[0.15,0.25]"
+  "2|stare-w3|stare|controller.w_max=3.0 controller.m_min=0.5"
+  "2|stare-o1|stare|loss.variant=O1"
+  "2|stare-lowtarget|stare|controller.target=0.2 controller.band=[0.15,0.25]"
 )
 if [[ -n "${VARIANTS:-}" ]]; then read -r -a WANT <<<"$VARIANTS"; else WANT=(); fi
 
