@@ -105,7 +105,7 @@ class PlainLoop:
         tokens = StepTokens(old, ent, batch.advantages, batch.token_uid, batch.mask)
         h = float(mean_entropy(ent, batch.mask, cfg.loss.agg_mode))  # host sync: once per step
         is_stare = isinstance(cfg.loss, StareLossConfig)
-        gate = self.controller.decide(h) if is_stare else False
+        gate = self.controller.begin_step(h, h) if is_stare else False  # the trainer's controller calls
         w, m = (self.controller.w, self.controller.m) if is_stare else (1.0, 1.0)
         ctx = plan_step(tokens, cfg.loss, gate=float(gate), w=w, m=m, seed=cfg.run.seed * 1_000_003 + self.step_count)
         total = torch.zeros((), dtype=torch.float64)
@@ -122,7 +122,7 @@ class PlainLoop:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         if is_stare:
-            self.controller.update(h)
+            self.controller.end_step(h)
         self.step_count += 1
         return float(total)  # host sync: once per step
 

@@ -1,10 +1,13 @@
 """The closed-loop entropy controller: the gate and the adaptive W/M schedule.
 
-Small on purpose (like verl's AdaptiveKLController): `decide(entropy)` is called once per step with
-the step's batch entropy and returns whether STARE reweights this step; `update(entropy)` runs
-after the optimizer step and adapts W and M for the next one. `set_target` changes the target and
-band between steps (the control plane calls it); `state_dict` / `load_state_dict` make a restarted
-run continue exactly. Host floats: called at the step boundary, never inside the loss.
+Small on purpose (like verl's AdaptiveKLController). The trainer calls `begin_step(h_gate, h)` once
+per step before the loss (the gate, and under `order: reference` W and M updated from this step's
+entropy, as the reference implementation does) and `end_step(h)` after the optimizer step (the W/M
+update under `order: lagged`). `decide` and `update` are the two halves. A non-finite entropy skips
+the step's controller work and keeps gate, W and M (the reference's guard; `skipped` says so, the
+trainer logs it as `controller_skipped`). `set_target` changes the target and band between steps
+(the control plane calls it); `state_dict` / `load_state_dict` make a restarted run continue
+exactly. Host floats: called at the step boundary, never inside the loss.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ class EntropyController:
         self.m = cfg.m
         self.gate = False
         self.last_entropy: float | None = None
+        self.smoothed: float | None = None  # the EMA of the entropy the W/M schedule reads (cfg.ema)
+        self.skipped = False  # this step's entropy was not finite: gate, W and M kept
 
     def set_target(self, target: float, band: tuple[float, float] | None = None) -> None:
         """New target (and band, or none) from the next decision on; validated like the config."""
@@ -69,8 +74,27 @@ class EntropyController:
         self.cfg = merge_config({**self.cfg.model_dump(), "w": self.w, "m": self.m}, changes, self.max_entropy)
         self.target, self.band, self.w, self.m = self.cfg.target, self.cfg.band, self.cfg.w, self.cfg.m
 
+    def begin_step(self, gate_entropy: float, entropy: float) -> bool:
+        """Before step k's loss: under `order: reference`, W and M from `entropy` (H_k), then the gate
+        from `gate_entropy`; under `order: lagged`, the gate only. A non-finite input skips all of it."""
+        self.skipped = not (math.isfinite(gate_entropy) and math.isfinite(entropy))
+        if self.skipped:
+            log.warning("controller: non-finite batch entropy (gate input %s, entropy %s); gate, W and M kept",
+                        gate_entropy, entropy)
+            return self.gate
+        if self.cfg.order == "reference":
+            self.update(entropy)
+        return self.decide(gate_entropy)
+
+    def end_step(self, entropy: float) -> None:
+        """After the optimizer step: the W/M update under `order: lagged` (unless the step was skipped)."""
+        if self.cfg.order == "lagged" and not self.skipped:
+            self.update(entropy)
+
     def decide(self, entropy: float) -> bool:
-        """Gate for this step: entropy below target, or the band's hysteresis."""
+        """Gate for this step: entropy below target, or the band's hysteresis. Non-finite: kept."""
+        if not math.isfinite(entropy):
+            return self.gate
         self.last_entropy = entropy
         if self.band is None:
             self.gate = entropy < self.target
@@ -88,8 +112,11 @@ class EntropyController:
         sign: W <- clip(W + a sgn(tgt - H), 1, W_max); M <- clip(M - a sgn(tgt - H), M_min, 1).
         proportional: u = clip(gain (tgt - H), 0, 1); W = 1 + u (W_max - 1); M = 1 - u (1 - M_min).
         """
-        if not self.cfg.adaptive:
+        if not self.cfg.adaptive or not math.isfinite(entropy):
             return
+        ema = self.cfg.ema
+        self.smoothed = entropy if self.smoothed is None else ema * self.smoothed + (1.0 - ema) * entropy
+        entropy = self.smoothed if ema > 0.0 else entropy
         if self.cfg.schedule == "proportional":
             u = min(max(self.cfg.gain * (self.target - entropy), 0.0), 1.0)
             # clipped: 1 - 1 * (1 - 0.1) is 0.0999... in floats, which the config would refuse
@@ -105,7 +132,8 @@ class EntropyController:
         """The config as changed at run time, the current W and M, the gate and the last entropy."""
         config = self.cfg.model_dump(mode="json")
         config.update(w=self.w, m=self.m)
-        return {"config": config, "gate": self.gate, "last_entropy": self.last_entropy, "max_entropy": self.max_entropy}
+        return {"config": config, "gate": self.gate, "last_entropy": self.last_entropy, "max_entropy": self.max_entropy,
+                "smoothed": self.smoothed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Validated like a change (bounds, finiteness, ln V): a checkpoint holding values outside the
@@ -120,3 +148,7 @@ class EntropyController:
         self.target, self.band, self.w, self.m = self.cfg.target, self.cfg.band, self.cfg.w, self.cfg.m
         self.gate = bool(state["gate"])
         self.last_entropy = state["last_entropy"]
+        smoothed = state.get("smoothed")  # absent in checkpoints before session 5
+        if smoothed is not None and not math.isfinite(smoothed):
+            raise ValueError(f"the checkpoint's controller state is invalid: smoothed={smoothed} is not finite")
+        self.smoothed = smoothed

@@ -176,12 +176,14 @@ class TrainingSession:
         self.seams.publisher.publish(self.learner.version, state)
         self.seams.cursor.save_version(self.learner.version)
 
-    def evaluate(self, weights: Callable[[], Mapping[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+    def evaluate(self, weights: Callable[[], Mapping[str, torch.Tensor]] | None = None,
+                 final: bool = False) -> dict[str, Any]:
         """Held-out results of the current weights (`weights`: the state dict just published, so
-        that it is not gathered twice)."""
+        that it is not gathered twice); `final`: the run's last evaluation (`task.final_eval_k`)."""
         learner = self.learner
         with self.seams.busy("evaluating"):
-            result = self.seams.evaluator(learner.version, weights or learner.state_dict_for_rollout)
+            kwargs = {"final": True} if final else {}
+            result = self.seams.evaluator(learner.version, weights or learner.state_dict_for_rollout, **kwargs)
         result["step"] = learner.step
         self.outputs.log_eval(result)
         self.say(f"held-out at step {learner.step}: greedy {result['greedy_accuracy']:.3f}, "
@@ -334,7 +336,7 @@ class TrainingSession:
                 self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])  # lineage before the acks
                 self.checkpoint()
                 saved = True
-            metrics["eval_greedy_accuracy"] = self.evaluate(lambda s=state: s)["greedy_accuracy"]
+            metrics["eval_greedy_accuracy"] = self.evaluate(lambda s=state: s, final=step == cfg.run.steps)["greedy_accuracy"]
         del state  # a full copy of the weights (15 GB at 7B): not kept between steps
         status = {"weight_version": learner.version, "queue_depths": self.queue_depths(),
                   "dead_letters": self.dead_letters(),
@@ -357,7 +359,7 @@ class TrainingSession:
         cfg, learner, seams = self.cfg, self.learner, self.seams
         seams.control.start(learner.controller, learner.step, {"weight_version": learner.version})
         if self._eval_due(learner.step) and not self._evaluated(learner.step):  # step 0, or lost with a restart
-            self.evaluate()
+            self.evaluate(final=learner.step == cfg.run.steps)
         empty, gave_up = 0, False
         while learner.step < cfg.run.steps:
             # In-process workers hold what a step collected only in memory: stop, checkpoint and

@@ -55,19 +55,22 @@ class StreamEvaluator:
         self.cfg, self.streams, self.index, self.tick, self.consumer, self.say = cfg, streams, index, tick, consumer, say
         self.problems = eval_problems(cfg, task, tokenizer, say)
         self.prompts = [prompt_ids(p, tokenizer) for p in self.problems]
-        self.settings = eval_settings(cfg)
+        self.settings = eval_settings(cfg)  # the final evaluation's: eval_settings(cfg, final=True)
         self.timeout_s = cfg.task.eval_timeout_s if timeout_s is None else timeout_s
         self.poll_s = min(POLL_S, cfg.system.stall_s / 4)  # ticks well within the liveness limit
         self.dead = Feeds([dead_letter_feed(s) for s in (streams.tasks, streams.raw, streams.scored)])
 
-    def tasks(self, version: int) -> list[EvalTask]:
+    def tasks(self, version: int, settings: dict[str, Any] | None = None) -> list[EvalTask]:
         return eval_tasks(self.problems, self.prompts, run_id=self.cfg.run.name, eval_id=f"v{version}",
-                          version=version, **self.settings)
+                          version=version, **(settings or self.settings))
 
-    def __call__(self, version: int, weights: Callable[[], Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    def __call__(self, version: int, weights: Callable[[], Mapping[str, Any]] | None = None,
+                 final: bool = False) -> dict[str, Any]:
         """The result of the evaluation of weight version `version` (`weights` is not used: the
-        workers take that version from the weight publisher)."""
-        tasks = self.tasks(version)
+        workers take that version from the weight publisher); `final`: the run's last evaluation
+        (`task.final_eval_k` samples when set)."""
+        settings = eval_settings(self.cfg, final=final)
+        tasks = self.tasks(version, settings)
         eval_id = tasks[0].eval_id
         expected = {f"{t.task_id}:{j}": t for t in tasks for j in range(t.n)}
         seen = self.index.published(eval_id)
@@ -80,7 +83,7 @@ class StreamEvaluator:
             self.streams.tasks.publish(tasks)
             self.index.publish(eval_id, {"tasks": len(tasks), "samples": len(expected)})
         scores, dead = self._collect(eval_id, tasks, expected)
-        result = self._result(tasks, expected, scores, dead)
+        result = self._result(tasks, expected, scores, dead, settings)
         self.index.close(eval_id, "done" if result["missing_samples"] == 0 else "timed out")
         return result
 
@@ -132,7 +135,7 @@ class StreamEvaluator:
                 f"raw {s.raw.backlog()} not scored, scored {s.scored.backlog()} not read")
 
     def _result(self, tasks: list[EvalTask], expected: dict[str, EvalTask], scores: dict[str, Trajectory],
-                dead: dict[str, str]) -> dict[str, Any]:
+                dead: dict[str, str], settings: dict[str, Any]) -> dict[str, Any]:
         def correct(tid: str) -> float:  # missing or dead-lettered: incorrect
             t = scores.get(tid)
             return float(bool(t is not None and (t.reward_info or {}).get("correct", (t.reward or 0.0) >= 1.0)))
@@ -143,7 +146,7 @@ class StreamEvaluator:
             turns = [scores[tid].turns for tid in ids if tid in scores]
             outcomes.append(Outcome(greedy=correct(f"{greedy.task_id}:0"), scores=[correct(tid) for tid in ids],
                                     turns=turns if self.cfg.rollout.tool_use.enabled else None))
-        s = self.settings
+        s = settings
         result = summarize(self.problems, outcomes, k=s["k"], temperature=s["temperature"], top_p=s["top_p"],
                            per_source=s["per_source"])
         missing = len(expected) - len(scores) - len(dead)

@@ -2,9 +2,10 @@
 
     step = collate + micro-batch plan (host) -> step tensors to the device
            -> pre-step no-grad pass (old log-probs, entropy, chunked) -> gather the step's tokens
-           -> gate (one host sync: the batch entropy) -> plan_step (thresholds, normalisers)
+           -> controller (one host sync: the batch entropy; W/M from it, then the gate)
+           -> plan_step (thresholds, normalisers)
            -> micro-batches: forward, policy loss, backward -> DeepSpeed optimizer step
-           -> controller update -> metrics (reduced once, read once)
+           -> (controller.order lagged: W/M update) -> metrics (reduced once, read once)
 
 Every tensor of a step lives on the engine's device; the host syncs are listed in
 docs/algorithm.md ("Host syncs").
@@ -156,7 +157,7 @@ class Learner:
         h_prepass = float(h_step)  # host sync: once per step, before the first backward
         h_gate = self.lagged_entropy if (self.controller.cfg.entropy_source == "lagged" and self.lagged_entropy is not None) else h_prepass
         is_stare = isinstance(cfg.loss, StareLossConfig)  # the controller steers STARE only
-        gate = self.controller.decide(h_gate) if is_stare else False
+        gate = self.controller.begin_step(h_gate, h_prepass) if is_stare else False  # order: reference updates W/M here
         w, m = (self.controller.w, self.controller.m) if is_stare else (1.0, 1.0)
         ctx = plan_step(tokens, cfg.loss, gate=float(gate), w=w, m=m,
                         seed=cfg.run.seed * 1_000_003 + self.step)
@@ -164,7 +165,7 @@ class Learner:
 
         sums, quadrants = train_pass(self.policy, mbs, batch, old, ent0, dh, ctx, cfg.loss, h_step, self._backward)
         if is_stare:
-            self.controller.update(h_prepass)
+            self.controller.end_step(h_prepass)  # order: lagged updates W/M here
         self.step += 1
         self.version += 1
         t_end = time.perf_counter()
@@ -184,6 +185,7 @@ class Learner:
             "entropy": h_prepass,
             "entropy_gate_input": h_gate,
             "gate": int(gate),
+            "controller_skipped": int(is_stare and self.controller.skipped),  # non-finite entropy: gate, W, M kept
             "w": self.controller.w if is_stare else 1.0,
             "m": self.controller.m if is_stare else 1.0,
             "target": self.controller.target,

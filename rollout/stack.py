@@ -77,7 +77,8 @@ class StackEvaluator:
         self.problems = eval_problems(cfg, stack.setup.task, stack.setup.tokenizer,
                                       log or logging.getLogger(__name__).warning)
 
-    def __call__(self, version: int, weights: Callable[[], Mapping[str, torch.Tensor]]) -> dict[str, Any]:
+    def __call__(self, version: int, weights: Callable[[], Mapping[str, torch.Tensor]],
+                 final: bool = False) -> dict[str, Any]:
         from stare.rollout.evaluation import eval_settings, evaluate
 
         engine = self.stack.engine
@@ -85,7 +86,7 @@ class StackEvaluator:
             engine.update_weights(weights(), version)
         s = self.stack.setup
         return evaluate(self.stack.sampler, s.tokenizer, s.task, self.problems, stop_token_ids=s.stop_ids,
-                        **eval_settings(self.cfg))
+                        **eval_settings(self.cfg, final=final))
 
     def close(self) -> None:
         """Close the stack (for an evaluator that owns its stack, as the distributed learner's does)."""

@@ -157,6 +157,17 @@ class ControllerConfig(_Strict):
     )
     w_max: Num = Field(1.5, ge=1.0, le=MAX_W, description="Upper bound of W under the adaptive schedule.")
     m_min: Num = Field(0.5, gt=0.0, le=1.0, description="Lower bound of M under the adaptive schedule.")
+    order: Literal["reference", "lagged"] = Field(
+        "reference",
+        description="reference (the reference implementation's): W and M are updated from this step's entropy "
+        "H_k before step k's loss, which then uses them. lagged: step k's loss uses the W and M set from H_(k-1); "
+        "the update from H_k runs after the optimizer step (this learner's order before session 5).",
+    )
+    ema: Num = Field(
+        0.0, ge=0.0, lt=1.0, description="Smoothing of the entropy the adaptive W/M schedule reads: "
+        "s_k = ema s_(k-1) + (1 - ema) H_k (s starts at the first H). 0: no smoothing (the reference). "
+        "The gate reads the raw entropy.",
+    )
     entropy_source: Literal["prepass", "lagged"] = Field(
         "prepass",
         description="prepass: the gate reads this step's entropy from the pre-step no-grad pass (exact). "

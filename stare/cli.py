@@ -71,6 +71,8 @@ def cmd_compare(args) -> int:
                 cmd += ["--config", str(args.config)]
             for o in args.overrides:
                 cmd += ["--set", o]
+            if not any(o.startswith("task.final_eval_k=") for o in args.overrides):
+                cmd += ["--set", "task.final_eval_k=64"]  # pass@k curves up to 64 (compare.md)
             cmd += ["--set", f"run.seed={seed}", "--set", f"run.name={name}"]  # last: these win
             print(f"[compare] {algo} seed {seed} -> {base.run.output_dir / name}", flush=True)
             subprocess.run(cmd, check=True, timeout=args.timeout_s, env=child_env())

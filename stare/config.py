@@ -71,6 +71,14 @@ class TaskSection(_Section):
     eval_problems: int = Field(128, ge=1, description="Held-out problems per evaluation.")
     eval_every: int = Field(25, ge=1, description="Evaluate on the held-out split every N steps (and at start/end).")
     eval_k: int = Field(4, ge=1, description="Samples per held-out problem for pass@k / avg@k (sources not in eval_sources).")
+    eval_seed: int | None = Field(
+        None, description="Seed of the held-out problem draw. None: run.seed, so each seed evaluates its own "
+        "problems (seed-to-seed spread then includes the problem draw); set it to compare seeds on one set.",
+    )
+    final_eval_k: int | None = Field(
+        None, ge=1, le=1024, description="Samples per held-out problem in the run's last evaluation (sources not in "
+        "eval_sources), for pass@k curves up to it (`stare compare`); None: eval_k.",
+    )
     eval_temperature: float = Field(1.0, gt=0.0, description="Sampling temperature of the pass@k / avg@k samples (sources not in eval_sources).")
     eval_top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling of those samples (sources not in eval_sources).")
     eval_sources: dict[str, EvalSource] = Field(

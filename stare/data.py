@@ -74,5 +74,6 @@ def build_feeder(cfg, task: Task, tokenizer, log: Callable[[str], None] = print)
 
 def eval_problems(cfg, task: Task, tokenizer, log: Callable[[str], None] = print) -> list[Problem]:
     """The run's held-out problems, through the same prompt length policy as training."""
-    return fit_prompts(task.problems("test", cfg.task.eval_problems, cfg.run.seed), tokenizer, cfg.data.max_prompt_len,
+    seed = cfg.run.seed if cfg.task.eval_seed is None else cfg.task.eval_seed
+    return fit_prompts(task.problems("test", cfg.task.eval_problems, seed), tokenizer, cfg.data.max_prompt_len,
                        cfg.data.prompt_overflow, what="held-out prompts", log=log)

@@ -133,6 +133,12 @@ class EmbeddedRun:
         self.session = TrainingSession(cfg, self.learner, feeder, collector, seams, max_staleness=0, resume=resume,
                                        say=log)
         self.outputs = self.session.outputs
+        import json
+
+        from stare.machine import fingerprint
+
+        # what this run ran on (model hash, torch kernels, packages): docs/results.md says why
+        (self.run_dir / "machine.json").write_text(json.dumps(fingerprint(setup.model_path), indent=2) + "\n")
 
     def _pump(self, fill_round: int) -> None:
         """One synchronous round of the in-process workers: sample every pending prompt, score it."""

@@ -33,11 +33,12 @@ class SourceSampling:
     top_p: float
 
 
-def eval_settings(cfg) -> dict[str, Any]:
-    """`evaluate` keyword arguments from a run config (a stare.config.TrainConfig)."""
+def eval_settings(cfg, final: bool = False) -> dict[str, Any]:
+    """`evaluate` keyword arguments from a run config (a stare.config.TrainConfig); `final`: the run's
+    last evaluation, with `task.final_eval_k` samples when set."""
     t = cfg.task
     return {
-        "k": t.eval_k, "temperature": t.eval_temperature, "top_p": t.eval_top_p,
+        "k": t.final_eval_k if final and t.final_eval_k is not None else t.eval_k, "temperature": t.eval_temperature, "top_p": t.eval_top_p,
         "per_source": {src: SourceSampling(s.n, s.temperature, s.top_p) for src, s in t.eval_sources.items()},
         "max_new_tokens": cfg.rollout.max_new_tokens, "seed": cfg.run.seed * 7 + 1,
     }
@@ -100,8 +101,9 @@ def summarize(problems: Sequence[Problem], outcomes: Sequence[Outcome], *, k: in
     mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
     by_level: dict[int, list[float]] = defaultdict(list)
     by_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    greedy_scores, pass_k, avg_k = [], [], []
+    greedy_scores, pass_k, avg_k, correct_counts = [], [], [], []
     for problem, o in zip(problems, outcomes, strict=True):
+        correct_counts.append([len(o.scores), int(sum(sc >= 1.0 for sc in o.scores))])
         greedy_scores.append(o.greedy)
         pass_k.append(float(max(o.scores) >= 1.0))
         avg_k.append(sum(o.scores) / len(o.scores))
@@ -125,6 +127,8 @@ def summarize(problems: Sequence[Problem], outcomes: Sequence[Outcome], *, k: in
         "per_source": sources,
         "pass_at_k_per_source": {name: s["pass_at_n"] for name, s in sources.items()},
         "avg_at_k_per_source": {name: s["avg_at_n"] for name, s in sources.items()},
+        # [n, c] per problem: samples and correct ones (the unbiased pass@k of stare.report.passk)
+        "correct_counts": correct_counts,
     }
     turns = [t for o in outcomes if o.turns is not None for t in o.turns]
     if turns:

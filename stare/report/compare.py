@@ -1,5 +1,6 @@
-"""Several runs side by side: `compare` (one row per algorithm, mean and spread over seeds) and
-`write_comparison` (compare.png, compare.md)."""
+"""Several runs side by side: `compare` (one row per algorithm: mean, sample std and 95% bootstrap
+interval over seeds; pass@k from each run's final evaluation) and `write_comparison` (compare.png,
+compare.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from stare.report.plots import _no_data
+from stare.report.stats import bootstrap_ci, pass_at_k_curve
 from stare.report.summary import (
     EMA_BETA,
     EVAL_FILE,
@@ -45,6 +47,15 @@ def _group_by_algo(run_dirs: list[Path]) -> dict[str, list[tuple[Path, dict[str,
     return groups
 
 
+COMPARE_KS = (1, 8, 64)
+
+
+def final_correct_counts(run_dir: Path) -> list | None:
+    """[n, c] per held-out problem from the run's last evaluation, None when it has none."""
+    evals = load_jsonl(Path(run_dir) / EVAL_FILE)
+    return evals[-1].get("correct_counts") if evals else None
+
+
 def compare(run_dirs: list[Path]) -> list[dict[str, Any]]:
     """One row per algo: seeds (number of runs), runs (their names), final entropy and final
     held-out greedy accuracy as mean and sample std across seeds, mean in-band fraction and mean
@@ -62,6 +73,8 @@ def _compare_rows(groups: dict[str, list[tuple[Path, dict[str, Any]]]]) -> list[
 
         h_mean, h_std = _mean_std(have("entropy_final"))
         acc_mean, acc_std = _mean_std(have("greedy_accuracy_last"))
+        curves = [pass_at_k_curve(c, COMPARE_KS) for d, _ in runs if (c := final_correct_counts(d))]
+        pass_ci = {k: bootstrap_ci([c[i] for c in curves if c[i] is not None]) for i, k in enumerate(COMPARE_KS)}
         rows.append({
             "algo": algo,
             "seeds": len(summaries),
@@ -72,33 +85,42 @@ def _compare_rows(groups: dict[str, list[tuple[Path, dict[str, Any]]]]) -> list[
             "greedy_accuracy_final_std": acc_std,
             "in_band_fraction_mean": _mean_std(have("in_band_fraction"))[0],
             "wall_time_s_mean": _mean_std(have("wall_time_s"))[0],
+            "entropy_final_ci": bootstrap_ci(have("entropy_final")),
+            "greedy_accuracy_final_ci": bootstrap_ci(have("greedy_accuracy_last")),
+            "in_band_fraction_ci": bootstrap_ci(have("in_band_fraction")),
+            "pass_at_k_ci": pass_ci,
         })  # fmt: skip
     return rows
 
 
-def _pm(mean: float | None, std: float | None) -> str:
-    if mean is None:
+def _ci(ci: tuple[float, float, float] | None, scale: float = 1.0, digits: int = 4) -> str:
+    if ci is None:
         return "n/a"
-    return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
+    m, lo, hi = (scale * x for x in ci)
+    return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
 def _compare_markdown(rows: list[dict[str, Any]]) -> str:
+    ks = " | ".join(f"pass@{k}" for k in COMPARE_KS)
     lines = [
         "# Comparison", "", "![compare](compare.png)", "",
-        "| algo | seeds | final entropy (nats) | final held-out greedy acc. | in-band fraction | wall time |",
-        "|---|---|---|---|---|---|",
+        f"| algo | seeds | final entropy (nats) | final held-out greedy acc. | in-band % | {ks} | wall time |",
+        "|---|---|---|---|---|" + "---|" * len(COMPARE_KS) + "---|",
     ]  # fmt: skip
     for r in rows:
+        passes = " | ".join(_ci(r["pass_at_k_ci"][k]) for k in COMPARE_KS)
         lines.append(
-            f"| {r['algo']} | {r['seeds']} | {_pm(r['entropy_final_mean'], r['entropy_final_std'])} "
-            f"| {_pm(r['greedy_accuracy_final_mean'], r['greedy_accuracy_final_std'])} "
-            f"| {_fmt_pct(r['in_band_fraction_mean'])} | {_fmt_duration(r['wall_time_s_mean'])} |"
+            f"| {r['algo']} | {r['seeds']} | {_ci(r['entropy_final_ci'])} "
+            f"| {_ci(r['greedy_accuracy_final_ci'])} "
+            f"| {_ci(r['in_band_fraction_ci'], 100.0, 1)} | {passes} | {_fmt_duration(r['wall_time_s_mean'])} |"
         )
     lines += [
         "",
-        f"Mean ± sample std (ddof=1) across seeds. Final entropy: mean over the last {FINAL_FRACTION:.0%} of "
-        "steps of each run. Final held-out accuracy: last evaluation of each run. In-band fraction and wall "
-        "time: mean across seeds. Runs per algo: "
+        "Mean [95% percentile-bootstrap interval] across seeds (10,000 resamples, numpy seed 0; "
+        f"stare.report.stats). Final entropy: mean over the last {FINAL_FRACTION:.0%} of "
+        "steps of each run. Final held-out accuracy: last evaluation of each run. pass@k: unbiased estimator "
+        "(Chen et al. 2021) from the last evaluation's samples per problem (`task.final_eval_k`; n/a for k "
+        "above them). Wall time: mean across seeds. Runs per algo: "
         + "; ".join(f"{r['algo']}: {', '.join(r['runs'])}" for r in rows),
         "",
     ]

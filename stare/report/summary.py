@@ -25,7 +25,7 @@ SUMMARY_KEYS = (
     "reward_first", "reward_last", "tokens_per_s_mean",
     "evals", "k", "greedy_accuracy_first", "greedy_accuracy_last",
     "pass_at_k_first", "pass_at_k_last", "avg_at_k_last", "per_level_last", "per_source_last",
-    "w_final", "m_final",
+    "w_final", "m_final", "machine",
 )  # fmt: skip
 
 
@@ -146,6 +146,26 @@ def _last(values: list[float]) -> float | None:
     return values[-1] if values else None
 
 
+def _machine(run_dir: Path) -> dict[str, Any] | None:
+    """machine.json (stare.machine: model hash, torch kernels, packages), None when absent."""
+    path = run_dir / "machine.json"
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except json.JSONDecodeError:
+        return None
+
+
+def machine_line(m: dict[str, Any] | None) -> str:
+    """One line naming what a run ran on (model hash prefix, torch, CPU capability, threads, cpu)."""
+    if not m:
+        return "n/a (no machine.json)"
+    t, model = m.get("torch", {}), m.get("model", {})
+    digest = (model.get("sha256") or "none")[:12]
+    return (f"model sha256 {digest}, torch {t.get('version')} ({t.get('cpu_capability')}, mkl {t.get('mkl')}, "
+            f"onednn {t.get('mkldnn')}, {t.get('threads')} threads), transformers "
+            f"{m.get('packages', {}).get('transformers')}, {m.get('cpu')}")
+
+
 def summarize(run_dir: Path) -> dict[str, Any]:
     """The run's headline numbers, keyed by `SUMMARY_KEYS`; a number without data is None.
 
@@ -199,6 +219,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "per_source_last": next((r["per_source"] for r in reversed(evals) if isinstance(r.get("per_source"), dict)), None),
         "w_final": _last(_series(metrics, "w")[1]),
         "m_final": _last(_series(metrics, "m")[1]),
+        "machine": _machine(run_dir),
     }
     assert tuple(summary) == SUMMARY_KEYS
     return summary
@@ -261,6 +282,7 @@ def _summary_markdown(s: dict[str, Any]) -> str:
         (f"held-out pass@{k} first / last", f"{_fmt(s['pass_at_k_first'])} / {_fmt(s['pass_at_k_last'])}"),
         (f"held-out avg@{k} last", _fmt(s["avg_at_k_last"])),
         ("final W / M", f"{_fmt(s['w_final'])} / {_fmt(s['m_final'])}"),
+        ("machine (machine.json)", machine_line(s["machine"])),
     ]  # fmt: skip
     lines = [f"# Run report: {s['run']}", "", "![report](report.png)", "", "| quantity | value |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]

@@ -191,5 +191,21 @@ def test_write_comparison_writes_figure_and_table(tmp_path):
     out = write_comparison(_seed_runs(tmp_path), tmp_path / "cmp")
     _assert_png(out / "compare.png")
     md = (out / "compare.md").read_text()
-    assert "| stare | 2 | 0.3300 ± 0.0283 | 0.6000 ± 0.1414 | 100.0% | 0h 00m 40s (40.0 s) |" in md
-    assert "| grpo | 1 | 0.1100 | 0.4000 | 90.0% |" in md
+    # two seeds: the bootstrap means are the two values and their mean (1/4, 1/2, 1/4), so the 95%
+    # interval's bounds are the two values; one seed: a zero-width interval
+    assert ("| stare | 2 | 0.3300 [0.3100, 0.3500] | 0.6000 [0.5000, 0.7000] | 100.0 [100.0, 100.0] "
+            "| n/a | n/a | n/a | 0h 00m 40s (40.0 s) |") in md
+    assert "| grpo | 1 | 0.1100 [0.1100, 0.1100] | 0.4000 [0.4000, 0.4000] | 90.0 [90.0, 90.0] |" in md
+
+
+def test_compare_reads_pass_at_k_from_the_final_evaluations_counts(tmp_path):
+    runs = _seed_runs(tmp_path)
+    for run, counts in ((runs[0], [[64, 32], [64, 0]]), (runs[2], [[64, 64], [64, 0]])):
+        evals = load_jsonl(run / "eval.jsonl")
+        evals[-1]["correct_counts"] = counts
+        (run / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    stare, grpo = compare(runs)
+    # pass@1 = c / n per problem: (0.5 + 0) / 2 = 0.25 and (1 + 0) / 2 = 0.5; pass@64 = 0.5 on both
+    assert stare["pass_at_k_ci"][1] == pytest.approx((0.375, 0.25, 0.5))
+    assert stare["pass_at_k_ci"][64] == pytest.approx((0.5, 0.5, 0.5))
+    assert grpo["pass_at_k_ci"][1] is None

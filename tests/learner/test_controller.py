@@ -118,3 +118,61 @@ def test_a_saturated_proportional_schedule_stays_inside_its_bounds_and_its_state
     restored = EntropyController(cfg)
     restored.load_state_dict(controller.state_dict())  # a resumed run restores it
     assert (restored.w, restored.m) == (10.0, 0.1)
+
+
+@pytest.mark.parametrize("schedule", ["sign", "proportional"])
+@pytest.mark.parametrize("order", ["reference", "lagged"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_entropy_skips_the_step_and_keeps_gate_w_and_m(schedule, order, bad):
+    cfg = ControllerConfig(target=0.3, band=(0.2, 0.4), adaptive=True, schedule=schedule, order=order,
+                           alpha=0.1, gain=10.0, w_max=5.0, m_min=0.2)
+    c = EntropyController(cfg)
+    c.begin_step(0.1, 0.1)  # below the band: gate on, W and M tilted
+    c.end_step(0.1)
+    kept = (c.gate, c.w, c.m, c.last_entropy)
+    assert c.begin_step(bad, bad) is True and c.skipped
+    c.end_step(bad)
+    assert (c.gate, c.w, c.m, c.last_entropy) == kept
+    assert c.begin_step(bad, 0.1) is True and c.skipped  # either input non-finite skips the step
+    assert (c.gate, c.w, c.m) == kept[:3]
+    restored = EntropyController(cfg)
+    restored.load_state_dict(c.state_dict())  # the checkpoint holds no NaN, so it loads
+    assert (restored.gate, restored.w, restored.m) == kept[:3]
+    c.begin_step(0.5, 0.5)  # a finite step afterwards clears the flag and moves on
+    assert not c.skipped and c.gate is False
+
+
+def test_reference_order_trains_with_w_and_m_updated_from_this_steps_entropy():
+    cfg = ControllerConfig(target=0.3, w=1.1, m=0.9, adaptive=True, alpha=0.1, w_max=1.5, m_min=0.5)
+    ref, lag = EntropyController(cfg), EntropyController(cfg.model_copy(update={"order": "lagged"}))
+    used_ref, used_lag = [], []
+    for h in (0.1, 0.1, 0.5):
+        for c, used in ((ref, used_ref), (lag, used_lag)):
+            gate = c.begin_step(h, h)
+            used.append((gate, round(c.w, 10), round(c.m, 10)))  # what step k's loss reads
+            c.end_step(h)
+    # reference: 0.1 -> (1.2, 0.8) used at once, 0.1 -> (1.3, 0.7), 0.5 -> (1.2, 0.8);
+    # lagged: step k uses the values from H_(k-1): the initial (1.1, 0.9), then (1.2, 0.8), (1.3, 0.7)
+    assert used_ref == [(True, 1.2, 0.8), (True, 1.3, 0.7), (False, 1.2, 0.8)]
+    assert used_lag == [(True, 1.1, 0.9), (True, 1.2, 0.8), (False, 1.3, 0.7)]
+
+
+def test_reference_order_is_the_default():
+    assert ControllerConfig().order == "reference"
+
+
+def test_ema_smooths_the_entropy_the_schedule_reads_and_survives_a_checkpoint():
+    cfg = ControllerConfig(target=0.3, adaptive=True, schedule="proportional", gain=10.0, w_max=5.0, m_min=0.2,
+                           ema=0.5)
+    c = EntropyController(cfg)
+    trace = []
+    for h in (0.2, 0.3, 0.1):
+        c.begin_step(h, h)
+        trace.append(round(c.w, 10))
+    # s = 0.2 (first), 0.5*0.2+0.5*0.3 = 0.25, 0.5*0.25+0.5*0.1 = 0.175; u = 10 (0.3 - s) = 1, 0.5, 1 (clipped 1.25)
+    assert trace == [5.0, 3.0, 5.0]
+    restored = EntropyController(cfg)
+    restored.load_state_dict(c.state_dict())
+    c.begin_step(0.3, 0.3)
+    restored.begin_step(0.3, 0.3)  # s = 0.2375 on both: u = 0.625, W = 3.5
+    assert restored.w == c.w == pytest.approx(3.5)

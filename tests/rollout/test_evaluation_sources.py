@@ -53,3 +53,29 @@ def test_eval_settings_come_from_the_task_section():
                                       "task.eval_sources={aime24: {n: 32, top_p: 0.7}}"])
     s = eval_settings(cfg)
     assert (s["k"], s["top_p"], s["per_source"]) == (2, 0.9, {"aime24": SourceSampling(32, 1.0, 0.7)})
+
+
+def test_each_problem_reports_its_samples_and_correct_ones_for_pass_at_k():
+    problems = [Problem("aa", "1", "a1", 1, "x"), Problem("bb", "1", "b1", 1, "x"), Problem("cc", "1", "c1", 1, "y")]
+    engine = RecordingEngine({"aa": 3, "bb": 0, "cc": 1})
+    result = evaluate(engine, TOK, ExactTask(), problems, k=4, max_new_tokens=4, stop_token_ids=(), seed=0,
+                      per_source={"y": SourceSampling(2, 1.0, 1.0)})
+    assert result["correct_counts"] == [[4, 3], [4, 0], [2, 1]]
+
+
+def test_the_final_evaluation_takes_final_eval_k_and_the_others_eval_k():
+    cfg = build_config({}, overrides=["task.eval_k=4", "task.final_eval_k=64"])
+    assert (eval_settings(cfg)["k"], eval_settings(cfg, final=True)["k"]) == (4, 64)
+    assert eval_settings(build_config({}, overrides=["task.eval_k=4"]), final=True)["k"] == 4
+
+
+def test_eval_seed_fixes_the_held_out_problems_across_run_seeds():
+    from stare.data import eval_problems
+    from stare.tasks.registry import build_task
+
+    def drawn(*overrides):
+        cfg = build_config({}, overrides=["task.eval_problems=16", *overrides])
+        return [p.prompt for p in eval_problems(cfg, build_task("arithmetic"), TOK, log=lambda _: None)]
+
+    assert drawn("run.seed=0") != drawn("run.seed=1")  # the default: each run seed its own draw
+    assert drawn("run.seed=0", "task.eval_seed=7") == drawn("run.seed=1", "task.eval_seed=7")

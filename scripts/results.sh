@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Regenerate docs/results.md and its figures: every algorithm (and the controller variants) on the
+# tiny config, SEEDS seeds each, then `python -m stare.report.results` over what completed.
+#
+#   scripts/results.sh            sweep (runs only what is missing) then report
+#   scripts/results.sh sweep      only the runs;   scripts/results.sh report   only the report
+#
+# Environment: RUNS_DIR (runs/results), SEEDS ("0 1 2 3 4"), JOBS (2 runs at once), VARIANTS (all
+# below, in this order), NICE (5). A run is complete when its eval.jsonl holds the final n=64
+# evaluation; an incomplete one is started again from scratch. Each run's load average at start and
+# end goes to $RUNS_DIR/<run>/load.txt (the machine is shared: wall times depend on it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+PYFLAGS=${PYFLAGS:-}
+RUNS_DIR=${RUNS_DIR:-runs/results}
+SEEDS=${SEEDS:-"0 1 2 3 4"}
+JOBS=${JOBS:-2}
+NICE=${NICE:-5}
+CONFIG=${CONFIG:-configs/tiny-cpu.yaml}
+# tier|label|algo|extra --set overrides (space separated). Tiers run in order, seeds interleaved
+# within a tier: the headline pair and the controller without its EMA first, then STARE variants
+# that look for where its accuracy cost comes from, then the other baselines.
+ALL_VARIANTS=(
+  "1|stare|stare|"
+  "1|grpo|grpo|"
+  "1|stare-pctl|stare|controller.ema=0.0"
+  "3|grpo-ds|grpo-ds|"
+  "3|dapo|dapo|"
+  "3|entropy-bonus|entropy-bonus|"
+  "3|clip-cov|clip-cov|"
+  "3|kl-cov|kl-cov|"
+  "3|80-20|80-20|"
+  "2|stare-w3|stare|controller.w_max=3.0 controller.m_min=0.5"
+  "2|stare-o1|stare|loss.variant=O1"
+  "2|stare-lowtarget|stare|controller.target=0.2 controller.band=[0.15,0.25]"
+)
+if [[ -n "${VARIANTS:-}" ]]; then read -r -a WANT <<<"$VARIANTS"; else WANT=(); fi
+
+jobs_list() {  # one line per run, "name|algo|overrides", in tier, seed, listed order
+  local v tier label algo extra seed i
+  for seed in $SEEDS; do
+    i=0
+    for v in "${ALL_VARIANTS[@]}"; do
+      i=$((i + 1))
+      IFS='|' read -r tier label algo extra <<<"$v"
+      if ((${#WANT[@]})) && [[ " ${WANT[*]} " != *" $label "* ]]; then continue; fi
+      printf '%s %s %s|s%s-%s|%s|%s\n' "$tier" "$seed" "$i" "$seed" "$label" "$algo" "$extra"
+    done
+  done | sort -n -k1,1 -k2,2 -k3,3 | cut -d'|' -f2-
+}
+
+complete() {  # the run's final evaluation (n = 64) is in its eval.jsonl
+  [[ -f "$1/eval.jsonl" ]] && grep -q '"k": 64' "$1/eval.jsonl"
+}
+
+run_one() {
+  local line=$1 name algo extra dir
+  IFS='|' read -r name algo extra <<<"$line"
+  dir="$RUNS_DIR/$name"
+  if complete "$dir"; then return 0; fi
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  local seed=${name#s}
+  seed=${seed%%-*}
+  local sets=(--set "run.output_dir=$RUNS_DIR" --set "run.name=$name" --set "run.seed=$seed")
+  for o in $extra; do sets+=(--set "$o"); done
+  echo "start $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)" >"$dir.load.tmp"
+  echo "[results] $name ($algo) start $(date -u +%T)"
+  if nice -n "$NICE" timeout 3600 "$PY" ${PYFLAGS:-} -m stare.cli train --config "$CONFIG" --algo "$algo" --no-progress \
+      "${sets[@]}" --set task.final_eval_k=64 >"$RUNS_DIR/$name.log" 2>&1; then
+    echo "end $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)" >>"$dir.load.tmp"
+    mv "$dir.load.tmp" "$dir/load.txt"
+    rm -rf "$dir/checkpoints"  # 300 steps x 9 variants x 5 seeds of optimizer states: not kept
+    echo "[results] $name done $(date -u +%T)"
+  else
+    echo "[results] $name FAILED (log: $RUNS_DIR/$name.log)"
+  fi
+}
+export -f run_one complete
+export PY PYFLAGS RUNS_DIR NICE CONFIG
+
+sweep() {
+  mkdir -p "$RUNS_DIR"
+  jobs_list | xargs -d '\n' -P "$JOBS" -I{} bash -c 'run_one "$@"' _ {}
+}
+
+report() {
+  "$PY" ${PYFLAGS:-} -m stare.report.results --runs-dir "$RUNS_DIR" --out docs/results.md --figures docs/results \
+    --notes docs/results-notes.md
+}
+
+case "${1:-all}" in
+  sweep) sweep ;;
+  report) report ;;
+  all) start=$(date +%s); sweep; report; echo "[results] wall time $(( $(date +%s) - start )) s" ;;
+  list) jobs_list ;;
+  *) echo "usage: scripts/results.sh [sweep|report|all|list]" >&2; exit 2 ;;
+esac
