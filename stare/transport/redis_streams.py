@@ -156,8 +156,7 @@ class RedisStream(Generic[T]):
 
     # ---------------------------------------------------------------- protocol
     def publish(self, records: Sequence[T]) -> list[str]:
-        """Append records (one MULTI/EXEC round trip: Redis writes and, with `appendfsync always`,
-        fsyncs the AOF once for the batch); returns their entry ids. With `max_backlog`, first waits
+        """Append records (one pipelined round trip); returns their entry ids. With `max_backlog`, first waits
         up to `publish_timeout_s` (0: not at all) for the group's backlog to leave room for the
         batch, else raises `BackpressureError` having written nothing."""
         return self.publish_and_ack(records, None, ())
@@ -307,10 +306,12 @@ class RedisStream(Generic[T]):
 
     def _xadd_transaction(self, encoded: list[dict[str, bytes]], ack: tuple["RedisStream", Sequence[str]] | None
                           ) -> list[str]:
-        # MULTI/EXEC, not a plain pipeline: Redis reads a large pipeline over several event-loop
-        # turns and, with `appendfsync always`, fsyncs the AOF after each (measured here: 128
-        # 0.8 kB records took ~40 ms as a pipeline, ~8 ms as one transaction).
-        pipe = self.client.pipeline(transaction=True)
+        # With an ack: MULTI/EXEC, so outputs and ack land together or not at all; also one AOF fsync
+        # with `appendfsync always` (Redis reads a large plain pipeline over several event-loop turns
+        # and fsyncs after each: 128 0.8 kB records took ~40 ms as a pipeline, ~8 ms as one
+        # transaction). Without one: a plain pipeline, which is faster where the AOF is not fsynced
+        # per write (stare bench transport: MULTI/EXEC cost 0.74-0.84 of raw redis-py there).
+        pipe = self.client.pipeline(transaction=ack is not None)
         for fields in encoded:
             pipe.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)
         if self.max_backlog is not None:
