@@ -9,11 +9,13 @@ import redis
 import torch
 from redis_fixtures import have_redis_server, redis_server
 
+from broadcast_helpers import TIMEOUT_S
+from broadcast_helpers import await_join_request as _await_join_request
+from broadcast_helpers import subscriber as _subscriber
 from stare.net import free_port
-from stare.weight_sync.broadcast import BroadcastPublisher, BroadcastSubscriber
+from stare.weight_sync.broadcast import BroadcastPublisher
 from stare.weight_sync.filesystem import FilesystemPublisher, FilesystemSubscriber
 
-TIMEOUT_S = 3.0
 
 
 def _state(shift: float) -> dict[str, torch.Tensor]:
@@ -34,17 +36,6 @@ def publisher():
     pub = BroadcastPublisher("127.0.0.1", free_port(), timeout_s=TIMEOUT_S)
     yield pub
     pub.close()
-
-
-def _subscriber(pub, name):
-    return BroadcastSubscriber("127.0.0.1", pub.store.port, name, timeout_s=TIMEOUT_S, poll_s=0.01)
-
-
-def _await_join_request(pub, n, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while pub.store.add("joins", 0) < n:
-        assert time.monotonic() < deadline, "the worker never asked to join"
-        time.sleep(0.01)
 
 
 def test_a_worker_receives_every_published_version_bit_exact(publisher):

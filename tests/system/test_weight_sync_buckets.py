@@ -10,6 +10,9 @@ from collections.abc import Mapping
 import pytest
 import torch
 
+from broadcast_helpers import TIMEOUT_S
+from broadcast_helpers import await_join_request as _await_join_request
+from broadcast_helpers import subscriber as _subscriber
 from stare.net import free_port
 from stare.weight_sync.background import BackgroundPublisher
 from stare.weight_sync.broadcast import BroadcastPublisher, BroadcastSubscriber
@@ -17,7 +20,6 @@ from stare.weight_sync.buckets import BucketPacker, Segments
 from stare.weight_sync.communicator import NcclCommunicator, choose_communicator, has_nccl
 from stare.weight_sync.memory import MemoryWeightBoard
 
-TIMEOUT_S = 3.0
 
 
 def _state(shift: float) -> dict[str, torch.Tensor]:
@@ -65,17 +67,6 @@ class OnePassOnly(Mapping):
 def _publisher(bucket_bytes: int) -> BroadcastPublisher:
     return BroadcastPublisher("127.0.0.1", free_port(), timeout_s=TIMEOUT_S, communicator="gloo",
                               bucket_bytes=bucket_bytes)
-
-
-def _subscriber(pub, name):
-    return BroadcastSubscriber("127.0.0.1", pub.store.port, name, timeout_s=TIMEOUT_S, poll_s=0.01)
-
-
-def _await_join_request(pub, n, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while pub.store.add("joins", 0) < n:
-        assert time.monotonic() < deadline, "the worker never asked to join"
-        time.sleep(0.01)
 
 
 @pytest.mark.parametrize("bucket_bytes", [64, 256, 1024, 1 << 20])
