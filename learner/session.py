@@ -81,8 +81,10 @@ class MemoryCursor:
 
 
 class Evaluator(Protocol):
-    def __call__(self, version: int, weights: Callable[[], Mapping[str, torch.Tensor]]) -> dict[str, Any]:
-        """Held-out results of the policy at `version` (`weights()` gives its state dict)."""
+    def __call__(self, version: int, weights: Callable[[], Mapping[str, torch.Tensor]],
+                 final: bool = False) -> dict[str, Any]:
+        """Held-out results of the policy at `version` (`weights()` gives its state dict); `final`:
+        the run's last evaluation (`task.final_eval_k` samples when set)."""
         ...
 
 
@@ -182,8 +184,7 @@ class TrainingSession:
         that it is not gathered twice); `final`: the run's last evaluation (`task.final_eval_k`)."""
         learner = self.learner
         with self.seams.busy("evaluating"):
-            kwargs = {"final": True} if final else {}
-            result = self.seams.evaluator(learner.version, weights or learner.state_dict_for_rollout, **kwargs)
+            result = self.seams.evaluator(learner.version, weights or learner.state_dict_for_rollout, final=final)
         result["step"] = learner.step
         self.outputs.log_eval(result)
         self.say(f"held-out at step {learner.step}: greedy {result['greedy_accuracy']:.3f}, "

@@ -23,7 +23,7 @@ class RecordingRemoteEvaluator:
     def __init__(self, run_dir: Path):
         self.run_dir, self.calls = run_dir, []
 
-    def __call__(self, version, weights):
+    def __call__(self, version, weights, final=False):
         trained = self.run_dir / "trained.jsonl"
         self.calls.append({
             "version": version,
