@@ -333,11 +333,13 @@ class TrainingSession:
         step = learner.step
         saved = False
         if self._eval_due(step):
+            weights = lambda s=state: s  # noqa: E731  (the evaluator in this process reads the published copy)
             if getattr(self.seams.evaluator, "remote", False):  # a wait on other processes: save the step first
                 self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])  # lineage before the acks
                 self.checkpoint()
                 saved = True
-            metrics["eval_greedy_accuracy"] = self.evaluate(lambda s=state: s, final=step == cfg.run.steps)["greedy_accuracy"]
+                weights = state = None  # the workers hold this version: the copy is not kept through the wait
+            metrics["eval_greedy_accuracy"] = self.evaluate(weights, final=step == cfg.run.steps)["greedy_accuracy"]
         del state  # a full copy of the weights (15 GB at 7B): not kept between steps
         status = {"weight_version": learner.version, "queue_depths": self.queue_depths(),
                   "dead_letters": self.dead_letters(),

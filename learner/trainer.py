@@ -133,7 +133,7 @@ class Learner:
         count = max(r[2] for r in ranks)
         mbs = [build_micro_batch(g, batch.prompts, batch.responses, pad_id=self.pad_id, pack=pack) for g in groups]
         mbs += [filler_micro_batch(self.pad_id, pack=pack)] * (count - len(mbs))
-        if self.world > 1:  # the same number of output-head calls per micro-batch on every rank (ZeRO-3)
+        if self.world > 1 and o.zero_stage == 3:  # as many output-head calls per micro-batch on every rank
             chunks = [max(-(-mb.targets.shape[0] // o.logits_chunk_tokens), 1) for mb in mbs]  # host ints
             most = [max(c) for c in zip(*all_gather_ints(chunks, self.device))]  # host sync: step start
             mbs = [dataclasses.replace(mb, min_chunks=c) for mb, c in zip(mbs, most)]

@@ -49,13 +49,7 @@ class PromptTask:
 
     @classmethod
     def from_fields(cls, data: dict[bytes | str, bytes]) -> "PromptTask":
-        raw = json.loads(_get(data, "json"))
-        if raw.get("schema") != SCHEMA_VERSION:
-            raise RecordError(f"PromptTask.schema is {raw.get('schema')!r}, this build reads {SCHEMA_VERSION}")
-        try:
-            return cls(**raw)
-        except TypeError as err:
-            raise RecordError(f"PromptTask fields do not match schema {SCHEMA_VERSION}: {err}") from None
+        return _from_json_fields(cls, data)
 
 
 @dataclass
@@ -89,13 +83,7 @@ class EvalTask:
 
     @classmethod
     def from_fields(cls, data: dict[bytes | str, bytes]) -> "EvalTask":
-        raw = json.loads(_get(data, "json"))
-        if raw.get("schema") != SCHEMA_VERSION:
-            raise RecordError(f"EvalTask.schema is {raw.get('schema')!r}, this build reads {SCHEMA_VERSION}")
-        try:
-            task = cls(**raw)
-        except TypeError as err:
-            raise RecordError(f"EvalTask fields do not match schema {SCHEMA_VERSION}: {err}") from None
+        task = _from_json_fields(cls, data)
         if task.n < 1:
             raise RecordError(f"EvalTask.n must be >= 1, got {task.n}")
         return task
@@ -173,6 +161,17 @@ class Trajectory:
             return cls(**header, **arrays).validate()
         except TypeError as err:
             raise RecordError(f"Trajectory fields do not match schema {SCHEMA_VERSION}: {err}") from None
+
+
+def _from_json_fields(cls, data: dict[bytes | str, bytes]):
+    """A JSON-encoded record (PromptTask, EvalTask) from its stream fields, its schema checked."""
+    raw = json.loads(_get(data, "json"))
+    if raw.get("schema") != SCHEMA_VERSION:
+        raise RecordError(f"{cls.__name__}.schema is {raw.get('schema')!r}, this build reads {SCHEMA_VERSION}")
+    try:
+        return cls(**raw)
+    except TypeError as err:
+        raise RecordError(f"{cls.__name__} fields do not match schema {SCHEMA_VERSION}: {err}") from None
 
 
 def _get(data: dict, key: str) -> bytes:
