@@ -19,7 +19,6 @@ from stare.net import free_port
 from stare.paths import cache_dir
 
 LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # model.dtype
 # fp16: DeepSpeed's dynamic loss scaling (the reference's fp16 setting): start at 2^16, halve on an
 # overflowing step (which is skipped), double after 1000 clean steps.
 FP16_LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,

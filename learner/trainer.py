@@ -39,6 +39,7 @@ from stare.learner.diagnostics import quadrant_metrics
 from stare.learner.micro_batches import MicroBatch, build_micro_batch, filler_micro_batch, plan_rows
 from stare.learner.passes import Policy, hidden_state_fn, prepass, train_pass
 from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
+from stare.models import torch_dtype
 from stare.records import Trajectory
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class Learner:
         self.world = dist.get_world_size()
         self.rank = dist.get_rank()
         torch.manual_seed(cfg.run.seed)
-        dtype = ds.DTYPES[cfg.model.dtype]
+        dtype = torch_dtype(cfg.model.dtype)
         ds.check_dtype_supported(cfg.model.dtype)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         o = cfg.optim

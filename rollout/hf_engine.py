@@ -31,7 +31,6 @@ from stare.rollout.engine import Completion, SamplingParams, check_prompts, read
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -66,10 +65,10 @@ class HFEngine:
     ) -> None:
         from transformers import AutoModelForCausalLM
 
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        from stare.models import torch_dtype
+
         self.model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=_DTYPES[dtype], attn_implementation=attn_implementation
+            model_path, dtype=torch_dtype(dtype), attn_implementation=attn_implementation
         ).to(device)
         self.model.eval().requires_grad_(False)
         self.device = torch.device(device)

@@ -40,6 +40,18 @@ def resolve_model(cfg: TrainConfig, log: Callable[[str], None]) -> Path:
     return path
 
 
+MODEL_DTYPES = ("float32", "bfloat16", "float16")  # model.dtype, the rollout engines' dtype
+
+
+def torch_dtype(name: str):
+    """The torch dtype of a model.dtype / engine dtype name; ValueError naming the choices."""
+    import torch
+
+    if name not in MODEL_DTYPES:
+        raise ValueError(f"dtype must be one of {list(MODEL_DTYPES)}, got {name!r}")
+    return getattr(torch, name)
+
+
 def stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
     """The ids sampling stops on (the tokenizer's EOS; the engines add the model's own)."""
     return tuple(i for i in (tokenizer.eos_token_id,) if i is not None)
