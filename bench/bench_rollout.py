@@ -122,7 +122,7 @@ def measure_engine(cfg, engine_name: str, redis_url: str, repeats: int) -> dict[
             f"rollout/{engine_name}", f"{WHAT} ({engine_name}: {r.prompts_per_step} prompts x {r.samples_per_prompt}, "
             f"<= {r.max_new_tokens} new tokens)",
             [n / t for n, t in zip(n_tok, ours_s)], [n / t for n, t in zip(n_tok, base_s)],
-            unit="tokens/s", target=TARGET, median_of_ratios=True, tokens_per_round=n_tok)
+            unit="tokens/s", target=TARGET, tokens_per_round=n_tok)
     finally:
         weights.close()
         publisher.close()

@@ -4,17 +4,17 @@ Moves realistic trajectories (256 prompt tokens; 1k and 8k response tokens; pack
 float32 log-probs, uint8 mask, ~3 characters of text per token) through one stream and its
 consumer group, in batches (publish, then consume + ack):
   * raw redis-py:  pipelined XADD (MAXLEN ~), XREADGROUP + XACK; no record objects;
-  * RedisStream:   `publish` (one XINFO GROUPS backlog check + pipelined XADD MAXLEN ~),
+  * RedisStream:   `publish` (pipelined XADD MAXLEN ~ and an XINFO GROUPS backlog check),
                    `consume` (XREADGROUP, decode, in-flight bookkeeping), `ack` (XACK);
   both twice: on already-encoded bytes (a pass-through codec: the transport's own cost), and with
   the Trajectory codec (`to_fields` on publish, `from_fields` + validation on consume), which a
   real producer/consumer pays whatever the transport.
 Rounds alternate between modes (rotating which goes first, after one uncounted warm-up round);
-each cell is the median over rounds. The ratio is RedisStream's throughput over raw redis-py's
-doing the same codec work (target >= 0.95). Redis (a throwaway redis-server on a free port) runs
+each cell is the median over rounds, the ratio the median over rounds of RedisStream's throughput
+over raw redis-py's doing the same codec work (target >= 0.95). Redis (a throwaway redis-server on a free port) runs
 without AOF by default, to time the transport rather than the disk (`--aof`: appendfsync everysec).
 
-Usage: python bench/bench_transport.py [--url redis://...] [--rounds 5] [--batch 64] [--mb 24] [--aof]
+Usage: python bench/bench_transport.py [--url redis://...] [--rounds 21] [--batch 64] [--mb 24] [--aof]
 (or `stare bench transport`)
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 from stare.bench.common import format_table, paired_row
 
 TARGET = 0.95
-QUICK = dict(rounds=11, batch=64, mb=24.0)
-FULL = dict(rounds=15, batch=64, mb=48.0)
+QUICK = dict(rounds=21, batch=64, mb=24.0)
+FULL = dict(rounds=31, batch=64, mb=48.0)
 
 
 class Encoded:
@@ -165,7 +165,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="an existing Redis (default: start a throwaway redis-server)")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=QUICK["rounds"])
     parser.add_argument("--batch", type=int, default=64, help="records per publish and per consume")
     parser.add_argument("--mb", type=float, default=24.0, help="payload per round and size, in MB")
     parser.add_argument("--aof", action="store_true", help="throwaway server with appendfsync everysec")

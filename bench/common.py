@@ -6,8 +6,9 @@ same run, doing the same work, and reports one row per figure:
     name, what, ours, baseline, unit, ratio = ours / baseline, target, higher_is_better, pass,
     spread (min and max of the per-repeat ratios), repeats
 
-`ours` and `baseline` are medians over the repeats, and the repeats of the two arms are
-interleaved so that drift in the machine's load hits both. `pass` is None where there is no
+`ours` and `baseline` are medians over the repeats, the repeats of the two arms are interleaved
+so that drift in the machine's load hits both, and `ratio` is the median of the per-repeat ratios
+(`paired_row`). `pass` is None where there is no
 target (a breakdown, an informational figure) or the row was skipped (then `skipped` says why).
 """
 
@@ -52,12 +53,13 @@ def row(name: str, what: str, *, ours: float, baseline: float, unit: str, target
 
 
 def paired_row(name: str, what: str, ours: Sequence[float], baseline: Sequence[float], *, unit: str,
-               target: float | None = None, higher_is_better: bool = True, median_of_ratios: bool = False,
+               target: float | None = None, higher_is_better: bool = True, median_of_ratios: bool = True,
                **extra: Any) -> dict[str, Any]:
     """A row from interleaved per-repeat samples of both arms: medians and the ratio spread. The
-    ratio is median(ours) / median(baseline), or with `median_of_ratios` the median of the
-    per-repeat ratios ours[i] / baseline[i] (robust to load that drifts between repeats: each pair
-    ran back to back)."""
+    ratio is the median of the per-repeat ratios ours[i] / baseline[i] (each pair ran back to back,
+    so load that drifts between repeats slows both of a pair, and one starved repeat cannot move
+    the result), or with `median_of_ratios=False` median(ours) / median(baseline) (arms that did
+    not run back to back)."""
     spread = ratio_spread(ours, baseline)
     paired = median([o / b for o, b in zip(ours, baseline)]) if median_of_ratios else None
     return row(name, what, ours=median(ours), baseline=median(baseline), unit=unit, target=target,

@@ -92,7 +92,8 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
 
 def run_follower(cfg: TrainConfig, name: str) -> None:
     """A learner rank > 0: no Redis, no ports; it trains its share of each step as rank 0 says."""
-    from stare.learner.rank_launch import die_with_parent, follower_model, leave_process_groups, rank_timeout_s
+    from stare.learner.rank_launch import (die_with_parent, exit_abandoning_process_groups, follower_model,
+                                           leave_process_groups, rank_timeout_s)
     from stare.learner.ranks import RankChannel, follow
     from stare.learner.session import seed_everything
     from stare.learner.trainer import Learner
@@ -103,7 +104,11 @@ def run_follower(cfg: TrainConfig, name: str) -> None:
     learner = Learner(cfg, model_path, pad_id=pad_id)
     channel = RankChannel(timeout_s=rank_timeout_s(cfg), heartbeat_s=min(10.0, rank_timeout_s(cfg) / 6))
     log.info("learner rank %d of %d following rank 0", channel.rank, channel.world)
-    steps = follow(learner, channel)
+    try:
+        steps = follow(learner, channel)
+    except RuntimeError as err:  # rank 0 dead or hung: its receive timed out, the group is unusable
+        log.error("%s", err)
+        exit_abandoning_process_groups(1)
     log.info("learner rank %d: rank 0 said stop after %d steps here", channel.rank, steps)
     leave_process_groups()
 

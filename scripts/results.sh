@@ -5,35 +5,39 @@
 #   scripts/results.sh            sweep (runs only what is missing) then report
 #   scripts/results.sh sweep      only the runs;   scripts/results.sh report   only the report
 #
-# Environment: RUNS_DIR (runs/results), SEEDS ("0 1 2 3 4"), JOBS (2 runs at once), VARIANTS (all
-# below, in this order), NICE (5). A run is complete when its eval.jsonl holds the final n=64
-# evaluation; an incomplete one is started again from scratch. Each run's load average at start and
-# end goes to $RUNS_DIR/<run>/load.txt (the machine is shared: wall times depend on it).
+# Environment: RUNS_DIR (runs/results), RECORDS (docs/results/runs), SEEDS ("0 1 2 3 4"), JOBS (2
+# runs at once), VARIANTS (all below, in this order), NICE (5). A run is done when its record
+# $RECORDS/<run>.json exists: the report reads only the records (a few KB each, kept in git), so a
+# sweep longer than one sitting goes on where the last one stopped, on any machine (each record
+# carries its machine's fingerprint). A completed run folder without a record is recorded; an
+# incomplete one is started again from scratch. Each run's load average at start and end goes to
+# $RUNS_DIR/<run>/load.txt and its record (the machine is shared: wall times depend on it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 PYFLAGS=${PYFLAGS:-}
 RUNS_DIR=${RUNS_DIR:-runs/results}
+RECORDS=${RECORDS:-docs/results/runs}
 SEEDS=${SEEDS:-"0 1 2 3 4"}
 JOBS=${JOBS:-2}
 NICE=${NICE:-5}
 CONFIG=${CONFIG:-configs/tiny-cpu.yaml}
 # tier|label|algo|extra --set overrides (space separated). Tiers run in order, seeds interleaved
-# within a tier: the headline pair and the controller without its EMA first, then STARE variants
-# that look for where its accuracy cost comes from, then the other baselines.
+# within a tier: the headline pair and the controller without its EMA first, then the other
+# baselines, then STARE variants that look for where its accuracy cost comes from.
 ALL_VARIANTS=(
   "1|stare|stare|"
   "1|grpo|grpo|"
   "1|stare-pctl|stare|controller.ema=0.0"
-  "3|grpo-ds|grpo-ds|"
-  "3|dapo|dapo|"
-  "3|entropy-bonus|entropy-bonus|"
-  "3|clip-cov|clip-cov|"
-  "3|kl-cov|kl-cov|"
-  "3|80-20|80-20|"
-  "2|stare-w3|stare|controller.w_max=3.0 controller.m_min=0.5"
-  "2|stare-o1|stare|loss.variant=O1"
-  "2|stare-lowtarget|stare|controller.target=0.2 controller.band=[0.15,0.25]"
+  "2|grpo-ds|grpo-ds|"
+  "2|dapo|dapo|"
+  "2|entropy-bonus|entropy-bonus|"
+  "2|clip-cov|clip-cov|"
+  "2|kl-cov|kl-cov|"
+  "2|80-20|80-20|"
+  "3|stare-w3|stare|controller.w_max=3.0 controller.m_min=0.5"
+  "3|stare-o1|stare|loss.variant=O1"
+  "3|stare-lowtarget|stare|controller.target=0.2 controller.band=[0.15,0.25]"
 )
 if [[ -n "${VARIANTS:-}" ]]; then read -r -a WANT <<<"$VARIANTS"; else WANT=(); fi
 
@@ -54,11 +58,16 @@ complete() {  # the run's final evaluation (n = 64) is in its eval.jsonl
   [[ -f "$1/eval.jsonl" ]] && grep -q '"k": 64' "$1/eval.jsonl"
 }
 
+record() {  # the run folder's record into $RECORDS (what the report reads)
+  "$PY" ${PYFLAGS:-} -m stare.report.results --record "$1" --records "$RECORDS"
+}
+
 run_one() {
   local line=$1 name algo extra dir
   IFS='|' read -r name algo extra <<<"$line"
   dir="$RUNS_DIR/$name"
-  if complete "$dir"; then return 0; fi
+  if [[ -f "$RECORDS/$name.json" ]]; then return 0; fi
+  if complete "$dir"; then record "$dir"; return 0; fi
   rm -rf "$dir"
   mkdir -p "$dir"
   local seed=${name#s}
@@ -72,13 +81,14 @@ run_one() {
     echo "end $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)" >>"$dir.load.tmp"
     mv "$dir.load.tmp" "$dir/load.txt"
     rm -rf "$dir/checkpoints"  # 300 steps x 9 variants x 5 seeds of optimizer states: not kept
+    record "$dir"
     echo "[results] $name done $(date -u +%T)"
   else
     echo "[results] $name FAILED (log: $RUNS_DIR/$name.log)"
   fi
 }
-export -f run_one complete
-export PY PYFLAGS RUNS_DIR NICE CONFIG
+export -f run_one complete record
+export PY PYFLAGS RUNS_DIR RECORDS NICE CONFIG
 
 sweep() {
   mkdir -p "$RUNS_DIR"
@@ -86,7 +96,7 @@ sweep() {
 }
 
 report() {
-  "$PY" ${PYFLAGS:-} -m stare.report.results --runs-dir "$RUNS_DIR" --out docs/results.md --figures docs/results \
+  "$PY" ${PYFLAGS:-} -m stare.report.results --records "$RECORDS" --out docs/results.md --figures docs/results \
     --notes docs/results-notes.md
 }
 

@@ -161,6 +161,7 @@ def silent_leader_worker(rank: int, world: int, port: int, out_dir: str) -> None
 
     import torch.distributed as dist
 
+    from stare.learner.rank_launch import exit_abandoning_process_groups
     from stare.learner.ranks import RankChannel, follow
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -176,3 +177,4 @@ def silent_leader_worker(rank: int, world: int, port: int, out_dir: str) -> None
     except RuntimeError as err:
         outcome = str(err)
     Path(out_dir, "follower.txt").write_text(f"{time.monotonic() - t0:.1f}\n{outcome}")
+    exit_abandoning_process_groups(0)  # as run_follower does (with 1) after a timed-out receive

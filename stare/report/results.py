@@ -1,16 +1,22 @@
-"""docs/results.md and its figures from a sweep's run folders (scripts/results.sh).
+"""docs/results.md and its figures from a sweep's run records (scripts/results.sh).
 
-    python -m stare.report.results --runs-dir runs/results --out docs/results.md --figures docs/results
+    python -m stare.report.results --record runs/results/s0-stare ...   a completed run -> its record
+    python -m stare.report.results --out docs/results.md --figures docs/results   the report
 
-Run folders are named `s<seed>-<label>` (label: an algorithm or a controller variant). Per label,
-every number is the mean over its seeds and a 95% percentile-bootstrap interval (stare.report.stats);
-pass@k comes from each run's final evaluation (n samples per held-out problem, `correct_counts`),
-by the unbiased estimator. Only completed runs (final evaluation present) are counted.
+Run folders are named `s<seed>-<label>` (label: an algorithm or a controller variant). A completed
+run (its final evaluation present) becomes a record, `docs/results/runs/<name>.json`: its numbers,
+entropy curve and machine fingerprint, a few KB kept in git, so that a sweep longer than one
+sitting accumulates across sessions and machines and the report is regenerated from what is kept.
+Per label, every number is the mean over its seeds and a 95% percentile-bootstrap interval
+(stare.report.stats); pass@k comes from each run's final evaluation (n samples per held-out
+problem, `correct_counts`), by the unbiased estimator. Differences are paired by seed, and only
+between runs on the same machine fingerprint (model build and CPU kernels).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -19,6 +25,8 @@ from stare.report.stats import bootstrap_ci, pass_at_k_curve
 from stare.report.summary import EVAL_FILE, METRICS_FILE, load_jsonl, summarize
 
 RUN_NAME = re.compile(r"^s(\d+)-(.+)$")
+RECORDS_DIR = Path("docs/results/runs")
+RECORD_VERSION = 1
 LAST_STEPS = 50
 PASS_KS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -71,19 +79,42 @@ def run_numbers(run_dir: Path) -> dict[str, Any]:
         "steps": len(metrics),
         "model_sha256": ((s.get("machine") or {}).get("model") or {}).get("sha256"),
         "cpu_capability": ((s.get("machine") or {}).get("torch") or {}).get("cpu_capability"),
-        "entropy_curve": ([int(r["step"]) for r in metrics], [float(r["entropy"]) for r in metrics]),
+        "entropy_curve": ([int(r["step"]) for r in metrics], [round(float(r["entropy"]), 5) for r in metrics]),
         "band": (metrics[-1].get("band_low"), metrics[-1].get("band_high"), metrics[-1].get("target")) if metrics else None,
     }
 
 
-def collect(runs_dir: Path) -> dict[str, dict[int, dict[str, Any]]]:
-    """label -> seed -> numbers, completed runs only, labels in order of first appearance by name."""
+def record(run_dir: Path) -> dict[str, Any] | None:
+    """A completed run's record (None while it runs or if the folder is not named s<seed>-<label>)."""
+    m = RUN_NAME.match(run_dir.name)
+    if m is None or not run_dir.is_dir() or _final_eval(run_dir) is None:
+        return None
+    numbers = run_numbers(run_dir)
+    fingerprint = f"{(numbers['model_sha256'] or 'none')[:12]}/{numbers['cpu_capability']}"
+    return {"record": RECORD_VERSION, "name": run_dir.name, "label": m.group(2), "seed": int(m.group(1)),
+            "machine": fingerprint, **numbers}
+
+
+def write_record(run_dir: Path, records_dir: Path = RECORDS_DIR) -> Path:
+    rec = record(run_dir)
+    if rec is None:
+        raise SystemExit(f"--record {run_dir}: not a completed run (a folder s<seed>-<label> whose eval.jsonl "
+                         "holds the evaluation after its last step)")
+    records_dir.mkdir(parents=True, exist_ok=True)
+    out = records_dir / f"{rec['name']}.json"
+    out.write_text(json.dumps(rec, separators=(",", ":")) + "\n")
+    return out
+
+
+def collect(records_dir: Path = RECORDS_DIR) -> dict[str, dict[int, dict[str, Any]]]:
+    """label -> seed -> numbers from the records, labels in order of first appearance by name."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
-    for d in sorted(Path(runs_dir).iterdir(), key=lambda p: p.name):
-        m = RUN_NAME.match(d.name)
-        if not d.is_dir() or m is None or _final_eval(d) is None:
-            continue
-        out.setdefault(m.group(2), {})[int(m.group(1))] = run_numbers(d)
+    for f in sorted(Path(records_dir).glob("*.json"), key=lambda p: p.name):
+        rec = json.loads(f.read_text())
+        if rec.get("record") != RECORD_VERSION:
+            raise SystemExit(f"{f}: record version {rec.get('record')!r}, this report reads {RECORD_VERSION} "
+                             "(record the run again: python -m stare.report.results --record <run folder>)")
+        out.setdefault(rec["label"], {})[int(rec["seed"])] = rec
     return out
 
 
@@ -120,11 +151,15 @@ def table(data: dict[str, dict[int, dict[str, Any]]], columns=COLUMNS) -> list[s
 
 
 def paired(data, a: str, b: str, keys: list[str]) -> list[str]:
-    """a - b per seed both completed, mean [95% bootstrap] of the differences."""
-    seeds = sorted(set(data.get(a, {})) & set(data.get(b, {})))
+    """a - b per seed both completed on the same machine fingerprint, mean [95% bootstrap] of the
+    differences (a pair from two builds would add the builds' difference to the algorithms')."""
+    both = sorted(set(data.get(a, {})) & set(data.get(b, {})))
+    seeds = [s for s in both if data[a][s].get("machine") == data[b][s].get("machine")]
     if not seeds:
-        return [f"({a} and {b} share no completed seed yet)"]
-    lines = [f"| {a} - {b}, paired by seed ({len(seeds)} seeds) | difference |", "|---|---|"]
+        return [f"({a} and {b} share no completed seed on one machine fingerprint yet)"]
+    apart = f"; seeds {', '.join(map(str, sorted(set(both) - set(seeds))))} left out: run on different machines" \
+        if len(seeds) < len(both) else ""
+    lines = [f"| {a} - {b}, paired by seed ({len(seeds)} seeds{apart}) | difference |", "|---|---|"]
     for key in keys:
         diffs = [data[a][s][key] - data[b][s][key] for s in seeds
                  if data[a][s][key] is not None and data[b][s][key] is not None]
@@ -223,14 +258,20 @@ def render(data, figure_dir: str, notes: str = "") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m stare.report.results", description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs-dir", type=Path, default=Path("runs/results"))
+    p.add_argument("--record", type=Path, nargs="+", default=None, metavar="RUN_DIR",
+                   help="write these completed runs' records into --records, and stop")
+    p.add_argument("--records", type=Path, default=RECORDS_DIR, help="the records folder (kept in git)")
     p.add_argument("--out", type=Path, default=Path("docs/results.md"))
     p.add_argument("--figures", type=Path, default=Path("docs/results"))
     p.add_argument("--notes", type=Path, default=None, help="markdown appended at the end (the findings)")
     args = p.parse_args(argv)
-    data = collect(args.runs_dir)
+    if args.record:
+        for run_dir in args.record:
+            print(f"[results] recorded {write_record(run_dir, args.records)}")
+        return 0
+    data = collect(args.records)
     if not data:
-        raise SystemExit(f"--runs-dir {args.runs_dir}: no completed run (s<seed>-<label> with a final evaluation)")
+        raise SystemExit(f"--records {args.records}: no record yet (scripts/results.sh runs and records the sweep)")
     figures(data, args.figures)
     rel = str(Path(__import__("os").path.relpath(args.figures, args.out.parent)))
     notes = args.notes.read_text() if args.notes else ""

@@ -213,7 +213,7 @@ class RedisStream(Generic[T]):
         """Bookkeeping once `ids` are acknowledged in Redis."""
         for i in ids:
             self._inflight.pop(i, None)
-        if failed := [i for i in ids if i in self._failed]:  # failed before, done now: forget the error
+        if self._failed and (failed := [i for i in ids if i in self._failed]):  # failed before, done now: forget it
             self._call("HDEL", lambda: self.client.hdel(self.failures_key, *failed))
             self._failed.difference_update(failed)
 

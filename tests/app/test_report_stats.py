@@ -77,11 +77,14 @@ def _run(root, name, *, steps=4, last_eval_step=4, w=(1.0, 3.0, 2.0, 2.0), count
 
 
 def test_results_take_completed_runs_only_and_compute_their_numbers_by_hand(tmp_path):
-    from stare.report.results import collect
+    from stare.report.results import collect, main
 
     _run(tmp_path, "s0-stare")
     _run(tmp_path, "s1-stare", last_eval_step=2)  # still running: its last evaluation is not the final one
-    data = collect(tmp_path)
+    assert main(["--record", str(tmp_path / "s0-stare"), "--records", str(tmp_path / "records")]) == 0
+    with pytest.raises(SystemExit, match="not a completed run"):
+        main(["--record", str(tmp_path / "s1-stare"), "--records", str(tmp_path / "records")])
+    data = collect(tmp_path / "records")
     assert list(data) == ["stare"] and list(data["stare"]) == [0]
     n = data["stare"][0]
     assert n["w_variation"] == pytest.approx((2 + 1 + 0) / 3)  # |3-1|, |2-3|, |2-2|
@@ -89,3 +92,13 @@ def test_results_take_completed_runs_only_and_compute_their_numbers_by_hand(tmp_
     assert n["pass@8"] == pytest.approx((1 + 0) / 2)
     assert n["pass@64"] is None  # 8 samples cannot estimate pass@64
     assert (n["greedy_first"], n["greedy_last"], n["in_band"], n["step_s"]) == (0.3, 0.5, 1.0, 1.5)
+
+
+def test_differences_pair_seeds_only_on_the_same_machine_fingerprint(tmp_path):
+    from stare.report.results import paired, record
+
+    a, b = record(_run(tmp_path, "s0-stare")), record(_run(tmp_path, "s0-grpo", counts=((8, 0), (8, 0))))
+    a2, b2 = record(_run(tmp_path, "s1-stare")), dict(record(_run(tmp_path, "s1-grpo")), machine="other/AVX2")
+    lines = paired({"stare": {0: a, 1: a2}, "grpo": {0: b, 1: b2}}, "stare", "grpo", ["pass@1"])
+    assert "(1 seeds; seeds 1 left out: run on different machines)" in lines[0]
+    assert lines[2] == "| pass@1 | 0.125 [0.125, 0.125] |"  # seed 0 only: (2/8 + 0)/2 - 0

@@ -24,11 +24,16 @@ def test_paired_row_takes_medians_and_the_range_of_per_repeat_ratios():
     assert r["repeats"] == 3
 
 
-def test_paired_row_can_take_the_median_of_the_per_repeat_ratios():
-    r = paired_row("x", "w", [5.0, 4.0, 6.0], [1.0, 2.0, 3.0], unit="GB/s", target=2.4, median_of_ratios=True)
-    assert (r["ours"], r["baseline"]) == (5.0, 2.0)  # medians of each arm, as without the option
+def test_paired_row_ratio_is_the_median_of_the_per_repeat_ratios():
+    r = paired_row("x", "w", [5.0, 4.0, 6.0], [1.0, 2.0, 3.0], unit="GB/s", target=2.4)
+    assert (r["ours"], r["baseline"]) == (5.0, 2.0)  # medians of each arm
     assert r["ratio"] == 2.0  # ratios 5, 2, 2 -> median 2 (not 5 / 2 = 2.5)
     assert r["pass"] is False and r["spread"] == [2.0, 5.0] and r["ratio_of"] == "pairs"
+
+
+def test_paired_row_can_take_the_ratio_of_the_medians_for_arms_not_run_back_to_back():
+    r = paired_row("x", "w", [5.0, 4.0, 6.0], [1.0, 2.0, 3.0], unit="GB/s", target=2.4, median_of_ratios=False)
+    assert r["ratio"] == 2.5 and r["pass"] is True and "ratio_of" not in r
 
 
 def test_row_refuses_a_zero_or_infinite_baseline():
