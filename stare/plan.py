@@ -31,6 +31,12 @@ A rollout GPU (one worker per GPU): vLLM takes gpu_memory_utilization x GPU memo
 It must hold one whole sequence (prompt + response; vLLM refuses to start otherwise) and should hold a
 rollout batch (rollout_batch_prompts x samples_per_prompt sequences) to decode it without preemption.
 The transformers engine keeps the KV cache of a whole rollout batch next to the weights.
+When the weights arrive by NCCL broadcast (`system.weight_sync: broadcast`, communicator not gloo,
+tensor_parallel_size 1) the rollout worker receives them into two whole-model buffer sets on its
+GPU (one being loaded into the engine while the next version arrives: stare.weight_sync.broadcast),
+2 b P outside vLLM's gpu_memory_utilization share: that share, the buffers and RECEIVE_RESERVE
+(the process's CUDA context, NCCL's own buffers) must fit the GPU. Over gloo the buffers are in CPU
+memory (and the filesystem backend has none).
 
 A role fits when its total is at most HEADROOM x GPU memory (the rest: CUDA context, NCCL buffers,
 allocator fragmentation). These are estimates of the large terms, good to a few GiB, not a promise;
@@ -53,6 +59,7 @@ HEADROOM = 0.9  # fraction of a GPU's memory a role may plan to use
 DEFAULT_PROMPT_TOKENS = 1024  # when neither data.max_prompt_len nor --prompt-tokens says
 VLLM_PROFILE_TOKENS = 8192  # tokens of the forward pass vLLM profiles (its batched-token budget)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+RECEIVE_RESERVE = 1 * GIB  # beside vLLM's share: the rollout process's CUDA context and NCCL's buffers
 
 
 @dataclass(frozen=True)
@@ -198,10 +205,10 @@ class Fix:
     field: str
     value: Any = None  # None: no single value (the text says what)
     why: str = ""
-    relation: str = "="  # "=" or ">="
+    relation: str = "="  # "=", ">=" or "<="
 
     def __str__(self) -> str:
-        head = self.field if self.value is None else f"{self.field}{' >= ' if self.relation == '>=' else '='}{self.value}"
+        head = self.field if self.value is None else f"{self.field}{f' {self.relation} ' if self.relation != '=' else '='}{self.value}"
         return f"{head} ({self.why})" if self.why else head
 
     @property
@@ -220,6 +227,7 @@ class RolePlan:
     fixes: list[Fix] = field(default_factory=list)  # what to change
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    usable_bytes: int | None = None  # what the role may plan to use; None: HEADROOM x GPU memory
 
     @property
     def total(self) -> int:
@@ -227,7 +235,7 @@ class RolePlan:
 
     @property
     def usable(self) -> int:
-        return int(HEADROOM * self.gpu_mem_bytes)
+        return int(HEADROOM * self.gpu_mem_bytes) if self.usable_bytes is None else self.usable_bytes
 
 
 @dataclass
@@ -371,22 +379,41 @@ def _largest_tokens(fits: Callable[[int], bool], upper: int) -> int:
     return lo
 
 
+def weight_receive_bytes(cfg: TrainConfig, weights: int) -> int:
+    """GPU memory of the rollout worker's weight-sync receive buffers: two whole-model sets when the
+    broadcast may go over NCCL (`auto` or `nccl`, tensor_parallel_size 1; stare.weight_sync.factory),
+    else none (gloo receives into CPU memory; the filesystem backend loads from disk)."""
+    s = cfg.system
+    tp = getattr(cfg.rollout.engine, "tensor_parallel_size", 1)
+    return 2 * weights if s.weight_sync == "broadcast" and s.weight_sync_communicator != "gloo" and tp == 1 else 0
+
+
+def _receive_items(recv: int) -> list[Item]:
+    return [Item("weight receive", recv, "2 whole-model buffer sets of the NCCL weight sync (one loading into "
+                 "the engine, one receiving the next version)")] if recv else []
+
+
 def plan_rollout(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq_tokens: int) -> RolePlan:
     b = DTYPE_BYTES[cfg.model.dtype]
     weights = b * shape.params
+    recv = weight_receive_bytes(cfg, weights)
+    gloo = Fix("system.weight_sync_communicator", "gloo", "receive the weights in CPU memory; slower syncs")
     per_token = kv_bytes_per_token(shape, b)
     batch_seqs = cfg.system.rollout_batch_prompts * cfg.rollout.samples_per_prompt
     per_seq = per_token * seq_tokens
     engine = cfg.rollout.engine
     if engine.name == "hf":
         items = [Item("weights", weights, f"{shape.params:,} params in {cfg.model.dtype}"),
-                 Item("KV cache", per_seq * batch_seqs, f"{batch_seqs} sequences x {seq_tokens:,} tokens x {per_token:,} B")]
+                 Item("KV cache", per_seq * batch_seqs, f"{batch_seqs} sequences x {seq_tokens:,} tokens x {per_token:,} B"),
+                 *_receive_items(recv)]
         plan = RolePlan("rollout", 1, gpu_mem_bytes, items, sum(i.bytes for i in items) <= HEADROOM * gpu_mem_bytes,
-                        extra={"engine": "hf", "kv_bytes_per_token": per_token})
+                        extra={"engine": "hf", "kv_bytes_per_token": per_token, "weight_receive_bytes": recv})
         if not plan.fits:
-            prompts = (plan.usable - weights) // (per_seq * cfg.rollout.samples_per_prompt)
+            prompts = (plan.usable - weights - recv) // (per_seq * cfg.rollout.samples_per_prompt)
             plan.fixes = [Fix("system.rollout_batch_prompts", int(prompts))] if prompts >= 1 else \
                 [Fix("rollout.engine", "vllm", "it pages its KV cache; or shorter sequences: rollout.max_new_tokens")]
+            if recv:
+                plan.fixes.append(gloo)
         return plan
     gpu_memory_utilization, max_num_seqs = engine.gpu_memory_utilization, engine.max_num_seqs
     util_field = "rollout.engine.gpu_memory_utilization"
@@ -398,16 +425,29 @@ def plan_rollout(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
              Item("forward reserve", reserve, f"[{max_num_seqs}, {shape.vocab:,}] fp32 logits + one layer over "
                   f"{VLLM_PROFILE_TOKENS:,} tokens"),
              Item("KV cache", max(kv, 0), f"{per_token:,} B/token: {seqs:,} sequences of {seq_tokens:,} tokens "
-                  f"(a rollout batch is {batch_seqs})")]
-    plan = RolePlan("rollout", 1, gpu_mem_bytes, items, seqs >= 1,
+                  f"(a rollout batch is {batch_seqs})"),
+             *_receive_items(recv)]
+    beside = gpu_mem_bytes - RECEIVE_RESERVE  # vLLM's share and the receive buffers must fit in this
+    room = not recv or budget + recv <= beside
+    plan = RolePlan("rollout", 1, gpu_mem_bytes, items, seqs >= 1 and room,
                     extra={"engine": "vllm", "gpu_memory_utilization": gpu_memory_utilization,
                            "kv_bytes_per_token": per_token, "kv_cache_bytes": max(kv, 0), "sequences_fit": seqs,
-                           "rollout_batch_sequences": batch_seqs})
+                           "rollout_batch_sequences": batch_seqs, "weight_receive_bytes": recv},
+                    usable_bytes=max(beside, budget) if recv else budget)
     need = weights + reserve + per_seq * batch_seqs
     if seqs < 1:
         plan.fixes = [Fix(util_field, f"{math.ceil(100 * (weights + reserve + per_seq) / gpu_mem_bytes) / 100:.2f}",
                           f"vLLM refuses a KV cache smaller than one {seq_tokens:,}-token sequence; or shorter sequences: "
                           "rollout.max_new_tokens, data.max_prompt_len", relation=">=")]
+    if not room:
+        top = math.floor(100 * (beside - recv) / gpu_mem_bytes) / 100
+        if top * gpu_mem_bytes >= weights + reserve + per_seq:
+            plan.fixes.append(Fix(util_field, f"{top:.2f}", f"the NCCL weight sync receives {recv / GIB:.1f} GiB "
+                                  "beside vLLM's share of the GPU; a smaller KV cache", relation="<="))
+        else:
+            plan.notes.append(f"the NCCL weight sync's {recv / GIB:.1f} GiB of receive buffers leave vLLM too little "
+                              "of this GPU for one sequence: receive over gloo, or use a GPU with more memory")
+        plan.fixes.append(gloo)
     elif seqs < batch_seqs:
         plan.notes.append(f"the KV cache holds {seqs} of a rollout batch's {batch_seqs} sequences: vLLM decodes the "
                           f"rest later (slower); {util_field} >= {min(need / gpu_mem_bytes, 1.0):.2f} holds them all")
@@ -466,7 +506,7 @@ def render(plan: Plan) -> str:
         lines += [f"  {i.name:<16}{_gib(i.bytes)}   {i.note}" for i in r.items]
         verdict = "fits" if r.fits else "DOES NOT FIT"
         lines.append(f"  {'total':<16}{_gib(r.total)}   of {_gib(r.usable).strip()} usable "
-                     f"({HEADROOM:.0%} of {r.gpu_mem_bytes / GIB:.0f} GiB): {verdict}")
+                     f"({r.usable / r.gpu_mem_bytes:.0%} of {r.gpu_mem_bytes / GIB:.0f} GiB): {verdict}")
         if r.role == "learner":
             x = r.extra
             lines.append(f"  activations: {_gib(x['activations_no_checkpointing']).strip()} without gradient "

@@ -169,9 +169,11 @@ def test_vllm_kv_cache_by_hand(small_model):
     mem = 1 * GIB
     cfg = build_config({**small_cfg(small_model).model_dump(mode="json"),
                         "rollout": {"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 6,
-                                    "engine": {"name": "vllm", "gpu_memory_utilization": 0.5, "max_num_seqs": 4}}})
+                                    "engine": {"name": "vllm", "gpu_memory_utilization": 0.5, "max_num_seqs": 4}},
+                        "system": {"weight_sync_communicator": "gloo"}})  # no receive buffers on the GPU
     plan = build_plan(cfg, gpus=1, gpu_mem_gib=1, prompt_tokens=10, roles=("rollout",))
     rollout = plan.roles[0]
+    assert rollout.extra["weight_receive_bytes"] == 0
     reserve = 4 * 4 * 100 + 8192 * 2 * (4 * 16 + 2 * 32)
     kv = mem // 2 - 2 * SMALL_PARAMS - reserve
     assert rollout.extra["kv_bytes_per_token"] == 64
@@ -187,8 +189,27 @@ def test_vllm_that_cannot_hold_one_sequence_names_gpu_memory_utilization():
     plan = build_plan(cfg, gpus=8, gpu_mem_gib=24, shape=shape, prompt_tokens=1024, roles=("rollout",))
     (rollout,) = plan.roles
     assert not rollout.fits and rollout.extra["sequences_fit"] == 0
-    (fix,) = rollout.fixes
+    fix = rollout.fixes[0]
     assert fix.field == "rollout.engine.gpu_memory_utilization" and fix.relation == ">=" and 0.5 < float(fix.value) <= 1
+
+
+def test_nccl_weight_receive_buffers_are_two_model_copies_beside_vllms_share():
+    # 7,615,616,512 bf16 parameters: 2 x 2 B x P = 30.46 GB of receive buffers outside vLLM's share.
+    cfg = load_config(PAPER_7B)
+    shape = load_model_shape(cfg, MODELS / "qwen2.5-math-7b.json")
+    recv = 2 * 2 * 7_615_616_512
+    roomy = build_plan(cfg, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024, roles=("rollout",)).roles[0]
+    assert roomy.extra["weight_receive_bytes"] == recv and roomy.fits  # 0.5 x 80 GiB + 28.4 GiB + 1 GiB <= 80 GiB
+    cramped = build_plan(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={
+        "engine": cfg.rollout.engine.model_copy(update={"gpu_memory_utilization": 0.8})})}),
+        gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024, roles=("rollout",)).roles[0]
+    assert not cramped.fits and cramped.extra["sequences_fit"] >= 1  # vLLM alone would fit: the buffers do not
+    util, gloo = cramped.fixes
+    assert util.relation == "<=" and float(util.value) == int(100 * (79 * GIB - recv) / (80 * GIB)) / 100  # 0.63
+    assert str(gloo) .startswith("system.weight_sync_communicator=gloo")
+    over_gloo = cfg.model_copy(update={"system": cfg.system.model_copy(update={"weight_sync_communicator": "gloo"})})
+    assert build_plan(over_gloo, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024,
+                      roles=("rollout",)).roles[0].extra["weight_receive_bytes"] == 0
 
 
 def test_paper_7b_recipe_fits_8_x_80gb_at_zero3():
