@@ -127,13 +127,20 @@ class BroadcastPublisher:
 
     # ---------------------------------------------------------------- internals
     def _new_joiners(self) -> list[str]:
+        """Names that asked to join since the last look. A ticket from a member of the current
+        generation means that process is gone (a receiver asks again only after leaving its group:
+        a restart, a failed receive): its old rank is lost and the name joins afresh, so the group
+        re-forms now rather than after a send to the dead process failed."""
         count = self.store.add("joins", 0)
         names = []
         for n in range(self._joins_seen + 1, count + 1):
             name = self.store.get(f"join/{n}").decode()
             gpu = self.store.get(f"join/{n}/gpu").decode()  # set before the name
             self._member_gpus[name] = gpu or None
-            if name not in self.alive_members and name not in names:  # a lost member may come back
+            if name in self.alive_members:
+                self._lost.add(name)
+                log.info("weight receiver %s asked to join again: its previous process left the group", name)
+            if name not in names:  # a lost member may come back
                 names.append(name)
         self._joins_seen = count
         return names

@@ -31,6 +31,17 @@ import torch
 import torch.distributed as dist
 
 CommunicatorName = Literal["gloo", "nccl"]
+
+# Read by ProcessGroupNCCL's constructor, set only around it (the learner's DeepSpeed groups and
+# vLLM's keep theirs): a failed or timed-out send or receive raises in wait() on the host and
+# aborts this group's communicators (ASYNC_ERROR_HANDLING 2, CleanUpOnly), instead of the watchdog
+# tearing the process down (the default, 3); and it raises no flight-recorder dump signal
+# (DUMP_ON_TIMEOUT 0), which would make the process's first NCCL group's heartbeat monitor, the
+# learner's DeepSpeed group, dump and then abort the whole learner because one rollout worker died.
+# ENABLE_MONITORING 0: where this group is a process's first NCCL group (a rollout worker), no
+# heartbeat monitor of its own either. Checked from torch's ProcessGroupNCCL source, not on a GPU.
+NCCL_GROUP_ENV = {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+                  "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_ENABLE_MONITORING": "0"}
 Setting = Literal["auto", "gloo", "nccl"]
 
 
@@ -71,10 +82,8 @@ class NcclCommunicator:
         prefix = dist.PrefixStore(f"pg/{generation}", store)
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timedelta(seconds=timeout_s)
-        # Read by the constructor: a failed or timed-out work raises in wait() on the host and aborts
-        # this group's communicators, instead of the watchdog tearing the whole process down.
-        saved = {k: os.environ.get(k) for k in ("TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_ASYNC_ERROR_HANDLING")}
-        os.environ.update(TORCH_NCCL_BLOCKING_WAIT="1", TORCH_NCCL_ASYNC_ERROR_HANDLING="2")
+        saved = {k: os.environ.get(k) for k in NCCL_GROUP_ENV}
+        os.environ.update(NCCL_GROUP_ENV)
         try:
             with torch.cuda.device(self.device):
                 return dist.ProcessGroupNCCL(prefix, rank, size, options)

@@ -102,6 +102,23 @@ def test_a_dead_worker_misses_the_version_but_the_others_get_it_and_it_rejoins_w
         alive.close()
 
 
+def test_a_worker_restarted_before_the_learner_noticed_gets_the_next_version(publisher):
+    first = _subscriber(publisher, "w")
+    _await_join_request(publisher, 1)
+    publisher.publish(1, _state(1))
+    assert first.wait_for(1, 10)
+    first.close()  # the process dies, and its successor asks to join before any send to it failed
+    again = _subscriber(publisher, "w")
+    try:
+        _await_join_request(publisher, 2)
+        t0 = time.monotonic()
+        publisher.publish(2, _state(2))  # a new generation with the new process, not a send to the old one
+        assert time.monotonic() - t0 < TIMEOUT_S and publisher.failures == 0 and publisher.members == ["w"]
+        assert again.wait_for(2, 10) and _same(again.fetch(0)[1], _state(2))
+    finally:
+        again.close()
+
+
 def test_version_must_increase(publisher):
     publisher.publish(1, _state(1))
     with pytest.raises(ValueError, match="must increase"):

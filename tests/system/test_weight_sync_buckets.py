@@ -269,3 +269,35 @@ def test_receives_posted_in_the_senders_order_as_nccl_needs_deliver_the_same_wei
     finally:
         sub.close()
         pub.close()
+
+
+def test_the_nccl_group_is_built_with_its_error_handling_env_and_the_process_env_is_restored(monkeypatch):
+    """The NCCL group's constructor sees NCCL_GROUP_ENV (errors stay in the group: no process
+    teardown, no dump signal to the learner's DeepSpeed group); the process's own settings, set or
+    unset, are back afterwards. ProcessGroupNCCL is replaced by a recorder: no NCCL here."""
+    import contextlib
+    import os
+
+    import torch.distributed as dist
+
+    from stare.weight_sync import communicator as comm
+
+    seen = {}
+
+    class Recorder:
+        Options = type("Options", (), {})
+
+        def __init__(self, store, rank, size, options):
+            seen.update({k: os.environ.get(k) for k in comm.NCCL_GROUP_ENV})
+            seen["timeout"] = options._timeout.total_seconds()
+
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", Recorder, raising=False)
+    monkeypatch.setattr(comm, "nccl_problem", lambda: None)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
+    monkeypatch.delenv("TORCH_NCCL_DUMP_ON_TIMEOUT", raising=False)
+    store = dist.HashStore()
+    comm.NcclCommunicator(torch.device("cpu")).group(store, generation=1, rank=0, size=2, timeout_s=7.0)
+    assert seen == {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+                    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_ENABLE_MONITORING": "0", "timeout": 7.0}
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and "TORCH_NCCL_DUMP_ON_TIMEOUT" not in os.environ
