@@ -72,3 +72,18 @@ def test_stare_export_command_writes_the_step_asked_for(trained, tmp_path, capsy
     assert json.loads((tmp_path / "out" / "export_info.json").read_text())["step"] == 1
     assert main(["export", str(tmp_path), "--step", "7"]) == 1
     assert "--step 7: no checkpoint" in capsys.readouterr().err
+
+
+def test_the_rollout_state_is_a_copy_that_a_later_step_does_not_change():
+    """full_state_dict hands the publisher CPU copies: under ZeRO 0-2 the module's parameters live
+    on, and the next step (or a background publish still sending) must not see one in the other."""
+    import torch
+
+    from stare.learner.deepspeed_engine import _host_copy
+
+    param = torch.nn.Parameter(torch.ones(3))
+    copy = _host_copy(param)
+    with torch.no_grad():
+        param.add_(1.0)
+    assert torch.equal(copy, torch.ones(3)) and not copy.requires_grad
+    assert copy.untyped_storage().data_ptr() != param.untyped_storage().data_ptr()
