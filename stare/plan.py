@@ -24,6 +24,9 @@ Per learner GPU (ZeRO data parallel over `gpus` ranks, micro-batches of T tokens
     log-prob chunk [chunk, V] fp32, three of them (upcast logits, log-softmax, its gradient): 12 chunk V.
     diagnostics    diagnostics.predicted_entropy_change: the pre-pass upcasts the response logits to fp32
                    and takes their log-softmax, [T_response, V] each: 8 T_response V.
+    weight send    NCCL weight sync (rank 0, beside the next step when it publishes in the background):
+                   two system.weight_sync_bucket_mb buckets and the two messages in flight, each up to
+                   a whole large tensor copied to the GPU: 2 bucket + 2 b largest layer.
 
 A rollout GPU (one worker per GPU): vLLM takes gpu_memory_utilization x GPU memory; after the weights
 (b P) and a reserve for its forward pass (a [max_num_seqs, V] fp32 logits buffer and one layer over
@@ -289,6 +292,7 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
     diag = cfg.diagnostics.predicted_entropy_change
     response = cfg.rollout.max_new_tokens
     act = {c: activation_bytes(shape, b, tokens, checkpointing=c) for c in (False, True)}
+    send = weight_send_bytes(cfg, shape, b)
 
     def items_for(stage: int, checkpointing: bool, t: int, ch: int, diag_on: bool) -> list[Item]:
         out = [
@@ -301,6 +305,9 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
         if diag_on:
             r = t * response // seq_tokens  # response tokens of the micro-batch
             out.append(Item("diagnostics", 8 * r * shape.vocab, f"2 x fp32 [{r:,}, {shape.vocab:,}] in the pre-pass"))
+        if send:
+            out.append(Item("weight send", send, f"NCCL weight sync on rank 0: 2 buckets of "
+                            f"{cfg.system.weight_sync_bucket_mb} MiB + the 2 largest tensors in flight"))
         return out
 
     usable = int(HEADROOM * gpu_mem_bytes)
@@ -379,13 +386,28 @@ def _largest_tokens(fits: Callable[[int], bool], upper: int) -> int:
     return lo
 
 
-def weight_receive_bytes(cfg: TrainConfig, weights: int) -> int:
-    """GPU memory of the rollout worker's weight-sync receive buffers: two whole-model sets when the
-    broadcast may go over NCCL (`auto` or `nccl`, tensor_parallel_size 1; stare.weight_sync.factory),
-    else none (gloo receives into CPU memory; the filesystem backend loads from disk)."""
+def nccl_weight_sync(cfg: TrainConfig) -> bool:
+    """Whether the weights may travel by NCCL, GPU to GPU (`system.weight_sync: broadcast`,
+    communicator `auto` or `nccl`, tensor_parallel_size 1; stare.weight_sync.factory). Else gloo
+    moves them through CPU memory, or the filesystem backend through disk."""
     s = cfg.system
     tp = getattr(cfg.rollout.engine, "tensor_parallel_size", 1)
-    return 2 * weights if s.weight_sync == "broadcast" and s.weight_sync_communicator != "gloo" and tp == 1 else 0
+    return s.weight_sync == "broadcast" and s.weight_sync_communicator != "gloo" and tp == 1
+
+
+def weight_receive_bytes(cfg: TrainConfig, weights: int) -> int:
+    """GPU memory of the rollout worker's weight-sync receive buffers: two whole-model sets over
+    NCCL, none otherwise."""
+    return 2 * weights if nccl_weight_sync(cfg) else 0
+
+
+def weight_send_bytes(cfg: TrainConfig, shape: ModelShape, b: int) -> int:
+    """GPU memory of the learner's NCCL weight send (stare.weight_sync.buckets), beside the next
+    step's peak when it publishes in the background: two packing buckets, and each of the two
+    messages in flight may be a whole large tensor copied to the GPU (the embedding, lm_head)."""
+    if not nccl_weight_sync(cfg):
+        return 0
+    return 2 * cfg.system.weight_sync_bucket_mb * 2**20 + 2 * b * shape.largest_layer_params
 
 
 def _receive_items(recv: int) -> list[Item]:

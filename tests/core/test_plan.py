@@ -38,7 +38,8 @@ def small_cfg(model: Path, **optim):
         "rollout": {"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 6, "engine": "vllm"},
         "optim": {"micro_batch": 2, "zero_stage": 2, "logits_chunk_tokens": 8, **optim},
         "diagnostics": {"predicted_entropy_change": False},
-        "system": {"rollout_batch_prompts": 1},
+        "system": {"rollout_batch_prompts": 1,
+                   "weight_sync_communicator": "gloo"},  # no NCCL send/receive buffers: the hand counts stay small
     })
 
 
