@@ -16,7 +16,7 @@ each cell is the median over rounds, the ratio the median over rounds of RedisSt
 over raw redis-py's doing the same codec work (target >= 0.95). Redis (a throwaway redis-server on a free port) runs
 without AOF by default, to time the transport rather than the disk (`--aof`: appendfsync everysec).
 
-Usage: python bench/bench_transport.py [--url redis://...] [--rounds 21] [--batch 64] [--mb 24] [--aof]
+Usage: python bench/bench_transport.py [--url redis://...] [--rounds 21] [--batch 64] [--mb 48] [--aof]
 (or `stare bench transport`)
 """
 
@@ -31,8 +31,8 @@ from typing import Any
 from stare.bench.common import format_table, paired_row
 
 TARGET = 0.95
-QUICK = dict(rounds=21, batch=64, mb=24.0)
-FULL = dict(rounds=31, batch=64, mb=48.0)
+QUICK = dict(rounds=21, batch=64, mb=48.0)
+FULL = dict(rounds=31, batch=64, mb=96.0)
 
 
 class Encoded:
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--url", help="an existing Redis (default: start a throwaway redis-server)")
     parser.add_argument("--rounds", type=int, default=QUICK["rounds"])
     parser.add_argument("--batch", type=int, default=64, help="records per publish and per consume")
-    parser.add_argument("--mb", type=float, default=24.0, help="payload per round and size, in MB")
+    parser.add_argument("--mb", type=float, default=QUICK["mb"], help="payload per round and size, in MB")
     parser.add_argument("--aof", action="store_true", help="throwaway server with appendfsync everysec")
     args = parser.parse_args(argv)
     if args.url:

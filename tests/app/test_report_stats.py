@@ -102,3 +102,17 @@ def test_differences_pair_seeds_only_on_the_same_machine_fingerprint(tmp_path):
     lines = paired({"stare": {0: a, 1: a2}, "grpo": {0: b, 1: b2}}, "stare", "grpo", ["pass@1"])
     assert "(1 seeds; seeds 1 left out: run on different machines)" in lines[0]
     assert lines[2] == "| pass@1 | 0.125 [0.125, 0.125] |"  # seed 0 only: (2/8 + 0)/2 - 0
+
+
+def test_docs_results_is_what_the_committed_records_give():
+    """docs/results.md is regenerated from docs/results/runs/*.json (scripts/results.sh report):
+    a record added or a report change without regenerating fails here."""
+    from pathlib import Path
+
+    from stare.report.results import RECORDS_DIR, collect, render
+
+    repo = Path(__file__).parents[2]
+    data = collect(repo / RECORDS_DIR)
+    notes = (repo / "docs" / "results-notes.md").read_text()
+    assert render(data, "results", notes) == (repo / "docs" / "results.md").read_text(), \
+        "regenerate docs/results.md: scripts/results.sh report"
