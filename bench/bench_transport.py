@@ -11,7 +11,8 @@ consumer group, in batches (publish, then consume + ack):
   both twice: on already-encoded bytes (a pass-through codec: the transport's own cost), and with
   the Trajectory codec (`to_fields` on publish, `from_fields` + validation on consume), which a
   real producer/consumer pays whatever the transport.
-Rounds alternate between modes (rotating which goes first, after one uncounted warm-up round);
+Rounds alternate between modes (rotating which goes first, after one uncounted warm-up round;
+each timed with the garbage collector off, as timeit does);
 each cell is the median over rounds, the ratio the median over rounds of RedisStream's throughput
 over raw redis-py's doing the same codec work (target >= 0.95). Redis (a throwaway redis-server on a free port) runs
 without AOF by default, to time the transport rather than the disk (`--aof`: appendfsync everysec).
@@ -23,6 +24,7 @@ Usage: python bench/bench_transport.py [--url redis://...] [--rounds 21] [--batc
 from __future__ import annotations
 
 import argparse
+import gc
 import tempfile
 import time
 from pathlib import Path
@@ -112,6 +114,18 @@ def run_raw(client, run_id: str, records, codec, batch: int) -> tuple[float, flo
     return t1 - t0, t2 - t1
 
 
+def without_gc(fn, *args):
+    """`fn(*args)` with the cyclic garbage collector off (as timeit does), after a collection: a
+    gen-2 pass over the round's records would land in whichever arm it happens to, adding noise,
+    not cost (cycles left by an arm are collected before the next one)."""
+    gc.collect()
+    gc.disable()
+    try:
+        return fn(*args)
+    finally:
+        gc.enable()
+
+
 def measure_on(url: str, *, rounds: int, batch: int, mb: float, sizes=(1024, 8192)) -> list[dict[str, Any]]:
     """One row per (response size, codec, direction): RedisStream's records/s over raw redis-py's."""
     import redis
@@ -135,7 +149,7 @@ def measure_on(url: str, *, rounds: int, batch: int, mb: float, sizes=(1024, 819
             for r in range(-1, rounds):  # round -1 warms Redis' allocator up and is not counted
                 for case in order[r % len(order):] + order[:r % len(order)]:  # rotate: no mode always first
                     fn, recs, codec = cases[case]
-                    t = fn(client, f"bench-{case[1]}-{case[0]}-{r}", recs, codec, batch)
+                    t = without_gc(fn, client, f"bench-{case[1]}-{case[0]}-{r}", recs, codec, batch)
                     if r >= 0:
                         times[case].append(t)
             for codec_name in ("bytes", "Trajectory"):
