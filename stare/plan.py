@@ -390,9 +390,9 @@ def nccl_weight_sync(cfg: TrainConfig) -> bool:
     """Whether the weights may travel by NCCL, GPU to GPU (`system.weight_sync: broadcast`,
     communicator `auto` or `nccl`, tensor_parallel_size 1; stare.weight_sync.factory). Else gloo
     moves them through CPU memory, or the filesystem backend through disk."""
-    s = cfg.system
-    tp = getattr(cfg.rollout.engine, "tensor_parallel_size", 1)
-    return s.weight_sync == "broadcast" and s.weight_sync_communicator != "gloo" and tp == 1
+    from stare.weight_sync.factory import communicator_setting
+
+    return cfg.system.weight_sync == "broadcast" and communicator_setting(cfg, rollout_end=True) != "gloo"
 
 
 def weight_receive_bytes(cfg: TrainConfig, weights: int) -> int:

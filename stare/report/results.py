@@ -90,9 +90,14 @@ def record(run_dir: Path) -> dict[str, Any] | None:
     if m is None or not run_dir.is_dir() or _final_eval(run_dir) is None:
         return None
     numbers = run_numbers(run_dir)
-    fingerprint = f"{(numbers['model_sha256'] or 'none')[:12]}/{numbers['cpu_capability']}"
     return {"record": RECORD_VERSION, "name": run_dir.name, "label": m.group(2), "seed": int(m.group(1)),
-            "machine": fingerprint, **numbers}
+            "machine": fingerprint(numbers), **numbers}
+
+
+def fingerprint(numbers: dict[str, Any]) -> str:
+    """The machine a run's numbers came from, as far as they depend on it: the model build's sha256
+    prefix and torch's CPU kernels."""
+    return f"{(numbers['model_sha256'] or 'none')[:12]}/{numbers['cpu_capability']}"
 
 
 def write_record(run_dir: Path, records_dir: Path = RECORDS_DIR) -> Path:
@@ -221,8 +226,7 @@ def figures(data, out: Path) -> list[str]:
 
 
 def render(data, figure_dir: str, notes: str = "") -> str:
-    machines = sorted({(n["model_sha256"] or "none")[:12] + " / " + str(n["cpu_capability"])
-                       for s in data.values() for n in s.values()})
+    machines = sorted({n["machine"] for s in data.values() for n in s.values()})
     loads = [n["load"] for s in data.values() for n in s.values() if n["load"] is not None]
     lines = [
         "# Results on the tiny config", "",
