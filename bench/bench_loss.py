@@ -6,28 +6,32 @@ Times one optimizer step's loss work, forward + backward, over all micro-batches
   * loss-only: the policy loss from token log-probs (elementwise work only; STARE's extra
     comparisons are a visible share of that small cost; no target).
 STARE's time includes `plan_step` (the once-per-step sort that fixes the selection thresholds).
-The two losses alternate repeat by repeat (after one warm-up each); each cell is a median, the
-ratio the median of the per-repeat ratios.
+Each repeat runs one step of each loss interleaved piece by piece (the plan, then micro-batch by
+micro-batch, the losses taking turns and rotating who goes first), after one warm-up; each cell is
+a median, the ratio the median of the per-repeat ratios. Timed with glibc's malloc keeping freed
+memory (as a GPU's caching allocator does): both losses allocate the same [mb, L, V] tensors, and
+their fresh-page faults were ~70% of a step's time and most of its run-to-run noise.
 
-Usage: python bench/bench_loss.py [--seqs 64] [--length 512] [--vocab 16384] [--micro-batch 8] [--repeats 11]
+Usage: python bench/bench_loss.py [--seqs 64] [--length 512] [--vocab 16384] [--micro-batch 8] [--repeats 41]
 (or `stare bench loss`)
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 import torch
 
 from stare.algo_config import GrpoLossConfig, StareLossConfig
-from stare.bench.common import format_table, interleave, paired_row, timed
+from stare.bench.common import allocator_keeps_memory, format_table, paired_row, rotated
 from stare.learner.policy_loss import LossInputs, policy_loss
 from stare.learner.step_plan import StepTokens, plan_step
 
 TARGET = 1.03  # STARE / GRPO time, from logits
-QUICK = dict(seqs=32, length=256, vocab=16384, micro_batch=8, repeats=9)
-FULL = dict(seqs=64, length=512, vocab=16384, micro_batch=8, repeats=11)
+QUICK = dict(seqs=32, length=256, vocab=16384, micro_batch=8, repeats=31)
+FULL = dict(seqs=64, length=512, vocab=16384, micro_batch=8, repeats=41)
 
 
 def make_step(seqs: int, length: int, vocab: int, seed: int = 0):
@@ -48,27 +52,48 @@ def token_logprobs_entropy(logits: torch.Tensor, tokens: torch.Tensor):
     return logp, entropy
 
 
-def run_step(cfg, step, logits_mb: list[torch.Tensor] | None, old_logp: torch.Tensor, entropy0: torch.Tensor, mb: int):
+def micro_batch_call(cfg, ctx, step, logits_mb: list[torch.Tensor] | None, old_logp: torch.Tensor,
+                     entropy0: torch.Tensor, mb: int, i: int) -> None:
+    """Forward and backward of micro-batch i: log-probs and entropy from its logits (or, with no
+    logits, the log-probs as leaves), then the policy loss."""
+    rows = slice(i * mb, (i + 1) * mb)
+    if logits_mb is not None:
+        leaf = logits_mb[i].requires_grad_(True)
+        logp, entropy = token_logprobs_entropy(leaf, step["tokens"][rows])
+    else:
+        logp = old_logp[rows].clone().requires_grad_(True)
+        entropy = entropy0[rows]
+    x = LossInputs(logp, old_logp[rows], step["adv"][rows], step["mask"][rows], step["uid"][rows], entropy=entropy)
+    policy_loss(x, ctx, cfg).loss.backward()
+    if logits_mb is not None:
+        logits_mb[i].grad = None
+
+
+def paired_step(cfgs: dict[str, Any], step, logits_mb, old_logp, entropy0, mb: int, first: int) -> dict[str, float]:
+    """One step of each loss, interleaved piece by piece (the plan, then each micro-batch, the
+    two losses taking turns, rotating who goes first): {loss: seconds of its step}. Load that comes
+    and goes within the step slows both losses' pieces alike."""
+    seqs, names = step["mask"].shape[0], list(cfgs)
+    spent = dict.fromkeys(names, 0.0)
+    ctxs = {}
     tokens = StepTokens(old_logp, entropy0, step["adv"], step["uid"], step["mask"])
-    ctx = plan_step(tokens, cfg, gate=1.0, w=1.1, m=0.9)
-    seqs = step["mask"].shape[0]
-    for i, a in enumerate(range(0, seqs, mb)):
-        rows = slice(a, a + mb)
-        if logits_mb is not None:
-            leaf = logits_mb[i].requires_grad_(True)
-            logp, entropy = token_logprobs_entropy(leaf, step["tokens"][rows])
-        else:
-            logp = old_logp[rows].clone().requires_grad_(True)
-            entropy = entropy0[rows]
-        x = LossInputs(logp, old_logp[rows], step["adv"][rows], step["mask"][rows], step["uid"][rows], entropy=entropy)
-        policy_loss(x, ctx, cfg).loss.backward()
-        if logits_mb is not None:
-            logits_mb[i].grad = None
+    for name in rotated(names, first):
+        t0 = time.perf_counter()
+        ctxs[name] = plan_step(tokens, cfgs[name], gate=1.0, w=1.1, m=0.9)
+        spent[name] += time.perf_counter() - t0
+    for i in range(-(-seqs // mb)):
+        for name in rotated(names, first + i):
+            t0 = time.perf_counter()
+            micro_batch_call(cfgs[name], ctxs[name], step, logits_mb, old_logp, entropy0, mb, i)
+            spent[name] += time.perf_counter() - t0
+    return spent
 
 
 def measure(*, seqs: int, length: int, vocab: int, micro_batch: int, repeats: int) -> list[dict[str, Any]]:
     """Rows `loss` (from logits, target <= 1.03) and `loss/elementwise` (no target): STARE's step
-    time over GRPO's, the median of the ratios of interleaved repeats."""
+    time over GRPO's, the median of the ratios of `repeats` paired steps (after one warm-up),
+    timed with the allocator keeping freed memory (`allocator_keeps_memory`: both losses allocate
+    the same vocabulary-sized tensors, whose page faults would otherwise be most of the time)."""
     torch.manual_seed(0)
     step = make_step(seqs, length, vocab)
     logits = [torch.randn(min(micro_batch, seqs - a), length, vocab) for a in range(0, seqs, micro_batch)]
@@ -77,19 +102,18 @@ def measure(*, seqs: int, length: int, vocab: int, micro_batch: int, repeats: in
                  for lg, a in zip(logits, range(0, seqs, micro_batch))]
     old_logp = torch.cat([p[0] for p in parts])  # [S, L]
     entropy0 = torch.cat([p[1] for p in parts])  # [S, L]
-    grpo, stare = GrpoLossConfig(), StareLossConfig(variant="C2")
+    cfgs = {"grpo": GrpoLossConfig(), "stare": StareLossConfig(variant="C2")}
     size = f"{seqs} seqs x {length} tokens, vocab {vocab:,}, micro-batch {micro_batch}"
     rows = []
-    for name, what, lg, target in (
-        ("loss", f"STARE vs GRPO step from logits, fwd+bwd ({size})", logits, TARGET),
-        ("loss/elementwise", f"STARE vs GRPO policy loss from log-probs only ({size})", None, None),
-    ):
-        t = interleave({
-            "grpo": lambda: timed(lambda: run_step(grpo, step, lg, old_logp, entropy0, micro_batch)),
-            "stare": lambda: timed(lambda: run_step(stare, step, lg, old_logp, entropy0, micro_batch)),
-        }, repeats)
-        rows.append(paired_row(name, what, t["stare"], t["grpo"], unit="s", target=target, higher_is_better=False,
-                               threads=torch.get_num_threads()))
+    with allocator_keeps_memory() as kept:
+        for name, what, lg, target in (
+            ("loss", f"STARE vs GRPO step from logits, fwd+bwd ({size})", logits, TARGET),
+            ("loss/elementwise", f"STARE vs GRPO policy loss from log-probs only ({size})", None, None),
+        ):
+            paired_step(cfgs, step, lg, old_logp, entropy0, micro_batch, 0)  # warm-up
+            t = [paired_step(cfgs, step, lg, old_logp, entropy0, micro_batch, r) for r in range(repeats)]
+            rows.append(paired_row(name, what, [x["stare"] for x in t], [x["grpo"] for x in t], unit="s", target=target,
+                                   higher_is_better=False, threads=torch.get_num_threads(), allocator_keeps_memory=kept))
     return rows
 
 

@@ -3,9 +3,9 @@
 
 Both arms run the same config (configs/tiny-cpu.yaml, the bundled tiny model, 1 rollout and
 1 reward worker, no control plane) in this run, one after the other, alternating which goes first
-over `--repeats`. Steps/min is measured by the learner's clock between the end of step `--warmup`
-and the end of the last step (start-up and the first steps excluded). Ratio = overlapped /
-synchronous (target >= 1.5).
+over `--repeats`. Steps/min is 60 / the median step time by the learner's clock, over the steps
+after `--warmup` (start-up and the first steps excluded; a median, so one slow step cannot move
+it). Ratio = overlapped / synchronous (target >= 1.5).
 
 Usage: python bench/bench_overlap.py [--steps 40] [--warmup 5] [--repeats 1] [--rollout 1] [--reward 1]
 (or `stare bench overlap`)
@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stare.bench.common import format_table, paired_row
+from stare.bench.common import format_table, median, paired_row
 
 TARGET = 1.5
 ARM_TIMEOUT_S = 900.0  # one `stare up` run, start to finish
-QUICK = dict(steps=16, warmup=3, repeats=1)
+QUICK = dict(steps=24, warmup=3, repeats=1)
 FULL = dict(steps=40, warmup=5, repeats=2)
 
 
@@ -60,10 +60,12 @@ def run_arm(staleness: int, steps: int, rollout: int, reward: int, out: Path, ex
 
 
 def steps_per_min(times: list[float], warmup: int) -> float:
+    """60 / the median time between the ends of consecutive steps after `warmup` (a slow step, a
+    GC pause or a scheduling hiccup on a shared machine, cannot move a median)."""
     if len(times) <= warmup:
         raise ValueError(f"{len(times)} steps logged: need more than warmup={warmup}")
-    span = times[-1] - times[warmup - 1]
-    return (len(times) - warmup) / span * 60.0
+    ends = times[warmup - 1:]
+    return 60.0 / median([b - a for a, b in zip(ends, ends[1:])])
 
 
 def measure(*, steps: int, warmup: int, repeats: int, rollout: int = 1, reward: int = 1,

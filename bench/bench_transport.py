@@ -4,20 +4,26 @@ Moves realistic trajectories (256 prompt tokens; 1k and 8k response tokens; pack
 float32 log-probs, uint8 mask, ~3 characters of text per token) through one stream and its
 consumer group, in batches (publish, then consume + ack):
   * raw redis-py:  pipelined XADD (MAXLEN ~), XREADGROUP + XACK; no record objects;
-  * RedisStream:   `publish` (pipelined XADD MAXLEN ~ and an XINFO GROUPS backlog check),
+  * RedisStream:   `publish` (pipelined XADD MAXLEN ~, the backlog bound: an XINFO GROUPS when
+                   the bound leaves no room),
                    `consume` (XREADGROUP, decode, in-flight bookkeeping), `ack` (XACK); a new
                    consumer's one read of its own pending entries is start-up, untimed like
                    raw's XGROUP CREATE;
   both twice: on already-encoded bytes (a pass-through codec: the transport's own cost), and with
   the Trajectory codec (`to_fields` on publish, `from_fields` + validation on consume), which a
   real producer/consumer pays whatever the transport.
-Rounds alternate between modes (rotating which goes first, after one uncounted warm-up round;
-each timed with the garbage collector off, as timeit does);
-each cell is the median over rounds, the ratio the median over rounds of RedisStream's throughput
-over raw redis-py's doing the same codec work (target >= 0.95). Redis (a throwaway redis-server on a free port) runs
-without AOF by default, to time the transport rather than the disk (`--aof`: appendfsync everysec).
+Within a round the two arms move the same records batch by batch, taking turns (rotating which
+goes first), each call timed; the round runs with the garbage collector off (as timeit does), after
+one uncounted warm-up round. The ratio is the median, over every pair of back-to-back calls, of
+RedisStream's records/s over raw redis-py's doing the same codec work (target >= 0.95): load that
+comes and goes hits both calls of a pair alike, and a burst that lands on one call cannot move a
+median over hundreds of pairs (an A/A run, raw against raw, gives 1.00 +- 0.015 at the quick size;
+a ratio over whole rounds scattered 0.6-1.3 per round on a 2-core machine). `ours` and `baseline`
+are each arm's median records/s per call, `spread` the lowest and highest round's median pair
+ratio. Redis (a throwaway redis-server on a free port) runs without AOF by default, to time the
+transport rather than the disk (`--aof`: appendfsync everysec).
 
-Usage: python bench/bench_transport.py [--url redis://...] [--rounds 21] [--batch 64] [--mb 48] [--aof]
+Usage: python bench/bench_transport.py [--url redis://...] [--rounds 15] [--batch 64] [--mb 40] [--aof]
 (or `stare bench transport`)
 """
 
@@ -30,10 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stare.bench.common import format_table, paired_row
+from stare.bench.common import format_table, rotated
 
 TARGET = 0.95
-QUICK = dict(rounds=21, batch=64, mb=48.0)
+QUICK = dict(rounds=15, batch=64, mb=40.0)
 FULL = dict(rounds=31, batch=64, mb=96.0)
 
 
@@ -71,47 +77,93 @@ def make_trajectories(n: int, response_tokens: int, prompt_tokens: int = 256):
     return out
 
 
-def run_ours(client, run_id: str, records, codec, batch: int) -> tuple[float, float]:
-    from stare.transport.redis_streams import RedisStream
+class OursArm:
+    """RedisStream: `publish`, then `consume` + `ack`. A new consumer's one read of its own pending
+    entries is start-up, untimed like raw's XGROUP CREATE."""
 
-    n = len(records)
-    s = RedisStream(client, run_id, "scored", codec, group="learner", maxlen=2 * n, max_backlog=n)
-    s.consume("l", batch)  # start-up, untimed like raw's XGROUP CREATE: a new consumer's one read of its own pending entries
-    t0 = time.perf_counter()
-    for a in range(0, n, batch):
-        s.publish(records[a:a + batch])
-    t1 = time.perf_counter()
-    got = 0
-    while got < n:
-        deliveries = s.consume("l", batch)
-        s.ack([d.id for d in deliveries])
-        got += len(deliveries)
-    t2 = time.perf_counter()
-    client.delete(s.key)
-    return t1 - t0, t2 - t1
+    def __init__(self, client, run_id: str, codec, n: int, batch: int):
+        from stare.transport.redis_streams import RedisStream
+
+        self.stream = RedisStream(client, run_id, "scored", codec, group="learner", maxlen=2 * n, max_backlog=n)
+        self.stream.consume("l", batch)
+        self.client, self.key = client, self.stream.key
+
+    def publish(self, records) -> None:
+        self.stream.publish(records)
+
+    def consume_ack(self, count: int) -> int:
+        deliveries = self.stream.consume("l", count)
+        self.stream.ack([d.id for d in deliveries])
+        return len(deliveries)
 
 
-def run_raw(client, run_id: str, records, codec, batch: int) -> tuple[float, float]:
-    n = len(records)
-    key = f"stare:{run_id}:stream:scored"
-    client.xgroup_create(key, "learner", id="0", mkstream=True)
-    t0 = time.perf_counter()
-    for a in range(0, n, batch):
-        pipe = client.pipeline(transaction=False)
-        for r in records[a:a + batch]:
-            pipe.xadd(key, r.to_fields(), maxlen=2 * n, approximate=True)
+class RawArm:
+    """Raw redis-py: pipelined XADD (MAXLEN ~), XREADGROUP + the codec's decode + XACK."""
+
+    def __init__(self, client, run_id: str, codec, n: int, batch: int):
+        self.client, self.codec, self.maxlen = client, codec, 2 * n
+        self.key = f"stare:{run_id}:stream:scored"
+        client.xgroup_create(self.key, "learner", id="0", mkstream=True)
+
+    def publish(self, records) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for r in records:
+            pipe.xadd(self.key, r.to_fields(), maxlen=self.maxlen, approximate=True)
         pipe.execute()
-    t1 = time.perf_counter()
-    got = 0
-    while got < n:
-        reply = client.xreadgroup("learner", "l", {key: ">"}, count=batch)
-        entries = reply[0][1]
-        decoded = [codec.from_fields(f) for _, f in entries]  # noqa: F841 (what a consumer needs)
-        client.xack(key, "learner", *[i for i, _ in entries])
-        got += len(entries)
-    t2 = time.perf_counter()
-    client.delete(key)
-    return t1 - t0, t2 - t1
+
+    def consume_ack(self, count: int) -> int:
+        reply = self.client.xreadgroup("learner", "l", {self.key: ">"}, count=count)
+        entries = reply[0][1] if reply else []
+        decoded = [self.codec.from_fields(f) for _, f in entries]  # noqa: F841 (what a consumer needs)
+        if entries:
+            self.client.xack(self.key, "learner", *[i for i, _ in entries])
+        return len(entries)
+
+
+def one_round(arms: dict[str, Any], records, batch: int, first: int = 0) -> dict[str, tuple[list, list]]:
+    """Both arms move the same records, interleaved batch by batch (rotating which goes first), each
+    call timed: {arm: ([(records, seconds) per publish], [(records, seconds) per consume + ack])}.
+    The k-th calls of the two arms ran back to back."""
+    n, names = len(records), list(arms)
+    calls: dict[str, tuple[list, list]] = {name: ([], []) for name in names}
+    for k, a in enumerate(range(0, n, batch)):
+        for name in rotated(names, first + k):
+            t0 = time.perf_counter()
+            arms[name].publish(records[a:a + batch])
+            calls[name][0].append((len(records[a:a + batch]), time.perf_counter() - t0))
+    got, k = dict.fromkeys(names, 0), 0
+    while any(g < n for g in got.values()):
+        for name in rotated(names, first + k):
+            if got[name] < n:
+                t0 = time.perf_counter()
+                moved = arms[name].consume_ack(batch)
+                calls[name][1].append((moved, time.perf_counter() - t0))
+                if moved == 0:
+                    raise RuntimeError(f"transport bench: {name} read nothing with {n - got[name]} records unread")
+                got[name] += moved
+        k += 1
+    for arm in arms.values():
+        arm.client.delete(arm.key)
+    return calls
+
+
+def batch_pairs_row(name: str, what: str, rounds: list[tuple[list, list]], **extra: Any) -> dict[str, Any]:
+    """A row from rounds of paired calls [(ours calls, raw calls)], each call (records, seconds):
+    `ratio` = the median over every pair of calls of ours' records/s over raw's (interference
+    that lands on one call cannot move it), `ours`/`baseline` = each arm's median records/s per
+    call, `spread` = the lowest and highest round's median pair ratio."""
+    from stare.bench.common import median, row
+
+    def rate(call: tuple[int, float]) -> float:
+        return call[0] / call[1]
+
+    per_round = [[rate(o) / rate(r) for o, r in zip(ours, raw)] for ours, raw in rounds]
+    round_medians = [median(p) for p in per_round]
+    return row(name, what, ours=median([rate(c) for ours, _ in rounds for c in ours]),
+               baseline=median([rate(c) for _, raw in rounds for c in raw]), unit="records/s", target=TARGET,
+               ratio=median([x for p in per_round for x in p]), spread=[min(round_medians), max(round_medians)],
+               repeats=len(rounds), pairs=sum(len(p) for p in per_round),
+               samples={"round_median_ratios": round_medians}, ratio_of="call pairs", **extra)
 
 
 def without_gc(fn, *args):
@@ -141,26 +193,20 @@ def measure_on(url: str, *, rounds: int, batch: int, mb: float, sizes=(1024, 819
             n = max(batch, int(mb * 1e6 / size) // batch * batch)
             records = make_trajectories(n, tokens)
             encoded = [Encoded(r.to_fields()) for r in records]
-            cases = {("bytes", "raw"): (run_raw, encoded, Encoded), ("bytes", "ours"): (run_ours, encoded, Encoded),
-                     ("Trajectory", "raw"): (run_raw, records, Trajectory),
-                     ("Trajectory", "ours"): (run_ours, records, Trajectory)}
-            times: dict[tuple[str, str], list[tuple[float, float]]] = {c: [] for c in cases}
-            order = list(cases)
-            for r in range(-1, rounds):  # round -1 warms Redis' allocator up and is not counted
-                for case in order[r % len(order):] + order[:r % len(order)]:  # rotate: no mode always first
-                    fn, recs, codec = cases[case]
-                    t = without_gc(fn, client, f"bench-{case[1]}-{case[0]}-{r}", recs, codec, batch)
+            for codec_name, recs, codec in (("bytes", encoded, Encoded), ("Trajectory", records, Trajectory)):
+                kept = []
+                for r in range(-1, rounds):  # round -1 warms Redis' allocator up and is not counted
+                    arms = {"ours": OursArm(client, f"bench-ours-{codec_name}-{r}", codec, n, batch),
+                            "raw": RawArm(client, f"bench-raw-{codec_name}-{r}", codec, n, batch)}
+                    got = without_gc(one_round, arms, recs, batch, r)
                     if r >= 0:
-                        times[case].append(t)
-            for codec_name in ("bytes", "Trajectory"):
+                        kept.append(got)
                 for i, direction in enumerate(("publish", "consume+ack")):
-                    ours = [n / t[i] for t in times[(codec_name, "ours")]]
-                    raw = [n / t[i] for t in times[(codec_name, "raw")]]
-                    rows.append(paired_row(
+                    rows.append(batch_pairs_row(
                         f"transport/{tokens // 1024}k/{codec_name}/{direction}",
                         f"RedisStream vs raw redis-py {direction}, {tokens:,}-token trajectories "
                         f"({size / 1e3:.0f} KB), {'pre-encoded bytes' if codec_name == 'bytes' else 'Trajectory codec'}",
-                        ours, raw, unit="records/s", target=TARGET, records=n, record_bytes=size, batch=batch))
+                        [(got["ours"][i], got["raw"][i]) for got in kept], records=n, record_bytes=size, batch=batch))
     finally:
         client.close()
     return rows

@@ -14,12 +14,14 @@ target (a breakdown, an informational figure) or the row was skipped (then `skip
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import os
 import platform
 import statistics
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 ROW_KEYS = ("name", "what", "ours", "baseline", "unit", "ratio", "target", "higher_is_better", "pass", "spread")
 
@@ -93,10 +95,40 @@ def interleave(arms: dict[str, Any], repeats: int, warmup: int = 1) -> dict[str,
             arms[n]()
     out: dict[str, list] = {n: [] for n in names}
     for r in range(repeats):
-        k = r % len(names)
-        for n in names[k:] + names[:k]:
+        for n in rotated(names, r):
             out[n].append(arms[n]())
     return out
+
+
+@contextlib.contextmanager
+def allocator_keeps_memory() -> Iterator[bool]:
+    """Within the block, glibc's malloc serves every block from its heap and keeps what is freed
+    (no mmap per large block, no trimming), so a tensor freed and allocated again reuses warm
+    pages, as torch's GPU caching allocator reuses blocks. Without this, every CPU tensor over
+    32 MB is a fresh mmap whose pages fault in on first touch: most of a large-vocabulary step's
+    CPU time, and its noise (the `loss` step: 1.1-1.4 s of CPU time with the default, 0.3 s with
+    this). Best effort: the kernel may still reclaim idle heap pages. Yields False (and changes
+    nothing) where malloc is not glibc's. The heap keeps its peak size until the process exits:
+    for benchmark children only."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        yield False
+        return
+    m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
+    ok = bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+    try:
+        yield ok
+    finally:
+        mallopt(m_mmap_max, 65536)  # glibc's defaults
+        mallopt(m_trim_threshold, 128 * 1024)
+
+
+def rotated(names: Sequence[str], k: int) -> list[str]:
+    """`names` starting at index k (mod len): whose turn is first in pair k."""
+    k %= len(names)
+    return [*names[k:], *names[:k]]
 
 
 def timed(fn) -> float:

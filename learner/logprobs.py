@@ -31,9 +31,13 @@ def _chunk_stats(
     advantages: Tensor | None,  # [C] or None
 ) -> tuple[Tensor, Tensor, Tensor | None]:  # logp [C], entropy [C], predicted dH [C] | None
     logits = lm_head(hidden)  # [C, V] in the model's dtype
-    logp_full = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # [C, V] >= fp32
+    logp_full = torch.log_softmax(_upcast(logits), -1)  # [C, V] >= fp32
+    if torch.is_grad_enabled():  # the checkpointed path: autograd needs out-of-place ops
+        entropy = -(logp_full.exp() * logp_full).sum(-1)  # [C]
+    else:  # the pre-pass: the logits freed first, so two [C, V] tensors at most
+        del logits
+        entropy = -logp_full.exp().mul_(logp_full).sum(-1)  # [C]
     logp = logp_full.gather(-1, targets[:, None]).squeeze(-1)  # [C]
-    entropy = -(logp_full.exp() * logp_full).sum(-1)  # [C]
     dh = None
     if advantages is not None:
         dh = predicted_entropy_change(logp_full[None], targets[None], advantages[None].to(logp_full.dtype))[0]  # [C]
@@ -44,17 +48,20 @@ class _FusedChunk(torch.autograd.Function):
     """log pi(target) and entropy of one chunk with a hand-written backward: the forward keeps only
     (hidden, targets, entropy, logsumexp); the backward recomputes the chunk's logits once and forms
     d logits = g_logp (onehot - p) - g_H p (log p + H) in place, then the two matmuls of the linear
-    head. No autograd graph over [C, V] tensors: fewer vocabulary-sized passes than autograd's
-    log_softmax/exp/mul/sum backward, and nothing vocabulary-sized kept between the passes."""
+    head. No autograd graph over [C, V] tensors, and at most two [C, V] fp32 tensors alive at once
+    in either pass (forward: log p and p, the logits freed first; backward: the logits, turned into
+    log p and then into d logits in place, and p): fewer vocabulary-sized passes and allocations
+    than autograd's log_softmax/exp/mul/sum and its backward."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor):  # [C, H], [V, H], [C]
-        logits = torch.nn.functional.linear(hidden, weight)  # [C, V]
-        z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # [C, V] >= fp32
+        z = _upcast(torch.nn.functional.linear(hidden, weight))  # [C, V] >= fp32
         logp_full = torch.log_softmax(z, -1)  # [C, V]
         logp = logp_full.gather(-1, targets[:, None]).squeeze(-1)  # [C]
-        entropy = -(logp_full.exp() * logp_full).sum(-1)  # [C]
         lse = z.gather(-1, targets[:, None]).squeeze(-1) - logp  # [C] logsumexp of the logits, for free
+        del z  # before p: two [C, V] tensors at most
+        p = logp_full.exp()  # [C, V]
+        entropy = -p.mul_(logp_full).sum(-1)  # [C]
         ctx.save_for_backward(hidden, weight, targets, entropy, lse)
         return logp, entropy
 
@@ -62,16 +69,25 @@ class _FusedChunk(torch.autograd.Function):
     def backward(ctx, g_logp: Tensor, g_entropy: Tensor):  # [C], [C]
         hidden, weight, targets, entropy, lse = ctx.saved_tensors
         logits = torch.nn.functional.linear(hidden, weight)  # [C, V], recomputed
-        logp = logits.to(torch.promote_types(logits.dtype, torch.float32)) - lse[:, None]  # [C, V] log p
+        dtype = logits.dtype
+        logp = _upcast(logits).sub_(lse[:, None])  # [C, V] log p (in place on the fp32 logits)
+        del logits
         p = logp.exp()  # [C, V]
         # dH/dz_j = -p_j (log p_j + H); d logp_t/dz_j = [j = t] - p_j; so
-        # dz_j = p_j (-g_logp - g_H H - g_H log p_j) + g_logp [j = t]: two passes over [C, V]
-        d = torch.addcmul((-g_logp - g_entropy * entropy)[:, None], logp, -g_entropy[:, None]).mul_(p)
+        # dz_j = p_j (-g_logp - g_H H - g_H log p_j) + g_logp [j = t], formed in log p's buffer
+        d = torch.addcmul((-g_logp - g_entropy * entropy)[:, None], logp, -g_entropy[:, None], out=logp).mul_(p)
+        del p
         d.scatter_add_(-1, targets[:, None], g_logp[:, None])
-        d = d.to(logits.dtype)
+        d = d.to(dtype)
         grad_hidden = d @ weight if ctx.needs_input_grad[0] else None  # [C, H]
         grad_weight = d.t() @ hidden if ctx.needs_input_grad[1] else None  # [V, H]
         return grad_hidden, grad_weight, None
+
+
+def _upcast(logits: Tensor) -> Tensor:
+    """The logits in at least fp32: the tensor itself when it already is (callers own it and may
+    write to it), else a new fp32 copy."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 def _fusable(lm_head: nn.Module) -> bool:

@@ -149,7 +149,10 @@ class RedisStream(Generic[T]):
         # entry id -> consumer, for entries this object delivered and nobody acked yet: a replay
         # after a reconnect must not hand the caller what it already holds.
         self._inflight: dict[str, str] = {}
-        self._known_backlog: int | None = None  # as seen right after this object's last publish
+        # An upper bound on the group's backlog while no other producer writes (consumers only
+        # shrink it): the last XINFO GROUPS count plus what this object published since. Publish
+        # asks Redis again only when this bound leaves no room for the batch.
+        self._known_backlog: int | None = None
         self.failures_key = run_key(run_id, f"failures:{name}")  # entry id -> its last processing error
         self._failed: set[str] = set()  # ids this object recorded a failure of (cleared on ack)
         self._call("XGROUP CREATE", self._create_group)
@@ -177,6 +180,8 @@ class RedisStream(Generic[T]):
         encoded = [r.to_fields() for r in records]
         ack = (source, ids) if together else None
         out = self._call("XADD", lambda: self._xadd_transaction(encoded, ack))
+        if self._known_backlog is not None:
+            self._known_backlog += n
         if together:
             source._acked(ids)
         elif source is not None:
@@ -211,8 +216,9 @@ class RedisStream(Generic[T]):
 
     def _acked(self, ids: Sequence[str]) -> None:
         """Bookkeeping once `ids` are acknowledged in Redis."""
+        forget = self._inflight.pop
         for i in ids:
-            self._inflight.pop(i, None)
+            forget(i, None)
         if self._failed and (failed := [i for i in ids if i in self._failed]):  # failed before, done now: forget it
             self._call("HDEL", lambda: self.client.hdel(self.failures_key, *failed))
             self._failed.difference_update(failed)
@@ -285,10 +291,9 @@ class RedisStream(Generic[T]):
                 raise
 
     def _wait_for_room(self, n: int) -> None:
-        """Check the bound with a fresh XINFO GROUPS. Called only when the backlog seen right after
-        this object's last publish (an upper bound while no other producer writes, since consumers
-        only shrink it) leaves no room; not atomic with the XADDs, so producers racing each other
-        can overshoot `max_backlog` by at most one batch each."""
+        """Check the bound with a fresh XINFO GROUPS (and remember the count). Called only when the
+        bound `_known_backlog` leaves no room; not atomic with the XADDs, so producers racing each
+        other can overshoot `max_backlog` by at most one batch each."""
         if n > self.max_backlog:
             raise ValueError(f"publishing {n} records at once can never fit max_backlog={self.max_backlog} "
                              f"of stream {self.key}; publish in smaller batches")
@@ -303,6 +308,7 @@ class RedisStream(Generic[T]):
                     "raise max_backlog, or publish with a longer publish_timeout_s")
             time.sleep(min(wait, left))
             wait = min(wait * 2, 0.5)
+        self._known_backlog = backlog
 
     def _xadd_transaction(self, encoded: list[dict[str, bytes]], ack: tuple["RedisStream", Sequence[str]] | None
                           ) -> list[str]:
@@ -314,16 +320,12 @@ class RedisStream(Generic[T]):
         pipe = self.client.pipeline(transaction=ack is not None)
         for fields in encoded:
             pipe.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)
-        if self.max_backlog is not None:
-            pipe.xinfo_groups(self.key)  # the backlog after this batch, in the same round trip
         if ack is not None:
             source, ids = ack
             pipe.xack(source.key, source.group, *ids)
         replies = pipe.execute()
         if ack is not None:
             replies.pop()
-        if self.max_backlog is not None:
-            self._known_backlog = self._backlog_of(replies.pop())
         return [_str(i) for i in replies]
 
     def _read(self, consumer: str, cursor: str, count: int, block_ms: int | None) -> list[tuple[str, dict]]:
@@ -331,20 +333,21 @@ class RedisStream(Generic[T]):
         if not reply:
             return []
         _, entries = reply[0]
-        return [(_str(i), f) for i, f in entries]
+        return [(i.decode() if isinstance(i, bytes) else i, f) for i, f in entries]
 
     def _deliver(self, consumer: str, entries: list[tuple[str, dict]]) -> list[Delivery[T]]:
         out, dead = [], []
+        decode, inflight = self.codec.from_fields, self._inflight  # the per-record loop of every consume
         for entry_id, fields in entries:
             if not fields:
                 dead.append((entry_id, {}, _TRIMMED))
                 continue
             try:
-                record = self.codec.from_fields(fields)
+                record = decode(fields)
             except Exception as err:  # a bad record must not take the consumer down: park it with the reason
                 dead.append((entry_id, fields, f"{type(err).__name__}: {err}"))
                 continue
-            self._inflight[entry_id] = consumer
+            inflight[entry_id] = consumer
             out.append(Delivery(entry_id, record))
         if dead:
             self._dead_letter_many(dead)

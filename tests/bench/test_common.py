@@ -72,3 +72,24 @@ def test_machine_description_is_json_and_names_cpu_cores_and_versions():
     m = json.loads(json.dumps(machine()))
     assert m["cores"] >= 1 and m["cpu"] and m["packages"]["torch"] and m["packages"]["stare"] == "0.1.0"
     assert "cuda" in m and "load_avg_1_5_15" in m
+
+
+def test_batch_pairs_row_ratio_is_the_median_over_every_pair_of_calls():
+    from stare.bench.bench_transport import batch_pairs_row
+
+    # two rounds of (records, seconds) calls: ours then raw; per-pair ratios 1.0, 0.5, 2.0 | 0.8, 1.0
+    rounds = [([(10, 1.0), (10, 2.0), (10, 1.0)], [(10, 1.0), (10, 1.0), (10, 2.0)]),
+              ([(10, 1.25), (8, 1.0)], [(10, 1.0), (8, 1.0)])]
+    r = batch_pairs_row("t", "w", rounds)
+    assert r["ratio"] == pytest.approx(1.0)  # median of [1.0, 0.5, 2.0, 0.8, 1.0]
+    assert r["spread"] == pytest.approx([0.9, 1.0])  # the rounds' medians: 1.0 and (0.8 + 1.0) / 2
+    assert r["ours"] == pytest.approx(8.0) and r["baseline"] == pytest.approx(10.0)  # median records/s per call
+    assert r["pairs"] == 5 and r["repeats"] == 2 and r["ratio_of"] == "call pairs"
+
+
+
+def test_overlap_steps_per_min_is_60_over_the_median_step_time_after_the_warmup():
+    from stare.bench.bench_overlap import steps_per_min
+
+    ends = [100.0, 103.0, 103.5, 104.0, 104.6, 105.2, 111.0]  # steps 1-7 end; step 2 and step 7 are slow
+    assert steps_per_min(ends, warmup=2) == pytest.approx(60.0 / 0.6)  # steps 3-7 took 0.5, 0.5, 0.6, 0.6, 5.8 s

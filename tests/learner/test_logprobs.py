@@ -115,6 +115,51 @@ def test_backward_keeps_no_vocabulary_sized_activation(fused):
     assert chunked < n * v / 10  # only the chunks' inputs (hidden rows, targets) are kept
 
 
+def _peak_live_tensors(fn, min_numel: int) -> int:
+    """The most tensors of >= min_numel elements (distinct storages) alive at once while fn runs,
+    checked after every aten op (forward and backward: this thread runs both on CPU)."""
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class Live(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.refs: dict[int, list] = {}  # storage pointer -> weak refs to the tensors on it
+            self.peak = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.numel() >= min_numel:
+                    self.refs.setdefault(t.untyped_storage().data_ptr(), []).append(weakref.ref(t))
+            self.refs = {p: r for p, r in self.refs.items() if any(x() is not None for x in r)}
+            self.peak = max(self.peak, len(self.refs))
+            return out
+
+    mode = Live()
+    with mode:
+        fn()
+    return mode.peak
+
+
+def test_a_fused_chunk_holds_at_most_two_vocabulary_sized_tensors_at_once():
+    linear, hidden, targets = _case(torch.float32, n=64, h=8, v=1000)  # the [V, H] weight < one [C, V] chunk
+    chunk = 16
+
+    def forward_backward():
+        logp, ent, _ = chunked_logprobs_and_entropy(linear, hidden, targets, chunk_tokens=chunk)
+        (logp.sum() + 0.1 * ent.sum()).backward()
+
+    def full():
+        logp, ent, _ = _full(linear, hidden, targets)
+        (logp.sum() + 0.1 * ent.sum()).backward()
+
+    assert _peak_live_tensors(forward_backward, chunk * 1000) == 2
+    assert _peak_live_tensors(full, 64 * 1000) >= 3  # the reference: log p, p, p log p, ... at once
+
+
 @pytest.mark.parametrize("pack", [False, True])
 def test_response_stats_of_a_real_model_equal_the_full_logits_path(pack):
     torch.manual_seed(0)
