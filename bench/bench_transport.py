@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
         rows = measure_on(args.url, rounds=args.rounds, batch=args.batch, mb=args.mb)
     else:
         rows = measure(rounds=args.rounds, batch=args.batch, mb=args.mb, aof=args.aof)
-    print(f"batch {args.batch}; median of {args.rounds} rounds; ours = RedisStream, baseline = raw redis-py")
+    print(f"batch {args.batch}; {args.rounds} rounds; ratio = median over every pair of back-to-back calls; "
+          "ours = RedisStream, baseline = raw redis-py")
     print(format_table(rows))
 
 
