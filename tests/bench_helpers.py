@@ -10,7 +10,8 @@ from stare.bench.common import ROW_KEYS
 
 def check_rows(rows: list[dict], names: list[str]) -> dict[str, dict]:
     """Rows named `names` (in order), each complete; measured ones finite, positive and
-    self-consistent (ratio = ours / baseline, or the median of the per-repeat ratios, pass agrees with the target). Returns them by name.
+    self-consistent (ratio = ours / baseline, or the median of the per-repeat ratios or of the per-call
+    ratios, pass agrees with the target). Returns them by name.
     Targets are not checked: a unit test cannot promise a speed."""
     assert [r["name"] for r in rows] == names
     for r in rows:
@@ -27,6 +28,10 @@ def check_rows(rows: list[dict], names: list[str]) -> dict[str, dict]:
         if r.get("ratio_of") == "pairs":  # the median of the per-repeat ratios
             pairs = [o / b for o, b in zip(r["samples"]["ours"], r["samples"]["baseline"])]
             assert math.isclose(r["ratio"], statistics.median(pairs), rel_tol=1e-12) and lo <= r["ratio"] <= hi
+        elif r.get("ratio_of") == "call pairs":  # the median over every pair of calls; spread: the rounds' medians
+            medians = r["samples"]["round_median_ratios"]
+            assert [lo, hi] == [min(medians), max(medians)] and len(medians) == r["repeats"]
+            assert lo * (1 - 1e-12) <= r["ratio"] <= hi * (1 + 1e-12) and r["pairs"] >= r["repeats"]
         else:
             assert math.isclose(r["ratio"], r["ours"] / r["baseline"], rel_tol=1e-12)
         if r["target"] is None:
