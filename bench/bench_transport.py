@@ -4,8 +4,7 @@ Moves realistic trajectories (256 prompt tokens; 1k and 8k response tokens; pack
 float32 log-probs, uint8 mask, ~3 characters of text per token) through one stream and its
 consumer group, in batches (publish, then consume + ack):
   * raw redis-py:  pipelined XADD (MAXLEN ~), XREADGROUP + XACK; no record objects;
-  * RedisStream:   `publish` (pipelined XADD MAXLEN ~, the backlog bound: an XINFO GROUPS when
-                   the bound leaves no room),
+  * RedisStream:   `publish` (pipelined XADD MAXLEN ~ and an XINFO GROUPS backlog check),
                    `consume` (XREADGROUP, decode, in-flight bookkeeping), `ack` (XACK); a new
                    consumer's one read of its own pending entries is start-up, untimed like
                    raw's XGROUP CREATE;
@@ -127,10 +126,11 @@ def one_round(arms: dict[str, Any], records, batch: int, first: int = 0) -> dict
     n, names = len(records), list(arms)
     calls: dict[str, tuple[list, list]] = {name: ([], []) for name in names}
     for k, a in enumerate(range(0, n, batch)):
+        chunk = records[a:a + batch]
         for name in rotated(names, first + k):
             t0 = time.perf_counter()
-            arms[name].publish(records[a:a + batch])
-            calls[name][0].append((len(records[a:a + batch]), time.perf_counter() - t0))
+            arms[name].publish(chunk)
+            calls[name][0].append((len(chunk), time.perf_counter() - t0))
     got, k = dict.fromkeys(names, 0), 0
     while any(g < n for g in got.values()):
         for name in rotated(names, first + k):

@@ -149,10 +149,7 @@ class RedisStream(Generic[T]):
         # entry id -> consumer, for entries this object delivered and nobody acked yet: a replay
         # after a reconnect must not hand the caller what it already holds.
         self._inflight: dict[str, str] = {}
-        # An upper bound on the group's backlog while no other producer writes (consumers only
-        # shrink it): the last XINFO GROUPS count plus what this object published since. Publish
-        # asks Redis again only when this bound leaves no room for the batch.
-        self._known_backlog: int | None = None
+        self._known_backlog: int | None = None  # as seen right after this object's last publish
         self.failures_key = run_key(run_id, f"failures:{name}")  # entry id -> its last processing error
         self._failed: set[str] = set()  # ids this object recorded a failure of (cleared on ack)
         self._call("XGROUP CREATE", self._create_group)
@@ -180,8 +177,6 @@ class RedisStream(Generic[T]):
         encoded = [r.to_fields() for r in records]
         ack = (source, ids) if together else None
         out = self._call("XADD", lambda: self._xadd_transaction(encoded, ack))
-        if self._known_backlog is not None:
-            self._known_backlog += n
         if together:
             source._acked(ids)
         elif source is not None:
@@ -216,9 +211,8 @@ class RedisStream(Generic[T]):
 
     def _acked(self, ids: Sequence[str]) -> None:
         """Bookkeeping once `ids` are acknowledged in Redis."""
-        forget = self._inflight.pop
         for i in ids:
-            forget(i, None)
+            self._inflight.pop(i, None)
         if self._failed and (failed := [i for i in ids if i in self._failed]):  # failed before, done now: forget it
             self._call("HDEL", lambda: self.client.hdel(self.failures_key, *failed))
             self._failed.difference_update(failed)
@@ -291,9 +285,10 @@ class RedisStream(Generic[T]):
                 raise
 
     def _wait_for_room(self, n: int) -> None:
-        """Check the bound with a fresh XINFO GROUPS (and remember the count). Called only when the
-        bound `_known_backlog` leaves no room; not atomic with the XADDs, so producers racing each
-        other can overshoot `max_backlog` by at most one batch each."""
+        """Check the bound with a fresh XINFO GROUPS. Called only when the backlog seen right after
+        this object's last publish (an upper bound while no other producer writes, since consumers
+        only shrink it) leaves no room; not atomic with the XADDs, so producers racing each other
+        can overshoot `max_backlog` by at most one batch each."""
         if n > self.max_backlog:
             raise ValueError(f"publishing {n} records at once can never fit max_backlog={self.max_backlog} "
                              f"of stream {self.key}; publish in smaller batches")
@@ -308,7 +303,6 @@ class RedisStream(Generic[T]):
                     "raise max_backlog, or publish with a longer publish_timeout_s")
             time.sleep(min(wait, left))
             wait = min(wait * 2, 0.5)
-        self._known_backlog = backlog
 
     def _xadd_transaction(self, encoded: list[dict[str, bytes]], ack: tuple["RedisStream", Sequence[str]] | None
                           ) -> list[str]:
@@ -320,12 +314,16 @@ class RedisStream(Generic[T]):
         pipe = self.client.pipeline(transaction=ack is not None)
         for fields in encoded:
             pipe.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)
+        if self.max_backlog is not None:
+            pipe.xinfo_groups(self.key)  # the backlog after this batch, in the same round trip
         if ack is not None:
             source, ids = ack
             pipe.xack(source.key, source.group, *ids)
         replies = pipe.execute()
         if ack is not None:
             replies.pop()
+        if self.max_backlog is not None:
+            self._known_backlog = self._backlog_of(replies.pop())
         return [_str(i) for i in replies]
 
     def _read(self, consumer: str, cursor: str, count: int, block_ms: int | None) -> list[tuple[str, dict]]:
@@ -333,7 +331,7 @@ class RedisStream(Generic[T]):
         if not reply:
             return []
         _, entries = reply[0]
-        return [(i.decode() if isinstance(i, bytes) else i, f) for i, f in entries]
+        return [(_str(i), f) for i, f in entries]
 
     def _deliver(self, consumer: str, entries: list[tuple[str, dict]]) -> list[Delivery[T]]:
         out, dead = [], []
