@@ -21,8 +21,10 @@ Per learner GPU (ZeRO data parallel over `gpus` ranks, micro-batches of T tokens
                    without checkpointing: T x layers x a_layer; with it: T x (layers x b h + a_layer)
                    (each layer's input kept, one layer recomputed at a time).
     logits         the model's [T, V] logits in its dtype and their gradient: 2 b T V.
-    log-prob chunk [chunk, V] fp32, two of them at once (learner/logprobs.py: log p and p; the logits
-                   turned into log p, then into their gradient, in place): 8 chunk V.
+    log-prob chunk [chunk, V] fp32 tensors alive at once in learner/logprobs.py (tests count them): two
+                   with a whole output head (log p and p; the logits turned into log p, then into their
+                   gradient, in place): 8 chunk V; six under ZeRO-3, whose partitioned head takes the
+                   checkpointed autograd path: 24 chunk V.
     diagnostics    diagnostics.predicted_entropy_change: the pre-pass upcasts the response logits to fp32
                    and takes their log-softmax, [T_response, V] each: 8 T_response V.
     weight send    NCCL weight sync (rank 0, beside the next step when it publishes in the background):
@@ -85,6 +87,12 @@ class ModelShape:
     @property
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
+
+
+# [chunk, V] fp32 tensors the chunked log-prob computation holds at once (learner/logprobs.py;
+# tests/learner/test_logprobs.py counts them): the fused path of a whole output head, and the
+# checkpointed autograd path a ZeRO-3 partitioned head takes.
+CHUNK_TENSORS = {False: 2, True: 6}
 
 
 def shape_from_hf_config(hf_config, source: str) -> ModelShape:
@@ -301,7 +309,9 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
             Item("activations", activation_bytes(shape, b, t, checkpointing=checkpointing),
                  f"{t:,} tokens per micro-batch, gradient checkpointing {'on' if checkpointing else 'off'}"),
             Item("logits + grad", 2 * b * t * shape.vocab, f"[{t:,}, {shape.vocab:,}] in {cfg.model.dtype}, twice"),
-            Item("log-prob chunk", 8 * ch * shape.vocab, f"2 x fp32 [{ch:,}, {shape.vocab:,}]"),
+            Item("log-prob chunk", 4 * CHUNK_TENSORS[stage == 3] * ch * shape.vocab,
+                 f"{CHUNK_TENSORS[stage == 3]} x fp32 [{ch:,}, {shape.vocab:,}]"
+                 + (" (ZeRO-3: checkpointed head)" if stage == 3 else "")),
         ]
         if diag_on:
             r = t * response // seq_tokens  # response tokens of the micro-batch

@@ -160,6 +160,19 @@ def test_a_fused_chunk_holds_at_most_two_vocabulary_sized_tensors_at_once():
     assert _peak_live_tensors(full, 64 * 1000) >= 3  # the reference: log p, p, p log p, ... at once
 
 
+def test_stare_plan_counts_the_vocabulary_sized_tensors_each_head_path_holds():
+    from stare.plan import CHUNK_TENSORS
+
+    linear, hidden, targets = _case(torch.float32, n=64, h=8, v=1000)
+    chunk = 16
+    for head, zero3 in ((linear, False), (_as_module_head(linear), True)):  # fused; checkpointed (ZeRO-3 head)
+        def forward_backward():
+            logp, ent, _ = chunked_logprobs_and_entropy(head, hidden, targets, chunk_tokens=chunk)
+            (logp.sum() + 0.1 * ent.sum()).backward()
+
+        assert _peak_live_tensors(forward_backward, chunk * 1000) == CHUNK_TENSORS[zero3]
+
+
 @pytest.mark.parametrize("pack", [False, True])
 def test_response_stats_of_a_real_model_equal_the_full_logits_path(pack):
     torch.manual_seed(0)
