@@ -33,7 +33,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from stare.bench.common import format_table, paired_row
+from stare.app.bench.common import format_table, paired_row
 
 TIMEOUT_S = 300.0
 TARGET = 0.95
@@ -152,7 +152,7 @@ def _join(procs, what: str) -> None:
 def bench_interleaved(state, receivers: int, rounds: int, params_m: float) -> dict[str, list[float]]:
     """Seconds per round of each mode ("raw", "stare"), `rounds` each after one warm-up round each;
     the modes alternate round by round, rotating which goes first."""
-    from stare.net import free_port
+    from stare.runtime.net import free_port
     from stare.weight_sync.broadcast import BroadcastPublisher
 
     world, pg_port, pub_port, ack_port = receivers + 1, free_port(), free_port(), free_port()

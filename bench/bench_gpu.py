@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import torch
 
-from stare.bench.common import median, paired_row, row, skipped
+from stare.app.bench.common import median, paired_row, row, skipped
 
 NO_CUDA = "no CUDA device here (torch.cuda.is_available() is False); run `stare bench gpu` on a GPU node"
 QWEN_0_5B = dict(hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab=151_936)
@@ -98,9 +98,9 @@ def measure_learner(*, device: str, shape: dict[str, int], groups: int, group_si
     """One row: tokens/s of the learner's step (prompt + response tokens through the pre-pass and
     the training pass), against the tokens/s a dense matmul at this device's measured rate would
     give for the same FLOPs (ratio = MFU vs the measured peak)."""
-    from stare.bench.bench_learner import synthetic_groups
+    from stare.app.bench.bench_learner import synthetic_groups
     from stare.learner.batch import collate, token_logprobs_and_entropy
-    from stare.algo_config import StareLossConfig
+    from stare.config.algo import StareLossConfig
     from stare.learner.policy_loss import LossInputs, policy_loss
     from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
 

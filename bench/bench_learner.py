@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stare.bench.common import paired_row, timed, tiny_config
+from stare.app.bench.common import paired_row, timed, tiny_config
 
 TARGET = 0.9
 DRIFT_OF_UPDATE = 0.05  # after the first step: the two updates agree to 5% of the largest update
@@ -41,7 +41,7 @@ def synthetic_groups(n_groups: int, group_size: int, vocab: int, max_response: i
                      seed: int = 0, step: int = 0) -> list:
     """Scored trajectories: whole groups with mixed 0/1 rewards, response lengths long-tailed in
     [1, max_response] (most short, a few at the limit, like sampled answers)."""
-    from stare.records import Trajectory
+    from stare.transport.records import Trajectory
 
     rng = np.random.default_rng([seed, step])
     out = []
@@ -86,7 +86,7 @@ class PlainLoop:
     def step(self, trajectories) -> float:
         """One optimizer step; returns the loss (the sum of the micro-batch losses)."""
         from stare.learner.batch import collate, token_logprobs_and_entropy
-        from stare.algo_config import StareLossConfig
+        from stare.config.algo import StareLossConfig
         from stare.learner.policy_loss import LossInputs, policy_loss
         from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
 
@@ -132,7 +132,7 @@ def measure(*, repeats: int, overrides: list[str] = ()) -> list[dict[str, Any]]:
     step that both compute the same loss and update."""
     from transformers import AutoTokenizer
 
-    from stare.models import resolve_model
+    from stare.models.resolve import resolve_model
     from stare.learner.trainer import Learner
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

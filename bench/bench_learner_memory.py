@@ -18,7 +18,7 @@ Three measurements (`run(quick)` returns one dict each; `stare bench` prints the
     tokens per CPU-second, with token-budget packed micro-batches vs fixed padded micro-batches of
     the same worst-case size (budget = rows x longest sequence), the median of per-repeat ratios
     (the three cuts interleaved, timed with the allocator keeping freed memory,
-    `stare.bench.common.allocator_keeps_memory`: their page faults were noise of the same size
+    `stare.app.bench.common.allocator_keeps_memory`: their page faults were noise of the same size
     for all three). Target >= 1.3. Also the token budget unpacked (binning_tokens_per_s): on CPU, sdpa attends packed rows through a
     block-diagonal mask and so computes T^2 attention scores per packed row (flash-attention's
     varlen kernel on GPU does not).
@@ -121,13 +121,13 @@ def _packing_tokens_per_s(quick: bool) -> tuple[dict[str, list[float]], dict]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from stare.algo_config import StareLossConfig
+    from stare.config.algo import StareLossConfig
     from stare.learner.micro_batches import build_micro_batch, plan_rows
     from stare.learner.passes import Policy, hidden_state_fn, prepass, train_pass
     from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
-    from stare.bench.common import rotated
+    from stare.app.bench.common import rotated
     from stare.learner.batch import collate
-    from stare.records import Trajectory
+    from stare.transport.records import Trajectory
 
     rows, longest, prompt = (32, 256, 16) if quick else (64, 768, 32)
     micro = 4
@@ -190,7 +190,7 @@ def _row(name, what, ours, baseline, unit, target, higher_is_better) -> dict:
 def run(quick: bool = False) -> list[dict]:
     import torch
 
-    from stare.bench.common import allocator_keeps_memory, paired_row
+    from stare.app.bench.common import allocator_keeps_memory, paired_row
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # CPU-time figures: one thread, so process time is compute time

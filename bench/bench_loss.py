@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from stare.algo_config import GrpoLossConfig, StareLossConfig
-from stare.bench.common import allocator_keeps_memory, format_table, paired_row, rotated
+from stare.config.algo import GrpoLossConfig, StareLossConfig
+from stare.app.bench.common import allocator_keeps_memory, format_table, paired_row, rotated
 from stare.learner.policy_loss import LossInputs, policy_loss
 from stare.learner.step_plan import StepTokens, plan_step
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stare.bench.common import format_table, median, paired_row
+from stare.app.bench.common import format_table, median, paired_row
 
 TARGET = 1.5
 ARM_TIMEOUT_S = 900.0  # one `stare up` run, start to finish
@@ -33,8 +33,8 @@ FULL = dict(steps=40, warmup=5, repeats=2)
 def run_arm(staleness: int, steps: int, rollout: int, reward: int, out: Path, extra: list[str],
             timeout_s: float = ARM_TIMEOUT_S) -> list[float]:
     """Run `stare up` to `steps` steps; the learner's end-of-step clock readings (unix seconds)."""
-    from stare.bench.common import tiny_config
-    from stare.launch import Launcher
+    from stare.app.bench.common import tiny_config
+    from stare.app.launch.up import Launcher
 
     overrides = [f"run.output_dir={out}", f"run.name=overlap-s{staleness}", f"run.steps={steps}",
                  f"run.checkpoint_every={steps}", f"task.eval_every={10 * steps}", "task.eval_problems=8",

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stare.bench.common import paired_row, skipped, timed
+from stare.app.bench.common import paired_row, skipped, timed
 
 TARGET = 0.9
 WHAT = "rollout worker (Redis streams, weight check, records) vs bare engine.generate, same prompts and seeds"
@@ -36,7 +36,7 @@ FULL = dict(repeats=25)
 
 
 def _tiny_config(model_path: Path | None, prompts: int, samples: int, max_new_tokens: int):
-    from stare.bench.common import tiny_config
+    from stare.app.bench.common import tiny_config
 
     overrides = [f"rollout.prompts_per_step={prompts}", f"rollout.samples_per_prompt={samples}",
                  f"rollout.max_new_tokens={max_new_tokens}"]
@@ -54,12 +54,12 @@ def _vllm_missing() -> str | None:
 
 def measure_engine(cfg, engine_name: str, redis_url: str, repeats: int) -> dict[str, Any]:
     """One row: the worker's tokens/s over the bare engine's for `engine_name`."""
-    from stare.data import PromptFeeder
-    from stare.net import free_port
+    from stare.data.feeder import PromptFeeder
+    from stare.runtime.net import free_port
     from stare.rollout.engine import SamplingParams, derive_seed
     from stare.rollout.stack import build_rollout_stack
     from stare.rollout.worker import RolloutWorker
-    from stare.transport.redis_streams import RedisTransport
+    from stare.transport.redis_transport import RedisTransport
     from stare.weight_sync.broadcast import BroadcastPublisher, BroadcastSubscriber
 
     r = cfg.rollout

@@ -1,6 +1,6 @@
 """Where one embedded step's time goes: rollout, reward, learn, publish (a breakdown, no target).
 
-Runs `stare train`'s loop (stare.embedded.EmbeddedRun, the tiny config unless overridden) and
+Runs `stare train`'s loop (stare.app.launch.embedded.EmbeddedRun, the tiny config unless overridden) and
 times its pieces as they are called, by wrapping them on the run's objects (the real calls
 happen, nothing is replaced):
   * rollout:       `RolloutWorker.run_once` less its weight load (sampling, records);
@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from stare.bench.common import row
+from stare.app.bench.common import row
 
 QUICK = dict(steps=12)
 FULL = dict(steps=32)
@@ -42,8 +42,8 @@ def _timer(totals: dict[str, float], phase: str, fn: Callable) -> Callable:
 
 def measure(*, steps: int, overrides: list[str] = ()) -> list[dict[str, Any]]:
     """One row per piece of the step (and `other`), shares of the measured steps' wall time."""
-    from stare.bench.common import tiny_config
-    from stare.embedded import EmbeddedRun, StopFlag
+    from stare.app.bench.common import tiny_config
+    from stare.app.launch.embedded import EmbeddedRun, StopFlag
 
     if steps < 3:
         raise ValueError(f"steps={steps}: the first and last steps are not measured, so at least 3 are needed")

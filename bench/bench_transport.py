@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stare.bench.common import format_table, rotated
+from stare.app.bench.common import format_table, rotated
 
 TARGET = 0.95
 QUICK = dict(rounds=15, batch=64, mb=40.0)
@@ -59,7 +59,7 @@ class Encoded:
 def make_trajectories(n: int, response_tokens: int, prompt_tokens: int = 256):
     import numpy as np
 
-    from stare.records import Trajectory
+    from stare.transport.records import Trajectory
 
     rng = np.random.default_rng(0)
     out = []
@@ -152,7 +152,7 @@ def batch_pairs_row(name: str, what: str, rounds: list[tuple[list, list]], **ext
     `ratio` = the median over every pair of calls of ours' records/s over raw's (interference
     that lands on one call cannot move it), `ours`/`baseline` = each arm's median records/s per
     call, `spread` = the lowest and highest round's median pair ratio."""
-    from stare.bench.common import median, row
+    from stare.app.bench.common import median, row
 
     def rate(call: tuple[int, float]) -> float:
         return call[0] / call[1]
@@ -182,7 +182,7 @@ def measure_on(url: str, *, rounds: int, batch: int, mb: float, sizes=(1024, 819
     """One row per (response size, codec, direction): RedisStream's records/s over raw redis-py's."""
     import redis
 
-    from stare.records import Trajectory
+    from stare.transport.records import Trajectory
 
     client = redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=5)
     rows = []

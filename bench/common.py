@@ -139,7 +139,7 @@ def timed(fn) -> float:
 
 def tiny_config(overrides: Sequence[str] = ()):
     """The bundled default config (configs/tiny-cpu.yaml, what `stare train` runs) with overrides.
-    (Not stare.cli.default_config_path: the CLI imports this package, so this package must not
+    (Not stare.app.cli.default_config_path: the CLI imports this package, so this package must not
     import the CLI.)"""
     from importlib.resources import files
     from pathlib import Path

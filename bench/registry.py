@@ -1,7 +1,7 @@
 """The benchmarks `stare bench` knows: an explicit dict, name -> Benchmark.
 
-Each benchmark is a module of stare.bench (this folder) with a function `run(quick: bool) ->
-list[dict]` returning rows (stare.bench.common.row): its figures against a baseline measured in
+Each benchmark is a module of stare.app.bench (this folder) with a function `run(quick: bool) ->
+list[dict]` returning rows (stare.app.bench.common.row): its figures against a baseline measured in
 the same run. Modules are imported only when a benchmark runs, so `stare bench --help` is instant.
 GPU benchmarks return one skipped row each, saying why, where CUDA is absent.
 """
@@ -15,13 +15,13 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Benchmark:
-    module: str  # under stare.bench
+    module: str  # under stare.app.bench
     summary: str  # one line for --help
     gpu: bool = False  # the GPU section
     function: str = "run"
 
     def run(self, quick: bool) -> list[dict[str, Any]]:
-        return getattr(importlib.import_module(f"stare.bench.{self.module}"), self.function)(quick)
+        return getattr(importlib.import_module(f"stare.app.bench.{self.module}"), self.function)(quick)
 
 
 BENCHMARKS: dict[str, Benchmark] = {

@@ -1,6 +1,6 @@
 """`stare bench`: run the registered benchmarks, print one table, optionally write JSON.
 
-Each benchmark runs in a child process of its own (`python -m stare.bench.suite --one NAME`),
+Each benchmark runs in a child process of its own (`python -m stare.app.bench.suite --one NAME`),
 with a time limit: process-wide state (torch threads, a default process group, environment
 variables DeepSpeed sets) cannot leak from one benchmark into the next, and one that crashes or
 hangs becomes an error row while the others still run. Its output goes to a log file, whose tail
@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from stare.bench.registry import BENCHMARKS
+from stare.app.bench.registry import BENCHMARKS
 
 TIMEOUT_S = {True: 900.0, False: 3600.0}  # per benchmark, --quick or not
 LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -30,7 +30,7 @@ LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 def run_one(name: str, quick: bool) -> list[dict[str, Any]]:
     """Run one benchmark in this process; an exception becomes an error row."""
-    from stare.bench.common import failed
+    from stare.app.bench.common import failed
 
     bench = BENCHMARKS[name]
     try:
@@ -56,10 +56,10 @@ def run_isolated(name: str, quick: bool, workdir: Path, timeout_s: float,
                  say: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
     """Run one benchmark in a child process; its rows, or an error row quoting its log (whose last
     lines also go to `say`)."""
-    from stare.bench.common import failed
+    from stare.app.bench.common import failed
 
     rows_path, log_path = workdir / f"{name}.json", workdir / f"{name}.log"
-    cmd = [sys.executable, "-m", "stare.bench.suite", "--one", name, "--rows-out", str(rows_path)]
+    cmd = [sys.executable, "-m", "stare.app.bench.suite", "--one", name, "--rows-out", str(rows_path)]
     cmd += ["--quick"] if quick else []
     with open(log_path, "w") as log:
         try:
@@ -106,7 +106,7 @@ def run_suite(names: list[str], *, quick: bool, json_path: Path | None = None, i
               timeout_s: float | None = None, out: TextIO = sys.stdout,
               say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> list[dict[str, Any]]:
     """Run `names` in order; print the table to `out` and write `json_path`; returns every row."""
-    from stare.bench.common import format_table, machine
+    from stare.app.bench.common import format_table, machine
 
     started, t_start = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
     host = machine()
@@ -143,7 +143,7 @@ def run_suite(names: list[str], *, quick: bool, json_path: Path | None = None, i
 
 def _one(argv: list[str]) -> int:
     """The child process: one benchmark, rows to --rows-out."""
-    p = argparse.ArgumentParser(prog="python -m stare.bench.suite")
+    p = argparse.ArgumentParser(prog="python -m stare.app.bench.suite")
     p.add_argument("--one", required=True, choices=sorted(BENCHMARKS))
     p.add_argument("--rows-out", type=Path, required=True)
     p.add_argument("--quick", action="store_true")

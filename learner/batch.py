@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from stare.learner.advantages import broadcast_to_tokens, grpo_advantages
-from stare.records import Trajectory
+from stare.transport.records import Trajectory
 
 UID_STRIDE = 1 << 20  # token uid = global row index x UID_STRIDE + position (L < 2^20)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stare.algo_config import ControllerConfig, check_entropy_range, merge_config
+from stare.config.algo import ControllerConfig, check_entropy_range, merge_config
 
 log = logging.getLogger(__name__)
 

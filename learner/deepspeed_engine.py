@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from stare.net import free_port
-from stare.paths import cache_dir
+from stare.runtime.net import free_port
+from stare.runtime.paths import cache_dir
 
 LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # fp16: DeepSpeed's dynamic loss scaling (the reference's fp16 setting): start at 2^16, halve on an

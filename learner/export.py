@@ -75,7 +75,7 @@ def export_checkpoint(ckpt_dir: Path, out: Path, *, model_path: Path, step: int 
 
     ckpt_dir, out = Path(ckpt_dir), Path(out)
     tag = checkpoint_tag(ckpt_dir, step)
-    from stare.models import torch_dtype as dtype_of
+    from stare.models.resolve import torch_dtype as dtype_of
 
     torch_dtype = dtype_of(dtype)
     state = checkpoint_state_dict(ckpt_dir, tag, torch_dtype)

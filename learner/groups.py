@@ -37,13 +37,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from stare.records import Trajectory
+from stare.transport.records import Trajectory
 from stare.transport.base import RecordStream
 from stare.transport.dead_letters import DeadLetterFeed
 
 log = logging.getLogger(__name__)
 
-_ORDINAL = re.compile(r"^g(\d+)$")  # group ids written by stare.data.PromptFeeder
+_ORDINAL = re.compile(r"^g(\d+)$")  # group ids written by stare.data.feeder.PromptFeeder
 
 
 @dataclass

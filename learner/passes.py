@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from stare.learner.batch import TrainBatch
-from stare.algo_config import SurrogateConfig
+from stare.config.algo import SurrogateConfig
 from stare.learner.diagnostics import quadrant_sums
 from stare.learner.logprobs import chunked_logprobs_and_entropy
 from stare.learner.micro_batches import MicroBatch

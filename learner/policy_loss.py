@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from stare.algo_config import (
+from stare.config.algo import (
     ClipCovLossConfig,
     EntropyBonusLossConfig,
     GrpoLossConfig,

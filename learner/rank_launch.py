@@ -81,7 +81,7 @@ class FollowerProcesses:
 
     def __init__(self, cfg: TrainConfig, *, model_path: Path, pad_id: int, name: str):
         from stare.learner.deepspeed_engine import child_env
-        from stare.net import free_port
+        from stare.runtime.net import free_port
 
         world = cfg.system.learner_ranks
         folder = cfg.run_dir / "learner"
@@ -93,7 +93,7 @@ class FollowerProcesses:
         rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1")),
                       "WORLD_SIZE": str(world)}
         os.environ.update(RANK="0", LOCAL_RANK="0", **rendezvous)  # this process: rank 0
-        argv = [sys.executable, "-m", "stare.cli", "learner", "--config", str(config_path), "--name", name]
+        argv = [sys.executable, "-m", "stare.app.cli", "learner", "--config", str(config_path), "--name", name]
         self.procs: dict[int, subprocess.Popen] = {}
         for rank in range(1, world):
             env = {**child_env(), **rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank),
@@ -144,7 +144,7 @@ def follower_model(cfg: TrainConfig) -> tuple[Path, int]:
     """A follower's model path and pad id: rank 0's (built-in launcher), else resolved from the config."""
     if MODEL_ENV in os.environ:
         return Path(os.environ[MODEL_ENV]), int(os.environ[PAD_ENV])
-    from stare.models import load_run_setup
+    from stare.models.resolve import load_run_setup
 
     setup = load_run_setup(cfg, log.info)
     return setup.model_path, setup.tokenizer.pad_token_id or 0

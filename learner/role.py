@@ -15,7 +15,7 @@ checkpoint holds that step (then they are acknowledged); the checkpoint keeps th
 groups. A learner restarted after a crash loads its newest checkpoint, re-reads its pending
 entries and trains again exactly the groups the checkpoint lacks; prompts are not published twice
 (the published cursor lives in Redis). Entropy changes, pause, resume and checkpoint requests
-come from the control plane through `RunControl`. The loop is `stare.learner.session.TrainingSession`,
+come from the control plane through `RunSteering`. The loop is `stare.learner.session.TrainingSession`,
 the same one `stare train` runs; this module wires its Redis seams.
 """
 
@@ -25,7 +25,7 @@ import logging
 from typing import Any, Callable
 
 from stare.config import TrainConfig
-from stare.transport.redis_streams import retrying, run_key
+from stare.transport.redis_client import retrying, run_key
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +119,9 @@ def _run_leader(cfg: TrainConfig, *, redis_url: str, name: str, stop, evaluator_
     from stare.learner.ranks import LeaderLearner, RankChannel
     from stare.learner.session import seed_everything
     from stare.learner.trainer import Learner
-    from stare.models import load_run_setup
-    from stare.plan import check_fits
-    from stare.runtime import RoleRuntime
+    from stare.models.resolve import load_run_setup
+    from stare.plan.check import check_fits
+    from stare.runtime.process import RoleRuntime
 
     with RoleRuntime("learner", name, cfg, redis_url, stop=stop) as rt:
         seed_everything(cfg)
@@ -155,11 +155,11 @@ def _run_leader(cfg: TrainConfig, *, redis_url: str, name: str, stop, evaluator_
 
 def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_factory: EvaluatorFactory | None) -> None:
     """Rank 0: the session over the run's Redis seams, then the Hugging Face export."""
-    from stare.data import build_feeder
+    from stare.data.feeder import build_feeder
     from stare.learner.export import export_run
     from stare.learner.groups import GroupCollector
     from stare.learner.session import SessionSeams, TrainingSession
-    from stare.runtime import connect_transport
+    from stare.runtime.process import connect_transport
     from stare.transport.dead_letters import training_dead_letters
     from stare.weight_sync.factory import build_publisher
 
@@ -176,7 +176,7 @@ def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_fa
         with rt.busy("loading the evaluator"):
             evaluator = evaluator_factory(cfg, setup, transport, rt.tick) if evaluator_factory is not None else None
         seams = SessionSeams(
-            transport=transport, publisher=publisher, control=rt.control,
+            transport=transport, publisher=publisher, steering=rt.steering,
             cursor=RedisCursor(transport.client, cfg.run.name), evaluator=evaluator,
             should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick, busy=rt.busy,
         )
@@ -186,7 +186,7 @@ def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_fa
         if learner.step >= cfg.run.steps:
             export_run(cfg.run_dir, setup.model_path, log.info, cfg.model.dtype)
     except BaseException:
-        rt.control.set_phase("failed", step=learner.step)
+        rt.steering.set_phase("failed", step=learner.step)
         raise
     finally:
         if session is not None:

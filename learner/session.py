@@ -2,7 +2,7 @@
 seams) and `stare learner` (Redis streams, a weight broadcast, the other roles in other processes).
 
     start -> [evaluate at step 0, or the resumed step's evaluation a restart lost]
-    loop:  control (pause, checkpoint, entropy changes) -> fill (publish prompts up to the window,
+    loop:  steering (pause, checkpoint, entropy changes) -> fill (publish prompts up to the window,
            pump, pull scored groups) -> train (one optimizer step) -> publish weights
            -> evaluate when due -> report (metrics, status) -> checkpoint when due
            (a remote evaluator, one that waits on other processes: checkpoint, then evaluate)
@@ -34,15 +34,15 @@ import numpy as np
 import torch
 
 from stare.config import TrainConfig
-from stare.log_format import StepLines
-from stare.run_outputs import RunOutputs, batch_metrics, staleness_status, staleness_summary, trained_lags
-from stare.runstate import RunControl
+from stare.observe.log_format import StepLines
+from stare.observe.run_outputs import RunOutputs, batch_metrics, staleness_status, staleness_summary, trained_lags
+from stare.runstate import RunSteering
 from stare.transport.base import Transport
 from stare.weight_sync.base import WeightPublisher
 
 log = logging.getLogger(__name__)
 
-PAUSE_POLL_S = 0.2  # while paused: how often the control is asked again
+PAUSE_POLL_S = 0.2  # while paused: how often the steering is asked again
 PULL_BLOCK_S = 0.5  # without a pump: how long a fill round waits for scored entries
 MAX_EMPTY_STEPS = 20  # on-policy: steps in a row without a trainable group before giving up
 STALL_LOG_S = 120.0  # without a pump: say what the learner waits for after this long without a step
@@ -92,7 +92,7 @@ class Evaluator(Protocol):
 class SessionSeams:
     transport: Transport  # prompts, raw, scored streams
     publisher: WeightPublisher  # publish, serve_joiners, close
-    control: RunControl  # entropy changes, pause, checkpoint requests, status
+    steering: RunSteering  # entropy changes, pause, checkpoint requests, status
     cursor: CursorStore
     evaluator: Evaluator | None
     should_stop: Callable[[], bool]
@@ -223,25 +223,25 @@ class TrainingSession:
     def _serve_joiners(self) -> None:
         self.seams.publisher.serve_joiners(self.learner.version, self.learner.state_dict_for_rollout)
 
-    def _obey_control(self) -> bool:
+    def _obey_steering(self) -> bool:
         """Before a fill round: apply entropy changes, save a requested checkpoint; False while the
         run is paused (after waiting a moment, serving weight joiners)."""
-        control = self.seams.control
-        directives = control.before_step(self.learner.controller)
+        steering = self.seams.steering
+        directives = steering.before_step(self.learner.controller)
         if directives.checkpoint:
             self.checkpoint()
         if directives.paused:
             if not self._paused:
                 self._paused = True
-                control.set_phase("paused")
+                steering.set_phase("paused")
                 self.say(f"paused before step {self.learner.step + 1} (resume through the control plane)")
-            control.heartbeat()
+            steering.heartbeat()
             self._serve_joiners()
             self.seams.wait(PAUSE_POLL_S)
             return False
         if self._paused:  # resumed: say so now, not only after the next step (which may wait for data)
             self._paused = False
-            control.set_phase("training")
+            steering.set_phase("training")
             self.say("resumed")
         return True
 
@@ -345,7 +345,7 @@ class TrainingSession:
                   "dead_letters": self.dead_letters(),
                   "staleness": staleness_status(lags), "tokens_per_s": metrics["tokens_per_s"],
                   "step_time_s": step_time}
-        self.seams.control.after_step(learner.controller, metrics, status)
+        self.seams.steering.after_step(learner.controller, metrics, status)
         self.outputs.log_step(metrics)
         if not saved:
             self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])
@@ -360,7 +360,7 @@ class TrainingSession:
     # ---------------------------------------------------------------- the loop
     def run(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
         cfg, learner, seams = self.cfg, self.learner, self.seams
-        seams.control.start(learner.controller, learner.step, {"weight_version": learner.version})
+        seams.steering.start(learner.controller, learner.step, {"weight_version": learner.version})
         if self._eval_due(learner.step) and not self._evaluated(learner.step):  # step 0, or lost with a restart
             self.evaluate(final=learner.step == cfg.run.steps)
         empty, gave_up = 0, False
@@ -371,7 +371,7 @@ class TrainingSession:
             if between_steps and seams.should_stop():
                 break
             seams.tick(step=learner.step, weight_version=learner.version)
-            if between_steps and not self._obey_control():
+            if between_steps and not self._obey_steering():
                 continue
             batch = self.next_batch()
             if batch is None:
@@ -392,7 +392,7 @@ class TrainingSession:
         if self.collector.unacked or (seams.should_stop() and not saved):
             self.checkpoint()  # leave nothing trained unsaved, and a checkpoint to resume from
         phase = "finished" if learner.step >= cfg.run.steps else "stopped"
-        seams.control.set_phase(phase, step=learner.step, **({"reason": "no reward signal"} if gave_up else {}))
+        seams.steering.set_phase(phase, step=learner.step, **({"reason": "no reward signal"} if gave_up else {}))
         self.outputs.tb.flush()
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from stare.algo_config import (
+from stare.config.algo import (
     AggMode,
     ClipCovLossConfig,
     HighEntropyLossConfig,
@@ -100,7 +100,7 @@ SELECTIONS: dict[str, SelectFn | None] = {
     "kl-cov": _select_cov,
     "80-20": _select_high_entropy,
 }
-"""The learner's step-global half of the loss registry (stare.algo_config.LOSS_CONFIGS): per loss
+"""The learner's step-global half of the loss registry (stare.config.algo.LOSS_CONFIGS): per loss
 name, what it selects over the whole step before the first micro-batch (None: nothing)."""
 
 

@@ -2,9 +2,9 @@
 reward workers score it, the learner only publishes the tasks and adds up the scores.
 
     StreamEvaluator(version): eval tasks -> eval_prompts ... rollout ... eval_raw ... reward ...
-                              eval_scored -> scores per sample -> stare.eval_plan.summarize
+                              eval_scored -> scores per sample -> stare.data.heldout.summarize
 
-The tasks, seeds and the summary are stare.eval_plan's, the same as the in-process evaluator's
+The tasks, seeds and the summary are stare.data.heldout's, the same as the in-process evaluator's
 (rollout/evaluation.py), so for the same weights both give the same numbers. A sample counts as
 correct when its reward worker says so (`reward_info["correct"]`: `score_response`, the scoring
 function of training).
@@ -33,10 +33,10 @@ import time
 from collections import Counter
 from typing import Any, Callable, Mapping
 
-from stare.data import eval_problems
-from stare.eval_plan import Outcome, eval_settings, eval_tasks, summarize
-from stare.prompt_policy import prompt_ids
-from stare.records import EvalTask, Trajectory
+from stare.data.feeder import eval_problems
+from stare.data.heldout import Outcome, eval_settings, eval_tasks, summarize
+from stare.data.prompt_policy import prompt_ids
+from stare.transport.records import EvalTask, Trajectory
 from stare.transport.dead_letters import Feeds, dead_letter_feed
 from stare.transport.eval_streams import EvalIndex, EvalStreams
 

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from stare.algo_config import AggMode
+from stare.config.algo import AggMode
 
 _MAX_LOG_RATIO = 20.0
 

@@ -33,14 +33,14 @@ from stare.config import TrainConfig
 from stare.learner import deepspeed_engine as ds
 from stare.learner.batch import TrainBatch, collate
 from stare.learner.collectives import all_gather_ints, all_reduce_sum, gather_step_tokens
-from stare.algo_config import StareLossConfig
+from stare.config.algo import StareLossConfig
 from stare.learner.controller import EntropyController
 from stare.learner.diagnostics import quadrant_metrics
 from stare.learner.micro_batches import MicroBatch, build_micro_batch, filler_micro_batch, plan_rows
 from stare.learner.passes import Policy, hidden_state_fn, prepass, train_pass
 from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
-from stare.models import torch_dtype
-from stare.records import Trajectory
+from stare.models.resolve import torch_dtype
+from stare.transport.records import Trajectory
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import secrets
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stare.reward_config import CodeConfig
+from stare.config.reward import CodeConfig
 from stare.sandbox import ProcessSandbox, Sandbox, SandboxResult
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)

@@ -23,11 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from stare.reward.code import CodeTests, check_code
 from stare.reward.format import format_reward
-from stare.tasks.math_verify import check_math
+from stare.data.tasks.math_verify import check_math
 from stare.reward.overlong import overlong_penalty
 from stare.sandbox import Sandbox
-from stare.timeouts import VerifierTimeout, call_with_timeout
-from stare.reward_config import (  # the config half lives in the core (the run config's reward: section)
+from stare.runtime.timeouts import VerifierTimeout, call_with_timeout
+from stare.config.reward import (  # the config half lives in the core (the run config's reward: section)
     CodeComponent,
     FormatComponent,
     MathComponent,

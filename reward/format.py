@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from stare.reward_config import FormatConfig
+from stare.config.reward import FormatConfig
 
 
 

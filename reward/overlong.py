@@ -17,7 +17,7 @@ option) is the learner's job, not a reward.
 
 from __future__ import annotations
 
-from stare.reward_config import OverlongConfig
+from stare.config.reward import OverlongConfig
 
 
 

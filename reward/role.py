@@ -20,9 +20,9 @@ import time
 from typing import Any
 
 from stare.config import TrainConfig
-from stare.records import Trajectory
+from stare.transport.records import Trajectory
 from stare.reward.trajectory_worker import reward_info
-from stare.reward_config import RewardConfig
+from stare.config.reward import RewardConfig
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +31,14 @@ SCORE_TIMEOUT_S = 30.0
 
 @functools.lru_cache(maxsize=4)
 def _task(name: str, kwargs_json: str):
-    from stare.tasks.registry import build_verifier
+    from stare.data.tasks.registry import build_verifier
 
     return build_verifier(name, **json.loads(kwargs_json))
 
 
 @functools.lru_cache(maxsize=4)
 def _reward_config(config_json: str):
-    from stare.reward_config import RewardConfig
+    from stare.config.reward import RewardConfig
 
     return None if config_json == "null" else RewardConfig.model_validate_json(config_json)
 
@@ -85,8 +85,8 @@ class PoolScorer:
 
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int = 1) -> None:
     from stare.reward.trajectory_worker import RewardWorker
-    from stare.runtime import RoleRuntime, connect_eval_streams, connect_transport
-    from stare.tasks.registry import build_verifier
+    from stare.runtime.process import RoleRuntime, connect_eval_streams, connect_transport
+    from stare.data.tasks.registry import build_verifier
     from stare.transport.redis_streams import BackpressureError
 
     with RoleRuntime("reward", name, cfg, redis_url, stop=stop) as rt:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stare.records import RecordError, Trajectory
+from stare.transport.records import RecordError, Trajectory
 from stare.reward.compose import RewardInput, RewardResult, compute_reward
-from stare.reward_config import RewardConfig
-from stare.tasks.base import Problem, Task
+from stare.config.reward import RewardConfig
+from stare.data.tasks.base import Problem, Task
 from stare.transport.base import RecordStream
 from stare.transport.guard import process_guarded
 

@@ -46,7 +46,7 @@ class ScoringPoolConfig(BaseModel):
     start_method: Literal["forkserver", "spawn"] = "forkserver"
     """How workers start; both are safe in a threaded, event-loop process."""
     preload: tuple[str, ...] = ()
-    """Modules each worker imports at start (e.g. "stare.tasks.math_verify")."""
+    """Modules each worker imports at start (e.g. "stare.data.tasks.math_verify")."""
     memory_mb: int | None = Field(None, ge=64, le=1 << 20)
     """Address-space limit per worker (RLIMIT_AS), None for none."""
 

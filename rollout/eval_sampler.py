@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stare.records import EvalTask, Trajectory
+from stare.transport.records import EvalTask, Trajectory
 from stare.rollout.engine import SamplingParams
 from stare.rollout.prompt_guard import fit_prompt, prompt_limit
 from stare.transport.base import RecordStream

@@ -1,7 +1,7 @@
 """Held-out evaluation in process (`stare train`): greedy accuracy, pass@n and avg@n, overall and
 per level / data source, on a rollout engine of this process.
 
-What is sampled, the seeds and how scores add up are stare.eval_plan's, shared with the
+What is sampled, the seeds and how scores add up are stare.data.heldout's, shared with the
 evaluation through the streams (`stare learner`, learner/stream_eval.py): problem i's samples
 come from its own seed, so both paths sample the same responses for the same weights.
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from stare.eval_plan import Outcome, SourceSampling, eval_settings, problem_seed, sampling_of, summarize
-from stare.prompt_policy import prompt_ids
+from stare.data.heldout import Outcome, SourceSampling, eval_settings, problem_seed, sampling_of, summarize
+from stare.data.prompt_policy import prompt_ids
 from stare.rollout.engine import RolloutEngine, SamplingParams
-from stare.tasks.base import Problem, Task
+from stare.data.tasks.base import Problem, Task
 
 __all__ = ["SourceSampling", "eval_settings", "evaluate"]
 

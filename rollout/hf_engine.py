@@ -65,7 +65,7 @@ class HFEngine:
     ) -> None:
         from transformers import AutoModelForCausalLM
 
-        from stare.models import torch_dtype
+        from stare.models.resolve import torch_dtype
 
         self.model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=torch_dtype(dtype), attn_implementation=attn_implementation

@@ -26,7 +26,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
     from stare.rollout.eval_sampler import EvalSampler
     from stare.rollout.stack import build_rollout_stack
     from stare.rollout.worker import RolloutWorker
-    from stare.runtime import RoleRuntime, connect_eval_streams, connect_transport
+    from stare.runtime.process import RoleRuntime, connect_eval_streams, connect_transport
     from stare.transport.eval_streams import RedisEvalIndex
     from stare.transport.redis_streams import BackpressureError
     from stare.weight_sync.factory import build_subscriber

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from stare.config import TrainConfig
-from stare.models import RunSetup, load_run_setup
+from stare.models.resolve import RunSetup, load_run_setup
 from stare.rollout.engine import RolloutEngine
 from stare.rollout.registry import build_engine
 
@@ -66,11 +66,11 @@ def build_rollout_stack(cfg: TrainConfig, log: Callable[[str], None], *, model_p
 
 class StackEvaluator:
     """Held-out evaluation of the learner's newest weights on a rollout stack of this process: the
-    problems, seeds and summary of stare.eval_plan, the sampler of the stack (the tool agent when
+    problems, seeds and summary of stare.data.heldout, the sampler of the stack (the tool agent when
     tool use is on)."""
 
     def __init__(self, stack: RolloutStack, cfg: TrainConfig, log: Callable[[str], None] | None = None):
-        from stare.data import eval_problems
+        from stare.data.feeder import eval_problems
 
         self.stack, self.cfg = stack, cfg
         # the prompt length policy (data.max_prompt_len) applies to held-out prompts as to training ones

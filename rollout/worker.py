@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stare.records import PromptTask, Trajectory
+from stare.transport.records import PromptTask, Trajectory
 from stare.rollout.engine import RolloutEngine, SamplingParams, derive_seed
 from stare.rollout.prompt_guard import Overflow, fit_prompt, prompt_limit
 from stare.transport.base import Delivery, RecordStream

@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from stare.config import load_config
-    from stare.embedded import EmbeddedRun
-    from stare.models import resolve_model
+    from stare.app.launch.embedded import EmbeddedRun
+    from stare.models.resolve import resolve_model
     from stare.learner.trainer import Learner
 
     out = Path(tempfile.mkdtemp(prefix="stare-probe-"))

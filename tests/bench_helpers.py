@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from stare.bench.common import ROW_KEYS
+from stare.app.bench.common import ROW_KEYS
 
 
 def check_rows(rows: list[dict], names: list[str]) -> dict[str, dict]:

@@ -11,7 +11,7 @@ from train_helpers import fast_override_list
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A quickly built tiny model (short warm start): enough to exercise the loop, not to learn."""
-    from stare.tiny import build_tiny_model
+    from stare.models.tiny import build_tiny_model
 
     return build_tiny_model(
         tmp_path_factory.mktemp("models") / "tiny-test", sft_max_steps=30, sft_target_accuracy=2.0, n_val=16, n_eval=16

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stare.records import Trajectory
+from stare.transport.records import Trajectory
 
 VOCAB = 97
 
@@ -67,7 +67,7 @@ def collate_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
     from stare.learner.batch import collate
     from stare.learner.collectives import all_gather_ints, gather_step_tokens
-    from stare.algo_config import StareLossConfig
+    from stare.config.algo import StareLossConfig
     from stare.learner.selection import in_topk
     from stare.learner.step_plan import StepTokens, plan_step
 

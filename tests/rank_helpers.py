@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.multiprocessing as mp
 
-from stare.net import free_port
+from stare.runtime.net import free_port
 
 
 def spawn_ranks(target, world: int, *args, timeout_s: float = 120.0) -> None:

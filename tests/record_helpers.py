@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from stare.records import Trajectory
+from stare.transport.records import Trajectory
 
 
 def make_trajectory(**changes) -> Trajectory:

@@ -28,7 +28,7 @@ def step_trajectories(vocab: int, seed: int = 0) -> list:
     """Two groups of two with rewards 1/0: a non-zero advantage, so a step moves the weights."""
     import numpy as np
 
-    from stare.records import Trajectory
+    from stare.transport.records import Trajectory
 
     rng = np.random.default_rng(seed)
     out = []

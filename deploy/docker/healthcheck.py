@@ -25,7 +25,7 @@ def role_of_pid1() -> str:
         return ""
     words = [a.decode(errors="replace") for a in argv if a]
     for i, word in enumerate(words):
-        if word.endswith("stare") or word == "stare.cli":
+        if word.endswith("stare") or word == "stare.app.cli":
             return words[i + 1] if i + 1 < len(words) else ""
     return ""
 

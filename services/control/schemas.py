@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic_core import PydanticUndefined
-from stare.algo_config import ControllerConfig
+from stare.config.algo import ControllerConfig
 
 from stare.runstate.base import AuditEntry, RoleHealth
 

@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, ValidationError
 
-from stare.algo_config import ControllerConfig
-from stare.algo_config import merge_config
+from stare.config.algo import ControllerConfig
+from stare.config.algo import merge_config
 
 DEFAULT_MAX_METRICS = 10_000
 DEFAULT_MAX_AUDIT = 1_000

@@ -48,7 +48,7 @@ from stare.runstate.base import (
     role_health,
     unparsable_entry,
 )
-from stare.transport.redis_streams import RETRYABLE_ERRORS, checked_key_part, connect_client, retrying
+from stare.transport.redis_client import RETRYABLE_ERRORS, checked_key_part, connect_client, retrying
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

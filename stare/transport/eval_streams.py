@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from stare.records import EvalTask, Trajectory
+from stare.transport.records import EvalTask, Trajectory
 from stare.transport.base import RecordStream
 from stare.transport.memory import MemoryStream
 
@@ -82,18 +82,18 @@ class RedisEvalIndex:
     """The index as a Redis hash: eval id -> JSON {size, state}."""
 
     def __init__(self, client, run_id: str):
-        from stare.transport.redis_streams import run_key
+        from stare.transport.redis_client import run_key
 
         self.client, self.key = client, run_key(run_id, "evals")
 
     def _get(self, eval_id: str) -> dict[str, Any] | None:
-        from stare.transport.redis_streams import retrying
+        from stare.transport.redis_client import retrying
 
         raw = retrying(lambda: self.client.hget(self.key, eval_id), "HGET evaluation")
         return None if raw is None else json.loads(raw)
 
     def _set(self, eval_id: str, info: dict[str, Any]) -> None:
-        from stare.transport.redis_streams import retrying
+        from stare.transport.redis_client import retrying
 
         retrying(lambda: self.client.hset(self.key, eval_id, json.dumps(info)), "HSET evaluation")
 
@@ -111,7 +111,7 @@ class RedisEvalIndex:
         return info is None or info.get("state") == "open"
 
     def open_ids(self) -> list[str]:
-        from stare.transport.redis_streams import retrying
+        from stare.transport.redis_client import retrying
 
         entries = retrying(lambda: self.client.hgetall(self.key), "HGETALL evaluations")
         return sorted(k.decode() if isinstance(k, bytes) else k for k, v in entries.items()

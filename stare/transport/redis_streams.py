@@ -23,31 +23,24 @@ stream's (`memory.py`), made durable:
 
 Limits: a retried XADD whose first attempt reached Redis publishes the record twice (at-least-
 once; consumers dedupe by record id). Not thread-safe: one stream object per thread. Key names
-are `stare:{run_id}:stream:{name}` and `stare:{run_id}:dead:{name}`; see docs/transport.md.
+are `stare:{run_id}:stream:{name}` and `stare:{run_id}:dead:{name}` (redis_client.py); see docs/transport.md.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar
+from typing import Callable, Generic, Protocol, Sequence, TypeVar
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from stare.records import PromptTask, Trajectory
 from stare.transport.base import Delivery, RecordStream
+from stare.transport.redis_client import RETRYABLE_ERRORS, checked_key_part, dead_key, run_key, stream_key
+from stare.transport.redis_dead_letters import TRIMMED_REASON, DeadLetter, as_str, parse_dead_letters, raw_fields
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-R = TypeVar("R")
-
-_NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # the run-name rule of stare.config: no ':' in key parts
-RETRYABLE_ERRORS = (redis.ConnectionError, redis.TimeoutError)  # BusyLoadingError is a ConnectionError
+T, R = TypeVar("T"), TypeVar("R")
 
 
 class Codec(Protocol[T]):
@@ -58,34 +51,6 @@ class Codec(Protocol[T]):
 
 class BackpressureError(OverflowError):
     """Publishing would push the group's backlog past `max_backlog` (consumers are behind)."""
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    id: str  # the entry id in the dead-letter stream
-    entry_id: str  # the original entry's id in its stream
-    reason: str
-    raw: dict[str, bytes]  # the original entry's fields (or the record's, re-encoded)
-
-
-def stream_key(run_id: str, name: str) -> str:
-    return f"stare:{checked_key_part(run_id, 'run_id')}:stream:{checked_key_part(name, 'name')}"
-
-
-def run_key(run_id: str, name: str) -> str:
-    """A run-scoped key for anything else a run keeps in Redis (weights pointer, state)."""
-    return f"stare:{checked_key_part(run_id, 'run_id')}:{name}"
-
-
-def dead_key(run_id: str, name: str) -> str:
-    return f"stare:{checked_key_part(run_id, 'run_id')}:dead:{checked_key_part(name, 'name')}"
-
-
-def checked_key_part(value: str, what: str) -> str:
-    """`value` if it can be part of a run's Redis key names (no ':'), else ValueError naming `what`."""
-    if not _NAME.match(value):
-        raise ValueError(f"{what} {value!r} must match {_NAME.pattern} (it is part of Redis key names)")
-    return value
 
 
 class RedisStream(Generic[T]):
@@ -219,7 +184,7 @@ class RedisStream(Generic[T]):
 
     def dead_letter(self, entry_id: str, raw: object, reason: str) -> None:
         """Park an entry with its reason in the run's dead-letter stream and acknowledge it."""
-        self._dead_letter_many([(entry_id, _raw_fields(raw), reason)])
+        self._dead_letter_many([(entry_id, raw_fields(raw), reason)])
 
     def fail(self, ids: Sequence[str], error: str) -> None:
         """Processing `ids` failed with `error`: keep them pending, remember the error (in Redis, so a
@@ -249,10 +214,10 @@ class RedisStream(Generic[T]):
             count = min(100, max_count - len(claimed))
             reply = self._call("XAUTOCLAIM", lambda: self.client.xautoclaim(
                 self.key, self.group, consumer, idle, start_id=start, count=count))
-            start, entries, trimmed = _str(reply[0]), reply[1], reply[2] if len(reply) > 2 else []
-            claimed += [(_str(i), f) for i, f in entries]
+            start, entries, trimmed = as_str(reply[0]), reply[1], reply[2] if len(reply) > 2 else []
+            claimed += [(as_str(i), f) for i, f in entries]
             if trimmed:
-                self._dead_letter_many([(_str(i), {}, _TRIMMED) for i in trimmed])
+                self._dead_letter_many([(as_str(i), {}, TRIMMED_REASON) for i in trimmed])
             if start == "0-0":
                 break
         # entries this object already handed to `consumer` are still being worked on: not again
@@ -269,12 +234,7 @@ class RedisStream(Generic[T]):
 
     def dead_letters(self, count: int = 100) -> list[DeadLetter]:
         """The oldest `count` dead letters of this stream (for inspection and tests)."""
-        entries = self._call("XRANGE", lambda: self.client.xrange(self.dead_key, count=count))
-        out = []
-        for dead_id, f in entries:
-            raw = {_str(k)[4:]: v for k, v in f.items() if _str(k).startswith("raw:")}
-            out.append(DeadLetter(_str(dead_id), _str(f[b"entry_id"]), f[b"reason"].decode(errors="replace"), raw))
-        return out
+        return parse_dead_letters(self._call("XRANGE", lambda: self.client.xrange(self.dead_key, count=count)))
 
     # ---------------------------------------------------------------- internals
     def _create_group(self) -> None:
@@ -324,21 +284,21 @@ class RedisStream(Generic[T]):
             replies.pop()
         if self.max_backlog is not None:
             self._known_backlog = self._backlog_of(replies.pop())
-        return [_str(i) for i in replies]
+        return [as_str(i) for i in replies]
 
     def _read(self, consumer: str, cursor: str, count: int, block_ms: int | None) -> list[tuple[str, dict]]:
         reply = self.client.xreadgroup(self.group, consumer, {self.key: cursor}, count=count, block=block_ms)
         if not reply:
             return []
         _, entries = reply[0]
-        return [(_str(i), f) for i, f in entries]
+        return [(as_str(i), f) for i, f in entries]
 
     def _deliver(self, consumer: str, entries: list[tuple[str, dict]]) -> list[Delivery[T]]:
         out, dead = [], []
         decode, inflight = self.codec.from_fields, self._inflight  # the per-record loop of every consume
         for entry_id, fields in entries:
             if not fields:
-                dead.append((entry_id, {}, _TRIMMED))
+                dead.append((entry_id, {}, TRIMMED_REASON))
                 continue
             try:
                 record = decode(fields)
@@ -356,7 +316,7 @@ class RedisStream(Generic[T]):
             pipe = self.client.pipeline(transaction=True)  # MULTI: parked and acked together, or neither
             for entry_id, raw, reason in items:
                 fields = {"reason": reason, "entry_id": entry_id, "stream": self.key, "group": self.group}
-                fields.update({f"raw:{_str(k)}": v for k, v in raw.items()})
+                fields.update({f"raw:{as_str(k)}": v for k, v in raw.items()})
                 pipe.xadd(self.dead_key, fields, maxlen=self.dead_maxlen, approximate=True)
             pipe.xack(self.key, self.group, *[i for i, _, _ in items])
             pipe.execute()
@@ -374,14 +334,14 @@ class RedisStream(Generic[T]):
                 pipe.xpending_range(self.key, self.group, min=i, max=i, count=1)
             return pipe.execute()
 
-        times = {_str(r["message_id"]): r["times_delivered"] for rows in self._call("XPENDING", counts) for r in rows}
+        times = {as_str(r["message_id"]): r["times_delivered"] for rows in self._call("XPENDING", counts) for r in rows}
         poison = [(i, f) for i, f in claimed if times.get(i, 0) > self.max_deliveries]
         if poison:
             ids = [i for i, _ in poison]
             errors = self._call("HMGET", lambda: self.client.hmget(self.failures_key, ids))
             self._dead_letter_many([
                 (i, f, f"delivered {times[i] - 1} times without an ack (max_deliveries={self.max_deliveries}); "
-                 + (f"last error: {_str(e)}" if e is not None else "its consumer died or stalled on it each time"))
+                 + (f"last error: {as_str(e)}" if e is not None else "its consumer died or stalled on it each time"))
                 for (i, f), e in zip(poison, errors)])
             self._call("HDEL", lambda: self.client.hdel(self.failures_key, *ids))
             self._failed.difference_update(ids)
@@ -392,7 +352,7 @@ class RedisStream(Generic[T]):
     def _backlog_of(self, groups: list[dict]) -> int | None:
         """pending + lag from an XINFO GROUPS reply; None when the group or its lag is unknown."""
         for g in groups:
-            if _str(g["name"]) == self.group and g["lag"] is not None:
+            if as_str(g["name"]) == self.group and g["lag"] is not None:
                 return g["pending"] + g["lag"]
         return None
 
@@ -401,11 +361,11 @@ class RedisStream(Generic[T]):
         if (known := self._backlog_of(groups)) is not None:
             return known
         for g in groups:
-            if _str(g["name"]) == self.group:
+            if as_str(g["name"]) == self.group:
                 # lag is unknown after XDEL/SETID: count what follows the last delivered id (up to `limit`)
-                n, start = 0, "(" + _str(g["last-delivered-id"])
+                n, start = 0, "(" + as_str(g["last-delivered-id"])
                 while (limit is None or n < limit) and (batch := self.client.xrange(self.key, min=start, count=256)):
-                    n, start = n + len(batch), "(" + _str(batch[-1][0])
+                    n, start = n + len(batch), "(" + as_str(batch[-1][0])
                 return g["pending"] + n
         raise redis.ResponseError(f"NOGROUP no consumer group {self.group} on {self.key}")
 
@@ -438,78 +398,3 @@ class RedisStream(Generic[T]):
                             self.key, self.group)
                 regrouped = True
                 self._create_group()
-
-
-def connect_client(url: str, *, socket_timeout_s: float = 5.0, decode_responses: bool = False) -> redis.Redis:
-    """A client with socket timeouts on every call and no hidden client-side retries (callers retry
-    with `retrying` or RedisStream, logged): every Redis user of a run builds its client here."""
-    return redis.Redis.from_url(
-        url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, socket_keepalive=True,
-        retry=Retry(NoBackoff(), 0), decode_responses=decode_responses,
-    )
-
-
-def retrying(fn: Callable[[], R], what: str, *, op_timeout_s: float = 30.0, retries: int | None = None,
-             backoff_s: float = 0.05, max_backoff_s: float = 2.0) -> R:
-    """Run one plain Redis call, retrying a lost connection with exponential backoff (logged), for
-    at most `retries` attempts (None: no count limit) and op_timeout_s in all; then the last error
-    propagates. For the run's keys outside the streams (weights pointer, feeder cursor, run state)."""
-    start, delay, attempt = time.monotonic(), backoff_s, 0
-    while True:
-        attempt += 1
-        try:
-            return fn()
-        except RETRYABLE_ERRORS as err:
-            if (retries is not None and attempt >= retries) or time.monotonic() - start + delay > op_timeout_s:
-                raise
-            log.warning("%s lost the connection (%s); retry %d in %.2fs", what, err, attempt, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, max_backoff_s)
-
-
-_TRIMMED = "entry was trimmed (MAXLEN) before it was acknowledged; its content is lost"
-
-
-def _str(x: bytes | str) -> str:
-    return x.decode() if isinstance(x, bytes) else x
-
-
-def _raw_fields(raw: object) -> dict[str, bytes | str]:
-    """The fields to park for `raw`: a record re-encoded, an entry's fields as they were, else repr."""
-    if hasattr(raw, "to_fields"):
-        try:
-            return raw.to_fields()
-        except Exception as err:  # an invalid record may not even encode; keep what we can
-            return {"repr": repr(raw)[:100_000], "encode_error": f"{type(err).__name__}: {err}"}
-    if isinstance(raw, dict):
-        return {_str(k) if isinstance(k, (bytes, str)) else repr(k):
-                v if isinstance(v, (bytes, str, int, float)) else repr(v) for k, v in raw.items()}
-    if isinstance(raw, (bytes, str)):
-        return {"raw": raw}
-    return {"repr": repr(raw)[:100_000]}
-
-
-_STREAMS = (("prompts", PromptTask, "rollout"), ("raw", Trajectory, "reward"), ("scored", Trajectory, "learner"))
-
-
-@dataclass
-class RedisTransport:
-    """The three streams of a run on one Redis: prompts (PromptTask, group "rollout"), raw
-    (Trajectory, group "reward"), scored (Trajectory, group "learner")."""
-
-    client: redis.Redis
-    prompts: RedisStream[PromptTask]
-    raw: RedisStream[Trajectory]
-    scored: RedisStream[Trajectory]
-
-    @classmethod
-    def connect(cls, url: str, run_id: str, *, socket_timeout_s: float = 5.0, **stream_options: Any) -> "RedisTransport":
-        """Connect to `url` (redis://host:port/db) with socket timeouts on every call and no hidden
-        client-side retries (RedisStream retries, logged); `stream_options` go to each RedisStream."""
-        client = connect_client(url, socket_timeout_s=socket_timeout_s)
-        streams = {name: RedisStream(client, run_id, name, codec, group=group, **stream_options)
-                   for name, codec, group in _STREAMS}
-        return cls(client=client, **streams)
-
-    def close(self) -> None:
-        self.client.close()

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from stare.transport.redis_streams import retrying, run_key
+from stare.transport.redis_client import retrying, run_key
 
 log = logging.getLogger(__name__)
 

@@ -3,14 +3,14 @@ import sys
 
 import pytest
 
-from stare.cli import main
+from stare.app.cli import main
 
 
 def test_help_lists_the_commands_without_heavy_imports():
-    out = subprocess.run([sys.executable, "-m", "stare.cli", "--help"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "stare.app.cli", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "train" in out.stdout and "compare" in out.stdout
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys, stare.cli; stare.cli.build_parser(); print('torch' in sys.modules)"],
+        [sys.executable, "-c", "import sys, stare.app.cli; stare.app.cli.build_parser(); print('torch' in sys.modules)"],
         capture_output=True, text=True, timeout=60,
     )
     assert probe.stdout.strip() == "False"  # no heavy import before a subcommand runs
@@ -38,14 +38,14 @@ def test_compare_trains_each_algo_and_writes_figure_and_table(fast_overrides, tm
 
 
 def test_stare_up_without_a_rollout_worker_fails_naming_the_flag(capsys):
-    from stare.cli import main
+    from stare.app.cli import main
 
     assert main(["up", "--rollout", "0"]) == 2
     assert "--rollout (0)" in capsys.readouterr().err
 
 
 def test_stare_launch_ray_with_bad_counts_fails_naming_the_flag(capsys):
-    from stare.cli import main
+    from stare.app.cli import main
 
     assert main(["launch", "--ray", "--rollout", "0"]) == 2
     assert "--rollout (0)" in capsys.readouterr().err
@@ -54,7 +54,7 @@ def test_stare_launch_ray_with_bad_counts_fails_naming_the_flag(capsys):
 
 
 def test_build_model_and_sandbox_get_their_whole_argument_list_including_leading_options():
-    from stare.cli import parse_args
+    from stare.app.cli import parse_args
 
     assert parse_args(["build-model", "--quiet", "--out", "/x"]).rest == ["--quiet", "--out", "/x"]
     assert parse_args(["build-model", "--help"]).rest == ["--help"]
@@ -62,7 +62,7 @@ def test_build_model_and_sandbox_get_their_whole_argument_list_including_leading
 
 
 def test_an_unknown_option_of_another_subcommand_is_still_an_error(capsys):
-    from stare.cli import parse_args
+    from stare.app.cli import parse_args
 
     with pytest.raises(SystemExit) as err:
         parse_args(["train", "--bogus"])
@@ -72,7 +72,7 @@ def test_an_unknown_option_of_another_subcommand_is_still_an_error(capsys):
 def test_the_algo_help_lists_every_preset():
     import argparse
 
-    from stare.cli import _config_args
+    from stare.app.cli import _config_args
     from stare.config import ALGO_PRESETS
 
     parser = argparse.ArgumentParser()

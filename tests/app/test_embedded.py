@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from stare.config import build_config
-from stare.embedded import prepare_run, run_training
+from stare.app.launch.embedded import prepare_run, run_training
 from stare.learner.deepspeed_engine import child_env
 
 pytestmark = pytest.mark.slow
@@ -56,7 +56,7 @@ def test_resumed_run_reproduces_the_uninterrupted_run(fast_overrides, tmp_path):
 
 
 def test_sigint_stops_after_the_step_and_leaves_a_resumable_checkpoint(fast_overrides, tmp_path):
-    args = [sys.executable, "-m", "stare.cli", "train", "--no-progress"]
+    args = [sys.executable, "-m", "stare.app.cli", "train", "--no-progress"]
     for o in fast_overrides + ["run.steps=200", "run.checkpoint_every=1000", "run.name=sig"]:
         args += ["--set", o]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env=child_env())
@@ -96,14 +96,14 @@ def test_training_an_existing_run_name_is_refused(fast_overrides):
 
 
 def test_an_entropy_source_changed_at_run_time_feeds_the_gate_from_the_next_step(fast_overrides):
-    from stare.embedded import EmbeddedRun, StopFlag
-    from stare.runstate import MemoryRunState, RunControl
+    from stare.app.launch.embedded import EmbeddedRun, StopFlag
+    from stare.runstate import MemoryRunState, RunSteering
 
     cfg = prepare_run(build_config({}, overrides=fast_overrides + ["run.name=lagged"]), None)
     assert cfg.controller.entropy_source == "prepass"
     run = EmbeddedRun(cfg, resume=False, log=lambda *_: None)
     state = MemoryRunState("lagged")
-    control = RunControl(state)
+    control = RunSteering(state)
     control.start(run.learner.controller)  # publishes the controller, as train() does
     state.request_entropy_change({"entropy_source": "lagged"}, "test")  # applied before step 1
     lagged_after: dict[int, float] = {}
@@ -126,7 +126,7 @@ def test_a_stop_during_a_sampling_round_takes_effect_between_steps_and_the_run_r
     step's sampling rounds must not checkpoint a cursor past groups that die with the process."""
     import json
 
-    from stare.embedded import EmbeddedRun, StopFlag
+    from stare.app.launch.embedded import EmbeddedRun, StopFlag
 
     # 2 samples a group: about half the groups have equal rewards and are filtered, so a step's first
     # round rarely fills it

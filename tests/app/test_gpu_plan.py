@@ -11,16 +11,16 @@ import sys
 import pytest
 
 from stare.config import ConfigError
-from stare.gpu_plan import parse_gpus, plan_gpus
+from stare.plan.gpu_map import parse_gpus, plan_gpus
 
 
 def _print_plan(*args: str) -> dict[str, str]:
-    out = subprocess.run([sys.executable, "-m", "stare.cli", "up", "--print-plan", "--set", "rollout.engine.name=vllm",
+    out = subprocess.run([sys.executable, "-m", "stare.app.cli", "up", "--print-plan", "--set", "rollout.engine.name=vllm",
                           *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     roles = re.findall(r"^(\S+):\n  command: (.+)\n  env: (.*)\n", out.stdout, flags=re.M)
     for name, command, _ in roles:
-        assert command.split()[3] == name.split("-")[0] and "stare.cli" in command
+        assert command.split()[3] == name.split("-")[0] and "stare.app.cli" in command
     return {name: (re.search(r"CUDA_VISIBLE_DEVICES=(\S*)", env) or [None, None])[1] for name, _, env in roles}
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from stare.cli import _load, _overrides, parse_args
-from stare.log_format import JsonFormatter, StepLines, format_step, step_record
+from stare.app.cli import _load, _overrides, parse_args
+from stare.observe.log_format import JsonFormatter, StepLines, format_step, step_record
 
 METRICS = {"step": 12, "reward_mean": 0.4375, "entropy": 0.41234, "target": 0.3, "gate": True, "w": 1.2, "m": 0.8,
            "tokens_per_s": 912.4, "time_step_s": 1.234, "loss": 0.1}
@@ -86,7 +86,7 @@ def _train(fast_overrides, name: str, *extra: str) -> tuple[str, list[dict]]:
     """A non-TTY `stare train` (stdout and stderr pipes); its stderr and metrics.jsonl."""
     from stare.learner.deepspeed_engine import child_env
 
-    args = [sys.executable, "-m", "stare.cli", "train", *extra]
+    args = [sys.executable, "-m", "stare.app.cli", "train", *extra]
     for o in fast_overrides + ["run.steps=3", "logging.every_n_steps=2", f"run.name={name}",
                                "control.serve_in_train=false"]:
         args += ["--set", o]
@@ -132,7 +132,7 @@ def test_a_role_started_with_log_format_json_logs_json_objects_with_its_name(tmp
     from stare.learner.deepspeed_engine import child_env
 
     with redis_server(tmp_path / "redis") as server:
-        proc = subprocess.Popen([sys.executable, "-m", "stare.cli", "reward", "--log-format", "json", "--redis-url",
+        proc = subprocess.Popen([sys.executable, "-m", "stare.app.cli", "reward", "--log-format", "json", "--redis-url",
                                  server.url, "--name", "reward-json", "--set", f"run.output_dir={tmp_path}"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
         try:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stare.report import SUMMARY_KEYS, compare, ema, load_jsonl, summarize, write_comparison, write_report
+from stare.app.report import SUMMARY_KEYS, compare, ema, load_jsonl, summarize, write_comparison, write_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -2,7 +2,7 @@
 
 import json
 
-from stare.report import summarize, write_report
+from stare.app.report import summarize, write_report
 
 
 def test_report_shows_avg_and_pass_at_n_per_source_of_the_last_evaluation(tmp_path):

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from stare.report.stats import bootstrap_ci, pass_at_k, pass_at_k_curve
+from stare.app.report.stats import bootstrap_ci, pass_at_k, pass_at_k_curve
 
 
 def test_pass_at_k_matches_the_hand_derived_binomial_ratio():
@@ -77,7 +77,7 @@ def _run(root, name, *, steps=4, last_eval_step=4, w=(1.0, 3.0, 2.0, 2.0), count
 
 
 def test_results_take_completed_runs_only_and_compute_their_numbers_by_hand(tmp_path):
-    from stare.report.results import collect, main
+    from stare.app.report.results import collect, main
 
     _run(tmp_path, "s0-stare")
     _run(tmp_path, "s1-stare", last_eval_step=2)  # still running: its last evaluation is not the final one
@@ -95,7 +95,7 @@ def test_results_take_completed_runs_only_and_compute_their_numbers_by_hand(tmp_
 
 
 def test_differences_pair_seeds_only_on_the_same_machine_fingerprint(tmp_path):
-    from stare.report.results import paired, record
+    from stare.app.report.results import paired, record
 
     a, b = record(_run(tmp_path, "s0-stare")), record(_run(tmp_path, "s0-grpo", counts=((8, 0), (8, 0))))
     a2, b2 = record(_run(tmp_path, "s1-stare")), dict(record(_run(tmp_path, "s1-grpo")), machine="other/AVX2")
@@ -109,7 +109,7 @@ def test_docs_results_is_what_the_committed_records_give():
     a record added or a report change without regenerating fails here."""
     from pathlib import Path
 
-    from stare.report.results import RECORDS_DIR, collect, render
+    from stare.app.report.results import RECORDS_DIR, collect, render
 
     repo = Path(__file__).parents[2]
     data = collect(repo / RECORDS_DIR)

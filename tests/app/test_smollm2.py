@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stare.config import load_config
-from stare.embedded import prepare_run, run_training
+from stare.app.launch.embedded import prepare_run, run_training
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ CONFIG = Path(__file__).parents[2] / "configs" / "smollm2-cpu.yaml"
 
 @pytest.fixture(scope="module")
 def smollm2_dir():
-    from stare.smollm2 import prepare_smollm2
+    from stare.models.smollm2 import prepare_smollm2
 
     return prepare_smollm2(log=lambda _: None)
 

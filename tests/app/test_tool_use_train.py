@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from stare.config import build_config
-from stare.embedded import EmbeddedRun, prepare_run, run_training
+from stare.app.launch.embedded import EmbeddedRun, prepare_run, run_training
 from stare.rollout.agent_loop import parse_tool_call
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ OBS_OPEN, OBS_CLOSE = "<tool_response>", "</tool_response>"
 @pytest.fixture(scope="module")
 def tool_model_dir(tmp_path_factory):
     """80 warm-start steps: the model writes tool calls (often with wrong digits), not yet answers."""
-    from stare.tiny import build_tiny_model
+    from stare.models.tiny import build_tiny_model
 
     return build_tiny_model(
         tmp_path_factory.mktemp("models") / "tiny-tool-test", task_name="tool-arithmetic", sft_max_steps=80,

@@ -14,7 +14,7 @@ def needs_redis(test):
 
 
 def test_loss_times_stare_and_grpo_from_logits_and_from_logprobs():
-    from stare.bench.bench_loss import measure
+    from stare.app.bench.bench_loss import measure
 
     rows = check_rows(measure(seqs=4, length=16, vocab=32, micro_batch=2, repeats=2), ["loss", "loss/elementwise"])
     assert rows["loss"]["target"] == 1.03 and rows["loss"]["higher_is_better"] is False
@@ -23,7 +23,7 @@ def test_loss_times_stare_and_grpo_from_logits_and_from_logprobs():
 
 @needs_redis
 def test_transport_compares_each_size_codec_and_direction_with_raw_redis_py():
-    from stare.bench.bench_transport import measure
+    from stare.app.bench.bench_transport import measure
 
     rows = measure(rounds=2, batch=4, mb=0.02, sizes=(64,))
     check_rows(rows, [f"transport/0k/{c}/{d}" for c in ("bytes", "Trajectory") for d in ("publish", "consume+ack")])
@@ -33,7 +33,7 @@ def test_transport_compares_each_size_codec_and_direction_with_raw_redis_py():
 
 @pytest.mark.slow
 def test_broadcast_compares_the_publisher_with_a_raw_gloo_loop():
-    from stare.bench.bench_broadcast import measure
+    from stare.app.bench.bench_broadcast import measure
 
     (r,) = check_rows(measure(params_m=1.0, receivers=1, rounds=1), ["broadcast"]).values()
     assert r["unit"] == "GB/s" and r["target"] == 0.95
@@ -43,7 +43,7 @@ def test_broadcast_compares_the_publisher_with_a_raw_gloo_loop():
 @pytest.mark.slow
 @needs_redis
 def test_overlap_runs_both_arms_of_stare_up(tiny_model_dir):
-    from stare.bench.bench_overlap import measure
+    from stare.app.bench.bench_overlap import measure
 
     extra = [f"model.path={tiny_model_dir}", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
              "rollout.max_new_tokens=16", "optim.micro_batch=4"]
@@ -53,7 +53,7 @@ def test_overlap_runs_both_arms_of_stare_up(tiny_model_dir):
 
 @needs_redis
 def test_rollout_worker_and_bare_engine_sample_the_same_tokens(tiny_model_dir):
-    from stare.bench.bench_rollout import measure
+    from stare.app.bench.bench_rollout import measure
 
     rows = measure(repeats=2, model_path=tiny_model_dir, prompts=2, samples=2, max_new_tokens=8)
     by_name = check_rows(rows, ["rollout/hf", "rollout/vllm"])
@@ -66,7 +66,7 @@ def test_rollout_worker_and_bare_engine_sample_the_same_tokens(tiny_model_dir):
 
 @pytest.mark.slow
 def test_learner_and_plain_loop_take_the_same_first_step(tiny_model_dir):
-    from stare.bench.bench_learner import measure
+    from stare.app.bench.bench_learner import measure
 
     overrides = [f"model.path={tiny_model_dir}", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
                  "rollout.max_new_tokens=16", "optim.micro_batch=4"]  # 2 micro-batches: accumulation too
@@ -76,7 +76,7 @@ def test_learner_and_plain_loop_take_the_same_first_step(tiny_model_dir):
 
 
 def test_synthetic_groups_are_whole_groups_with_mixed_rewards():
-    from stare.bench.bench_learner import synthetic_groups
+    from stare.app.bench.bench_learner import synthetic_groups
 
     ts = synthetic_groups(3, 4, vocab=50, max_response=16)
     assert len(ts) == 12 and len({t.group_id for t in ts}) == 3
@@ -87,7 +87,7 @@ def test_synthetic_groups_are_whole_groups_with_mixed_rewards():
 
 @pytest.mark.slow
 def test_step_breakdown_partitions_the_step_time(tiny_model_dir):
-    from stare.bench.bench_step import measure
+    from stare.app.bench.bench_step import measure
 
     overrides = [f"model.path={tiny_model_dir}", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
                  "rollout.max_new_tokens=16", "optim.micro_batch=4", "task.eval_k=2"]
@@ -100,7 +100,7 @@ def test_step_breakdown_partitions_the_step_time(tiny_model_dir):
 
 
 def test_gpu_benchmarks_run_their_code_on_the_cpu_at_a_tiny_size():
-    from stare.bench import bench_gpu as g
+    from stare.app.bench import bench_gpu as g
 
     tiny = dict(hidden=32, layers=2, heads=4, kv_heads=2, ffn=64, vocab=97)
     learner = g.measure_learner(device="cpu", shape=tiny, groups=2, group_size=4, max_response=12, prompt_len=6,
@@ -115,7 +115,7 @@ def test_gpu_benchmarks_run_their_code_on_the_cpu_at_a_tiny_size():
 
 
 def test_full_logprobs_reference_matches_the_learners_chunked_function():
-    from stare.bench.bench_gpu import full_logprobs_entropy
+    from stare.app.bench.bench_gpu import full_logprobs_entropy
     from stare.learner.logprobs import chunked_logprobs_and_entropy
 
     g = torch.Generator().manual_seed(0)
@@ -128,7 +128,7 @@ def test_full_logprobs_reference_matches_the_learners_chunked_function():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the GPU benchmarks run for real")
 def test_gpu_benchmarks_say_they_were_skipped_without_cuda():
-    from stare.bench.registry import BENCHMARKS, SECTIONS
+    from stare.app.bench.registry import BENCHMARKS, SECTIONS
 
     for name in SECTIONS["gpu"]:
         (r,) = check_rows(BENCHMARKS[name].run(quick=True), [name]).values()

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from stare.bench.common import failed, format_table, interleave, machine, paired_row, row, skipped
-from stare.bench.registry import BENCHMARKS, SECTIONS, select
+from stare.app.bench.common import failed, format_table, interleave, machine, paired_row, row, skipped
+from stare.app.bench.registry import BENCHMARKS, SECTIONS, select
 
 
 def test_row_ratio_is_ours_over_baseline_and_pass_follows_the_direction():
@@ -75,7 +75,7 @@ def test_machine_description_is_json_and_names_cpu_cores_and_versions():
 
 
 def test_batch_pairs_row_ratio_is_the_median_over_every_pair_of_calls():
-    from stare.bench.bench_transport import batch_pairs_row
+    from stare.app.bench.bench_transport import batch_pairs_row
 
     # two rounds of (records, seconds) calls: ours then raw; per-pair ratios 1.0, 0.5, 2.0 | 0.8, 1.0
     rounds = [([(10, 1.0), (10, 2.0), (10, 1.0)], [(10, 1.0), (10, 1.0), (10, 2.0)]),
@@ -89,7 +89,7 @@ def test_batch_pairs_row_ratio_is_the_median_over_every_pair_of_calls():
 
 
 def test_overlap_steps_per_min_is_60_over_the_median_step_time_after_the_warmup():
-    from stare.bench.bench_overlap import steps_per_min
+    from stare.app.bench.bench_overlap import steps_per_min
 
     ends = [100.0, 103.0, 103.5, 104.0, 104.6, 105.2, 111.0]  # steps 1-7 end; step 2 and step 7 are slow
     assert steps_per_min(ends, warmup=2) == pytest.approx(60.0 / 0.6)  # steps 3-7 took 0.5, 0.5, 0.6, 0.6, 5.8 s

@@ -5,14 +5,14 @@ import json
 import subprocess
 import sys
 
-from stare.bench.registry import BENCHMARKS
-from stare.cli import main
+from stare.app.bench.registry import BENCHMARKS
+from stare.app.cli import main
 
 
 def test_help_lists_every_benchmark_and_bench_is_a_command():
-    top = subprocess.run([sys.executable, "-m", "stare.cli", "--help"], capture_output=True, text=True, timeout=60)
+    top = subprocess.run([sys.executable, "-m", "stare.app.cli", "--help"], capture_output=True, text=True, timeout=60)
     assert "bench" in top.stdout
-    out = subprocess.run([sys.executable, "-m", "stare.cli", "bench", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "stare.app.cli", "bench", "--help"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0
     for name in BENCHMARKS:
@@ -25,7 +25,7 @@ def test_unknown_benchmark_exits_2_listing_the_valid_names(capsys):
 
 
 def test_suite_runs_each_benchmark_in_a_child_and_writes_rows_and_machine(tmp_path):
-    from stare.bench.suite import run_suite
+    from stare.app.bench.suite import run_suite
 
     out = io.StringIO()
     rows = run_suite(["gpu-generate"], quick=True, json_path=tmp_path / "r.json", out=out, say=lambda s: None)
@@ -38,7 +38,7 @@ def test_suite_runs_each_benchmark_in_a_child_and_writes_rows_and_machine(tmp_pa
 
 
 def test_a_benchmark_that_cannot_finish_in_time_becomes_an_error_row(tmp_path):
-    from stare.bench.suite import run_isolated
+    from stare.app.bench.suite import run_isolated
 
     (r,) = run_isolated("loss", quick=False, workdir=tmp_path, timeout_s=0.5)
     assert r["name"] == "loss" and "did not finish within 0s" in r["error"] and r["pass"] is None

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from stare.config import ControlSection
-from stare.runstate import RunControl
+from stare.runstate import RunSteering
 
 TOKEN = "test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def started(state, controller) -> RunControl:
-    """A RunControl that has published the controller, as the learner does when it starts."""
-    control = RunControl(state)
+def started(state, controller) -> RunSteering:
+    """A RunSteering that has published the controller, as the learner does when it starts."""
+    control = RunSteering(state)
     control.start(controller)
     return control
 

@@ -10,14 +10,14 @@ import math
 import httpx
 import pytest
 from control_helpers import AUTH, TOKEN, client, started
-from stare.algo_config import ControllerConfig
+from stare.config.algo import ControllerConfig
 from stare.learner.controller import EntropyController
 from stare.learner.trainer import nonfinite_step
 from stare.services.control.app import create_app
 from stare.services.control.server import BackgroundServer
 
 from stare.config import ConfigError, ControlSection, build_config
-from stare.runstate import MemoryRunState, RunControl
+from stare.runstate import MemoryRunState, RunSteering
 
 LN_V = 4.0  # the max_entropy the fake learner publishes
 
@@ -156,14 +156,14 @@ def test_non_finite_steps_are_counted_and_shown_in_status_metrics_and_prometheus
 def test_a_run_fed_forged_changes_keeps_training_with_finite_loss(fast_overrides, redis_state_factory):
     """A real embedded run (tiny model, DeepSpeed on CPU) whose control state lives in a real Redis:
     the forged changes wait there before its first step; it rejects them all, and trains on finitely."""
-    from stare.embedded import EmbeddedRun, StopFlag, prepare_run
+    from stare.app.launch.embedded import EmbeddedRun, StopFlag, prepare_run
 
     cfg = prepare_run(build_config({}, overrides=fast_overrides + ["run.name=forged", "run.steps=2"]), None)
     state = redis_state_factory()
     _forge(state, FORGED)
     run = EmbeddedRun(cfg, resume=False, log=lambda *_: None)
     try:
-        run.train(StopFlag(), control=RunControl(state))
+        run.train(StopFlag(), steering=RunSteering(state))
     finally:
         run.close()
     steps = state.metrics_page(0, 10).items

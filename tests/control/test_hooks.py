@@ -1,13 +1,13 @@
-"""RunControl, the learner's adapter: changes apply before the step with reconfigure, show in that
+"""RunSteering, the learner's adapter: changes apply before the step with reconfigure, show in that
 step's metrics, and a change that no longer validates is recorded, not raised."""
 
 from __future__ import annotations
 
 from control_helpers import started
-from stare.algo_config import ControllerConfig
+from stare.config.algo import ControllerConfig
 from stare.learner.controller import EntropyController
 
-from stare.runstate import MemoryRunState, RunControl
+from stare.runstate import MemoryRunState, RunSteering
 
 
 def test_before_step_applies_pending_changes_to_the_controller(controller):
@@ -57,7 +57,7 @@ def test_directives_carry_pause_and_a_checkpoint_request_once(controller):
 
 def test_heartbeats_are_rate_limited_to_heartbeat_s(controller):
     state = MemoryRunState("run")
-    control = RunControl(state, heartbeat_s=3600)
+    control = RunSteering(state, heartbeat_s=3600)
     control.heartbeat(info={"n": 1})
     control.heartbeat(info={"n": 2})  # within heartbeat_s: skipped
     assert [r.info for r in state.roles()] == [{"n": 1}]

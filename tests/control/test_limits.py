@@ -30,7 +30,7 @@ def server(redis_url, tmp_path_factory):
     url_file = write_secret(tmp_path_factory.mktemp("secrets") / "redis.url", redis_url)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stare.cli", "control", "--redis-url-file", str(url_file), "--port", str(port),
+        [sys.executable, "-m", "stare.app.cli", "control", "--redis-url-file", str(url_file), "--port", str(port),
          "--set", "run.name=limits", "--set", f"control.max_body_bytes={LIMIT}", "--set", "control.header_timeout_s=1",
          "--set", "control.body_timeout_s=1"],
         env={**child_env(), "STARE_API_TOKEN": TOKEN}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -223,7 +223,7 @@ def test_connections_past_the_cap_get_503():
 
 def test_a_client_leaving_an_sse_stream_mid_backlog_is_logged_once(caplog):
     from control_helpers import started
-    from stare.algo_config import ControllerConfig
+    from stare.config.algo import ControllerConfig
     from stare.learner.controller import EntropyController
     from stare.runstate import MemoryRunState
 

@@ -134,7 +134,7 @@ def test_concurrent_changes_get_distinct_ids(make_state, controller):
 
 
 def test_w_and_m_not_given_are_clipped_into_bounds_as_reconfigure_does(make_state):
-    from stare.algo_config import ControllerConfig
+    from stare.config.algo import ControllerConfig
     from stare.learner.controller import EntropyController
 
     controller = EntropyController(ControllerConfig(m_min=0.1, m=0.1))

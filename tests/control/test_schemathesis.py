@@ -17,7 +17,7 @@ from control_helpers import TOKEN, started
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 from schemathesis.openapi.checks import RejectedPositiveData
-from stare.algo_config import ControllerConfig
+from stare.config.algo import ControllerConfig
 from stare.learner.controller import EntropyController
 from stare.services.control.app import create_app
 

@@ -17,7 +17,7 @@ from redis_fixtures import free_port
 from stare.services.control.app import create_app
 from stare.services.control.server import BackgroundServer
 
-from stare.cli import main
+from stare.app.cli import main
 from stare.config import ControlSection
 from stare.runstate import MemoryRunState
 
@@ -88,7 +88,7 @@ def test_stare_control_serves_the_redis_run_state(redis_url, controller):
     learner_side = RedisRunState.connect(redis_url, "ctl-run")
     started(learner_side, controller)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "stare.cli", "control", "--redis-url", redis_url, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "stare.app.cli", "control", "--redis-url", redis_url, "--port", str(port),
                              "--set", "run.name=ctl-run"], env={**child_env(), "STARE_API_TOKEN": TOKEN},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -75,7 +75,7 @@ def run(tiny_model_dir, tmp_path_factory):
         # steps once ended before the dashboard test opened the page); teardown stops it with SIGINT
         "run.steps=100000", "run.checkpoint_every=100000", "task.eval_every=2", "control.port=0",
     ]
-    cmd = [sys.executable, "-m", "stare.cli", "train", "--no-progress"] + [a for o in overrides for a in ("--set", o)]
+    cmd = [sys.executable, "-m", "stare.app.cli", "train", "--no-progress"] + [a for o in overrides for a in ("--set", o)]
     env = {**child_env(), "STARE_API_TOKEN": TOKEN}  # not a process group this pytest process formed
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = out / "runs" / "t"
@@ -113,7 +113,7 @@ def test_a_target_change_applies_at_the_next_step_and_the_gate_follows(run):
 
 
 def test_stare_ctl_changes_the_target_and_the_gate_turns_off(run):
-    ctl = [sys.executable, "-m", "stare.cli", "ctl", "--url", run.url, "--token", TOKEN]
+    ctl = [sys.executable, "-m", "stare.app.cli", "ctl", "--url", run.url, "--token", TOKEN]
     with run.paused() as paused_at:
         out = subprocess.run(ctl + ["entropy", "--target", "0.001", "--no-band"], capture_output=True, text=True, timeout=60, check=False)
         assert out.returncode == 0, out.stderr

@@ -5,9 +5,9 @@ import re
 import pytest
 
 from stare.config import ConfigError, build_config
-from stare.tasks import build_task
-from stare.tasks.chat_arithmetic import LEVELS
-from stare.tiny import build_tokenizer
+from stare.data.tasks import build_task
+from stare.data.tasks.chat_arithmetic import LEVELS
+from stare.models.tiny import build_tokenizer
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
 

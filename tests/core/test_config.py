@@ -36,7 +36,7 @@ def test_paper_grpo_ds_baseline_is_the_stare_config_with_the_preset():
 
 
 def test_default_config_is_shipped_and_is_stare():
-    from stare.cli import default_config_path
+    from stare.app.cli import default_config_path
 
     cfg = load_config(default_config_path())
     assert cfg.loss.name == "stare" and cfg.algo == "stare"
@@ -94,7 +94,7 @@ def test_config_round_trips_through_yaml():
 
 
 def test_a_run_folder_is_locked_to_one_process(tmp_path):
-    from stare.embedded import run_lock
+    from stare.app.launch.embedded import run_lock
 
     with run_lock(tmp_path / "run"):
         with pytest.raises(ConfigError, match="in use"):
@@ -105,10 +105,10 @@ def test_a_run_folder_is_locked_to_one_process(tmp_path):
 
 
 def test_docs_config_reference_is_current():
-    from stare.config_docs import render
+    from stare.config.docs import render
 
     committed = (Path(__file__).parents[2] / "docs" / "config.md").read_text()
-    assert committed.strip() == render().strip(), "regenerate: python -m stare.config_docs > docs/config.md"
+    assert committed.strip() == render().strip(), "regenerate: python -m stare.config.docs > docs/config.md"
 
 
 def test_an_engine_section_without_a_name_is_the_default_engines():

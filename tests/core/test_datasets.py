@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from stare.tasks.dataset import DatasetError, DatasetTask, load_problems, prepare_dapo_math, problem_from_row
+from stare.data.tasks.dataset import DatasetError, DatasetTask, load_problems, prepare_dapo_math, problem_from_row
 from stare.rollout.engine import Completion
-from stare.tasks.registry import build_task
+from stare.data.tasks.registry import build_task
 
 REPO = Path(__file__).resolve().parents[2]
 DAPO_INSTRUCTION = ("Solve the following math problem step by step. The last line of your response should be of the "
@@ -62,7 +62,7 @@ def test_parquet_reads_the_same_problems_as_jsonl(tmp_path):
 
 
 def test_chat_template_is_applied_when_the_tokenizer_has_one(tmp_path):
-    from stare.tiny import build_tokenizer
+    from stare.models.tiny import build_tokenizer
 
     tok = build_tokenizer(["abc"])
     tok.chat_template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
@@ -238,7 +238,7 @@ class AnswerEngine:
 
 def test_evaluation_reports_pass_and_avg_at_k_per_data_source(tmp_path):
     from stare.rollout.evaluation import evaluate
-    from stare.tiny import build_tokenizer
+    from stare.models.tiny import build_tokenizer
 
     rows = [{"data_source": src, "prompt": q, "reward_model": {"ground_truth": a}}
             for src, q, a in [("aime", "q1", "1"), ("aime", "q2", "2"), ("amc", "q3", "3")]]

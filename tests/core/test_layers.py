@@ -39,16 +39,16 @@ def test_the_layer_contracts_hold(tmp_path):
 
 def test_a_planted_import_cycle_breaks_the_acyclic_contract(tmp_path):
     tree = _installed_layout(tmp_path)
-    path = tree / "stare/tasks/base.py"  # the registry imports base: base importing it closes a loop
-    path.write_text(path.read_text() + "\nimport stare.tasks.registry  # planted by the test\n")
+    path = tree / "stare/data/tasks/base.py"  # the registry imports base: base importing it closes a loop
+    path.write_text(path.read_text() + "\nimport stare.data.tasks.registry  # planted by the test\n")
     result = _lint(tree)
     assert result.returncode != 0
     assert "no import cycle" in result.stdout and "BROKEN" in result.stdout and ".base -> .registry" in result.stdout
 
 
 @pytest.mark.parametrize("module, planted", [
-    ("stare/records.py", "import stare.embedded"),  # core -> application
-    ("stare/config.py", "import stare.learner.trainer"),  # core -> role
+    ("stare/transport/records.py", "import stare.app.launch.embedded"),  # core -> application
+    ("stare/config/__init__.py", "import stare.learner.trainer"),  # core -> role
     ("stare/learner/trainer.py", "import stare.rollout.engine"),  # role -> another role
 ])
 def test_a_planted_wrong_import_breaks_the_contract(tmp_path, module, planted):

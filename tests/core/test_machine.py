@@ -1,11 +1,11 @@
-"""stare.machine: the run's machine record (model hash, torch kernels, packages)."""
+"""stare.observe.machine: the run's machine record (model hash, torch kernels, packages)."""
 
 import hashlib
 import json
 
 import torch
 
-from stare.machine import fingerprint, model_digest
+from stare.observe.machine import fingerprint, model_digest
 
 
 def test_model_digest_hashes_relative_names_and_bytes_in_sorted_order(tmp_path):

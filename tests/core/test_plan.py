@@ -1,4 +1,4 @@
-"""`stare plan` (stare/plan.py): the arithmetic against hand-derived numbers and DeepSpeed's own
+"""`stare plan` (stare/plan/memory.py): the arithmetic against hand-derived numbers and DeepSpeed's own
 estimators, the verdicts on the shipped GPU configs and the paper's 7B recipe, and the start-up check."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from stare.config import ConfigError, build_config, load_config
-from stare.plan import GIB, HEADROOM, build_plan, check_fits, load_model_shape, model_state_bytes
+from stare.plan.check import check_fits
+from stare.plan.memory import GIB, HEADROOM, build_plan
+from stare.plan.sizes import load_model_shape, model_state_bytes
 
 REPO = Path(__file__).parents[2]
 MODELS = REPO / "configs" / "models"
@@ -147,7 +149,7 @@ def _saved_bytes_per_extra_layer_token(dtype: str, checkpointing: bool) -> float
 def test_layer_activations_equal_what_autograd_saves(dtype):
     from transformers import Qwen2Config
 
-    from stare.plan import layer_activation_bytes, shape_from_hf_config
+    from stare.plan.sizes import layer_activation_bytes, shape_from_hf_config
 
     shape = shape_from_hf_config(Qwen2Config(vocab_size=100, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
                                              num_key_value_heads=2, intermediate_size=128), "test")
@@ -273,7 +275,7 @@ def test_shipped_gpu_node_config_fits_the_80gb_gpus_its_comment_names():
 
 
 def test_cli_plan_exit_status_and_json(capsys):
-    from stare.cli import main
+    from stare.app.cli import main
 
     args = ["plan", "--config", str(PAPER_7B), "--model-config", str(MODELS / "qwen2.5-math-7b.json"),
             "--prompt-tokens", "1024"]
@@ -286,7 +288,7 @@ def test_cli_plan_exit_status_and_json(capsys):
 
 
 def test_cli_plan_names_a_missing_model_config(tmp_path, capsys):
-    from stare.cli import main
+    from stare.app.cli import main
 
     assert main(["plan", "--model-config", str(tmp_path / "nope.json")]) == 2
     assert "--model-config" in capsys.readouterr().err
@@ -320,7 +322,7 @@ def test_check_fits_refuses_with_the_field_on_a_small_gpu(small_model, monkeypat
 
 
 def test_the_docs_show_the_current_plan_of_the_7b_recipe():
-    from stare.plan import render
+    from stare.plan.render import render
 
     import dataclasses
 

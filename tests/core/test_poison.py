@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from redis_fixtures import have_redis_server, redis_server
 
-from stare.records import PromptTask
+from stare.transport.records import PromptTask
 from stare.rollout.prompt_guard import fit_prompt, prompt_limit
 from stare.transport.guard import process_guarded
 from stare.transport.memory import MemoryStream
-from stare.transport.redis_streams import RedisTransport
+from stare.transport.redis_transport import RedisTransport
 
 MAX = 3
 

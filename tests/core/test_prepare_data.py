@@ -1,4 +1,4 @@
-"""scripts/prepare_data.py: each input layout -> verl parquet that stare.tasks.dataset loads."""
+"""scripts/prepare_data.py: each input layout -> verl parquet that stare.data.tasks.dataset loads."""
 
 import json
 import subprocess
@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stare.data_prep import INSTRUCTION
-from stare.tasks.dataset import load_problems
+from stare.data.prepare import INSTRUCTION
+from stare.data.tasks.dataset import load_problems
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "prepare_data.py"
 

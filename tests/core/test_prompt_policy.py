@@ -3,10 +3,10 @@
 import pytest
 
 from stare.config import ConfigError, build_config
-from stare.data import PromptFeeder, build_feeder, eval_problems
-from stare.prompt_policy import PromptPolicyError, fit_prompts
-from stare.tasks.base import Problem
-from stare.tiny import build_tokenizer
+from stare.data.feeder import PromptFeeder, build_feeder, eval_problems
+from stare.data.prompt_policy import PromptPolicyError, fit_prompts
+from stare.data.tasks.base import Problem
+from stare.models.tiny import build_tokenizer
 
 TOK = build_tokenizer(["abcdefghij"])
 

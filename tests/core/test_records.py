@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from record_helpers import make_trajectory
 
-from stare.records import SCHEMA_VERSION, PromptTask, RecordError, Trajectory
+from stare.transport.records import SCHEMA_VERSION, PromptTask, RecordError, Trajectory
 from stare.reward.trajectory_worker import RewardWorker
-from stare.tasks.registry import build_task
+from stare.data.tasks.registry import build_task
 from stare.transport.memory import MemoryStream
 
 
@@ -81,7 +81,7 @@ def test_verifier_crash_gives_zero_reward_with_reason():
 def test_verifier_timeout_gives_zero_reward_and_the_worker_carries_on():
     import time
 
-    from stare.timeouts import call_with_timeout
+    from stare.runtime.timeouts import call_with_timeout
 
     class Slow:
         name = "slow"

@@ -11,7 +11,7 @@ import redis
 from redis_fixtures import have_redis_server, redis_server
 
 from stare.config import ConfigError, build_config
-from stare.runtime import redis_url
+from stare.runtime.process import redis_url
 from stare.transport.redis_secrets import masked, resolve_url, with_password, write_secret
 
 def needs_redis(test):

@@ -8,8 +8,9 @@ import pytest
 import redis
 from redis_fixtures import have_redis_server, redis_server
 
-from stare.records import SCHEMA_VERSION, PromptTask, Trajectory
-from stare.transport.redis_streams import BackpressureError, RedisStream, RedisTransport
+from stare.transport.records import SCHEMA_VERSION, PromptTask, Trajectory
+from stare.transport.redis_streams import BackpressureError, RedisStream
+from stare.transport.redis_transport import RedisTransport
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="needs redis-server on PATH")]
 
@@ -278,7 +279,7 @@ def test_a_stream_whose_keys_vanished_recreates_its_group(client):
 def test_the_roles_run_unchanged_on_redis_streams(server):
     from stare.learner.groups import GroupCollector
     from stare.reward.trajectory_worker import RewardWorker
-    from stare.tasks.registry import build_task
+    from stare.data.tasks.registry import build_task
 
     t = RedisTransport.connect(server.url, "roles", block_ms=100)
     bad = traj(3)

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from stare.tasks import TASKS, Problem, SupervisedTask, Task, build_task
-from stare.tasks.arithmetic import ALPHABET, LEVELS, ArithmeticTask
+from stare.data.tasks import TASKS, Problem, SupervisedTask, Task, build_task
+from stare.data.tasks.arithmetic import ALPHABET, LEVELS, ArithmeticTask
 
 
 def test_registry_builds_arithmetic():

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import stare.tiny as tiny
-import stare.tiny.build as tiny_build  # the module whose _build the reuse tests replace
-from stare.tasks.arithmetic import ALPHABET, ArithmeticTask
+import stare.models.tiny as tiny
+import stare.models.tiny.build as tiny_build  # the module whose _build the reuse tests replace
+from stare.data.tasks.arithmetic import ALPHABET, ArithmeticTask
 
 # A build small enough for unit tests (a few seconds on one core): it exercises every step of the
 # builder but learns next to nothing.

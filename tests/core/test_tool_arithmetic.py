@@ -8,8 +8,8 @@ import pytest
 
 from stare.sandbox import ProcessSandbox, SandboxConfig, best_isolation
 from stare.rollout.agent_loop import parse_tool_call, render_result
-from stare.tasks import build_task
-from stare.tasks.tool_arithmetic import RESPONSE_CLOSE, RESPONSE_OPEN, ToolArithmeticTask, simulate_product_program
+from stare.data.tasks import build_task
+from stare.data.tasks.tool_arithmetic import RESPONSE_CLOSE, RESPONSE_OPEN, ToolArithmeticTask, simulate_product_program
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +70,8 @@ def test_warm_start_sandbox_refuses_other_programs(code):
 
 
 def test_sft_masks_the_observation_and_keeps_answer_and_eos(task):
-    from stare.tiny import _sft_batch, build_tokenizer
-    from stare.tasks.tool_arithmetic import ALPHABET
+    from stare.models.tiny import _sft_batch, build_tokenizer
+    from stare.data.tasks.tool_arithmetic import ALPHABET
 
     tok = build_tokenizer([ALPHABET], whole_tokens=task.whole_tokens)
     p = task.problems("train", 1, 0)[0]
@@ -90,7 +90,7 @@ def test_only_tasks_with_a_build_version_add_it_to_the_cache_key():
     import hashlib
     import json
 
-    from stare.tiny import BUILD_VERSION, TinyModelSpec
+    from stare.models.tiny import BUILD_VERSION, TinyModelSpec
 
     def plain(spec):  # the key as computed before tasks had build versions
         blob = json.dumps({"version": BUILD_VERSION, **dataclasses.asdict(spec)}, sort_keys=True)

@@ -12,8 +12,8 @@ import pytest
 import wandb_helpers
 
 from stare.config import ConfigError, build_config
-from stare.run_outputs import RunOutputs
-from stare.wandb_log import ID_FILE, flatten
+from stare.observe.run_outputs import RunOutputs
+from stare.observe.wandb_log import ID_FILE, flatten
 
 STEPS = [
     {"step": 1, "algo": "stare", "entropy": 0.5, "target": 0.3, "gate": True, "w": 1.25, "reward_mean": 0.25,
@@ -70,7 +70,7 @@ def test_offline_run_file_holds_every_metrics_field_and_the_eval(logged_run):
 def test_the_report_is_added_to_the_same_wandb_run(logged_run):
     from matplotlib.figure import Figure
 
-    from stare.wandb_log import log_report
+    from stare.observe.wandb_log import log_report
 
     cfg, wandb_dir = logged_run
     report = cfg.run_dir / "report"

@@ -18,7 +18,7 @@ LIBRARY_ENV = {"HF_HUB_OFFLINE": "huggingface_hub.constants", "TORCH_EXTENSIONS_
 
 
 def registered_subcommands() -> set[str]:
-    from stare.cli import build_parser
+    from stare.app.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -26,10 +26,10 @@ def registered_subcommands() -> set[str]:
 
 
 def check_stare_argv(argv: list[str], where: str) -> None:
-    """Fail when `stare *argv` is not a valid command line of stare.cli."""
+    """Fail when `stare *argv` is not a valid command line of stare.app.cli."""
     assert argv, f"{where}: empty command"
-    assert argv[0] in registered_subcommands(), f"{where}: `stare {argv[0]}` is not a subcommand of stare.cli"
-    from stare.cli import parse_args
+    assert argv[0] in registered_subcommands(), f"{where}: `stare {argv[0]}` is not a subcommand of stare.app.cli"
+    from stare.app.cli import parse_args
 
     try:
         parse_args(argv)

@@ -54,7 +54,7 @@ def interpolate(value, env: dict[str, str]):
 
 def compose_files() -> list[Path]:
     """The files `docker compose` reads here: .env's COMPOSE_FILE (docker-compose.yml plus the
-    generated GPU services, stare/compose_plan.py)."""
+    generated GPU services, stare/app/launch/compose.py)."""
     env = dict(line.split("=", 1) for line in (REPO / ".env").read_text().splitlines()
                if line.strip() and not line.startswith("#"))
     return [REPO / f for f in env.get("COMPOSE_FILE", COMPOSE_FILE.name).split(":")]

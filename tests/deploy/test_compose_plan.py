@@ -1,5 +1,5 @@
 """`stare up --print-compose`: the GPU services of compose come from the same plan as `stare up
---print-plan` (stare.compose_plan): valid under the Compose schema once merged with
+--print-plan` (stare.app.launch.compose): valid under the Compose schema once merged with
 docker-compose.yml, the same role names and the same host GPUs per role, disjoint GPUs, for 1, 2
 and 8 GPUs; the shipped docker-compose.gpus.yml is what its own header's command prints."""
 
@@ -16,7 +16,7 @@ import yaml
 from test_compose import compose_files, merge, role_of, schema_errors
 
 from deploy_helpers import REPO, check_stare_argv
-from stare.cli import main
+from stare.app.cli import main
 
 GPU_CONFIG = "configs/gpu-node.yaml"
 

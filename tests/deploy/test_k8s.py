@@ -229,9 +229,9 @@ def test_gpu_requests(rendered, target, gpus):
 @pytest.mark.parametrize("target", ["base", "overlays/gpu"])
 def test_pod_gpu_requests_follow_the_gpu_plan(rendered, target):
     """Kubernetes gets counts, not device ids: each learner pod requests the plan's learner GPUs and
-    each rollout pod one GPU set of the plan (`stare up --print-plan`, stare.gpu_plan) for the
+    each rollout pod one GPU set of the plan (`stare up --print-plan`, stare.plan.gpu_map) for the
     config it mounts; the rollout Deployment's replicas are the plan's worker count (docs/deploy.md)."""
-    from stare.gpu_plan import plan_gpus
+    from stare.plan.gpu_map import plan_gpus
 
     cfg = _config(rendered, target)
     plan = plan_gpus(8, tensor_parallel_size=cfg.rollout.engine.tensor_parallel_size,

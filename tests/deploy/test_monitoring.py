@@ -35,16 +35,16 @@ def exported() -> dict[str, set[str]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     from stare.config import ControlSection
-    from stare.algo_config import ControllerConfig
+    from stare.config.algo import ControllerConfig
     from stare.learner.controller import EntropyController
-    from stare.runstate import MemoryRunState, RunControl
+    from stare.runstate import MemoryRunState, RunSteering
     from stare.runstate.base import Heartbeat
     from stare.services.control.app import create_app
     from stare.services.control.prometheus import STEP_GAUGES, STEP_PHASES
 
     state = MemoryRunState("run")
     controller = EntropyController(ControllerConfig(target=0.3))
-    control = RunControl(state)
+    control = RunSteering(state)
     control.start(controller)
     step = {key: 0.5 for key, _ in STEP_GAUGES.values()} | {key: 0.1 for key in STEP_PHASES.values()}
     control.after_step(controller, {**step, "step": 1, "weight_version": 1, "eval_greedy_accuracy": 0.5},

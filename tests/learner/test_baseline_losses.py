@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from algo_helpers import loss_and_grad, random_step, step_tokens
-from stare.algo_config import (
+from stare.config.algo import (
     ClipCovLossConfig,
     EntropyBonusLossConfig,
     GrpoLossConfig,

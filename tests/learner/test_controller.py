@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from stare.algo_config import ControllerConfig
+from stare.config.algo import ControllerConfig
 from stare.learner.controller import EntropyController
 
 

@@ -8,9 +8,9 @@ from redis_fixtures import have_redis_server, redis_server
 
 from stare.learner.groups import GroupCollector
 from stare.learner.role import RedisDecisionLog
-from stare.records import PromptTask
+from stare.transport.records import PromptTask
 from stare.transport.dead_letters import training_dead_letters
-from stare.transport.redis_streams import RedisTransport
+from stare.transport.redis_transport import RedisTransport
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="needs redis-server on PATH")]
 

@@ -5,7 +5,7 @@ import torch
 
 from rank_helpers import spawn_ranks
 from algo_helpers import dp_worker, inputs, loss_and_grad, random_step
-from stare.algo_config import ClipCovLossConfig, StareLossConfig
+from stare.config.algo import ClipCovLossConfig, StareLossConfig
 from stare.learner.policy_loss import policy_loss
 
 

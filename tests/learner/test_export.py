@@ -64,7 +64,7 @@ def test_export_of_a_missing_step_names_the_steps_the_run_has(tmp_path):
 def test_stare_export_command_writes_the_step_asked_for(trained, tmp_path, capsys):
     import yaml
 
-    from stare.cli import main
+    from stare.app.cli import main
 
     learner, ckpt = trained
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(learner.cfg.model_dump(mode="json")))

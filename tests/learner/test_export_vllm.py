@@ -56,7 +56,7 @@ def test_vllm_generates_from_smollm2(tmp_path):
     pytest.importorskip("gguf")
     from transformers import AutoTokenizer
 
-    from stare.smollm2 import prepare_smollm2
+    from stare.models.smollm2 import prepare_smollm2
 
     path = prepare_smollm2(log=lambda _: None)
     tok = AutoTokenizer.from_pretrained(path)

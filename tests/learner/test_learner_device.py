@@ -10,7 +10,7 @@ from torch import nn
 
 from learner_helpers import VOCAB, trajectories
 from stare.learner.batch import collate
-from stare.algo_config import StareLossConfig
+from stare.config.algo import StareLossConfig
 from stare.learner.micro_batches import build_micro_batch, filler_micro_batch, plan_rows
 from stare.learner.passes import Policy, prepass, train_pass
 from stare.learner.step_plan import StepTokens, mean_entropy, plan_step

@@ -18,9 +18,9 @@ pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), rea
 SCRIPT = """
 import json, sys
 from stare.config import build_config
-from stare.models import load_run_setup
-from stare.role_entry import learner_evaluator
-from stare.runtime import connect_transport
+from stare.models.resolve import load_run_setup
+from stare.app.launch.role_entry import learner_evaluator
+from stare.runtime.process import connect_transport
 from stare.sandbox.process import ProcessSandbox
 built = []  # every sandbox this process builds (the tool agent builds one and runs check() on it)
 init = ProcessSandbox.__init__

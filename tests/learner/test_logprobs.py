@@ -161,7 +161,7 @@ def test_a_fused_chunk_holds_at_most_two_vocabulary_sized_tensors_at_once():
 
 
 def test_stare_plan_counts_the_vocabulary_sized_tensors_each_head_path_holds():
-    from stare.plan import CHUNK_TENSORS
+    from stare.plan.sizes import CHUNK_TENSORS
 
     linear, hidden, targets = _case(torch.float32, n=64, h=8, v=1000)
     chunk = 16

@@ -1,7 +1,7 @@
 """One loss registry: every loss the config accepts has a step plan and a loss function, and no
 other name does."""
 
-from stare.algo_config import LOSS_CONFIGS
+from stare.config.algo import LOSS_CONFIGS
 from stare.config import ALGO_PRESETS, build_config
 from stare.learner.policy_loss import POLICY_LOSSES
 from stare.learner.step_plan import SELECTIONS

@@ -6,7 +6,7 @@ import torch
 
 from learner_helpers import random_qwen2, trajectories
 from stare.learner.batch import collate
-from stare.algo_config import GrpoLossConfig, StareLossConfig
+from stare.config.algo import GrpoLossConfig, StareLossConfig
 from stare.learner.micro_batches import build_micro_batch, plan_rows
 from stare.learner.passes import Policy, hidden_state_fn, prepass, train_pass
 from stare.learner.step_plan import StepTokens, mean_entropy, plan_step

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from algo_helpers import loss_and_grad, random_step
-from stare.algo_config import ControllerConfig, StareLossConfig
+from stare.config.algo import ControllerConfig, StareLossConfig
 from stare.learner.controller import EntropyController
 
 D = torch.float64

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from algo_helpers import random_step, step_tokens
-from stare.algo_config import StareLossConfig
+from stare.config.algo import StareLossConfig
 from stare.learner.selection import hash_uniform, in_topk, topk_count, topk_threshold
 from stare.learner.step_plan import plan_step
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stare.config import build_config
-from stare.embedded import EmbeddedRun
+from stare.app.launch.embedded import EmbeddedRun
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from algo_helpers import context, loss_and_grad, random_step, step_tokens, uids_for
-from stare.algo_config import GrpoLossConfig, StareLossConfig
+from stare.config.algo import GrpoLossConfig, StareLossConfig
 from stare.learner.policy_loss import LossInputs, policy_loss
 from stare.learner.step_plan import plan_step
 

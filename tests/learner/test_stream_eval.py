@@ -19,9 +19,9 @@ from stare.reward.trajectory_worker import RewardWorker
 from stare.rollout.eval_sampler import EvalSampler
 from stare.rollout.stack import StackEvaluator, build_rollout_stack
 from stare.rollout.worker import RolloutWorker
-from stare.runtime import connect_eval_streams
+from stare.runtime.process import connect_eval_streams
 from stare.transport.eval_streams import RedisEvalIndex
-from stare.transport.redis_streams import connect_client
+from stare.transport.redis_client import connect_client
 from stare.weight_sync.memory import MemoryWeightBoard
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="needs redis-server on PATH")]

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from stare.tasks.math_verify import MathConfig, VerifierTimeout, check_math, extract_answer, math_reward
+from stare.data.tasks.math_verify import MathConfig, VerifierTimeout, check_math, extract_answer, math_reward
 
 
 @pytest.mark.parametrize("response,gold", [
@@ -88,7 +88,7 @@ def test_check_works_off_the_main_thread():
 
 
 def test_timeout_fires_off_the_main_thread(monkeypatch):
-    import stare.tasks.math_verify as m
+    import stare.data.tasks.math_verify as m
 
     def slow(*_):
         while True:

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from stare.timeouts import VerifierTimeout, call_with_timeout
+from stare.runtime.timeouts import VerifierTimeout, call_with_timeout
 
 
 def _spin(seconds: float) -> str:

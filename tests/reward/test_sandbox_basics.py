@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from stare.sandbox import (InMemorySandbox, ProcessSandbox, SandboxConfig, SandboxResult,
                            SandboxUnavailable, probe)
-from stare.sandbox.process import _limit_from_stderr
+from stare.sandbox.output import _limit_from_stderr
 
 
 def _sandbox(**fields) -> ProcessSandbox:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from stare.config import build_config
-from stare.records import Trajectory
+from stare.transport.records import Trajectory
 from stare.reward.role import PoolScorer
 from stare.reward.trajectory_worker import score_trajectory
-from stare.tasks.registry import build_task
+from stare.data.tasks.registry import build_task
 
 REWARD = {"components": [
     {"kind": "math", "weight": 1.0},

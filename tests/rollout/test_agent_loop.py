@@ -14,7 +14,7 @@ import pytest
 from stare.sandbox import InMemorySandbox, SandboxResult
 from stare.rollout.agent_loop import AgentCompletion, ToolAgent, parse_tool_call, render_result
 from stare.rollout.engine import Completion, SamplingParams
-from stare.tiny import build_tokenizer
+from stare.models.tiny import build_tokenizer
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 R_OPEN, R_CLOSE = "<tool_response>", "</tool_response>"
@@ -297,7 +297,7 @@ def test_real_tiny_model_with_the_process_sandbox(tmp_path):
 
     from stare.sandbox import ProcessSandbox, SandboxConfig, best_isolation
     from stare.rollout.hf_engine import HFEngine
-    from stare.tasks.tool_arithmetic import ALPHABET, ToolArithmeticTask
+    from stare.data.tasks.tool_arithmetic import ALPHABET, ToolArithmeticTask
 
     task = ToolArithmeticTask()
     tok = build_tokenizer([ALPHABET], whole_tokens=task.whole_tokens)

@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from stare.net import free_port
+from stare.runtime.net import free_port
 from stare.rollout.engine import SamplingParams
 from stare.weight_sync.broadcast import BroadcastPublisher, BroadcastSubscriber
 

@@ -5,8 +5,8 @@ import pytest
 from stare.config import build_config
 from stare.rollout.evaluation import SourceSampling, eval_settings, evaluate
 from stare.rollout.engine import Completion
-from stare.tasks.base import Problem
-from stare.tiny import build_tokenizer
+from stare.data.tasks.base import Problem
+from stare.models.tiny import build_tokenizer
 
 TOK = build_tokenizer(["0123456789abcdefghijklmnopqrstuvwxyz#"])
 
@@ -70,8 +70,8 @@ def test_the_final_evaluation_takes_final_eval_k_and_the_others_eval_k():
 
 
 def test_eval_seed_fixes_the_held_out_problems_across_run_seeds():
-    from stare.data import eval_problems
-    from stare.tasks.registry import build_task
+    from stare.data.feeder import eval_problems
+    from stare.data.tasks.registry import build_task
 
     def drawn(*overrides):
         cfg = build_config({}, overrides=["task.eval_problems=16", *overrides])

@@ -20,7 +20,7 @@ import yaml
 from redis_fixtures import free_port, have_redis_server, redis_server
 
 from stare.config import build_config
-from stare.runtime import RoleRuntime
+from stare.runtime.process import RoleRuntime
 from stare.learner.deepspeed_engine import child_env
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
@@ -86,7 +86,7 @@ def test_a_learner_process_stays_healthy_while_it_waits_for_an_evaluation_longer
     with redis_server(tmp_path / "redis") as server:
         # without this process's process-group variables (an in-process run earlier holds its MASTER_PORT)
         env = {**child_env(), "STARE_REDIS_URL": server.url, "TORCH_CPP_LOG_LEVEL": "ERROR"}
-        proc = subprocess.Popen([sys.executable, "-c", "from stare.cli import main; main()", "learner", "--config",
+        proc = subprocess.Popen([sys.executable, "-c", "from stare.app.cli import main; main()", "learner", "--config",
                                  str(tmp_path / "cfg.yaml")], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         seen, evaluating_since, deadline = [], None, time.monotonic() + 300

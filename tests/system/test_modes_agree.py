@@ -22,8 +22,8 @@ from redis_fixtures import have_redis_server
 from safetensors.torch import load_file
 
 from stare.config import build_config
-from stare.embedded import prepare_run, run_training
-from stare.launch import Launcher
+from stare.app.launch.embedded import prepare_run, run_training
+from stare.app.launch.up import Launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis,
               pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]

@@ -14,7 +14,7 @@ import redis
 from redis_fixtures import have_redis_server
 from test_up import Run, _config
 
-from stare.records import PromptTask
+from stare.transport.records import PromptTask
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
 

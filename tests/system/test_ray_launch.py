@@ -58,7 +58,7 @@ def _steps_done(run_dir) -> int:
 def test_ray_launch_trains_and_survives_a_killed_rollout_actor(tiny_model_dir, tmp_path, local_ray):
     import ray
 
-    from stare.ray_launch import RayLauncher
+    from stare.app.launch.ray import RayLauncher
 
     cfg = _config(tiny_model_dir, tmp_path, STEPS, run__name="ray")
     out = io.StringIO()

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from redis_fixtures import have_redis_server, redis_server
 
-from stare.records import Trajectory
-from stare.tasks.registry import build_verifier
-from stare.transport.redis_streams import RedisTransport
+from stare.transport.records import Trajectory
+from stare.data.tasks.registry import build_verifier
+from stare.transport.redis_transport import RedisTransport
 from stare.learner.deepspeed_engine import child_env
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
@@ -41,7 +41,7 @@ def _trajectory(i: int, text: str, answer: str) -> Trajectory:
 
 def test_the_dataset_verifier_opens_no_file_and_scores_by_hand():
     verifier = build_verifier("dataset")
-    from stare.tasks.base import Problem
+    from stare.data.tasks.base import Problem
 
     got = [verifier.reward(Problem("", answer, "p", 1, "math_dapo"), text) for text, answer, _ in CASES]
     assert got == [c[2] for c in CASES]
@@ -59,7 +59,7 @@ def test_a_reward_process_scores_dataset_trajectories_without_the_dataset(tmp_pa
     assert not missing.exists()
     with redis_server(tmp_path / "redis") as server:
         env = {**child_env(), "STARE_REDIS_URL": server.url}
-        proc = subprocess.Popen([sys.executable, "-c", "from stare.cli import main; main()", "reward", "--config",
+        proc = subprocess.Popen([sys.executable, "-c", "from stare.app.cli import main; main()", "reward", "--config",
                                  str(tmp_path / "cfg.yaml"), "--name", "reward-0", "--workers", "1"],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         transport = RedisTransport.connect(server.url, "nodata", block_ms=500)

@@ -24,7 +24,7 @@ import redis
 from redis_fixtures import have_redis_server
 
 from stare.config import build_config
-from stare.launch import Launcher
+from stare.app.launch.up import Launcher
 from stare.runstate.redis_state import RedisRunState
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
@@ -288,7 +288,7 @@ def _start_up_in_a_terminal_group(tiny_model_dir, tmp_path):
 
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(_config(tiny_model_dir, tmp_path, 200).model_dump(mode="json")))
-    proc = subprocess.Popen([sys.executable, "-m", "stare.cli", "up", "--config", str(config), "--no-control"],
+    proc = subprocess.Popen([sys.executable, "-m", "stare.app.cli", "up", "--config", str(config), "--no-control"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
                             start_new_session=True)
     metrics = tmp_path / "up" / "metrics.jsonl"

@@ -13,7 +13,7 @@ import torch
 from broadcast_helpers import TIMEOUT_S
 from broadcast_helpers import await_join_request as _await_join_request
 from broadcast_helpers import subscriber as _subscriber
-from stare.net import free_port
+from stare.runtime.net import free_port
 from stare.weight_sync.background import BackgroundPublisher
 from stare.weight_sync.broadcast import BroadcastPublisher, BroadcastSubscriber
 from stare.weight_sync.buckets import BucketPacker, Segments

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, status
-from stare.algo_config import ControllerConfig
+from stare.config.algo import ControllerConfig
 from stare.services.control.auth import WriteAuth
 from stare.services.control.deps import ActorDep, StateDep
 from stare.services.control.schemas import (

@@ -1,0 +1,5 @@
+import sys
+
+from stare.app.cli import main
+
+sys.exit(main())

@@ -1,0 +1,199 @@
+"""What each `stare` subcommand does. Heavy imports (torch, DeepSpeed, transformers) happen inside
+each command, after argument parsing, so `--help` is instant."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from stare.app.cli.args import _load, _overrides, default_config_path
+
+
+def cmd_train(args) -> int:
+    from stare.app.launch.embedded import prepare_run, run_training
+
+    if args.resume is not None:
+        if args.config is not None or args.algo is not None:
+            raise SystemExit("--resume continues a run with its saved config; use --set to change fields")
+        cfg = prepare_run(None, args.resume, _overrides(args))
+        run_training(cfg, resume=True, progress=not args.no_progress)
+    else:
+        cfg = prepare_run(_load(args), None)
+        run_training(cfg, resume=False, progress=not args.no_progress)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from stare.learner.deepspeed_engine import child_env
+    from stare.app.report import write_comparison
+
+    base = _load(argparse.Namespace(config=args.config, algo=None, overrides=args.overrides))
+    algos = [a.strip() for a in args.algos.split(",") if a.strip()]
+    seeds = [int(s) for s in args.seeds.split(",")]
+    run_dirs = []
+    for algo in algos:
+        for seed in seeds:
+            name = f"{base.run.name}-cmp-{algo}-s{seed}"
+            cmd = [sys.executable, "-m", "stare.app.cli", "train", "--algo", algo, "--no-progress"]
+            if args.config is not None:
+                cmd += ["--config", str(args.config)]
+            for o in args.overrides:
+                cmd += ["--set", o]
+            if not any(o.startswith("task.final_eval_k=") for o in args.overrides):
+                cmd += ["--set", "task.final_eval_k=64"]  # pass@k curves up to 64 (compare.md)
+            cmd += ["--set", f"run.seed={seed}", "--set", f"run.name={name}"]  # last: these win
+            print(f"[compare] {algo} seed {seed} -> {base.run.output_dir / name}", flush=True)
+            subprocess.run(cmd, check=True, timeout=args.timeout_s, env=child_env())
+            run_dirs.append(base.run.output_dir / name)
+    out = args.out or base.run.output_dir / f"{base.run.name}-compare"
+    write_comparison(run_dirs, out)
+    print(f"[compare] {out / 'compare.png'} and {out / 'compare.md'}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from stare.app.report import write_report
+
+    for run in args.runs:
+        print(write_report(run) / "summary.md")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from stare.app.launch.embedded import prepare_run
+    from stare.models.resolve import resolve_model
+    from stare.learner.export import ExportError, export_checkpoint
+
+    cfg = prepare_run(None, args.run)
+    out = args.out or args.run / ("hf" if args.step is None else f"hf-step-{args.step:06d}")
+    try:
+        export_checkpoint(args.run / "checkpoints", out, model_path=resolve_model(cfg, print), step=args.step,
+                          dtype=cfg.model.dtype)
+    except ExportError as err:
+        print(f"stare export: {err}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
+def cmd_build_model(args) -> int:
+    from stare.models.tiny import main
+
+    return main(args.rest) or 0
+
+
+def cmd_sandbox(args) -> int:
+    from stare.reward.sandbox_cli import main
+
+    return main(args.rest) or 0
+
+
+def cmd_control(args) -> int:
+
+    from stare.runstate.redis_state import RedisRunState
+    from stare.services.control.app import create_app
+    from stare.services.control.server import serve_forever
+
+    from stare.runtime.process import redis_url
+
+    cfg = _load(args)
+    state = RedisRunState.connect(redis_url(cfg, args.redis_url, args.redis_url_file), cfg.run.name, dead_after_s=cfg.system.dead_after_s)
+    app = create_app(state, cfg.control, cfg.run.name)
+    serve_forever(app, args.host or cfg.control.host, cfg.control.port if args.port is None else args.port)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from stare.app.bench.registry import select
+    from stare.app.bench.suite import run_suite
+
+    try:
+        names = select(args.names)
+    except ValueError as err:
+        print(f"stare bench: {err}", file=sys.stderr)
+        return 2
+    rows = run_suite(names, quick=args.quick, json_path=args.json)
+    if any(r.get("error") for r in rows):
+        return 1
+    if args.strict and any(r["pass"] is False for r in rows):
+        return 1
+    return 0
+
+
+def cmd_ctl(args) -> int:
+    from stare.app.cli.ctl import run
+
+    return run(args)
+
+
+def cmd_role(args) -> int:
+    import os
+
+    # c10d logs a warning each time a store wait times out (the weight receiver waits in 1 s slices)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+    from stare.app.launch.role_entry import run_role
+    from stare.runtime.process import redis_url, setup_logging, worker_name
+
+    cfg = _load(args)
+    name = worker_name(args.command, args.name or ("learner" if args.command == "learner" else None))
+    setup_logging(args.command, name, fmt=cfg.logging.format)
+    extra = {"workers": args.workers} if args.command == "reward" else {}
+    run_role(args.command, cfg, redis_url=redis_url(cfg, args.redis_url, args.redis_url_file), name=name, **extra)
+    return 0
+
+
+def _up_command(args) -> str:
+    """The `stare up ... --print-compose` line that reproduces a generated file (its header)."""
+    flags = [("--config", args.config), ("--algo", args.algo), ("--gpus", args.gpus),
+             ("--learner-gpus", args.learner_gpus), ("--learner-ranks", args.learner_ranks),
+             ("--rollout-gpus", args.rollout_gpus),
+             ("--rollout", args.rollout), ("--reward", args.reward)]
+    words = ["stare", "up"] + [w for flag, v in flags if v is not None for w in (flag, str(v))]
+    words += [w for o in args.overrides for w in ("--set", o)]
+    if args.compose_base != Path("docker-compose.yml"):
+        words += ["--compose-base", str(args.compose_base)]
+    return " ".join(words + ["--print-compose"])
+
+
+def cmd_up(args) -> int:
+    from stare.app.launch.up import up
+
+    return up(_load(args), rollout=args.rollout, reward=args.reward, redis_url=args.redis_url,
+              control=not args.no_control, gpus=args.gpus, learner_gpus=args.learner_gpus,
+              rollout_gpus=args.rollout_gpus, learner_ranks=args.learner_ranks, print_plan=args.print_plan,
+              print_compose=args.compose_base if args.print_compose else None,
+              command=_up_command(args))
+
+
+def cmd_plan(args) -> int:
+    from stare.plan.memory import build_plan
+    from stare.plan.render import render, render_json
+    from stare.plan.sizes import load_model_shape
+
+    cfg = _load(args)
+    gpu_mem = args.gpu_mem_gib
+    if gpu_mem is None:
+        import torch
+
+        gpu_mem = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
+    gpus = args.gpus if args.gpus is not None else cfg.system.learner_ranks
+    plan = build_plan(cfg, gpus=gpus, gpu_mem_gib=gpu_mem, shape=load_model_shape(cfg, args.model_config),
+                      prompt_tokens=args.prompt_tokens, config_name=str(args.config or default_config_path()))
+    print(render_json(plan) if args.json else render(plan))
+    return 0 if plan.fits else 1
+
+
+def cmd_launch(args) -> int:
+    from stare.app.launch.ray import launch_ray
+    from stare.transport.redis_secrets import resolve_url
+
+    url = args.redis_url
+    if url or args.redis_url_file:  # plus STARE_REDIS_PASSWORD_FILE when the URL has no password
+        url = resolve_url("", url=url, url_file=args.redis_url_file)
+    return launch_ray(_load(args), address=args.address, rollout=args.rollout, reward=args.reward,
+                      redis_url=url, control=not args.no_control, learner_gpus=args.learner_gpus,
+                      rollout_gpus=args.rollout_gpus, max_restarts=args.max_restarts,
+                      start_timeout_s=args.start_timeout_s)

@@ -1,0 +1,193 @@
+"""The `stare` command line: the parser of every subcommand, and `main`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from stare.app.cli.args import _config_args, _log_format_arg, _role_args
+from stare.app.cli.commands import (cmd_bench, cmd_build_model, cmd_compare, cmd_control, cmd_ctl, cmd_export,
+                                    cmd_launch, cmd_plan, cmd_report, cmd_role, cmd_sandbox, cmd_train, cmd_up)
+
+
+def _bench_epilog() -> str:
+    from stare.app.bench.registry import BENCHMARKS, SECTIONS
+
+    lines = ["benchmarks (each against a baseline measured in the same run; docs/performance.md):"]
+    lines += [f"  {name:<20}{b.summary}" for name, b in BENCHMARKS.items()]
+    lines += ["sections: " + "; ".join(f"{s} = {' '.join(names)}" for s, names in SECTIONS.items()),
+              "The GPU benchmarks print a row saying 'skipped' where CUDA is absent."]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stare", description="RL post-training of LLMs with STARE.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train in one process (embedded mode: CPU, bundled tiny model and task)")
+    _config_args(p)
+    p.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or log lines")
+    _log_format_arg(p)
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("compare", help="train several algorithms x seeds on one config; one figure and table")
+    p.add_argument("--config", type=Path, default=None, help="YAML config (default: configs/tiny-cpu.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--algos", default="stare,grpo", help="comma-separated presets (default: stare,grpo)")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds (default: 0)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: runs/<name>-compare)")
+    p.add_argument("--timeout-s", type=float, default=6 * 3600, help="limit per training run")
+    p.set_defaults(fn=cmd_compare)
+
+    p = sub.add_parser("up", help="run the distributed system on this machine: redis, control, learner, "
+                       "N rollout and M reward workers as separate processes")
+    _config_args(p)
+    p.add_argument("--rollout", type=int, default=None, help="rollout worker processes (default: one per "
+                   "rollout.engine.tensor_parallel_size rollout GPUs; 1 without GPUs)")
+    p.add_argument("--reward", type=int, default=1, help="reward worker processes (default 1)")
+    p.add_argument("--redis-url", default=None, help="use this Redis instead of starting a redis-server")
+    p.add_argument("--no-control", action="store_true", help="do not start the control plane")
+    p.add_argument("--learner-ranks", type=int, default=None, metavar="N",
+                   help="learner processes (DeepSpeed data-parallel ranks, one GPU each; default: "
+                   "system.learner_ranks, or one per --learner-gpus GPU)")
+    p.add_argument("--learner-gpus", default=None, metavar="IDS",
+                   help="GPUs of the learner, one per rank, e.g. 0 or 0-3 (default: the first learner_ranks GPUs)")
+    p.add_argument("--rollout-gpus", default=None, metavar="IDS",
+                   help="GPUs of the rollout workers, e.g. 1-7 (default: every GPU the learner does not use)")
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="plan for N GPUs instead of the ones this machine shows (with --print-plan)")
+    p.add_argument("--print-plan", action="store_true",
+                   help="print every role's command, environment (CUDA_VISIBLE_DEVICES) and ports; start nothing")
+    p.add_argument("--print-compose", action="store_true",
+                   help="print the GPU services of docker-compose.yml for this plan (learner, one rollout service "
+                   "per GPU set, reward replicas) as a Compose file; redirect it to docker-compose.gpus.yml "
+                   "(docs/deploy.md); start nothing")
+    p.add_argument("--compose-base", type=Path, default=Path("docker-compose.yml"), metavar="FILE",
+                   help="the docker-compose.yml whose x-learner-gpu/x-rollout-gpu templates --print-compose fills "
+                   "(default: ./docker-compose.yml)")
+    p.set_defaults(fn=cmd_up)
+
+    p = sub.add_parser("launch", help="run the distributed system on a Ray cluster: the roles of `stare up` as "
+                       "Ray actors with GPU requests, restarted by Ray when they crash")
+    _config_args(p)
+    p.add_argument("--ray", action="store_true", required=True,
+                   help="run on Ray (the only backend; `stare up` runs the roles as local processes)")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster: HOST:6379, ray://HOST:10001, or auto for the one `ray start --head` started on "
+                   "this machine (default: RAY_ADDRESS, else a new local Ray instance for this run)")
+    p.add_argument("--rollout", type=int, default=1, help="rollout actors (default 1)")
+    p.add_argument("--reward", type=int, default=1, help="reward actors (default 1)")
+    p.add_argument("--redis-url", default=None,
+                   help="Redis every node reaches (default: start a redis-server here; single-node clusters only); "
+                   "STARE_REDIS_PASSWORD_FILE adds a password")
+    p.add_argument("--redis-url-file", default=None, help="file holding that Redis URL with its password (a secret)")
+    p.add_argument("--no-control", action="store_true", help="do not start the control plane actor")
+    p.add_argument("--learner-gpus", type=float, default=None,
+                   help="GPUs the learner actor requests (default: system.learner_ranks if the cluster has GPUs, "
+                   "else 0)")
+    p.add_argument("--rollout-gpus", type=float, default=None,
+                   help="GPUs each rollout actor requests (default: 1 if the cluster has GPUs, else 0)")
+    p.add_argument("--max-restarts", type=int, default=5, help="restarts Ray makes of each crashed actor (default 5)")
+    p.add_argument("--start-timeout-s", type=float, default=600.0,
+                   help="limit for the whole start: actors placed (e.g. waiting for GPUs) and answering (default 600)")
+    p.set_defaults(fn=cmd_launch)
+
+    p = sub.add_parser("plan", help="the GPU memory a config needs per role (weights, gradients, optimizer state "
+                       "per ZeRO stage, activations, logits, vLLM's KV cache), whether it fits, and what to change; "
+                       "exit status 1 when a role does not fit")
+    _config_args(p)
+    p.add_argument("--gpus", type=int, default=None,
+                   help="learner GPUs (ZeRO data-parallel ranks; default: system.learner_ranks)")
+    p.add_argument("--gpu-mem-gib", type=float, default=None,
+                   help="memory of each GPU in GiB (default: this machine's first CUDA device, else 80)")
+    p.add_argument("--model-config", type=Path, default=None,
+                   help="a Hugging Face config.json (or its folder) to plan with instead of model.path's, e.g. "
+                   "configs/models/qwen2.5-math-7b.json; no weights are read")
+    p.add_argument("--prompt-tokens", type=int, default=None,
+                   help="prompt length to plan for (default: data.max_prompt_len where the config has it, else 1024)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(fn=cmd_plan)
+
+    p = sub.add_parser("learner", help="the learner process (DeepSpeed, STARE; publishes prompts and weights)")
+    _role_args(p)
+    p.set_defaults(fn=cmd_role)
+
+    p = sub.add_parser("rollout", help="a rollout worker process (prompts -> sampled trajectories)")
+    _role_args(p)
+    p.set_defaults(fn=cmd_role)
+
+    p = sub.add_parser("reward", help="a reward worker process (trajectories -> scored trajectories)")
+    _role_args(p)
+    p.add_argument("--workers", type=int, default=1, help="scoring processes with a hard timeout each (default 1)")
+    p.set_defaults(fn=cmd_role)
+
+    p = sub.add_parser("control", help="serve the control plane (API + dashboard) over the run's Redis state")
+    _config_args(p)
+    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL_FILE's content, else "
+                   "STARE_REDIS_URL, else system.redis_url; STARE_REDIS_PASSWORD_FILE adds a password). Visible in ps: "
+                   "prefer --redis-url-file")
+    p.add_argument("--redis-url-file", default=None, help="file holding the Redis URL with its password (a secret)")
+    p.add_argument("--host", default=None, help="listen address (default: control.host)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default: control.port)")
+    p.set_defaults(fn=cmd_control)
+
+    from stare.app.cli.ctl import add_arguments
+
+    p = sub.add_parser("ctl", help="talk to a running control plane: status, entropy, pause, resume, checkpoint, history")
+    add_arguments(p)
+    p.set_defaults(fn=cmd_ctl)
+
+    p = sub.add_parser("bench", help="performance suite: each benchmark against a same-run baseline, one table",
+                       epilog=_bench_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks or sections to run (default: all)")
+    p.add_argument("--quick", action="store_true", help="small sizes: the whole suite in under 5 minutes on 2 cores")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE",
+                   help="also write the results and the machine's description to FILE")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed (always: when one fails)")
+    p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("report", help="(re)write the report of finished runs")
+    p.add_argument("runs", type=Path, nargs="+")
+    p.set_defaults(fn=cmd_report)
+
+    p = sub.add_parser("export", help="write a run's checkpoint as a Hugging Face model directory (safetensors, "
+                       "config, tokenizer, generation config) that transformers and vLLM load")
+    p.add_argument("run", type=Path, metavar="RUN_DIR", help="a run folder written by stare train / the learner")
+    p.add_argument("--step", type=int, default=None, help="the checkpoint of this step (default: the latest)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: RUN_DIR/hf, or RUN_DIR/hf-step-NNNNNN with --step)")
+    p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("build-model", help="build the bundled tiny tokenizer and model", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_build_model)
+
+    p = sub.add_parser("sandbox", help="run untrusted Python under the sandbox: stare sandbox run FILE.py", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_sandbox)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; build-model and sandbox get their whole argument list (also --help) in
+    `rest` for their own parser (argparse's REMAINDER does not take a leading option)."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and getattr(args, "rest", None) is not None:
+        args.rest = unknown + args.rest
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from stare.config import ConfigError
+
+    try:
+        return args.fn(args)
+    except ConfigError as err:
+        print(f"stare: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,242 @@
+"""`stare train`: the whole RL loop in one process, the distributed system's roles wired through
+their in-memory seams (MemoryTransport streams, MemoryWeightBoard).
+
+    feeder -> prompts -> RolloutWorker -> raw -> RewardWorker -> scored -> GroupCollector
+           -> Learner (DeepSpeed, STARE) -> MemoryWeightBoard -> RolloutWorker ...
+
+Outputs under runs/<name>/ (stare.observe.run_outputs): config.yaml, metrics.jsonl, eval.jsonl, trained.jsonl, tb/,
+checkpoints/ (model, optimizer, controller, data cursor, RNG states), report/ at the end.
+Ctrl-C (or SIGTERM) stops after the current step and leaves a resumable checkpoint; a second
+Ctrl-C aborts at once. `--resume runs/<name>` continues with the same step numbering, controller
+state and data order: each group samples from a seed of (run seed, group id), so a resumed run
+reproduces an uninterrupted one. The loop itself is `stare.learner.session.TrainingSession`, the
+same one `stare learner` runs; this module only wires its in-memory seams.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from stare.config import ConfigError, TrainConfig, build_config
+from stare.runstate import MemoryRunState, RunSteering
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM: finish the step, checkpoint, exit. A second SIGINT aborts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+@contextmanager
+def _signals(flag: StopFlag):
+    old = {s: signal.signal(s, flag) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[str] = ()) -> TrainConfig:
+    """The config of a new run (refusing to overwrite one) or of the run to resume."""
+    if resume is not None:
+        saved = Path(resume) / "config.yaml"
+        if not saved.is_file():
+            raise ConfigError(f"--resume {resume}: no config.yaml there; pass a run folder written by `stare train`")
+        raw = yaml.safe_load(saved.read_text())
+        return build_config(raw, overrides=overrides)
+    assert cfg is not None
+    if (cfg.run_dir / "checkpoints" / "latest").exists():
+        raise ConfigError(
+            f"run.name: {cfg.run_dir} already holds a run; resume it with `stare train --resume {cfg.run_dir}` "
+            f"or choose another name with --set run.name=NEW"
+        )
+    return cfg
+
+
+@contextmanager
+def run_lock(run_dir: Path):
+    """One process per run folder: a second `stare train` on the same run fails at once."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"run.name: {run_dir} is in use by another stare process; choose another run.name") from None
+        handle.write(str(__import__("os").getpid()))
+        handle.flush()
+        yield
+
+
+class EmbeddedRun:
+    """The in-memory seams and in-process workers of one run, driven by the shared
+    `TrainingSession` (learner/session.py): setup once, then `train()`."""
+
+    def __init__(self, cfg: TrainConfig, *, resume: bool, log: Callable[[str], None] = print,
+                 steering: RunSteering | None = None):
+        from stare.data.feeder import build_feeder
+        from stare.learner.groups import GroupCollector, MemoryDecisionLog
+        from stare.learner.session import MemoryCursor, SessionSeams, TrainingSession, seed_everything
+        from stare.learner.trainer import Learner
+        from stare.reward.trajectory_worker import RewardWorker
+        from stare.rollout.stack import StackEvaluator, build_rollout_stack
+        from stare.rollout.worker import RolloutWorker
+        from stare.transport.dead_letters import training_dead_letters
+        from stare.transport.memory import MemoryTransport
+        from stare.weight_sync.memory import MemoryWeightBoard
+
+        self.cfg, self.log = cfg, log
+        self.run_dir = cfg.run_dir
+        self.stop = StopFlag()
+        seed_everything(cfg)
+        self.stack = build_rollout_stack(cfg, log)
+        setup = self.stack.setup
+        self.tokenizer, self.task = setup.tokenizer, setup.task
+        self.learner = Learner(cfg, setup.model_path, pad_id=self.tokenizer.pad_token_id or 0)
+        self.transport = MemoryTransport()
+        self.board = MemoryWeightBoard()
+        r = cfg.rollout
+        feeder = build_feeder(cfg, self.task, self.tokenizer, log)
+        self.rollout = RolloutWorker(
+            self.stack.engine, self.tokenizer, self.transport.prompts, self.transport.raw, self.board,
+            name="rollout-0", max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+            stop_token_ids=setup.stop_ids, agent=self.stack.agent, seed=cfg.run.seed,
+            max_prompt_len=cfg.data.max_prompt_len, prompt_overflow=cfg.data.prompt_overflow,
+        )
+        self.reward = RewardWorker(self.task, self.transport.raw, self.transport.scored, name="reward-0",
+                                   reward_config=cfg.reward)
+        collector = GroupCollector(self.transport.scored, name="learner", dynamic_sampling=cfg.data.dynamic_sampling,
+                                   max_staleness=0, decisions=MemoryDecisionLog(),
+                                   dead_letters=training_dead_letters(self.transport))
+        if steering is None:  # no control plane: the same loop, its requests never come
+            steering = RunSteering(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s)
+        seams = SessionSeams(
+            transport=self.transport, publisher=self.board, steering=steering, cursor=MemoryCursor(),
+            evaluator=StackEvaluator(self.stack, cfg), should_stop=lambda: self.stop.requested,
+            wait=time.sleep, pump=self._pump,
+        )
+        # embedded rollout samples with the newest weights: strictly on-policy
+        self.session = TrainingSession(cfg, self.learner, feeder, collector, seams, max_staleness=0, resume=resume,
+                                       say=log)
+        self.outputs = self.session.outputs
+        import json
+
+        from stare.observe.machine import fingerprint
+
+        # what this run ran on (model hash, torch kernels, packages): docs/results.md says why
+        (self.run_dir / "machine.json").write_text(json.dumps(fingerprint(setup.model_path), indent=2) + "\n")
+
+    def _pump(self, fill_round: int) -> None:
+        """One synchronous round of the in-process workers: sample every pending prompt, score it."""
+        self.rollout.run_once(max_prompts=self.cfg.rollout.prompts_per_step)
+        self.reward.run_once()
+
+    def sample(self) -> tuple[list, list[str], dict[str, Any]]:
+        """The next step's batch, sampled and scored (what `train` would train next)."""
+        while (batch := self.session.next_batch()) is None:
+            pass
+        return batch
+
+    def train(self, stop: StopFlag | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
+              steering: RunSteering | None = None) -> None:
+        """Train to run.steps (or until `stop` is requested: then checkpoint and return). `steering`
+        replaces the run steering given at construction (tests drive one directly)."""
+        if stop is not None:
+            self.stop = stop
+        if steering is not None:
+            self.session.seams.steering = steering
+        self.session.run(on_step)
+
+    def close(self) -> None:
+        self.session.close()
+        self.stack.close()
+
+
+@contextmanager
+def _control_plane(cfg: TrainConfig, log: Callable[[str], None]):
+    """With control.serve_in_train: the API on localhost over an in-memory RunState, yielding the
+    loop's RunSteering (None when off or when the services extra is not installed)."""
+    if not cfg.control.serve_in_train:
+        yield None
+        return
+    try:
+        from stare.services.control.embedded import EmbeddedControlPlane
+    except ImportError as err:  # a learner-only install: train without the API
+        log(f"control plane off ({err}); install stare[services] to serve it, or --set control.serve_in_train=false")
+        yield None
+        return
+    state = MemoryRunState(cfg.run.name, dead_after_s=cfg.system.dead_after_s)
+    with EmbeddedControlPlane(cfg, state, log):
+        yield RunSteering(state, heartbeat_s=cfg.system.heartbeat_s)
+
+
+def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> Path:
+    """Train (or resume) one run; returns the run folder. Writes the report at the end."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    log = console.log if progress else (lambda *_: None)
+    step_lines = None  # without a terminal (or with logging.format json): a line per N steps, no bar
+    if progress and (cfg.logging.format == "json" or not console.is_terminal):
+        from stare.observe.log_format import StepLines, train_logger
+
+        logger = train_logger(cfg.logging.format, cfg.run.name)
+        log, step_lines = logger.info, StepLines(cfg.logging.every_n_steps, cfg.run.steps, logger)
+    stop = StopFlag()
+    with _signals(stop):  # also over the report and export: a Ctrl-C then lets them finish
+        run = _train(cfg, resume, log, console, progress, step_lines, stop)
+        finished = not stop.requested  # decided here: a signal during the report does not undo it
+        if finished:
+            from stare.learner.export import export_run
+            from stare.app.report import write_report
+            from stare.observe.wandb_log import log_report
+
+            report = write_report(run.run_dir)
+            log_report(cfg, report)  # to W&B with logging.wandb
+            log(f"report: {report / 'summary.md'}")
+            export_run(run.run_dir, run.stack.setup.model_path, log, cfg.model.dtype)
+    if not finished:
+        log(f"stopped after step {run.learner.step}; resume with: stare train --resume {run.run_dir}")
+    return run.run_dir
+
+
+def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_lines, stop: StopFlag) -> EmbeddedRun:
+    """The run itself, under its lock and control plane; returns it closed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    with run_lock(cfg.run_dir), _control_plane(cfg, log) as steering:
+        run = EmbeddedRun(cfg, resume=resume, log=log, steering=steering)
+        columns = [
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[live]}"),
+            TimeElapsedColumn(), TimeRemainingColumn(),
+        ]
+        with Progress(*columns, console=console, disable=not progress or step_lines is not None, transient=False) as bar:
+            task = bar.add_task(f"{cfg.algo} {cfg.run.name}", total=cfg.run.steps, completed=run.learner.step, live="")
+
+            def on_step(m: dict[str, Any]) -> None:
+                if step_lines is not None:
+                    step_lines(m)
+                    return
+                live = (f"reward {m['reward_mean']:.2f}  entropy {m['entropy']:.3f} (target {m['target']:.2f})  "
+                        f"gate {'on ' if m['gate'] else 'off'}  W {m['w']:.2f} M {m['m']:.2f}")
+                bar.update(task, completed=m["step"], live=live)
+
+            try:
+                run.train(stop, on_step)
+            finally:
+                run.close()
+    return run

@@ -1,0 +1,33 @@
+"""The entry point of each role process (`stare learner|rollout|reward`, `stare up`, the Ray
+actors): an application, so it may wire one role's pieces into another's seams. The learner gets
+its held-out evaluator here: the one through the streams, since its workers run in other processes."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from stare.config import TrainConfig
+
+ROLES = ("learner", "rollout", "reward")
+
+
+def learner_evaluator(cfg: TrainConfig, setup, transport, tick):
+    """The distributed learner's evaluator: through the evaluation streams, sampled by the rollout
+    workers and scored by the reward workers (learner/stream_eval.py); the learner holds no second
+    model and no sandbox. (`stare train` keeps its in-process `StackEvaluator`.)"""
+    from stare.learner.stream_eval import StreamEvaluator
+    from stare.runtime.process import connect_eval_streams
+    from stare.transport.eval_streams import RedisEvalIndex
+
+    return StreamEvaluator(cfg, setup.task, setup.tokenizer, connect_eval_streams(cfg, transport.client),
+                           RedisEvalIndex(transport.client, cfg.run.name), tick=tick)
+
+
+def run_role(kind: str, cfg: TrainConfig, *, redis_url: str, name: str, stop=None, **extra: Any) -> None:
+    if kind not in ROLES:
+        raise ValueError(f"unknown role {kind!r}; valid roles: {ROLES}")
+    module = importlib.import_module(f"stare.{kind}.role")
+    if kind == "learner":
+        extra["evaluator_factory"] = learner_evaluator
+    module.run(cfg, redis_url=redis_url, name=name, stop=stop, **extra)

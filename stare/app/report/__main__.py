@@ -1,0 +1,3 @@
+from stare.app.report import main
+
+main()

@@ -1,0 +1,166 @@
+"""The reward's configuration (core: the run config's `reward:` section): the verifiers' settings
+and their weighted composition. The verifiers themselves are in the reward role
+(stare.reward.format, .overlong, .code, stare.data.tasks.math_verify; `stare.reward.compose.compute_reward`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from stare.sandbox import SandboxConfig
+
+
+_TAG_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+AnswerSource = Literal["boxed", "answer_tag", "answer_line", "anywhere"]
+
+
+class MathConfig(BaseModel):
+    """How the math verifier extracts and compares answers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    extract_from: tuple[AnswerSource, ...] = Field(("boxed", "answer_tag", "answer_line"),
+                                                   min_length=1)
+    """Where the final answer may be, tried in order; "anywhere" lets math-verify search the
+    whole response (lenient: it may pick an intermediate number)."""
+    timeout_s: float = Field(5.0, gt=0, le=300)
+    """Seconds for one check (extraction, parsing and comparison together)."""
+    max_answer_chars: int = Field(1000, ge=1, le=100_000)
+    """Longer extracted answers are judged wrong without parsing (sympy cost grows fast)."""
+    float_rounding: int = Field(6, ge=0, le=15)
+    """Decimal places math-verify rounds floats to before comparing."""
+    strict: bool = True
+    """math-verify strict mode: variable names matter; sets are not tuples."""
+
+
+class FormatConfig(BaseModel):
+    """Which tags the response must contain, and how strictly."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    required_tags: tuple[str, ...] = Field(("think", "answer"), min_length=1)
+    """Tag names, without angle brackets, in the order they must appear."""
+    exactly_once: bool = True
+    """Each tag opens and closes exactly once (off: at least once; the first pair counts)."""
+    in_order: bool = True
+    """The tags appear in the order of required_tags and do not overlap."""
+    nothing_after: bool = False
+    """Only whitespace may follow the last closing tag."""
+    prefix: str = ""
+    """Text the prompt already ends with (e.g. "<think>"), prepended before checking."""
+    partial_credit: bool = False
+    """Score the fraction of checks passed instead of all-or-nothing."""
+
+    @field_validator("required_tags")
+    @classmethod
+    def _names(cls, tags: tuple[str, ...]) -> tuple[str, ...]:
+        for tag in tags:
+            if not _TAG_NAME.match(tag):
+                raise ValueError(f"required_tags: {tag!r} is not a bare tag name like 'answer'")
+        if len(set(tags)) != len(tags):
+            raise ValueError(f"required_tags: {tags} lists a tag twice")
+        return tags
+
+
+class OverlongConfig(BaseModel):
+    """L_max, L_cache and the penalty scale of the DAPO soft overlong punishment."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_length: int = Field(20480, ge=1)
+    """L_max: response tokens at which the penalty reaches -penalty_factor."""
+    cache_length: int = Field(4096, ge=0)
+    """L_cache: the penalty ramps over the last cache_length tokens before max_length."""
+    penalty_factor: float = Field(1.0, ge=0.0, le=100.0)
+    """Scale of the penalty (the paper uses 1)."""
+
+    @model_validator(mode="after")
+    def _cache_fits(self) -> "OverlongConfig":
+        if self.cache_length > self.max_length:
+            raise ValueError(f"cache_length ({self.cache_length}) must be <= max_length "
+                             f"({self.max_length}); lower cache_length")
+        return self
+
+
+class CodeConfig(BaseModel):
+    """How programs are extracted, run and scored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["fraction", "all"] = "fraction"
+    """"fraction": passed / total; "all": 1.0 only if every test passes."""
+    extract_code: bool = True
+    """Take the last ```python fenced block of the response (off: the response is the code)."""
+    sandbox: SandboxConfig = SandboxConfig()
+    """Isolation and limits of each test run."""
+
+
+class _Component(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = None
+    """Key in RewardResult.components; default: the kind."""
+    weight: float = Field(1.0, ge=-100.0, le=100.0)
+    """Multiplier of the component's score in the reward."""
+
+    @property
+    def key(self) -> str:
+        return self.name or self.kind  # type: ignore[attr-defined]
+
+
+class MathComponent(_Component):
+    """1.0 if the final answer is equivalent to `RewardInput.answer`, else 0.0."""
+
+    kind: Literal["math"] = "math"
+    config: MathConfig = MathConfig()
+
+
+class CodeComponent(_Component):
+    """Fraction (or all) of `RewardInput.tests` the program passes."""
+
+    kind: Literal["code"] = "code"
+    config: CodeConfig = CodeConfig()
+
+
+class FormatComponent(_Component):
+    """1.0 if the required tags are present and well formed (see format.FormatConfig)."""
+
+    kind: Literal["format"] = "format"
+    config: FormatConfig = FormatConfig()
+
+
+class OverlongComponent(_Component):
+    """DAPO soft overlong penalty in [-1, 0] on `RewardInput.response_tokens`."""
+
+    kind: Literal["overlong"] = "overlong"
+    config: OverlongConfig = OverlongConfig()
+
+
+RewardComponent = Annotated[
+    Union[MathComponent, CodeComponent, FormatComponent, OverlongComponent],
+    Field(discriminator="kind"),
+]
+
+
+class RewardConfig(BaseModel):
+    """The reward of a task: weighted components and a time budget per component."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    components: tuple[RewardComponent, ...] = Field(min_length=1)
+    timeout_s: float = Field(60.0, gt=0, le=3600)
+    """Seconds per component (in-thread; see the module docstring)."""
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "RewardConfig":
+        keys = [c.key for c in self.components]
+        duplicates = sorted({k for k in keys if keys.count(k) > 1})
+        if duplicates:
+            raise ValueError(f"components: names {duplicates} repeat; give each component of "
+                             "the same kind its own `name`")
+        return self

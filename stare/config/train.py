@@ -1,0 +1,171 @@
+"""The whole run config (`TrainConfig`), the `--algo` presets, and loading: YAML, `--set` overrides, errors.
+
+`load_config(path, overrides)` applies `--set a.b=value` overrides (values parsed as YAML) and the
+`--algo` preset, and turns any validation error into a `ConfigError` whose message names the
+dotted field and the fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from stare.config.algo import LOSS_CONFIGS, ControllerConfig, GrpoLossConfig, LossConfig, StareLossConfig
+from stare.config.base import ConfigError, _Section
+from stare.config.reward import RewardConfig
+from stare.config.sections import (DataSection, DiagnosticsSection, ModelSection, OptimSection, RolloutSection,
+                                   RunSection, TaskSection)
+from stare.config.system import ControlSection, LoggingSection, SystemSection
+
+
+class TrainConfig(_Section):
+    """The config of one embedded training run (and of every role in the distributed system)."""
+
+    algo: str = Field("stare", description="The preset this config was built from (informational; set with --algo).")
+    run: RunSection = RunSection()
+    model: ModelSection = ModelSection()
+    task: TaskSection = TaskSection()
+    rollout: RolloutSection = RolloutSection()
+    data: DataSection = DataSection()
+    optim: OptimSection = OptimSection()
+    loss: LossConfig = Field(default_factory=StareLossConfig)
+    controller: ControllerConfig = ControllerConfig()
+    reward: RewardConfig | None = Field(
+        None, description="The reward as a weighted composition of verifiers (components: math, format, overlong, "
+        "code; see docs/reward.md), applied by every reward worker. None: the task's own verifier (task.reward).",
+    )
+    diagnostics: DiagnosticsSection = DiagnosticsSection()
+    system: SystemSection = SystemSection()
+    control: ControlSection = ControlSection()
+    logging: LoggingSection = LoggingSection()
+
+    @model_validator(mode="after")
+    def _importance_needs_tis(self):
+        if self.system.stale_policy == "importance" and self.loss.tis_cap is None:
+            raise ValueError("system.stale_policy=importance needs loss.tis_cap (e.g. 2.0): the truncated importance "
+                             "weight is what corrects a stale trajectory")
+        return self
+
+    @model_validator(mode="after")
+    def _reward_fits_the_rollout(self):
+        for c in self.reward.components if self.reward is not None else ():
+            if c.kind == "code":
+                raise ValueError("reward.components: kind code needs tests that trajectories do not carry yet; "
+                                 "score code tasks with the task's own verifier (leave reward unset)")
+            if c.kind == "overlong" and c.config.max_length - c.config.cache_length >= self.rollout.max_new_tokens:
+                raise ValueError(
+                    f"reward.components: the overlong penalty starts at max_length - cache_length = "
+                    f"{c.config.max_length - c.config.cache_length} tokens, which rollout.max_new_tokens "
+                    f"({self.rollout.max_new_tokens}) never reaches: set max_length to the response limit")
+        return self
+
+    @model_validator(mode="after")
+    def _dataset_needs_a_model(self):
+        if self.task.name in ("dataset", "chat-arithmetic") and self.model.path is None and self.model.source == "tiny":
+            raise ValueError(f"task.name={self.task.name} needs model.path (or model.source=smollm2): the bundled "
+                             "tiny model is built for the bundled arithmetic tasks")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.output_dir / self.run.name
+
+
+# --algo presets: what each baseline changes relative to the loaded config.
+ALGO_PRESETS: dict[str, dict[str, Any]] = {
+    "stare": {"loss": {"name": "stare"}},
+    # grpo keeps the config's clip range, so `--algo grpo` differs from STARE only by the reweighting;
+    # dapo is the clip-higher recipe spelled out.
+    "grpo": {"loss": {"name": "grpo"}, "data": {"dynamic_sampling": False}},
+    "grpo-ds": {"loss": {"name": "grpo"}, "data": {"dynamic_sampling": True}},
+    "dapo": {"loss": {"name": "grpo", "eps_low": 0.2, "eps_high": 0.28, "agg_mode": "token-mean"}, "data": {"dynamic_sampling": True}},
+    "entropy-bonus": {"loss": {"name": "entropy-bonus"}},
+    "clip-cov": {"loss": {"name": "clip-cov"}},
+    "kl-cov": {"loss": {"name": "kl-cov"}},
+    "80-20": {"loss": {"name": "80-20"}},
+}
+
+_SURROGATE_KEYS = set(GrpoLossConfig.model_fields) - {"name"}
+assert all(p["loss"]["name"] in LOSS_CONFIGS for p in ALGO_PRESETS.values()), "a preset names an unregistered loss"
+
+
+def _deep_merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _apply_preset(raw: dict, algo: str) -> dict:
+    if algo not in ALGO_PRESETS:
+        raise ConfigError(f"--algo {algo!r} is not a known algorithm; choose one of {sorted(ALGO_PRESETS)}")
+    preset = ALGO_PRESETS[algo]
+    loss = raw.get("loss", {}) or {}
+    # Keep the shared surrogate settings (clip range, aggregation, TIS) when switching the loss.
+    kept = {k: v for k, v in loss.items() if k in _SURROGATE_KEYS}
+    if preset["loss"]["name"] != loss.get("name", "stare"):
+        loss = kept
+    raw = _deep_merge(raw, {k: v for k, v in preset.items() if k != "loss"})
+    raw["loss"] = _deep_merge(loss, preset["loss"])
+    raw["algo"] = algo
+    if "run" in raw and "name" in raw["run"] and algo != "stare" and not raw["run"]["name"].endswith(f"-{algo}"):
+        raw["run"] = {**raw["run"], "name": f"{raw['run']['name']}-{algo}"}
+    return raw
+
+
+def _set_dotted(raw: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = raw
+    for key in keys[:-1]:
+        if isinstance(node.get(key), str):  # a section given by its name (rollout.engine: vllm)
+            node[key] = {"name": node[key]}
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {dotted}: {key!r} is not a section")
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'a.b=value' -> ('a.b', yaml-parsed value)."""
+    if "=" not in text:
+        raise ConfigError(f"--set expects KEY=VALUE (e.g. optim.lr=1e-5), got {text!r}")
+    key, value = text.split("=", 1)
+    return key.strip(), yaml.safe_load(value)
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-after", "tagged-union")))
+        loc = loc.replace(".stare.", ".").replace(".grpo.", ".")
+        lines.append(f"  {loc or '(root)'}: {e['msg']} (got {e.get('input')!r})")
+    return "invalid config:\n" + "\n".join(lines) + "\nfix the value in the YAML file or with --set FIELD=VALUE"
+
+
+def build_config(raw: dict, *, algo: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    raw = dict(raw or {})
+    if algo is not None:
+        raw = _apply_preset(raw, algo)
+    for text in overrides:
+        _set_dotted(raw, *parse_override(text))
+    if isinstance(raw.get("loss"), dict) and "name" not in raw["loss"]:
+        raw["loss"] = {"name": "stare", **raw["loss"]}  # the default loss, as if it had been written
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_describe(err)) from None
+
+
+def load_config(path: Path | None, *, algo: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    raw: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist; pass an existing YAML file to --config")
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {path} must hold a YAML mapping at the top level")
+    return build_config(raw, algo=algo, overrides=overrides)

@@ -1,0 +1,79 @@
+"""Model resolution: the one place that turns a run config into a model directory, its tokenizer,
+its stop ids and the run's task. Every role and application calls these (core: imports no role).
+
+    path = resolve_model(cfg, log)         # model.path, SmolLM2 (model.source) or the tiny model (cached)
+    setup = load_run_setup(cfg, log)       # path + tokenizer + task + stop ids
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from stare.config import ConfigError, TrainConfig
+
+if TYPE_CHECKING:
+    from stare.data.tasks.base import Task
+
+
+def resolve_model(cfg: TrainConfig, log: Callable[[str], None]) -> Path:
+    """`model.path` (checked to be a Hugging Face directory), else by `model.source`: SmolLM2-135M-Instruct
+    (stare.models.smollm2) or the bundled tiny model, prepared on first use and cached under ~/.cache/stare."""
+    if cfg.model.path is not None:
+        if not (Path(cfg.model.path) / "config.json").is_file():
+            raise ConfigError(f"model.path: {cfg.model.path} is not a Hugging Face model directory (no config.json)")
+        return Path(cfg.model.path)
+    if cfg.model.source == "smollm2":
+        from stare.models.smollm2 import prepare_smollm2
+
+        return prepare_smollm2(log=log)
+    from stare.models.tiny import build_tiny_model
+
+    t0 = time.perf_counter()
+    try:
+        path = build_tiny_model(task_name=cfg.task.name, seed=cfg.model.tiny_seed, **cfg.model.tiny)
+    except TypeError as err:
+        raise ConfigError(f"model.tiny: {err}; valid keys are the fields of stare.models.tiny.TinyModelSpec") from None
+    log(f"tiny model ready at {path} ({time.perf_counter() - t0:.1f}s)")
+    return path
+
+
+MODEL_DTYPES = ("float32", "bfloat16", "float16")  # model.dtype, the rollout engines' dtype
+
+
+def torch_dtype(name: str):
+    """The torch dtype of a model.dtype / engine dtype name; ValueError naming the choices."""
+    import torch
+
+    if name not in MODEL_DTYPES:
+        raise ValueError(f"dtype must be one of {list(MODEL_DTYPES)}, got {name!r}")
+    return getattr(torch, name)
+
+
+def stop_token_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The ids sampling stops on (the tokenizer's EOS; the engines add the model's own)."""
+    return tuple(i for i in (tokenizer.eos_token_id,) if i is not None)
+
+
+@dataclass
+class RunSetup:
+    """What every process of a run derives from the config alone."""
+
+    model_path: Path
+    tokenizer: Any
+    task: Task
+    stop_ids: tuple[int, ...]
+
+
+def load_run_setup(cfg: TrainConfig, log: Callable[[str], None], model_path: Path | None = None) -> RunSetup:
+    """Resolve the model (unless given), load its tokenizer and build the run's task."""
+    from transformers import AutoTokenizer
+
+    from stare.data.tasks.registry import build_task
+
+    path = model_path if model_path is not None else resolve_model(cfg, log)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    task = build_task(cfg.task.name, **cfg.task.build_kwargs(tokenizer))
+    return RunSetup(model_path=path, tokenizer=tokenizer, task=task, stop_ids=stop_token_ids(tokenizer))

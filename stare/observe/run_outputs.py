@@ -1,0 +1,133 @@
+"""A run folder's outputs, shared by the embedded and the distributed learner.
+
+    runs/<name>/config.yaml     the config the run was started with
+    runs/<name>/metrics.jsonl   one line per optimizer step
+    runs/<name>/eval.jsonl      one line per held-out evaluation
+    runs/<name>/trained.jsonl   one line per step: the trajectory ids it trained (data lineage)
+    runs/<name>/tb/             TensorBoard events
+    runs/<name>/wandb/          Weights & Biases files (with logging.wandb; stare.observe.wandb_log)
+    runs/<name>/checkpoints/    the newest `keep` checkpoints and a `latest` pointer
+
+On resume every jsonl file is cut back to the checkpoint's step, so a step that ran after the
+checkpoint and is trained again appears once.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stare.config import TrainConfig
+
+JSONL = ("metrics.jsonl", "eval.jsonl", "trained.jsonl")
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Drop lines written after the checkpoint we resume from."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= last_step:
+                keep.append(line)
+        except (json.JSONDecodeError, KeyError):
+            break
+    path.write_text("".join(f"{line}\n" for line in keep))
+
+
+def batch_metrics(trajectories, elapsed_s: float) -> dict[str, float]:
+    """The per-step numbers of the trained batch both learners log (embedded and distributed)."""
+    rewards = [t.reward for t in trajectories]
+    lengths = [len(t.response_token_ids) for t in trajectories]
+    return {
+        "reward_mean": sum(rewards) / len(rewards),
+        # the scorer's verdict (with a composed reward, its math component), else reward >= 1
+        "accuracy": sum(bool((t.reward_info or {}).get("correct", t.reward >= 1.0)) for t in trajectories) / len(rewards),
+        "response_length_mean": sum(lengths) / len(lengths),
+        "tokens_per_s": sum(lengths) / max(elapsed_s, 1e-9),
+        "time_step_s": elapsed_s,
+    }
+
+
+def trained_lags(trajectories, trained_at_version: int) -> Counter:
+    """Weight-version lag of each trained trajectory: the version it was trained at minus the one
+    that sampled it (0 = on-policy)."""
+    return Counter(trained_at_version - t.weight_version for t in trajectories)
+
+
+def staleness_summary(lags: Counter) -> dict[str, Any]:
+    """A step's staleness as metrics (both learners)."""
+    n = sum(lags.values())
+    if not n:
+        return {"staleness_mean": None, "staleness_max": None, "staleness_hist": {}}
+    return {
+        "staleness_mean": sum(k * v for k, v in lags.items()) / n,
+        "staleness_max": max(lags),
+        "staleness_hist": {str(k): v for k, v in sorted(lags.items())},
+    }
+
+
+def staleness_status(lags: Counter) -> dict[str, Any]:
+    """A step's staleness as the run status shows it (the control plane's /v1/status and Prometheus)."""
+    return {"max": max(lags) if lags else None, "counts": {str(k): v for k, v in sorted(lags.items())}}
+
+
+class RunOutputs:
+    def __init__(self, cfg: TrainConfig, *, resume_step: int | None):
+        """resume_step: the checkpoint's step when resuming (files are cut back to it), None for a new run."""
+        self.cfg = cfg
+        self.dir = cfg.run_dir
+        self.ckpt_dir = self.dir / "checkpoints"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        for name in JSONL:
+            if resume_step is None:
+                (self.dir / name).unlink(missing_ok=True)
+            else:
+                truncate_jsonl(self.dir / name, resume_step)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tb = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step + 1 if resume_step is not None else None)
+        from stare.observe.wandb_log import WandbLogger
+
+        self.wandb = WandbLogger.open(cfg, new=resume_step is None)  # None without logging.wandb
+
+    def _append(self, name: str, record: dict[str, Any]) -> None:
+        with (self.dir / name).open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def log_step(self, metrics: dict[str, Any]) -> None:
+        self._append("metrics.jsonl", metrics)
+        for key, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.tb.add_scalar(key, value, metrics["step"])
+        if self.wandb is not None:
+            self.wandb.log_step(metrics)
+
+    def log_eval(self, result: dict[str, Any]) -> None:
+        self._append("eval.jsonl", result)
+        for key in ("greedy_accuracy", "pass_at_k", "avg_at_k"):
+            self.tb.add_scalar(f"eval/{key}", result[key], result["step"])
+        if self.wandb is not None:
+            self.wandb.log_eval(result)
+
+    def log_trained(self, step: int, trajectory_ids: list[str]) -> None:
+        self._append("trained.jsonl", {"step": step, "ids": trajectory_ids})
+
+    def prune_checkpoints(self) -> None:
+        tags = sorted(p.name for p in self.ckpt_dir.glob("step_*"))
+        for old in tags[: -self.cfg.run.keep_checkpoints]:
+            shutil.rmtree(self.ckpt_dir / old, ignore_errors=True)
+
+    def close(self) -> None:
+        self.tb.flush()
+        self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None

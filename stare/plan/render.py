@@ -1,0 +1,47 @@
+"""The memory plan as text (`stare plan`) and as JSON (`stare plan --json`)."""
+
+from __future__ import annotations
+
+import json
+
+from stare.plan.memory import GIB, Plan
+
+
+def _count(n: int) -> str:
+    return next(f"{n / div:.3g}{unit}" for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1, "")) if n >= div or div == 1)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:8.2f} GiB"
+
+
+def render(plan: Plan) -> str:
+    m = plan.model
+    lines = [
+        f"model: {_count(m.params)} params ({m.params:,}), {m.layers} layers, hidden {m.hidden}, heads {m.heads}/"
+        f"{m.kv_heads} kv, intermediate {m.intermediate}, vocab {m.vocab:,}, {plan.dtype}  [{m.source}]",
+        f"sequence: {plan.prompt_tokens:,} prompt [{plan.prompt_source}] + {plan.seq_tokens - plan.prompt_tokens:,} "
+        f"response = {plan.seq_tokens:,} tokens",
+    ]
+    for r in plan.roles:
+        where = f"{r.gpus} x {r.gpu_mem_bytes / GIB:.0f} GiB GPU" + ("s" if r.gpus > 1 else "") if r.role == "learner" \
+            else f"1 x {r.gpu_mem_bytes / GIB:.0f} GiB GPU per worker ({r.extra['engine']})"
+        lines += ["", f"{r.role} ({where}), per GPU:"]
+        lines += [f"  {i.name:<16}{_gib(i.bytes)}   {i.note}" for i in r.items]
+        verdict = "fits" if r.fits else "DOES NOT FIT"
+        lines.append(f"  {'total':<16}{_gib(r.total)}   of {_gib(r.usable).strip()} usable "
+                     f"({r.usable / r.gpu_mem_bytes:.0%} of {r.gpu_mem_bytes / GIB:.0f} GiB): {verdict}")
+        if r.role == "learner":
+            x = r.extra
+            lines.append(f"  activations: {_gib(x['activations_no_checkpointing']).strip()} without gradient "
+                         f"checkpointing, {_gib(x['activations_checkpointing']).strip()} with it")
+            lines.append("  model states per ZeRO stage: " + ", ".join(
+                f"{s}: {v['bytes'] / GIB:.1f} GiB" for s, v in plan.zero_stages.items()))
+        lines += [f"  note: {n}" for n in r.notes]
+        lines += [f"  change: {f}" for f in r.fixes]
+    lines += ["", "all roles fit" if plan.fits else "some role does not fit (see 'change:')"]
+    return "\n".join(lines)
+
+
+def render_json(plan: Plan) -> str:
+    return json.dumps(plan.to_json(), indent=1, default=str)

@@ -1,3 +1,0 @@
-from stare.report import main
-
-main()

@@ -1,0 +1,182 @@
+"""Wire records that cross process seams: prompt tasks and trajectories.
+
+Invariants (checked by `validate`, which raises `RecordError` naming the field):
+  * every per-token array of a Trajectory has the length of `response_token_ids`;
+  * `loss_mask` is 1 on tokens the model generated and trains on, 0 on tool observations;
+  * `response_logprobs` are the rollout engine's log-probs of the sampled tokens (<= 0);
+  * `trajectory_id` is unique per run: the learner trains a trajectory id at most once;
+  * `weight_version` is the policy version that generated it.
+Arrays travel packed (`to_fields` / `from_fields`: little-endian raw bytes plus a JSON header),
+never as JSON lists; `schema` is checked on decode.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 2  # 2: PromptTask.min_weight_version
+
+
+class RecordError(ValueError):
+    """A record that breaks its invariants; the message names the field."""
+
+
+@dataclass
+class PromptTask:
+    """One prompt to sample `group_size` completions for."""
+
+    run_id: str
+    group_id: str  # unique per run; the group's trajectories share it
+    prompt: str
+    prompt_token_ids: list[int]
+    answer: str  # ground truth for the verifier
+    problem_id: str
+    data_source: str
+    group_size: int
+    level: int = 0
+    cursor: int = 0  # position in the data stream (for resume)
+    # Sample with weights of at least this version: the learner sets it so that what it gets back
+    # is at most max_staleness versions old when it trains on it (0: any weights).
+    min_weight_version: int = 0
+    schema: int = SCHEMA_VERSION
+
+    def to_fields(self) -> dict[str, bytes]:
+        return {"json": json.dumps(asdict(self)).encode()}
+
+    @classmethod
+    def from_fields(cls, data: dict[bytes | str, bytes]) -> "PromptTask":
+        return _from_json_fields(cls, data)
+
+
+@dataclass
+class EvalTask:
+    """One held-out prompt to sample for an evaluation: `n` completions with the evaluation's own
+    sampling settings (greedy: n 1, temperature 0). Its trajectories carry `group_id = task_id`,
+    ids `<task_id>:<sample>`, and travel on the evaluation streams, never the training ones.
+
+    Invariants: `task_id` is `<eval_id>/<problem index>/<greedy|sampled>` (stare.data.heldout); the
+    worker samples with weights of at least `min_weight_version` (the version under evaluation)
+    and seeds prompt i of a call with its own `seed`, so the samples do not depend on batching."""
+
+    run_id: str
+    eval_id: str
+    task_id: str
+    prompt_token_ids: list[int]
+    answer: str
+    problem_id: str
+    data_source: str
+    level: int
+    n: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    seed: int
+    min_weight_version: int
+    schema: int = SCHEMA_VERSION
+
+    def to_fields(self) -> dict[str, bytes]:
+        return {"json": json.dumps(asdict(self)).encode()}
+
+    @classmethod
+    def from_fields(cls, data: dict[bytes | str, bytes]) -> "EvalTask":
+        task = _from_json_fields(cls, data)
+        if task.n < 1:
+            raise RecordError(f"EvalTask.n must be >= 1, got {task.n}")
+        return task
+
+
+_ARRAYS = {
+    "prompt_token_ids": np.int32,
+    "response_token_ids": np.int32,
+    "response_logprobs": np.float32,
+    "loss_mask": np.uint8,
+}
+
+
+@dataclass
+class Trajectory:
+    run_id: str
+    trajectory_id: str
+    group_id: str
+    group_size: int
+    weight_version: int
+    prompt_token_ids: np.ndarray  # [P] int32
+    response_token_ids: np.ndarray  # [R] int32
+    response_logprobs: np.ndarray  # [R] float32
+    loss_mask: np.ndarray  # [R] uint8
+    finish_reason: str
+    answer: str
+    problem_id: str
+    data_source: str
+    response_text: str = ""
+    level: int = 0
+    reward: float | None = None
+    reward_info: dict[str, Any] = field(default_factory=dict)
+    turns: int = 1
+    schema: int = SCHEMA_VERSION
+
+    def validate(self) -> "Trajectory":
+        n = len(self.response_token_ids)
+        for name in ("response_logprobs", "loss_mask"):
+            if len(getattr(self, name)) != n:
+                raise RecordError(
+                    f"Trajectory.{name} has length {len(getattr(self, name))}, "
+                    f"expected {n} (the length of response_token_ids)"
+                )
+        if n == 0:
+            raise RecordError("Trajectory.response_token_ids is empty; a trajectory needs at least one token")
+        if len(self.prompt_token_ids) == 0:
+            raise RecordError("Trajectory.prompt_token_ids is empty")
+        if not np.all(np.isfinite(self.response_logprobs)) or np.any(self.response_logprobs > 1e-4):
+            raise RecordError("Trajectory.response_logprobs must be finite log-probabilities (<= 0)")
+        if self.group_size < 1:
+            raise RecordError(f"Trajectory.group_size must be >= 1, got {self.group_size}")
+        if self.weight_version < 0:
+            raise RecordError(f"Trajectory.weight_version must be >= 0, got {self.weight_version}")
+        if self.reward is not None and not np.isfinite(self.reward):
+            raise RecordError(f"Trajectory.reward must be finite, got {self.reward}")
+        return self
+
+    def to_fields(self) -> dict[str, bytes]:
+        header = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _ARRAYS}
+        out = {"json": json.dumps(header).encode()}
+        for name, dtype in _ARRAYS.items():
+            out[name] = np.ascontiguousarray(getattr(self, name), dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+        return out
+
+    @classmethod
+    def from_fields(cls, data: dict[bytes | str, bytes]) -> "Trajectory":
+        header = json.loads(_get(data, "json"))
+        if header.get("schema") != SCHEMA_VERSION:
+            raise RecordError(f"Trajectory.schema is {header.get('schema')!r}, this build reads {SCHEMA_VERSION}")
+        arrays = {
+            name: np.frombuffer(_get(data, name), dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype)
+            for name, dtype in _ARRAYS.items()
+        }
+        try:
+            return cls(**header, **arrays).validate()
+        except TypeError as err:
+            raise RecordError(f"Trajectory fields do not match schema {SCHEMA_VERSION}: {err}") from None
+
+
+def _from_json_fields(cls, data: dict[bytes | str, bytes]):
+    """A JSON-encoded record (PromptTask, EvalTask) from its stream fields, its schema checked."""
+    raw = json.loads(_get(data, "json"))
+    if raw.get("schema") != SCHEMA_VERSION:
+        raise RecordError(f"{cls.__name__}.schema is {raw.get('schema')!r}, this build reads {SCHEMA_VERSION}")
+    try:
+        return cls(**raw)
+    except TypeError as err:
+        raise RecordError(f"{cls.__name__} fields do not match schema {SCHEMA_VERSION}: {err}") from None
+
+
+def _get(data: dict, key: str) -> bytes:
+    if key in data:
+        return data[key]
+    if key.encode() in data:
+        return data[key.encode()]
+    raise RecordError(f"record is missing field {key!r}")
