@@ -58,3 +58,38 @@ def test_a_planted_wrong_import_breaks_the_contract(tmp_path, module, planted):
     result = _lint(tree)
     assert result.returncode != 0
     assert "BROKEN" in result.stdout and planted.split()[-1] in result.stdout
+
+
+# the sandbox launcher runs as one stdlib-only file in the sandboxed process (docs/sandbox.md)
+LONG_MODULE_EXCEPTIONS = {"stare/sandbox/_launcher.py"}
+
+
+def _tracked_python_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "*.py"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    return [f for f in out if (ROOT / f).is_file()]
+
+
+def test_no_module_outside_tests_is_over_400_lines():
+    long = {f: n for f in _tracked_python_files() if not f.startswith("tests/")
+            and (n := len((ROOT / f).read_text(encoding="utf-8").splitlines())) > 400}
+    assert set(long) <= LONG_MODULE_EXCEPTIONS, f"split these by purpose: {long}"
+
+
+def test_every_package_under_stare_is_installed():
+    """A package missing from [tool.setuptools] packages works in an editable checkout and is absent
+    from a wheel (the Docker images install one)."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {folder: package for package, folder in setuptools["package-dir"].items()}
+    found = set()
+    for init in ROOT.rglob("__init__.py"):
+        rel = init.parent.relative_to(ROOT)
+        top = rel.parts[0]
+        if top in folders:
+            found.add(".".join([folders[top], *rel.parts[1:]]))
+    assert found == set(setuptools["packages"])
+
+
+def test_stare_keeps_a_handful_of_entries_at_its_top():
+    entries = [p.name for p in (ROOT / "stare").iterdir() if p.name != "__pycache__"]
+    assert len(entries) <= 12, sorted(entries)
