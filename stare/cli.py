@@ -229,9 +229,14 @@ def cmd_plan(args) -> int:
 
         gpu_mem = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
     gpus = args.gpus if args.gpus is not None else cfg.system.learner_ranks
-    plan = build_plan(cfg, gpus=gpus, gpu_mem_gib=gpu_mem, shape=load_model_shape(cfg, args.model_config),
+    plan_shape = load_model_shape(cfg, args.model_config)
+    plan = build_plan(cfg, gpus=gpus, gpu_mem_gib=gpu_mem, shape=plan_shape,
                       prompt_tokens=args.prompt_tokens, config_name=str(args.config or default_config_path()))
     print(render_json(plan) if args.json else render(plan))
+    if args.node_gpus is not None:  # the placement and throughput stare sim models (stare/app/sim/placement.py)
+        from stare.app.sim.placement import plan_text
+
+        print(plan_text(cfg, gpus=args.node_gpus, gpu=args.gpu, gpu_mem_gib=gpu_mem, shape=plan_shape))
     return 0 if plan.fits else 1
 
 
@@ -335,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=None,
                    help="prompt length to plan for (default: data.max_prompt_len where the config has it, else 1024)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--node-gpus", type=int, default=None, help="GPUs of the node: also recommend the learner/rollout "
+                   "split and max_staleness that maximise modelled tokens/s/GPU (stare sim), with the predicted throughput")
+    p.add_argument("--gpu", default="h100-80gb", help="GPU kind for --node-gpus (h100-80gb, h200, a100-80gb, l40s)")
     p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("learner", help="the learner process (DeepSpeed, STARE; publishes prompts and weights)")
@@ -394,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sandbox", help="run untrusted Python under the sandbox: stare sandbox run FILE.py", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_sandbox)
+    from stare.app.sim.command import add_parser as add_sim_parser  # light: heavy imports in its run()
+
+    add_sim_parser(sub)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""Applications: what wires the roles and the core together (CLI commands, launchers, the simulator)."""
