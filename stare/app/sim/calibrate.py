@@ -27,12 +27,13 @@ def calibrate(cfg, *, bench_steps: int = 8, repeats: int = 3, log: Callable[[str
     stack = build_rollout_stack(cfg, lambda s: None)
     feeder = build_feeder(cfg, stack.setup.task, stack.setup.tokenizer, lambda s: None)
     r = cfg.rollout
-    calls, lengths = {}, []
+    calls, lengths, prompt_lens = {}, [], []
     try:
         for k in (cfg.system.rollout_batch_prompts, r.prompts_per_step):
             times, longest = [], []
             for i in range(repeats):
                 prompts = [t.prompt_token_ids for t in feeder.next_tasks(k)]
+                prompt_lens += [len(p) for p in prompts]
                 params = SamplingParams(n=r.samples_per_prompt, max_new_tokens=r.max_new_tokens,
                                         temperature=r.temperature, top_p=r.top_p, seed=1000 + i,
                                         stop_token_ids=stack.setup.stop_ids)
@@ -56,4 +57,5 @@ def calibrate(cfg, *, bench_steps: int = 8, repeats: int = 3, log: Callable[[str
             "learn_s": rows["learn"], "publish_s": rows["publish"], "weights_in_s": rows["weights in"],
             "other_s": rows["other"], "reward_s_per_traj": rows["reward"] / steps_per,
             "decode_a_s": a, "decode_b_s": b, "length_mean": mean, "length_sigma": sigma,
+            "prompt_mean": statistics.fmean(prompt_lens),
             "calls": {str(k): list(v) for k, v in calls.items()}, "bench_rollout_s": rows["rollout"]}

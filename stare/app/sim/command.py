@@ -71,7 +71,9 @@ def run(args) -> int:
             return 2
         design = build_design(cfg, sim, gpus=args.gpus, learner_gpus=args.learner_gpus or 1, colocated=False,
                               on_gpu=False)
-        costs, lengths = cpu_costs(load_profile(args.profile), cfg)
+        profile = load_profile(args.profile)
+        costs, lengths = cpu_costs(profile, cfg)
+        sim.knobs.setdefault("sim.prompt_tokens", round(profile.get("prompt_mean", 1)))
     else:
         from stare.app.sim.design import lengths_of
         from stare.plan import load_model_shape

@@ -50,9 +50,15 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
     publish = learner["send/receive"] + (rollout_recv if d.max_staleness == 0 else 0.0)
     path = {"wait for rollout": max(wait, 0.0), "train": learner["train"], "weight publish": learner["send/receive"],
             "checkpoint": learner["checkpoint"]}
-    bottleneck = max(path, key=path.get)
-    if bottleneck == "wait for rollout":
-        bottleneck = "rollout decode (the learner waits for data)"
+    # the side busier than the other is the one the other waits for
+    learner_side = learner_busy * steps / span
+    if d.colocated:
+        bottleneck = max(path, key=path.get)
+    elif decode >= learner_side:
+        bottleneck = f"rollout decode ({decode:.0%} busy; the learner waits {max(wait, 0.0):.1f} s a step)"
+    else:
+        bottleneck = f"learner ({learner_side:.0%} busy; the largest piece: {max(path, key=path.get)})"
+    last = run.metrics[-1] if run.metrics else {}
     learner_frac = learner_busy * steps / span if not d.colocated else \
         sum(per_gpu[g]["train"] for g in range(d.learner_gpus)) / max(d.learner_gpus, 1)
     return {
@@ -62,6 +68,9 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
         "weight_publish_critical_s": publish, "critical_path_s_per_step": path, "bottleneck": bottleneck,
         "gpu_busy": {str(g): {k: round(v, 4) for k, v in b.items()} for g, b in per_gpu.items()},
         "window_s": [t0, t1],
+        # from the real session's metrics: what the collector did with the groups
+        "groups_filtered_total": last.get("filtered_groups_total"), "groups_stale_total": last.get("stale_groups_total"),
+        "sampling_rounds_mean": sum(m.get("sampling_rounds", 0) for m in run.metrics) / max(len(run.metrics), 1),
     }
 
 
@@ -79,6 +88,8 @@ def render(s: dict[str, Any]) -> str:
         f"weight publish    {s['weight_publish_critical_s']:.2f} s on the critical path per step",
         "critical path     " + ", ".join(f"{k} {v:.2f} s" for k, v in s["critical_path_s_per_step"].items()),
         f"bottleneck        {s['bottleneck']}",
+        f"groups            {s['groups_filtered_total']} filtered (equal rewards), {s['groups_stale_total']} dropped stale, "
+        f"{s['sampling_rounds_mean']:.1f} sampling rounds a step",
         "busy per GPU      " + "  ".join(f"{g}:{sum(b.values()):.0%}" for g, b in s["gpu_busy"].items()),
     ]
     return "\n".join(lines)
