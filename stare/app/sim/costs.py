@@ -194,10 +194,12 @@ class NodeCosts:
     def publish_host_s(self, learner_gpus: int, zero3: bool) -> float:
         """Today's path: gather, copy every tensor to pageable host memory, and back to the GPU for
         NCCL (learner/deepspeed_engine.py, weight_sync/buckets.py), one tensor at a time."""
-        w = self.model.weight_bytes
-        pageable = self.gpu.host_link_bytes_s * PAGEABLE_FRACTION
-        gather = self.allgather_s(w, learner_gpus) if zero3 else 0.0
-        return gather + 2 * w / pageable + self.model.tensors * PER_TENSOR_HOST_S
+        gather = self.allgather_s(self.model.weight_bytes, learner_gpus) if zero3 else 0.0
+        return gather + 2 * self.pageable_copy_s() + self.model.tensors * PER_TENSOR_HOST_S
+
+    def pageable_copy_s(self) -> float:
+        """The weights copied once between the GPU and pageable host memory."""
+        return self.model.weight_bytes / (self.gpu.host_link_bytes_s * PAGEABLE_FRACTION)
 
     def publish_device_s(self, learner_gpus: int, zero3: bool) -> float:
         """The new path: gather on the GPU into device buffers, no host round trip."""

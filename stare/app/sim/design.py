@@ -146,7 +146,7 @@ def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str) -> St
     elif d.publish_from == "device":
         gather, send, recv = nc.publish_device_s(d.learner_gpus, zero3), nc.broadcast_s(), nc.broadcast_s()
     else:  # host: D2H on the main thread; H2D per bucket and the broadcast on the publisher's
-        h2d = model.weight_bytes / (nc.gpu.host_link_bytes_s * 0.5)
+        h2d = nc.pageable_copy_s()
         gather = nc.publish_host_s(d.learner_gpus, zero3) - h2d
         send = recv = h2d + nc.broadcast_s()
     return StepCosts(engine=nc, capacity=max(capacity, 1), train_s=train_s, gather_s=gather, send_s=send,

@@ -147,9 +147,6 @@ class _Worker:
                                     max_prompt_len=cfg.data.max_prompt_len, prompt_overflow=cfg.data.prompt_overflow)
         self.batch = cfg.system.rollout_batch_prompts
 
-    def has_work(self) -> bool:
-        return self.node.transport.prompts.visible() > 0
-
     def next_time(self) -> float | None:
         """When this worker acts next on what is already published (None: nothing to do)."""
         p = self.node.transport.prompts
@@ -178,9 +175,6 @@ class _Streaming(_Worker):
         self.inflight = inflight
         self.held: list = []  # deliveries that need a newer version than the engine's (drain first)
         self.admitted: dict[str, tuple[Any, Any, int]] = {}  # key -> (delivery, task, version)
-
-    def has_work(self) -> bool:
-        return bool(self.engine.pending() or self.held) or super().has_work()
 
     def next_time(self) -> float | None:
         if self.engine.pending() or self.held:

@@ -50,9 +50,9 @@ def render(cands: list[Candidate], gpus: int, gpu: str) -> str:
     best = cands[0]
     lines = [f"placement on {gpus} x {gpu} (stare sim, modelled): recommended {best.learner_gpus} learner + "
              f"{gpus - best.learner_gpus} rollout GPUs, max_staleness {best.max_staleness}: "
-             f"{best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, {best.s_per_step:.1f} s/step",
+             f"{best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, {best.s_per_step:.3g} s/step",
              "  learner  staleness  tokens/s/GPU  s/step  bottleneck"]
-    lines += [f"  {c.learner_gpus:>7}  {c.max_staleness:>9}  {c.tokens_per_s_per_gpu:>12,.0f}  {c.s_per_step:>6.1f}  "
+    lines += [f"  {c.learner_gpus:>7}  {c.max_staleness:>9}  {c.tokens_per_s_per_gpu:>12,.0f}  {c.s_per_step:>6.3g}  "
               f"{c.bottleneck}" for c in cands]
     return "\n".join(lines)
 
@@ -68,6 +68,6 @@ def plan_text(cfg, *, gpus: int, gpu: str, gpu_mem_gib: float, shape, overrides:
     own = [c for c in cands if c.learner_gpus == cfg.system.learner_ranks
            and c.max_staleness == cfg.system.max_staleness]
     head = (f"predicted as configured ({cfg.system.learner_ranks} learner GPUs, max_staleness "
-            f"{cfg.system.max_staleness}): {own[0].tokens_per_s_per_gpu:,.0f} tokens/s/GPU, {own[0].s_per_step:.1f} s/step"
+            f"{cfg.system.max_staleness}): {own[0].tokens_per_s_per_gpu:,.0f} tokens/s/GPU, {own[0].s_per_step:.3g} s/step"
             if own else f"as configured ({cfg.system.learner_ranks} learner GPUs): does not fit or leaves no rollout GPU")
     return head + "\n" + render(cands, gpus, gpu)

@@ -89,7 +89,6 @@ class SimEngine:
         self.queue: list[tuple[object, list[int], SamplingParams]] = []
         self.groups: dict[object, list] = {}  # key -> [n, finished completions by index, versions]
         self.horizon: float | None = None  # streaming: stop a span at this time (new work may arrive)
-        self.generated_tokens = 0
         self.static_batch = False  # price every step at the call's row count (a padded batch: hf engine)
         self._rows = 0
 
@@ -120,7 +119,6 @@ class SimEngine:
             k = max(1, min(k, int((self.horizon - self.lane.now) / max(per_step, 1e-12)) + 1))
         rows = self._rows if self.static_batch else len(self.running)
         self.lane.busy(self.costs.decode_span_s(k, rows, self._context()), "decode")
-        self.generated_tokens += k * len(self.running)
         for s in self.running:
             s.done += k
         finished = [s for s in self.running if s.done >= s.target]
