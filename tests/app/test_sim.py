@@ -162,3 +162,15 @@ def test_issue_24_fields_the_config_lacks_are_sim_settings_with_defaults():
     assert (on.streaming, off.streaming) == (True, False)
     assert (on.publish_from, on.inflight) == ("host", False)  # their defaults: today's design
     assert not on.eager  # the hf section has no enforce_eager: auto, and a simulated GPU has CUDA
+
+
+def test_a_bad_design_value_exits_2_naming_the_field(capsys):
+    import argparse
+
+    from stare.app.sim import command
+
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["sim", "--config", "configs/tiny-cpu.yaml", "--set", "weight_sync.publish_from=disk"])
+    assert args.fn(args) == 2
+    assert "weight_sync.publish_from='disk': choose one of host, device" in capsys.readouterr().err

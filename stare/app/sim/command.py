@@ -53,9 +53,6 @@ def load(args):
 
 
 def run(args) -> int:
-    from stare.app.sim.design import build_design, cpu_costs, gpu_costs, load_profile, simulate
-    from stare.app.sim.report import gantt, render
-
     if args.calibrate is not None:
         from stare.app.sim.calibrate import calibrate
 
@@ -65,6 +62,17 @@ def run(args) -> int:
         print(json.dumps(profile, indent=2))
         return 0
     cfg, sim = load(args)
+    try:
+        return _simulate(args, cfg, sim)
+    except ValueError as err:
+        print(f"stare sim: {err}", file=sys.stderr)
+        return 2
+
+
+def _simulate(args, cfg, sim) -> int:
+    from stare.app.sim.design import build_design, cpu_costs, gpu_costs, load_profile, simulate
+    from stare.app.sim.report import gantt, render
+
     if args.gpu == "cpu":
         if args.profile is None:
             print("stare sim: --gpu cpu needs --profile FILE (write one with --calibrate FILE)", file=sys.stderr)
@@ -79,11 +87,7 @@ def run(args) -> int:
         from stare.plan import load_model_shape
 
         design = build_design(cfg, sim, gpus=args.gpus, learner_gpus=args.learner_gpus, colocated=args.colocated)
-        try:
-            costs = gpu_costs(cfg, sim, design, load_model_shape(cfg, args.model_config), args.gpu)
-        except ValueError as err:
-            print(f"stare sim: {err}", file=sys.stderr)
-            return 2
+        costs = gpu_costs(cfg, sim, design, load_model_shape(cfg, args.model_config), args.gpu)
         lengths = lengths_of(cfg, sim)
     result, summary = simulate(cfg, sim, design, costs, lengths, steps=args.steps, warmup=args.warmup)
     if args.gantt is not None:

@@ -95,6 +95,10 @@ def build_design(cfg, sim: SimSettings, *, gpus: int, learner_gpus: int | None, 
         eager = getattr(eng, "enforce_eager", None)
     if eager is None:  # auto: CUDA graphs where CUDA is present
         eager = not on_gpu
+    for key, allowed in (("weight_sync.publish_from", ("host", "device")), ("sim.zero3_head", ("per_chunk", "per_micro_batch"))):
+        value = _read(cfg, sim, key) if key in NEW_FIELDS else sim.get(key)
+        if value not in allowed:
+            raise ValueError(f"{key}={value!r}: choose one of {', '.join(allowed)} (--set {key}=...)")
     learner = learner_gpus if learner_gpus is not None else cfg.system.learner_ranks
     if colocated:
         learner = gpus
