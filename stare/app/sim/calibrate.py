@@ -15,7 +15,9 @@ import time
 from typing import Callable
 
 
-def calibrate(cfg, *, bench_steps: int = 8, repeats: int = 3, log: Callable[[str], None] = print) -> dict:
+def calibrate(cfg, *, overrides: list[str] = (), bench_steps: int = 8, repeats: int = 3,
+              log: Callable[[str], None] = print) -> dict:
+    """`cfg`: the bundled tiny config with `overrides` (bench step runs that config with them)."""
     from stare.app.sim.costs import fit_lognormal
     from stare.bench.bench_step import measure
     from stare.data import build_feeder
@@ -23,7 +25,7 @@ def calibrate(cfg, *, bench_steps: int = 8, repeats: int = 3, log: Callable[[str
     from stare.rollout.stack import build_rollout_stack
 
     log(f"stare sim --calibrate: bench step ({bench_steps} steps)")
-    rows = {r["name"].split("/", 1)[1]: r["ours"] for r in measure(steps=bench_steps)}
+    rows = {r["name"].split("/", 1)[1]: r["ours"] for r in measure(steps=bench_steps, overrides=list(overrides))}
     stack = build_rollout_stack(cfg, lambda s: None)
     feeder = build_feeder(cfg, stack.setup.task, stack.setup.tokenizer, lambda s: None)
     r = cfg.rollout

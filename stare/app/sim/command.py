@@ -30,7 +30,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model-config", type=Path, default=None, help="a Hugging Face config.json to take the shape from")
     p.add_argument("--profile", type=Path, default=None, help="--gpu cpu: costs measured here (stare sim --calibrate)")
     p.add_argument("--calibrate", type=Path, default=None, metavar="OUT.json",
-                   help="measure this machine's CPU costs of the tiny config (bench step + engine timings), write them")
+                   help="measure this machine's CPU costs of the bundled tiny config with --set's overrides (bench step + "
+                   "engine timings), write them")
     p.add_argument("--steps", type=int, default=STEPS, help=f"steps measured (default {STEPS})")
     p.add_argument("--warmup", type=int, default=WARMUP, help=f"steps not measured (default {WARMUP})")
     p.add_argument("--gantt", type=Path, default=None, help="write a Gantt chart PNG of a few steps here")
@@ -56,8 +57,11 @@ def run(args) -> int:
     if args.calibrate is not None:
         from stare.app.sim.calibrate import calibrate
 
+        from stare.app.sim.design import split_overrides
+
         cfg, _ = load(args)
-        profile = calibrate(cfg, log=lambda s: print(s, file=sys.stderr))
+        profile = calibrate(cfg, overrides=split_overrides(args.config, args.overrides)[0],
+                            log=lambda s: print(s, file=sys.stderr))
         args.calibrate.write_text(json.dumps(profile, indent=2) + "\n")
         print(json.dumps(profile, indent=2))
         return 0
