@@ -51,6 +51,17 @@ def test_overlap_runs_both_arms_of_stare_up(tiny_model_dir):
     assert r["unit"] == "steps/min" and r["target"] == 1.5
 
 
+@pytest.mark.slow
+def test_the_overlaps_ideal_is_between_1_and_2(tiny_model_dir):
+    """One learner and one rollout core: on-policy a step is rollout + learn, overlapped at least the
+    larger of the two, so stare sim's ideal ratio lies in [1, (R + L) / max(R, L)] within [1, 2]."""
+    from stare.app.bench.bench_overlap import sim_ideal
+
+    extra = [f"model.path={tiny_model_dir}", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
+             "rollout.max_new_tokens=16", "optim.micro_batch=4", "system.rollout_batch_prompts=1"]
+    assert 1.0 <= sim_ideal(extra, timeout_s=300) <= 2.0
+
+
 @needs_redis
 def test_rollout_worker_and_bare_engine_sample_the_same_tokens(tiny_model_dir):
     from stare.app.bench.bench_rollout import measure

@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=None,
                    help="prompt length to plan for (default: data.max_prompt_len where the config has it, else 1024)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--node-gpus", type=int, default=None, help="GPUs of the node: also recommend the learner/rollout "
+                   "split and max_staleness that maximise modelled tokens/s/GPU (stare sim), with the predicted throughput")
+    p.add_argument("--gpu", default="h100-80gb", help="GPU kind for --node-gpus (h100-80gb, h200, a100-80gb, l40s)")
     p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("learner", help="the learner process (DeepSpeed, STARE; publishes prompts and weights)")
@@ -167,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sandbox", help="run untrusted Python under the sandbox: stare sandbox run FILE.py", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_sandbox)
+    from stare.app.sim.command import add_parser as add_sim_parser  # light: heavy imports in its run()
+
+    add_sim_parser(sub)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""`stare sim`: a GPU node simulated on CPU with the real scheduling (docs/performance.md)."""

@@ -1,0 +1,100 @@
+"""`stare sim`: a GPU node simulated on this machine, running the real scheduling (docs/performance.md).
+
+    stare sim --config configs/paper/short-cot-qwen2.5-math-7b-stare.yaml --gpus 8 --gpu h100-80gb \
+        --learner-gpus 4 --gantt sim.png
+    stare sim --gpu cpu --profile cpu-profile.json          # the tiny config with costs measured here
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+STEPS, WARMUP = 6, 2
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("sim", help="simulate a GPU node running this config (the real scheduling, GPU work from a "
+                       "cost model): tokens/s/GPU, busy fractions, the bottleneck, a Gantt chart")
+    p.add_argument("--config", type=Path, default=None, help="YAML config (default: the bundled tiny config)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field or a sim setting (sim.*, and issue #24's new fields: "
+                   "stare/app/sim/design.py)")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs of the node (default 8)")
+    p.add_argument("--gpu", default="h100-80gb", help="h100-80gb, h200, a100-80gb, l40s, or cpu (with --profile)")
+    p.add_argument("--learner-gpus", type=int, default=None, help="learner GPUs (default: system.learner_ranks)")
+    p.add_argument("--colocated", action="store_true", help="learner and engines on the same GPUs (engines sleep "
+                   "while the learner steps)")
+    p.add_argument("--model-config", type=Path, default=None, help="a Hugging Face config.json to take the shape from")
+    p.add_argument("--profile", type=Path, default=None, help="--gpu cpu: costs measured here (stare sim --calibrate)")
+    p.add_argument("--calibrate", type=Path, default=None, metavar="OUT.json",
+                   help="measure this machine's CPU costs of the bundled tiny config with --set's overrides (bench step + "
+                   "engine timings), write them")
+    p.add_argument("--steps", type=int, default=STEPS, help=f"steps measured (default {STEPS})")
+    p.add_argument("--warmup", type=int, default=WARMUP, help=f"steps not measured (default {WARMUP})")
+    p.add_argument("--gantt", type=Path, default=None, help="write a Gantt chart PNG of a few steps here")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(fn=run)
+    return p
+
+
+def load(args):
+    """(config, sim settings) from the arguments."""
+    from stare.app.sim.design import split_overrides
+    from stare.config import load_config
+
+    passed, sim = split_overrides(args.config, args.overrides)
+    if args.config is None:
+        from importlib.resources import files
+
+        args.config = Path(str(files("stare.configs") / "tiny-cpu.yaml"))
+    return load_config(args.config, overrides=passed), sim
+
+
+def run(args) -> int:
+    if args.calibrate is not None:
+        from stare.app.sim.calibrate import calibrate
+
+        from stare.app.sim.design import split_overrides
+
+        cfg, _ = load(args)
+        profile = calibrate(cfg, overrides=split_overrides(args.config, args.overrides)[0],
+                            log=lambda s: print(s, file=sys.stderr))
+        args.calibrate.write_text(json.dumps(profile, indent=2) + "\n")
+        print(json.dumps(profile, indent=2))
+        return 0
+    cfg, sim = load(args)
+    try:
+        return _simulate(args, cfg, sim)
+    except ValueError as err:
+        print(f"stare sim: {err}", file=sys.stderr)
+        return 2
+
+
+def _simulate(args, cfg, sim) -> int:
+    from stare.app.sim.design import build_design, cpu_costs, gpu_costs, load_profile, simulate
+    from stare.app.sim.report import gantt, render
+
+    if args.gpu == "cpu":
+        if args.profile is None:
+            print("stare sim: --gpu cpu needs --profile FILE (write one with --calibrate FILE)", file=sys.stderr)
+            return 2
+        design = build_design(cfg, sim, gpus=args.gpus, learner_gpus=args.learner_gpus or 1, colocated=False,
+                              on_gpu=False)
+        profile = load_profile(args.profile)
+        costs, lengths = cpu_costs(profile, cfg)
+        sim.knobs.setdefault("sim.prompt_tokens", round(profile.get("prompt_mean", 1)))
+    else:
+        from stare.app.sim.design import lengths_of
+        from stare.plan.sizes import load_model_shape
+
+        design = build_design(cfg, sim, gpus=args.gpus, learner_gpus=args.learner_gpus, colocated=args.colocated)
+        costs = gpu_costs(cfg, sim, design, load_model_shape(cfg, args.model_config), args.gpu)
+        lengths = lengths_of(cfg, sim)
+    result, summary = simulate(cfg, sim, design, costs, lengths, steps=args.steps, warmup=args.warmup)
+    if args.gantt is not None:
+        summary["gantt"] = str(gantt(result, summary, args.gantt))
+    print(json.dumps(summary, indent=2) if args.json else render(summary))
+    return 0

@@ -1,0 +1,362 @@
+"""The simulated GPU node: the real scheduling of `stare up` on a virtual clock.
+
+Real (the code `stare up` runs, unchanged): `TrainingSession` (learner/session.py: the window, the
+on-policy sampling rounds, top-ups, publish, checkpoint cadence), `PromptFeeder`, `GroupCollector`
+(complete groups, staleness drop, dynamic sampling), `RolloutWorker` (blocking mode: `run_once` with
+`system.rollout_batch_prompts`, its weight wait and records; streaming mode: its screening and
+records), `RewardWorker`, `RunSteering`, `RunOutputs` (metrics.jsonl under the sim's run folder).
+The in-memory streams (`MemoryStream`) replace Redis, each wrapped so that an entry becomes visible
+at the virtual time its producer published it.
+
+Stood in (stare/app/sim/standins.py): the rollout engine, the learner's train step / weight gather /
+checkpoint write, the weight transport, the task's prompts and its verifier.
+
+Modelled here, not yet in the real worker (issue #24, h24roll): the streaming loop (`_Streaming`):
+the engine's batch is kept full from the prompt stream, each finished group is published at once, a
+new weight version is taken when the engine drains (or between steps with in-flight updates).
+
+The driver is a discrete-event loop run from the session's `pump` seam: each call lets every
+rollout and reward actor act up to the learner's clock (earliest clock first), releases what the
+learner can see by then, and when nothing new is visible moves the learner's clock to the next event
+(the learner waits for data). No evaluation runs (task.eval_every is ignored).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from stare.app.sim.standins import Lane, SimEngine, SimLearner, SimTask, SimTokenizer, SimWeights, solve_rate_scorer
+from stare.transport.memory import MemoryStream
+
+
+class TimedStream:
+    """A `MemoryStream` whose entries become visible at their producer's virtual time."""
+
+    def __init__(self, name: str, clock: Callable[[], float]):
+        self.inner, self.clock, self.name = MemoryStream(name, max_deliveries=None), clock, name
+        self.future: list[tuple[float, int, Any]] = []
+        self._seq = itertools.count()
+
+    @property
+    def dead(self):
+        return self.inner.dead
+
+    def publish(self, records) -> list[str]:
+        t = self.clock()
+        for r in records:
+            heapq.heappush(self.future, (t, next(self._seq), r))
+        return []
+
+    def publish_and_ack(self, records, source, ids) -> list[str]:
+        self.publish(records)
+        if source is not None:
+            source.ack(ids)
+        return []
+
+    def release(self, t: float) -> int:
+        out = []
+        while self.future and self.future[0][0] <= t + 1e-12:
+            out.append(heapq.heappop(self.future)[2])
+        if out:
+            self.inner.publish(out)
+        return len(out)
+
+    def next_time(self) -> float | None:
+        return self.future[0][0] if self.future else None
+
+    def visible(self) -> int:
+        return len(self.inner._queue)
+
+    def consume(self, consumer: str, max_count: int, block_s: float = 0.0):
+        return self.inner.consume(consumer, max_count, block_s)
+
+    def ack(self, ids) -> None:
+        self.inner.ack(ids)
+
+    def dead_letter(self, entry_id, raw, reason) -> None:
+        self.inner.dead_letter(entry_id, raw, reason)
+
+    def fail(self, ids, error) -> None:
+        self.inner.fail(ids, error)
+
+    def backlog(self) -> int:
+        return self.inner.backlog() + len(self.future)
+
+    def dead_letter_count(self) -> int:
+        return self.inner.dead_letter_count()
+
+    def reclaim(self, consumer, min_idle_ms=None, max_count=1000):
+        return []
+
+
+@dataclass
+class SimTransport:
+    prompts: TimedStream
+    raw: TimedStream
+    scored: TimedStream
+
+
+@dataclass
+class Design:
+    """What the simulated node runs (the adapter in stare/app/sim/design.py reads it from a config)."""
+
+    gpus: int
+    learner_gpus: int
+    rollout_tp: int
+    colocated: bool
+    streaming: bool
+    inflight: bool
+    publish_from: str  # host | device
+    eager: bool
+    max_staleness: int
+
+
+@dataclass
+class StepCosts:
+    """The times the stand-ins take (from costs.NodeCosts or a measured CPU profile)."""
+
+    engine: Any  # decode_span_s(steps, seqs, context_sum), prefill_s(tokens)
+    capacity: int  # sequences an engine runs at once
+    train_s: Callable[[list], float]  # one optimizer step over these trajectories
+    gather_s: float  # the learner's main thread preparing a publish
+    send_s: float  # the learner sending (waited for only when the publish is synchronous)
+    recv_s: float  # a rollout engine taking a version
+    checkpoint_s: float
+    swap_s: float = 0.0  # colocated: engine sleep + wake per step
+    reward_s_per_traj: float = 0.0
+    static_batch: bool = False  # the transformers engine decodes a call's rows until its longest ends
+
+
+class _Worker:
+    """One rollout worker: its lane, stand-in engine and the real RolloutWorker around it."""
+
+    def __init__(self, node: "SimNode", index: int, lane: Lane, engine: SimEngine):
+        from stare.rollout.worker import RolloutWorker
+
+        cfg, r = node.cfg, node.cfg.rollout
+        self.node, self.lane, self.engine, self.name = node, lane, engine, f"rollout-{index}"
+        self.weights = node.board.view(lane)
+        self.worker = RolloutWorker(engine, SimTokenizer(), node.transport.prompts, node.transport.raw, self.weights,
+                                    name=self.name, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                                    top_p=r.top_p, stop_token_ids=(), seed=cfg.run.seed,
+                                    max_prompt_len=cfg.data.max_prompt_len, prompt_overflow=cfg.data.prompt_overflow)
+        self.batch = cfg.system.rollout_batch_prompts
+
+    def next_time(self) -> float | None:
+        """When this worker acts next on what is already published (None: nothing to do)."""
+        p = self.node.transport.prompts
+        if p.visible():
+            return self.lane.now
+        t = p.next_time()
+        return None if t is None else max(t, self.lane.now)
+
+    def act(self, until: float) -> bool:
+        """Act once at this worker's clock (<= until); False when it has nothing to do before `until`."""
+        prompts = self.node.transport.prompts
+        prompts.release(self.lane.now)
+        if not prompts.visible():
+            t = prompts.next_time()
+            self.lane.wait_until(until if t is None else min(t, until))
+            return t is not None and t <= until
+        self.worker.run_once(self.batch)
+        return True
+
+
+class _Streaming(_Worker):
+    """The streaming loop of issue #24 (h24roll's protocol on the stand-in engine)."""
+
+    def __init__(self, *args, inflight: bool):
+        super().__init__(*args)
+        self.inflight = inflight
+        self.held: list = []  # deliveries that need a newer version than the engine's (drain first)
+        self.admitted: dict[str, tuple[Any, Any, int]] = {}  # key -> (delivery, task, version)
+
+    def next_time(self) -> float | None:
+        if self.engine.pending() or self.held:
+            return self.lane.now
+        return super().next_time()
+
+    def _take_newest(self) -> None:
+        self.worker.sync_weights()
+
+    def _params(self, task):
+        from stare.rollout.engine import SamplingParams, derive_seed
+
+        r = self.node.cfg.rollout
+        return SamplingParams(n=task.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                              top_p=r.top_p, seed=derive_seed(self.node.cfg.run.seed, task.group_id))
+
+    def _admit(self, delivery) -> None:
+        task = delivery.record
+        self.engine.add(task.prompt_token_ids, self._params(task), key=delivery.id)
+        self.admitted[delivery.id] = (delivery, task, self.engine.weight_version)
+
+    def act(self, until: float) -> bool:
+        eng, prompts = self.engine, self.node.transport.prompts
+        prompts.release(self.lane.now)
+        if self.inflight or not eng.pending():
+            self._take_newest()  # between engine steps (in-flight) or once drained
+        if self.held and not eng.pending():
+            need = max(d.record.min_weight_version for d in self.held)
+            self.worker._await_weights(need)
+            for d in self.held:
+                self._admit(d)
+            self.held = []
+        G = self.node.cfg.rollout.samples_per_prompt
+        while not self.held and prompts.visible() and eng.running_seqs() + G * len(eng.queue) + G <= eng.capacity():
+            for d in self.worker._screen(prompts.consume(self.name, 1)):
+                if d.record.min_weight_version > eng.weight_version:
+                    if self.inflight:
+                        self.worker._await_weights(d.record.min_weight_version)
+                    else:
+                        self.held.append(d)
+                        continue
+                self._admit(d)
+        if eng.pending():
+            eng.horizon = until
+            for key, completions in eng.step():
+                delivery, task, version = self.admitted.pop(key)
+                records = self.worker._records([task], [completions])
+                for rec in records:
+                    rec.weight_version = version  # the version it was admitted with (its oldest tokens)
+                self.node.transport.raw.publish_and_ack(records, prompts, [delivery.id])
+            return True
+        t = prompts.next_time()
+        self.lane.wait_until(until if t is None else min(t, until))
+        return t is not None and t <= until
+
+
+@dataclass
+class SimRun:
+    """What one simulation produced: the lanes (timelines) and the learner's step ends."""
+
+    design: Design
+    lanes: list[Lane]
+    learner: Lane
+    step_ends: list[tuple[float, int]]
+    metrics: list[dict] = field(default_factory=list)
+    checkpoint_s: float = 0.0  # one checkpoint write (the learner waits)
+    checkpoint_every: int = 0
+
+
+class SimNode:
+    """Builds the real session over the stand-ins and runs it for `steps` steps."""
+
+    def __init__(self, cfg, design: Design, costs: StepCosts, lengths, *, prompt_len: int,
+                 solve_beta: tuple[float, float] = (1.0, 1.0)):
+        self.cfg, self.design, self.costs, self.lengths = cfg, design, costs, lengths
+        self.prompt_len, self.solve_beta = prompt_len, solve_beta
+        d = design
+        self.learner_lane = Lane("learner", list(range(d.learner_gpus)))
+        self.current = self.learner_lane  # the actor whose clock stamps what is published
+        clock = lambda: self.current.now  # noqa: E731
+        self.transport = SimTransport(TimedStream("prompts", clock), TimedStream("raw", clock),
+                                      TimedStream("scored", clock))
+        self.board = SimWeights(self.learner_lane, costs.send_s, costs.recv_s, sync=d.max_staleness == 0)
+        self.reward_lane = Lane("reward", [])
+        self.workers: list[_Worker] = []
+        first = 0 if d.colocated else d.learner_gpus
+        engines = (d.gpus if d.colocated else d.gpus - d.learner_gpus) // d.rollout_tp
+        if engines < 1:
+            raise ValueError(f"--gpus {d.gpus} with {d.learner_gpus} learner GPUs leaves no rollout engine of "
+                             f"{d.rollout_tp} GPU(s); give rollout GPUs or colocate")
+        for i in range(engines):
+            lane = Lane(f"rollout-{i}", list(range(first + i * d.rollout_tp, first + (i + 1) * d.rollout_tp)))
+            engine = SimEngine(lane, costs.engine, lengths, capacity=costs.capacity, seed=cfg.run.seed * 1009 + i)
+            if costs.static_batch:
+                engine.static_batch = True
+            cls = _Streaming if d.streaming else _Worker
+            self.workers.append(cls(self, i, lane, engine, inflight=d.inflight) if d.streaming
+                                else cls(self, i, lane, engine))
+
+    # ------------------------------------------------------------------ the driver
+    def _advance(self, until: float) -> None:
+        while True:
+            ready = [w for w in self.workers if w.lane.now <= until + 1e-12 and w.next_time() is not None
+                     and w.next_time() <= until + 1e-12]
+            if not ready:
+                break
+            w = min(ready, key=lambda w: w.lane.now)
+            self.current = w.lane
+            try:
+                w.act(until)
+            finally:
+                self.current = self.learner_lane
+        self._score()
+
+    def _score(self) -> None:
+        raw, lane = self.transport.raw, self.reward_lane
+        while (t := raw.next_time()) is not None:
+            lane.wait_until(t)
+            n = raw.release(t)
+            self.current = lane
+            try:
+                lane.busy(n * self.costs.reward_s_per_traj, "train")
+                self.reward.run_once(max_count=n)
+            finally:
+                self.current = self.learner_lane
+
+    def _pump(self, fill_round: int) -> None:
+        learner = self.learner_lane
+        while True:
+            if self.design.colocated:  # the engines sleep while the learner works on their GPUs
+                for w in self.workers:
+                    w.lane.wait_until(learner.now)
+            self._advance(learner.now)
+            if self.transport.scored.release(learner.now) or self.session._batch_ready():
+                return
+            times = [t for t in [self.transport.scored.next_time(), *(w.next_time() for w in self.workers)]
+                     if t is not None]
+            if not times:
+                raise RuntimeError("stare sim: nothing can happen next (no prompt, sequence or result in flight)")
+            learner.wait_until(max(min(times), learner.now + 1e-9))
+
+    def run(self, steps: int, out_dir: Path | None = None) -> SimRun:
+        from stare.data.feeder import PromptFeeder
+        from stare.learner.groups import GroupCollector, MemoryDecisionLog
+        from stare.learner.session import MemoryCursor, SessionSeams, TrainingSession
+        from stare.reward.trajectory_worker import RewardWorker
+        from stare.runstate import MemoryRunState, RunSteering
+        from stare.transport.dead_letters import training_dead_letters
+
+        with tempfile.TemporaryDirectory(prefix="stare-sim-") as tmp:
+            cfg = self.cfg.model_copy(deep=True)
+            cfg.run.output_dir = Path(out_dir or tmp)
+            cfg.run.steps = steps
+            cfg.run.name = "sim"
+            d, t = self.design, self.transport
+            task = SimTask(self.prompt_len, self.solve_beta, cfg.run.seed)
+            feeder = PromptFeeder(task, SimTokenizer(), run_id=cfg.run.name, group_size=cfg.rollout.samples_per_prompt,
+                                  seed=cfg.run.seed, pool_size=task.pool, max_prompt_len=cfg.data.max_prompt_len,
+                                  prompt_overflow=cfg.data.prompt_overflow, log=lambda s: None)
+            self.reward = RewardWorker(task, t.raw, t.scored, name="reward-0", scorer=solve_rate_scorer(cfg.run.seed))
+            collector = GroupCollector(t.scored, name="learner", dynamic_sampling=cfg.data.dynamic_sampling,
+                                       max_staleness=d.max_staleness, keep_stale=cfg.system.stale_policy == "importance",
+                                       decisions=MemoryDecisionLog(), dead_letters=training_dead_letters(t))
+            wait = (lambda: max(w.lane.now for w in self.workers)) if d.colocated else None
+            learner = SimLearner(cfg, self.learner_lane, self._step_s, self.costs.gather_s, self.costs.checkpoint_s,
+                                 wait_engines=wait)
+            seams = SessionSeams(transport=t, publisher=self.board,
+                                 steering=RunSteering(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s),
+                                 cursor=MemoryCursor(), evaluator=None, should_stop=lambda: False,
+                                 wait=lambda s: None, pump=self._pump)
+            self.session = TrainingSession(cfg, learner, feeder, collector, seams, max_staleness=d.max_staleness,
+                                           resume=False, say=lambda s: None)
+            metrics: list[dict] = []
+            try:
+                self.session.run(on_step=metrics.append)
+            finally:
+                self.session.close()
+        lanes = [self.learner_lane] + [w.lane for w in self.workers]
+        return SimRun(d, lanes, self.learner_lane, learner.trained_tokens, metrics, self.costs.checkpoint_s,
+                      self.cfg.run.checkpoint_every)
+
+    def _step_s(self, trajectories: list) -> float:
+        if self.design.colocated and self.costs.swap_s:
+            self.learner_lane.busy(self.costs.swap_s, "send/receive")
+        return self.costs.train_s(trajectories)

@@ -1,0 +1,176 @@
+"""`stare sim`: the cost model against hand-derived numbers, the simulated node against an independent
+sum of its pieces, the CLI at a tiny size, and the placement search on crafted cases."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from stare.app.sim.costs import GPUS, ModelCosts, NodeCosts, fit_lognormal
+from stare.plan.sizes import ModelShape
+
+# Qwen2.5-Math-7B (configs/models/qwen2.5-math-7b.json; params counted by stare plan)
+QWEN7B = ModelShape(params=7_615_616_512, largest_layer_params=0, hidden=3584, layers=28, heads=28, kv_heads=4,
+                    head_dim=128, intermediate=18944, vocab=152064, max_positions=4096, source="test")
+
+
+def test_kv_bytes_per_token_of_qwen_7b():
+    # 2 (K, V) x 28 layers x 4 kv heads x 128 dims x 2 bytes = 57,344 (shared/DESIGN.md section 5)
+    assert ModelCosts(QWEN7B).kv_bytes_per_token == 57_344
+
+
+def test_one_decode_step_of_64_sequences_on_h100():
+    # weights 15,231,233,024 B + 64 x 1,000 x 57,344 B of KV = 18,901,249,024 B
+    # over 3.35e12 B/s x 0.8 = 7.0527 ms; + 2 ms step overhead (graphs) or + 28 x 12 x 10 us = 3.36 ms more (eager)
+    graphs = NodeCosts(GPUS["h100-80gb"], ModelCosts(QWEN7B), eager=False)
+    eager = NodeCosts(GPUS["h100-80gb"], ModelCosts(QWEN7B), eager=True)
+    assert graphs.decode_span_s(1, 64, 64_000) == pytest.approx(18_901_249_024 / 2.68e12 + 2e-3, rel=1e-9)
+    assert eager.decode_span_s(1, 64, 64_000) - graphs.decode_span_s(1, 64, 64_000) == pytest.approx(3.36e-3)
+
+
+def test_a_decode_span_sums_its_steps():
+    # 3 steps of 2 sequences at contexts 10 and 20: KV tokens read 30 + 32 + 34 = 96
+    nc = NodeCosts(GPUS["a100-80gb"], ModelCosts(QWEN7B), eager=False)
+    bw = 2.0e12 * 0.8
+    expected = (3 * 15_231_233_024 + 96 * 57_344) / bw + 3 * 2e-3
+    assert nc.decode_span_s(3, 2, 30) == pytest.approx(expected, rel=1e-12)
+
+
+def test_train_step_flops():
+    # 1,000 tokens, no attention context: (6 + 2 recompute + 2 pre-pass) x N per token
+    nc = NodeCosts(GPUS["h100-80gb"], ModelCosts(QWEN7B))
+    assert nc.train_flops(1000, 0, recompute=True) == pytest.approx(10 * 7_615_616_512 * 1000)
+    assert nc.train_flops(1000, 0, recompute=False, prepass=False) == pytest.approx(6 * 7_615_616_512 * 1000)
+    # attention of a 2,000-token sequence (causal: mean context 1,000): 4 x 28 x 28 x 128 x 1,000 per pass,
+    # 5 passes (forward, backward 2x, recompute, pre-pass)
+    attn = nc.train_flops(1000, 2000, recompute=True) - nc.train_flops(1000, 0, recompute=True)
+    assert attn == pytest.approx(1000 * 5 * 4 * 28 * 28 * 128 * 1000)
+    # on 4 GPUs at 35% of 989 TFLOP/s
+    assert nc.train_s(1000, 0, 4, recompute=True, zero3=False) == pytest.approx(7.615616512e13 / (4 * 989e12 * 0.35))
+
+
+def test_kv_capacity_and_checkpoint_size():
+    nc = NodeCosts(GPUS["h100-80gb"], ModelCosts(QWEN7B))
+    # 80 GiB x 0.5 - 15.23 GB weights - 2 GiB reserve, over 57,344 B per token
+    expected = (80 * 2**30 * 0.5 - 15_231_233_024 - 2 * 2**30) / 57_344
+    assert nc.kv_capacity_tokens(0.5) == pytest.approx(expected)
+    assert nc.checkpoint_bytes() == 14 * 7_615_616_512
+
+
+def test_fit_lognormal_recovers_its_parameters():
+    import numpy as np
+
+    x = np.random.default_rng(0).lognormal(math.log(500) - 0.5 ** 2 / 2, 0.5, 200_000)
+    mean, sigma = fit_lognormal(x)
+    assert mean == pytest.approx(500, rel=0.01)
+    assert sigma == pytest.approx(0.5, rel=0.01)
+
+
+def _tiny(overrides=()):
+    from stare.app.sim.design import split_overrides
+    from stare.config import load_config
+
+    passed, sim = split_overrides(None, ["rollout.prompts_per_step=16", "system.rollout_batch_prompts=16",
+                                         "rollout.samples_per_prompt=8", "rollout.max_new_tokens=40",
+                                         "data.dynamic_sampling=false", "system.max_staleness=0",
+                                         "run.checkpoint_every=1000", "sim.response_mean=30", "sim.response_sigma=0",
+                                         "sim.prompt_tokens=1", *overrides])
+    return load_config(Path("configs/tiny-cpu.yaml"), overrides=passed), sim
+
+
+TINY = ModelShape(params=10_000_000, largest_layer_params=0, hidden=256, layers=4, heads=4, kv_heads=2,
+                  head_dim=64, intermediate=512, vocab=1000, max_positions=512, source="test")
+
+
+def test_on_policy_step_is_the_sum_of_its_pieces():
+    """One learner + one engine, on-policy, every response 30 tokens: a step is train + gather + the
+    synchronous broadcast + prefill of 16 one-token prompts + 30 decode steps of 128 sequences (+ its
+    share of a checkpoint every 1,000 steps)."""
+    from stare.app.sim.design import build_design, gpu_costs, lengths_of, simulate
+
+    cfg, sim = _tiny()
+    design = build_design(cfg, sim, gpus=2, learner_gpus=1, colocated=False)
+    costs = gpu_costs(cfg, sim, design, TINY, "h100-80gb")
+    _, summary = simulate(cfg, sim, design, costs, lengths_of(cfg, sim), steps=3, warmup=1)
+
+    class T:  # a trajectory of 1 prompt + 30 response tokens
+        prompt_token_ids, response_token_ids = [1], [1] * 30
+
+    nc = NodeCosts(GPUS["h100-80gb"], ModelCosts(TINY), eager=design.eager)
+    expected = (costs.train_s([T] * 128) + costs.gather_s + max(costs.send_s, costs.recv_s) + nc.prefill_s(16)
+                + nc.decode_span_s(30, 128, 128) + costs.checkpoint_s / 1000)  # a checkpoint's share
+    assert summary["s_per_step"] == pytest.approx(expected, rel=1e-6)
+    assert summary["tokens_per_step"] == 128 * 31
+
+
+def test_overlap_hides_the_shorter_side():
+    """max_staleness 1: rollout runs while the learner trains, so a step takes about the longer of
+    the two sides, never their sum."""
+    from stare.app.sim.design import build_design, gpu_costs, lengths_of, simulate
+
+    out = {}
+    for s in (0, 1):
+        cfg, sim = _tiny([f"system.max_staleness={s}", "sim.extra_forward=2000"])  # a slow learner
+        design = build_design(cfg, sim, gpus=2, learner_gpus=1, colocated=False)
+        costs = gpu_costs(cfg, sim, design, TINY, "h100-80gb")
+        out[s] = simulate(cfg, sim, design, costs, lengths_of(cfg, sim), steps=4, warmup=2)[1]
+    assert out[1]["s_per_step"] < out[0]["s_per_step"]
+    assert out[1]["learner_busy_fraction"] > 0.95  # the learner, the slow side, never waits
+
+
+def test_cli_writes_the_gantt_and_prints_the_fields(tmp_path, capsys):
+    import argparse
+
+    from stare.app.sim import command
+
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["sim", "--config", "configs/tiny-cpu.yaml", "--gpus", "2", "--learner-gpus", "1",
+                              "--steps", "2", "--warmup", "1", "--gantt", str(tmp_path / "g.png"),
+                              "--set", "sim.response_mean=20", "--set", "sim.prompt_tokens=8"])
+    assert args.fn(args) == 0
+    text = capsys.readouterr().out
+    for field in ("tokens/s/GPU", "s/step", "rollout decoding", "learner busy", "bottleneck", "busy per GPU"):
+        assert field in text
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("case, best", [("decode-bound", 1), ("train-bound", 3)])
+def test_placement_follows_the_bottleneck(case, best):
+    """4 GPUs: long responses and a cheap learner want the most rollout GPUs; a learner with a
+    hundredfold forward cost wants the most learner GPUs."""
+    from stare.app.sim.placement import search
+
+    extra = ["sim.response_mean=38", "sim.extra_forward=0"] if case == "decode-bound" else \
+        ["sim.response_mean=5", "sim.extra_forward=200000"]
+    cfg, sim = _tiny(["rollout.prompts_per_step=32", "system.rollout_batch_prompts=8", *extra])
+    cands = search(cfg, sim, gpus=4, gpu="h100-80gb", shape=TINY, fits=lambda n: True, steps=2, warmup=1)
+    assert cands[0].learner_gpus == best
+
+
+def test_issue_24_fields_the_config_lacks_are_sim_settings_with_defaults():
+    from stare.app.sim.design import build_design, split_overrides
+    from stare.config import load_config
+
+    passed, sim = split_overrides(None, ["system.rollout_streaming=true", "optim.lr=1e-5", "sim.response_mean=7"])
+    assert passed == ["optim.lr=1e-5"]  # a real field goes to the config
+    cfg = load_config(Path("configs/tiny-cpu.yaml"), overrides=passed)
+    on = build_design(cfg, sim, gpus=2, learner_gpus=1, colocated=False)
+    off = build_design(cfg, split_overrides(None, [])[1], gpus=2, learner_gpus=1, colocated=False)
+    assert (on.streaming, off.streaming) == (True, False)
+    assert (on.publish_from, on.inflight) == ("host", False)  # their defaults: today's design
+    assert not on.eager  # the hf section has no enforce_eager: auto, and a simulated GPU has CUDA
+
+
+def test_a_bad_design_value_exits_2_naming_the_field(capsys):
+    import argparse
+
+    from stare.app.sim import command
+
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["sim", "--config", "configs/tiny-cpu.yaml", "--set", "weight_sync.publish_from=disk"])
+    assert args.fn(args) == 2
+    assert "weight_sync.publish_from='disk': choose one of host, device" in capsys.readouterr().err
