@@ -156,10 +156,11 @@ class VllmEngineSection(_Section):
     name: Literal["vllm"] = "vllm"
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="GPU only: fraction of GPU memory vLLM "
                                           "may take (weights, activations and KV cache).")
-    enforce_eager: bool = Field(True, description="No CUDA-graph capture or compilation: fast start, slower decoding.")
+    enforce_eager: bool | None = Field(None, description="No CUDA-graph capture or compilation: fast start, slower "
+                                       "decoding. None (auto): CUDA graphs where CUDA is present, eager on CPU.")
     max_model_len: int | None = Field(None, ge=1, description="Prompt + response length limit (None: the model's).")
-    max_num_seqs: int = Field(256, ge=1, description="Sequences decoded together (vLLM's batch; a rollout batch "
-                              "of rollout_batch_prompts x samples_per_prompt rows fills it).")
+    max_num_seqs: int = Field(256, ge=1, description="Sequences decoded together (vLLM's batch; a streaming "
+                              "worker keeps min(this, what the KV cache holds at max_model_len) in it).")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs one engine shards the model over (tensor "
                                       "parallel); `stare up` gives each rollout worker this many GPUs.")
     max_num_batched_tokens: int | None = Field(None, ge=1, description="Tokens scheduled per engine step "
@@ -324,6 +325,13 @@ class SystemSection(_Section):
     )
     rollout_batch_prompts: int = Field(
         8, ge=1, description="Prompts a rollout worker samples per batch (each gives samples_per_prompt trajectories).",
+    )
+    rollout_streaming: bool | None = Field(
+        None, description="Feed the rollout engine continuously (rollout/streaming.py): the worker keeps as many "
+        "prompts in the engine as its KV cache holds at max_model_len (capacity / samples_per_prompt), adds one as "
+        "soon as a group finishes and publishes each group when its last sample ends (rollout_batch_prompts is then "
+        "unused for sampling). Off: one blocking batch of rollout_batch_prompts at a time. None: on for the vllm "
+        "engine, off for hf (whose batch loop it reproduces exactly); the tool loop always samples in batches.",
     )
     health_port: int = Field(
         0, ge=0, le=65535, description="Port of each role's HTTP liveness endpoint GET /healthz (0: off; the "

@@ -369,6 +369,37 @@ def test_the_vllm_section_becomes_the_engine_arguments_without_importing_vllm(mo
     assert "max_num_batched_tokens" not in engine_args(build_config({"rollout": {"engine": "vllm"}}).rollout.engine)
 
 
+@pytest.mark.parametrize("value,cuda,expected", [(None, False, True), (None, True, False),
+                                                  (True, True, True), (False, False, False)])
+def test_enforce_eager_auto_means_cuda_graphs_where_cuda_is_present_and_explicit_values_stay(value, cuda, expected):
+    from stare.config import VllmEngineSection
+    from stare.rollout.vllm_engine import engine_args
+
+    assert engine_args(VllmEngineSection(enforce_eager=value), cuda_available=cuda)["enforce_eager"] is expected
+
+
+def test_enforce_eager_defaults_to_eager_on_this_cpu_machine():
+    from stare.config import VllmEngineSection
+    from stare.rollout.vllm_engine import engine_args
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine: the CPU resolution is checked where there is none")
+    assert VllmEngineSection().enforce_eager is None
+    assert engine_args(VllmEngineSection())["enforce_eager"] is True
+
+
+@pytest.mark.parametrize("config", ["paper/short-cot-qwen2.5-math-7b-stare.yaml", "paper/short-cot-qwen2.5-math-7b-grpo-ds.yaml",
+                                    "paper/long-cot-r1-distill-qwen-7b-stare.yaml",
+                                    "paper/tool-use-qwen2.5-7b-instruct-stare.yaml", "gpu-node.yaml"])
+def test_the_gpu_configs_decode_with_cuda_graphs_where_cuda_is_present(config):
+    from stare.config import load_config
+    from stare.rollout.vllm_engine import engine_args
+
+    cfg = load_config(Path(__file__).parents[2] / "configs" / config)
+    assert cfg.rollout.engine.name == "vllm"
+    assert engine_args(cfg.rollout.engine, cuda_available=True)["enforce_eager"] is False
+
+
 @pytest.mark.vllm
 def test_a_vllm_engine_is_built_with_the_sections_arguments(model_dir):
     pytest.importorskip("vllm")
