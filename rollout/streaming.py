@@ -134,17 +134,19 @@ class StreamingLoop:
         return True
 
     def _pull(self, block_s: float) -> bool:
-        """Ask the streams for as many prompts as the free room holds (evaluation tasks first); True
-        if anything was delivered."""
-        room = max(0, self.engine.capacity() - self._seqs)
+        """Ask the streams for as many prompts as the free room holds (evaluation tasks first; a
+        stream whose prompts do not fit is not asked: they stay there for other workers); True if
+        anything was delivered."""
+        room = self.engine.capacity() - self._seqs
         sources: list[tuple[Kind, RecordStream]] = [("train", self.worker.prompts)]
         if self.evals is not None:
             sources.insert(0, ("eval", self.evals.tasks))
         for i, (kind, stream) in enumerate(sources):
-            hint = self._n_hint.get(kind)
-            count = 1 if hint is None else max(1, room // hint)
+            n = self._n_hint.get(kind, 1)  # the last n seen of this stream (1 before the first)
+            if self._slots and room < n:
+                continue
             last = i == len(sources) - 1
-            deliveries = stream.consume(self.worker.name, count, block_s if last else 0.0)
+            deliveries = stream.consume(self.worker.name, max(1, room // n), block_s if last else 0.0)
             if deliveries:
                 self._waiting.extend((kind, d) for d in self._screen(kind, deliveries))
                 return True

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stare.rollout.engine import Completion, RolloutEngine, SamplingParams, read_eos_token_ids
+from stare.rollout.engine import Completion, RolloutEngine, SamplingParams, StreamingEngine, read_eos_token_ids
 from stare.rollout.registry import HFEngineConfig, build_engine
 
 VOCAB = 64
@@ -272,6 +272,54 @@ def test_same_seed_same_samples_and_n_samples_differ(engine):
         assert len({tuple(c.token_ids) for c in group}) == 4, "n samples of one prompt coincide"
     c = engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=16, seed=124))
     assert [[x.token_ids for x in g] for g in a] != [[x.token_ids for x in g] for g in c]
+
+
+def test_streamed_prompts_get_what_generate_gives_them(engine):
+    """StreamingEngine: each prompt added with its own seed comes back (in any order, as its n
+    samples end) with the completions `generate` gives it with that seed; greedy ones too."""
+    assert isinstance(engine, StreamingEngine)
+    seeds = (11, 22, 33, 44)
+    want = engine.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=40, prompt_seeds=seeds))
+    want_greedy = engine.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=8, temperature=0))
+    for i, prompt in enumerate(PROMPTS):
+        engine.add(prompt, SamplingParams(n=3, max_new_tokens=40, prompt_seeds=(seeds[i],)), key=i)
+    engine.add(PROMPTS[0], SamplingParams(n=2, max_new_tokens=8, temperature=0), key="greedy")
+    assert engine.pending() == 5
+    got = {}
+    for _ in range(100):
+        if not engine.pending():
+            break
+        got.update(engine.step())
+    assert sorted(got, key=str) == sorted([0, 1, 2, 3, "greedy"], key=str) and engine.pending() == 0
+    for i in range(len(PROMPTS)):
+        assert [c.token_ids for c in got[i]] == [c.token_ids for c in want[i]]
+        for a, b in zip(got[i], want[i]):
+            assert a.finish_reason == b.finish_reason
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-6)
+    assert [c.token_ids for c in got["greedy"]] == [c.token_ids for c in want_greedy[0]]
+
+
+def test_generate_and_weight_updates_wait_for_streamed_prompts(kind, model_dir):
+    engine = _make_engine(kind, model_dir)
+    engine.add(PROMPTS[0], SamplingParams(n=2, max_new_tokens=4, seed=0), key="k")
+    if kind == "vllm":  # its generate() runs the engine to the end: it would take the streamed outputs
+        with pytest.raises(RuntimeError, match="streaming"):
+            engine.generate(PROMPTS[:1], SamplingParams(n=1, max_new_tokens=4, seed=0))
+    with pytest.raises(RuntimeError, match="streaming"):
+        engine.update_weights(perturbed_state_dict(model_dir, seed=3), version=1)
+    assert engine.weight_version == 0
+    while engine.pending():
+        engine.step()
+
+
+@pytest.mark.vllm
+def test_vllm_capacity_is_max_num_seqs_bounded_by_the_kv_cache(model_dir):
+    engine = _make_engine("vllm", model_dir)
+    # 1 GiB of fp32 KV (cpu_kvcache_space_gib 1) over 2 layers x 1 KV head x head_dim 32 x (K and V):
+    tokens = 2**30 // (2 * 2 * 1 * 32 * 4)  # 2,097,152 (vLLM logs the same)
+    vc = engine.llm.llm_engine.vllm_config
+    assert vc.cache_config.num_gpu_blocks * vc.cache_config.block_size == tokens  # what capacity() reads
+    assert engine.capacity() == min(256, tokens // 256)  # max_num_seqs 256 < 8,192 sequences of max_model_len 256
 
 
 @pytest.mark.parametrize("variant", ["tied", "tied-no-head", "untied"])
