@@ -63,7 +63,8 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
         try:
             while not rt.stop.is_set():
                 rt.tick(prompts=done, eval_tasks=eval_sampler.sampled, weight_version=engine.weight_version,
-                        redelivered=transport.prompts.redelivered)
+                        redelivered=transport.prompts.redelivered,
+                        **({"in_flight": stream.in_flight()} if stream is not None else {}))
                 try:
                     if time.monotonic() >= next_reclaim:  # prompts a dead worker held
                         next_reclaim = time.monotonic() + cfg.system.claim_idle_s / 2

@@ -23,7 +23,7 @@ from stare.rollout.engine import Completion, SamplingParams, StreamingEngine, de
 from stare.rollout.eval_sampler import EvalSampler
 from stare.rollout.streaming import StreamingLoop, streaming_enabled
 from stare.rollout.worker import RolloutWorker
-from stare.transport.memory import MemoryTransport
+from stare.transport.memory import MemoryStream, MemoryTransport
 from stare.weight_sync.memory import MemoryWeightBoard
 
 MAX_NEW = 10
@@ -204,6 +204,25 @@ def test_a_new_weight_version_waits_until_the_engine_has_drained():
     assert engine.added == {(3, 0): 0, (1, 1): 3} and engine.finished[(3, 0)] == 3
     assert engine.versions == {(3, 0): 0, (1, 1): 1}
     assert {r.group_id: r.weight_version for r in _in_order(transport.raw)} == {"g0": 0, "g1": 1}
+
+
+def test_a_full_downstream_stream_holds_finished_groups_and_admits_nothing_until_they_are_out():
+    engine = ScriptedEngine(capacity=4)
+    transport = MemoryTransport(raw=MemoryStream("raw", maxlen=5))  # unacknowledged records: 2 groups of 2 fit, not 3
+    transport.prompts.publish([_task(i, [1, i], group_size=2) for i in range(4)])
+    loop = StreamingLoop(_worker(engine, Decoder(), transport, MemoryWeightBoard()), engine)
+    loop.run_once()  # P0 and P1 end at step 1: published
+    with pytest.raises(OverflowError):
+        loop.run_once()  # P2 and P3 end at step 2: 4 more records do not fit
+    with pytest.raises(OverflowError):
+        loop.run_once()  # still full: neither stepped nor topped up
+    assert engine.clock == 2 and transport.prompts.backlog() == 2  # P2, P3 sampled, not acknowledged
+    reward = transport.raw.consume("reward", 10)
+    assert sorted(d.record.group_id for d in reward) == ["g0", "g0", "g1", "g1"]  # nothing half-published
+    transport.raw.ack([d.id for d in reward])  # the reward worker made room
+    loop.run_once()
+    assert transport.prompts.backlog() == 0 and engine.clock == 2
+    assert sorted(d.record.group_id for d in transport.raw.consume("reward", 10)) == ["g2", "g2", "g3", "g3"]
 
 
 def test_the_vllm_engine_streams_by_default_and_hf_keeps_its_batch_loop():
