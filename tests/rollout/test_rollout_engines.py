@@ -469,3 +469,35 @@ def test_a_vllm_engine_is_built_with_the_sections_arguments(model_dir):
         assert len(groups[0]) == 2
     finally:
         engine.close()
+
+
+def test_the_streaming_worker_publishes_what_the_batch_worker_publishes(kind, model_dir):
+    """The rollout worker over each engine: batches of 2 prompts (the batch loop) and the streaming
+    loop (every prompt in the engine at once, refilled as groups end) sample the same trajectories."""
+    from transformers import AutoTokenizer
+
+    from stare.records import PromptTask
+    from stare.rollout.streaming import StreamingLoop
+    from stare.rollout.worker import RolloutWorker
+    from stare.transport.memory import MemoryTransport
+    from stare.weight_sync.memory import MemoryWeightBoard
+
+    engine, tokenizer = _make_engine(kind, model_dir), AutoTokenizer.from_pretrained(model_dir)
+    tasks = [PromptTask(run_id="r", group_id=f"g{i}", prompt="", prompt_token_ids=p, answer="", problem_id=str(i),
+                        data_source="d", group_size=3) for i, p in enumerate(PROMPTS + [LONG_PROMPT[:30], [9, 8]])]
+    out = {}
+    for mode in ("batch", "stream"):
+        t = MemoryTransport()
+        t.prompts.publish(tasks)
+        worker = RolloutWorker(engine, tokenizer, t.prompts, t.raw, MemoryWeightBoard(), name="w", max_new_tokens=24,
+                               temperature=1.0, top_p=1.0, stop_token_ids=(), seed=5)
+        loop = StreamingLoop(worker, engine)
+        while t.prompts.backlog():
+            worker.run_once(max_prompts=2) if mode == "batch" else loop.run_once()
+        out[mode] = {d.record.trajectory_id: d.record for d in t.raw.consume("reader", 100)}
+    assert sorted(out["stream"]) == sorted(out["batch"]) and len(out["batch"]) == 6 * 3
+    for tid, want in out["batch"].items():
+        got = out["stream"][tid]
+        assert got.response_token_ids.tolist() == want.response_token_ids.tolist(), tid
+        torch.testing.assert_close(torch.from_numpy(got.response_logprobs), torch.from_numpy(want.response_logprobs),
+                                   rtol=0, atol=1e-5)
