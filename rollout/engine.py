@@ -41,8 +41,15 @@ Semantics every engine honours (the tests check them against an independent HF f
   omitted) into the running model in place, no restart, and sets `weight_version`. Completions
   generated afterwards use only the new weights (no stale KV cache is reused).
 
+**Streaming** (optional, `StreamingEngine`): `add` queues one prompt's n completions under a key,
+`step` advances the engine and returns the prompts whose n completions have all ended. The
+semantics above hold per prompt, with the prompt's seed in `params` (`prompt_seed`): a prompt's
+completions are those `generate([prompt], params)` gives, whatever else is in the engine (up to
+the logits' rounding under a different batch composition). The rollout worker's streaming loop
+(rollout/streaming.py) drives it.
+
 Not covered here: multi-turn/tool loops (the agent loop drives an engine), text (tokenisation is
-the caller's), async streaming.
+the caller's).
 """
 
 from __future__ import annotations
@@ -151,6 +158,40 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Release the model and any engine resources; the engine is unusable afterwards."""
         ...
+
+
+@runtime_checkable
+class StreamingEngine(RolloutEngine, Protocol):
+    """An engine fed continuously: prompts go in one at a time while others decode; see the module
+    docstring. `weight_version` and `update_weights` as in RolloutEngine; an update may only be
+    made while `pending() == 0` (no sequence of the old weights in flight)."""
+
+    def capacity(self) -> int:
+        """Sequences the engine runs at once: for vLLM its max_num_seqs bounded by how many
+        sequences of max_model_len tokens its KV cache holds (more would preempt and recompute)."""
+        ...
+
+    def add(self, prompt: list[int], params: SamplingParams, key: object) -> None:
+        """Queue `params.n` completions of `prompt`, sampled with the prompt's seed
+        (`prompt_seed(params)`); `key` comes back with them from `step`. Raises ValueError for a
+        prompt the engine cannot sample (as `generate` does), having queued nothing."""
+        ...
+
+    def step(self) -> list[tuple[object, list[Completion]]]:
+        """Advance the engine; (key, its n completions in sampling order) for each prompt whose
+        completions have all ended, in any order (often none)."""
+        ...
+
+    def pending(self) -> int:
+        """Prompts queued or running (added and not yet returned by `step`)."""
+        ...
+
+
+def prompt_seed(params: SamplingParams) -> int | None:
+    """The seed of a one-prompt `params` (StreamingEngine.add): its one `prompt_seeds` entry, else
+    `seed`. Both engines sample a one-prompt call the same way with either."""
+    seeds = params.seeds_for(1)
+    return params.seed if seeds is None else seeds[0]
 
 
 # --- helpers shared by the engines -----------------------------------------------------------

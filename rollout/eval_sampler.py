@@ -86,10 +86,11 @@ class EvalSampler:
         self.sampled += len(tasks)
         return len(tasks)
 
-    def _trajectory(self, task: EvalTask, j: int, c) -> Trajectory:
+    def _trajectory(self, task: EvalTask, j: int, c, version: int | None = None) -> Trajectory:
+        """Sample j of `task`, sampled with weights `version` (None: the engine's current one)."""
         return Trajectory(
             run_id=task.run_id, trajectory_id=f"{task.task_id}:{j}", group_id=task.task_id, group_size=task.n,
-            weight_version=self.worker.engine.weight_version,
+            weight_version=self.worker.engine.weight_version if version is None else version,
             prompt_token_ids=np.asarray(task.prompt_token_ids, dtype=np.int32),
             response_token_ids=np.asarray(c.token_ids, dtype=np.int32),
             response_logprobs=np.asarray(c.logprobs, dtype=np.float32),

@@ -12,6 +12,10 @@ it). This loop is 1.25-1.8x faster than `model.generate(output_scores=True)` fro
 parameters on one CPU thread (docs/rollout-engines.md), and it owns its `torch.Generator`
 instead of touching the global RNG.
 
+Streaming (`StreamingEngine`): the degenerate but exact case. `add` queues, `step` generates
+everything queued (one `generate` per distinct sampling setting, each prompt with its own seed)
+and returns it all, so a streaming worker over this engine samples batches of `capacity()` rows.
+
 Limits: one device, no tensor parallelism, no continuous batching (a chunk runs until its
 longest row ends), no prefix caching across calls. For models above ~20M parameters prefer vLLM.
 """
@@ -26,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare.rollout.engine import Completion, SamplingParams, check_prompts, read_eos_token_ids
+from stare.rollout.engine import Completion, SamplingParams, check_prompts, prompt_seed, read_eos_token_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -83,6 +87,7 @@ class HFEngine:
         # transformers >= 5.2x names the KV cache argument `cache`; earlier ones `past_key_values`.
         forward_params = inspect.signature(type(self.model).forward).parameters
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
+        self._queue: list[tuple[list[int], SamplingParams, object]] = []  # streaming: added, not yet stepped
 
     # --- generate ----------------------------------------------------------------------------
 
@@ -182,6 +187,35 @@ class HFEngine:
             out.append(group)
         return out
 
+    # --- streaming (StreamingEngine): step() generates everything queued ------------------------
+
+    def capacity(self) -> int:
+        return self.max_batch_size
+
+    def add(self, prompt: list[int], params: SamplingParams, key: object) -> None:
+        check_prompts([prompt], params, self.vocab_size, self.max_model_len)
+        self._queue.append((list(prompt), params, key))
+
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def step(self) -> list[tuple[object, list[Completion]]]:
+        """Everything queued, sampled: one `generate` per distinct setting (seeds aside), each
+        prompt with its own seed (a fresh one for a prompt added without). The queue is emptied
+        first: a step that raises has dropped what it held."""
+        queued, self._queue = self._queue, []
+        by_setting: dict[SamplingParams, list[tuple[list[int], int, object]]] = {}
+        for prompt, params, key in queued:
+            seed = prompt_seed(params)
+            setting = dataclasses.replace(params, seed=None, prompt_seeds=None)
+            by_setting.setdefault(setting, []).append((prompt, secrets.randbits(62) if seed is None else seed, key))
+        out: list[tuple[object, list[Completion]]] = []
+        for setting, items in by_setting.items():
+            groups = self.generate([p for p, _, _ in items],
+                                   dataclasses.replace(setting, prompt_seeds=tuple(s for _, s, _ in items)))
+            out.extend((key, group) for (_, _, key), group in zip(items, groups))
+        return out
+
     # --- weights -----------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -193,6 +227,9 @@ class HFEngine:
         or missing names raise KeyError, a wrong shape ValueError, and the model and
         `weight_version` stay as they were.
         """
+        if self._queue:
+            raise RuntimeError(f"update_weights with {len(self._queue)} prompts queued for streaming; step() them first "
+                               "(they were added for the current weights)")
         params = dict(self.model.named_parameters())
         unknown = sorted(set(state_dict) - set(self.model.state_dict()))
         missing = sorted(set(params) - set(state_dict) - self._tied_names)

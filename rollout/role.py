@@ -8,6 +8,12 @@ between batches, samples each prompt batch with weights at least as new as the b
 (`PromptTask.min_weight_version`: the staleness bound), publishes the trajectories, and only then
 acknowledges the prompts. Prompts left pending by a dead worker are reclaimed after
 `system.claim_idle_s`. Stops after the current batch on SIGTERM.
+
+With `system.rollout_streaming` (the default for vLLM) the engine is fed continuously instead
+(rollout/streaming.py): training prompts and evaluation tasks share it, each group is published
+as soon as its last sample ends, and weights change only when nothing of the old version is in
+flight. On SIGTERM it stops after the current engine step; prompts still in the engine stay
+pending for the successor.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
 
     from stare.rollout.eval_sampler import EvalSampler
     from stare.rollout.stack import build_rollout_stack
+    from stare.rollout.streaming import StreamingLoop, streaming_enabled
     from stare.rollout.worker import RolloutWorker
     from stare.runtime.process import RoleRuntime, connect_eval_streams, connect_transport
     from stare.transport.eval_streams import RedisEvalIndex
@@ -49,23 +56,37 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
         eval_sampler = EvalSampler(worker, evals.tasks, evals.raw,
                                    is_open=RedisEvalIndex(transport.client, cfg.run.name).is_open)
         batch = cfg.system.rollout_batch_prompts
+        stream = StreamingLoop(worker, engine, eval_sampler) if streaming_enabled(cfg, engine) else None
+        log.info("rollout: %s", f"streaming, engine capacity {engine.capacity()} sequences" if stream
+                 else f"batches of {batch} prompts")
         next_reclaim, done = 0.0, 0
         try:
             while not rt.stop.is_set():
                 rt.tick(prompts=done, eval_tasks=eval_sampler.sampled, weight_version=engine.weight_version,
-                        redelivered=transport.prompts.redelivered)
+                        redelivered=transport.prompts.redelivered,
+                        **({"in_flight": stream.in_flight()} if stream is not None else {}))
                 try:
                     if time.monotonic() >= next_reclaim:  # prompts a dead worker held
                         next_reclaim = time.monotonic() + cfg.system.claim_idle_s / 2
                         if claimed := transport.prompts.reclaim(name, max_count=batch):
                             log.info("reclaimed %d prompts left pending by a dead worker", len(claimed))
-                            with rt.busy("sampling"):
-                                done += worker.handle(claimed)
-                            continue
+                            if stream is not None:
+                                stream.offer("train", claimed)
+                            else:
+                                with rt.busy("sampling"):
+                                    done += worker.handle(claimed)
+                                continue
                         if claimed := evals.tasks.reclaim(name, max_count=batch):
-                            with rt.busy("evaluating"):
-                                eval_sampler.handle(claimed)
-                            continue
+                            if stream is not None:
+                                stream.offer("eval", claimed)
+                            else:
+                                with rt.busy("evaluating"):
+                                    eval_sampler.handle(claimed)
+                                continue
+                    if stream is not None:  # evaluation tasks first, inside the loop
+                        with rt.busy("sampling"):
+                            done += stream.run_once(block_s=1.0)
+                        continue
                     with rt.busy("evaluating"):  # held-out tasks first: the learner waits for them
                         if eval_sampler.run_once(batch):
                             continue

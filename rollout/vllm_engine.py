@@ -24,6 +24,12 @@ How:
 - Seeds: prompt i of a call gets its own seed derived from (seed, i), and vLLM gives its n
   children seed_i + j, so no two rows of a call share a random stream.
 - Greedy (temperature 0): vLLM refuses n > 1, so each prompt is decoded once and copied n times.
+- Streaming (`StreamingEngine`): `add` is `llm_engine.add_request` with the request `LLM.generate`
+  would make (FINAL_ONLY: vLLM returns a request once all its n children have finished), `step`
+  is one `llm_engine.step()`; vLLM's scheduler fills a finished sequence's slot from the queued requests
+  at the next step. A prompt gets the seed `generate([prompt], params)` gives it. `generate` and
+  `update_weights` refuse while streamed requests are in the engine (generate would swallow their
+  outputs; new weights would mix versions within a sequence and need the prefix cache reset).
 
 Limits and side effects:
 - vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512:
@@ -37,7 +43,9 @@ Limits and side effects:
 
 Engine arguments (`rollout.engine` with `name: vllm`; `engine_args` builds them): tensor_parallel_size,
 gpu_memory_utilization, enforce_eager, max_num_seqs, max_num_batched_tokens, max_model_len,
-enable_prefix_caching go to `LLM(...)` unchanged (vLLM's EngineArgs of the same names).
+enable_prefix_caching go to `LLM(...)` unchanged (vLLM's EngineArgs of the same names), except
+enforce_eager None (the default), which becomes False (CUDA graphs) where CUDA is present and True
+on CPU (`resolve_enforce_eager`).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Mapping
@@ -53,7 +62,7 @@ from typing import Any
 
 import torch
 
-from stare.rollout.engine import Completion, SamplingParams, check_prompts, read_eos_token_ids
+from stare.rollout.engine import Completion, SamplingParams, check_prompts, prompt_seed, read_eos_token_ids
 
 
 def request_seed(seed: int, index: int) -> int:
@@ -95,10 +104,22 @@ ENGINE_ARGS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager"
 """Fields of the `rollout.engine` vllm section passed to vLLM's `LLM(...)` under the same names."""
 
 
-def engine_args(section: Any) -> dict[str, Any]:
+def resolve_enforce_eager(enforce_eager: bool | None, cuda_available: bool) -> bool:
+    """`rollout.engine.enforce_eager` as vLLM gets it: an explicit value as given; None (auto) is
+    False (CUDA graphs: 1.5-3x faster decoding at small batches, ~10-60 s more start-up and some
+    GPU memory for the captured graphs) where CUDA is present, True (eager) on CPU."""
+    return (not cuda_available) if enforce_eager is None else enforce_eager
+
+
+def engine_args(section: Any, cuda_available: bool | None = None) -> dict[str, Any]:
     """vLLM engine arguments from a `VllmEngineSection` (or VLLMEngineConfig): every field in
-    ENGINE_ARGS, those set to None left to vLLM's default. Pure: imports no vLLM."""
-    return {k: v for k in ENGINE_ARGS if (v := getattr(section, k)) is not None}
+    ENGINE_ARGS, those set to None left to vLLM's default, except `enforce_eager`, which is always
+    resolved (`resolve_enforce_eager`; `cuda_available` None: ask torch). Pure: imports no vLLM."""
+    args = {k: v for k in ENGINE_ARGS if (v := getattr(section, k)) is not None}
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    args["enforce_eager"] = resolve_enforce_eager(getattr(section, "enforce_eager"), cuda_available)
+    return args
 
 
 def _section_defaults() -> dict[str, Any]:
@@ -146,50 +167,100 @@ class VLLMEngine:
         )
         self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
         self.weight_version = 0
+        self._requests: dict[str, tuple[object, int]] = {}  # streaming: vLLM request id -> (key, n)
+        self._request_ids = itertools.count()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        from vllm import SamplingParams as VllmSamplingParams
         from vllm import TokensPrompt
 
+        if self._requests:
+            raise RuntimeError(f"generate() with {len(self._requests)} streaming prompts in the engine: it would "
+                               "swallow their outputs; step() them first")
         check_prompts(prompts, params, self.vocab_size, self.max_model_len)
-        stop_ids = sorted(set(self.eos_token_ids) | set(params.stop_token_ids))
-        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         seeds = params.seeds_for(len(prompts))
+        sampling = [self._sampling(params, i, seeds) for i in range(len(prompts))]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling, use_tqdm=False)
+        return [self._completions(out, params.n) for out in outputs]
+
+    def _sampling(self, params: SamplingParams, index: int, seeds: tuple[int, ...] | None) -> Any:
+        """vLLM's SamplingParams of prompt `index`: its request seed from the prompt's own seed
+        (`seeds` given) or the call's seed and the prompt's index."""
+        from vllm import SamplingParams as VllmSamplingParams
+
+        if seeds is not None:
+            request = request_seed(seeds[index], 0)
+        else:
+            request = None if params.seed is None else request_seed(params.seed, index)
         greedy = params.temperature == 0  # vLLM refuses n > 1 when greedy: decode once, copy
-        sampling = [
-            VllmSamplingParams(
-                n=1 if greedy else params.n,
-                max_tokens=params.max_new_tokens,
-                temperature=params.temperature,
-                top_p=params.top_p,
-                seed=(request_seed(seeds[i], 0) if seeds is not None
-                      else None if params.seed is None else request_seed(params.seed, i)),
-                stop_token_ids=stop_ids,
-                logprobs=0,  # the sampled token's log-prob only
-                detokenize=False,
-            )
-            for i in range(len(prompts))
-        ]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        result: list[list[Completion]] = []
-        for out in outputs:
-            group = []
-            for c in sorted(out.outputs, key=lambda c: c.index):
-                if c.finish_reason not in ("stop", "length"):
-                    raise RuntimeError(f"vLLM finished a request with {c.finish_reason!r}: {c.stop_reason!r}")
-                token_ids = list(c.token_ids)
-                logprobs = [step[t].logprob for t, step in zip(token_ids, c.logprobs)]
-                group.append(Completion(token_ids, logprobs, c.finish_reason))
-            if greedy:
-                group = [dataclasses.replace(group[0], token_ids=list(group[0].token_ids),
-                                             logprobs=list(group[0].logprobs)) for _ in range(params.n)]
-            result.append(group)
-        return result
+        return VllmSamplingParams(
+            n=1 if greedy else params.n,
+            max_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=request,
+            stop_token_ids=sorted(set(self.eos_token_ids) | set(params.stop_token_ids)),
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,
+        )
+
+    @staticmethod
+    def _completions(out: Any, n: int) -> list[Completion]:
+        """A finished RequestOutput as `n` Completions (a greedy request's one output copied n times)."""
+        group = []
+        for c in sorted(out.outputs, key=lambda c: c.index):
+            if c.finish_reason not in ("stop", "length"):
+                raise RuntimeError(f"vLLM finished a request with {c.finish_reason!r}: {c.stop_reason!r}")
+            token_ids = list(c.token_ids)
+            logprobs = [step[t].logprob for t, step in zip(token_ids, c.logprobs)]
+            group.append(Completion(token_ids, logprobs, c.finish_reason))
+        if len(group) < n:  # greedy
+            group = [dataclasses.replace(group[0], token_ids=list(group[0].token_ids),
+                                         logprobs=list(group[0].logprobs)) for _ in range(n)]
+        return group
+
+    # --- streaming (StreamingEngine): requests into vLLM's engine, one engine step at a time ----
+
+    def capacity(self) -> int:
+        """max_num_seqs, bounded by the sequences of max_model_len tokens the KV cache holds."""
+        vc = self.llm.llm_engine.vllm_config
+        blocks, block_size = vc.cache_config.num_gpu_blocks, vc.cache_config.block_size
+        kv_seqs = blocks * block_size // self.max_model_len if blocks else vc.scheduler_config.max_num_seqs
+        return max(1, min(vc.scheduler_config.max_num_seqs, kv_seqs))
+
+    def add(self, prompt: list[int], params: SamplingParams, key: object) -> None:
+        """Queue one prompt's n samples with the seed `generate([prompt], params)` would give it."""
+        from vllm import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        check_prompts([prompt], params, self.vocab_size, self.max_model_len)
+        seed = prompt_seed(params)
+        sampling = self._sampling(params, 0, None if seed is None else (seed,))
+        sampling.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate: the n samples once all have ended
+        request_id = f"stream-{next(self._request_ids)}"  # outputs carry this (vLLM adds a suffix inside only)
+        self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), sampling)
+        self._requests[request_id] = (key, params.n)
+
+    def step(self) -> list[tuple[object, list[Completion]]]:
+        """One vLLM engine step (a scheduled batch: prefill chunks and one decode token per running
+        sequence); the prompts whose n samples have all finished (vLLM aggregates a request's n
+        children before it returns it: RequestOutputKind.FINAL_ONLY, set by `enqueue`)."""
+        done = []
+        for out in self.llm.llm_engine.step():
+            if out.finished:
+                key, n = self._requests.pop(out.request_id)
+                done.append((key, self._completions(out, n)))
+        return done
+
+    def pending(self) -> int:
+        return len(self._requests)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Reload the full parameter set (HF checkpoint names) in place, then drop cached KV."""
         unknown = sorted(set(state_dict) - self._checkpoint_names - self._optional_names)
         missing = sorted(self._checkpoint_names - set(state_dict) - self._optional_names)
+        if self._requests:
+            raise RuntimeError(f"update_weights with {len(self._requests)} streaming prompts in the engine; step() "
+                               "them to the end first (they were added for the current weights)")
         if unknown or missing:
             raise KeyError(
                 f"update_weights: state dict does not match the checkpoint: unknown {unknown[:5]}"

@@ -132,14 +132,16 @@ class RolloutWorker:
         self.raw.publish_and_ack(self._records(tasks, outputs), self.prompts, [d.id for d in deliveries])
         return len(tasks)
 
-    def _records(self, tasks: list[PromptTask], outputs: list[list]) -> list[Trajectory]:
-        """One Trajectory per completion (outputs[i]: the completions of tasks[i]); the responses'
-        texts decoded in one batch call, each prompt's ids converted once for its group."""
+    def _records(self, tasks: list[PromptTask], outputs: list[list], versions: list[int] | None = None) -> list[Trajectory]:
+        """One Trajectory per completion (outputs[i]: the completions of tasks[i], sampled with
+        weights versions[i]; None: the engine's current version); the responses' texts decoded in
+        one batch call, each prompt's ids converted once for its group."""
         texts = iter(self.tokenizer.batch_decode([c.token_ids for group in outputs for c in group],
                                                  skip_special_tokens=True))
-        version = self.engine.weight_version
+        if versions is None:
+            versions = [self.engine.weight_version] * len(tasks)
         records = []
-        for task, completions in zip(tasks, outputs):
+        for task, completions, version in zip(tasks, outputs, versions):
             prompt_ids = np.asarray(task.prompt_token_ids, dtype=np.int32)  # shared by the group's records (read-only)
             for j, c in enumerate(completions):
                 n = len(c.token_ids)

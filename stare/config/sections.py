@@ -141,10 +141,11 @@ class VllmEngineSection(_Section):
     name: Literal["vllm"] = "vllm"
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="GPU only: fraction of GPU memory vLLM "
                                           "may take (weights, activations and KV cache).")
-    enforce_eager: bool = Field(True, description="No CUDA-graph capture or compilation: fast start, slower decoding.")
+    enforce_eager: bool | None = Field(None, description="No CUDA-graph capture or compilation: fast start, slower "
+                                       "decoding. None (auto): CUDA graphs where CUDA is present, eager on CPU.")
     max_model_len: int | None = Field(None, ge=1, description="Prompt + response length limit (None: the model's).")
-    max_num_seqs: int = Field(256, ge=1, description="Sequences decoded together (vLLM's batch; a rollout batch "
-                              "of rollout_batch_prompts x samples_per_prompt rows fills it).")
+    max_num_seqs: int = Field(256, ge=1, description="Sequences decoded together (vLLM's batch; a streaming "
+                              "worker keeps min(this, what the KV cache holds at max_model_len) in it).")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs one engine shards the model over (tensor "
                                       "parallel); `stare up` gives each rollout worker this many GPUs.")
     max_num_batched_tokens: int | None = Field(None, ge=1, description="Tokens scheduled per engine step "

@@ -84,6 +84,13 @@ class SystemSection(_Section):
     rollout_batch_prompts: int = Field(
         8, ge=1, description="Prompts a rollout worker samples per batch (each gives samples_per_prompt trajectories).",
     )
+    rollout_streaming: bool | None = Field(
+        None, description="Feed the rollout engine continuously (rollout/streaming.py): the worker keeps as many "
+        "prompts in the engine as its KV cache holds at max_model_len (capacity / samples_per_prompt), adds one as "
+        "soon as a group finishes and publishes each group when its last sample ends (rollout_batch_prompts is then "
+        "unused for sampling). Off: one blocking batch of rollout_batch_prompts at a time. None: on for the vllm "
+        "engine, off for hf (whose batch loop it reproduces exactly); the tool loop always samples in batches.",
+    )
     health_port: int = Field(
         0, ge=0, le=65535, description="Port of each role's HTTP liveness endpoint GET /healthz (0: off; the "
         "STARE_HEALTH_PORT environment variable overrides it). The control plane has its own /v1/health.",

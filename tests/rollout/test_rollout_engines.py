@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stare.rollout.engine import Completion, RolloutEngine, SamplingParams, read_eos_token_ids
+from stare.rollout.engine import Completion, RolloutEngine, SamplingParams, StreamingEngine, read_eos_token_ids
 from stare.rollout.registry import HFEngineConfig, build_engine
 
 VOCAB = 64
@@ -274,6 +274,54 @@ def test_same_seed_same_samples_and_n_samples_differ(engine):
     assert [[x.token_ids for x in g] for g in a] != [[x.token_ids for x in g] for g in c]
 
 
+def test_streamed_prompts_get_what_generate_gives_them(engine):
+    """StreamingEngine: each prompt added with its own seed comes back (in any order, as its n
+    samples end) with the completions `generate` gives it with that seed; greedy ones too."""
+    assert isinstance(engine, StreamingEngine)
+    seeds = (11, 22, 33, 44)
+    want = engine.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=40, prompt_seeds=seeds))
+    want_greedy = engine.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=8, temperature=0))
+    for i, prompt in enumerate(PROMPTS):
+        engine.add(prompt, SamplingParams(n=3, max_new_tokens=40, prompt_seeds=(seeds[i],)), key=i)
+    engine.add(PROMPTS[0], SamplingParams(n=2, max_new_tokens=8, temperature=0), key="greedy")
+    assert engine.pending() == 5
+    got = {}
+    for _ in range(100):
+        if not engine.pending():
+            break
+        got.update(engine.step())
+    assert sorted(got, key=str) == sorted([0, 1, 2, 3, "greedy"], key=str) and engine.pending() == 0
+    for i in range(len(PROMPTS)):
+        assert [c.token_ids for c in got[i]] == [c.token_ids for c in want[i]]
+        for a, b in zip(got[i], want[i]):
+            assert a.finish_reason == b.finish_reason
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-6)
+    assert [c.token_ids for c in got["greedy"]] == [c.token_ids for c in want_greedy[0]]
+
+
+def test_generate_and_weight_updates_wait_for_streamed_prompts(kind, model_dir):
+    engine = _make_engine(kind, model_dir)
+    engine.add(PROMPTS[0], SamplingParams(n=2, max_new_tokens=4, seed=0), key="k")
+    if kind == "vllm":  # its generate() runs the engine to the end: it would take the streamed outputs
+        with pytest.raises(RuntimeError, match="streaming"):
+            engine.generate(PROMPTS[:1], SamplingParams(n=1, max_new_tokens=4, seed=0))
+    with pytest.raises(RuntimeError, match="streaming"):
+        engine.update_weights(perturbed_state_dict(model_dir, seed=3), version=1)
+    assert engine.weight_version == 0
+    while engine.pending():
+        engine.step()
+
+
+@pytest.mark.vllm
+def test_vllm_capacity_is_max_num_seqs_bounded_by_the_kv_cache(model_dir):
+    engine = _make_engine("vllm", model_dir)
+    # 1 GiB of fp32 KV (cpu_kvcache_space_gib 1) over 2 layers x 1 KV head x head_dim 32 x (K and V):
+    tokens = 2**30 // (2 * 2 * 1 * 32 * 4)  # 2,097,152 (vLLM logs the same)
+    vc = engine.llm.llm_engine.vllm_config
+    assert vc.cache_config.num_gpu_blocks * vc.cache_config.block_size == tokens  # what capacity() reads
+    assert engine.capacity() == min(256, tokens // 256)  # max_num_seqs 256 < 8,192 sequences of max_model_len 256
+
+
 @pytest.mark.parametrize("variant", ["tied", "tied-no-head", "untied"])
 def test_update_weights_changes_outputs_to_the_new_policy(kind, variant, model_dir, untied_model_dir):
     path = untied_model_dir if variant == "untied" else model_dir
@@ -369,6 +417,37 @@ def test_the_vllm_section_becomes_the_engine_arguments_without_importing_vllm(mo
     assert "max_num_batched_tokens" not in engine_args(build_config({"rollout": {"engine": "vllm"}}).rollout.engine)
 
 
+@pytest.mark.parametrize("value,cuda,expected", [(None, False, True), (None, True, False),
+                                                  (True, True, True), (False, False, False)])
+def test_enforce_eager_auto_means_cuda_graphs_where_cuda_is_present_and_explicit_values_stay(value, cuda, expected):
+    from stare.config import VllmEngineSection
+    from stare.rollout.vllm_engine import engine_args
+
+    assert engine_args(VllmEngineSection(enforce_eager=value), cuda_available=cuda)["enforce_eager"] is expected
+
+
+def test_enforce_eager_defaults_to_eager_on_this_cpu_machine():
+    from stare.config import VllmEngineSection
+    from stare.rollout.vllm_engine import engine_args
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine: the CPU resolution is checked where there is none")
+    assert VllmEngineSection().enforce_eager is None
+    assert engine_args(VllmEngineSection())["enforce_eager"] is True
+
+
+@pytest.mark.parametrize("config", ["paper/short-cot-qwen2.5-math-7b-stare.yaml", "paper/short-cot-qwen2.5-math-7b-grpo-ds.yaml",
+                                    "paper/long-cot-r1-distill-qwen-7b-stare.yaml",
+                                    "paper/tool-use-qwen2.5-7b-instruct-stare.yaml", "gpu-node.yaml"])
+def test_the_gpu_configs_decode_with_cuda_graphs_where_cuda_is_present(config):
+    from stare.config import load_config
+    from stare.rollout.vllm_engine import engine_args
+
+    cfg = load_config(Path(__file__).parents[2] / "configs" / config)
+    assert cfg.rollout.engine.name == "vllm"
+    assert engine_args(cfg.rollout.engine, cuda_available=True)["enforce_eager"] is False
+
+
 @pytest.mark.vllm
 def test_a_vllm_engine_is_built_with_the_sections_arguments(model_dir):
     pytest.importorskip("vllm")
@@ -390,3 +469,35 @@ def test_a_vllm_engine_is_built_with_the_sections_arguments(model_dir):
         assert len(groups[0]) == 2
     finally:
         engine.close()
+
+
+def test_the_streaming_worker_publishes_what_the_batch_worker_publishes(kind, model_dir):
+    """The rollout worker over each engine: batches of 2 prompts (the batch loop) and the streaming
+    loop (every prompt in the engine at once, refilled as groups end) sample the same trajectories."""
+    from transformers import AutoTokenizer
+
+    from stare.transport.records import PromptTask
+    from stare.rollout.streaming import StreamingLoop
+    from stare.rollout.worker import RolloutWorker
+    from stare.transport.memory import MemoryTransport
+    from stare.weight_sync.memory import MemoryWeightBoard
+
+    engine, tokenizer = _make_engine(kind, model_dir), AutoTokenizer.from_pretrained(model_dir)
+    tasks = [PromptTask(run_id="r", group_id=f"g{i}", prompt="", prompt_token_ids=p, answer="", problem_id=str(i),
+                        data_source="d", group_size=3) for i, p in enumerate(PROMPTS + [LONG_PROMPT[:30], [9, 8]])]
+    out = {}
+    for mode in ("batch", "stream"):
+        t = MemoryTransport()
+        t.prompts.publish(tasks)
+        worker = RolloutWorker(engine, tokenizer, t.prompts, t.raw, MemoryWeightBoard(), name="w", max_new_tokens=24,
+                               temperature=1.0, top_p=1.0, stop_token_ids=(), seed=5)
+        loop = StreamingLoop(worker, engine)
+        while t.prompts.backlog():
+            worker.run_once(max_prompts=2) if mode == "batch" else loop.run_once()
+        out[mode] = {d.record.trajectory_id: d.record for d in t.raw.consume("reader", 100)}
+    assert sorted(out["stream"]) == sorted(out["batch"]) and len(out["batch"]) == 6 * 3
+    for tid, want in out["batch"].items():
+        got = out["stream"][tid]
+        assert got.response_token_ids.tolist() == want.response_token_ids.tolist(), tid
+        torch.testing.assert_close(torch.from_numpy(got.response_logprobs), torch.from_numpy(want.response_logprobs),
+                                   rtol=0, atol=1e-5)

@@ -34,7 +34,8 @@ COMPARED = ("entropy", "loss", "reward_mean", "gate", "w", "m", "clip_fraction",
 EVAL_COMPARED = ("greedy_accuracy", "pass_at_k", "avg_at_k", "per_level", "per_source")
 
 
-def _config(model_dir: Path, out: Path, name: str, *, learner_ranks: int = 1, zero_stage: int = 1):
+def _config(model_dir: Path, out: Path, name: str, *, learner_ranks: int = 1, zero_stage: int = 1,
+            streaming: bool = False):
     return build_config({
         "run": {"name": name, "output_dir": str(out), "steps": STEPS, "checkpoint_every": 10, "threads": 1},
         "model": {"path": str(model_dir)},
@@ -45,7 +46,7 @@ def _config(model_dir: Path, out: Path, name: str, *, learner_ranks: int = 1, ze
         # the gate on (target above any entropy here) and the sign schedule moving W and M every step
         "controller": {"target": 5.0, "schedule": "sign", "alpha": 0.5, "w_max": 10.0, "m_min": 0.1, "adaptive": True},
         "system": {"max_staleness": 0, "rollout_batch_prompts": 3, "heartbeat_s": 0.5, "learner_ranks": learner_ranks,
-                   "broadcast_timeout_s": 20.0},
+                   "broadcast_timeout_s": 20.0, "rollout_streaming": streaming},
         "control": {"port": 0, "allow_unauthenticated": True, "serve_in_train": False},
     })
 
@@ -64,11 +65,13 @@ def _weights(run_dir: Path) -> dict:
     return load_file(run_dir / "hf" / "model.safetensors")
 
 
-@pytest.mark.parametrize("learner_ranks,zero_stage", [(1, 1), (2, 3)], ids=["1-rank", "2-ranks-zero3"])
+@pytest.mark.parametrize("learner_ranks,zero_stage,streaming", [(1, 1, False), (2, 3, False), (1, 1, True)],
+                         ids=["1-rank", "2-ranks-zero3", "1-rank-rollout-streaming"])
 def test_stare_up_trains_the_same_trajectories_with_the_same_metrics_and_weights_as_stare_train(
-        embedded_run, tiny_model_dir, tmp_path, learner_ranks, zero_stage):
+        embedded_run, tiny_model_dir, tmp_path, learner_ranks, zero_stage, streaming):
     embedded = embedded_run
-    cfg = _config(tiny_model_dir, tmp_path, "distributed", learner_ranks=learner_ranks, zero_stage=zero_stage)
+    cfg = _config(tiny_model_dir, tmp_path, "distributed", learner_ranks=learner_ranks, zero_stage=zero_stage,
+                  streaming=streaming)
     log = io.StringIO()
     launcher = Launcher(cfg, rollout=1, reward=1, out=log, color=False, grace_s=30, control=False)
     launcher.start()

@@ -19,6 +19,7 @@ def test_vllm_rollout_workers_sample_with_the_broadcast_weights(tiny_model_dir, 
     cfg = _config(tiny_model_dir, tmp_path, steps, system__max_staleness=0, rollout__engine="vllm")
     with Run(cfg, rollout=1, reward=1, control=False) as run:
         run.wait_finished()
+    assert "rollout: streaming" in run.log.getvalue()  # the vllm engine streams by default (rollout/streaming.py)
     metrics = [json.loads(line) for line in (tmp_path / "up" / "metrics.jsonl").read_text().splitlines()]
     assert [m["staleness_max"] for m in metrics] == [0] * steps
     # vLLM's log-probs match the learner's recompute after every in-place update (fp32)

@@ -55,9 +55,7 @@ def split_overrides(cfg_path: Path | None, overrides: list[str]) -> tuple[list[s
     passed, knobs = [], {}
     for text in overrides:
         key, value = parse_override(text)
-        # enforce_eager: the sim's own (the config's bool cannot say auto on this branch)
-        if key in SIM_FIELDS or key == "rollout.engine.enforce_eager" or (
-                key in NEW_FIELDS and not _config_has(TrainConfig, key)):
+        if key in SIM_FIELDS or (key in NEW_FIELDS and not _config_has(TrainConfig, key)):
             knobs[key] = value
         else:
             passed.append(text)
@@ -103,7 +101,7 @@ def build_design(cfg, sim: SimSettings, *, gpus: int, learner_gpus: int | None, 
     if colocated:
         learner = gpus
     return Design(gpus=gpus, learner_gpus=learner, rollout_tp=getattr(eng, "tensor_parallel_size", 1),
-                  colocated=colocated, streaming=bool(_read(cfg, sim, "system.rollout_streaming")),
+                  colocated=colocated, streaming=_streaming(cfg, sim),
                   inflight=bool(_read(cfg, sim, "system.inflight_weight_updates")),
                   publish_from=str(_read(cfg, sim, "weight_sync.publish_from")), eager=bool(eager),
                   max_staleness=cfg.system.max_staleness)
@@ -197,3 +195,10 @@ def simulate(cfg, sim: SimSettings, design: Design, costs: StepCosts, lengths: L
                    solve_beta=(float(sim.get("sim.solve_a")), float(sim.get("sim.solve_b"))))
     run = node.run(steps + warmup + 1)
     return run, summarize(run, warmup)
+
+
+def _streaming(cfg, sim: SimSettings) -> bool:
+    """system.rollout_streaming as the rollout worker resolves it (rollout/streaming.py): None is on for
+    the vllm engine, off for hf."""
+    value = _read(cfg, sim, "system.rollout_streaming")
+    return getattr(cfg.rollout.engine, "name", "hf") == "vllm" if value is None else bool(value)
