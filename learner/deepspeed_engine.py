@@ -118,9 +118,16 @@ def check_dtype_supported(dtype: str) -> None:
                           f"({get_accelerator().device_name()}); use float32 here (bfloat16/float16 on a GPU)")
 
 
-def build_engine(model: torch.nn.Module, config: dict[str, Any]):
+def build_engine(model: torch.nn.Module, config: dict[str, Any], *,
+                 external: dict[torch.nn.Module, torch.nn.Parameter] | None = None):
+    """`external`: module -> a parameter it uses but does not own (the learner's `ChunkedHead` and the
+    output head's weight). Under ZeRO-3 DeepSpeed gathers it in that module's forward and backward
+    (`register_external_parameter`); registered before `initialize`, which installs the hooks."""
     import deepspeed
 
+    if config["zero_optimization"]["stage"] == 3:
+        for module, param in (external or {}).items():
+            deepspeed.zero.register_external_parameter(module, param)
     engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
     return engine
 

@@ -36,6 +36,7 @@ from stare.learner.collectives import all_gather_ints, all_reduce_sum, gather_st
 from stare.algo_config import StareLossConfig
 from stare.learner.controller import EntropyController
 from stare.learner.diagnostics import quadrant_metrics
+from stare.learner.logprobs import attach_chunked_head
 from stare.learner.micro_batches import MicroBatch, build_micro_batch, filler_micro_batch, plan_rows
 from stare.learner.passes import Policy, hidden_state_fn, prepass, train_pass
 from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
@@ -97,14 +98,15 @@ class Learner:
         self.micro = min(o.micro_batch, rows)
         self.grad_accum = math.ceil(rows / self.micro)
         self.rows = self.micro * self.grad_accum
+        head = attach_chunked_head(model, o.logits_chunk_tokens)  # ZeRO-3: the head gathered once per micro-batch
         self.engine = ds.build_engine(model, ds.deepspeed_config(
             micro_batch=self.micro, grad_accum=self.grad_accum, world_size=self.world, lr=o.lr, betas=o.betas,
             weight_decay=o.weight_decay, grad_clip=o.grad_clip, zero_stage=o.zero_stage, dtype=cfg.model.dtype,
             fused_adam=torch.cuda.is_available(),
-        ))
+        ), external={head: head.weight})
         self.device = ds.engine_device(self.engine)
-        self.policy = Policy(hidden=hidden_state_fn(self.engine, self.engine.module, self.device), lm_head=self.engine.module.get_output_embeddings(),
-                             device=self.device, chunk_tokens=o.logits_chunk_tokens)
+        self.policy = Policy(hidden=hidden_state_fn(self.engine, self.engine.module, self.device), lm_head=head.lm_head,
+                             device=self.device, chunk_tokens=o.logits_chunk_tokens, head=head)
         # ln V bounds the target and band (a uniform distribution over the vocabulary)
         self.controller = EntropyController(cfg.controller, max_entropy=math.log(model.config.vocab_size))
         self.nonfinite_steps = 0  # steps whose loss or gradient norm was NaN or infinite (status, metrics)
