@@ -22,14 +22,17 @@ Per learner GPU (ZeRO data parallel over `gpus` ranks, micro-batches of T tokens
                    (each layer's input kept, one layer recomputed at a time).
     logits         the model's [T, V] logits in its dtype and their gradient: 2 b T V.
     log-prob chunk [chunk, V] fp32 tensors alive at once in learner/logprobs.py (tests count them): two
-                   with a whole output head (log p and p; the logits turned into log p, then into their
-                   gradient, in place): 8 chunk V; six under ZeRO-3, whose partitioned head takes the
-                   checkpointed autograd path: 24 chunk V.
+                   (log p and p; the logits turned into log p, then into their gradient, in place):
+                   8 chunk V, also under ZeRO-3, whose head is gathered once per micro-batch.
     diagnostics    diagnostics.predicted_entropy_change: the pre-pass upcasts the response logits to fp32
                    and takes their log-softmax, [T_response, V] each: 8 T_response V.
     weight send    NCCL weight sync (rank 0, beside the next step when it publishes in the background):
-                   two system.weight_sync_bucket_mb buckets and the two messages in flight, each up to
-                   a whole large tensor copied to the GPU: 2 bucket + 2 b largest layer.
+                   two system.weight_sync_bucket_mb buckets; published from the host, also the two
+                   messages in flight, each up to a whole large tensor copied to the GPU: 2 bucket
+                   + 2 b largest layer (from the device large tensors are sent from their own memory).
+    weight snapshot published from the device (system.weight_sync_publish_from), rank 0: under ZeRO-3
+                   the gathered copy of the whole model, b P; published in the background
+                   (max_staleness >= 1) a copy being sent and the next one: 2 b P.
 
 A rollout GPU (one worker per GPU): vLLM takes gpu_memory_utilization x GPU memory; after the weights
 (b P) and a reserve for its forward pass (a [max_num_seqs, V] fp32 logits buffer and one layer over
@@ -261,6 +264,7 @@ class Plan:
     prompt_source: str
     roles: list[RolePlan]
     zero_stages: dict[int, dict[str, Any]]  # learner model states per stage
+    checkpoint: dict[str, Any] = field(default_factory=dict)  # checkpoint_disk()
 
     @property
     def fits(self) -> bool:
@@ -303,8 +307,9 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
     response = cfg.rollout.max_new_tokens
     act = {c: activation_bytes(shape, b, tokens, checkpointing=c) for c in (False, True)}
     send = weight_send_bytes(cfg, shape, b)
+    snapshot, snapshot_why = weight_snapshot_bytes(cfg, shape, b)
 
-    def items_for(stage: int, checkpointing: bool, t: int, ch: int, diag_on: bool) -> list[Item]:
+    def items_for(stage: int, checkpointing: bool, t: int, ch: int, diag_on: bool, snap: bool = True) -> list[Item]:
         out = [
             Item("model states", stages[stage]["bytes"], f"ZeRO-{stage} over {gpus} GPU(s): {stages[stage]['source']}"),
             Item("activations", activation_bytes(shape, b, t, checkpointing=checkpointing),
@@ -317,9 +322,13 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
         if diag_on:
             r = t * response // seq_tokens  # response tokens of the micro-batch
             out.append(Item("diagnostics", 8 * r * shape.vocab, f"2 x fp32 [{r:,}, {shape.vocab:,}] in the pre-pass"))
-        if send:
-            out.append(Item("weight send", send, f"NCCL weight sync on rank 0: 2 buckets of "
-                            f"{cfg.system.weight_sync_bucket_mb} MiB + the 2 largest tensors in flight"))
+        sent = send if snap else weight_send_bytes(cfg, shape, b, "host")  # snap False: the host fix applied
+        if sent:
+            copied = " + the 2 largest tensors in flight" if sent > 2 * cfg.system.weight_sync_bucket_mb * 2**20 else ""
+            out.append(Item("weight send", sent, f"NCCL weight sync on rank 0: 2 buckets of "
+                            f"{cfg.system.weight_sync_bucket_mb} MiB{copied}"))
+        if snapshot and snap:
+            out.append(Item("weight snapshot", snapshot, snapshot_why))
         return out
 
     usable = int(HEADROOM * gpu_mem_bytes)
@@ -340,8 +349,10 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
             stage = 3
             fixes.append(Fix("optim.zero_stage", 3, f"model states {stages[3]['bytes'] / GIB:.1f} GiB per GPU"))
         if stages[stage]["bytes"] > usable:
-            rest = sum(i.bytes for i in items_for(stage, True, seq_tokens, min(chunk, seq_tokens), False)[1:])
+            rest = sum(i.bytes for i in items_for(stage, True, seq_tokens, min(chunk, seq_tokens), False, False)[1:])
             need = _gpus_for_states(shape, b, usable - rest)
+            if snapshot:  # not sharded: the GPU count holds the rest only without it
+                fixes.append(Fix("system.weight_sync_publish_from", "host", _SNAPSHOT_FIX))
             why = (f"model states alone need {stages[stage]['bytes'] / GIB:.1f} GiB per GPU of {usable / GIB:.1f} usable; "
                    f"{need or 'no number of'} GPUs at optim.zero_stage=3 with gradient checkpointing and one sequence "
                    "per micro-batch hold them (--gpus, learner ranks); or a smaller model (model.path)")
@@ -352,9 +363,11 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
              ("ch", min(1024, chunk), Fix("optim.logits_chunk_tokens", min(1024, chunk)))]
     if gpus > 1:
         steps.append(("stage", 3, Fix("optim.zero_stage", 3)))
-    state = {"c": ckpt, "d": diag, "ch": chunk, "stage": stage}
+    if snapshot:
+        steps.append(("snap", False, Fix("system.weight_sync_publish_from", "host", _SNAPSHOT_FIX)))
+    state = {"c": ckpt, "d": diag, "ch": chunk, "stage": stage, "snap": True}
     default = dict(state)
-    state_fits = lambda st, n=t: fits(items_for(st["stage"], st["c"], n, min(st["ch"], n), st["d"]))  # noqa: E731
+    state_fits = lambda st, n=t: fits(items_for(st["stage"], st["c"], n, min(st["ch"], n), st["d"], st["snap"]))  # noqa: E731
     applied = []
     for key, value, fix in steps:
         if not state_fits(state) and state[key] != value:
@@ -379,6 +392,9 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
                              "(optim.zero_stage=3, more learner GPUs)"))
     plan.fixes = fixes
     return plan, stages
+
+
+_SNAPSHOT_FIX = "publish a pinned host copy instead of the model's copy on rank 0's GPU (slower NCCL sends)"
 
 
 def _gpus_for_states(shape: ModelShape, dtype_bytes: int, room: int) -> int | None:
@@ -413,13 +429,30 @@ def weight_receive_bytes(cfg: TrainConfig, weights: int) -> int:
     return 2 * weights if nccl_weight_sync(cfg) else 0
 
 
-def weight_send_bytes(cfg: TrainConfig, shape: ModelShape, b: int) -> int:
+def weight_send_bytes(cfg: TrainConfig, shape: ModelShape, b: int, where: str | None = None) -> int:
     """GPU memory of the learner's NCCL weight send (stare.weight_sync.buckets), beside the next
-    step's peak when it publishes in the background: two packing buckets, and each of the two
-    messages in flight may be a whole large tensor copied to the GPU (the embedding, lm_head)."""
+    step's peak when it publishes in the background: two packing buckets, and, published from the
+    host, each of the two messages in flight may be a whole large tensor copied to the GPU."""
     if not nccl_weight_sync(cfg):
         return 0
-    return 2 * cfg.system.weight_sync_bucket_mb * 2**20 + 2 * b * shape.largest_layer_params
+    copied = 0 if (where or _publish_from(cfg)) == "device" else 2 * b * shape.largest_layer_params
+    return 2 * cfg.system.weight_sync_bucket_mb * 2**20 + copied
+
+
+def _publish_from(cfg: TrainConfig) -> str:
+    from stare.weight_sync.factory import publish_from
+
+    return publish_from(cfg, cuda=True)  # a plan is for GPUs
+
+
+def weight_snapshot_bytes(cfg: TrainConfig, shape: ModelShape, b: int) -> tuple[int, str]:
+    """GPU memory of the weights published from the device on rank 0 (learner/deepspeed_engine.py
+    full_state_dict): none for a synchronous publish under ZeRO 0-2 (the parameters themselves)."""
+    if _publish_from(cfg) != "device":
+        return 0, ""
+    copies = 2 if cfg.system.max_staleness >= 1 else int(cfg.optim.zero_stage == 3)
+    why = "a background publish: the copy being sent and the next" if copies == 2 else "ZeRO-3: the gathered model"
+    return copies * b * shape.params, f"{copies} x the model in {cfg.model.dtype} on rank 0 ({why})"
 
 
 def _receive_items(recv: int) -> list[Item]:
@@ -511,7 +544,19 @@ def build_plan(cfg: TrainConfig, *, gpus: int, gpu_mem_gib: float, shape: ModelS
         for r in out:
             r.notes.append(f"prompt + response = {seq:,} tokens exceeds the model's {shape.max_positions:,} positions")
     return Plan(config=config_name, model=shape, dtype=cfg.model.dtype, seq_tokens=seq, prompt_tokens=prompt,
-                prompt_source=source, roles=out, zero_stages=stages)
+                prompt_source=source, roles=out, zero_stages=stages, checkpoint=checkpoint_disk(cfg, shape))
+
+
+def checkpoint_disk(cfg: TrainConfig, shape: ModelShape) -> dict[str, Any]:
+    """Disk of the learner's checkpoints (DeepSpeed's files): the fp32 master weights and the two
+    Adam moments, 12 B a parameter, plus the module's weights in the model dtype below ZeRO-3 (under
+    ZeRO-3 they are the partitioned master copy). While one is written the `keep` older ones stay
+    (pruned once it is whole): keep + 1 at the peak. docs/recipes.md, "Checkpoint disk"."""
+    per_param = 12 + (DTYPE_BYTES[cfg.model.dtype] if cfg.optim.zero_stage < 3 and cfg.model.dtype != "float32" else 0)
+    each = per_param * shape.params
+    r = cfg.run
+    return {"bytes": each, "every": r.checkpoint_every, "keep": r.keep_checkpoints, "peak_bytes": (r.keep_checkpoints + 1) * each,
+            "written_bytes": -(-r.steps // r.checkpoint_every) * each}
 
 
 # --- output ---------------------------------------------------------------------------------
@@ -533,6 +578,11 @@ def render(plan: Plan) -> str:
         f"sequence: {plan.prompt_tokens:,} prompt [{plan.prompt_source}] + {plan.seq_tokens - plan.prompt_tokens:,} "
         f"response = {plan.seq_tokens:,} tokens",
     ]
+    if plan.checkpoint:
+        c = plan.checkpoint
+        lines.append(f"checkpoints: {c['bytes'] / 1e9:,.1f} GB each (fp32 master + Adam moments), every {c['every']} "
+                     f"steps, {c['keep']} kept: {c['peak_bytes'] / 1e9:,.0f} GB on disk while the next is written, "
+                     f"{c['written_bytes'] / 1e12:,.1f} TB written over the run")
     for r in plan.roles:
         where = f"{r.gpus} x {r.gpu_mem_bytes / GIB:.0f} GiB GPU" + ("s" if r.gpus > 1 else "") if r.role == "learner" \
             else f"1 x {r.gpu_mem_bytes / GIB:.0f} GiB GPU per worker ({r.extra['engine']})"

@@ -230,11 +230,14 @@ def test_paper_7b_recipe_does_not_fit_one_24gb_gpu_and_says_why():
     assert not learner.fits
     states = next(i.bytes for i in learner.items if i.name == "model states")
     assert states > HEADROOM * 24 * GIB  # the weights, gradients and Adam state alone are too big
-    (fix,) = learner.fixes
+    # the weight snapshot published from rank 0's GPU (14.2 GiB, not sharded) first goes to host memory
+    host, fix = learner.fixes
+    assert (host.field, host.value) == ("system.weight_sync_publish_from", "host")
     assert fix.field == "learner GPUs" and fix.relation == ">=" and "optim.zero_stage=3" in fix.why
     # the number named is the fewest GPUs that hold it with one sequence per micro-batch
     narrow = load_config(PAPER_7B, overrides=["optim.max_tokens_per_micro_batch=4096",
-                                              "diagnostics.predicted_entropy_change=false"])
+                                              "diagnostics.predicted_entropy_change=false",
+                                              "system.weight_sync_publish_from=host"])
     assert build_plan(narrow, gpus=fix.value, gpu_mem_gib=24, shape=shape, prompt_tokens=1024).roles[0].fits
     assert not build_plan(narrow, gpus=fix.value - 1, gpu_mem_gib=24, shape=shape, prompt_tokens=1024).roles[0].fits
 
