@@ -306,8 +306,7 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
     diag = cfg.diagnostics.predicted_entropy_change
     response = cfg.rollout.max_new_tokens
     act = {c: activation_bytes(shape, b, tokens, checkpointing=c) for c in (False, True)}
-    send = weight_send_bytes(cfg, shape, b)
-    snapshot, snapshot_why = weight_snapshot_bytes(cfg, shape, b)
+    snapshot = weight_snapshot_bytes(cfg, shape, b, 3)[0]  # nonzero: a device snapshot at some stage
 
     def items_for(stage: int, checkpointing: bool, t: int, ch: int, diag_on: bool, snap: bool = True) -> list[Item]:
         out = [
@@ -322,13 +321,14 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
         if diag_on:
             r = t * response // seq_tokens  # response tokens of the micro-batch
             out.append(Item("diagnostics", 8 * r * shape.vocab, f"2 x fp32 [{r:,}, {shape.vocab:,}] in the pre-pass"))
-        sent = send if snap else weight_send_bytes(cfg, shape, b, "host")  # snap False: the host fix applied
+        from_host = not snap or _publish_from(cfg) == "host"  # snap False: the publish_from=host fix applied
+        sent = weight_send_bytes(cfg, shape, b, "host" if from_host else "device")
         if sent:
-            copied = " + the 2 largest tensors in flight" if sent > 2 * cfg.system.weight_sync_bucket_mb * 2**20 else ""
             out.append(Item("weight send", sent, f"NCCL weight sync on rank 0: 2 buckets of "
-                            f"{cfg.system.weight_sync_bucket_mb} MiB{copied}"))
-        if snapshot and snap:
-            out.append(Item("weight snapshot", snapshot, snapshot_why))
+                            f"{cfg.system.weight_sync_bucket_mb} MiB" + (" + the 2 largest tensors in flight" if from_host else "")))
+        held, why = weight_snapshot_bytes(cfg, shape, b, stage)
+        if held and snap:
+            out.append(Item("weight snapshot", held, why))
         return out
 
     usable = int(HEADROOM * gpu_mem_bytes)
@@ -445,12 +445,12 @@ def _publish_from(cfg: TrainConfig) -> str:
     return publish_from(cfg, cuda=True)  # a plan is for GPUs
 
 
-def weight_snapshot_bytes(cfg: TrainConfig, shape: ModelShape, b: int) -> tuple[int, str]:
+def weight_snapshot_bytes(cfg: TrainConfig, shape: ModelShape, b: int, stage: int) -> tuple[int, str]:
     """GPU memory of the weights published from the device on rank 0 (learner/deepspeed_engine.py
     full_state_dict): none for a synchronous publish under ZeRO 0-2 (the parameters themselves)."""
     if _publish_from(cfg) != "device":
         return 0, ""
-    copies = 2 if cfg.system.max_staleness >= 1 else int(cfg.optim.zero_stage == 3)
+    copies = 2 if cfg.system.max_staleness >= 1 else int(stage == 3)
     why = "a background publish: the copy being sent and the next" if copies == 2 else "ZeRO-3: the gathered model"
     return copies * b * shape.params, f"{copies} x the model in {cfg.model.dtype} on rank 0 ({why})"
 
