@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -118,9 +119,16 @@ def check_dtype_supported(dtype: str) -> None:
                           f"({get_accelerator().device_name()}); use float32 here (bfloat16/float16 on a GPU)")
 
 
-def build_engine(model: torch.nn.Module, config: dict[str, Any]):
+def build_engine(model: torch.nn.Module, config: dict[str, Any], *,
+                 external: dict[torch.nn.Module, torch.nn.Parameter] | None = None):
+    """`external`: module -> a parameter it uses but does not own (the learner's `ChunkedHead` and the
+    output head's weight). Under ZeRO-3 DeepSpeed gathers it in that module's forward and backward
+    (`register_external_parameter`); registered before `initialize`, which installs the hooks."""
     import deepspeed
 
+    if config["zero_optimization"]["stage"] == 3:
+        for module, param in (external or {}).items():
+            deepspeed.zero.register_external_parameter(module, param)
     engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
     return engine
 
@@ -140,31 +148,57 @@ def engine_device(engine) -> torch.device:
     return torch.device(engine.device)
 
 
-def full_state_dict(engine, keep: bool = True) -> dict[str, torch.Tensor]:
-    """The whole model's weights on CPU, for the rollout engines. Under ZeRO-3 every rank must call
-    it (each gather is a collective); parameters are gathered one at a time, so the device never holds
-    more than its shard plus one whole parameter. `keep=False` (a rank that does not publish): take
-    part in the gathers, copy nothing."""
-    module = engine.module
-    if engine.zero_optimization_stage() != 3:
-        return {k: _host_copy(v) for k, v in module.state_dict().items()} if keep else {}
-    import deepspeed
+def full_state_dict(engine, keep: bool = True, *, where: str = "host", snapshot: bool = True) -> Mapping[str, torch.Tensor]:
+    """The whole model's weights for the rollout engines. Under ZeRO-3 every rank must call it (each
+    gather is a collective); parameters are gathered one at a time, so the device never holds more
+    than its shard plus one whole parameter besides what is returned. `keep=False` (a rank that does
+    not publish): take part in the gathers, copy nothing.
 
-    named = module.state_dict(keep_vars=True)  # names -> the (partitioned) parameters and buffers
-    names_of: dict[int, list[str]] = {}
-    for name, tensor in named.items():
-        names_of.setdefault(id(tensor), []).append(name)  # tied weights: one gather, every name
-    out: dict[str, torch.Tensor] = {}
-    for names in names_of.values():
-        tensor = named[names[0]]
-        if not isinstance(tensor, torch.nn.Parameter) or not hasattr(tensor, "ds_id"):  # a buffer: whole everywhere
-            copy = _host_copy(tensor) if keep else None
-        else:
-            with deepspeed.zero.GatheredParameters([tensor], modifier_rank=None):
-                copy = _host_copy(tensor) if keep else None
-        if keep:
-            out.update({name: copy for name in names})
-    return {name: out[name] for name in named} if keep else {}
+    where="device" (an NCCL publish): the tensors stay on the engine's device. Under ZeRO 0-2 without
+    `snapshot` they are the parameters themselves (no copy: the publish must finish before the next
+    update, as a synchronous one does); with `snapshot` (a background publish) one device copy each.
+    Under ZeRO-3 each gathered parameter is copied on the device (its gathered memory is released).
+    where="host" (gloo, filesystem): a CPU copy of each; on CUDA into pinned memory on a side stream,
+    so the learner's thread does not wait: the returned `HostSnapshot` waits for the copies when it is
+    first read (by the publisher, in its own thread when it publishes in the background), and the
+    optimizer's next update waits for them on the GPU (`_hold_updates`)."""
+    module = engine.module
+    device = engine_device(engine)
+    host = where == "host"
+    copies = _HostCopies(device) if host and device.type == "cuda" else None
+
+    def take(t: torch.Tensor, gathered: bool) -> torch.Tensor:
+        t = t.detach()
+        if copies is not None:
+            return copies.copy(t)
+        if host:
+            return _host_copy(t)
+        return t.clone() if (gathered or snapshot) else t
+
+    if engine.zero_optimization_stage() != 3:
+        out = {k: take(v, False) for k, v in module.state_dict().items()} if keep else {}
+    else:
+        import deepspeed
+
+        named = module.state_dict(keep_vars=True)  # names -> the (partitioned) parameters and buffers
+        names_of: dict[int, list[str]] = {}
+        for name, tensor in named.items():
+            names_of.setdefault(id(tensor), []).append(name)  # tied weights: one gather, every name
+        taken: dict[str, torch.Tensor] = {}
+        for names in names_of.values():
+            tensor = named[names[0]]
+            if not isinstance(tensor, torch.nn.Parameter) or not hasattr(tensor, "ds_id"):  # a buffer: whole everywhere
+                copy = take(tensor, False) if keep else None
+            else:
+                with deepspeed.zero.GatheredParameters([tensor], modifier_rank=None):
+                    copy = take(tensor, True) if keep else None
+            if keep:
+                taken.update({name: copy for name in names})
+        out = {name: taken[name] for name in named} if keep else {}
+    if copies is None:
+        return out
+    _hold_updates(engine, copies.done())
+    return HostSnapshot(out, copies.event)
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
@@ -172,6 +206,83 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
     (`.cpu().clone()` copied every byte twice: 15 GB more per version at 7B), from a CPU parameter a
     clone (the state must not change when the learner steps on)."""
     return t.detach().to("cpu", copy=True)
+
+
+class _HostCopies:
+    """Device-to-host copies into pinned memory on a side stream (CUDA only). Each source is marked
+    used by that stream, so memory DeepSpeed releases right after (a gathered ZeRO-3 parameter) is
+    not reused before its copy is done."""
+
+    def __init__(self, device: torch.device):
+        self.stream = _side_stream(device)
+        self.stream.wait_stream(torch.cuda.current_stream(device))  # after the step that wrote the weights
+        self.event: torch.cuda.Event | None = None
+
+    def copy(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "cuda":
+            return _host_copy(t)
+        with torch.cuda.stream(self.stream):
+            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+        t.record_stream(self.stream)
+        return out
+
+    def done(self) -> torch.cuda.Event:
+        self.event = self.stream.record_event()
+        return self.event
+
+
+_SIDE_STREAMS: dict[torch.device, Any] = {}
+
+
+def _side_stream(device: torch.device):
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]
+
+
+class HostSnapshot(Mapping):
+    """The weights in pinned host memory, readable once the side stream's copies are done: the first
+    read waits for them (a host sync, in the reader's thread)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], event):
+        self._tensors, self._event = tensors, event
+
+    def _ready(self) -> dict[str, torch.Tensor]:
+        if self._event is not None:
+            self._event.synchronize()  # host sync: the snapshot's copies, once
+            self._event = None
+        return self._tensors
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._ready()[name]
+
+    def __iter__(self):
+        return iter(self._ready())
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def meta(self) -> list[tuple[str, torch.Size, torch.dtype]]:
+        """Names, shapes and dtypes without waiting for the copies (stare.weight_sync.buckets.state_meta)."""
+        return [(k, v.shape, v.dtype) for k, v in self._tensors.items()]
+
+
+def _hold_updates(engine, event) -> None:
+    """Make the optimizer's next update wait (on the GPU, not the host) for `event`: the snapshot's
+    copies read the parameters the update writes. A step pre-hook on the torch optimizer, installed
+    once; it waits for the newest pending event and forgets it."""
+    optimizer = getattr(engine, "basic_optimizer", None) or engine.optimizer
+    state = getattr(optimizer, "_stare_publish_wait", None)
+    if state is None:
+        state = optimizer._stare_publish_wait = {"event": None}
+
+        def wait(*_args, **_kwargs):
+            if state["event"] is not None:
+                torch.cuda.current_stream().wait_event(state["event"])
+                state["event"] = None
+
+        optimizer.register_step_pre_hook(wait)
+    state["event"] = event
 
 
 def loss_scale(engine) -> float | None:

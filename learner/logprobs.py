@@ -7,8 +7,13 @@ upcast to fp32, reduced to (log-prob of the sampled token, entropy) and dropped.
 vocabulary-sized tensor is [chunk_tokens, V] fp32; no [B, L, V] tensor exists. Under autograd each
 chunk keeps only its inputs (hidden rows, targets, two [C] statistics) and recomputes its logits
 in the backward, one chunk at a time: a hand-written backward (`_FusedChunk`) for a plain linear
-head, a non-reentrant activation checkpoint of the module call otherwise (a ZeRO-3 partitioned
-head, whose weight only exists inside its forward hooks).
+head whose weight is materialised, a non-reentrant activation checkpoint of the module call otherwise.
+
+`ChunkedHead` is the learner's way in: one module call per micro-batch runs every chunk. Under
+ZeRO-3 the head's weight is registered as that module's external parameter, so DeepSpeed gathers it
+once in the module's forward and once in its backward (not once per chunk and again per recompute,
+1.09 GB each time at 7B), the chunks take the fused path on the gathered weight, and the module call
+sequence DeepSpeed traces for prefetching is the same for every micro-batch whatever its chunk count.
 
 Equal to the unchunked `log_softmax` over full logits up to float reassociation (tests: 1e-6,
 gradients too). The optional predicted entropy change (`stare.learner.diagnostics`) is computed
@@ -16,6 +21,8 @@ from the same chunk's log-softmax in the no-grad pre-pass, so the diagnostics co
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +32,7 @@ from stare.learner.diagnostics import predicted_entropy_change
 
 
 def _chunk_stats(
-    lm_head: nn.Module,
+    lm_head,  # a module, or [C, H] -> [C, V] on a materialised weight (`_linear`)
     hidden: Tensor,  # [C, H]
     targets: Tensor,  # [C] long
     advantages: Tensor | None,  # [C] or None
@@ -90,11 +97,54 @@ def _upcast(logits: Tensor) -> Tensor:
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
+def _linear(weight: Tensor, hidden: Tensor) -> Tensor:  # [V, H], [C, H] -> [C, V]
+    return torch.nn.functional.linear(hidden, weight)
+
+
 def _fusable(lm_head: nn.Module) -> bool:
-    """A plain bias-free linear head whose weight is materialised (not a ZeRO-3 partition, whose
-    gather happens in the module's forward hooks: that one runs the checkpointed module path)."""
-    return (isinstance(lm_head, nn.Linear) and lm_head.bias is None
-            and not hasattr(lm_head.weight, "ds_id"))
+    """A plain bias-free linear head whose weight is materialised: a whole tensor, or a ZeRO-3
+    partition while it is gathered (inside `ChunkedHead`'s forward). A partitioned head called on
+    its own gathers in its module hooks: that one runs the checkpointed module path."""
+    if not (isinstance(lm_head, nn.Linear) and lm_head.bias is None):
+        return False
+    w = lm_head.weight
+    return w.numel() > 0 and w.numel() == getattr(w, "ds_numel", w.numel())
+
+
+class ChunkedHead(nn.Module):
+    """`chunked_logprobs_and_entropy` of one micro-batch as one module call (see the module docstring).
+
+    Holds the output head by reference, not as a submodule: the head's weight keeps its one name in
+    the state dict, and this module has no parameter of its own (attaching it to the model adds no
+    checkpoint key). Under ZeRO-3 the head's weight must be registered as this module's external
+    parameter before `deepspeed.initialize` (stare.learner.deepspeed_engine.build_engine does)."""
+
+    def __init__(self, lm_head: nn.Module, chunk_tokens: int):
+        super().__init__()
+        object.__setattr__(self, "lm_head", lm_head)  # not registered: no second name for its weight
+        self.chunk_tokens = chunk_tokens
+
+    @property
+    def weight(self) -> nn.Parameter:
+        return self.lm_head.weight
+
+    def forward(
+        self,
+        hidden: Tensor,  # [N, H]
+        targets: Tensor,  # [N] long
+        advantages: Tensor | None = None,  # [N]
+        min_chunks: int = 1,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:  # logp [N], entropy [N], predicted dH [N] | None
+        return chunked_logprobs_and_entropy(self.lm_head, hidden, targets, chunk_tokens=self.chunk_tokens,
+                                            advantages=advantages, min_chunks=min_chunks)
+
+
+def attach_chunked_head(model: nn.Module, chunk_tokens: int) -> ChunkedHead:
+    """A `ChunkedHead` over the model's output head, attached as the submodule `stare_head` (so that
+    DeepSpeed registers its hooks on it; it holds no parameter)."""
+    head = ChunkedHead(model.get_output_embeddings(), chunk_tokens)
+    model.add_module("stare_head", head)
+    return head
 
 
 def chunked_logprobs_and_entropy(
@@ -115,18 +165,19 @@ def chunked_logprobs_and_entropy(
     grad = torch.is_grad_enabled() and hidden.requires_grad
     if grad and advantages is not None:
         raise ValueError("the predicted entropy change is a no-grad diagnostic: compute it in the pre-pass")
+    fusable = _fusable(lm_head)
     logps, entropies, dhs = [], [], []
     n_chunks = max(-(-hidden.shape[0] // chunk_tokens), min_chunks)
     for start in range(0, n_chunks * chunk_tokens, chunk_tokens):
         h, t = hidden[start : start + chunk_tokens], targets[start : start + chunk_tokens]  # [C, H], [C]
         a = None if advantages is None else advantages[start : start + chunk_tokens]
-        if grad and _fusable(lm_head):
+        if grad and fusable:
             logp, entropy = _FusedChunk.apply(h, lm_head.weight, t)
             dh = None
         elif grad:
             logp, entropy, dh = checkpoint(_chunk_stats, lm_head, h, t, None, use_reentrant=False)
-        else:
-            logp, entropy, dh = _chunk_stats(lm_head, h, t, a)
+        else:  # a materialised weight directly: no module call (under ZeRO-3 its hooks would release it)
+            logp, entropy, dh = _chunk_stats(partial(_linear, lm_head.weight) if fusable else lm_head, h, t, a)
         logps.append(logp)
         entropies.append(entropy)
         dhs.append(dh)

@@ -13,7 +13,8 @@ step are the trainer's (docs/algorithm.md, "Host syncs").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 from stare.learner.batch import TrainBatch
 from stare.config.algo import SurrogateConfig
 from stare.learner.diagnostics import quadrant_sums
-from stare.learner.logprobs import chunked_logprobs_and_entropy
+from stare.learner.logprobs import ChunkedHead, chunked_logprobs_and_entropy
 from stare.learner.micro_batches import MicroBatch
 from stare.learner.policy_loss import LossInputs, StepContext, policy_loss
 
@@ -30,26 +31,45 @@ METRIC_NAMES = ("loss", "train_entropy_sum", "rollout_logprob_gap_sum", "train_t
 
 @dataclass(frozen=True)
 class Policy:
-    """What the passes need of the model: its last hidden states, its output head, its device."""
+    """What the passes need of the model: its last hidden states, its output head, its device.
+    `head`: the learner's `ChunkedHead` (one module call per micro-batch: ZeRO-3 gathers the head
+    once); without it the chunks call `lm_head` directly."""
 
     hidden: Callable[[MicroBatch], Tensor]  # micro-batch (on device) -> [R, T, H] last hidden state
     lm_head: nn.Module  # [*, H] -> [*, V]
     device: torch.device
     chunk_tokens: int  # positions per log-softmax chunk (optim.logits_chunk_tokens)
+    head: ChunkedHead | None = None
+
+
+@contextmanager
+def without_head(model: nn.Module) -> Iterator[None]:
+    """The causal LM's output head replaced by an identity for the duration: its forward runs the
+    decoder only (under ZeRO-3 the head's module hooks, which gather its weight, never fire; its
+    weight is gathered once per micro-batch by `ChunkedHead` instead). Only the learner's own thread
+    calls its model, so nothing sees the model without its head."""
+    head = model.get_output_embeddings()
+    model.set_output_embeddings(nn.Identity())
+    try:
+        yield
+    finally:
+        model.set_output_embeddings(head)
 
 
 def hidden_state_fn(forward: Callable, model: nn.Module, device: torch.device) -> Callable[[MicroBatch], Tensor]:
     """micro-batch -> [R, T, H] last hidden state of a transformers causal LM, through `forward` (the
     DeepSpeed engine, so ZeRO-3 hooks and its bookkeeping run as for any forward, or the model
-    itself) with no logits computed: `logits_to_keep` is an empty index, and a forward hook on the
-    decoder hands back its last hidden state."""
+    itself), the decoder without the head (`without_head`; `logits_to_keep` an empty index too): a
+    forward hook on the decoder hands back its last hidden state. Every forward calls the same
+    modules in the same order, so DeepSpeed's ZeRO-3 prefetch trace stays valid across micro-batches."""
     taken: list[Tensor] = []
     model.get_decoder().register_forward_hook(lambda _m, _args, out: taken.append(out.last_hidden_state))
     none = torch.zeros(0, dtype=torch.long, device=device)
 
     def hidden(mb: MicroBatch) -> Tensor:  # [R, T, H]
-        forward(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                use_cache=False, logits_to_keep=none)
+        with without_head(model):
+            forward(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+                    use_cache=False, logits_to_keep=none)
         return taken.pop()
 
     return hidden
@@ -64,8 +84,12 @@ def response_stats(
     hidden = policy.hidden(mb)  # [R, T, H]
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.pred_index)  # [N, H]
     adv = None if advantages is None else advantages.reshape(-1).index_select(0, mb.token_index)  # [N]
-    logp, entropy, dh = chunked_logprobs_and_entropy(policy.lm_head, h, mb.targets, chunk_tokens=policy.chunk_tokens,
-                                                     advantages=adv, min_chunks=mb.min_chunks)
+    if policy.head is not None:  # one module call: under ZeRO-3 one gather of the head
+        logp, entropy, dh = policy.head(h, mb.targets, adv, mb.min_chunks)
+    else:
+        logp, entropy, dh = chunked_logprobs_and_entropy(policy.lm_head, h, mb.targets,
+                                                         chunk_tokens=policy.chunk_tokens, advantages=adv,
+                                                         min_chunks=mb.min_chunks)
     B = mb.rows.shape[0]
 
     def to_rows(v: Tensor) -> Tensor:  # [N] -> [B, length], zero where a row is shorter

@@ -23,6 +23,7 @@ import logging
 import os
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,13 @@ from stare.learner.collectives import all_gather_ints, all_reduce_sum, gather_st
 from stare.config.algo import StareLossConfig
 from stare.learner.controller import EntropyController
 from stare.learner.diagnostics import quadrant_metrics
+from stare.learner.logprobs import attach_chunked_head
 from stare.learner.micro_batches import MicroBatch, build_micro_batch, filler_micro_batch, plan_rows
 from stare.learner.passes import Policy, hidden_state_fn, prepass, train_pass
 from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
 from stare.models.resolve import torch_dtype
 from stare.transport.records import Trajectory
+from stare.weight_sync.factory import publish_from
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +100,19 @@ class Learner:
         self.micro = min(o.micro_batch, rows)
         self.grad_accum = math.ceil(rows / self.micro)
         self.rows = self.micro * self.grad_accum
+        head = attach_chunked_head(model, o.logits_chunk_tokens)  # ZeRO-3: the head gathered once per micro-batch
         self.engine = ds.build_engine(model, ds.deepspeed_config(
             micro_batch=self.micro, grad_accum=self.grad_accum, world_size=self.world, lr=o.lr, betas=o.betas,
             weight_decay=o.weight_decay, grad_clip=o.grad_clip, zero_stage=o.zero_stage, dtype=cfg.model.dtype,
             fused_adam=torch.cuda.is_available(),
-        ))
+        ), external={head: head.weight})
         self.device = ds.engine_device(self.engine)
-        self.policy = Policy(hidden=hidden_state_fn(self.engine, self.engine.module, self.device), lm_head=self.engine.module.get_output_embeddings(),
-                             device=self.device, chunk_tokens=o.logits_chunk_tokens)
+        # the weights the session publishes: read from the GPU (NCCL) or a pinned host copy; a snapshot
+        # when the publish runs in the background (stare.weight_sync.factory.build_publisher)
+        self.publish_from = publish_from(cfg, cuda=self.device.type == "cuda")
+        self.publish_snapshot = cfg.system.max_staleness >= 1
+        self.policy = Policy(hidden=hidden_state_fn(self.engine, self.engine.module, self.device), lm_head=head.lm_head,
+                             device=self.device, chunk_tokens=o.logits_chunk_tokens, head=head)
         # ln V bounds the target and band (a uniform distribution over the vocabulary)
         self.controller = EntropyController(cfg.controller, max_entropy=math.log(model.config.vocab_size))
         self.nonfinite_steps = 0  # steps whose loss or gradient norm was NaN or infinite (status, metrics)
@@ -216,10 +224,11 @@ class Learner:
         """Whether gathering the weights needs every rank (ZeRO-3 over several ranks)."""
         return self.world > 1 and self.engine.zero_optimization_stage() == 3
 
-    def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
-        """The whole model on CPU on rank 0 (what the rollout engines load); other ranks only take
-        part in the ZeRO-3 gathers and get {}."""
-        return ds.full_state_dict(self.engine, keep=self.rank == 0)
+    def state_dict_for_rollout(self) -> Mapping[str, torch.Tensor]:
+        """The whole model on rank 0 (what the rollout engines load), on the GPU or in host memory
+        (`system.weight_sync_publish_from`); other ranks only take part in the ZeRO-3 gathers and get {}."""
+        return ds.full_state_dict(self.engine, keep=self.rank == 0, where=self.publish_from,
+                                  snapshot=self.publish_snapshot)
 
     def save(self, directory: Path, extra: dict[str, Any]) -> str:
         """A checkpoint under directory/step_N, then `latest` pointed at it: a process killed

@@ -19,7 +19,12 @@ chunked log-probs on, through `stare.learner.trainer.Learner.train_step`. The fi
     MFU = model FLOPs per step / step time / peak (`--peak-tflops`; 989.4 for an H100/H200's dense
         bf16; unset on other devices, and then no MFU is printed).
 
-It also prints `stare plan`'s learner total for the same config next to the measured peak.
+It also prints `stare plan`'s learner total for the same config next to the measured peak, and
+times the weight publish both ways (`system.weight_sync_publish_from`): `state_dict_for_rollout`
+and the broadcast's bucket packer on the learner's device (no send), from the device (tensors kept
+there, large ones sent from their own memory) and from the host (pinned copies on a side stream),
+checking that both give the same bytes and where they live. `--zero-stage 3` runs the learner under
+ZeRO-3 (one rank: the head gathered once per micro-batch, the gathered publish).
 
 Part 2, `stare train`: `--train-steps` steps of the embedded loop (the bundled arithmetic task,
 a quickly built tiny model, transformers rollout) in a subprocess: its learner (DeepSpeed) and its
@@ -56,6 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=4096, help="tokens per trajectory, prompt included")
     p.add_argument("--prompt", type=int, default=512, help="prompt tokens of each trajectory")
     p.add_argument("--micro-batch", type=int, default=4, help="rows per micro-batch")
+    p.add_argument("--zero-stage", type=int, default=1, choices=(1, 2, 3), help="optim.zero_stage of the learner")
     p.add_argument("--train-steps", type=int, default=5, help="steps of `stare train` (0: skip part 2)")
     p.add_argument("--peak-tflops", type=float, default=None, help="the device's peak (default: known GPUs)")
     p.add_argument("--timeout-s", type=float, default=420.0, help="limit of the `stare train` subprocess")
@@ -108,7 +114,7 @@ def learner_config(model_dir: Path, args: argparse.Namespace, out: Path):
         "rollout": {"prompts_per_step": args.rows // 8, "samples_per_prompt": 8,
                     "max_new_tokens": args.seq - args.prompt},
         "data": {"dynamic_sampling": False},
-        "optim": {"lr": 1e-6, "micro_batch": args.micro_batch, "zero_stage": 1, "gradient_checkpointing": True,
+        "optim": {"lr": 1e-6, "micro_batch": args.micro_batch, "zero_stage": args.zero_stage, "gradient_checkpointing": True,
                   "logits_chunk_tokens": 1024},
         "diagnostics": {"predicted_entropy_change": False},
     })
@@ -189,11 +195,42 @@ def run_learner(args: argparse.Namespace) -> dict:
         "peak_tflops": peak_tflops, "mfu": (flops / mean_s / 1e12 / peak_tflops) if peak_tflops else None,
         "peak_memory_bytes": peak, "peak_memory_source": peak_source,
         "plan_learner_bytes": plan.roles[0].total, "plan_fits": plan.roles[0].fits, "metrics": metrics,
+        "zero_stage": args.zero_stage, "publish": publish_check(learner),
     }
     del learner
     if cuda:
         torch.cuda.empty_cache()
     return result
+
+
+def publish_check(learner) -> dict:
+    """The weight publish from the device and from the host: seconds to build the state and to pack
+    it into the broadcast's messages on the learner's device (what an NCCL send reads), where the
+    tensors live, and whether both ways give the same bytes."""
+    import torch
+
+    from stare.weight_sync.buckets import BucketPacker
+
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    packer = BucketPacker(256 * 2**20, learner.device)
+    out, states = {}, {}
+    for where in ("device", "host"):
+        learner.publish_from = where
+        sync()
+        t0 = time.perf_counter()
+        state = learner.state_dict_for_rollout()
+        tensors = dict(state)  # a host snapshot waits for its copies on the first read
+        t_state = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        n = sum(m.payload.numel() for m in packer.messages(state, packer.layout(state)))
+        sync()
+        out[where] = {"state_s": t_state, "pack_s": time.perf_counter() - t0, "bytes": n,
+                      "devices": sorted({str(t.device) for t in tensors.values()}),
+                      "pinned": all(t.is_pinned() for t in tensors.values()) if cuda and where == "host" else None}
+        states[where] = tensors
+    out["same_bytes"] = all(torch.equal(states["device"][k].cpu(), states["host"][k].cpu()) for k in states["host"])
+    return out
 
 
 def run_train(args: argparse.Namespace) -> dict:
@@ -244,6 +281,15 @@ def render(result: dict) -> str:
             "  loss, grad norm per step: " + ", ".join(f"{m.get('loss', float('nan')):.4f} {m.get('grad_norm') or float('nan'):.3g}"
                                                 for m in r["metrics"]),
         ]
+        pub = r.get("publish") or {}
+        for where in ("device", "host"):
+            if where in pub:
+                w = pub[where]
+                lines.append(f"  publish from the {where} (ZeRO-{r['zero_stage']}): state {w['state_s']:.2f} s, pack "
+                             f"{w['pack_s']:.2f} s, {w['bytes'] / gib:.2f} GiB on {', '.join(w['devices'])}"
+                             + (f", pinned: {w['pinned']}" if w["pinned"] is not None else ""))
+        if pub:
+            lines.append(f"  publish: device and host give the same bytes: {pub['same_bytes']}")
     if "train" in result:
         t = result["train"]
         lines.append(f"stare train: {t['steps']} steps in {t['wall_s']:.1f} s (tiny model built in "

@@ -9,7 +9,9 @@
 # (STARE_SMOKE_SITE, default /tmp/stare-smoke-site) on PYTHONPATH, then runs scripts/gpu_smoke.py:
 # 3 learner steps of 64 x 4,096-token sequences on a random Qwen2.5-1.5B-shaped model (bf16, gradient
 # checkpointing, chunked log-probs), then 5 steps of `stare train`. It prints peak memory, tokens/s
-# and MFU, and writes gpu_smoke.json to --out (default: $OUT, else ./gpu-smoke-out). STARE_SMOKE_BENCH=1:
+# and MFU, the weight publish from the device and from the host (pass --zero-stage 3 for the ZeRO-3
+# learner: its head gathered once per micro-batch), and writes gpu_smoke.json to --out (default: $OUT,
+# else ./gpu-smoke-out). STARE_SMOKE_BENCH=1:
 # then also `stare bench gpu --quick` (learner MFU, chunked log-prob memory, HF generation) into bench-gpu.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -50,6 +50,13 @@ class SystemSection(_Section):
         256, ge=1, description="Broadcast bucket size in MiB: small tensors are packed into two buckets of this size "
         "on the learner (on the GPU with nccl); larger tensors are sent in chunks of this size from their own memory.",
     )
+    weight_sync_publish_from: Literal["auto", "host", "device"] = Field(
+        "auto", description="Where the learner's published weights are read from. device: from GPU memory, sent by "
+        "NCCL with no host round trip (ZeRO 0-2: the parameters themselves when the publish is synchronous, one device "
+        "copy when it runs in the background; ZeRO-3: each parameter gathered and copied on the GPU); host: a copy in "
+        "pinned host memory made on a side stream (what gloo and the filesystem backend send); auto: device when the "
+        "broadcast may use NCCL (a GPU learner, weight_sync_communicator not gloo, tensor_parallel_size 1), else host.",
+    )
     weight_dir: Path | None = Field(
         None, description="Shared folder of the filesystem weight backend (None: <run dir>/weights).",
     )

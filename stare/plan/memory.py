@@ -22,14 +22,17 @@ Per learner GPU (ZeRO data parallel over `gpus` ranks, micro-batches of T tokens
                    (each layer's input kept, one layer recomputed at a time).
     logits         the model's [T, V] logits in its dtype and their gradient: 2 b T V.
     log-prob chunk [chunk, V] fp32 tensors alive at once in learner/logprobs.py (tests count them): two
-                   with a whole output head (log p and p; the logits turned into log p, then into their
-                   gradient, in place): 8 chunk V; six under ZeRO-3, whose partitioned head takes the
-                   checkpointed autograd path: 24 chunk V.
+                   (log p and p; the logits turned into log p, then into their gradient, in place):
+                   8 chunk V, also under ZeRO-3, whose head is gathered once per micro-batch.
     diagnostics    diagnostics.predicted_entropy_change: the pre-pass upcasts the response logits to fp32
                    and takes their log-softmax, [T_response, V] each: 8 T_response V.
     weight send    NCCL weight sync (rank 0, beside the next step when it publishes in the background):
-                   two system.weight_sync_bucket_mb buckets and the two messages in flight, each up to
-                   a whole large tensor copied to the GPU: 2 bucket + 2 b largest layer.
+                   two system.weight_sync_bucket_mb buckets; published from the host, also the two
+                   messages in flight, each up to a whole large tensor copied to the GPU: 2 bucket
+                   + 2 b largest layer (from the device large tensors are sent from their own memory).
+    weight snapshot published from the device (system.weight_sync_publish_from), rank 0: under ZeRO-3
+                   the gathered copy of the whole model, b P; published in the background
+                   (max_staleness >= 1) a copy being sent and the next one: 2 b P.
 
 A rollout GPU (one worker per GPU): vLLM takes gpu_memory_utilization x GPU memory; after the weights
 (b P) and a reserve for its forward pass (a [max_num_seqs, V] fp32 logits buffer and one layer over
@@ -58,6 +61,8 @@ from typing import Any, Callable
 from stare.config import ConfigError, TrainConfig
 from stare.plan.sizes import (CHUNK_TENSORS, DTYPE_BYTES, ModelShape, activation_bytes, kv_bytes_per_token,
                               load_model_shape, model_state_bytes)
+from stare.plan.weights import (_publish_from, checkpoint_disk, weight_receive_bytes,
+                                weight_send_bytes, weight_snapshot_bytes)
 
 GIB = 1 << 30
 HEADROOM = 0.9  # fraction of a GPU's memory a role may plan to use
@@ -126,6 +131,7 @@ class Plan:
     prompt_source: str
     roles: list[RolePlan]
     zero_stages: dict[int, dict[str, Any]]  # learner model states per stage
+    checkpoint: dict[str, Any] = field(default_factory=dict)  # checkpoint_disk()
 
     @property
     def fits(self) -> bool:
@@ -167,9 +173,9 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
     diag = cfg.diagnostics.predicted_entropy_change
     response = cfg.rollout.max_new_tokens
     act = {c: activation_bytes(shape, b, tokens, checkpointing=c) for c in (False, True)}
-    send = weight_send_bytes(cfg, shape, b)
+    snapshot = weight_snapshot_bytes(cfg, shape, b, 3)[0]  # nonzero: a device snapshot at some stage
 
-    def items_for(stage: int, checkpointing: bool, t: int, ch: int, diag_on: bool) -> list[Item]:
+    def items_for(stage: int, checkpointing: bool, t: int, ch: int, diag_on: bool, snap: bool = True) -> list[Item]:
         out = [
             Item("model states", stages[stage]["bytes"], f"ZeRO-{stage} over {gpus} GPU(s): {stages[stage]['source']}"),
             Item("activations", activation_bytes(shape, b, t, checkpointing=checkpointing),
@@ -177,14 +183,19 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
             Item("logits + grad", 2 * b * t * shape.vocab, f"[{t:,}, {shape.vocab:,}] in {cfg.model.dtype}, twice"),
             Item("log-prob chunk", 4 * CHUNK_TENSORS[stage == 3] * ch * shape.vocab,
                  f"{CHUNK_TENSORS[stage == 3]} x fp32 [{ch:,}, {shape.vocab:,}]"
-                 + (" (ZeRO-3: checkpointed head)" if stage == 3 else "")),
+                 + (" (ZeRO-3: the head gathered once per micro-batch)" if stage == 3 else "")),
         ]
         if diag_on:
             r = t * response // seq_tokens  # response tokens of the micro-batch
             out.append(Item("diagnostics", 8 * r * shape.vocab, f"2 x fp32 [{r:,}, {shape.vocab:,}] in the pre-pass"))
-        if send:
-            out.append(Item("weight send", send, f"NCCL weight sync on rank 0: 2 buckets of "
-                            f"{cfg.system.weight_sync_bucket_mb} MiB + the 2 largest tensors in flight"))
+        from_host = not snap or _publish_from(cfg) == "host"  # snap False: the publish_from=host fix applied
+        sent = weight_send_bytes(cfg, shape, b, "host" if from_host else "device")
+        if sent:
+            out.append(Item("weight send", sent, f"NCCL weight sync on rank 0: 2 buckets of "
+                            f"{cfg.system.weight_sync_bucket_mb} MiB" + (" + the 2 largest tensors in flight" if from_host else "")))
+        held, why = weight_snapshot_bytes(cfg, shape, b, stage)
+        if held and snap:
+            out.append(Item("weight snapshot", held, why))
         return out
 
     usable = int(HEADROOM * gpu_mem_bytes)
@@ -205,8 +216,10 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
             stage = 3
             fixes.append(Fix("optim.zero_stage", 3, f"model states {stages[3]['bytes'] / GIB:.1f} GiB per GPU"))
         if stages[stage]["bytes"] > usable:
-            rest = sum(i.bytes for i in items_for(stage, True, seq_tokens, min(chunk, seq_tokens), False)[1:])
+            rest = sum(i.bytes for i in items_for(stage, True, seq_tokens, min(chunk, seq_tokens), False, False)[1:])
             need = _gpus_for_states(shape, b, usable - rest)
+            if snapshot:  # not sharded: the GPU count holds the rest only without it
+                fixes.append(Fix("system.weight_sync_publish_from", "host", _SNAPSHOT_FIX))
             why = (f"model states alone need {stages[stage]['bytes'] / GIB:.1f} GiB per GPU of {usable / GIB:.1f} usable; "
                    f"{need or 'no number of'} GPUs at optim.zero_stage=3 with gradient checkpointing and one sequence "
                    "per micro-batch hold them (--gpus, learner ranks); or a smaller model (model.path)")
@@ -217,9 +230,11 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
              ("ch", min(1024, chunk), Fix("optim.logits_chunk_tokens", min(1024, chunk)))]
     if gpus > 1:
         steps.append(("stage", 3, Fix("optim.zero_stage", 3)))
-    state = {"c": ckpt, "d": diag, "ch": chunk, "stage": stage}
+    if snapshot:
+        steps.append(("snap", False, Fix("system.weight_sync_publish_from", "host", _SNAPSHOT_FIX)))
+    state = {"c": ckpt, "d": diag, "ch": chunk, "stage": stage, "snap": True}
     default = dict(state)
-    state_fits = lambda st, n=t: fits(items_for(st["stage"], st["c"], n, min(st["ch"], n), st["d"]))  # noqa: E731
+    state_fits = lambda st, n=t: fits(items_for(st["stage"], st["c"], n, min(st["ch"], n), st["d"], st["snap"]))  # noqa: E731
     applied = []
     for key, value, fix in steps:
         if not state_fits(state) and state[key] != value:
@@ -246,6 +261,9 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
     return plan, stages
 
 
+_SNAPSHOT_FIX = "publish a pinned host copy instead of the model's copy on rank 0's GPU (slower NCCL sends)"
+
+
 def _gpus_for_states(shape: ModelShape, dtype_bytes: int, room: int) -> int | None:
     """The fewest ZeRO-3 ranks whose model states per GPU fit in `room` bytes (None: not up to 4,096)."""
     for n in range(1, 4097):
@@ -261,30 +279,6 @@ def _largest_tokens(fits: Callable[[int], bool], upper: int) -> int:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return lo
-
-
-def nccl_weight_sync(cfg: TrainConfig) -> bool:
-    """Whether the weights may travel by NCCL, GPU to GPU (`system.weight_sync: broadcast`,
-    communicator `auto` or `nccl`, tensor_parallel_size 1; stare.weight_sync.factory). Else gloo
-    moves them through CPU memory, or the filesystem backend through disk."""
-    from stare.weight_sync.factory import communicator_setting
-
-    return cfg.system.weight_sync == "broadcast" and communicator_setting(cfg, rollout_end=True) != "gloo"
-
-
-def weight_receive_bytes(cfg: TrainConfig, weights: int) -> int:
-    """GPU memory of the rollout worker's weight-sync receive buffers: two whole-model sets over
-    NCCL, none otherwise."""
-    return 2 * weights if nccl_weight_sync(cfg) else 0
-
-
-def weight_send_bytes(cfg: TrainConfig, shape: ModelShape, b: int) -> int:
-    """GPU memory of the learner's NCCL weight send (stare.weight_sync.buckets), beside the next
-    step's peak when it publishes in the background: two packing buckets, and each of the two
-    messages in flight may be a whole large tensor copied to the GPU (the embedding, lm_head)."""
-    if not nccl_weight_sync(cfg):
-        return 0
-    return 2 * cfg.system.weight_sync_bucket_mb * 2**20 + 2 * b * shape.largest_layer_params
 
 
 def _receive_items(recv: int) -> list[Item]:
@@ -376,4 +370,4 @@ def build_plan(cfg: TrainConfig, *, gpus: int, gpu_mem_gib: float, shape: ModelS
         for r in out:
             r.notes.append(f"prompt + response = {seq:,} tokens exceeds the model's {shape.max_positions:,} positions")
     return Plan(config=config_name, model=shape, dtype=cfg.model.dtype, seq_tokens=seq, prompt_tokens=prompt,
-                prompt_source=source, roles=out, zero_stages=stages)
+                prompt_source=source, roles=out, zero_stages=stages, checkpoint=checkpoint_disk(cfg, shape))

@@ -23,6 +23,11 @@ def render(plan: Plan) -> str:
         f"sequence: {plan.prompt_tokens:,} prompt [{plan.prompt_source}] + {plan.seq_tokens - plan.prompt_tokens:,} "
         f"response = {plan.seq_tokens:,} tokens",
     ]
+    if plan.checkpoint:
+        c = plan.checkpoint
+        lines.append(f"checkpoints: {c['bytes'] / 1e9:,.1f} GB each (fp32 master + Adam moments), every {c['every']} "
+                     f"steps, {c['keep']} kept: {c['peak_bytes'] / 1e9:,.0f} GB on disk while the next is written, "
+                     f"{c['written_bytes'] / 1e12:,.1f} TB written over the run")
     for r in plan.roles:
         where = f"{r.gpus} x {r.gpu_mem_bytes / GIB:.0f} GiB GPU" + ("s" if r.gpus > 1 else "") if r.role == "learner" \
             else f"1 x {r.gpu_mem_bytes / GIB:.0f} GiB GPU per worker ({r.extra['engine']})"

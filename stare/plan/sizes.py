@@ -34,9 +34,10 @@ class ModelShape:
 
 
 # [chunk, V] fp32 tensors the chunked log-prob computation holds at once (learner/logprobs.py;
-# tests/learner/test_logprobs.py counts them): the fused path of a whole output head, and the
-# checkpointed autograd path a ZeRO-3 partitioned head takes.
-CHUNK_TENSORS = {False: 2, True: 6}
+# tests/learner/test_logprobs.py counts them): the fused path, for a whole output head and (ZeRO-3)
+# for the head `ChunkedHead` gathers once per micro-batch (the gathered [V, H] weight and its
+# gradient: DeepSpeed's largest-layer term of the ZeRO-3 model states, the head being the largest).
+CHUNK_TENSORS = {False: 2, True: 2}
 
 
 def shape_from_hf_config(hf_config, source: str) -> ModelShape:

@@ -7,7 +7,9 @@ in increasing order and at most two states are referenced. `serve_joiners` runs 
 is being sent (else the joiners are served by the next call or the next publish).
 
 The state is iterated in the sender thread while the learner trains the next step, so it must not
-change under it: the learners' `state_dict_for_rollout()` returns a gathered copy. A lazy mapping
+change under it: the learners' `state_dict_for_rollout()` returns a snapshot when max_staleness >= 1
+(a device copy, or pinned host memory filled on a side stream: its first read, here in the sender
+thread, waits for the copies; the learner's thread does not). A lazy mapping
 whose iteration runs collectives with other ranks (ZeRO-3 gathering) must not be published in the
 background: build the publisher with `background=False` (stare.weight_sync.factory).
 

@@ -1,24 +1,26 @@
 """The weight broadcast's wire format: a state dict as fixed-size byte messages (pure, no I/O).
 
-Sender (`messages`): iterates `state.items()` exactly once, in order, never indexing by name, so a
-lazy mapping (ZeRO-3 parameters gathered one at a time) is never held whole. Small tensors (at most
-PACK_MAX_BYTES, or the bucket size if smaller: norms, biases) are copied into a flat uint8 bucket of
-`bucket_bytes` (offsets aligned to ALIGN bytes) that is sent when the next one does not fit; a
-larger tensor is sent from its own memory (no copy) as `bucket_bytes` chunks of a segment of its
-own, so no message exceeds `bucket_bytes` and only the small tensors are copied. Two buckets
-alternate: the caller must have awaited message k-1's sends before it pulls message k+1 (the
-bucket of k-1 is then rewritten). So the next item of the state is taken while the previous
-tensor's sends may still run: a lazy mapping must not rewrite item i's memory for item i+1 (fresh
-tensors per item, as a gather into new memory gives, are fine).
+A version's `Layout` is planned before any byte is sent, from the names, shapes and dtypes alone
+(`state_meta`: a lazy mapping gives them without materialising its tensors): where each tensor goes
+(segment, offset), each segment's size, and so every message (segment, start, n). The sender stores
+the layout in the rendezvous store (only when it changed) and receivers derive the same message list
+from it, so no message carries a header: a receiver posts every receive of a version before it waits
+for any, and reads nothing back from a received tensor. (Per-message int64 headers read with
+`.tolist()` cost one host sync per message on the receiving GPU, ~315 per version at 7B.)
 
-Every message is a header `[segment_bytes, offset, n, layout_seq]` (int64 [4]) then `n` payload
-bytes, written at `offset` of the current segment (a new segment starts at offset 0). The version
-ends with a header-only terminator `[0, 0, -1, layout_seq]`: the layout (name, shape, dtype,
-segment, offset per tensor) is known only after the pass, so the sender stores it under
-`layout_seq` (only when it changed) before the terminator, and receivers read it then.
+Sender (`BucketPacker.messages`): iterates `state.items()` exactly once, in order, never indexing
+by name, so a lazy mapping (tensors produced one at a time) is never held whole; each item must
+match its planned entry. Small tensors (at most PACK_MAX_BYTES, or the bucket size if smaller:
+norms, biases) are copied into a flat uint8 bucket of `bucket_bytes` (offsets aligned to ALIGN
+bytes) that is sent when its segment is complete; a larger tensor is a segment of its own, sent from
+its own memory (no copy) in `bucket_bytes` chunks, so no message exceeds `bucket_bytes` and only the
+small tensors are copied. Two buckets alternate: the caller must have awaited message k-1's sends
+before it pulls message k+1 (the bucket of k-1 is then rewritten). So the next item of the state is
+taken while the previous tensor's sends may still run: a lazy mapping must not rewrite item i's
+memory for item i+1 (fresh tensors per item are fine). Empty tensors travel in the layout only.
 
-Receiver (`Segments` + `tensors`): one contiguous uint8 buffer per segment, reused across versions
-with the same segment sizes; every tensor is a view into one segment (bit-identical, no copy).
+Receiver (`Segments`): one contiguous uint8 buffer per segment, reused across versions with the same
+segment sizes; every tensor is a view into one segment (bit-identical, no copy).
 """
 
 from __future__ import annotations
@@ -30,21 +32,89 @@ import torch
 
 ALIGN = 64  # bytes: any dtype can view a packed tensor at an aligned offset
 PACK_MAX_BYTES = 2**20  # larger tensors are sent from their own memory
-TERMINATOR = -1
+EMPTY = -1  # the segment of an empty tensor: it has no bytes on the wire
 DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64,
                               torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
 
+Meta = tuple[str, list[int], str]  # name, shape, dtype
 LayoutEntry = tuple[str, list[int], str, int, int]  # name, shape, dtype, segment, offset
 
 
 @dataclass
 class Message:
-    header: list[int]  # [segment_bytes, offset, n, layout_seq]
-    payload: torch.Tensor | None  # uint8 [n] (a bucket slice or a chunk of one big tensor), None: terminator
+    segment: int
+    start: int  # byte offset in the segment
+    payload: torch.Tensor  # uint8 [n]: a bucket slice or a chunk of one big tensor
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where every tensor of a version lies, and so every message the version takes."""
+
+    entries: list[LayoutEntry]
+    segments: list[int]  # bytes per segment
+    bucket_bytes: int
+
+    def messages(self) -> list[tuple[int, int, int]]:  # (segment, start, n), in the order they are sent
+        b = self.bucket_bytes
+        return [(s, start, min(b, size - start)) for s, size in enumerate(self.segments) for start in range(0, size, b)]
+
+    def to_json(self) -> dict:
+        return {"entries": self.entries, "segments": self.segments, "bucket_bytes": self.bucket_bytes}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Layout:
+        return cls([tuple(e) for e in data["entries"]], list(data["segments"]), int(data["bucket_bytes"]))
 
 
 def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _nbytes(shape: list[int], dtype: str) -> int:
+    return DTYPES[dtype].itemsize * _numel(shape)
+
+
+def state_meta(state: Mapping[str, torch.Tensor]) -> list[Meta]:
+    """(name, shape, dtype) of every tensor, in iteration order, without materialising anything: a
+    lazy mapping says it through `meta()`; for a plain mapping the tensors are there already."""
+    meta = getattr(state, "meta", None)
+    if meta is not None:
+        return [(name, list(shape), str(dtype)) for name, shape, dtype in meta()]
+    return [(name, list(value.shape), str(value.dtype)) for name, value in state.items()]
+
+
+def plan_layout(meta: list[Meta], bucket_bytes: int, pack_bytes: int) -> Layout:
+    """The layout of a version (pure). A tensor larger than `pack_bytes` closes the open bucket and
+    takes a segment of its own, so segments are in iteration order and the sender never goes back."""
+    entries: list[LayoutEntry] = []
+    segments: list[int] = []
+    fill = None  # the open packed segment's fill (None: none open)
+    for name, shape, dtype in meta:
+        if dtype not in DTYPES:
+            raise TypeError(f"weight {name}: dtype {dtype} cannot be broadcast (supported: {sorted(DTYPES)})")
+        n = _nbytes(shape, dtype)
+        if n == 0:
+            entries.append((name, shape, dtype, EMPTY, 0))
+        elif n > pack_bytes:
+            fill = None
+            segments.append(n)
+            entries.append((name, shape, dtype, len(segments) - 1, 0))
+        else:
+            if fill is None or _aligned(fill) + n > bucket_bytes:
+                segments.append(0)
+                fill = 0
+            offset = _aligned(fill)
+            entries.append((name, shape, dtype, len(segments) - 1, offset))
+            fill = segments[-1] = offset + n
+    return Layout(entries, segments, bucket_bytes)
 
 
 def as_bytes(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -64,49 +134,44 @@ class BucketPacker:
         self.bucket_bytes, self.device = bucket_bytes, device
         self.pack_bytes = min(bucket_bytes, PACK_MAX_BYTES)
         self._buckets: list[torch.Tensor] = []
-        self.layout: list[LayoutEntry] = []
 
     def _bucket(self, k: int) -> torch.Tensor:
         while len(self._buckets) <= k % 2:
             self._buckets.append(torch.empty(self.bucket_bytes, dtype=torch.uint8, device=self.device))
         return self._buckets[k % 2]
 
-    def messages(self, state: Mapping[str, torch.Tensor], layout_seq_of) -> Iterator[Message]:
-        """The messages of one version. `layout_seq_of(layout)` (called once, after the pass)
-        returns the key the layout is stored under; it goes into the terminator."""
-        self.layout = []
-        segment, fill, sent = -1, 0, 0  # the open bucket's segment index and fill; messages sent
+    def layout(self, state: Mapping[str, torch.Tensor]) -> Layout:
+        return plan_layout(state_meta(state), self.bucket_bytes, self.pack_bytes)
+
+    def messages(self, state: Mapping[str, torch.Tensor], layout: Layout) -> Iterator[Message]:
+        """The messages of one version, exactly `layout.messages()`, from one pass over `state`."""
+        planned = iter(layout.entries)
+        open_seg, bucket, sent = EMPTY, None, 0  # the packed segment being filled, its bucket; messages so far
         for name, value in state.items():  # the one pass
-            if value.dtype not in DTYPES.values():
-                raise TypeError(f"weight {name}: dtype {value.dtype} cannot be broadcast (supported: {sorted(DTYPES)})")
+            entry = next(planned, None)
+            if entry is None or (entry[0], entry[1], entry[2]) != (name, list(value.shape), str(value.dtype)):
+                raise ValueError(f"weight {name} {list(value.shape)} {value.dtype} is not the planned {entry}: the state "
+                                 "changed between its layout and its pass")
+            _, shape, dtype, segment, offset = entry
+            if segment == EMPTY:
+                continue
             data = as_bytes(value, self.device)
+            if segment != open_seg and bucket is not None:  # the open bucket is complete
+                yield Message(open_seg, 0, bucket[:layout.segments[open_seg]])
+                sent, bucket, open_seg = sent + 1, None, EMPTY
             n = data.numel()
-            entry = (name, list(value.shape), str(value.dtype))
             if n > self.pack_bytes:  # a segment of its own, sent from the tensor's memory
-                if fill:
-                    yield Message([fill, 0, fill, 0], self._bucket(sent)[:fill])
-                    sent, fill = sent + 1, 0
-                segment += 1
-                self.layout.append((*entry, segment, 0))
                 for start in range(0, n, self.bucket_bytes):
-                    chunk = data[start:start + self.bucket_bytes]
-                    yield Message([n, start, chunk.numel(), 0], chunk)
+                    yield Message(segment, start, data[start:start + self.bucket_bytes])
                     sent += 1
                 continue
-            if fill == 0 or _aligned(fill) + n > self.bucket_bytes:
-                if fill:
-                    yield Message([fill, 0, fill, 0], self._bucket(sent)[:fill])
-                    sent += 1
-                segment, fill = segment + 1, 0
-            offset = _aligned(fill)
-            self._bucket(sent)[offset:offset + n].copy_(data)
-            self.layout.append((*entry, segment, offset))
-            fill = offset + n if n else max(fill, offset)
-            if fill == 0:  # only empty tensors so far: keep the segment open but non-empty on the wire
-                fill = 1
-        if fill:
-            yield Message([fill, 0, fill, 0], self._bucket(sent)[:fill])
-        yield Message([0, 0, TERMINATOR, layout_seq_of(self.layout)], None)
+            if bucket is None:
+                open_seg, bucket = segment, self._bucket(sent)
+            bucket[offset:offset + n].copy_(data)
+        if next(planned, None) is not None:
+            raise ValueError("the state has fewer tensors than its layout: it changed between its layout and its pass")
+        if bucket is not None:
+            yield Message(open_seg, 0, bucket[:layout.segments[open_seg]])
 
 
 class Segments:
@@ -115,42 +180,29 @@ class Segments:
     def __init__(self, device: torch.device):
         self.device = device
         self.buffers: list[torch.Tensor] = []
-        self._count = 0
 
-    def start(self) -> None:
-        self._count = 0
-
-    def target(self, header: list[int]) -> torch.Tensor:
-        """Where the payload of a message with `header` goes (uint8 [n])."""
-        segment_bytes, offset, n, _ = header
-        if offset == 0:
-            k = self._count
-            self._count += 1
-            if k < len(self.buffers) and self.buffers[k].numel() == segment_bytes:
-                pass
-            elif k < len(self.buffers):
-                self.buffers[k] = torch.empty(segment_bytes, dtype=torch.uint8, device=self.device)
+    def targets(self, layout: Layout) -> list[torch.Tensor]:
+        """Where each of the layout's messages goes (uint8 [n] views), the buffers (re)allocated to
+        the layout's segment sizes."""
+        for k, size in enumerate(layout.segments):
+            if k < len(self.buffers) and self.buffers[k].numel() == size:
+                continue
+            buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+            if k < len(self.buffers):
+                self.buffers[k] = buffer
             else:
-                self.buffers.append(torch.empty(segment_bytes, dtype=torch.uint8, device=self.device))
-        if self._count == 0 or offset + n > self.buffers[self._count - 1].numel():
-            raise ValueError(f"weight message {header} does not fit the segment it continues")
-        return self.buffers[self._count - 1][offset:offset + n]
+                self.buffers.append(buffer)
+        del self.buffers[len(layout.segments):]
+        return [self.buffers[s][start:start + n] for s, start, n in layout.messages()]
 
-    def finish(self) -> None:
-        del self.buffers[self._count:]
-
-    def tensors(self, layout: list[LayoutEntry]) -> dict[str, torch.Tensor]:
+    def tensors(self, layout: Layout) -> dict[str, torch.Tensor]:
         """name -> view of the received bytes, with the sender's shape and dtype."""
         out = {}
-        for name, shape, dtype, segment, offset in layout:
+        for name, shape, dtype, segment, offset in layout.entries:
             dt = DTYPES[dtype]
+            if segment == EMPTY:
+                out[name] = torch.empty(shape, dtype=dt, device=self.device)
+                continue
             n = dt.itemsize * _numel(shape)
             out[name] = self.buffers[segment][offset:offset + n].view(dt).view(shape)
         return out
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

@@ -12,8 +12,8 @@ its buffers live:
 Both groups are built from a `PrefixStore("pg/<generation>", store)` with rank 0 the learner and
 give `send(tensors, dst, tag)` / `recv(tensors, src, tag)` returning works whose `wait()` blocks
 the host and raises within the timeout (NCCL: blocking wait, communicators aborted on error rather
-than the process torn down). NCCL ignores tags, so its receives are posted in the sender's order;
-gloo matches by tag, so a receiver asks for the next header before the current payload.
+than the process torn down). NCCL ignores tags and pairs in issue order, gloo matches by tag: a
+receiver posts every receive of a version in the sender's order, which suits both.
 
 `choose_communicator` picks one per generation from `system.weight_sync_communicator`: auto =
 NCCL when the learner and every member have a GPU of their own (NCCL refuses two ranks on one
@@ -48,7 +48,6 @@ Setting = Literal["auto", "gloo", "nccl"]
 class Communicator(Protocol):
     name: CommunicatorName
     device: torch.device  # where send and receive buffers live
-    matched_by_tag: bool  # receives may be posted in any order (gloo); else in the sender's order (NCCL)
 
     def group(self, store: dist.Store, generation: int, rank: int, size: int, timeout_s: float):
         """The point-to-point group of one generation (rank 0: the learner)."""
@@ -58,7 +57,6 @@ class Communicator(Protocol):
 class GlooCommunicator:
     name: CommunicatorName = "gloo"
     device = torch.device("cpu")
-    matched_by_tag = True
 
     def group(self, store, generation: int, rank: int, size: int, timeout_s: float):
         prefix = dist.PrefixStore(f"pg/{generation}", store)
@@ -69,7 +67,6 @@ class NcclCommunicator:
     """NCCL on this process's current CUDA device (the vLLM worker's, the learner's local rank)."""
 
     name: CommunicatorName = "nccl"
-    matched_by_tag = False  # NCCL pairs sends and receives in issue order; tags are ignored
 
     def __init__(self, device: torch.device | None = None) -> None:
         problem = nccl_problem()
@@ -107,6 +104,11 @@ def nccl_problem() -> str | None:
     if not (dist.is_nccl_available() and hasattr(dist, "ProcessGroupNCCL")):
         return f"this torch build ({torch.__version__}) has no NCCL"
     return None
+
+
+def nccl_gpu(setting: Setting) -> str | None:
+    """This end's GPU id for NCCL under `setting` (None: gloo only)."""
+    return nccl_device_id() if setting != "gloo" else None
 
 
 def has_nccl() -> bool:

@@ -31,6 +31,16 @@ def communicator_setting(cfg: TrainConfig, *, rollout_end: bool) -> str:
     return "gloo" if tp > 1 and rollout_end else setting
 
 
+def publish_from(cfg: TrainConfig, *, cuda: bool) -> str:
+    """`system.weight_sync_publish_from` resolved (pure): "device" or "host". auto: device when the
+    learner has CUDA and the broadcast may pick NCCL (`communicator_setting` not gloo)."""
+    s = cfg.system
+    if s.weight_sync_publish_from != "auto":
+        return s.weight_sync_publish_from
+    nccl = s.weight_sync == "broadcast" and communicator_setting(cfg, rollout_end=True) != "gloo"
+    return "device" if cuda and nccl else "host"
+
+
 def build_publisher(cfg: TrainConfig, client, *, background: bool | None = None) -> WeightPublisher:
     """The learner's end. `client`: the run's Redis client (the filesystem backend keeps its
     version pointer there). `background` (None: when `system.max_staleness >= 1`): publish from a

@@ -173,6 +173,6 @@ def test_a_bad_design_value_exits_2_naming_the_field(capsys):
 
     parser = argparse.ArgumentParser()
     command.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["sim", "--config", "configs/tiny-cpu.yaml", "--set", "weight_sync.publish_from=disk"])
+    args = parser.parse_args(["sim", "--config", "configs/tiny-cpu.yaml", "--set", "sim.zero3_head=per_token"])
     assert args.fn(args) == 2
-    assert "weight_sync.publish_from='disk': choose one of host, device" in capsys.readouterr().err
+    assert "sim.zero3_head='per_token': choose one of per_chunk, per_micro_batch" in capsys.readouterr().err

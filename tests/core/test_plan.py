@@ -232,11 +232,14 @@ def test_paper_7b_recipe_does_not_fit_one_24gb_gpu_and_says_why():
     assert not learner.fits
     states = next(i.bytes for i in learner.items if i.name == "model states")
     assert states > HEADROOM * 24 * GIB  # the weights, gradients and Adam state alone are too big
-    (fix,) = learner.fixes
+    # the weight snapshot published from rank 0's GPU (14.2 GiB, not sharded) first goes to host memory
+    host, fix = learner.fixes
+    assert (host.field, host.value) == ("system.weight_sync_publish_from", "host")
     assert fix.field == "learner GPUs" and fix.relation == ">=" and "optim.zero_stage=3" in fix.why
     # the number named is the fewest GPUs that hold it with one sequence per micro-batch
     narrow = load_config(PAPER_7B, overrides=["optim.max_tokens_per_micro_batch=4096",
-                                              "diagnostics.predicted_entropy_change=false"])
+                                              "diagnostics.predicted_entropy_change=false",
+                                              "system.weight_sync_publish_from=host"])
     assert build_plan(narrow, gpus=fix.value, gpu_mem_gib=24, shape=shape, prompt_tokens=1024).roles[0].fits
     assert not build_plan(narrow, gpus=fix.value - 1, gpu_mem_gib=24, shape=shape, prompt_tokens=1024).roles[0].fits
 
@@ -334,3 +337,26 @@ def test_the_docs_show_the_current_plan_of_the_7b_recipe():
     assert text in (REPO / "docs" / "deploy.md").read_text(), "regenerate the stare plan output in docs/deploy.md"
     learner = text[text.index("learner ("):text.index("\n\nrollout")]
     assert learner in (REPO / "docs" / "distributed.md").read_text()
+
+
+@pytest.mark.parametrize("where, staleness, snapshot, send", [
+    # 7,615,616,512 bf16 params; the largest layer (the head) 544,997,376; buckets 2 x 256 MiB
+    ("device", 0, 2 * 7_615_616_512, 2 * 256 * 2**20),  # ZeRO-3: the gathered model on rank 0's GPU
+    ("device", 1, 2 * 2 * 7_615_616_512, 2 * 256 * 2**20),  # in the background: the one sent and the next
+    ("host", 0, 0, 2 * 256 * 2**20 + 2 * 2 * 544_997_376),  # pinned host copies; 2 large tensors to the GPU
+])
+def test_the_published_weights_are_counted_where_they_live(where, staleness, snapshot, send):
+    cfg = load_config(PAPER_7B, overrides=[f"system.weight_sync_publish_from={where}",
+                                           f"system.max_staleness={staleness}"])
+    shape = load_model_shape(cfg, MODELS / "qwen2.5-math-7b.json")
+    items = {i.name: i.bytes for i in build_plan(cfg, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024).roles[0].items}
+    assert items.get("weight snapshot", 0) == snapshot and items["weight send"] == send
+
+
+def test_the_plan_prints_the_checkpoint_disk_cost_of_the_7b_recipe():
+    cfg = load_config(PAPER_7B)  # every 50 steps, 2 kept, 5,500 steps, ZeRO-3
+    shape = load_model_shape(cfg, MODELS / "qwen2.5-math-7b.json")
+    c = build_plan(cfg, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024).checkpoint
+    each = 12 * 7_615_616_512  # fp32 master + two Adam moments: 91.4 GB
+    assert c == {"bytes": each, "every": 50, "keep": 2, "peak_bytes": 3 * each, "written_bytes": 110 * each}
+    assert c["peak_bytes"] <= 300e9  # the budget docs/recipes.md states

@@ -7,7 +7,7 @@ import torch
 from learner_helpers import random_qwen2, trajectories
 from stare.learner.batch import collate, token_logprobs_and_entropy
 from stare.learner.diagnostics import predicted_entropy_change
-from stare.learner.logprobs import chunked_logprobs_and_entropy
+from stare.learner.logprobs import ChunkedHead, chunked_logprobs_and_entropy
 from stare.learner.micro_batches import build_micro_batch
 from stare.learner.passes import Policy, hidden_state_fn, response_stats
 
@@ -165,9 +165,12 @@ def test_stare_plan_counts_the_vocabulary_sized_tensors_each_head_path_holds():
 
     linear, hidden, targets = _case(torch.float32, n=64, h=8, v=1000)
     chunk = 16
-    for head, zero3 in ((linear, False), (_as_module_head(linear), True)):  # fused; checkpointed (ZeRO-3 head)
+    for head, zero3 in ((linear, False), (ChunkedHead(linear, chunk), True)):  # fused; the learner's (ZeRO-3) head
         def forward_backward():
-            logp, ent, _ = chunked_logprobs_and_entropy(head, hidden, targets, chunk_tokens=chunk)
+            if zero3:
+                logp, ent, _ = head(hidden, targets)  # one module call over every chunk
+            else:
+                logp, ent, _ = chunked_logprobs_and_entropy(head, hidden, targets, chunk_tokens=chunk)
             (logp.sum() + 0.1 * ent.sum()).backward()
 
         assert _peak_live_tensors(forward_backward, chunk * 1000) == CHUNK_TENSORS[zero3]

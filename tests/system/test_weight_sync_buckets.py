@@ -43,11 +43,14 @@ def _same(a: Mapping, b: Mapping) -> bool:
 
 
 class OnePassOnly(Mapping):
-    """A state that may be iterated once, in order, and never indexed (what the learner's lazy
-    ZeRO-3 mapping allows)."""
+    """A state that may be iterated once, in order, and never indexed (what a lazy mapping that
+    produces its tensors one at a time allows); it tells its names, shapes and dtypes up front."""
 
     def __init__(self, state: dict[str, torch.Tensor]):
         self._state, self.passes = state, 0
+
+    def meta(self):
+        return [(k, v.shape, v.dtype) for k, v in self._state.items()]
 
     def items(self):
         self.passes += 1
@@ -92,21 +95,30 @@ def test_every_bucket_size_delivers_bit_identical_weights_from_one_pass(bucket_b
 
 def test_a_tensor_larger_than_a_bucket_is_sent_from_its_own_memory_in_bucket_chunks():
     big = torch.arange(1000, dtype=torch.float32)  # 4000 bytes
+    state = {"small": torch.ones(3), "big": big, "none": torch.zeros(0), "tail": torch.zeros(2)}
     packer = BucketPacker(1024, torch.device("cpu"))
-    msgs = list(packer.messages({"small": torch.ones(3), "big": big, "tail": torch.zeros(2)}, lambda layout: 7))
-    chunks = [m for m in msgs if m.header[0] == 4000]
-    assert [m.header[1:3] for m in chunks] == [[0, 1024], [1024, 1024], [2048, 1024], [3072, 928]]
+    layout = packer.layout(state)
+    # segments: [small] 12 B, [big] 4000 B, [tail] 8 B (the big one closes the open bucket); empty: none
+    assert layout.segments == [12, 4000, 8]
+    assert layout.messages() == [(0, 0, 12), (1, 0, 1024), (1, 1024, 1024), (1, 2048, 1024), (1, 3072, 928), (2, 0, 8)]
+    msgs = list(packer.messages(state, layout))
+    assert [(m.segment, m.start, m.payload.numel()) for m in msgs] == layout.messages()  # no header message
     base = big.untyped_storage().data_ptr()
-    assert [m.payload.data_ptr() - base for m in chunks] == [0, 1024, 2048, 3072]  # no copy
-    assert msgs[-1].header == [0, 0, -1, 7] and msgs[-1].payload is None
+    assert [m.payload.data_ptr() - base for m in msgs[1:5]] == [0, 1024, 2048, 3072]  # no copy
     # the receiver's view of the same messages: three segments, every tensor a view of one
     segments = Segments(torch.device("cpu"))
-    segments.start()
-    for m in msgs[:-1]:
-        segments.target(m.header).copy_(m.payload)
-    segments.finish()
-    got = segments.tensors(packer.layout)
+    for target, m in zip(segments.targets(layout), msgs, strict=True):
+        target.copy_(m.payload)
+    got = segments.tensors(layout)
     assert len(segments.buffers) == 3 and torch.equal(got["big"], big) and torch.equal(got["tail"], torch.zeros(2))
+    assert got["none"].shape == (0,) and torch.equal(got["small"], torch.ones(3))
+
+
+def test_a_state_that_differs_from_its_layout_is_refused_naming_the_tensor():
+    packer = BucketPacker(1024, torch.device("cpu"))
+    layout = packer.layout({"a": torch.ones(3), "b": torch.ones(2)})
+    with pytest.raises(ValueError, match=r"weight b \[3\]"):
+        list(packer.messages({"a": torch.ones(3), "b": torch.ones(3)}, layout))
 
 
 def test_a_dead_member_is_skipped_mid_version_and_rejoins_with_small_buckets():
@@ -255,17 +267,33 @@ def test_a_tensor_parallel_vllm_worker_takes_gloo_under_auto_and_nccl_is_refused
         communicator_setting(cfg(2, "nccl"), rollout_end=False)
 
 
-def test_receives_posted_in_the_senders_order_as_nccl_needs_deliver_the_same_weights(monkeypatch):
-    from stare.weight_sync.communicator import GlooCommunicator
+def test_a_version_reads_nothing_back_on_the_receiver_its_layout_comes_from_the_store():
+    """The receiver's host syncs per version are O(1): it never reads a received tensor's values
+    (no header tensor; `.tolist()`/`.item()` on a GPU would each sync the stream)."""
+    reads = {"tolist": 0, "item": 0}
+    real_tolist, real_item = torch.Tensor.tolist, torch.Tensor.item
 
-    monkeypatch.setattr(GlooCommunicator, "matched_by_tag", False)  # NCCL's order, over gloo
-    pub = _publisher(256)
+    def counted(name, real):
+        def read(self, *args):
+            reads[name] += 1
+            return real(self, *args)
+        return read
+
+    pub = _publisher(64)  # many messages per version
     sub = _subscriber(pub, "w0")
     try:
         _await_join_request(pub, 1)
-        for version in (1, 2):
-            pub.publish(version, _state(version))
-            assert sub.wait_for(version, 10) and _same(sub.fetch(version - 1)[1], _state(version))
+        pub.publish(1, _state(1))
+        assert sub.wait_for(1, 10)
+        torch.Tensor.tolist, torch.Tensor.item = counted("tolist", real_tolist), counted("item", real_item)
+        try:
+            pub.publish(2, _state(2))
+            assert sub.wait_for(2, 10)
+        finally:
+            torch.Tensor.tolist, torch.Tensor.item = real_tolist, real_item
+        assert _same(sub.fetch(1)[1], _state(2))
+        assert reads == {"tolist": 0, "item": 0}
+        assert len(sub._layout(pub.store, pub.generation, 0).messages()) > 10  # and the version took many messages
     finally:
         sub.close()
         pub.close()

@@ -9,7 +9,7 @@ set with `--set` like any field (the adapter takes them out before the config is
 | `rollout.engine.enforce_eager` | the config's (None = auto: CUDA graphs on a GPU) | eager vs CUDA-graph decode |
 | `system.rollout_streaming` | false | true: the engine's batch kept full, a finished group published at once |
 | `system.inflight_weight_updates` | false | engines take a new version between decode steps |
-| `weight_sync.publish_from` | host | device: NCCL from GPU buffers, no pageable host round trip |
+| `system.weight_sync_publish_from` | the config's (auto: device where NCCL sends) | device: NCCL from GPU buffers, no pageable host round trip |
 | `sim.zero3_head` | per_chunk | per_chunk: the ZeRO-3 head gathered per chunk and recompute (today); per_micro_batch |
 
 Response lengths: `sim.response_mean` tokens (default 1,050) and `sim.response_sigma` (0.6), capped at
@@ -31,11 +31,11 @@ from stare.app.sim.node import Design, StepCosts
 NEW_FIELDS = {
     "system.rollout_streaming": False,
     "system.inflight_weight_updates": False,
-    "weight_sync.publish_from": "host",
+    "system.weight_sync_publish_from": "auto",
     "rollout.engine.enforce_eager": "config",
 }
 SIM_FIELDS = {"sim.response_mean": 1050.0, "sim.response_sigma": 0.6, "sim.prompt_tokens": 200,
-              "sim.solve_a": 1.0, "sim.solve_b": 1.0, "sim.zero3_head": "per_chunk",
+              "sim.solve_a": 1.0, "sim.solve_b": 1.0, "sim.zero3_head": "per_micro_batch",
               "sim.extra_forward": 0}
 
 
@@ -93,7 +93,8 @@ def build_design(cfg, sim: SimSettings, *, gpus: int, learner_gpus: int | None, 
         eager = getattr(eng, "enforce_eager", None)
     if eager is None:  # auto: CUDA graphs where CUDA is present
         eager = not on_gpu
-    for key, allowed in (("weight_sync.publish_from", ("host", "device")), ("sim.zero3_head", ("per_chunk", "per_micro_batch"))):
+    for key, allowed in (("system.weight_sync_publish_from", ("auto", "host", "device")),
+                         ("sim.zero3_head", ("per_chunk", "per_micro_batch"))):
         value = _read(cfg, sim, key) if key in NEW_FIELDS else sim.get(key)
         if value not in allowed:
             raise ValueError(f"{key}={value!r}: choose one of {', '.join(allowed)} (--set {key}=...)")
@@ -103,7 +104,7 @@ def build_design(cfg, sim: SimSettings, *, gpus: int, learner_gpus: int | None, 
     return Design(gpus=gpus, learner_gpus=learner, rollout_tp=getattr(eng, "tensor_parallel_size", 1),
                   colocated=colocated, streaming=_streaming(cfg, sim),
                   inflight=bool(_read(cfg, sim, "system.inflight_weight_updates")),
-                  publish_from=str(_read(cfg, sim, "weight_sync.publish_from")), eager=bool(eager),
+                  publish_from=_publish_from(cfg, sim, on_gpu), eager=bool(eager),
                   max_staleness=cfg.system.max_staleness)
 
 
@@ -202,3 +203,14 @@ def _streaming(cfg, sim: SimSettings) -> bool:
     the vllm engine, off for hf."""
     value = _read(cfg, sim, "system.rollout_streaming")
     return getattr(cfg.rollout.engine, "name", "hf") == "vllm" if value is None else bool(value)
+
+
+def _publish_from(cfg, sim: SimSettings, on_gpu: bool) -> str:
+    """system.weight_sync_publish_from as the learner resolves it (stare.weight_sync.factory.publish_from):
+    auto is device where the broadcast sends over NCCL."""
+    value = _read(cfg, sim, "system.weight_sync_publish_from")
+    if value != "auto":
+        return str(value)
+    from stare.weight_sync.factory import publish_from
+
+    return publish_from(cfg, cuda=on_gpu)

@@ -1,0 +1,185 @@
+"""Weight broadcast, the rollout workers' end (`broadcast.py` is the learner's; its docstring has the
+protocol and the store keys).
+
+A background thread per worker joins the learner's group and receives into a buffer set on the
+communicator's device (CPU for gloo, the worker's GPU for NCCL): one contiguous buffer per segment,
+every tensor a view. The version's layout comes from the store, so every receive is posted before
+any is awaited and no received byte is read back on the host. At most two sets exist: the one the
+rollout loop took last (`fetch`) and one being received; a version that arrives before the previous
+one was taken overwrites it (the worker jumps to the newest anyway). The rollout loop takes the
+newest between batches, so a learner broadcast never waits for a generation to finish. Workers
+that see their generation dissolved, or lose the store (learner restart), or whose receive fails,
+rejoin from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections.abc import Mapping
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from stare.weight_sync.buckets import Layout, Segments
+from stare.weight_sync.communicator import Setting, build_communicator, check_setting, device_scope, nccl_gpu
+
+log = logging.getLogger(__name__)
+
+GENERATION_OVER = -1  # announced instead of a version: the generation ended, read `gen`
+
+
+class BroadcastSubscriber:
+    """Rollout side: joins the learner's group and receives every broadcast in a background thread;
+    `fetch` hands the newest received version to the rollout loop."""
+
+    def __init__(self, host: str, port: int, name: str, *, timeout_s: float = 30.0, poll_s: float = 0.05,
+                 wait_s: float = 1.0, communicator: Setting = "auto"):
+        check_setting(communicator)
+        self.host, self.port, self.name = host, port, name
+        self.timeout_s, self.poll_s, self.wait_s = timeout_s, poll_s, wait_s
+        self._gpu = nccl_gpu(communicator)
+        self._device = torch.device("cuda", torch.cuda.current_device()) if self._gpu else None  # the engine's
+        self._lock = threading.Condition()
+        self._latest: tuple[int, dict[str, torch.Tensor], Segments] | None = None
+        self._in_use: Segments | None = None  # the buffer set the last fetch handed out
+        self._pool: list[Segments] = []  # at most two buffer sets, on the current communicator's device
+        self._layouts: dict[tuple[int, int], Layout] = {}
+        self._stop = threading.Event()
+        self.generations_joined = 0
+        self.received = 0
+        self.communicator: str | None = None  # of the generation joined last
+        self._thread = threading.Thread(target=self._run, name=f"weights-{name}", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- WeightSubscriber
+    def fetch(self, have_version: int) -> tuple[int, Mapping[str, torch.Tensor]] | None:
+        """The newest version if newer than have_version. Its tensors stay valid (not overwritten by
+        later broadcasts) until the next `fetch`."""
+        with self._lock:
+            if self._latest is None or self._latest[0] <= have_version:
+                self._in_use = None  # the caller is done with what it took before
+                return None
+            version, state, buffers = self._latest
+            self._in_use = buffers
+            return version, state
+
+    def wait_for(self, min_version: int, timeout_s: float) -> bool:
+        """Block until a version >= min_version has arrived (True) or timeout_s passed (False)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._latest is not None and self._latest[0] >= min_version,
+                                       timeout=timeout_s)
+
+    def close(self) -> None:
+        """Stop receiving; a receive in progress is abandoned (the thread is a daemon)."""
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+
+    # ---------------------------------------------------------------- receiver thread
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                # a plain connect first: fails fast (and quietly) while no learner listens
+                socket.create_connection((self.host, self.port), timeout=2.0).close()
+                store = dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=self.timeout_s),
+                                      use_libuv=True)
+                backoff = 0.1
+                while not self._stop.is_set():
+                    self._serve_one_generation(store)
+            except Exception as err:  # learner gone or restarting, or a receive failed: dial again
+                if self._stop.is_set():
+                    return
+                log.info("weight receiver %s: %s; reconnecting in %.1fs", self.name, str(err).splitlines()[0], backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _serve_one_generation(self, store) -> None:
+        """Ask to join, then receive in each generation that lists this worker; return when one
+        leaves it out (dissolved) so the caller asks again."""
+        asked_at = int(store.get("gen"))
+        ticket = store.add("joins", 1)
+        store.set(f"join/{ticket}/gpu", self._gpu or "")
+        store.set(f"join/{ticket}", self.name)
+        joined = self._await_membership(store, asked_at)
+        while joined is not None and not self._stop.is_set():
+            joined = self._receive(store, *joined)
+
+    def _receive(self, store, g: int, members: list[str]) -> tuple[int, list[str]] | None:
+        """Receive generation g's broadcasts until the generation changes; the next generation if it
+        lists this worker too (a member stays a member when others join), else None."""
+        rank = members.index(self.name) + 1
+        comm = build_communicator(store.get(f"gen/{g}/comm").decode(), self._device)
+        pg = comm.group(store, g, rank, len(members) + 1, self.timeout_s)
+        self.generations_joined += 1
+        self.communicator = comm.name
+        log.info("weight receiver %s joined generation %d (%s) as rank %d of %d", self.name, g, comm.name, rank,
+                 len(members) + 1)
+        seq = 0
+        while not self._stop.is_set():
+            key = f"gen/{g}/bcast/{seq}"
+            try:  # blocks in the store (no polling traffic) until the learner announces the next one
+                store.wait([key], timedelta(seconds=self.wait_s))
+            except Exception:  # noqa: BLE001 - torch raises a timeout error of its own kind: check stop, wait again
+                if not store.check([key]):
+                    continue
+            announced = store.get(key).decode().split()
+            if int(announced[0]) == GENERATION_OVER:
+                now = int(store.get("gen"))
+                nxt = json.loads(store.get(f"gen/{now}/members"))
+                return (now, nxt) if self.name in nxt else None
+            version, layout_seq = int(announced[0]), int(announced[1])
+            layout = self._layout(store, g, layout_seq)
+            buffers = self._free_buffers(comm.device)
+            with device_scope(comm.device):
+                self._receive_segments(pg, buffers, layout)
+            state = buffers.tensors(layout)
+            with self._lock:
+                self._latest = (version, state, buffers)
+                self.received += 1
+                self._lock.notify_all()
+            seq += 1
+        return None
+
+    @staticmethod
+    def _receive_segments(pg, buffers: Segments, layout: Layout) -> None:
+        """Receive one version's messages into `buffers`: every receive posted (tag k: the k-th
+        message, in the sender's order, as NCCL needs) before any is awaited; nothing is read back."""
+        works = [pg.recv([target], 0, k) for k, target in enumerate(buffers.targets(layout))]
+        for work in works:
+            work.wait()
+
+    def _layout(self, store, g: int, layout_seq: int) -> Layout:
+        key = (g, layout_seq)
+        if key not in self._layouts:  # keep only the newest
+            self._layouts = {key: Layout.from_json(json.loads(store.get(f"gen/{g}/layout/{layout_seq}")))}
+        return self._layouts[key]
+
+    def _free_buffers(self, device: torch.device) -> Segments:
+        """A buffer set to receive into: not the one handed out last; a third set is never made:
+        the newest complete version is overwritten instead (it is withdrawn first)."""
+        with self._lock:
+            self._pool = [b for b in self._pool if b.device == device]
+            latest = self._latest[2] if self._latest else None
+            for buffers in self._pool:
+                if buffers is not self._in_use and buffers is not latest:
+                    return buffers
+            if len(self._pool) < 2:
+                self._pool.append(Segments(device))
+                return self._pool[-1]
+            self._latest = None  # superseded before it was taken: its buffers take the newer version
+            return latest
+
+    def _await_membership(self, store, asked_at: int) -> tuple[int, list[str]] | None:
+        """Wait (polling) for the first generation newer than `asked_at`: this worker's rank in it,
+        or None if it left this worker out (a failed formation, or it read the joins before ours)."""
+        while not self._stop.is_set():
+            g = int(store.get("gen"))
+            if g > asked_at:
+                members = json.loads(store.get(f"gen/{g}/members"))
+                return (g, members) if self.name in members else None
+            self._stop.wait(self.poll_s)
+        return None
