@@ -242,6 +242,15 @@ class OptimSection(_Section):
         "gradient checkpointing): activation memory of one layer instead of all. On for GPU configs.",
     )
     zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
+    mini_batches: int = Field(
+        1, ge=1, le=1024, description="Optimizer updates per pass over a batch (PPO mini-batches): each rank's "
+        "groups are cut into this many consecutive shares of whole groups, one update each, with the batch's "
+        "old log-probs fixed from the pre-pass (so the ratio leaves 1 after the first update). 1: one on-policy "
+        "update per batch (the STARE reference). At most rollout.prompts_per_step.",
+    )
+    epochs: int = Field(
+        1, ge=1, le=64, description="Passes over each batch (PPO epochs); updates per batch = mini_batches x epochs.",
+    )
 
 
 class DiagnosticsSection(_Section):
@@ -273,7 +282,7 @@ class SystemSection(_Section):
     )
     stale_policy: Literal["drop", "importance"] = Field(
         "drop", description="Trajectories older than max_staleness: drop (counted) or train them with truncated "
-        "importance correction against the rollout log-probs (loss.tis_cap must be set).",
+        "importance correction against the rollout log-probs (loss.rollout_correction must be set).",
     )
     weight_sync: Literal["broadcast", "filesystem"] = Field(
         "broadcast", description="broadcast: a point-to-point group (gloo or NCCL: weight_sync_communicator) formed "
@@ -421,9 +430,17 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _importance_needs_tis(self):
-        if self.system.stale_policy == "importance" and self.loss.tis_cap is None:
-            raise ValueError("system.stale_policy=importance needs loss.tis_cap (e.g. 2.0): the truncated importance "
+        if self.system.stale_policy == "importance" and not self.loss.rollout_correction.enabled:
+            raise ValueError("system.stale_policy=importance needs loss.rollout_correction (e.g. is_level: token, "
+                             "is_cap: 2.0): the truncated importance "
                              "weight is what corrects a stale trajectory")
+        return self
+
+    @model_validator(mode="after")
+    def _mini_batches_hold_groups(self):
+        if self.optim.mini_batches > self.rollout.prompts_per_step:
+            raise ValueError(f"optim.mini_batches ({self.optim.mini_batches}) is more than rollout.prompts_per_step "
+                             f"({self.rollout.prompts_per_step}): a mini-batch holds whole groups; lower it")
         return self
 
     @model_validator(mode="after")
@@ -465,7 +482,7 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
     "80-20": {"loss": {"name": "80-20"}},
 }
 
-_SURROGATE_KEYS = set(GrpoLossConfig.model_fields) - {"name"}
+_SURROGATE_KEYS = set(GrpoLossConfig.model_fields) - {"name"} | {"tis_cap"}  # tis_cap: the legacy key
 assert all(p["loss"]["name"] in LOSS_CONFIGS for p in ALGO_PRESETS.values()), "a preset names an unregistered loss"
 
 
