@@ -121,7 +121,8 @@ def check_dtype_supported(dtype: str) -> None:
 def build_engine(model: torch.nn.Module, config: dict[str, Any]):
     import deepspeed
 
-    engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=trainable)
     return engine
 
 
@@ -181,14 +182,16 @@ def loss_scale(engine) -> float | None:
     return float(getattr(engine.optimizer, "cur_scale", getattr(engine.optimizer, "loss_scale", 0.0)))
 
 
-def save_checkpoint(engine, directory: Path, tag: str) -> None:
+def save_checkpoint(engine, directory: Path, tag: str, trainable_only: bool = False) -> None:
     """The model and optimizer under directory/tag. DeepSpeed does not write `latest`: the trainer
-    points it at a tag only once the tag is whole (its trainer_state.json written)."""
-    engine.save_checkpoint(str(directory), tag=tag, save_latest=False)
+    points it at a tag only once the tag is whole (its trainer_state.json written). `trainable_only`
+    (LoRA): the module's frozen weights are left out, the checkpoint holds the adapters."""
+    engine.save_checkpoint(str(directory), tag=tag, save_latest=False, exclude_frozen_parameters=trainable_only)
 
 
-def load_checkpoint(engine, directory: Path, tag: str) -> None:
-    path, _ = engine.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+def load_checkpoint(engine, directory: Path, tag: str, trainable_only: bool = False) -> None:
+    path, _ = engine.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True,
+                                     load_module_strict=not trainable_only)
     if path is None:
         raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {directory}")
 

@@ -97,6 +97,11 @@ class Learner:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if o.max_tokens_per_micro_batch is not None and o.pack_sequences:
             check_packing_supported(model)
+        self.lora = cfg.model.lora
+        if self.lora is not None:  # the adapters train, the base is frozen (learner/lora.py)
+            from stare.learner import lora
+
+            model = lora.wrap(model, self.lora)
         # this rank's rows: its share of the step's groups (stare.learner.ranks.split_groups), padded
         rows = math.ceil(cfg.rollout.prompts_per_step / self.world) * cfg.rollout.samples_per_prompt
         self.micro = min(o.micro_batch, rows)
@@ -259,13 +264,17 @@ class Learner:
     def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
         """The whole model on CPU on rank 0 (what the rollout engines load); other ranks only take
         part in the ZeRO-3 gathers and get {}."""
+        if self.lora is not None:  # the merged weights, named as the base model (ZeRO 0-2: whole on every rank)
+            from stare.learner.lora import merged_state_dict
+
+            return merged_state_dict(self.engine.module) if self.rank == 0 else {}
         return ds.full_state_dict(self.engine, keep=self.rank == 0)
 
     def save(self, directory: Path, extra: dict[str, Any]) -> str:
         """A checkpoint under directory/step_N, then `latest` pointed at it: a process killed
         anywhere in between leaves `latest` on the previous whole checkpoint."""
         tag = f"step_{self.step:06d}"
-        ds.save_checkpoint(self.engine, directory, tag)  # every rank: a collective under ZeRO
+        ds.save_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)  # every rank: a collective under ZeRO
         if dist.get_rank() == 0:
             state = {
                 "step": self.step,
@@ -273,6 +282,7 @@ class Learner:
                 "controller": self.controller.state_dict(),
                 "lagged_entropy": self.lagged_entropy,
                 "nonfinite_steps": self.nonfinite_steps,
+                **({"lora": self.lora.model_dump()} if self.lora is not None else {}),
                 **extra,
             }
             _write_atomic(directory / tag / "trainer_state.json", json.dumps(state, indent=1))
@@ -281,7 +291,7 @@ class Learner:
 
     def load(self, directory: Path, tag: str | None = None) -> dict[str, Any]:
         tag = tag or latest_whole_tag(directory)
-        ds.load_checkpoint(self.engine, directory, tag)
+        ds.load_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)
         state = json.loads((directory / tag / "trainer_state.json").read_text())
         self.step, self.version = state["step"], state["version"]
         self.controller.load_state_dict(state["controller"])

@@ -284,6 +284,16 @@ def _prompt_tokens(cfg: TrainConfig, shape: ModelShape, prompt_tokens: int | Non
     return min(DEFAULT_PROMPT_TOKENS, room), "assumed: set data.max_prompt_len or pass --prompt-tokens"
 
 
+def lora_params(shape: ModelShape, target_modules: list[str] | str, r: int) -> int:
+    """Adapter parameters of model.lora: r x (fan-in + fan-out) per adapted linear of each layer
+    (the standard attention and MLP projections; all-linear or another name counts all seven)."""
+    q, kv, h, i = shape.heads * shape.head_dim, shape.kv_dim, shape.hidden, shape.intermediate
+    fans = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + i,
+            "up_proj": h + i, "down_proj": i + h}
+    names = fans if isinstance(target_modules, str) or not set(target_modules) <= set(fans) else target_modules
+    return shape.layers * r * sum(fans[n] for n in names)
+
+
 def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_bytes: int, seq_tokens: int) -> tuple[RolePlan, dict]:
     o = cfg.optim
     b = DTYPE_BYTES[cfg.model.dtype]
@@ -291,6 +301,10 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
     for stage in (0, 1, 2, 3):
         value, source = model_state_bytes(shape.params, shape.largest_layer_params, stage=stage, gpus=gpus, dtype_bytes=b)
         stages[stage] = {"bytes": value, "source": source}
+    if (lora := cfg.model.lora) is not None:  # frozen base whole on every GPU; weights, grads, Adam of the adapters
+        t = lora_params(shape, lora.target_modules, lora.r)
+        stages = {stage: {"bytes": b * shape.params + 16 * t, "source": f"LoRA r={lora.r}: frozen base {b}P + "
+                          f"16 B x {t:,} adapter parameters (weights, grads, fp32 Adam)"} for stage in stages}
     rows = math.ceil(cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt / gpus)
     budget = getattr(o, "max_tokens_per_micro_batch", None)
     micro_rows = min(o.micro_batch, rows)
