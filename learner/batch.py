@@ -37,6 +37,7 @@ class TrainBatch:
     lengths: tuple[int, ...]  # response length of each row (host ints, for trimming)
     prompts: tuple[np.ndarray, ...] = ()  # prompt token ids of each real row (host, for micro-batches)
     responses: tuple[np.ndarray, ...] = ()  # response token ids of each real row
+    is_weight: Tensor | None = None  # [S, L] rollout-correction IS weight, detached (None: none; set by the learner)
 
     def to(self, device: torch.device) -> "TrainBatch":
         """The step-level tensors on `device` (pinned, non-blocking on CUDA); host fields kept."""

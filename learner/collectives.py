@@ -1,4 +1,4 @@
-"""The learner's once-per-step collectives: gather the step's tokens, sum the step's counters.
+"""The learner's collectives: gather the step's tokens (once per step), sum the counters (once per update).
 
 The only module of the algorithm that talks to torch.distributed. Every collective runs on a group
 created with a timeout (`init_process_group(..., timeout=...)`), so a dead rank raises instead of
@@ -31,6 +31,17 @@ def gather_step_tokens(local: StepTokens, group=None) -> StepTokens:
         dist.all_gather(out, send.contiguous(), group=group)
         parts.append([o.to(torch.bool) if t.dtype == torch.bool else o for o in out])
     return StepTokens.cat([StepTokens(*(p[r] for p in parts)) for r in range(world)])
+
+
+def all_gather_cat(t: Tensor, group=None) -> Tensor:
+    """Every rank's `t` (the same shape on all), concatenated along dim 0 in rank order; identity on
+    one process (each row's mini-batch index: [rows] -> [S])."""
+    world = _world(group)
+    if world == 1:
+        return t
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t.contiguous(), group=group)
+    return torch.cat(out)
 
 
 def all_reduce_sum(t: Tensor, group=None) -> Tensor:

@@ -129,7 +129,8 @@ def build_engine(model: torch.nn.Module, config: dict[str, Any], *,
     if config["zero_optimization"]["stage"] == 3:
         for module, param in (external or {}).items():
             deepspeed.zero.register_external_parameter(module, param)
-    engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=trainable)
     return engine
 
 
@@ -292,14 +293,16 @@ def loss_scale(engine) -> float | None:
     return float(getattr(engine.optimizer, "cur_scale", getattr(engine.optimizer, "loss_scale", 0.0)))
 
 
-def save_checkpoint(engine, directory: Path, tag: str) -> None:
+def save_checkpoint(engine, directory: Path, tag: str, trainable_only: bool = False) -> None:
     """The model and optimizer under directory/tag. DeepSpeed does not write `latest`: the trainer
-    points it at a tag only once the tag is whole (its trainer_state.json written)."""
-    engine.save_checkpoint(str(directory), tag=tag, save_latest=False)
+    points it at a tag only once the tag is whole (its trainer_state.json written). `trainable_only`
+    (LoRA): the module's frozen weights are left out, the checkpoint holds the adapters."""
+    engine.save_checkpoint(str(directory), tag=tag, save_latest=False, exclude_frozen_parameters=trainable_only)
 
 
-def load_checkpoint(engine, directory: Path, tag: str) -> None:
-    path, _ = engine.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+def load_checkpoint(engine, directory: Path, tag: str, trainable_only: bool = False) -> None:
+    path, _ = engine.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True,
+                                     load_module_strict=not trainable_only)
     if path is None:
         raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {directory}")
 

@@ -15,6 +15,10 @@ the result is the same). The architecture, tokenizer and generation config come 
 base model directory (`model_path`); the checkpoint must match it (strict load, the error names
 the missing or unexpected keys).
 
+With LoRA (`model.lora`, recorded in the checkpoint's trainer_state.json) the checkpoint holds the
+adapters only: they are loaded onto the base model and written merged (a whole model, as above) or
+as peft's adapter directory (`model.lora.export: adapter`), with the tokenizer files.
+
 `export_run(run_dir, model_path, log)` is the end-of-run hook: the latest checkpoint into
 `run_dir/hf`, by rank 0 only (other ranks return at once).
 """
@@ -71,7 +75,7 @@ def checkpoint_state_dict(ckpt_dir: Path, tag: str, dtype: torch.dtype) -> dict[
 def export_checkpoint(ckpt_dir: Path, out: Path, *, model_path: Path, step: int | None = None,
                       dtype: str = "float32") -> Path:
     """Write checkpoint `step` (None: the latest) as a Hugging Face directory `out`; returns `out`."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig
 
     ckpt_dir, out = Path(ckpt_dir), Path(out)
     tag = checkpoint_tag(ckpt_dir, step)
@@ -79,31 +83,31 @@ def export_checkpoint(ckpt_dir: Path, out: Path, *, model_path: Path, step: int 
 
     torch_dtype = dtype_of(dtype)
     state = checkpoint_state_dict(ckpt_dir, tag, torch_dtype)
-    config = AutoConfig.from_pretrained(model_path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-    result = model.load_state_dict(state, strict=False, assign=True)
-    tied = set(getattr(model, "_tied_weights_keys", None) or ())
-    missing = [k for k in result.missing_keys if not (getattr(config, "tie_word_embeddings", False) and k in tied)]
-    if missing or result.unexpected_keys:
-        raise ExportError(f"{ckpt_dir / tag} does not fit the base model {model_path}: missing {missing[:5]}, "
-                          f"unexpected {result.unexpected_keys[:5]}")
-    model.tie_weights()
-    if any(p.is_meta for p in model.parameters()):
-        raise ExportError(f"{ckpt_dir / tag}: weights left unset after loading (tied or buffer keys?)")
-    try:
-        model.generation_config = GenerationConfig.from_pretrained(model_path)
-    except OSError:
-        pass  # no generation_config.json: save_pretrained writes the one derived from config.json
+    trainer_state = ckpt_dir / tag / "trainer_state.json"
+    lora = json.loads(trainer_state.read_text()).get("lora") if trainer_state.is_file() else None
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.tmp-") as tmp:
         staged = Path(tmp) / "hf"
-        model.save_pretrained(staged, safe_serialization=True)
+        if lora is not None:  # the checkpoint holds the adapters: onto the base model, merged or as an adapter dir
+            from stare.learner.lora import adapter_state, export_lora
+
+            try:
+                model = export_lora(model_path, adapter_state(state), lora, staged, dtype=torch_dtype)
+            except ValueError as err:
+                raise ExportError(f"{ckpt_dir / tag}: {err}") from None
+        else:
+            model = _full_model(state, ckpt_dir / tag, model_path, torch_dtype)
+        if model is not None:
+            try:
+                model.generation_config = GenerationConfig.from_pretrained(model_path)
+            except OSError:
+                pass  # no generation_config.json: save_pretrained writes the one derived from config.json
+            model.save_pretrained(staged, safe_serialization=True)
         AutoTokenizer.from_pretrained(model_path).save_pretrained(staged)
-        trainer_state = ckpt_dir / tag / "trainer_state.json"
         step_done = json.loads(trainer_state.read_text())["step"] if trainer_state.is_file() else None
         (staged / "export_info.json").write_text(json.dumps(
-            {"checkpoint": str(ckpt_dir / tag), "step": step_done, "base_model": str(model_path), "dtype": dtype},
+            {"checkpoint": str(ckpt_dir / tag), "step": step_done, "base_model": str(model_path), "dtype": dtype,
+             **({"lora": lora} if lora is not None else {})},
             indent=1))
         umask = os.umask(0)
         os.umask(umask)
@@ -113,6 +117,26 @@ def export_checkpoint(ckpt_dir: Path, out: Path, *, model_path: Path, step: int 
             shutil.rmtree(out)
         os.replace(staged, out)
     return out
+
+
+def _full_model(state: dict[str, torch.Tensor], folder: Path, model_path: Path, dtype: torch.dtype):
+    """The base model's architecture with the checkpoint's whole weights (strict: the error names the
+    missing or unexpected keys)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    result = model.load_state_dict(state, strict=False, assign=True)
+    tied = set(getattr(model, "_tied_weights_keys", None) or ())
+    missing = [k for k in result.missing_keys if not (getattr(config, "tie_word_embeddings", False) and k in tied)]
+    if missing or result.unexpected_keys:
+        raise ExportError(f"{folder} does not fit the base model {model_path}: missing {missing[:5]}, "
+                          f"unexpected {result.unexpected_keys[:5]}")
+    model.tie_weights()
+    if any(p.is_meta for p in model.parameters()):
+        raise ExportError(f"{folder}: weights left unset after loading (tied or buffer keys?)")
+    return model
 
 
 def export_run(run_dir: Path, model_path: Path, log: Callable[[str], None] = print, dtype: str = "float32") -> Path | None:

@@ -155,6 +155,7 @@ def train_pass(
             logprobs=logprobs, old_logprobs=old_mb, advantages=adv, mask=mask,
             token_uid=_rows(step.token_uid, mb), entropy=entropy, step_entropy=_rows(ent0, mb),
             rollout_logprobs=_rows(step.rollout_logprobs, mb),
+            is_weight=None if step.is_weight is None else _rows(step.is_weight, mb),
         )
         out = policy_loss(x, ctx, loss_cfg)
         backward(out.loss, i == len(micro_batches) - 1)

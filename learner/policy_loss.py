@@ -27,7 +27,13 @@ from stare.config.algo import (
     SurrogateConfig,
 )
 from stare.learner.selection import TopKThreshold, hash_uniform, in_topk
-from stare.learner.surrogate import Normalizer, aggregate, clipped_surrogate, importance_ratio, truncated_is_weight
+from stare.learner.surrogate import (
+    Normalizer,
+    aggregate,
+    clipped_surrogate,
+    importance_ratio,
+    ratio_stats,
+)
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,8 @@ class LossInputs:
     token_uid: Tensor  # [B, L] int64 global token id of the step (sample index x max length + position)
     entropy: Tensor | None = None  # [B, L] entropy of pi_theta(.|context), with grad (entropy bonus)
     step_entropy: Tensor | None = None  # [B, L] entropy at the start of the step, detached (80/20 selection)
-    rollout_logprobs: Tensor | None = None  # [B, L] the rollout engine's log-probs (TIS)
+    rollout_logprobs: Tensor | None = None  # [B, L] the rollout engine's log-probs
+    is_weight: Tensor | None = None  # [B, L] rollout-correction IS weight (learner/rollout_correction.py), detached
 
 
 @dataclass(frozen=True)
@@ -116,12 +123,9 @@ def _corrected_aggregate(
     mask: Tensor,  # [B, L] bool
     metrics: dict[str, Tensor],
 ) -> Tensor:  # []
-    """Apply the TIS weight (when configured; its sum goes into `metrics`), then aggregate."""
-    if cfg.tis_cap is not None:
-        assert x.rollout_logprobs is not None, "loss.tis_cap is set but the batch has no rollout log-probs"
-        tis = truncated_is_weight(x.old_logprobs, x.rollout_logprobs, cfg.tis_cap)  # [B, L]
-        per_token = per_token * tis
-        metrics["tis_weight_sum"] = (tis * mask).sum()
+    """Apply the rollout-correction IS weight (when the step has one), then aggregate."""
+    if x.is_weight is not None:
+        per_token = per_token * x.is_weight
     return aggregate(per_token, mask, cfg.agg_mode, ctx.norm)
 
 
@@ -213,4 +217,7 @@ def policy_loss(x: LossInputs, ctx: StepContext, cfg: SurrogateConfig) -> LossOu
     name = getattr(cfg, "name", None)
     if name not in POLICY_LOSSES:
         raise ValueError(f"unknown policy loss {name!r}; valid names: {sorted(POLICY_LOSSES)}")
-    return POLICY_LOSSES[name](x, ctx, cfg)
+    out = POLICY_LOSSES[name](x, ctx, cfg)
+    out.metrics.update(ratio_stats(x.logprobs, x.old_logprobs, x.advantages, x.mask,
+                                   eps_low=cfg.eps_low, eps_high=cfg.eps_high))
+    return out

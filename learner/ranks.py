@@ -27,25 +27,15 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import torch.distributed as dist
+
+from stare.learner.updates import split_groups  # noqa: F401  (the cut of a step into whole groups)
 
 log = logging.getLogger(__name__)
 
 IDLE, STOP, TRAIN, WEIGHTS, SAVE, LOAD = "idle", "stop", "train", "weights", "save", "load"
-
-
-def split_groups(trajectories: Sequence, world: int) -> list[list]:
-    """The step's trajectories (whole groups, consecutive) cut into `world` shares of whole groups,
-    rank r getting groups [r*n/world, (r+1)*n/world): the shares differ by one group at most, and
-    concatenated in rank order they are the step's rows in order (the one-rank step's token uids).
-    A rank may get no group (fewer groups than ranks)."""
-    starts = [i for i, t in enumerate(trajectories) if i == 0 or t.group_id != trajectories[i - 1].group_id]
-    bounds = starts + [len(trajectories)]
-    n = len(starts)
-    cuts = [bounds[r * n // world] for r in range(world)] + [len(trajectories)]
-    return [list(trajectories[cuts[r]: cuts[r + 1]]) for r in range(world)]
 
 
 class RankChannel:

@@ -1,4 +1,4 @@
-"""The per-token clipped surrogate, truncated importance sampling, and loss aggregation.
+"""The per-token clipped surrogate, the ratio's statistics, and loss aggregation.
 
 Pure tensor functions; no host synchronisation. Normalisers (token and sequence counts) are
 passed in, reduced once per optimizer step over every micro-batch and data-parallel rank, so the
@@ -51,14 +51,34 @@ def clipped_surrogate(
     return loss, was_clipped
 
 
-def truncated_is_weight(
-    old_logprobs: Tensor,  # [B, L] learner's log-probs at the start of the step
-    rollout_logprobs: Tensor,  # [B, L] the rollout engine's log-probs of the same tokens
-    cap: float,
-) -> Tensor:  # [B, L], detached
-    """min(pi_learner / pi_rollout, cap): corrects the rollout-vs-learner mismatch (TIS)."""
-    log_w = (old_logprobs - rollout_logprobs).clamp(max=_MAX_LOG_RATIO)
-    return torch.exp(log_w).clamp(max=cap).detach()
+def ratio_stats(
+    logprobs: Tensor,  # [B, L] current policy (its gradient is not used)
+    old_logprobs: Tensor,  # [B, L] at the start of the batch
+    advantages: Tensor,  # [B, L]
+    mask: Tensor,  # [B, L] bool
+    *,
+    eps_low: float,
+    eps_high: float,
+) -> dict[str, Tensor]:  # each [] , sums over the masked tokens
+    """Sums that say how far an update has moved the policy off the batch's start (summed over
+    micro-batches and ranks, divided by the update's tokens once per update):
+
+        clip_low_tokens:  A < 0 and r < 1 - eps_low  (the lower clip holds the token's gradient)
+        clip_high_tokens: A > 0 and r > 1 + eps_high (the upper clip holds it)
+        approx_kl_sum:    (r - 1) - log r, Schulman's k3 estimate of KL(pi_old || pi_theta)
+        ratio_sum, ratio_sq_sum: r and r^2 (the ratio's mean and spread)
+
+    The low/high split is TRL's `clip_ratio/low_mean`, `clip_ratio/high_mean`."""
+    log_r = (logprobs.detach() - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [B, L]
+    r = torch.exp(log_r)
+    m = mask.to(r.dtype)
+    return {
+        "clip_low_tokens": (mask & (advantages < 0) & (r < 1.0 - eps_low)).sum(),
+        "clip_high_tokens": (mask & (advantages > 0) & (r > 1.0 + eps_high)).sum(),
+        "approx_kl_sum": (((r - 1.0) - log_r) * m).sum(),
+        "ratio_sum": (r * m).sum(),
+        "ratio_sq_sum": (r * r * m).sum(),
+    }
 
 
 class Normalizer(NamedTuple):

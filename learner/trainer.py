@@ -1,18 +1,21 @@
 """The learner: one optimizer step of STARE (or a baseline) on a batch of scored trajectories.
 
-    step = collate + micro-batch plan (host) -> step tensors to the device
-           -> pre-step no-grad pass (old log-probs, entropy, chunked) -> gather the step's tokens
-           -> controller (one host sync: the batch entropy; W/M from it, then the gate)
-           -> plan_step (thresholds, normalisers)
-           -> micro-batches: forward, policy loss, backward -> DeepSpeed optimizer step
-           -> (controller.order lagged: W/M update) -> metrics (reduced once, read once)
+    step = collate + mini-batch and micro-batch plan (host) -> step tensors to the device
+           -> pre-step no-grad pass (old log-probs, entropy, chunked)
+           -> rollout correction (IS weights, masked tokens) -> gather the step's tokens
+           -> controller (one host sync: the batch entropy; W/M from it, then the gate), once per batch
+           -> per update (optim.epochs x optim.mini_batches; one by default):
+                plan_step over the update's tokens (thresholds, normalisers)
+                -> micro-batches: forward, policy loss, backward -> DeepSpeed optimizer step
+                -> the update's metric sums (reduced once, read once)
+           -> (controller.order lagged: W/M update) -> step metrics
 
 Every tensor of a step lives on the engine's device; the host syncs are listed in
 docs/algorithm.md ("Host syncs").
 
 Recipe shape (torchtune): setup in __init__, `train_step`, `save`, `load`, `state_dict_for_rollout`.
 No implementation inheritance, no per-micro-batch host sync: metrics are summed as tensors and
-read at the step boundary.
+read once per update.
 """
 
 from __future__ import annotations
@@ -33,14 +36,16 @@ import torch.distributed as dist
 from stare.config import TrainConfig
 from stare.learner import deepspeed_engine as ds
 from stare.learner.batch import TrainBatch, collate
-from stare.learner.collectives import all_gather_ints, all_reduce_sum, gather_step_tokens
+from stare.learner.collectives import all_gather_cat, all_gather_ints, all_reduce_sum, gather_step_tokens
 from stare.config.algo import StareLossConfig
 from stare.learner.controller import EntropyController
 from stare.learner.diagnostics import quadrant_metrics
 from stare.learner.logprobs import attach_chunked_head
 from stare.learner.micro_batches import MicroBatch, build_micro_batch, filler_micro_batch, plan_rows
 from stare.learner.passes import Policy, hidden_state_fn, prepass, train_pass
+from stare.learner.rollout_correction import correction_metrics, rollout_correction
 from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
+from stare.learner.updates import SEED_STRIDE, combine_updates, mini_batch_rows, update_tokens
 from stare.models.resolve import torch_dtype
 from stare.transport.records import Trajectory
 from stare.weight_sync.factory import publish_from
@@ -95,6 +100,11 @@ class Learner:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if o.max_tokens_per_micro_batch is not None and o.pack_sequences:
             check_packing_supported(model)
+        self.lora = cfg.model.lora
+        if self.lora is not None:  # the adapters train, the base is frozen (learner/lora.py)
+            from stare.learner import lora
+
+            model = lora.wrap(model, self.lora)
         # this rank's rows: its share of the step's groups (stare.learner.ranks.split_groups), padded
         rows = math.ceil(cfg.rollout.prompts_per_step / self.world) * cfg.rollout.samples_per_prompt
         self.micro = min(o.micro_batch, rows)
@@ -122,31 +132,40 @@ class Learner:
 
     # -- one step -------------------------------------------------------------------------------
 
-    def _collate(self, trajectories: list[Trajectory]) -> tuple[TrainBatch, list[MicroBatch]]:
-        """The step's batch (global token uids, the ranks' common width) and its micro-batches, on the
-        host; the micro-batch count is the ranks' maximum (fillers make up the difference). Rank r's
+    def _collate(self, trajectories: list[Trajectory]) -> tuple[TrainBatch, list[list[MicroBatch]], torch.Tensor]:
+        """The step's batch (global token uids, the ranks' common width), each update's micro-batches
+        and each row's mini-batch ([rows] long, -1 for padding rows), on the host. Per mini-batch the
+        micro-batch count is the ranks' maximum (fillers make up the difference). Rank r's
         trajectories are the step's rows after those of ranks < r."""
         o = self.cfg.optim
         pack = o.max_tokens_per_micro_batch is not None and o.pack_sequences
-        groups = plan_rows([len(t.prompt_token_ids) for t in trajectories],
-                           [len(t.response_token_ids) for t in trajectories],
-                           micro_batch=self.micro, max_tokens=o.max_tokens_per_micro_batch, pack=pack)
-        longest = max((len(t.response_token_ids) for t in trajectories), default=1)  # a rank may have no rows
-        ranks = all_gather_ints([len(trajectories), longest, len(groups)],
+        p_lens = [len(t.prompt_token_ids) for t in trajectories]
+        r_lens = [len(t.response_token_ids) for t in trajectories]
+        shares = mini_batch_rows(trajectories, o.mini_batches)  # one mini-batch: every row, in order
+        plans = [[[rows[i] for i in g] for g in plan_rows([p_lens[i] for i in rows], [r_lens[i] for i in rows],
+                                                           micro_batch=self.micro, max_tokens=o.max_tokens_per_micro_batch,
+                                                           pack=pack)] for rows in shares]
+        longest = max(r_lens, default=1)  # a rank may have no rows
+        ranks = all_gather_ints([len(trajectories), longest, *(len(p) for p in plans)],
                                 self.device)  # host sync: step start
         real = [r[0] for r in ranks]
         before = sum(real[: self.rank])
         pad_before = sum(real) + sum(self.rows - n for n in real[: self.rank])
         batch = collate(trajectories, pad_id=self.pad_id, rows=self.rows, scale_by_std=self.cfg.data.advantage_std,
                         first_row=before, pad_first_row=pad_before, width=max(r[1] for r in ranks))
-        count = max(r[2] for r in ranks)
-        mbs = [build_micro_batch(g, batch.prompts, batch.responses, pad_id=self.pad_id, pack=pack) for g in groups]
-        mbs += [filler_micro_batch(self.pad_id, pack=pack)] * (count - len(mbs))
+        updates = []
+        for j, plan in enumerate(plans):
+            mbs = [build_micro_batch(g, batch.prompts, batch.responses, pad_id=self.pad_id, pack=pack) for g in plan]
+            updates.append(mbs + [filler_micro_batch(self.pad_id, pack=pack)] * (max(r[2 + j] for r in ranks) - len(mbs)))
         if self.world > 1 and o.zero_stage == 3:  # as many output-head calls per micro-batch on every rank
-            chunks = [max(-(-mb.targets.shape[0] // o.logits_chunk_tokens), 1) for mb in mbs]  # host ints
-            most = [max(c) for c in zip(*all_gather_ints(chunks, self.device))]  # host sync: step start
-            mbs = [dataclasses.replace(mb, min_chunks=c) for mb, c in zip(mbs, most)]
-        return batch, mbs
+            flat = [mb for mbs in updates for mb in mbs]
+            chunks = [max(-(-mb.targets.shape[0] // o.logits_chunk_tokens), 1) for mb in flat]  # host ints
+            most = iter([max(c) for c in zip(*all_gather_ints(chunks, self.device))])  # host sync: step start
+            updates = [[dataclasses.replace(mb, min_chunks=next(most)) for mb in mbs] for mbs in updates]
+        row_update = torch.full((self.rows,), -1, dtype=torch.long)  # [rows]
+        for j, rows in enumerate(shares):
+            row_update[rows] = j
+        return batch, updates, row_update
 
     def _backward(self, loss: torch.Tensor, last: bool) -> None:
         ds.backward(self.engine, loss * self.world, last=last)  # DeepSpeed averages over ranks
@@ -155,42 +174,56 @@ class Learner:
     def train_step(self, trajectories: list[Trajectory]) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        host_batch, mbs = self._collate(trajectories)
+        host_batch, updates, row_update = self._collate(trajectories)
         batch = host_batch.to(self.device)
+        all_mbs = [mb for mbs in updates for mb in mbs]
         self.engine.eval()
-        old, ent0, dh = prepass(self.policy, mbs, batch,
+        old, ent0, dh = prepass(self.policy, all_mbs, batch,
                                 predicted_entropy_change=cfg.diagnostics.predicted_entropy_change)
         self.engine.train()
+        # rollout correction: IS weights and the masked tokens' removal, before anything counts tokens
+        corr = rollout_correction(old, batch.rollout_logprobs, batch.mask, cfg.loss.rollout_correction)
+        batch = dataclasses.replace(batch, mask=corr.keep, is_weight=corr.weight)
         tokens = gather_step_tokens(StepTokens(old, ent0, batch.advantages, batch.token_uid, batch.mask))
         h_step = mean_entropy(tokens.entropy, tokens.mask, cfg.loss.agg_mode)  # []
         h_prepass = float(h_step)  # host sync: once per step, before the first backward
         h_gate = self.lagged_entropy if (self.controller.cfg.entropy_source == "lagged" and self.lagged_entropy is not None) else h_prepass
         is_stare = isinstance(cfg.loss, StareLossConfig)  # the controller steers STARE only
+        # once per batch, as the reference's trainer: gate, W and M hold for every update of the batch
         gate = self.controller.begin_step(h_gate, h_prepass) if is_stare else False  # order: reference updates W/M here
         w, m = (self.controller.w, self.controller.m) if is_stare else (1.0, 1.0)
-        ctx = plan_step(tokens, cfg.loss, gate=float(gate), w=w, m=m,
-                        seed=cfg.run.seed * 1_000_003 + self.step)
-        t_plan = time.perf_counter()
-
-        sums, quadrants = train_pass(self.policy, mbs, batch, old, ent0, dh, ctx, cfg.loss, h_step, self._backward)
+        many = len(updates) > 1
+        row_update = all_gather_cat(row_update.to(self.device)) if many else None  # [S] over every rank
+        seed = cfg.run.seed * 1_000_003 + self.step
+        results: list[dict[str, Any]] = []
+        quadrants = torch.zeros(4, 5, dtype=torch.float64, device=self.device)
+        t_plan = None
+        for epoch in range(cfg.optim.epochs):
+            for j, mbs in enumerate(updates):
+                if not mbs:  # no rank has a row in this mini-batch (fewer groups than mini-batches)
+                    continue
+                ctx = plan_step(update_tokens(tokens, row_update, j) if many else tokens, cfg.loss, gate=float(gate),
+                                w=w, m=m, seed=seed + len(results) * SEED_STRIDE)
+                t_plan = t_plan or time.perf_counter()
+                sums, q = train_pass(self.policy, mbs, batch, old, ent0, dh, ctx, cfg.loss, h_step, self._backward)
+                if epoch == 0:
+                    quadrants += q
+                results.append(self._reduce_update(sums, ctx, epoch))
         if is_stare:
             self.controller.end_step(h_prepass)  # order: lagged updates W/M here
         self.step += 1
         self.version += 1
         t_end = time.perf_counter()
 
-        # Step boundary: reduce once, read once.
-        names = sorted(sums)
-        reduced = all_reduce_sum(torch.stack([sums[k] for k in names]))
-        quadrants = all_reduce_sum(quadrants)
-        totals = dict(zip(names, reduced.tolist()))  # host sync: the step's metric sums
-        n_tokens = max(float(ctx.norm.num_tokens), 1.0)  # host sync: the step's token count
+        step_metrics, totals = combine_updates(results, cfg.optim.epochs)
+        step_sums = all_reduce_sum(torch.cat([quadrants.reshape(-1), corr.sums]))  # [20 + 6]
+        quadrants, corr_sums = step_sums[: quadrants.numel()].view_as(quadrants), step_sums[quadrants.numel():]
         train_tokens = totals.pop("train_tokens")  # over every rank
         self.lagged_entropy = totals.pop("train_entropy_sum") / max(train_tokens, 1.0)
         metrics: dict[str, Any] = {
             "step": self.step,
             "weight_version": self.version,
-            "loss": totals.pop("loss"),
+            "loss": step_metrics.pop("loss"),
             "entropy": h_prepass,
             "entropy_gate_input": h_gate,
             "gate": int(gate),
@@ -200,23 +233,35 @@ class Learner:
             "target": self.controller.target,
             "band_low": self.controller.band[0] if self.controller.band else None,
             "band_high": self.controller.band[1] if self.controller.band else None,
-            "clip_fraction": totals.pop("clipped_tokens", 0.0) / n_tokens,
-            "grad_norm": ds.grad_norm(self.engine),  # host sync: DeepSpeed's norm of the step
+            "clip_fraction": step_metrics.pop("clip_fraction"),
+            "grad_norm": step_metrics.pop("grad_norm"),
             "train_tokens": train_tokens,
-            "micro_batches": len(mbs),
-            "model_tokens": sum(mb.model_tokens for mb in mbs),
+            "micro_batches": len(all_mbs),
+            "model_tokens": sum(mb.model_tokens for mb in all_mbs),
             "time_learn_s": t_end - t0,
-            "time_plan_s": t_plan - t0,
+            "time_plan_s": (t_plan or t_end) - t0,
         }
         self.nonfinite_steps += nonfinite_step(metrics["loss"], metrics["grad_norm"], self.step)
         metrics["nonfinite_steps"] = self.nonfinite_steps
         if (scale := ds.loss_scale(self.engine)) is not None:  # fp16
             metrics.update(loss_scale=scale, skipped_steps=int(self.engine.skipped_steps))
         metrics["rollout_logprob_gap"] = totals.pop("rollout_logprob_gap_sum") / max(train_tokens, 1.0)
-        metrics.update({k: v for k, v in totals.items()})
+        metrics.update(totals)
+        metrics.update(step_metrics)
         quadrant_values = quadrant_metrics(quadrants)
-        metrics.update(dict(zip(quadrant_values, torch.stack(list(quadrant_values.values())).tolist())))  # host sync
+        read = torch.cat([torch.stack(list(quadrant_values.values())), corr_sums]).tolist()  # host sync
+        metrics.update(dict(zip(quadrant_values, read)))
+        metrics.update(correction_metrics(read[len(quadrant_values):]))
         return metrics
+
+    def _reduce_update(self, sums: dict[str, torch.Tensor], ctx, epoch: int) -> dict[str, Any]:
+        """An update's metric sums over every rank, read once (its host syncs: the sums, its token
+        count and DeepSpeed's gradient norm of the update)."""
+        names = sorted(sums)
+        reduced = all_reduce_sum(torch.stack([sums[k] for k in names]))
+        return {"epoch": epoch, "totals": dict(zip(names, reduced.tolist())),  # host sync: the update's sums
+                "n_tokens": float(ctx.norm.num_tokens),  # host sync: the update's token count
+                "grad_norm": ds.grad_norm(self.engine)}  # host sync: DeepSpeed's norm of the update
 
     # -- weights and checkpoints --------------------------------------------------------------
 
@@ -226,7 +271,12 @@ class Learner:
 
     def state_dict_for_rollout(self) -> Mapping[str, torch.Tensor]:
         """The whole model on rank 0 (what the rollout engines load), on the GPU or in host memory
-        (`system.weight_sync_publish_from`); other ranks only take part in the ZeRO-3 gathers and get {}."""
+        (`system.weight_sync_publish_from`); other ranks only take part in the ZeRO-3 gathers and get {}.
+        With LoRA: the merged weights, named as the base model (ZeRO 0-2: whole on every rank)."""
+        if self.lora is not None:
+            from stare.learner.lora import merged_state_dict
+
+            return merged_state_dict(self.engine.module) if self.rank == 0 else {}
         return ds.full_state_dict(self.engine, keep=self.rank == 0, where=self.publish_from,
                                   snapshot=self.publish_snapshot)
 
@@ -234,7 +284,7 @@ class Learner:
         """A checkpoint under directory/step_N, then `latest` pointed at it: a process killed
         anywhere in between leaves `latest` on the previous whole checkpoint."""
         tag = f"step_{self.step:06d}"
-        ds.save_checkpoint(self.engine, directory, tag)  # every rank: a collective under ZeRO
+        ds.save_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)  # every rank: a collective under ZeRO
         if dist.get_rank() == 0:
             state = {
                 "step": self.step,
@@ -242,6 +292,7 @@ class Learner:
                 "controller": self.controller.state_dict(),
                 "lagged_entropy": self.lagged_entropy,
                 "nonfinite_steps": self.nonfinite_steps,
+                **({"lora": self.lora.model_dump()} if self.lora is not None else {}),
                 **extra,
             }
             _write_atomic(directory / tag / "trainer_state.json", json.dumps(state, indent=1))
@@ -250,7 +301,7 @@ class Learner:
 
     def load(self, directory: Path, tag: str | None = None) -> dict[str, Any]:
         tag = tag or latest_whole_tag(directory)
-        ds.load_checkpoint(self.engine, directory, tag)
+        ds.load_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)
         state = json.loads((directory / tag / "trainer_state.json").read_text())
         self.step, self.version = state["step"], state["version"]
         self.controller.load_state_dict(state["controller"])

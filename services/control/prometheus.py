@@ -43,6 +43,19 @@ STEP_GAUGES = {
     "stare_staleness_max": ("staleness_max", "Largest weight-version lag trained on in the last step"),
     "stare_staleness_mean": ("staleness_mean", "Mean weight-version lag trained on in the last step"),
     "stare_nonfinite_steps": ("nonfinite_steps", "Steps so far whose loss or gradient norm was NaN or infinite"),
+    "stare_clip_fraction_low": ("clip_fraction_low", "Share of the last step's tokens held by the lower ratio clip "
+                                "(A < 0, r < 1 - eps_low), over its updates"),
+    "stare_clip_fraction_high": ("clip_fraction_high", "Share of the last step's tokens held by the upper ratio clip "
+                                 "(A > 0, r > 1 + eps_high), over its updates"),
+    "stare_approx_kl": ("approx_kl", "k3 estimate of KL(pi_old || pi_theta) over the last step's updates (nats)"),
+    "stare_rollout_mismatch_k1": ("rollout_mismatch_k1", "k1 estimate of KL(rollout || learner) over the last "
+                                  "step's loss tokens (nats; may be negative)"),
+    "stare_rollout_mismatch_k3": ("rollout_mismatch_k3", "k3 estimate of KL(rollout || learner) over the last "
+                                  "step's loss tokens (nats)"),
+    "stare_rollout_masked_fraction": ("rollout_masked_fraction", "Share of the last step's loss tokens dropped by "
+                                      "the rollout-correction mask"),
+    "stare_rollout_truncated_fraction": ("rollout_truncated_fraction", "Share of the last step's loss tokens whose "
+                                         "IS weight was truncated at the cap"),
 }
 # phase label of stare_step_phase_seconds -> metrics.jsonl key. wait_data: sampling and scoring
 # (`stare train`) or waiting for scored groups (`stare learner`); publish: the weight sync.

@@ -7,6 +7,7 @@ docstring, variants are a discriminated union on `name`, cross-field rules live 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Annotated, Any, Literal, Union
 
 from annotated_types import Interval
@@ -17,6 +18,39 @@ AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "se
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RolloutCorrectionConfig(_Strict):
+    """Correction for the mismatch between the behaviour policy (the log-probs the rollout engine
+    recorded, possibly of an older weight version) and the learner's policy at the batch start, on
+    rho = exp(old_logp - rollout_logp) per token. Truncated IS multiplies each token's loss by a
+    capped weight; masked IS drops tokens (token mask) or whole sequences (sequence and geometric
+    masks) whose ratio is outside [mask_low, mask_high] from the loss and its normalisers. Both
+    compose with STARE's omega (multiplied) and the staleness bound (system.stale_policy=importance
+    needs one of them). Formulas and sources: docs/algorithm.md, "Rollout correction"."""
+
+    is_level: Literal["token", "sequence"] | None = Field(
+        None, description="Truncated importance sampling. token (TIS, Yao et al.): w_t = min(rho_t, is_cap). "
+        "sequence: w = min(prod_t rho_t, is_cap) for every token of the sequence. None: no weight.",
+    )
+    is_cap: float = Field(2.0, gt=0.0, le=1e6, description="C, the truncation cap of the IS weight.")
+    mask_level: Literal["token", "sequence", "geometric"] | None = Field(
+        None, description="Masked importance sampling (rejection). token: drop tokens with rho_t outside "
+        "[mask_low, mask_high]; sequence: drop sequences whose prod_t rho_t is outside it; geometric: drop "
+        "sequences whose geometric mean exp(mean_t log rho_t) is outside it. None: no mask.",
+    )
+    mask_high: float = Field(2.0, gt=1.0, le=1e6, description="Upper threshold of the mask's ratio.")
+    mask_low: float | None = Field(
+        None, gt=0.0, lt=1.0, description="Lower threshold of the mask's ratio. None: 1 / mask_high.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.is_level is not None or self.mask_level is not None
+
+    @property
+    def low(self) -> float:
+        return 1.0 / self.mask_high if self.mask_low is None else self.mask_low
 
 
 class SurrogateConfig(_Strict):
@@ -31,12 +65,30 @@ class SurrogateConfig(_Strict):
     norm_length: int | None = Field(
         None, ge=1, description="Constant divisor for seq-mean-token-sum-norm (Dr. GRPO): the max response length."
     )
-    tis_cap: float | None = Field(
-        None,
-        gt=0.0,
-        description="Truncated importance sampling between rollout-engine and learner log-probs: "
-        "each token's loss is multiplied by min(exp(old_logp - rollout_logp), tis_cap). None disables it.",
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig,
+        description="Truncated and masked importance sampling against the rollout log-probs. The old key "
+        "loss.tis_cap: C still works (a warning): it is rollout_correction {is_level: token, is_cap: C}.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_tis_cap(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "tis_cap" not in data:
+            return data
+        data = dict(data)
+        cap = data.pop("tis_cap")
+        if cap is None:
+            return data
+        given = data.get("rollout_correction")
+        given = given.model_dump() if isinstance(given, BaseModel) else dict(given or {})
+        if given.get("is_level") is not None:
+            raise ValueError("loss.tis_cap and loss.rollout_correction.is_level are both set: drop loss.tis_cap "
+                             "(it is rollout_correction {is_level: token, is_cap: C})")
+        warnings.warn(f"loss.tis_cap is deprecated: read as loss.rollout_correction {{is_level: token, is_cap: {cap}}}; "
+                      "write that instead", FutureWarning, stacklevel=2)
+        data["rollout_correction"] = {**given, "is_level": "token", "is_cap": cap}
+        return data
 
     @model_validator(mode="after")
     def _norm_length_for_sum_norm(self):

@@ -24,6 +24,24 @@ class RunSection(_Section):
     )
 
 
+class LoraSection(_Section):
+    """LoRA adapters through peft: the learner trains only the adapters (its optimizer holds their
+    state only), the rollout engines receive the merged weights, checkpoints hold the adapters."""
+
+    r: int = Field(16, ge=1, le=4096, description="Rank of each adapter.")
+    alpha: float = Field(32.0, gt=0.0, le=1e5, description="Scale numerator: the update is (alpha / r) B A.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input while training.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], min_length=1,
+        description="Module names that get an adapter (peft's target_modules), or all-linear.",
+    )
+    export: Literal["merged", "adapter"] = Field(
+        "merged", description="What the run's export (runs/<name>/hf, `stare export`) writes: merged: a whole "
+        "Hugging Face model with the adapters merged in; adapter: peft's adapter directory (adapter_config.json, "
+        "adapter_model.safetensors) for the base model.",
+    )
+
+
 class ModelSection(_Section):
     path: Path | None = Field(
         None, description="A local Hugging Face model directory. None: the model named by `source`."
@@ -41,6 +59,7 @@ class ModelSection(_Section):
         "float32", description="Training and rollout dtype. bfloat16 and float16 keep fp32 optimizer state (DeepSpeed); "
         "float16 adds dynamic loss scaling (an overflowing step is skipped and counted in skipped_steps) and needs a "
         "device with fp16 support (a GPU; DeepSpeed refuses it on most CPUs).")
+    lora: LoraSection | None = Field(None, description="Train LoRA adapters instead of every weight. None: full training.")
 
 
 class EvalSource(_Section):
@@ -228,6 +247,15 @@ class OptimSection(_Section):
         "gradient checkpointing): activation memory of one layer instead of all. On for GPU configs.",
     )
     zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
+    mini_batches: int = Field(
+        1, ge=1, le=1024, description="Optimizer updates per pass over a batch (PPO mini-batches): each rank's "
+        "groups are cut into this many consecutive shares of whole groups, one update each, with the batch's "
+        "old log-probs fixed from the pre-pass (so the ratio leaves 1 after the first update). 1: one on-policy "
+        "update per batch (the STARE reference). At most rollout.prompts_per_step.",
+    )
+    epochs: int = Field(
+        1, ge=1, le=64, description="Passes over each batch (PPO epochs); updates per batch = mini_batches x epochs.",
+    )
 
 
 class DiagnosticsSection(_Section):

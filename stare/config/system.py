@@ -32,7 +32,7 @@ class SystemSection(_Section):
     )
     stale_policy: Literal["drop", "importance"] = Field(
         "drop", description="Trajectories older than max_staleness: drop (counted) or train them with truncated "
-        "importance correction against the rollout log-probs (loss.tis_cap must be set).",
+        "importance correction against the rollout log-probs (loss.rollout_correction must be set).",
     )
     weight_sync: Literal["broadcast", "filesystem"] = Field(
         "broadcast", description="broadcast: a point-to-point group (gloo or NCCL: weight_sync_communicator) formed "

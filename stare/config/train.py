@@ -44,9 +44,24 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _importance_needs_tis(self):
-        if self.system.stale_policy == "importance" and self.loss.tis_cap is None:
-            raise ValueError("system.stale_policy=importance needs loss.tis_cap (e.g. 2.0): the truncated importance "
+        if self.system.stale_policy == "importance" and not self.loss.rollout_correction.enabled:
+            raise ValueError("system.stale_policy=importance needs loss.rollout_correction (e.g. is_level: token, "
+                             "is_cap: 2.0): the truncated importance "
                              "weight is what corrects a stale trajectory")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_without_zero3(self):
+        if self.model.lora is not None and self.optim.zero_stage == 3:
+            raise ValueError("model.lora with optim.zero_stage=3 is not supported (the adapters are merged from whole "
+                             "weights): use zero_stage 0-2; the frozen base is not sharded, only adapter states are")
+        return self
+
+    @model_validator(mode="after")
+    def _mini_batches_hold_groups(self):
+        if self.optim.mini_batches > self.rollout.prompts_per_step:
+            raise ValueError(f"optim.mini_batches ({self.optim.mini_batches}) is more than rollout.prompts_per_step "
+                             f"({self.rollout.prompts_per_step}): a mini-batch holds whole groups; lower it")
         return self
 
     @model_validator(mode="after")
@@ -88,7 +103,7 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
     "80-20": {"loss": {"name": "80-20"}},
 }
 
-_SURROGATE_KEYS = set(GrpoLossConfig.model_fields) - {"name"}
+_SURROGATE_KEYS = set(GrpoLossConfig.model_fields) - {"name"} | {"tis_cap"}  # tis_cap: the legacy key
 assert all(p["loss"]["name"] in LOSS_CONFIGS for p in ALGO_PRESETS.values()), "a preset names an unregistered loss"
 
 

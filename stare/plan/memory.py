@@ -60,7 +60,7 @@ from typing import Any, Callable
 
 from stare.config import ConfigError, TrainConfig
 from stare.plan.sizes import (CHUNK_TENSORS, DTYPE_BYTES, ModelShape, activation_bytes, kv_bytes_per_token,
-                              load_model_shape, model_state_bytes)
+                              load_model_shape, lora_params, model_state_bytes)
 from stare.plan.weights import (_publish_from, checkpoint_disk, weight_receive_bytes,
                                 weight_send_bytes, weight_snapshot_bytes)
 
@@ -163,6 +163,10 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
     for stage in (0, 1, 2, 3):
         value, source = model_state_bytes(shape.params, shape.largest_layer_params, stage=stage, gpus=gpus, dtype_bytes=b)
         stages[stage] = {"bytes": value, "source": source}
+    if (lora := cfg.model.lora) is not None:  # frozen base whole on every GPU; weights, grads, Adam of the adapters
+        t = lora_params(shape, lora.target_modules, lora.r)
+        stages = {stage: {"bytes": b * shape.params + 16 * t, "source": f"LoRA r={lora.r}: frozen base {b}P + "
+                          f"16 B x {t:,} adapter parameters (weights, grads, fp32 Adam)"} for stage in stages}
     rows = math.ceil(cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt / gpus)
     budget = getattr(o, "max_tokens_per_micro_batch", None)
     micro_rows = min(o.micro_batch, rows)

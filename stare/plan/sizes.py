@@ -138,5 +138,15 @@ def activation_bytes(shape: ModelShape, dtype_bytes: int, tokens: int, *, checkp
     return tokens * shape.layers * a_layer
 
 
+def lora_params(shape: ModelShape, target_modules: list[str] | str, r: int) -> int:
+    """Adapter parameters of model.lora: r x (fan-in + fan-out) per adapted linear of each layer
+    (the standard attention and MLP projections; all-linear or another name counts all seven)."""
+    q, kv, h, i = shape.heads * shape.head_dim, shape.kv_dim, shape.hidden, shape.intermediate
+    fans = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + i,
+            "up_proj": h + i, "down_proj": i + h}
+    names = fans if isinstance(target_modules, str) or not set(target_modules) <= set(fans) else target_modules
+    return shape.layers * r * sum(fans[n] for n in names)
+
+
 def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int) -> int:
     return 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype_bytes

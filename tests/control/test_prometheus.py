@@ -22,7 +22,9 @@ FULL_STEP = {"step": 1, "weight_version": 1, "entropy": 0.41, "target": 0.3, "ba
              "gate": 0, "w": 1.5, "m": 0.8, "reward_mean": 0.25, "accuracy": 0.25, "response_length_mean": 12.5,
              "time_step_s": 0.7, "tokens_per_s": 900.0, "staleness_max": 1, "staleness_mean": 0.5,
              "time_learn_s": 0.4, "time_plan_s": 0.01, "time_wait_data_s": 0.2, "time_publish_s": 0.03,
-             "eval_greedy_accuracy": 0.375}
+             "eval_greedy_accuracy": 0.375, "clip_fraction_low": 0.01, "clip_fraction_high": 0.02,
+             "approx_kl": 0.003, "rollout_mismatch_k1": -0.002, "rollout_mismatch_k3": 0.004,
+             "rollout_masked_fraction": 0.05, "rollout_truncated_fraction": 0.06}
 FULL_STATUS = {"queue_depths": {"prompts": 3, "raw": 2, "scored": 5}, "dead_letters": {"raw": 4, "scored": 0},
                "staleness": {"max": 1, "counts": {"0": 6, "1": 2}}}
 
@@ -73,7 +75,12 @@ def test_the_last_steps_gauges_are_its_metrics(state, controller, serve):
     got = samples(scrape(serve(state)).text)
     for key, name in [("entropy", "stare_entropy"), ("target", "stare_entropy_target"), ("w", "stare_w"),
                       ("band_low", "stare_entropy_band_low"), ("tokens_per_s", "stare_tokens_per_second"),
-                      ("response_length_mean", "stare_response_length_mean"), ("staleness_max", "stare_staleness_max")]:
+                      ("response_length_mean", "stare_response_length_mean"), ("staleness_max", "stare_staleness_max"),
+                      ("clip_fraction_low", "stare_clip_fraction_low"), ("approx_kl", "stare_approx_kl"),
+                      ("rollout_mismatch_k1", "stare_rollout_mismatch_k1"),
+                      ("rollout_mismatch_k3", "stare_rollout_mismatch_k3"),
+                      ("rollout_masked_fraction", "stare_rollout_masked_fraction"),
+                      ("rollout_truncated_fraction", "stare_rollout_truncated_fraction")]:
         assert got[(name, ())] == FULL_STEP[key], name
     assert got[("stare_step_phase_seconds", (("phase", "learn"),))] == 0.4
     assert got[("stare_step_phase_seconds", (("phase", "wait_data"),))] == 0.2

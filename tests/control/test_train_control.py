@@ -151,7 +151,7 @@ def test_the_dashboard_draws_curves_and_its_form_changes_the_target(run):
         violations = []  # the dashboard runs under its Content-Security-Policy (no inline script, no eval)
         page.on("console", lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None)
         page.goto(run.url + "/", timeout=30_000)
-        for chart in ("entropy", "reward", "eval", "length", "gate", "wm"):
+        for chart in ("entropy", "reward", "eval", "length", "gate", "wm", "clip", "mismatch"):
             _wait_in_page(page, f"() => Number(document.getElementById('chart-{chart}').dataset.points) > 1", 30)
         inked = page.evaluate("""() => {
             const c = document.getElementById('chart-entropy');

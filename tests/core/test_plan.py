@@ -360,3 +360,18 @@ def test_the_plan_prints_the_checkpoint_disk_cost_of_the_7b_recipe():
     each = 12 * 7_615_616_512  # fp32 master + two Adam moments: 91.4 GB
     assert c == {"bytes": each, "every": 50, "keep": 2, "peak_bytes": 3 * each, "written_bytes": 110 * each}
     assert c["peak_bytes"] <= 300e9  # the budget docs/recipes.md states
+
+
+def test_lora_counts_optimizer_state_for_the_adapters_only_and_fits_1_5b_on_one_24gb_gpu():
+    # Qwen2.5-Math-1.5B: h 1536, kv 256, i 8960, 28 layers; r 16 on the seven projections:
+    # per layer 16 x ((h+h) + 2 (h+kv) + (h+h) + 2 (h+i) + (i+h)) = 16 x 41,216
+    cfg = load_config((REPO / "configs" / "gpu-node.yaml"), overrides=["model.lora.r=16"])
+    shape = load_model_shape(cfg, MODELS / "qwen2.5-math-1.5b.json")
+    adapters = 28 * 16 * (2 * 1536 + 2 * (1536 + 256) + 2 * 1536 + 2 * (1536 + 8960) + (8960 + 1536))
+    assert adapters == 18_464_768
+    learner = build_plan(cfg, gpus=1, gpu_mem_gib=24, shape=shape, prompt_tokens=1024).roles[0]
+    states = next(i.bytes for i in learner.items if i.name == "model states")
+    assert states == 2 * shape.params + 16 * adapters  # frozen bf16 base + the adapters' weights, grads, Adam
+    assert learner.fits
+    full = build_plan(load_config((REPO / "configs" / "gpu-node.yaml")), gpus=1, gpu_mem_gib=24, shape=shape, prompt_tokens=1024).roles[0]
+    assert not full.fits  # the test can tell: full training of 1.5B does not fit one 24 GB GPU

@@ -6,6 +6,7 @@ import torch
 from algo_helpers import context, loss_and_grad, random_step, step_tokens, uids_for
 from stare.config.algo import GrpoLossConfig, StareLossConfig
 from stare.learner.policy_loss import LossInputs, policy_loss
+from stare.learner.rollout_correction import rollout_correction
 from stare.learner.step_plan import plan_step
 
 D = torch.float64
@@ -106,16 +107,17 @@ def test_micro_batch_split_gives_the_same_loss_and_gradient(mode, splits):
     torch.testing.assert_close(split[1], whole[1], rtol=1e-12, atol=1e-14)
 
 
-def test_tis_correction_scales_each_token_by_capped_ratio():
+def test_tis_weight_composes_with_stare_omega():
     s = _hand_step()
-    rollout = s["old"] - torch.tensor([[0.0, math.log(2.0), 0.0, 0.0], [0.0] * 4], dtype=D)  # rollout p halved
-    cfg = GrpoLossConfig(tis_cap=1.5)
-    ctx = plan_step(step_tokens(s), cfg, gate=0.0, w=1.0, m=1.0)
+    rollout = s["old"] - torch.tensor([[0.0, 0.0, 0.0, math.log(2.0)], [0.0] * 4], dtype=D)  # rollout p halved
+    cfg = StareLossConfig(top_fraction=0.25, variant="O1", rollout_correction={"is_level": "token", "is_cap": 1.5})
+    corr = rollout_correction(s["old"], rollout, s["mask"], cfg.rollout_correction)
+    ctx = plan_step(step_tokens(s), cfg, gate=1.0, w=1.2, m=1.0)
     logp = s["logp"].clone().requires_grad_(True)
-    x = LossInputs(logp, s["old"], s["adv"], s["mask"], s["uid"], rollout_logprobs=rollout)
+    x = LossInputs(logp, s["old"], s["adv"], s["mask"], s["uid"], rollout_logprobs=rollout, is_weight=corr.weight)
     policy_loss(x, ctx, cfg).loss.backward()
-    # token (0, 1): weight min(2, 1.5) = 1.5; every other weight 1.
-    expected = torch.tensor([[-1, -1.5, -1, -1], [1, 1, 1, 1]], dtype=D) / 8
+    # token (0, 3) is L+ (p = 0.05) and its weight is min(2, 1.5) = 1.5: -A omega w / 8 = -1.2 x 1.5 / 8
+    expected = torch.tensor([[-1, -1, -1, -1.8], [1, 1, 1, 1]], dtype=D) / 8
     torch.testing.assert_close(logp.grad, expected, rtol=0, atol=1e-12)
 
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from stare.learner.surrogate import Normalizer, aggregate, clipped_surrogate, local_counts, truncated_is_weight
+from stare.learner.surrogate import Normalizer, aggregate, clipped_surrogate, local_counts
 
 D = torch.float64
 
@@ -82,10 +82,3 @@ def test_aggregation_shares_of_row_splits_add_up_to_the_whole(mode):
     whole = aggregate(LOSS, MASK, mode, norm)
     parts = sum(aggregate(LOSS[i : i + 1], MASK[i : i + 1], mode, norm) for i in range(3))
     assert float(parts) == pytest.approx(float(whole), abs=1e-12)
-
-
-def test_truncated_is_weight_is_ratio_then_capped():
-    old = torch.log(torch.tensor([0.5, 0.5, 0.2], dtype=D))
-    rollout = torch.log(torch.tensor([0.25, 0.4, 0.4], dtype=D))
-    w = truncated_is_weight(old, rollout, cap=1.5)
-    torch.testing.assert_close(w, torch.tensor([1.5, 1.25, 0.5], dtype=D), rtol=0, atol=1e-12)

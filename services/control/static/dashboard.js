@@ -96,6 +96,16 @@ function render() {
   draw("chart-eval", [{ label: "greedy accuracy", points: series("eval_greedy_accuracy"), color: "#2a9d4b" }], { ymin: 0, ymax: 1 });
   draw("chart-length", [{ label: "length", points: series("response_length_mean"), color: "#d9731a" }]);
   draw("chart-gate", [{ label: "gate", points: series("gate"), steps: true, color: "#b8336a" }], { ymin: 0, ymax: 1 });
+  draw("chart-clip", [
+    { label: "clip low", points: series("clip_fraction_low") },
+    { label: "clip high", points: series("clip_fraction_high"), color: "#d9731a" },
+    { label: "approx KL", points: series("approx_kl"), color: "#2a9d4b" },
+  ], { ymin: 0 });
+  draw("chart-mismatch", [
+    { label: "k3 KL", points: series("rollout_mismatch_k3") },
+    { label: "masked", points: series("rollout_masked_fraction"), color: "#b8336a" },
+    { label: "truncated", points: series("rollout_truncated_fraction"), color: "#d9731a" },
+  ], { ymin: 0 });
   draw("chart-wm", [
     { label: "W", points: series("w") },
     { label: "M", points: series("m"), color: "#d9731a" },
