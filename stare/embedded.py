@@ -50,13 +50,24 @@ def _signals(flag: StopFlag):
 
 
 def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[str] = ()) -> TrainConfig:
-    """The config of a new run (refusing to overwrite one) or of the run to resume."""
+    """The config of a new run (refusing to overwrite one) or of the run to resume.
+
+    A resumed run is the folder named, wherever it lives now: its saved run.output_dir/run.name are
+    history, and relative paths in its config.yaml resolve against the folder first (then the
+    working directory, where runs started before this rule pointed)."""
     if resume is not None:
-        saved = Path(resume) / "config.yaml"
+        from stare.checkpoints import require_checkpoint
+        from stare.config_files import read_yaml_mapping
+
+        run_dir = Path(resume).resolve()
+        saved = run_dir / "config.yaml"
         if not saved.is_file():
             raise ConfigError(f"--resume {resume}: no config.yaml there; pass a run folder written by `stare train`")
-        raw = yaml.safe_load(saved.read_text())
-        return build_config(raw, overrides=overrides)
+        require_checkpoint(run_dir / "checkpoints", flag=f"--resume {resume}")
+        raw = _paths_against(read_yaml_mapping(saved), run_dir)
+        resumed = build_config(raw, overrides=overrides)
+        resumed._run_dir = run_dir
+        return resumed
     assert cfg is not None
     if (cfg.run_dir / "checkpoints" / "latest").exists():
         raise ConfigError(
@@ -64,6 +75,26 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
             f"or choose another name with --set run.name=NEW"
         )
     return cfg
+
+
+_INPUT_PATHS = (("model", "path"), ("task", "path"), ("task", "test_path"), ("system", "weight_dir"),
+                ("control", "token_file"))
+
+
+def _paths_against(raw: dict, run_dir: Path) -> dict:
+    """The saved config with each relative input path that exists under `run_dir` made absolute."""
+    def resolve(value):
+        if isinstance(value, list):
+            return [resolve(v) for v in value]
+        if isinstance(value, str) and not Path(value).is_absolute() and (run_dir / value).exists():
+            return str(run_dir / value)
+        return value
+
+    for section, key in _INPUT_PATHS:
+        node = raw.get(section)
+        if isinstance(node, dict) and node.get(key) is not None:
+            node[key] = resolve(node[key])
+    return raw
 
 
 @contextmanager
