@@ -16,6 +16,7 @@ same one `stare learner` runs; this module only wires its in-memory seams.
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -183,14 +184,14 @@ class EmbeddedRun:
         return batch
 
     def train(self, stop: StopFlag | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
-              control: RunControl | None = None) -> None:
+              control: RunControl | None = None):
         """Train to run.steps (or until `stop` is requested: then checkpoint and return). `control`
         replaces the run control given at construction (tests drive one directly)."""
         if stop is not None:
             self.stop = stop
         if control is not None:
             self.session.seams.control = control
-        self.session.run(on_step)
+        return self.session.run(on_step)  # a RunOutcome (learner/outcome.py)
 
     def close(self) -> None:
         self.session.close()
@@ -216,7 +217,9 @@ def _control_plane(cfg: TrainConfig, log: Callable[[str], None]):
 
 
 def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> Path:
-    """Train (or resume) one run; returns the run folder. Writes the report at the end."""
+    """Train (or resume) one run; returns the run folder. Writes the report at the end. A run that
+    trained nothing, or stopped without a reward signal, raises `NothingTrained` (its report is
+    written when it trained a step)."""
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -229,24 +232,31 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
         log, step_lines = logger.info, StepLines(cfg.logging.every_n_steps, cfg.run.steps, logger)
     stop = StopFlag()
     with _signals(stop):  # also over the report and export: a Ctrl-C then lets them finish
-        run = _train(cfg, resume, log, console, progress, step_lines, stop)
-        finished = not stop.requested  # decided here: a signal during the report does not undo it
-        if finished:
-            from stare.learner.export import export_run
+        run, outcome = _train(cfg, resume, log, console, progress, step_lines, stop)
+        finished = outcome.outcome == "finished" and not stop.requested  # a signal during the report does not undo it
+        if (finished or outcome.failed) and run.learner.step > 0:
             from stare.report import write_report
             from stare.wandb_log import log_report
 
             report = write_report(run.run_dir)
             log_report(cfg, report)  # to W&B with logging.wandb
             log(f"report: {report / 'summary.md'}")
+        if finished:
+            from stare.learner.export import export_run
+
             export_run(run.run_dir, run.stack.setup.model_path, log, cfg.model.dtype)
-    if not finished:
-        log(f"stopped after step {run.learner.step}; resume with: stare train --resume {run.run_dir}")
+    if outcome.failed:
+        from stare.learner.outcome import NothingTrained
+
+        raise NothingTrained(f"{run.run_dir}: {outcome.message}")
+    if not finished:  # said even without progress output: the one line a stopped run needs
+        print(f"stopped after step {run.learner.step}; resume with: stare train --resume {run.run_dir}",
+              file=sys.stderr, flush=True)
     return run.run_dir
 
 
-def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_lines, stop: StopFlag) -> EmbeddedRun:
-    """The run itself, under its lock and control plane; returns it closed."""
+def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_lines, stop: StopFlag):
+    """The run itself, under its lock and control plane; returns it closed, and its RunOutcome."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     with run_lock(cfg.run_dir), _control_plane(cfg, log) as control:
@@ -266,8 +276,13 @@ def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_li
                         f"gate {'on ' if m['gate'] else 'off'}  W {m['w']:.2f} M {m['m']:.2f}")
                 bar.update(task, completed=m["step"], live=live)
 
+            if resume and run.learner.step >= cfg.run.steps:
+                run.close()
+                raise ConfigError(f"--resume {run.run_dir}: the run has trained its {run.learner.step} steps "
+                                  f"(run.steps={cfg.run.steps}); continue it with --set run.steps=N (N > "
+                                  f"{run.learner.step})")
             try:
-                run.train(stop, on_step)
+                outcome = run.train(stop, on_step)
             finally:
                 run.close()
-    return run
+    return run, outcome
