@@ -113,7 +113,7 @@ class TrainingSession:
             from stare.checkpoints import choose_checkpoint  # verified first; a damaged one falls back, loudly
 
             ckpt_dir = cfg.run_dir / "checkpoints"
-            state = learner.load(ckpt_dir, choose_checkpoint(ckpt_dir, say, cfg.run.checkpoint_verify))
+            state = learner.load(ckpt_dir, choose_checkpoint(ckpt_dir, log.warning, cfg.run.checkpoint_verify))
             feeder.load_state_dict(state["data"])
             if "collector" in state:
                 collector.load_state_dict(state["collector"])

@@ -75,10 +75,20 @@ def write_manifest(folder: Path, verify: Verify = "digest") -> dict:
     return manifest
 
 
+_verified: dict[Path, tuple] = {}  # folder -> the stat signature it had when its digests last matched
+
+
+def _signature(folder: Path, names) -> tuple:
+    stats = [(folder / n).stat() for n in [MANIFEST, *names]]
+    return tuple((st.st_size, st.st_mtime_ns, st.st_ino) for st in stats)
+
+
 def damage(folder: Path, verify: Verify = "digest") -> str | None:
     """What is wrong with checkpoint `folder` ("FILE: why"), or None when its files match its manifest.
-    verify "size" skips the digests even where the manifest has them."""
-    folder = Path(folder)
+    verify "size" skips the digests even where the manifest has them. A folder verified earlier in
+    this process whose files have not changed since (size, mtime, inode) is not hashed again (the
+    CLI checks a resume before taking the run's lock, the session before loading)."""
+    folder = Path(folder).resolve()
     path = folder / MANIFEST
     if not path.is_file():
         return f"{path}: missing (the checkpoint was cut short before it was complete)"
@@ -98,9 +108,13 @@ def damage(folder: Path, verify: Verify = "digest") -> str | None:
             return f"{p}: {size} bytes, the manifest says {entry.get('size') if isinstance(entry, dict) else '?'}"
         if verify == "digest" and "sha256" in entry:
             digest_check.append((p, entry["sha256"]))
+    signature = _signature(folder, files)
+    if digest_check and _verified.get(folder) == signature:
+        return None
     for (p, want), got in zip(digest_check, _digests([p for p, _ in digest_check])):
         if got != want:
             return f"{p}: contents differ from the manifest (sha256 {got[:12]}..., recorded {want[:12]}...)"
+    _verified[folder] = signature
     return None
 
 
@@ -152,8 +166,11 @@ def choose_checkpoint(directory: Path, say: Callable[[str], None] = print, verif
                           f"file from a backup, or start the run again under a new run.name")
 
 
-def require_checkpoint(directory: Path, flag: str) -> None:
-    """A run folder to resume has at least a checkpoint folder with a step in it."""
+def require_checkpoint(directory: Path, flag: str, verify: Verify = "digest") -> str:
+    """The checkpoint a resume of this run will load, verified now (before any lock or setup)."""
     if not any(Path(directory).glob("step_*")):
         raise CheckpointError(f"{flag}: {directory} holds no checkpoint (the run stopped before its first one); "
                               f"start it again instead of resuming")
+    import logging
+
+    return choose_checkpoint(directory, logging.getLogger(__name__).warning, verify)

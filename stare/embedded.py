@@ -64,9 +64,10 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
         saved = run_dir / "config.yaml"
         if not saved.is_file():
             raise ConfigError(f"--resume {resume}: no config.yaml there; pass a run folder written by `stare train`")
-        require_checkpoint(run_dir / "checkpoints", flag=f"--resume {resume}")
         raw = _paths_against(read_yaml_mapping(saved), run_dir)
         resumed = build_config(raw, overrides=overrides)
+        # verified before the lock and the setup: a damaged run fails here, untouched
+        require_checkpoint(run_dir / "checkpoints", f"--resume {resume}", resumed.run.checkpoint_verify)
         resumed._run_dir = run_dir
         return resumed
     assert cfg is not None
