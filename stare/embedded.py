@@ -71,6 +71,10 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
         resumed._run_dir = run_dir
         return resumed
     assert cfg is not None
+    if cfg.model.path is not None:  # a broken model folder fails here, before the run folder exists
+        from stare.models import check_model_dir
+
+        check_model_dir(Path(cfg.model.path))
     if (cfg.run_dir / "checkpoints" / "latest").exists():
         raise ConfigError(
             f"run.name: {cfg.run_dir} already holds a run; resume it with `stare train --resume {cfg.run_dir}` "
@@ -101,18 +105,27 @@ def _paths_against(raw: dict, run_dir: Path) -> dict:
 
 @contextmanager
 def run_lock(run_dir: Path):
-    """One process per run folder: a second `stare train` on the same run fails at once."""
+    """One process per run folder: a second `stare train` on the same run fails at once. A new run
+    that fails before it wrote anything (a bad dataset, a bad model folder) leaves no folder behind."""
     import fcntl
+    import shutil
 
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(f"run.name: {run_dir} is in use by another stare process; choose another run.name") from None
-        handle.write(str(__import__("os").getpid()))
-        handle.flush()
-        yield
+    try:
+        with open(run_dir / ".lock", "w") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ConfigError(f"run.name: {run_dir} is in use by another stare process; choose another "
+                                  f"run.name") from None
+            handle.write(str(__import__("os").getpid()))
+            handle.flush()
+            yield
+    except BaseException:
+        if created and [p.name for p in run_dir.iterdir()] == [".lock"]:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
 
 class EmbeddedRun:

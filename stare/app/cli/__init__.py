@@ -1,0 +1,1 @@
+"""The `stare` command line."""
