@@ -71,6 +71,8 @@ def test_sigint_stops_after_the_step_and_leaves_a_resumable_checkpoint(fast_over
     assert proc.returncode == 0, out.decode()
     steps = [m["step"] for m in _lines(run_dir / "metrics.jsonl")]
     assert len(steps) < 200
+    # --no-progress still says how to continue (the one line a stopped run needs)
+    assert f"stopped after step {steps[-1]}; resume with: stare train --resume {run_dir}" in out.decode()
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{steps[-1]:06d}"
     resumed = run_training(prepare_run(None, run_dir, [f"run.steps={steps[-1] + 1}"]), resume=True, progress=False)
     assert [m["step"] for m in _lines(resumed / "metrics.jsonl")] == steps + [steps[-1] + 1]
