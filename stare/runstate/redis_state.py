@@ -79,6 +79,8 @@ class RedisRunState:
             return retrying(op, f"run state: {what}", op_timeout_s=self.op_timeout_s, retries=self.retries,
                             backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s)
         except RETRYABLE_ERRORS as err:
+            if isinstance(err, redis.AuthenticationError):  # the user's mistake, not an outage
+                raise
             raise RunStateUnavailable(f"run state (Redis) unavailable during {what}: {err}") from err
 
     def _get_json(self, name: str, check: Callable[[Any], bool] = lambda v: isinstance(v, dict)) -> Any:

@@ -201,3 +201,35 @@ def _parser_with(build, fn):
             action.choices["train"].set_defaults(fn=fn)
         return parser
     return build_with
+
+
+def test_a_run_that_trained_nothing_exits_3_with_its_reason_and_no_traceback(monkeypatch, capsys):
+    import stare.cli
+    from stare.learner.outcome import NothingTrained
+
+    def nothing(args):
+        raise NothingTrained("runs/x: no input to train on: all 4 groups ... were dead-lettered")
+
+    monkeypatch.setattr(stare.cli, "build_parser", _parser_with(stare.cli.build_parser, nothing))
+    assert main(["train"]) == 3
+    err = capsys.readouterr().err
+    assert err == "stare: the run trained nothing useful: runs/x: no input to train on: all 4 groups ... were dead-lettered\n"
+
+
+@pytest.mark.redis
+def test_a_wrong_redis_password_is_one_message_naming_the_fix(tmp_path):
+    from redis_fixtures import have_redis_server, redis_server
+
+    from stare.app.cli.errors import explain
+    from stare.runstate.redis_state import RedisRunState
+    from stare.transport.redis_secrets import with_password
+
+    if not have_redis_server():
+        pytest.skip("redis-server is not on PATH")
+    with redis_server(tmp_path / "r") as server:
+        state = RedisRunState.connect(with_password(server.url, "wrong-password"), "run", socket_timeout_s=2.0)
+        with pytest.raises(Exception) as caught:
+            state.status()
+        state.close()
+    code, message = explain(caught.value)
+    assert code == 2 and message.startswith("Redis refused the password (") and "STARE_REDIS_PASSWORD_FILE" in message

@@ -11,8 +11,6 @@ import pytest
 from stare.config import build_config
 from stare.embedded import prepare_run, run_training
 
-pytestmark = pytest.mark.slow
-
 COMPARED = ("loss", "entropy", "reward_mean", "gate", "w", "m", "clip_fraction", "grad_norm", "response_length_mean")
 
 
@@ -25,6 +23,7 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_resuming_a_moved_copy_from_another_directory_continues_the_copy_only(fast_overrides, tmp_path, monkeypatch):
     common = fast_overrides + ["run.steps=3"]
     straight = run_training(prepare_run(build_config({}, overrides=common + ["run.name=straight"]), None),
@@ -55,3 +54,20 @@ def test_resuming_a_moved_copy_from_another_directory_continues_the_copy_only(fa
     assert (copy / "checkpoints" / "latest").read_text() == "step_000003"
     saved = build_config(__import__("yaml").safe_load((copy / "config.yaml").read_text()))
     assert (saved.run.output_dir, saved.run.name) == (Path("runs"), "a")  # history, not a destination
+
+
+def test_relative_paths_in_a_run_folders_config_resolve_against_the_folder(tiny_model_dir, tmp_path, monkeypatch):
+    from stare.checkpoints import write_manifest
+
+    run = tmp_path / "moved" / "r"
+    shutil.copytree(tiny_model_dir, run / "model")  # a self-contained run folder: its model inside it
+    (run / "config.yaml").write_text("run:\n  name: r\n  output_dir: runs\nmodel:\n  path: model\n")
+    step = run / "checkpoints" / "step_000001"
+    step.mkdir(parents=True)
+    (step / "trainer_state.json").write_text("{}")
+    write_manifest(step)
+    (run / "checkpoints" / "latest").write_text("step_000001")
+    monkeypatch.chdir(tmp_path)  # neither the folder nor where it was started
+    cfg = prepare_run(None, Path("moved/r"), ["task.eval_k=3"])
+    assert cfg.model.path == run.resolve() / "model" and cfg.run_dir == run.resolve()
+    assert cfg.task.eval_k == 3  # --set still applies on top
