@@ -8,8 +8,8 @@
 pointed at a tag only after that. `choose_checkpoint` verifies before anything is loaded: the tag
 `latest` names if its files match its manifest, else the newest older tag that does, with a
 warning naming the damaged file (never silently); with none whole it raises `CheckpointError`
-naming the exact file. Folders written before manifests existed (no manifest in the whole
-checkpoints folder) are whole when they hold trainer_state.json, as before.
+naming the exact file. Checkpoints written before manifests existed (older than every checkpoint
+with one) are whole when they hold trainer_state.json, as before.
 
 Cost (docs/troubleshooting.md): sha256 streams each file in 8 MiB blocks, files in parallel
 threads (hashlib releases the GIL): ~0.5-1.5 GB/s per core, so a 7B ZeRO-3 checkpoint (~90 GB:
@@ -118,9 +118,11 @@ def damage(folder: Path, verify: Verify = "digest") -> str | None:
     return None
 
 
-def _legacy(directory: Path) -> bool:
-    """A checkpoints folder written before manifests: none of its checkpoints has one."""
-    return not any(directory.glob(f"step_*/{MANIFEST}"))
+def _legacy(directory: Path) -> Callable[[str], bool]:
+    """Whether a tag was written before manifests: it is older than every checkpoint that has one
+    (a checkpoint cut short before its manifest is newer than those)."""
+    with_manifest = sorted(p.parent.name for p in directory.glob(f"step_*/{MANIFEST}"))
+    return lambda tag: not with_manifest or tag < with_manifest[0]
 
 
 def _named_by_latest(directory: Path) -> tuple[str | None, str | None]:
@@ -145,7 +147,7 @@ def choose_checkpoint(directory: Path, say: Callable[[str], None] = print, verif
     legacy = _legacy(directory)
 
     def problem(tag: str) -> str | None:
-        if legacy:
+        if legacy(tag) and not (directory / tag / MANIFEST).is_file():
             state = directory / tag / TRAINER_STATE
             return None if state.is_file() else f"{state}: missing (the checkpoint was cut short)"
         return damage(directory / tag, verify)

@@ -173,5 +173,6 @@ def test_a_checkpoint_of_stare_train_from_before_the_shared_loop_resumes(fast_ov
     state = json.loads(state_file.read_text())
     del state["collector"]
     state_file.write_text(json.dumps(state))
+    (state_file.parent / "manifest.json").unlink()  # nor a manifest (stare.checkpoints: resumed as before)
     run_training(prepare_run(None, cfg.run_dir, ["run.steps=2"]), resume=True, progress=False)
     assert [m["step"] for m in _lines(cfg.run_dir / "metrics.jsonl")] == [1, 2]

@@ -102,3 +102,12 @@ def test_a_folder_from_before_manifests_resumes_by_trainer_state_as_before(tmp_p
     (tmp_path / "latest").write_text("step_000020")
     tag, said = _choose(tmp_path)
     assert tag == "step_000010" and "trainer_state.json: missing" in said[0]
+
+
+def test_an_old_checkpoint_without_manifest_is_the_fallback_of_a_newer_damaged_one(tmp_path):
+    _tag(tmp_path, "step_000010", manifest=False)  # written before manifests
+    _tag(tmp_path, "step_000020")  # the resumed run's, with one
+    (tmp_path / "latest").write_text("step_000020")
+    (tmp_path / "step_000020" / "trainer_state.json").write_text("")
+    tag, said = _choose(tmp_path)
+    assert tag == "step_000010" and "step_000020/trainer_state.json: 0 bytes" in said[0]
