@@ -67,7 +67,11 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
         raw = _paths_against(read_yaml_mapping(saved), run_dir)
         resumed = build_config(raw, overrides=overrides)
         # verified before the lock and the setup: a damaged run fails here, untouched
-        require_checkpoint(run_dir / "checkpoints", f"--resume {resume}", resumed.run.checkpoint_verify)
+        tag = require_checkpoint(run_dir / "checkpoints", f"--resume {resume}", resumed.run.checkpoint_verify)
+        done = _trained_steps(run_dir / "checkpoints" / tag)
+        if done is not None and done >= resumed.run.steps:
+            raise ConfigError(f"--resume {resume}: the run has trained its {done} steps (run.steps="
+                              f"{resumed.run.steps}); continue it with --set run.steps=N (N > {done})")
         resumed._run_dir = run_dir
         return resumed
     assert cfg is not None
@@ -81,6 +85,16 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
             f"or choose another name with --set run.name=NEW"
         )
     return cfg
+
+
+def _trained_steps(checkpoint: Path) -> int | None:
+    """The step a verified checkpoint holds (None if its trainer_state.json does not say)."""
+    import json
+
+    try:
+        return int(json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # the learner's load names what is wrong with it
 
 
 _INPUT_PATHS = (("model", "path"), ("task", "path"), ("task", "test_path"), ("system", "weight_dir"),
@@ -290,11 +304,6 @@ def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_li
                         f"gate {'on ' if m['gate'] else 'off'}  W {m['w']:.2f} M {m['m']:.2f}")
                 bar.update(task, completed=m["step"], live=live)
 
-            if resume and run.learner.step >= cfg.run.steps:
-                run.close()
-                raise ConfigError(f"--resume {run.run_dir}: the run has trained its {run.learner.step} steps "
-                                  f"(run.steps={cfg.run.steps}); continue it with --set run.steps=N (N > "
-                                  f"{run.learner.step})")
             try:
                 outcome = run.train(stop, on_step)
             finally:

@@ -121,6 +121,8 @@ CASES = [
      ["config.yaml line 2 column 1: invalid YAML"]),
     ("resume-config-bad-field", lambda r, t: _resume(r, t, lambda run: _write(run / "config.yaml", "run:\n  stepz: 3\n")),
      ["run.stepz: Extra inputs"]),
+    ("resume-finished-run", lambda r, t: _resume(r, t, lambda run: _write(run / "config.yaml", "run:\n  steps: 1\n")),
+     ["the run has trained its 1 steps (run.steps=1); continue it with --set run.steps=N"]),
     ("resume-with-config-flag", lambda r, t: (["train", "--config", r / "c.yaml", "--resume", _fake_run(r, t)],
                                               r / "runs" / "old"), ["--resume continues a run with its saved config"]),
     # --- Redis URLs and secrets
