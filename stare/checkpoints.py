@@ -169,10 +169,9 @@ def choose_checkpoint(directory: Path, say: Callable[[str], None] = print, verif
 
 
 def require_checkpoint(directory: Path, flag: str, verify: Verify = "digest") -> str:
-    """The checkpoint a resume of this run will load, verified now (before any lock or setup)."""
+    """The checkpoint a resume of this run will load, verified now (before any lock or setup); a
+    fallback's warning is left to the session, which chooses again when it loads (no second hash)."""
     if not any(Path(directory).glob("step_*")):
         raise CheckpointError(f"{flag}: {directory} holds no checkpoint (the run stopped before its first one); "
                               f"start it again instead of resuming")
-    import logging
-
-    return choose_checkpoint(directory, logging.getLogger(__name__).warning, verify)
+    return choose_checkpoint(directory, lambda _: None, verify)
