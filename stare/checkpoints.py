@@ -62,6 +62,14 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+_verified: dict[Path, tuple] = {}  # folder -> the stat signature it had when its digests last matched
+
+
+def _signature(folder: Path, names) -> tuple:
+    stats = [(folder / n).stat() for n in [MANIFEST, *names]]
+    return tuple((st.st_size, st.st_mtime_ns, st.st_ino) for st in stats)
+
+
 def write_manifest(folder: Path, verify: Verify = "digest") -> dict:
     """Record every file under `folder` (read back from disk) in folder/manifest.json; call it last."""
     folder = Path(folder)
@@ -73,14 +81,6 @@ def write_manifest(folder: Path, verify: Verify = "digest") -> dict:
     manifest = {"manifest": 1, "verify": verify, "files": files}
     write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1))
     return manifest
-
-
-_verified: dict[Path, tuple] = {}  # folder -> the stat signature it had when its digests last matched
-
-
-def _signature(folder: Path, names) -> tuple:
-    stats = [(folder / n).stat() for n in [MANIFEST, *names]]
-    return tuple((st.st_size, st.st_mtime_ns, st.st_ino) for st in stats)
 
 
 def damage(folder: Path, verify: Verify = "digest") -> str | None:
