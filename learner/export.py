@@ -49,10 +49,14 @@ def checkpoint_tag(ckpt_dir: Path, step: int | None) -> str:
             have = sorted(p.name for p in ckpt_dir.glob("step_*")) if ckpt_dir.is_dir() else []
             raise ExportError(f"--step {step}: no checkpoint {ckpt_dir / tag}; the run has {have or 'none'}")
         return tag
-    latest = ckpt_dir / "latest"
-    if not latest.is_file():
+    if not (ckpt_dir / "latest").is_file() and not any(ckpt_dir.glob("step_*")):
         raise ExportError(f"{ckpt_dir}: no checkpoint (no 'latest' file); train the run first")
-    return latest.read_text().strip()
+    import logging
+
+    from stare.learner.checkpoints import choose_checkpoint
+
+    # the verified one: a damaged latest falls back to the previous complete checkpoint, with a warning
+    return choose_checkpoint(ckpt_dir, logging.getLogger(__name__).warning)
 
 
 def checkpoint_state_dict(ckpt_dir: Path, tag: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:

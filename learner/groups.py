@@ -129,6 +129,7 @@ class GroupCollector:
         self.closed: set[str] = set()  # groups complete and not yet finished (ready, or taken for a step)
         self.held: set[str] = set()  # entry ids collected and not yet acknowledged (partial, ready, taken, unacked)
         self.stats = GroupStats()
+        self.dead_reasons: list[str] = []  # why each group closed by a dead letter since the last drain
         self.decisions = decisions
         self.dead_letters = dead_letters
         self._merge_decisions()
@@ -168,6 +169,7 @@ class GroupCollector:
                 continue  # not one of our groups, or decided already
             partial = self.partial.pop(group_id, {})
             self.stats.dead_lettered_groups += 1
+            self.dead_reasons.append(rec.reason)  # the session drains it once per step (learner/outcome.py)
             log.warning("group %s closed without training: its %s entry %s was dead-lettered (%s); %d of its "
                         "trajectories had arrived", group_id, rec.stream, rec.entry_id, rec.reason, len(partial))
             self._finish(group_id, [e for _, e in partial.values()])

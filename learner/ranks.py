@@ -115,9 +115,10 @@ class LeaderLearner:
             return self._learner.save(directory, extra)
 
     def load(self, directory: Path, tag: str | None = None) -> dict[str, Any]:
-        from stare.learner.trainer import latest_whole_tag
+        from stare.learner.checkpoints import choose_checkpoint
 
-        tag = tag or latest_whole_tag(directory)  # decided here: every rank loads the same one
+        # decided here: every rank loads the same one
+        tag = tag or choose_checkpoint(directory, log.warning, self._learner.cfg.run.checkpoint_verify)
         with self._op(self._same(LOAD, str(directory), tag)):
             return self._learner.load(directory, tag)
 

@@ -158,6 +158,7 @@ def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_fa
     from stare.data.feeder import build_feeder
     from stare.learner.export import export_run
     from stare.learner.groups import GroupCollector
+    from stare.learner.outcome import NothingTrained
     from stare.learner.session import SessionSeams, TrainingSession
     from stare.runtime.process import connect_transport
     from stare.transport.dead_letters import training_dead_letters
@@ -182,7 +183,9 @@ def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_fa
         )
         session = TrainingSession(cfg, learner, feeder, collector, seams, max_staleness=s.max_staleness,
                                   resume=(cfg.run_dir / "checkpoints" / "latest").is_file())
-        session.run()
+        outcome = session.run()
+        if outcome.failed:  # trained nothing, or no reward signal: not a success (learner/outcome.py)
+            raise NothingTrained(outcome.message)
         if learner.step >= cfg.run.steps:
             export_run(cfg.run_dir, setup.model_path, log.info, cfg.model.dtype)
     except BaseException:

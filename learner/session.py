@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import random
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Mapping, Protocol
@@ -34,6 +33,8 @@ import numpy as np
 import torch
 
 from stare.config import TrainConfig
+from stare.learner.outcome import EmptySteps, RunOutcome
+from stare.learner.rng import rng_state, seed_everything, set_rng_state  # noqa: F401  (seed_everything: for the modes)
 from stare.observe.log_format import StepLines
 from stare.observe.run_outputs import RunOutputs, batch_metrics, staleness_status, staleness_summary, trained_lags
 from stare.runstate import RunSteering
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 
 PAUSE_POLL_S = 0.2  # while paused: how often the steering is asked again
 PULL_BLOCK_S = 0.5  # without a pump: how long a fill round waits for scored entries
-MAX_EMPTY_STEPS = 20  # on-policy: steps in a row without a trainable group before giving up
 STALL_LOG_S = 120.0  # without a pump: say what the learner waits for after this long without a step
 
 
@@ -103,30 +103,6 @@ class SessionSeams:
     pump: Callable[[int], None] | None = None  # in-process workers: run them once (arg: the fill round)
 
 
-def rng_state() -> dict[str, Any]:
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state()[1].tolist(),
-        "torch": torch.get_rng_state().tolist(),
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    np_state = np.random.get_state()
-    np.random.set_state((np_state[0], np.asarray(state["numpy"], dtype=np_state[1].dtype), *np_state[2:]))
-    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-
-
-def seed_everything(cfg: TrainConfig) -> None:
-    if cfg.run.threads is not None:
-        torch.set_num_threads(cfg.run.threads)
-    random.seed(cfg.run.seed)
-    np.random.seed(cfg.run.seed)
-    torch.manual_seed(cfg.run.seed)
-
-
 class TrainingSession:
     def __init__(self, cfg: TrainConfig, learner, feeder, collector, seams: SessionSeams, *, max_staleness: int,
                  resume: bool, say: Callable[[str], None] = log.info):
@@ -134,7 +110,10 @@ class TrainingSession:
         self.max_staleness, self.say = max_staleness, say
         resume_step = None
         if resume:
-            state = learner.load(cfg.run_dir / "checkpoints")
+            from stare.learner.checkpoints import choose_checkpoint  # verified first; a damaged one falls back, loudly
+
+            ckpt_dir = cfg.run_dir / "checkpoints"
+            state = learner.load(ckpt_dir, choose_checkpoint(ckpt_dir, log.warning, cfg.run.checkpoint_verify))
             feeder.load_state_dict(state["data"])
             if "collector" in state:
                 collector.load_state_dict(state["collector"])
@@ -358,12 +337,16 @@ class TrainingSession:
         self._last_step_at = time.monotonic()
 
     # ---------------------------------------------------------------- the loop
-    def run(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def run(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> RunOutcome:
+        """Train to run.steps, a stop request, or a run with nothing to train (learner/outcome.py)."""
         cfg, learner, seams = self.cfg, self.learner, self.seams
+        start_step = learner.step
         seams.steering.start(learner.controller, learner.step, {"weight_version": learner.version})
         if self._eval_due(learner.step) and not self._evaluated(learner.step):  # step 0, or lost with a restart
             self.evaluate(final=learner.step == cfg.run.steps)
-        empty, gave_up = 0, False
+        empty, gave_up = EmptySteps(), None
+        stats = self.collector.stats
+        filtered0, dead0 = stats.filtered_groups, stats.dead_lettered_groups
         while learner.step < cfg.run.steps:
             # In-process workers hold what a step collected only in memory: stop, checkpoint and
             # pause between steps only. With workers in other processes it is in Redis: any time.
@@ -377,23 +360,30 @@ class TrainingSession:
             if batch is None:
                 continue
             trajectories, ids, info = batch
-            if not trajectories:  # on-policy: every group of every round of this step had equal rewards
-                empty += 1
+            if not trajectories:  # on-policy: no group of this step's rounds had a reward signal
+                gave_up = empty.add(stats.filtered_groups - filtered0, stats.dead_lettered_groups - dead0,
+                                    self.collector.dead_reasons)
+                self.collector.dead_reasons.clear()
                 self.say(f"no group with a reward signal after {self._round} rounds; sampling again")
                 self._round = 0
-                if empty >= MAX_EMPTY_STEPS:
-                    self.say("every group had equal rewards for too long; stopping (the task is solved or unsolvable)")
-                    gave_up = True
+                filtered0, dead0 = stats.filtered_groups, stats.dead_lettered_groups
+                if gave_up is not None:
+                    self.say(f"stopping: {empty.message(gave_up)}")
                     break
                 continue
-            empty = 0
+            empty = EmptySteps()
+            self.collector.dead_reasons.clear()
             self._step(trajectories, ids, info, on_step)
+            filtered0, dead0 = stats.filtered_groups, stats.dead_lettered_groups
         saved = (self.outputs.ckpt_dir / f"step_{learner.step:06d}").exists()
         if self.collector.unacked or (seams.should_stop() and not saved):
             self.checkpoint()  # leave nothing trained unsaved, and a checkpoint to resume from
-        phase = "finished" if learner.step >= cfg.run.steps else "stopped"
-        seams.steering.set_phase(phase, step=learner.step, **({"reason": "no reward signal"} if gave_up else {}))
+        outcome = gave_up or ("finished" if learner.step >= cfg.run.steps else "stopped")
+        message = empty.message(gave_up) if gave_up else None
+        seams.steering.set_phase("failed" if gave_up else outcome, step=learner.step,
+                                 **({"reason": message} if message else {}))
         self.outputs.tb.flush()
+        return RunOutcome(outcome, learner.step - start_step, message)
 
     def close(self) -> None:
         self.seams.publisher.close()

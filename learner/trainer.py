@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import math
 import time
 from collections.abc import Mapping
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from stare.learner.checkpoints import TRAINER_STATE, CheckpointError, choose_checkpoint, write_atomic, write_manifest
 from stare.config import TrainConfig
 from stare.learner import deepspeed_engine as ds
 from stare.learner.batch import TrainBatch, collate
@@ -281,10 +281,11 @@ class Learner:
                                   snapshot=self.publish_snapshot)
 
     def save(self, directory: Path, extra: dict[str, Any]) -> str:
-        """A checkpoint under directory/step_N, then `latest` pointed at it: a process killed
-        anywhere in between leaves `latest` on the previous whole checkpoint."""
+        """A checkpoint under directory/step_N, its manifest (stare.learner.checkpoints) last, then `latest`
+        pointed at it: a process killed anywhere in between leaves `latest` on the previous whole
+        checkpoint, and a file damaged later is found by the manifest before anything loads."""
         tag = f"step_{self.step:06d}"
-        ds.save_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)  # every rank: a collective under ZeRO
+        ds.save_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)  # every rank (a collective under ZeRO), then a barrier
         if dist.get_rank() == 0:
             state = {
                 "step": self.step,
@@ -295,35 +296,29 @@ class Learner:
                 **({"lora": self.lora.model_dump()} if self.lora is not None else {}),
                 **extra,
             }
-            _write_atomic(directory / tag / "trainer_state.json", json.dumps(state, indent=1))
-            _write_atomic(directory / "latest", tag)
+            write_atomic(directory / tag / TRAINER_STATE, json.dumps(state, indent=1))
+            write_manifest(directory / tag, self.cfg.run.checkpoint_verify)  # reads every rank's files back
+            write_atomic(directory / "latest", tag)
         return tag
 
     def load(self, directory: Path, tag: str | None = None) -> dict[str, Any]:
-        tag = tag or latest_whole_tag(directory)
-        ds.load_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)
-        state = json.loads((directory / tag / "trainer_state.json").read_text())
-        self.step, self.version = state["step"], state["version"]
+        """Checkpoint `tag` (None: the one `choose_checkpoint` verifies); a file that still fails to
+        load is a CheckpointError naming the checkpoint."""
+        tag = tag or choose_checkpoint(directory, log.warning, self.cfg.run.checkpoint_verify)
+        try:
+            ds.load_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)
+        except (RuntimeError, OSError, EOFError, ValueError, KeyError) as err:
+            raise CheckpointError(f"{directory / tag}: DeepSpeed could not load it ({type(err).__name__}: "
+                                  f"{str(err).splitlines()[0][:200]}); delete that folder to resume from an older "
+                                  f"checkpoint") from err
+        path = directory / tag / TRAINER_STATE
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+            self.step, self.version = state["step"], state["version"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(f"{path}: unreadable ({type(err).__name__}: {err}); delete {directory / tag} to "
+                                  f"resume from an older checkpoint") from None
         self.controller.load_state_dict(state["controller"])
         self.lagged_entropy = state["lagged_entropy"]
         self.nonfinite_steps = int(state.get("nonfinite_steps", 0))
         return state
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def latest_whole_tag(directory: Path) -> str:
-    """The tag `latest` names if that checkpoint is whole (has its trainer_state.json), else the
-    newest whole one (a learner killed while writing a checkpoint: DeepSpeed's files may be
-    partial, trainer_state.json is written last)."""
-    named = (directory / "latest").read_text().strip() if (directory / "latest").is_file() else None
-    if named is not None and (directory / named / "trainer_state.json").is_file():
-        return named
-    whole = sorted(p.name for p in directory.glob("step_*") if (p / "trainer_state.json").is_file())
-    if not whole:
-        raise FileNotFoundError(f"{directory}: no whole checkpoint (a step_N folder with trainer_state.json)")
-    return whole[-1]

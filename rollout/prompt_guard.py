@@ -40,4 +40,5 @@ def fit_prompt(ids: Sequence[int], limit: int | None, overflow: Overflow,
     if overflow == "truncate_left":
         return ids[-limit:], None
     return None, (f"prompt has {len(ids)} tokens, over the limit of {limit} (data.max_prompt_len, or the engine's "
-                  "max_model_len minus rollout.max_new_tokens); data.prompt_overflow=reject parks it here")
+                  "max_model_len minus rollout.max_new_tokens); data.prompt_overflow=reject parks it here (admit it with "
+                  "data.prompt_overflow=truncate_left, or raise that limit)")

@@ -75,7 +75,8 @@ class StackEvaluator:
         self.stack, self.cfg = stack, cfg
         # the prompt length policy (data.max_prompt_len) applies to held-out prompts as to training ones
         self.problems = eval_problems(cfg, stack.setup.task, stack.setup.tokenizer,
-                                      log or logging.getLogger(__name__).warning)
+                                      log or logging.getLogger(__name__).warning,
+                                      max_model_len=getattr(stack.engine, "max_model_len", None))
 
     def __call__(self, version: int, weights: Callable[[], Mapping[str, torch.Tensor]],
                  final: bool = False) -> dict[str, Any]:

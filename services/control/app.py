@@ -4,7 +4,8 @@ The app keeps no run state of its own (only its settings and the auth policy), s
 can serve one Redis. Errors are JSON `{"detail": "...", "errors": [{"field", "message"}]}`: 422
 names the field (body validation, band order, bounds); before a learner has published its controller,
 GET /v1/entropy is 404 and a change 409; 503 when the store does not answer within its retry budget.
-Before any route: limits.BodyLimit (413/408), security (trusted hosts, same-origin changes, headers);
+Before any route: security headers (outermost: on every reply), limits.BodyLimit (413/408), security
+(trusted hosts, same-origin changes);
 openapi.py makes the spec say what this instance does (auth per operation, error bodies).
 """
 
@@ -88,5 +89,6 @@ def create_app(state: RunState, settings: ControlSection, run_id: str, *, token:
     app.include_router(dashboard.router)
     openapi.install(app, app.state.auth)
     security.install(app, settings)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)  # outermost
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, body_timeout_s=settings.body_timeout_s)
+    security.install_headers(app, settings)  # outermost: every reply, the outer layers' 400/403/413 too
     return app

@@ -119,10 +119,15 @@ class SecurityHeaders:
 
 
 def install(app, settings: ControlSection) -> None:
-    """Add the middleware (Starlette runs the last added first: hosts, then origin, then headers)."""
+    """Add the host and origin checks (Starlette runs the last added first: hosts, then origin)."""
+    app.add_middleware(SameOrigin, allowed_origins=list(settings.allowed_origins))
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=trusted_hosts(settings))
+
+
+def install_headers(app, settings: ControlSection) -> None:
+    """Add the security headers; app.py calls it last, so that they wrap every other layer (the
+    Host check's 400, the Origin check's 403, the body limit's 413 and 408 carry them too)."""
     docs_csp = ("default-src 'none'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
                 "style-src 'self' https://cdn.jsdelivr.net; img-src 'self' data: https://fastapi.tiangolo.com; "
                 "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'")  # Swagger UI (control.docs only)
     app.add_middleware(SecurityHeaders, relaxed_paths=("/docs",) if settings.docs else (), relaxed_csp=docs_csp)
-    app.add_middleware(SameOrigin, allowed_origins=list(settings.allowed_origins))
-    app.add_middleware(TrustedHostMiddleware, allowed_hosts=trusted_hosts(settings))

@@ -18,6 +18,11 @@ class RunSection(_Section):
     steps: int = Field(150, ge=1, description="Optimizer steps to train.")
     checkpoint_every: int = Field(25, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="How many recent checkpoints to keep.")
+    checkpoint_verify: Literal["digest", "size"] = Field(
+        "digest", description="What a checkpoint's manifest checks before a resume loads it: digest: every file's "
+        "size and sha256 (read back once at save and once at resume, in parallel threads; a 7B ZeRO-3 checkpoint "
+        "is ~90 GB); size: sizes only (catches files cut short, not flipped bits).",
+    )
     threads: int | None = Field(
         None, ge=1, description="torch intra-op threads (None: torch's default). Tiny models run fastest on 1: "
         "multi-threaded tiny matmuls spin and stall, badly so on a busy machine.",

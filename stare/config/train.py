@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from stare.config.algo import LOSS_CONFIGS, ControllerConfig, GrpoLossConfig, LossConfig, StareLossConfig
 from stare.config.base import ConfigError, _Section
@@ -24,6 +24,8 @@ from stare.config.system import ControlSection, LoggingSection, SystemSection
 class TrainConfig(_Section):
     """The config of one embedded training run (and of every role in the distributed system)."""
 
+    # the folder of a resumed run, wherever it lives now (`--resume DIR`); run.output_dir/run.name are history then
+    _run_dir: Path | None = PrivateAttr(None)
     algo: str = Field("stare", description="The preset this config was built from (informational; set with --algo).")
     run: RunSection = RunSection()
     model: ModelSection = ModelSection()
@@ -86,7 +88,7 @@ class TrainConfig(_Section):
 
     @property
     def run_dir(self) -> Path:
-        return self.run.output_dir / self.run.name
+        return self._run_dir if self._run_dir is not None else self.run.output_dir / self.run.name
 
 
 # --algo presets: what each baseline changes relative to the loaded config.
@@ -180,7 +182,7 @@ def load_config(path: Path | None, *, algo: str | None = None, overrides: list[s
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist; pass an existing YAML file to --config")
-        raw = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"config file {path} must hold a YAML mapping at the top level")
+        from stare.config.files import read_yaml_mapping  # errors name the file, line and column
+
+        raw = read_yaml_mapping(path)
     return build_config(raw, algo=algo, overrides=overrides)

@@ -72,8 +72,14 @@ def build_feeder(cfg, task: Task, tokenizer, log: Callable[[str], None] = print)
                         prompt_overflow=cfg.data.prompt_overflow, log=log)
 
 
-def eval_problems(cfg, task: Task, tokenizer, log: Callable[[str], None] = print) -> list[Problem]:
-    """The run's held-out problems, through the same prompt length policy as training."""
+def eval_problems(cfg, task: Task, tokenizer, log: Callable[[str], None] = print,
+                  max_model_len: int | None = None) -> list[Problem]:
+    """The run's held-out problems, through the same prompt length policy as training (with the
+    engine's `max_model_len`: also its limit, what it leaves after rollout.max_new_tokens)."""
     seed = cfg.run.seed if cfg.task.eval_seed is None else cfg.task.eval_seed
-    return fit_prompts(task.problems("test", cfg.task.eval_problems, seed), tokenizer, cfg.data.max_prompt_len,
-                       cfg.data.prompt_overflow, what="held-out prompts", log=log)
+    limit, name = cfg.data.max_prompt_len, "data.max_prompt_len"
+    if max_model_len is not None and (limit is None or max_model_len - cfg.rollout.max_new_tokens < limit):
+        limit = max_model_len - cfg.rollout.max_new_tokens
+        name = "the engine's max_model_len minus rollout.max_new_tokens"
+    return fit_prompts(task.problems("test", cfg.task.eval_problems, seed), tokenizer, limit,
+                       cfg.data.prompt_overflow, what="held-out prompts", log=log, limit_name=name)

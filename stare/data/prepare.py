@@ -26,25 +26,31 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stare.data.tasks.dataset import DatasetError, _prompt_key, ground_truth, iter_rows, problem_from_row, prompt_messages
+from stare.data.tasks.dataset import DatasetError, _prompt_key, ground_truth, located_rows, problem_from_row, prompt_messages
 
 INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 QUESTION_KEYS = ("problem", "Problem", "question", "prompt")
 ANSWER_KEYS = ("answer", "Answer", "target", "ground_truth")
 
 
-def read_rows(path: Path | str) -> list[tuple[int, dict[str, Any]]]:
-    """(row number, row) of a .parquet / .jsonl file (stare.data.tasks.dataset.iter_rows, all columns) or a .json list."""
+def read_rows(path: Path | str) -> list[tuple[int, str, dict[str, Any]]]:
+    """(row index from 0, where, row) of a .parquet / .jsonl file (stare.data.tasks.dataset.located_rows,
+    all columns) or a .json list; `where` is 1-based ("FILE line N", "FILE row N")."""
     path = Path(path)
     if path.suffix.lower() == ".json":
-        if not path.is_file():
-            raise DatasetError(f"{path}: no such file")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        from stare.config.files import FileInputError, read_text
+
+        try:
+            data = json.loads(read_text(path, "data file"))
+        except FileInputError as err:
+            raise DatasetError(str(err)) from None
+        except ValueError as err:
+            raise DatasetError(f"{path} line {getattr(err, 'lineno', '?')}: not valid JSON ({err})") from None
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise DatasetError(f"{path}: a .json file must hold a list of row objects (or {{'data': [...]}})")
-        return list(enumerate(data))
+        return [(i, f"{path} row {i + 1}", r) for i, r in enumerate(data)]
     if path.suffix.lower() == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -52,8 +58,8 @@ def read_rows(path: Path | str) -> list[tuple[int, dict[str, Any]]]:
             raise DatasetError(f"{path}: reading parquet needs pyarrow: pip install 'stare[data]'") from None
         if not path.is_file():
             raise DatasetError(f"{path}: no such file")
-        return list(enumerate(pq.read_table(path).to_pylist()))
-    return list(iter_rows(path))
+        return [(i, f"{path} row {i + 1}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
+    return list(located_rows(path))
 
 
 def _answer_text(value: Any, where: str) -> str:
@@ -101,9 +107,9 @@ def convert_file(src: Path | str, out: Path | str, *, data_source: str, split: s
     """Convert `src` into the verl parquet `out`; returns the counts."""
     rows, seen = [], {}
     total = conflicts = 0
-    for i, row in read_rows(src):
+    for i, where, row in read_rows(src):
         total += 1
-        converted = convert_row(row, data_source=data_source, split=split, index=i, where=f"{src} row {i}")
+        converted = convert_row(row, data_source=data_source, split=split, index=i, where=where)
         if dedupe:
             key = _prompt_key(converted["prompt"])
             answer = converted["reward_model"]["ground_truth"]

@@ -30,7 +30,7 @@ def prompt_ids(problem: Problem, tokenizer) -> list[int]:
 
 def fit_prompts(
     problems: list[Problem], tokenizer, max_len: int | None, overflow: Overflow, *, what: str,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = print, limit_name: str = "data.max_prompt_len",
 ) -> list[Problem]:
     """`problems` with their prompt tokens set and cut (or dropped) to `max_len`; None: unchanged."""
     if max_len is None or not problems:
@@ -52,11 +52,11 @@ def fit_prompts(
         action = ("truncated on the left (kept the last tokens)" if overflow == "truncate_left"
                   else "rejected (dropped)")
         sample = ", ".join(pid for pid, _ in over[:3]) + (", ..." if len(over) > 3 else "")
-        log(f"{what}: {len(over)} of {len(problems)} prompts are longer than data.max_prompt_len={max_len} tokens "
+        log(f"{what}: {len(over)} of {len(problems)} prompts are longer than {limit_name}={max_len} tokens "
             f"(longest {longest}): {action} by data.prompt_overflow={overflow} ({sample})")
     if not out:
         raise PromptPolicyError(
-            f"{what}: every prompt is longer than data.max_prompt_len={max_len} tokens and "
-            f"data.prompt_overflow=reject dropped them all; raise data.max_prompt_len or set "
+            f"{what}: every prompt is longer than {limit_name}={max_len} tokens and "
+            f"data.prompt_overflow=reject dropped them all; raise {limit_name.split(' minus')[0]} or set "
             f"data.prompt_overflow=truncate_left")
     return out

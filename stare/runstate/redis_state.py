@@ -79,11 +79,13 @@ class RedisRunState:
             return retrying(op, f"run state: {what}", op_timeout_s=self.op_timeout_s, retries=self.retries,
                             backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s)
         except RETRYABLE_ERRORS as err:
+            if isinstance(err, redis.AuthenticationError):  # the user's mistake, not an outage
+                raise
             raise RunStateUnavailable(f"run state (Redis) unavailable during {what}: {err}") from err
 
-    def _get_json(self, name: str) -> Any:
+    def _get_json(self, name: str, check: Callable[[Any], bool] = lambda v: isinstance(v, dict)) -> Any:
         raw = self._call(lambda: self.client.get(self._key(name)), f"GET {name}")
-        return None if raw is None else json.loads(raw)
+        return None if raw is None else tolerant(raw, lambda r: _checked(json.loads(r), check), self._key(name))
 
     # -- liveness and status ------------------------------------------------------------------
 
@@ -100,7 +102,8 @@ class RedisRunState:
     def roles(self) -> list[RoleHealth]:
         raw = self._call(lambda: self.client.hgetall(self._key("heartbeats")), "HGETALL heartbeats")
         now = time.time()
-        return [role_health(Heartbeat.model_validate_json(raw[k]), self.dead_after_s, now) for k in sorted(raw)]
+        beats = [tolerant(raw[k], Heartbeat.model_validate_json, f"{self._key('heartbeats')}[{k}]") for k in sorted(raw)]
+        return [role_health(b, self.dead_after_s, now) for b in beats if b is not None]
 
     def set_status(self, status: dict[str, Any]) -> None:
         self._call(lambda: self.client.set(self._key("status"), json.dumps(json_safe(status))), "SET status")
@@ -138,7 +141,11 @@ class RedisRunState:
             # Positions from the end stay valid if another step is appended (and one trimmed) meanwhile.
             lo, hi = start - total, stop - total - 1
             raw = self._call(lambda: self.client.lrange(self._key("metrics"), lo, hi), "LRANGE metrics")
-            items = [json.loads(r) for r in raw]
+            # a malformed entry is skipped (and logged); `next` still moves past it
+            parsed = [tolerant(r, lambda t: _checked(json.loads(t), lambda v: isinstance(v, dict)), self._key("metrics"))
+                      for r in raw]
+            items = [m for m in parsed if m is not None]
+            return MetricsPage(items=items, offset=start, next=start + len(raw), first=first, total=total)
         return MetricsPage(items=items, offset=start, next=start + len(items), first=first, total=total)
 
     # -- the entropy controller ---------------------------------------------------------------
@@ -147,7 +154,7 @@ class RedisRunState:
         self._call(lambda: self.client.set(self._key("controller"), json.dumps(json_safe(state))), "SET controller")
 
     def controller(self) -> dict[str, Any] | None:
-        return self._get_json("controller")
+        return self._get_json("controller", _is_controller)
 
     def request_entropy_change(self, changes: dict[str, Any], who: str) -> AuditEntry:
         keys = [self._key(k) for k in ("controller", "entropy:pending", "entropy:seq")]
@@ -155,9 +162,10 @@ class RedisRunState:
 
         def txn(pipe) -> None:
             published = pipe.get(keys[0])
-            pending = [AuditEntry.model_validate_json(r) for r in pipe.lrange(keys[1], 0, -1)]
+            pending = _entries(pipe.lrange(keys[1], 0, -1), keys[1])
             seq = int(pipe.get(keys[2]) or 0)
-            controller = None if published is None else json.loads(published)
+            controller = None if published is None else tolerant(
+                published, lambda r: _checked(json.loads(r), _is_controller), keys[0])
             current = merged_config(controller, pending)
             entry = plan_change(seq + 1, current, changes, who, time.time(),  # raises before MULTI: nothing written
                                 published_max_entropy(controller))
@@ -174,7 +182,7 @@ class RedisRunState:
 
     def pending_entropy_changes(self) -> list[AuditEntry]:
         raw = self._call(lambda: self.client.lrange(self._key("entropy:pending"), 0, -1), "LRANGE pending")
-        return [AuditEntry.model_validate_json(r) for r in raw]
+        return _entries(raw, self._key("entropy:pending"))
 
     def take_entropy_changes(self) -> list[AuditEntry]:
         def op() -> list[str]:
@@ -246,6 +254,33 @@ class RedisRunState:
 
     def take_checkpoint_request(self) -> bool:
         return self._call(lambda: self.client.getdel(self._key("checkpoint")), "GETDEL checkpoint") is not None
+
+
+def tolerant(raw: Any, parse: Callable[[Any], T], key: str) -> T | None:
+    """THE read path of stored state: `parse(raw)`, or None for an entry that does not parse (written
+    by something other than stare, or by an older version), with a warning naming the key and the
+    entry: an API read skips it and answers, never a 500."""
+    try:
+        return parse(raw)
+    except (ValueError, TypeError, KeyError) as err:
+        log.warning("run state: skipped a malformed entry of %s (%s): %.200r", key, str(err).splitlines()[0][:200], raw)
+        return None
+
+
+def _checked(value: Any, check: Callable[[Any], bool]) -> Any:
+    if not check(value):
+        raise ValueError(f"unexpected shape ({type(value).__name__})")
+    return value
+
+
+def _is_controller(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("config"), dict) and isinstance(value.get("gate"), bool)
+
+
+def _entries(raw: list, key: str) -> list[AuditEntry]:
+    """Pending changes as the API reads them: malformed ones skipped (the learner's
+    `take_entropy_changes` rejects and audits them)."""
+    return [e for e in (tolerant(r, AuditEntry.model_validate_json, key) for r in raw) if e is not None]
 
 
 def _parsed(raw: str) -> AuditEntry:

@@ -19,6 +19,12 @@ class Delivery(Generic[T]):
     record: T
 
 
+class Codec(Protocol[T]):
+    """A wire record class: `to_fields` on instances, `from_fields` (decode + validate) on the class."""
+
+    def from_fields(self, data: dict[bytes, bytes]) -> T: ...
+
+
 class RecordStream(Protocol[T]):
     def publish(self, records: Sequence[T]) -> list[str]: ...
 

@@ -60,6 +60,8 @@ def retrying(fn: Callable[[], R], what: str, *, op_timeout_s: float = 30.0, retr
         try:
             return fn()
         except RETRYABLE_ERRORS as err:
+            if isinstance(err, redis.AuthenticationError):  # a wrong password: no retry heals it
+                raise
             if (retries is not None and attempt >= retries) or time.monotonic() - start + delay > op_timeout_s:
                 raise
             log.warning("%s lost the connection (%s); retry %d in %.2fs", what, err, attempt, delay)

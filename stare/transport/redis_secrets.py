@@ -85,7 +85,36 @@ def resolve_url(default: str, *, url: str | None = None, url_file: str | Path | 
         found = read_secret(env[URL_FILE_ENV], URL_FILE_ENV)
     else:
         found = env.get(URL_ENV) or default
+    check_url(found)
     if not has_password(found) and env.get(PASSWORD_FILE_ENV):
         found = with_password(found, read_secret(env[PASSWORD_FILE_ENV], PASSWORD_FILE_ENV),
                               urlsplit(found).username)
     return found
+
+
+def check_url(url: str) -> None:
+    """A URL redis-py can connect with: redis://, rediss:// or unix://, a host and a port in range."""
+    example = "redis://:PASSWORD@HOST:6379/0"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as err:
+        raise SecretError(f"Redis URL {masked_safely(url)}: {err}; write it as {example}") from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise SecretError(f"Redis URL {masked_safely(url)}: scheme {parts.scheme or '(none)'!r} is not redis, rediss "
+                          f"or unix; write it as {example}")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise SecretError(f"Redis URL {masked_safely(url)}: no host; write it as {example}")
+    if parts.scheme != "unix" and parts.path not in ("", "/") and not parts.path.lstrip("/").isdigit():
+        raise SecretError(f"Redis URL {masked_safely(url)}: database {parts.path.lstrip('/')!r} is not a number; "
+                          f"write it as {example}")
+    del port
+
+
+def masked_safely(url: str) -> str:
+    """`masked(url)`, or a placeholder for a URL too broken to take apart (it may hold a password)."""
+    try:
+        return masked(url)
+    except (ValueError, IndexError):
+        return "(unparsable, not shown: it may hold a password)"
+

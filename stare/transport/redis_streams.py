@@ -30,23 +30,17 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Generic, Protocol, Sequence, TypeVar
+from typing import Callable, Generic, Sequence, TypeVar
 
 import redis
 
-from stare.transport.base import Delivery, RecordStream
+from stare.transport.base import Codec, Delivery, RecordStream
 from stare.transport.redis_client import RETRYABLE_ERRORS, checked_key_part, dead_key, run_key, stream_key
 from stare.transport.redis_dead_letters import TRIMMED_REASON, DeadLetter, as_str, parse_dead_letters, raw_fields
 
 log = logging.getLogger(__name__)
 
 T, R = TypeVar("T"), TypeVar("R")
-
-
-class Codec(Protocol[T]):
-    """A wire record class: `to_fields` on instances, `from_fields` (decode + validate) on the class."""
-
-    def from_fields(self, data: dict[bytes, bytes]) -> T: ...
 
 
 class BackpressureError(OverflowError):
@@ -380,6 +374,8 @@ class RedisStream(Generic[T]):
                     log.info("stream %s: %s succeeded after %d reconnect attempts", self.key, what, attempt)
                 return result
             except RETRYABLE_ERRORS as err:
+                if isinstance(err, redis.AuthenticationError):  # a wrong password: no retry heals it
+                    raise
                 attempt += 1
                 elapsed = time.monotonic() - start
                 delay = min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s)

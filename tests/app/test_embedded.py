@@ -71,6 +71,8 @@ def test_sigint_stops_after_the_step_and_leaves_a_resumable_checkpoint(fast_over
     assert proc.returncode == 0, out.decode()
     steps = [m["step"] for m in _lines(run_dir / "metrics.jsonl")]
     assert len(steps) < 200
+    # --no-progress still says how to continue (the one line a stopped run needs)
+    assert f"stopped after step {steps[-1]}; resume with: stare train --resume {run_dir}" in out.decode()
     assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{steps[-1]:06d}"
     resumed = run_training(prepare_run(None, run_dir, [f"run.steps={steps[-1] + 1}"]), resume=True, progress=False)
     assert [m["step"] for m in _lines(resumed / "metrics.jsonl")] == steps + [steps[-1] + 1]
@@ -171,5 +173,6 @@ def test_a_checkpoint_of_stare_train_from_before_the_shared_loop_resumes(fast_ov
     state = json.loads(state_file.read_text())
     del state["collector"]
     state_file.write_text(json.dumps(state))
+    (state_file.parent / "manifest.json").unlink()  # nor a manifest (stare.learner.checkpoints: resumed as before)
     run_training(prepare_run(None, cfg.run_dir, ["run.steps=2"]), resume=True, progress=False)
     assert [m["step"] for m in _lines(cfg.run_dir / "metrics.jsonl")] == [1, 2]

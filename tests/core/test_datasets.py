@@ -99,7 +99,7 @@ def test_bad_row_error_names_the_file_row_and_field(tmp_path, change, field):
     rows = [dict(r) for r in ROWS]
     change(rows[1])
     path = write_jsonl(tmp_path / "d.jsonl", rows)
-    with pytest.raises(DatasetError, match=rf"d.jsonl row 1: .*{re.escape(field)}"):
+    with pytest.raises(DatasetError, match=rf"d.jsonl line 2: .*{re.escape(field)}"):
         load_problems(path)
 
 
@@ -213,7 +213,7 @@ def test_prep_script_reports_a_bad_row(tmp_path):
     src = write_jsonl(tmp_path / "dapo.jsonl", rows)
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "prep_dapo_math.py"), str(src), "--out-dir",
                            str(tmp_path / "o")], capture_output=True, text=True)
-    assert proc.returncode == 1 and "row 4: missing field 'reward_model.ground_truth'" in proc.stderr
+    assert proc.returncode == 1 and "dapo.jsonl line 5: missing field 'reward_model.ground_truth'" in proc.stderr
 
 
 # --- evaluation per data source ----------------------------------------------------------------

@@ -69,7 +69,7 @@ def test_question_answer_layouts_get_the_reference_boxed_instruction(tmp_path):
 def test_a_bad_row_is_named_with_its_file_and_number(tmp_path, row, message):
     src = _jsonl(tmp_path / "bad.jsonl", [{"problem": "ok?", "answer": "1"}, row])
     done = _run("--out-dir", tmp_path / "out", "--eval", f"x={src}")
-    assert done.returncode == 1 and "bad.jsonl row 1" in done.stderr and message in done.stderr
+    assert done.returncode == 1 and "bad.jsonl line 2" in done.stderr and message in done.stderr
 
 
 def test_an_eval_spec_without_a_name_is_refused(tmp_path):

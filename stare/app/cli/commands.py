@@ -13,10 +13,12 @@ from stare.app.cli.args import _load, _overrides, default_config_path
 
 def cmd_train(args) -> int:
     from stare.app.launch.embedded import prepare_run, run_training
+    from stare.config import ConfigError
 
     if args.resume is not None:
         if args.config is not None or args.algo is not None:
-            raise SystemExit("--resume continues a run with its saved config; use --set to change fields")
+            raise ConfigError("--resume continues a run with its saved config (--config and --algo do not apply); "
+                              "use --set to change fields")
         cfg = prepare_run(None, args.resume, _overrides(args))
         run_training(cfg, resume=True, progress=not args.no_progress)
     else:

@@ -22,7 +22,10 @@ def _bench_epilog() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stare", description="RL post-training of LLMs with STARE.")
+    parser = argparse.ArgumentParser(prog="stare", description="RL post-training of LLMs with STARE.",
+                                     epilog="A mistake in a config, dataset, model folder, checkpoint or Redis URL is "
+                                     "one line (exit 2); --debug anywhere (or STARE_DEBUG=1) shows its traceback. "
+                                     "docs/troubleshooting.md lists each error and its fix.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train in one process (embedded mode: CPU, bundled tiny model and task)")
@@ -189,11 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from stare.config import ConfigError
+    from stare.app.cli.errors import debug_requested, run_reporting  # a mistake: one line, exit 2
 
-    try:
-        return args.fn(args)
-    except ConfigError as err:
-        print(f"stare: {err}", file=sys.stderr)
-        return 2
+    debug, argv = debug_requested(sys.argv[1:] if argv is None else list(argv))
+    args = parse_args(argv)
+    return run_reporting(lambda: args.fn(args), debug)

@@ -16,12 +16,12 @@ same one `stare learner` runs; this module only wires its in-memory seams.
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 
 from stare.config import ConfigError, TrainConfig, build_config
 from stare.runstate import MemoryRunState, RunSteering
@@ -50,14 +50,34 @@ def _signals(flag: StopFlag):
 
 
 def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[str] = ()) -> TrainConfig:
-    """The config of a new run (refusing to overwrite one) or of the run to resume."""
+    """The config of a new run (refusing to overwrite one) or of the run to resume.
+
+    A resumed run is the folder named, wherever it lives now: its saved run.output_dir/run.name are
+    history, and relative paths in its config.yaml resolve against the folder first (then the
+    working directory, where runs started before this rule pointed)."""
     if resume is not None:
-        saved = Path(resume) / "config.yaml"
+        from stare.learner.checkpoints import require_checkpoint
+        from stare.config.files import read_yaml_mapping
+
+        run_dir = Path(resume).resolve()
+        saved = run_dir / "config.yaml"
         if not saved.is_file():
             raise ConfigError(f"--resume {resume}: no config.yaml there; pass a run folder written by `stare train`")
-        raw = yaml.safe_load(saved.read_text())
-        return build_config(raw, overrides=overrides)
+        raw = _paths_against(read_yaml_mapping(saved), run_dir)
+        resumed = build_config(raw, overrides=overrides)
+        # verified before the lock and the setup: a damaged run fails here, untouched
+        tag = require_checkpoint(run_dir / "checkpoints", f"--resume {resume}", resumed.run.checkpoint_verify)
+        done = _trained_steps(run_dir / "checkpoints" / tag)
+        if done is not None and done >= resumed.run.steps:
+            raise ConfigError(f"--resume {resume}: the run has trained its {done} steps (run.steps="
+                              f"{resumed.run.steps}); continue it with --set run.steps=N (N > {done})")
+        resumed._run_dir = run_dir
+        return resumed
     assert cfg is not None
+    if cfg.model.path is not None:  # a broken model folder fails here, before the run folder exists
+        from stare.models.resolve import check_model_dir
+
+        check_model_dir(Path(cfg.model.path))
     if (cfg.run_dir / "checkpoints" / "latest").exists():
         raise ConfigError(
             f"run.name: {cfg.run_dir} already holds a run; resume it with `stare train --resume {cfg.run_dir}` "
@@ -66,20 +86,59 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
     return cfg
 
 
+def _trained_steps(checkpoint: Path) -> int | None:
+    """The step a verified checkpoint holds (None if its trainer_state.json does not say)."""
+    import json
+
+    try:
+        return int(json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # the learner's load names what is wrong with it
+
+
+_INPUT_PATHS = (("model", "path"), ("task", "path"), ("task", "test_path"), ("system", "weight_dir"),
+                ("control", "token_file"))
+
+
+def _paths_against(raw: dict, run_dir: Path) -> dict:
+    """The saved config with each relative input path that exists under `run_dir` made absolute."""
+    def resolve(value):
+        if isinstance(value, list):
+            return [resolve(v) for v in value]
+        if isinstance(value, str) and not Path(value).is_absolute() and (run_dir / value).exists():
+            return str(run_dir / value)
+        return value
+
+    for section, key in _INPUT_PATHS:
+        node = raw.get(section)
+        if isinstance(node, dict) and node.get(key) is not None:
+            node[key] = resolve(node[key])
+    return raw
+
+
 @contextmanager
 def run_lock(run_dir: Path):
-    """One process per run folder: a second `stare train` on the same run fails at once."""
+    """One process per run folder: a second `stare train` on the same run fails at once. A new run
+    that fails before it wrote anything (a bad dataset, a bad model folder) leaves no folder behind."""
     import fcntl
+    import shutil
 
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(f"run.name: {run_dir} is in use by another stare process; choose another run.name") from None
-        handle.write(str(__import__("os").getpid()))
-        handle.flush()
-        yield
+    try:
+        with open(run_dir / ".lock", "w") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ConfigError(f"run.name: {run_dir} is in use by another stare process; choose another "
+                                  f"run.name") from None
+            handle.write(str(__import__("os").getpid()))
+            handle.flush()
+            yield
+    except BaseException:
+        if created and [p.name for p in run_dir.iterdir()] == [".lock"]:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
 
 class EmbeddedRun:
@@ -152,14 +211,14 @@ class EmbeddedRun:
         return batch
 
     def train(self, stop: StopFlag | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
-              steering: RunSteering | None = None) -> None:
+              steering: RunSteering | None = None):
         """Train to run.steps (or until `stop` is requested: then checkpoint and return). `steering`
         replaces the run steering given at construction (tests drive one directly)."""
         if stop is not None:
             self.stop = stop
         if steering is not None:
             self.session.seams.steering = steering
-        self.session.run(on_step)
+        return self.session.run(on_step)  # a RunOutcome (learner/outcome.py)
 
     def close(self) -> None:
         self.session.close()
@@ -185,7 +244,9 @@ def _control_plane(cfg: TrainConfig, log: Callable[[str], None]):
 
 
 def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> Path:
-    """Train (or resume) one run; returns the run folder. Writes the report at the end."""
+    """Train (or resume) one run; returns the run folder. Writes the report at the end. A run that
+    trained nothing, or stopped without a reward signal, raises `NothingTrained` (its report is
+    written when it trained a step)."""
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -198,24 +259,31 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
         log, step_lines = logger.info, StepLines(cfg.logging.every_n_steps, cfg.run.steps, logger)
     stop = StopFlag()
     with _signals(stop):  # also over the report and export: a Ctrl-C then lets them finish
-        run = _train(cfg, resume, log, console, progress, step_lines, stop)
-        finished = not stop.requested  # decided here: a signal during the report does not undo it
-        if finished:
-            from stare.learner.export import export_run
+        run, outcome = _train(cfg, resume, log, console, progress, step_lines, stop)
+        finished = outcome.outcome == "finished" and not stop.requested  # a signal during the report does not undo it
+        if (finished or outcome.failed) and run.learner.step > 0:
             from stare.app.report import write_report
             from stare.observe.wandb_log import log_report
 
             report = write_report(run.run_dir)
             log_report(cfg, report)  # to W&B with logging.wandb
             log(f"report: {report / 'summary.md'}")
+        if finished:
+            from stare.learner.export import export_run
+
             export_run(run.run_dir, run.stack.setup.model_path, log, cfg.model.dtype)
-    if not finished:
-        log(f"stopped after step {run.learner.step}; resume with: stare train --resume {run.run_dir}")
+    if outcome.failed:
+        from stare.learner.outcome import NothingTrained
+
+        raise NothingTrained(f"{run.run_dir}: {outcome.message}")
+    if not finished:  # said even without progress output: the one line a stopped run needs
+        print(f"stopped after step {run.learner.step}; resume with: stare train --resume {run.run_dir}",
+              file=sys.stderr, flush=True)
     return run.run_dir
 
 
-def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_lines, stop: StopFlag) -> EmbeddedRun:
-    """The run itself, under its lock and control plane; returns it closed."""
+def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_lines, stop: StopFlag):
+    """The run itself, under its lock and control plane; returns it closed, and its RunOutcome."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     with run_lock(cfg.run_dir), _control_plane(cfg, log) as steering:
@@ -236,7 +304,7 @@ def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_li
                 bar.update(task, completed=m["step"], live=live)
 
             try:
-                run.train(stop, on_step)
+                outcome = run.train(stop, on_step)
             finally:
                 run.close()
-    return run
+    return run, outcome

@@ -36,6 +36,21 @@ from stare.weight_sync.factory import broadcast_bind_host
 COLORS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
 
 
+API_TOKEN_ENV = "STARE_API_TOKEN"  # services.control.auth.TOKEN_ENV (not imported: FastAPI is the services extra)
+
+
+def role_env(name: str, base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    """The environment of role `name`: `base` plus `extra`, least privilege: the API token
+    (STARE_API_TOKEN) only for the control plane, no Redis URL variable (the 0600 file in `extra`
+    wins anyway), no health port (one machine: roles would collide on it)."""
+    env = {**base, **extra}
+    env.pop("STARE_HEALTH_PORT", None)
+    env.pop(URL_ENV, None)
+    if name != "control":
+        env.pop(API_TOKEN_ENV, None)
+    return env
+
+
 @dataclass
 class Role:
     name: str  # learner, control, rollout-0, reward-1, ...
@@ -194,11 +209,10 @@ class Launcher:
     def _spawn(self, role: Role) -> None:
         from stare.learner.deepspeed_engine import child_env
 
-        env = {**child_env(), URL_FILE_ENV: str(self.redis_url_file), "PYTHONUNBUFFERED": "1", "STARE_WORKER_NAME": role.name,
-               "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),  # c10d's reconnect chatter
-               "HF_HUB_OFFLINE": "1", **gpu_env(self.gpu_plan, role.name)}
-        env.pop("STARE_HEALTH_PORT", None)  # one machine: roles would collide on one port
-        env.pop(URL_ENV, None)  # the file above wins anyway; keep a caller's URL out of the roles' environment
+        env = role_env(role.name, child_env(), {
+            URL_FILE_ENV: str(self.redis_url_file), "PYTHONUNBUFFERED": "1", "STARE_WORKER_NAME": role.name,
+            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),  # c10d's reconnect chatter
+            "HF_HUB_OFFLINE": "1", **gpu_env(self.gpu_plan, role.name)})
         role.proc = subprocess.Popen(role.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                      start_new_session=True)
         threading.Thread(target=self._pump, args=(role, role.proc.stdout), daemon=True).start()

@@ -50,8 +50,9 @@ class DatasetError(ValueError):
     """A data file or row that cannot be read; the message names the file, the row and the field."""
 
 
-def iter_rows(path: Path | str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(row number, row) for every row of a .parquet (pyarrow) or .jsonl/.json-lines file."""
+def located_rows(path: Path | str) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """(row index from 0, where, row): `where` is how every error names the row, 1-based like an
+    editor: "FILE line N" in a text file (blank lines counted), "FILE row N" in a parquet file."""
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: no such file")
@@ -61,17 +62,25 @@ def iter_rows(path: Path | str) -> Iterator[tuple[int, dict[str, Any]]]:
             import pyarrow.parquet as pq
         except ImportError:
             raise DatasetError(f"{path}: reading parquet needs pyarrow: pip install 'stare[data]'") from None
-        pf = pq.ParquetFile(path)
+        try:
+            pf = pq.ParquetFile(path)
+        except Exception as err:  # pyarrow's ArrowInvalid and friends: a file that is not parquet
+            raise DatasetError(f"{path}: not a readable parquet file ({str(err)[:200]})") from None
         columns = [c for c in COLUMNS if c in pf.schema_arrow.names]
         index = 0
         for batch in pf.iter_batches(columns=columns, batch_size=4096):
             for row in batch.to_pylist():
-                yield index, row
+                yield index, f"{path} row {index + 1}", row
                 index += 1
     elif suffix in (".jsonl", ".ndjson"):
-        with path.open(encoding="utf-8") as f:
+        with path.open("rb") as f:
             index = 0
-            for line_no, line in enumerate(f, 1):
+            for line_no, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise DatasetError(f"{path} line {line_no}: not UTF-8 (byte 0x{raw[err.start]:02x} at column "
+                                       f"{err.start + 1}); save the file as UTF-8") from None
                 if not line.strip():
                     continue
                 try:
@@ -80,7 +89,7 @@ def iter_rows(path: Path | str) -> Iterator[tuple[int, dict[str, Any]]]:
                     raise DatasetError(f"{path} line {line_no}: not valid JSON ({err})") from None
                 if not isinstance(row, dict):
                     raise DatasetError(f"{path} line {line_no}: a row must be a JSON object")
-                yield index, row
+                yield index, f"{path} line {line_no}", row
                 index += 1
     else:
         raise DatasetError(f"{path}: unknown file type {suffix!r}; use .parquet or .jsonl")
@@ -154,7 +163,7 @@ def problem_from_row(row: dict[str, Any], where: str, tokenizer=None) -> Problem
 
 def load_problems(path: Path | str, tokenizer=None) -> list[Problem]:
     """Every row of `path` as a Problem, in file order."""
-    return [problem_from_row(row, f"{path} row {i}", tokenizer) for i, row in iter_rows(path)]
+    return [problem_from_row(row, where, tokenizer) for _, where, row in located_rows(path)]
 
 
 def _held_out(row: dict[str, Any]) -> bool:
@@ -169,12 +178,12 @@ class DatasetTask:
 
     def __init__(self, path: Path | str, test_path: Path | str | list[Path | str] | None = None, tokenizer=None,
                  math_config=None) -> None:
-        rows = [(i, row) for i, row in iter_rows(path)]
+        rows = list(located_rows(path))
         if not rows:
             raise DatasetError(f"{path}: no rows")
         train, test = [], []
-        for i, row in rows:
-            problem = problem_from_row(row, f"{path} row {i}", tokenizer)
+        for _, where, row in rows:
+            problem = problem_from_row(row, where, tokenizer)
             (test if test_path is None and _held_out(row) else train).append(problem)
         if test_path is not None:
             paths = test_path if isinstance(test_path, (list, tuple)) else [test_path]
@@ -237,9 +246,8 @@ def prepare_dapo_math(src: Path | str, out_dir: Path | str, *, heldout: int = 50
     seen: dict[str, str] = {}
     rows: list[dict[str, Any]] = []
     total = conflicts = 0
-    for i, row in iter_rows(src):
+    for i, where, row in located_rows(src):
         total += 1
-        where = f"{src} row {i}"
         prompt = prompt_messages(row, where)
         answer = ground_truth(row, where)
         problem_from_row(row, where)  # full check: data_source, extra_info
