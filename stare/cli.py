@@ -129,7 +129,8 @@ def cmd_control(args) -> int:
     from stare.runtime import redis_url
 
     cfg = _load(args)
-    state = RedisRunState.connect(redis_url(cfg, args.redis_url, args.redis_url_file), cfg.run.name, dead_after_s=cfg.system.dead_after_s)
+    state = RedisRunState.connect(redis_url(cfg, args.redis_url, args.redis_url_file), cfg.run.name,
+                                  dead_after_s=cfg.system.dead_after_s, forget_after_s=cfg.system.forget_after_s)
     app = create_app(state, cfg.control, cfg.run.name)
     serve_forever(app, args.host or cfg.control.host, cfg.control.port if args.port is None else args.port)
     return 0
@@ -175,7 +176,8 @@ def _role_args(p: argparse.ArgumentParser) -> None:
                    "prefer --redis-url-file")
     p.add_argument("--redis-url-file", default=None, help="file holding the Redis URL with its password (a secret)")
     p.add_argument("--name", default=None,
-                   help="worker name, also its stream consumer name (default: STARE_WORKER_NAME, else ROLE-HOST-PID)")
+                   help="worker name, also its stream consumer name (default: STARE_WORKER_NAME, else ROLE-HOST-PID); "
+                   "'{slot}' in it takes the lowest free replica slot (stare/runtime.py)")
     _log_format_arg(p)
 
 
@@ -186,13 +188,14 @@ def cmd_role(args) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
     from stare.role_entry import run_role
-    from stare.runtime import redis_url, setup_logging, worker_name
+    from stare.runtime import redis_url, resolve_worker_name, setup_logging
 
     cfg = _load(args)
-    name = worker_name(args.command, args.name or ("learner" if args.command == "learner" else None))
+    url = redis_url(cfg, args.redis_url, args.redis_url_file)
+    name = resolve_worker_name(args.command, args.name or ("learner" if args.command == "learner" else None), cfg, url)
     setup_logging(args.command, name, fmt=cfg.logging.format)
     extra = {"workers": args.workers} if args.command == "reward" else {}
-    run_role(args.command, cfg, redis_url=redis_url(cfg, args.redis_url, args.redis_url_file), name=name, **extra)
+    run_role(args.command, cfg, redis_url=url, name=name, **extra)
     return 0
 
 
