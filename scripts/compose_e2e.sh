@@ -42,7 +42,6 @@ STEPS=${STARE_E2E_STEPS:-60}
 CKPT=${STARE_E2E_CHECKPOINT_EVERY:-10}
 IMAGE=${STARE_CPU_IMAGE:-stare-cpu:0.1.0}
 TIMEOUT=${STARE_E2E_TIMEOUT_S:-600}   # the longest any one phase may wait
-WORK=$(mktemp -d /tmp/stare-e2e.XXXXXX)
 T0=$(date +%s)
 PHASE_T=$T0
 PHASE=start
@@ -69,6 +68,7 @@ if ! timeout 20 docker compose version >/dev/null 2>&1; then
   exit 2
 fi
 command -v curl >/dev/null && command -v python3 >/dev/null || { echo "compose_e2e: needs curl and python3" >&2; exit 2; }
+WORK=$(mktemp -d /tmp/stare-e2e.XXXXXX)
 
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 have_image() { docker image inspect "$1" >/dev/null 2>&1; }
@@ -90,8 +90,10 @@ cleanup() {
   [ -n "$WHEEL_PID" ] && kill "$WHEEL_PID" 2>/dev/null || true
   if [ $rc -ne 0 ] && [ "$PHASE" != build ]; then
     say "container states:"; "${DC[@]}" ps -a >&2 || true
-    say "container logs (last 80 lines each):"
-    "${DC[@]}" --profile monitoring logs --no-color --tail 80 >&2 || true
+    for id in $("${DC[@]}" --profile monitoring ps -a -q 2>/dev/null); do
+      say "logs of $(docker inspect -f '{{.Name}}' "$id" | tr -d /) (last 80 lines):"
+      docker logs --tail 80 "$id" 2>&1 | sed 's/^/    /' >&2 || true
+    done
   fi
   if [ "${STARE_E2E_KEEP:-0}" != 1 ]; then
     "${DC[@]}" --profile monitoring down -v --remove-orphans >/dev/null 2>&1 || true
@@ -228,10 +230,13 @@ kill -9 "$(docker inspect -f '{{.State.Pid}}' "$learner")"
 say "SIGKILL of the learner at step $killed_at"
 restarted() { [ "$(docker inspect -f '{{.RestartCount}}' "$learner")" -gt "$before" ]; }
 wait_for "Docker to restart the learner" 120 restarted
+resumed_step() { docker logs "$learner" 2>&1 | sed -n 's/.*resumed .* at step \([0-9]*\).*/\1/p' | tail -n1; }
+said_resumed() { [ -n "$(resumed_step)" ]; }
+wait_for "the restarted learner to say 'resumed ... at step N'" "$TIMEOUT" said_resumed
+resumed=$(resumed_step)
 wait_for "every container healthy again" "$TIMEOUT" all_healthy
-wait_for "a step after $killed_at" "$TIMEOUT" step_at_least $(( killed_at + 1 ))
-resumed=$(docker logs "$learner" 2>&1 | sed -n 's/.*resumed .* at step \([0-9]*\).*/\1/p' | tail -n1)
-[ -n "$resumed" ] || die "the restarted learner did not say 'resumed ... at step N'"
+# the killed learner may have written step killed_at + 1: two past that is the restarted one's work
+wait_for "the restarted learner's steps" "$TIMEOUT" step_at_least $(( killed_at + 2 ))
 [ $(( resumed % CKPT )) -eq 0 ] && [ "$resumed" -le $(( killed_at + 1 )) ] && [ "$resumed" -ge $(( killed_at - CKPT )) ] \
   || die "resumed at step $resumed, not the newest checkpoint before step $killed_at"
 check_each_step_once "$killed_at"
@@ -243,8 +248,11 @@ names_before=$(worker_names)
 down_at=$(learner_step)
 "${DC[@]}" --profile cpu down >&2
 "${DC[@]}" --profile cpu up -d --no-build >&2
+learner=$(container_of learner-cpu)
+wait_for "the new learner to say 'resumed ... at step N'" "$TIMEOUT" said_resumed
 wait_for "every container healthy" "$TIMEOUT" all_healthy
-wait_for "a step after $down_at" "$TIMEOUT" step_at_least $(( down_at + 1 ))
+wait_for "the new learner's steps" "$TIMEOUT" step_at_least $(( down_at + 2 ))
+say "the new learner resumed at step $(resumed_step) (down at step $down_at)"
 [ "$(api GET /v1/entropy | json 'd["target"]')" = "$new" ] || die "the changed target $new did not survive down/up"
 check_each_step_once "$down_at"
 names_after=$(worker_names)
