@@ -75,6 +75,11 @@ class SystemSection(_Section):
     dead_after_s: float = Field(
         15.0, gt=0, description="A role whose last heartbeat is older than this is reported dead.",
     )
+    forget_after_s: float = Field(
+        300.0, gt=0, description="A role that is not alive (stopped cleanly: 'gone'; or dead) stays in /v1/status "
+        "and stare_role_up for this long after its last heartbeat, then it is no longer listed (redeploys leave "
+        "no ghost workers).",
+    )
     claim_idle_s: float = Field(
         30.0, gt=0, description="A stream entry pending this long on one consumer (a dead one) is reclaimed by "
         "another.",

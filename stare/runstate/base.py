@@ -7,8 +7,10 @@ learner takes them at its next step boundary. Two implementations with identical
 system); both pass tests/control/test_runstate_contract.py.
 
 What lives here:
-* role heartbeats (role, name, pid, host, info, timestamp); a role is alive while its last beat is
-  newer than `dead_after_s`;
+* role heartbeats (role, name, pid, host, info, timestamp, gone); a role is alive while its last
+  beat is newer than `dead_after_s` and it has not said it left (`gone`: its last beat on a clean
+  exit). A role that is not alive stays listed for `forget_after_s` after its last beat, then
+  `roles()` no longer lists it (and the Redis store deletes it), so redeploys leave no ghosts;
 * the run status the learner writes (phase, step, weight version, throughput, queue depths,
   staleness) as a free-form JSON object;
 * the metrics history, one JSON object per step, under absolute indexes 0, 1, 2, ... (the oldest
@@ -36,6 +38,7 @@ from stare.config.algo import merge_config
 
 DEFAULT_MAX_METRICS = 10_000
 DEFAULT_MAX_AUDIT = 1_000
+DEFAULT_FORGET_AFTER_S = 300.0  # system.forget_after_s's default
 # The fields of ControllerConfig a user may change at run time.
 SETTABLE_FIELDS = tuple(ControllerConfig.model_fields)
 
@@ -65,6 +68,7 @@ class Heartbeat(BaseModel):
     host: str = Field(max_length=255)
     info: dict[str, Any] = Field(default_factory=dict)
     at: float = Field(default_factory=time.time)
+    gone: bool = Field(False, description="The role's last beat: it stopped cleanly (not a crash).")
 
 
 class RoleHealth(Heartbeat):
@@ -244,4 +248,9 @@ def page_bounds(first: int, total: int, offset: int, limit: int) -> tuple[int, i
 
 def role_health(heartbeat: Heartbeat, dead_after_s: float, now: float) -> RoleHealth:
     age = max(now - heartbeat.at, 0.0)
-    return RoleHealth(**heartbeat.model_dump(), alive=age < dead_after_s, age_s=age)
+    return RoleHealth(**heartbeat.model_dump(), alive=age < dead_after_s and not heartbeat.gone, age_s=age)
+
+
+def forgotten(health: RoleHealth, forget_after_s: float) -> bool:
+    """A role that is not alive and whose last beat is `forget_after_s` old: no longer listed."""
+    return not health.alive and health.age_s >= forget_after_s

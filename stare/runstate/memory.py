@@ -12,6 +12,7 @@ from collections import deque
 from typing import Any
 
 from stare.runstate.base import (
+    DEFAULT_FORGET_AFTER_S,
     DEFAULT_MAX_AUDIT,
     DEFAULT_MAX_METRICS,
     AuditEntry,
@@ -23,6 +24,7 @@ from stare.runstate.base import (
     page_bounds,
     plan_change,
     published_max_entropy,
+    forgotten,
     rejected_entry,
     role_health,
 )
@@ -30,8 +32,9 @@ from stare.runstate.base import (
 
 class MemoryRunState:
     def __init__(self, run_id: str, *, dead_after_s: float = 15.0, max_metrics: int = DEFAULT_MAX_METRICS,
-                 max_audit: int = DEFAULT_MAX_AUDIT):
-        self.run_id, self.dead_after_s = run_id, dead_after_s
+                 max_audit: int = DEFAULT_MAX_AUDIT, forget_after_s: float = DEFAULT_FORGET_AFTER_S):
+        self.run_id, self.dead_after_s, self.forget_after_s = run_id, dead_after_s, forget_after_s
+        self._names: dict[str, tuple[str, float]] = {}  # claim_name: "role/name" -> (holder, expiry)
         self._lock = threading.Lock()
         self._heartbeats: dict[str, Heartbeat] = {}
         self._status: dict[str, Any] | None = None
@@ -54,9 +57,25 @@ class MemoryRunState:
 
     def roles(self) -> list[RoleHealth]:
         now = time.time()
+        listed = []
         with self._lock:
-            beats = [self._heartbeats[k] for k in sorted(self._heartbeats)]
-        return [role_health(b, self.dead_after_s, now) for b in beats]
+            for key in sorted(self._heartbeats):
+                health = role_health(self._heartbeats[key], self.dead_after_s, now)
+                if forgotten(health, self.forget_after_s):
+                    del self._heartbeats[key]
+                else:
+                    listed.append(health)
+        return listed
+
+    def claim_name(self, role: str, name: str, holder: str, ttl_s: float) -> bool:
+        """Reserve `role/name` for `holder` for `ttl_s` unless another holder reserved it (see RedisRunState)."""
+        now, key = time.monotonic(), f"{role}/{name}"
+        with self._lock:
+            current = self._names.get(key)
+            if current is not None and current[1] > now and current[0] != holder:
+                return False
+            self._names[key] = (holder, now + ttl_s)
+            return True
 
     def set_status(self, status: dict[str, Any]) -> None:
         with self._lock:

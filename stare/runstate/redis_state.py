@@ -2,7 +2,8 @@
 
 Semantics are MemoryRunState's (base.py). Keys, all under `stare:{run_id}:`:
 
-    heartbeats          hash  "role/name" -> Heartbeat JSON
+    heartbeats          hash  "role/name" -> Heartbeat JSON (a forgotten one is deleted by roles())
+    name:{role}/{name}  str   who claimed a worker name (claim_name; expires after its ttl)
     status              str   the learner's status JSON
     metrics             list  one JSON object per step, trimmed to the last max_metrics
     metrics:total       int   entries ever appended (absolute index of the next one)
@@ -32,6 +33,7 @@ from typing import Any, TypeVar
 import redis
 
 from stare.runstate.base import (
+    DEFAULT_FORGET_AFTER_S,
     DEFAULT_MAX_AUDIT,
     DEFAULT_MAX_METRICS,
     AuditEntry,
@@ -44,6 +46,7 @@ from stare.runstate.base import (
     page_bounds,
     plan_change,
     published_max_entropy,
+    forgotten,
     rejected_entry,
     role_health,
     unparsable_entry,
@@ -52,16 +55,17 @@ from stare.transport.redis_client import RETRYABLE_ERRORS, checked_key_part, con
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_HDEL_IF_SAME = "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0"
 
 
 class RedisRunState:
     def __init__(self, client: redis.Redis, run_id: str, *, dead_after_s: float = 15.0,
                  max_metrics: int = DEFAULT_MAX_METRICS, max_audit: int = DEFAULT_MAX_AUDIT,
-                 op_timeout_s: float = 20.0, retries: int = 8, backoff_s: float = 0.05, max_backoff_s: float = 2.0):
+                 forget_after_s: float = DEFAULT_FORGET_AFTER_S, op_timeout_s: float = 20.0, retries: int = 8, backoff_s: float = 0.05, max_backoff_s: float = 2.0):
         if client.connection_pool.connection_kwargs.get("socket_timeout") is None:
             raise ValueError("the Redis client needs a socket_timeout; build it with connect_client(url)")
         self.client, self.run_id, self.dead_after_s = client, checked_key_part(run_id, "run_id"), dead_after_s
-        self.max_metrics, self.max_audit = max_metrics, max_audit
+        self.max_metrics, self.max_audit, self.forget_after_s = max_metrics, max_audit, forget_after_s
         self.op_timeout_s, self.retries, self.backoff_s, self.max_backoff_s = op_timeout_s, retries, backoff_s, max_backoff_s
 
     @classmethod
@@ -102,8 +106,26 @@ class RedisRunState:
     def roles(self) -> list[RoleHealth]:
         raw = self._call(lambda: self.client.hgetall(self._key("heartbeats")), "HGETALL heartbeats")
         now = time.time()
-        beats = [tolerant(raw[k], Heartbeat.model_validate_json, f"{self._key('heartbeats')}[{k}]") for k in sorted(raw)]
-        return [role_health(b, self.dead_after_s, now) for b in beats if b is not None]
+        beats = {k: tolerant(raw[k], Heartbeat.model_validate_json, f"{self._key('heartbeats')}[{k}]") for k in sorted(raw)}
+        health = {k: role_health(b, self.dead_after_s, now) for k, b in beats.items() if b is not None}
+        for k in [k for k, h in health.items() if forgotten(h, self.forget_after_s)]:
+            # only the beat read above: a worker that took the name again since keeps its fresh one
+            self._call(lambda k=k: self.client.eval(_HDEL_IF_SAME, 1, self._key("heartbeats"), k, raw[k]),
+                       "delete a forgotten heartbeat")
+            del health[k]
+        return list(health.values())
+
+    def claim_name(self, role: str, name: str, holder: str, ttl_s: float) -> bool:
+        """Reserve the worker name `role/name` for `holder` (its host) for `ttl_s`: False if another
+        holder reserved it within its ttl (two replicas starting at once take different names)."""
+        key, ttl_ms = self._key(f"name:{role}/{name}"), max(int(ttl_s * 1000), 1)
+
+        def op() -> bool:
+            if self.client.set(key, holder, nx=True, px=ttl_ms):
+                return True
+            return self.client.get(key) == holder
+
+        return self._call(op, "claim a worker name")
 
     def set_status(self, status: dict[str, Any]) -> None:
         self._call(lambda: self.client.set(self._key("status"), json.dumps(json_safe(status))), "SET status")

@@ -108,13 +108,14 @@ class RunSteering:
         status = self.state.status() or {"run_id": self.state.run_id}
         self.state.set_status({**status, **extra, "phase": phase, "updated_at": time.time()})
 
-    def heartbeat(self, info: dict[str, Any] | None = None, *, force: bool = False) -> None:
+    def heartbeat(self, info: dict[str, Any] | None = None, *, force: bool = False, gone: bool = False) -> None:
+        """`gone`: the last beat of a role that stops cleanly (listed as gone, then forgotten)."""
         now = time.monotonic()
-        if not force and now - self._last_beat < self.heartbeat_s:
+        if not force and not gone and now - self._last_beat < self.heartbeat_s:
             return
         self._last_beat = now
         self.state.beat(Heartbeat(role=self.role, name=self.name, pid=os.getpid(), host=socket.gethostname(),
-                                  info=info or {}))
+                                  info=info or {}, gone=gone))
 
 
 def _as_config(new: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,11 @@ derived from `system.stall_s` (docs/deploy.md).
 
 Worker names: `--name`, else STARE_WORKER_NAME, else `<role>-<host>-<pid>`. A name is the
 worker's stream consumer name: a worker restarted under the same name first re-reads what it held.
+A name with `{slot}` (compose's replicas: STARE_WORKER_NAME=rollout-cpu-{slot}) takes the lowest
+slot 1, 2, ... whose worker is not alive (stopped, dead, forgotten) or ran on this same host (the
+container restarted), reserved in Redis for `dead_after_s` so replicas starting together differ:
+a redeployed replica takes its predecessor's name and pending entries. On a clean exit a role
+sends a last `gone` heartbeat; /v1/status lists it as gone (not alive) until `forget_after_s`.
 """
 
 from __future__ import annotations
@@ -37,8 +42,41 @@ from stare.config import ConfigError, TrainConfig
 log = logging.getLogger(__name__)
 
 
+SLOT = "{slot}"
+MAX_SLOTS = 4096
+
+
 def worker_name(role: str, name: str | None) -> str:
     return name or os.environ.get("STARE_WORKER_NAME") or f"{role}-{socket.gethostname()}-{os.getpid()}"
+
+
+def claim_slot(state, role: str, template: str, *, host: str, ttl_s: float) -> str:
+    """`template` with `{slot}` replaced by the lowest slot no other live worker holds (see the
+    module docstring); `state` is a RunState with `claim_name`."""
+    held = {h.name: h for h in state.roles() if h.role == role}
+    for slot in range(1, MAX_SLOTS + 1):
+        name = template.replace(SLOT, str(slot))
+        other = held.get(name)
+        if other is not None and other.alive and other.host != host:
+            continue
+        if state.claim_name(role, name, host, ttl_s):
+            return name
+    raise ConfigError(f"STARE_WORKER_NAME {template!r}: all {MAX_SLOTS} slots are held by live {role} workers")
+
+
+def resolve_worker_name(role: str, name: str | None, cfg: TrainConfig, url: str) -> str:
+    """worker_name(), with a `{slot}` in it claimed in the run's Redis state."""
+    name = worker_name(role, name)
+    if SLOT not in name:
+        return name
+    from stare.runstate.redis_state import RedisRunState
+
+    s = cfg.system
+    state = RedisRunState.connect(url, cfg.run.name, dead_after_s=s.dead_after_s, forget_after_s=s.forget_after_s)
+    try:
+        return claim_slot(state, role, name, host=socket.gethostname(), ttl_s=s.dead_after_s)
+    finally:
+        state.close()
 
 
 def redis_url(cfg: TrainConfig, override: str | None, url_file: str | None = None) -> str:
@@ -122,7 +160,8 @@ class RoleRuntime:
         self.stall_s = stall_s if stall_s is not None else cfg.system.stall_s
         self._busy: tuple[str, int, float] | None = None  # (what, thread id, its CPU time when last seen)
         self._busy_lock = threading.Lock()
-        self.state = RedisRunState.connect(url, cfg.run.name, dead_after_s=cfg.system.dead_after_s)
+        self.state = RedisRunState.connect(url, cfg.run.name, dead_after_s=cfg.system.dead_after_s,
+                                           forget_after_s=cfg.system.forget_after_s)
         self.steering = RunSteering(self.state, role=role, name=name, heartbeat_s=cfg.system.heartbeat_s)
         self.info: dict[str, Any] = {}
         self.last_tick = time.monotonic()
@@ -153,6 +192,10 @@ class RoleRuntime:
             self._http.server_close()
         for t in self._threads:
             t.join(timeout=5)
+        try:  # after the heartbeat thread ended: nothing beats after this one
+            self.steering.heartbeat(info=self.info, gone=True)
+        except Exception as err:  # Redis gone too: the beat ages into "dead", then is forgotten
+            log.warning("could not record the exit in Redis: %s", err)
         log.info("%s %s stopped", self.role, self.name)
 
     def _on_signal(self, signum, frame) -> None:

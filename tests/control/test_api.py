@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from control_helpers import AUTH, client, started
@@ -43,7 +44,7 @@ def test_status_shows_the_learner_s_fields_and_role_liveness(state, controller):
     control = started(state, controller)
     control.after_step(controller, {"step": 1, "weight_version": 1},
                        {"tokens_per_s": 50.0, "queue_depths": {"raw": 3}, "staleness": {"max": 1, "counts": {"0": 6, "1": 2}}})
-    state.beat(Heartbeat(role="rollout", name="r0", pid=5, host="h", at=0.0))
+    state.beat(Heartbeat(role="rollout", name="r0", pid=5, host="h", at=time.time() - 60))  # dead, not yet forgotten
     body = client(state).get("/v1/status").json()
     assert (body["phase"], body["step"], body["weight_version"], body["tokens_per_s"]) == ("training", 1, 1, 50.0)
     assert body["queue_depths"] == {"raw": 3} and body["staleness"]["counts"] == {"0": 6, "1": 2}

@@ -6,7 +6,8 @@ Covered: `resources` (files and directories with a kustomization.yaml), `namespa
 `secretGenerator` (`files`, `literals`, `options.labels`; behavior create/replace/merge; kustomize's name-hash suffix
 and the references to it in pod specs), `images` (newName/newTag), `replicas`, and `patches` given as
 strategic-merge-patch files (maps merge, null deletes a key, the lists containers, initContainers,
-env and volumes merge by name and volumeMounts by mountPath, other lists are replaced).
+env and volumes merge by name and volumeMounts by mountPath, the patch's items first; other lists
+are replaced).
 Not covered (an error, never ignored): every other kustomization field, JSON 6902 patches,
 `$patch` directives, namePrefix/nameSuffix. tests/deploy/test_k8s.py checks the output against
 `kubectl kustomize` where kubectl is installed.
@@ -124,15 +125,13 @@ def strategic_merge(base: Any, patch: Any, key: str | None = None) -> Any:
                 out[k] = v
         return out
     if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
+        # kustomize's order (checked against `kubectl kustomize`): the patch's items first, in its
+        # order (merged into the base's item of the same key), then the base's other items
         mkey = MERGE_KEYS[key]
-        out = list(base)
-        for item in patch:
-            idx = next((i for i, b in enumerate(out) if b.get(mkey) == item.get(mkey)), None)
-            if idx is None:
-                out.append(item)
-            else:
-                out[idx] = strategic_merge(out[idx], item)
-        return out
+        by_key = {b.get(mkey): b for b in base}
+        patched = [strategic_merge(by_key[i.get(mkey)], i) if i.get(mkey) in by_key else i for i in patch]
+        keys = {i.get(mkey) for i in patch}
+        return patched + [b for b in base if b.get(mkey) not in keys]
     return patch
 
 

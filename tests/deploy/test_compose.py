@@ -100,14 +100,30 @@ def stare_services(doc: dict) -> list[tuple[str, dict]]:
     return [(n, s) for n, s in doc["services"].items() if role_of(s)]
 
 
+def mounts(service: dict) -> list[dict]:
+    """The service's volumes in Compose's long syntax (a short `SOURCE:TARGET[:MODE]` converted):
+    type, source, target, read_only, volume.nocopy."""
+    out = []
+    for v in service.get("volumes") or []:
+        if isinstance(v, dict):
+            out.append({"read_only": False, **v, "volume": v.get("volume") or {}})
+            continue
+        source, target, *mode = v.split(":")
+        modes = mode[0].split(",") if mode else []
+        kind = "bind" if source.startswith((".", "/", "$")) else "volume"
+        out.append({"type": kind, "source": source, "target": target, "read_only": "ro" in modes,
+                    "volume": {"nocopy": True} if "nocopy" in modes else {}})
+    return out
+
+
 def config_of(service: dict) -> Path:
     """The host file mounted at the config path the command reads."""
     command = service["command"]
     assert command[command.index("--config") + 1] == CONFIG_TARGET
-    sources = [v.split(":")[0] for v in service["volumes"] if isinstance(v, str) and v.split(":")[1] == CONFIG_TARGET]
-    assert len(sources) == 1, f"one file must be mounted at {CONFIG_TARGET}, found {sources}"
-    assert service["volumes"][[v.split(":")[0] for v in service["volumes"]].index(sources[0])].endswith(":ro")
-    return REPO / sources[0]
+    found = [m for m in mounts(service) if m["target"] == CONFIG_TARGET]
+    assert len(found) == 1, f"one file must be mounted at {CONFIG_TARGET}, found {found}"
+    assert found[0]["type"] == "bind" and found[0]["read_only"], found[0]
+    return REPO / found[0]["source"]
 
 
 def env_of(service: dict) -> dict[str, str]:
@@ -294,7 +310,7 @@ def test_learner_and_rollout_share_the_run_volume():
     for profile in PROFILES:
         for name, s in services_of(doc, profile).items():
             if role_of(s) in ("learner", "rollout"):
-                assert "stare-data:/data" in s["volumes"], name
+                assert any(m["source"] == "stare-data" and m["target"] == "/data" for m in mounts(s)), name
 
 
 def _seconds(text: str) -> float:
@@ -335,8 +351,8 @@ def test_compose_monitoring_profile_config_is_valid(profiles):
             assert dep in doc["services"], f"{name} depends on {dep}, not enabled with --profile {profiles}"
         for secret in service.get("secrets") or []:
             assert secret in doc["secrets"]
-        for volume in service.get("volumes") or []:
-            source = volume.split(":")[0]
+        for volume in mounts(service):
+            source = volume["source"]
             if source.startswith("./"):
                 assert name not in ("prometheus", "grafana") or (REPO / source).exists(), (name, source)
             else:

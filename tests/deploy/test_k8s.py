@@ -173,7 +173,8 @@ def _env_names():
     for d in docs:
         pod = d["spec"].get("template", {}).get("spec", {})
         names |= {e["name"] for c in pod.get("containers", []) for e in c.get("env", [])
-                  if c["image"].split(":")[0].split("/")[-1].startswith("stare-")}  # redis' own are redis' business
+                  # redis' own are redis' business; a patch's container (no image) patches a stare one
+                  if c.get("image", "stare-").split(":")[0].split("/")[-1].startswith("stare-")}
     return sorted(names)
 
 
@@ -299,7 +300,38 @@ def test_k8s_configs_differ_from_the_compose_ones_only_in_addresses(k8s_config, 
     theirs = load_config(REPO / compose_config).model_dump()
     for cfg in (ours, theirs):
         cfg["system"].pop("redis_url"), cfg["system"].pop("broadcast_host")
+        cfg["control"].pop("trusted_hosts")  # compose gives its names on the command line
     assert ours == theirs
+
+
+@pytest.mark.parametrize("target, namespace", [("overlays/gpu", "stare"), ("overlays/cpu-dev", "stare-dev")])
+def test_control_plane_trusts_only_its_service_names_and_localhost(rendered, target, namespace):
+    """control.trusted_hosts: the Service's DNS names in the overlay's namespace and localhost (the
+    probes send Host: localhost), never "*" (#26)."""
+    config = next(o for o in objects(rendered, target, "ConfigMap") if "stare.yaml" in o.get("data", {}))
+    hosts = build_config(yaml.safe_load(config["data"]["stare.yaml"])).control.trusted_hosts
+    service = named(rendered, target, "Service", "stare-control")["metadata"]
+    assert service["namespace"] == namespace
+    name = service["name"]
+    assert sorted(hosts) == sorted([name, f"{name}.{namespace}", f"{name}.{namespace}.svc",
+                                    f"{name}.{namespace}.svc.cluster.local", "localhost", "127.0.0.1"])
+    control = next(c for w, c in stare_containers(rendered, target) if c["args"][0] == "control")
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert {"name": "Host", "value": "localhost"} in control[probe]["httpGet"]["httpHeaders"], probe
+
+
+def test_gpu_overlay_lets_nccl_see_one_host_per_node(rendered):
+    """Learner and rollout pods on one node: hostIPC, the node's /dev/shm (not a per-pod emptyDir),
+    and NCCL_HOSTID = the node's name (#24)."""
+    for name in ("stare-learner", "stare-rollout"):
+        pod = named(rendered, "overlays/gpu", "Deployment", name)["spec"]["template"]["spec"]
+        assert pod["hostIPC"] is True, name
+        shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+        assert shm == {"name": "dshm", "hostPath": {"path": "/dev/shm", "type": "Directory"}}, name
+        (container,) = [c for c in pod["containers"] if c["image"].startswith("stare-gpu")]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["NCCL_HOSTID"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, name
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"], name
 
 
 @pytest.mark.parametrize("target", TARGETS)

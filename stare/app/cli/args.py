@@ -46,5 +46,6 @@ def _role_args(p: argparse.ArgumentParser) -> None:
                    "prefer --redis-url-file")
     p.add_argument("--redis-url-file", default=None, help="file holding the Redis URL with its password (a secret)")
     p.add_argument("--name", default=None,
-                   help="worker name, also its stream consumer name (default: STARE_WORKER_NAME, else ROLE-HOST-PID)")
+                   help="worker name, also its stream consumer name (default: STARE_WORKER_NAME, else ROLE-HOST-PID); "
+                   "'{slot}' in it takes the lowest free replica slot (stare/runtime/process.py)")
     _log_format_arg(p)

@@ -101,7 +101,8 @@ def cmd_control(args) -> int:
     from stare.runtime.process import redis_url
 
     cfg = _load(args)
-    state = RedisRunState.connect(redis_url(cfg, args.redis_url, args.redis_url_file), cfg.run.name, dead_after_s=cfg.system.dead_after_s)
+    state = RedisRunState.connect(redis_url(cfg, args.redis_url, args.redis_url_file), cfg.run.name,
+                                  dead_after_s=cfg.system.dead_after_s, forget_after_s=cfg.system.forget_after_s)
     app = create_app(state, cfg.control, cfg.run.name)
     serve_forever(app, args.host or cfg.control.host, cfg.control.port if args.port is None else args.port)
     return 0
@@ -137,13 +138,14 @@ def cmd_role(args) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
     from stare.app.launch.role_entry import run_role
-    from stare.runtime.process import redis_url, setup_logging, worker_name
+    from stare.runtime.process import redis_url, resolve_worker_name, setup_logging
 
     cfg = _load(args)
-    name = worker_name(args.command, args.name or ("learner" if args.command == "learner" else None))
+    url = redis_url(cfg, args.redis_url, args.redis_url_file)
+    name = resolve_worker_name(args.command, args.name or ("learner" if args.command == "learner" else None), cfg, url)
     setup_logging(args.command, name, fmt=cfg.logging.format)
     extra = {"workers": args.workers} if args.command == "reward" else {}
-    run_role(args.command, cfg, redis_url=redis_url(cfg, args.redis_url, args.redis_url_file), name=name, **extra)
+    run_role(args.command, cfg, redis_url=url, name=name, **extra)
     return 0
 
 

@@ -15,6 +15,11 @@ docker-compose.yml) holding
 
 Inside a container the reserved GPUs appear as 0..k-1 (NVIDIA's runtime), so no
 CUDA_VISIBLE_DEVICES is set: `device_ids` are the host indices `--print-plan` shows.
+
+What the services share comes from the templates: `restart: on-failure` (a finished run stays
+finished), `ipc: host` and one `NCCL_HOSTID` (NCCL sees one host across the containers: SHM or
+P2P instead of sockets on the docker bridge; docs/deploy.md), and the rollout services mount the
+learner's volumes with `nocopy` (only the learner populates a fresh volume).
 """
 
 from __future__ import annotations
