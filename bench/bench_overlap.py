@@ -80,15 +80,22 @@ def sim_ideal(extra: list[str] = (), timeout_s: float = SIM_TIMEOUT_S) -> float:
 
     sets = [a for x in extra for a in ("--set", x)]
     cli = [sys.executable, "-m", "stare.app.cli", "sim"]
+
+    from stare.learner.deepspeed_engine import child_env  # not this process's MASTER_PORT: its group holds it
+
+    def run(args: list[str]) -> str:
+        out = subprocess.run([*cli, *args, *sets], capture_output=True, text=True, timeout=timeout_s, env=child_env())
+        if out.returncode != 0:  # the sim's own words, not a bare exit status
+            raise RuntimeError(f"stare sim {' '.join(args)} exited {out.returncode}: {out.stderr[-4000:]}")
+        return out.stdout
+
     with tempfile.TemporaryDirectory(prefix="stare-bench-sim-") as tmp:
         profile = Path(tmp) / "cpu.json"
-        subprocess.run([*cli, "--calibrate", str(profile), *sets], check=True, capture_output=True, timeout=timeout_s)
-        s_per_step = {}
-        for staleness in (0, 1):
-            out = subprocess.run([*cli, "--gpu", "cpu", "--profile", str(profile), "--gpus", "2", "--learner-gpus", "1",
-                                  "--set", f"system.max_staleness={staleness}", "--steps", "20", "--warmup", "3",
-                                  "--json", *sets], check=True, capture_output=True, text=True, timeout=timeout_s)
-            s_per_step[staleness] = json.loads(out.stdout)["s_per_step"]
+        run(["--calibrate", str(profile)])
+        s_per_step = {staleness: json.loads(run(["--gpu", "cpu", "--profile", str(profile), "--gpus", "2",
+                                                 "--learner-gpus", "1", "--set", f"system.max_staleness={staleness}",
+                                                 "--steps", "20", "--warmup", "3", "--json"]))["s_per_step"]
+                      for staleness in (0, 1)}
     return s_per_step[0] / s_per_step[1]
 
 
