@@ -448,29 +448,6 @@ def test_the_gpu_configs_decode_with_cuda_graphs_where_cuda_is_present(config):
     assert engine_args(cfg.rollout.engine, cuda_available=True)["enforce_eager"] is False
 
 
-@pytest.mark.vllm
-def test_a_vllm_engine_is_built_with_the_sections_arguments(model_dir):
-    pytest.importorskip("vllm")
-    from stare.config import build_config
-    from stare.rollout.stack import engine_config
-
-    cfg = build_config({"model": {"path": str(model_dir)}, "rollout": {"engine": VLLM_SECTION}})
-    engine = build_engine(engine_config(cfg, model_dir))
-    try:
-        vc = engine.llm.llm_engine.vllm_config
-        seen = {"tensor_parallel_size": vc.parallel_config.tensor_parallel_size,
-                "max_num_seqs": vc.scheduler_config.max_num_seqs,
-                "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,
-                "enable_prefix_caching": vc.cache_config.enable_prefix_caching,
-                "max_model_len": vc.model_config.max_model_len, "enforce_eager": vc.model_config.enforce_eager,
-                "gpu_memory_utilization": vc.cache_config.gpu_memory_utilization}
-        assert seen == {k: v for k, v in VLLM_SECTION.items() if k != "name"}
-        groups = engine.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=4, seed=0))
-        assert len(groups[0]) == 2
-    finally:
-        engine.close()
-
-
 def test_the_streaming_worker_publishes_what_the_batch_worker_publishes(kind, model_dir):
     """The rollout worker over each engine: batches of 2 prompts (the batch loop) and the streaming
     loop (every prompt in the engine at once, refilled as groups end) sample the same trajectories."""
@@ -501,3 +478,28 @@ def test_the_streaming_worker_publishes_what_the_batch_worker_publishes(kind, mo
         assert got.response_token_ids.tolist() == want.response_token_ids.tolist(), tid
         torch.testing.assert_close(torch.from_numpy(got.response_logprobs), torch.from_numpy(want.response_logprobs),
                                    rtol=0, atol=1e-5)
+
+
+# Before the test below: it builds and closes an engine of its own, which tears down vLLM's in-process
+# distributed state that the session's cached engine (_make_engine) still uses.
+@pytest.mark.vllm
+def test_a_vllm_engine_is_built_with_the_sections_arguments(model_dir):
+    pytest.importorskip("vllm")
+    from stare.config import build_config
+    from stare.rollout.stack import engine_config
+
+    cfg = build_config({"model": {"path": str(model_dir)}, "rollout": {"engine": VLLM_SECTION}})
+    engine = build_engine(engine_config(cfg, model_dir))
+    try:
+        vc = engine.llm.llm_engine.vllm_config
+        seen = {"tensor_parallel_size": vc.parallel_config.tensor_parallel_size,
+                "max_num_seqs": vc.scheduler_config.max_num_seqs,
+                "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,
+                "enable_prefix_caching": vc.cache_config.enable_prefix_caching,
+                "max_model_len": vc.model_config.max_model_len, "enforce_eager": vc.model_config.enforce_eager,
+                "gpu_memory_utilization": vc.cache_config.gpu_memory_utilization}
+        assert seen == {k: v for k, v in VLLM_SECTION.items() if k != "name"}
+        groups = engine.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=4, seed=0))
+        assert len(groups[0]) == 2
+    finally:
+        engine.close()
