@@ -20,7 +20,7 @@
 #
 # It uses a compose project of its own (STARE_E2E_PROJECT, default stare-e2e) on free loopback
 # ports, and a compose override (written to a temporary folder) that mounts a copy of
-# configs/compose-cpu.yaml with fewer steps (STARE_E2E_STEPS, default 60; checkpoint every 10):
+# configs/compose-cpu.yaml with fewer steps (STARE_E2E_STEPS, default 150; checkpoint every 10):
 # the shipped files keep their meaning. Traffic stays on this machine (loopback and the docker
 # bridge); the image build reaches the package registries only.
 #
@@ -38,7 +38,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 PROJECT=${STARE_E2E_PROJECT:-stare-e2e}
-STEPS=${STARE_E2E_STEPS:-60}
+STEPS=${STARE_E2E_STEPS:-150}  # enough that the crash and the redeploy happen mid-run on a quiet machine
 CKPT=${STARE_E2E_CHECKPOINT_EVERY:-10}
 IMAGE=${STARE_CPU_IMAGE:-stare-cpu:0.1.0}
 TIMEOUT=${STARE_E2E_TIMEOUT_S:-600}   # the longest any one phase may wait
@@ -246,6 +246,7 @@ say "resumed at checkpoint step $resumed (killed at $killed_at); metrics.jsonl h
 phase redeploy
 names_before=$(worker_names)
 down_at=$(learner_step)
+[ $(( down_at + 2 )) -le "$STEPS" ] || die "the run reached step $down_at of $STEPS before the redeploy: nothing left to resume (raise STARE_E2E_STEPS)"
 "${DC[@]}" --profile cpu down >&2
 "${DC[@]}" --profile cpu up -d --no-build >&2
 learner=$(container_of learner-cpu)
