@@ -41,9 +41,11 @@ def wrap(model: nn.Module, cfg: Any) -> nn.Module:
     return _peft().get_peft_model(model, peft_config(cfg))
 
 
-def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The base model's state dict with every adapter merged in, on CPU (fresh copies), named as the
-    base model names it (no `base_model.model.` prefix, no `base_layer`, no adapter tensors)."""
+def merged_state_dict(model: nn.Module, where: str = "host") -> dict[str, torch.Tensor]:
+    """The base model's state dict with every adapter merged in (fresh copies), named as the base
+    model names it (no `base_model.model.` prefix, no `base_layer`, no adapter tensors). `where`
+    (`system.weight_sync_publish_from` resolved): host: on CPU; device: on the model's own device
+    (the NCCL send reads it there, no host round trip)."""
     from peft.tuners.lora import LoraLayer
 
     base = model.get_base_model()
@@ -58,7 +60,7 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
                 continue
             clean = name.replace(".base_layer.", ".")
             merged = tensor + deltas[clean].to(tensor.dtype) if clean in deltas else tensor
-            out[clean] = merged.detach().to("cpu", copy=True)
+            out[clean] = merged.detach().to("cpu" if where == "host" else merged.device, copy=True)
     return out
 
 

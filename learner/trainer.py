@@ -276,7 +276,7 @@ class Learner:
         if self.lora is not None:
             from stare.learner.lora import merged_state_dict
 
-            return merged_state_dict(self.engine.module) if self.rank == 0 else {}
+            return merged_state_dict(self.engine.module, self.publish_from) if self.rank == 0 else {}
         return ds.full_state_dict(self.engine, keep=self.rank == 0, where=self.publish_from,
                                   snapshot=self.publish_snapshot)
 
