@@ -32,7 +32,7 @@ NEW_FIELDS = {
     "system.rollout_streaming": False,
     "system.inflight_weight_updates": False,
     "system.weight_sync_publish_from": "auto",
-    "rollout.engine.enforce_eager": "config",
+    "rollout.engine.enforce_eager": None,  # the hf section has none: auto
 }
 SIM_FIELDS = {"sim.response_mean": 1050.0, "sim.response_sigma": 0.6, "sim.prompt_tokens": 200,
               "sim.solve_a": 1.0, "sim.solve_b": 1.0, "sim.zero3_head": "per_micro_batch",
@@ -89,8 +89,6 @@ def build_design(cfg, sim: SimSettings, *, gpus: int, learner_gpus: int | None, 
                  on_gpu: bool = True) -> Design:
     eng = cfg.rollout.engine
     eager = _read(cfg, sim, "rollout.engine.enforce_eager")
-    if eager == "config":
-        eager = getattr(eng, "enforce_eager", None)
     if eager is None:  # auto: CUDA graphs where CUDA is present
         eager = not on_gpu
     for key, allowed in (("system.weight_sync_publish_from", ("auto", "host", "device")),
