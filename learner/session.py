@@ -133,6 +133,7 @@ class TrainingSession:
                 f"publishing the checkpoint's weights as version {published + 1}")
             learner.version = published + 1
         self._publish(learner.state_dict_for_rollout())
+        self.resumed = resume_step is not None
         self._paused = False
         self._last_step_at = time.monotonic()
         self._round = 0  # fill rounds since the last step
@@ -341,7 +342,7 @@ class TrainingSession:
         """Train to run.steps, a stop request, or a run with nothing to train (learner/outcome.py)."""
         cfg, learner, seams = self.cfg, self.learner, self.seams
         start_step = learner.step
-        seams.steering.start(learner.controller, learner.step, {"weight_version": learner.version})
+        seams.steering.start(learner.controller, learner.step, {"weight_version": learner.version}, resumed=self.resumed)
         if self._eval_due(learner.step) and not self._evaluated(learner.step):  # step 0, or lost with a restart
             self.evaluate(final=learner.step == cfg.run.steps)
         empty, gave_up = EmptySteps(), None

@@ -6,7 +6,11 @@
 #   scripts/results.sh sweep      only the runs;   scripts/results.sh report   only the report
 #
 # Environment: RUNS_DIR (runs/results), RECORDS (docs/results/runs), SEEDS ("0 1 2 3 4"), JOBS (2
-# runs at once), VARIANTS (all below, in this order), NICE (5). A run is done when its record
+# runs at once), VARIANTS (all below, in this order), NICE (5), SETS (--set overrides for every run,
+# space separated), RUN_TIMEOUT (3600 s a run). The longer-horizon study (docs/results.md):
+#   RUNS_DIR=runs/long RECORDS=docs/results/long VARIANTS="stare grpo" RUN_TIMEOUT=10800 \
+#     SETS="run.steps=1500 task.eval_every=100 task.eval_k=64 run.checkpoint_every=250" scripts/results.sh sweep
+# A run is done when its record
 # $RECORDS/<run>.json exists: the report reads only the records (a few KB each, kept in git), so a
 # sweep longer than one sitting goes on where the last one stopped, on any machine (each record
 # carries its machine's fingerprint). A completed run folder without a record is recorded; an
@@ -22,6 +26,8 @@ SEEDS=${SEEDS:-"0 1 2 3 4"}
 JOBS=${JOBS:-2}
 NICE=${NICE:-5}
 CONFIG=${CONFIG:-configs/tiny-cpu.yaml}
+SETS=${SETS:-}
+RUN_TIMEOUT=${RUN_TIMEOUT:-3600}
 # tier|label|algo|extra --set overrides (space separated). Tiers run in order, seeds interleaved
 # within a tier: the headline pair and the controller without its EMA first, then the other
 # baselines, then STARE variants that look for where its accuracy cost comes from.
@@ -73,10 +79,10 @@ run_one() {
   local seed=${name#s}
   seed=${seed%%-*}
   local sets=(--set "run.output_dir=$RUNS_DIR" --set "run.name=$name" --set "run.seed=$seed")
-  for o in $extra; do sets+=(--set "$o"); done
+  for o in $SETS $extra; do sets+=(--set "$o"); done
   echo "start $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)" >"$dir.load.tmp"
   echo "[results] $name ($algo) start $(date -u +%T)"
-  if nice -n "$NICE" timeout 3600 "$PY" ${PYFLAGS:-} -m stare.app.cli train --config "$CONFIG" --algo "$algo" --no-progress \
+  if nice -n "$NICE" timeout "$RUN_TIMEOUT" "$PY" ${PYFLAGS:-} -m stare.app.cli train --config "$CONFIG" --algo "$algo" --no-progress \
       "${sets[@]}" --set task.final_eval_k=64 >"$RUNS_DIR/$name.log" 2>&1; then
     echo "end $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)" >>"$dir.load.tmp"
     mv "$dir.load.tmp" "$dir/load.txt"
@@ -88,7 +94,7 @@ run_one() {
   fi
 }
 export -f run_one complete record
-export PY PYFLAGS RUNS_DIR RECORDS NICE CONFIG
+export PY PYFLAGS RUNS_DIR RECORDS NICE CONFIG SETS RUN_TIMEOUT
 
 sweep() {
   mkdir -p "$RUNS_DIR"

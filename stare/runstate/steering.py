@@ -18,6 +18,11 @@ log with the reason (`record_rejected`) and skipped, never raised into the loop.
 applied are reported in the next `after_step`'s metrics (`control_changes`: how many,
 `control_audit_ids`: which), so the step that first ran with a new target says so.
 `heartbeat()` rate-limits itself to `heartbeat_s`. Host-side only; call at step boundaries.
+
+A learner resumed from a checkpoint at step S passes `start(..., resumed=True)`: the changes the
+audit log says were applied at a step after S (the checkpoint does not hold them: the learner died
+before its next checkpoint) are applied again, each before the step that first ran with it, so the
+retrained steps run with the config they ran with the first time and no applied change is lost.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stare.runstate.base import AuditEntry, Heartbeat, RunState
+from stare.runstate.base import DEFAULT_MAX_AUDIT, AuditEntry, Heartbeat, RunState
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +59,19 @@ class RunSteering:
         self._applied: list[AuditEntry] = []  # applied since the last after_step
         self._last_beat = float("-inf")
         self._step: int | None = None
+        self._replay: list[AuditEntry] = []  # applied after the resumed checkpoint, by applied step
 
-    def start(self, controller: Any, step: int = 0, status: dict[str, Any] | None = None) -> None:
-        """Publish the controller (so changes can be validated) and the starting status."""
+    def start(self, controller: Any, step: int = 0, status: dict[str, Any] | None = None, *,
+              resumed: bool = False) -> None:
+        """Publish the controller (so changes can be validated) and the starting status. `resumed`:
+        the learner restored step `step` from a checkpoint (changes applied after it are replayed)."""
         self._step = step
+        self._replay = sorted((e for e in self.state.audit(DEFAULT_MAX_AUDIT) if resumed and e.error is None
+                               and e.applied_step is not None and e.applied_step > step),
+                              key=lambda e: (e.applied_step, e.id))
+        if self._replay:
+            log.info("resumed at step %d: %d entropy change(s) applied after it will apply again at their steps (%s)",
+                     step, len(self._replay), ", ".join(f"#{e.id} at {e.applied_step}" for e in self._replay))
         self.state.publish_controller(controller_state(controller, step))
         self.state.set_status({"run_id": self.state.run_id, "phase": "training", "step": step, **(status or {}),
                                "updated_at": time.time()})
@@ -65,9 +79,9 @@ class RunSteering:
 
     def before_step(self, controller: Any) -> StepDirectives:
         """Apply pending entropy changes; say whether to pause and whether to checkpoint."""
-        taken = self.state.take_entropy_changes()
-        applied: list[AuditEntry] = []
         next_step = (self._step or 0) + 1
+        applied = self._replayed(controller, next_step)
+        taken = self.state.take_entropy_changes()
         for entry in taken:
             reason = entry.error  # set for an entry that did not even parse
             if reason is None:
@@ -81,12 +95,26 @@ class RunSteering:
                 self.state.record_rejected(entry, next_step, f"not applied: {reason}")
                 continue
             applied.append(entry)
+        fresh = [e for e in applied if e.applied_step is None]
+        if fresh:
+            self.state.record_applied([e.id for e in fresh], next_step)
         if applied:
-            self.state.record_applied([e.id for e in applied], next_step)
             self.state.publish_controller(controller_state(controller, self._step))
         self._applied.extend(applied)
         return StepDirectives(paused=self.state.paused(), checkpoint=self.state.take_checkpoint_request(),
                               applied=applied)
+
+    def _replayed(self, controller: Any, next_step: int) -> list[AuditEntry]:
+        """The changes to replay before `next_step` (their applied step is at most it), applied."""
+        due = [e for e in self._replay if e.applied_step <= next_step]
+        self._replay = self._replay[len(due):]
+        for entry in due:
+            try:
+                controller.reconfigure(**_as_config(entry.new))
+            except (ValueError, TypeError) as err:  # the bounds it was applied under came from a lost change too
+                log.warning("entropy change %d (applied at step %s) not applied again on resume: %s",
+                            entry.id, entry.applied_step, _reason(err))
+        return due
 
     def after_step(self, controller: Any, metrics: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
         """Add the control fields to `metrics` (in place), publish metrics, status and controller state."""

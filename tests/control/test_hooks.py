@@ -61,3 +61,45 @@ def test_heartbeats_are_rate_limited_to_heartbeat_s(controller):
     control.heartbeat(info={"n": 1})
     control.heartbeat(info={"n": 2})  # within heartbeat_s: skipped
     assert [r.info for r in state.roles()] == [{"n": 1}]
+
+
+def _train(control: RunSteering, controller, steps: int) -> None:
+    for _ in range(steps):
+        step = (control._step or 0) + 1
+        control.before_step(controller)
+        control.after_step(controller, {"step": step})
+
+
+def test_a_resumed_learner_applies_again_each_change_made_after_its_checkpoint_at_its_step(make_state):
+    state = make_state()
+    first = EntropyController(ControllerConfig(target=0.3))
+    control = started(state, first)
+    _train(control, first, 2)  # the checkpoint: step 2, target 0.3
+    state.request_entropy_change({"target": 0.5}, "a")
+    _train(control, first, 2)  # applied at step 3
+    state.request_entropy_change({"band": [0.45, 0.6]}, "b")
+    _train(control, first, 1)  # applied at step 5; the learner dies here, before its next checkpoint
+    restored = EntropyController(ControllerConfig(target=0.3))  # what the step-2 checkpoint holds
+    again = RunSteering(state)
+    again.start(restored, 2, resumed=True)
+    assert again.before_step(restored).applied[0].id == 1 and restored.target == 0.5  # before step 3
+    again.after_step(restored, {"step": 3})
+    assert again.before_step(restored).applied == [] and restored.band != (0.45, 0.6)  # step 4 ran without it
+    again.after_step(restored, {"step": 4})
+    assert [e.id for e in again.before_step(restored).applied] == [2] and restored.band == (0.45, 0.6)
+    assert [(e.applied_step, e.error) for e in state.audit()] == [(3, None), (5, None)]  # kept, not re-recorded
+    assert state.controller()["config"]["band"] == [0.45, 0.6]
+
+
+def test_changes_the_checkpoint_holds_or_a_fresh_start_are_not_applied_again(make_state):
+    state = make_state()
+    controller = EntropyController(ControllerConfig(target=0.3))
+    control = started(state, controller)
+    state.request_entropy_change({"target": 0.5}, "a")
+    _train(control, controller, 3)  # applied at step 1; a checkpoint at step 3 holds it
+    at_checkpoint = EntropyController(ControllerConfig(target=0.3))
+    RunSteering(state).start(at_checkpoint, 3, resumed=True)
+    fresh = EntropyController(ControllerConfig(target=0.3))
+    restarted = RunSteering(state)
+    restarted.start(fresh, 0)  # not resumed: a new run under the same id replays nothing
+    assert restarted.before_step(fresh).applied == [] and fresh.target == 0.3

@@ -195,21 +195,33 @@ def test_up_trains_across_processes_and_survives_sigkilled_workers(tiny_model_di
 
 def test_a_sigkilled_learner_resumes_from_its_checkpoint_and_retrains_what_waited_in_redis(tiny_model_dir, tmp_path):
     steps = 30
-    with Run(_config(tiny_model_dir, tmp_path, steps), rollout=1, reward=1) as run:
+    cfg = _config(tiny_model_dir, tmp_path, steps)
+    with Run(cfg, rollout=1, reward=1) as run:
         run.wait_for_step(6)  # a checkpoint at step 5, then at least one step it does not hold
+        state = RedisRunState.connect(run.launcher.redis_url, cfg.run.name)
+        change = state.request_entropy_change({"target": 0.45}, "test")  # applied after that checkpoint
+        deadline = time.monotonic() + 60
+        while (applied_at := state.audit()[-1].applied_step) is None:
+            assert time.monotonic() < deadline, "the learner did not apply the entropy change"
+            time.sleep(0.05)
         run.launcher.kill("learner")
         saved = int((run.dir / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
         lost_steps = _trained(run.dir)[saved:]  # trained after the checkpoint: pending in Redis
         assert lost_steps, "the learner died before training past its checkpoint"
+        assert applied_at > saved, "the checkpoint holds the entropy change: nothing to apply again"
         run.wait_finished()
         assert run.launcher.roles["learner"].restarts == 1
+        assert [(e.id, e.applied_step) for e in state.audit()] == [(change.id, applied_at)]
+        state.close()
+    # the restarted learner applied the change again at the step it first applied at, not never
+    metrics = [json.loads(line) for line in (tmp_path / "up" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if m["target"] == 0.45] == list(range(applied_at, steps + 1))
     retrained = {i for step in _trained(tmp_path / "up") for i in step}
     assert {i for ids in lost_steps for i in ids} <= retrained
     # The restarted learner publishes its checkpoint's weights under a version newer than any the dead
     # one published (the workers hold those and take only newer ones), so versions run ahead of steps
     # from then on, and what was sampled before the crash, the retrained steps included, counts as
     # older by that gap.
-    metrics = [json.loads(line) for line in (tmp_path / "up" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["weight_version"] > metrics[-1]["step"] == steps
     late_allowed = WINDOW * SAMPLES + sum(len(ids) for ids in lost_steps)
     _assert_nothing_lost_or_trained_twice(tmp_path / "up", steps, run.launcher.redis, late_allowed)
