@@ -109,10 +109,12 @@ def test_docs_results_is_what_the_committed_records_give():
     a record added or a report change without regenerating fails here."""
     from pathlib import Path
 
+    from stare.app.report.horizon import HORIZON_RECORDS
     from stare.app.report.results import RECORDS_DIR, collect, render
 
     repo = Path(__file__).parents[2]
     data = collect(repo / RECORDS_DIR)
+    long = collect(repo / HORIZON_RECORDS) if (repo / HORIZON_RECORDS).is_dir() else {}
     notes = (repo / "docs" / "results-notes.md").read_text()
-    assert render(data, "results", notes) == (repo / "docs" / "results.md").read_text(), \
+    assert render(data, "results", notes, long, "images/horizon.png") == (repo / "docs" / "results.md").read_text(), \
         "regenerate docs/results.md: scripts/results.sh report"

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from stare.app.report import horizon
 from stare.app.report.stats import bootstrap_ci, pass_at_k_curve
 from stare.app.report.summary import EVAL_FILE, METRICS_FILE, load_jsonl, summarize
 
@@ -81,6 +82,7 @@ def run_numbers(run_dir: Path) -> dict[str, Any]:
         "cpu_capability": ((s.get("machine") or {}).get("torch") or {}).get("cpu_capability"),
         "entropy_curve": ([int(r["step"]) for r in metrics], [round(float(r["entropy"]), 5) for r in metrics]),
         "band": (metrics[-1].get("band_low"), metrics[-1].get("band_high"), metrics[-1].get("target")) if metrics else None,
+        "eval_curve": horizon.eval_curve(load_jsonl(run_dir / EVAL_FILE)),
     }
 
 
@@ -225,7 +227,40 @@ def figures(data, out: Path) -> list[str]:
     return names
 
 
-def render(data, figure_dir: str, notes: str = "") -> str:
+def horizon_section(data, figure: str) -> list[str]:
+    """The longer-horizon study: its curves, per-step tables and final numbers."""
+    steps = sorted({n["steps"] for s in data.values() for n in s.values()})
+    diffs = horizon.paired_curve(data.get("stare", {}), data.get("grpo", {}), "pass@1")
+    cross = horizon.crossing(diffs)
+    last = diffs[-1] if diffs else None
+    if not diffs:
+        verdict = "No STARE and GRPO seed pair has completed on one machine fingerprint yet."
+    else:
+        verdict = (f"Paired over {len(horizon.same_machine_seeds(data['stare'], data['grpo']))} seeds, STARE's held-out pass@1 "
+                   f"minus GRPO's at step {last[0]} is {last[1]:+.3f} [{last[2]:+.3f}, {last[3]:+.3f}]. ")
+        verdict += (f"The mean difference turns non-negative at step {cross['means']} and stays so to the last evaluation"
+                    if cross["means"] is not None else "The mean difference is negative at the last evaluation")
+        verdict += (f"; its 95% interval first lies above zero at step {cross['separated']}."
+                    if cross["separated"] is not None else "; its 95% interval never lies above zero.")
+    machines = sorted({n["machine"] for s in data.values() for n in s.values()})
+    points = next((n["eval_curve"] for s in data.values() for n in s.values() if len(n.get("eval_curve") or []) > 1), [])
+    every = points[1]["step"] - points[0]["step"] if points else None
+    return [
+        f"## Longer horizon ({', '.join(map(str, steps))} steps)", "",
+        f"The same tiny config trained longer, evaluated every {every} steps with 64 samples per held-out problem "
+        "(128 problems, temperature 1) and greedily: runs kept in `docs/results/long/` "
+        "(scripts/results.sh, the study's command in its header).", "",
+        f"![longer horizon]({figure})", "",
+        verdict, "",
+        *horizon.curve_table(data, "stare", "grpo", "pass@1"), "",
+        *horizon.curve_table(data, "stare", "grpo", "pass@64"), "",
+        *table(data), "",
+        *paired(data, "stare", "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@8", "pass@64"]), "",
+        f"Machines (model sha256 prefix / torch CPU capability): {', '.join(machines)}.", "",
+    ]
+
+
+def render(data, figure_dir: str, notes: str = "", long: dict | None = None, long_figure: str = "") -> str:
     machines = sorted({n["machine"] for s in data.values() for n in s.values()})
     loads = [n["load"] for s in data.values() for n in s.values() if n["load"] is not None]
     lines = [
@@ -255,6 +290,8 @@ def render(data, figure_dir: str, notes: str = "") -> str:
         f"Load average (1 min) at run start and end: mean {(_mean(loads) or 0):.1f}, "
         f"range {min(loads, default=0):.1f}-{max(loads, default=0):.1f}.", "",
     ]
+    if long:
+        lines += horizon_section(long, long_figure)
     if notes:
         lines += [notes.strip(), ""]
     return "\n".join(lines)
@@ -268,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("docs/results.md"))
     p.add_argument("--figures", type=Path, default=Path("docs/results"))
     p.add_argument("--notes", type=Path, default=None, help="markdown appended at the end (the findings)")
+    p.add_argument("--long-records", type=Path, default=horizon.HORIZON_RECORDS,
+                   help="the longer-horizon study's records (its section is left out while there are none)")
+    p.add_argument("--long-figure", type=Path, default=Path("docs/images/horizon.png"))
     args = p.parse_args(argv)
     if args.record:
         for run_dir in args.record:
@@ -279,7 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     figures(data, args.figures)
     rel = str(Path(__import__("os").path.relpath(args.figures, args.out.parent)))
     notes = args.notes.read_text() if args.notes else ""
-    args.out.write_text(render(data, rel, notes))
+    long = collect(args.long_records) if args.long_records.is_dir() else {}
+    if long:
+        horizon.figure(long, args.long_figure, ["stare", "grpo", *[k for k in long if k not in ("stare", "grpo")]])
+    long_rel = str(Path(__import__("os").path.relpath(args.long_figure, args.out.parent)))
+    args.out.write_text(render(data, rel, notes, long, long_rel))
     print(f"[results] {args.out} ({sum(len(s) for s in data.values())} runs, {len(data)} labels)")
     return 0
 
