@@ -66,8 +66,8 @@ class RunSteering:
         """Publish the controller (so changes can be validated) and the starting status. `resumed`:
         the learner restored step `step` from a checkpoint (changes applied after it are replayed)."""
         self._step = step
-        self._replay = sorted((e for e in self.state.audit(DEFAULT_MAX_AUDIT) if resumed and e.error is None
-                               and e.applied_step is not None and e.applied_step > step),
+        audit = self.state.audit(DEFAULT_MAX_AUDIT) if resumed else []
+        self._replay = sorted((e for e in audit if e.error is None and e.applied_step is not None and e.applied_step > step),
                               key=lambda e: (e.applied_step, e.id))
         if self._replay:
             log.info("resumed at step %d: %d entropy change(s) applied after it will apply again at their steps (%s)",
@@ -105,16 +105,19 @@ class RunSteering:
                               applied=applied)
 
     def _replayed(self, controller: Any, next_step: int) -> list[AuditEntry]:
-        """The changes to replay before `next_step` (their applied step is at most it), applied."""
+        """Replay the changes due before `next_step` (applied step at most it); those it re-applied."""
         due = [e for e in self._replay if e.applied_step <= next_step]
         self._replay = self._replay[len(due):]
+        reapplied = []
         for entry in due:
             try:
                 controller.reconfigure(**_as_config(entry.new))
             except (ValueError, TypeError) as err:  # the bounds it was applied under came from a lost change too
                 log.warning("entropy change %d (applied at step %s) not applied again on resume: %s",
                             entry.id, entry.applied_step, _reason(err))
-        return due
+                continue
+            reapplied.append(entry)
+        return reapplied
 
     def after_step(self, controller: Any, metrics: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
         """Add the control fields to `metrics` (in place), publish metrics, status and controller state."""

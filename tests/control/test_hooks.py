@@ -103,3 +103,16 @@ def test_changes_the_checkpoint_holds_or_a_fresh_start_are_not_applied_again(mak
     restarted = RunSteering(state)
     restarted.start(fresh, 0)  # not resumed: a new run under the same id replays nothing
     assert restarted.before_step(fresh).applied == [] and fresh.target == 0.3
+
+
+def test_a_replayed_change_that_no_longer_validates_is_skipped_and_not_reported(make_state):
+    state = make_state()
+    first = EntropyController(ControllerConfig(w=1.1, w_max=2.0))
+    control = started(state, first)
+    state.request_entropy_change({"w": 1.8}, "a")
+    _train(control, first, 1)  # applied at step 1; no checkpoint holds it
+    restored = EntropyController(ControllerConfig(w=1.1, w_max=1.5))  # resumed under a lower bound
+    again = RunSteering(state)
+    again.start(restored, 0, resumed=True)
+    assert again.before_step(restored).applied == [] and restored.w <= 1.5
+    assert again.after_step(restored, {"step": 1})["control_changes"] == 0

@@ -17,7 +17,6 @@ from stare.app.report.stats import bootstrap_ci, pass_at_k_curve
 
 HORIZON_RECORDS = Path("docs/results/long")
 CURVE_KS = (1, 8, 64)
-CURVE_KEYS = ("greedy", *(f"pass@{k}" for k in CURVE_KS))
 Band = tuple[int, float, float, float]  # step, mean, low, high
 
 

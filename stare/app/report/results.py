@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -161,7 +162,7 @@ def paired(data, a: str, b: str, keys: list[str]) -> list[str]:
     """a - b per seed both completed on the same machine fingerprint, mean [95% bootstrap] of the
     differences (a pair from two builds would add the builds' difference to the algorithms')."""
     both = sorted(set(data.get(a, {})) & set(data.get(b, {})))
-    seeds = [s for s in both if data[a][s].get("machine") == data[b][s].get("machine")]
+    seeds = horizon.same_machine_seeds(data.get(a, {}), data.get(b, {}))
     if not seeds:
         return [f"({a} and {b} share no completed seed on one machine fingerprint yet)"]
     apart = f"; seeds {', '.join(map(str, sorted(set(both) - set(seeds))))} left out: run on different machines" \
@@ -317,12 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     if not data:
         raise SystemExit(f"--records {args.records}: no record yet (scripts/results.sh runs and records the sweep)")
     figures(data, args.figures)
-    rel = str(Path(__import__("os").path.relpath(args.figures, args.out.parent)))
+    rel = str(Path(os.path.relpath(args.figures, args.out.parent)))
     notes = args.notes.read_text() if args.notes else ""
     long = collect(args.long_records) if args.long_records.is_dir() else {}
     if long:
         horizon.figure(long, args.long_figure, ["stare", "grpo", *[k for k in long if k not in ("stare", "grpo")]])
-    long_rel = str(Path(__import__("os").path.relpath(args.long_figure, args.out.parent)))
+    long_rel = str(Path(os.path.relpath(args.long_figure, args.out.parent)))
     args.out.write_text(render(data, rel, notes, long, long_rel))
     print(f"[results] {args.out} ({sum(len(s) for s in data.values())} runs, {len(data)} labels)")
     return 0
