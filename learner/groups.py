@@ -9,8 +9,13 @@
   beyond `max_staleness` the group is dropped (counted), or, with `keep_stale`, trained anyway
   (the loss importance-corrects it against the rollout log-probs); `max_staleness = 0` is
   strictly on-policy. The per-trajectory lag distribution is counted in `stats.staleness`;
+  A ready group that waited past `max_staleness` (the learner stepped meanwhile) is dropped the same
+  way before it can be taken, so the bound holds when a group is trained, not only when it completed;
 * dynamic sampling: a group whose rewards are all equal carries no GRPO signal and is filtered
   (counted), when enabled;
+* surplus (`data.oversample` on-policy): `take(n, in_publish_order=True)` hands out the first n
+  ready groups in the feeder's order and `drop_ready()` finishes the rest untrained (counted in
+  `stats.surplus_groups`), as the reference truncates its generation batch;
 * acknowledgement: `take` hands groups out with their entry ids; the learner calls `trained(ids)`
   after the step and `ack_trained()` once a checkpoint holds those updates (the distributed
   learner) or at once (embedded). Until then a restarted learner finds them pending and trains
@@ -53,7 +58,13 @@ class GroupStats:
     stale_trajectories: int = 0
     duplicates: int = 0
     dead_lettered_groups: int = 0  # closed because their prompt or a trajectory was dead-lettered
+    surplus_groups: int = 0  # trainable, over-sampled beyond a step's groups and dropped (data.oversample)
     staleness: Counter = field(default_factory=Counter)  # lag -> trajectories collected with it
+
+
+def _publish_key(group_id: str) -> tuple[int, int, str]:
+    m = _ORDINAL.match(group_id)
+    return (0, int(m.group(1)), "") if m else (1, 0, group_id)
 
 
 class FinishedGroups:
@@ -156,7 +167,23 @@ class GroupCollector:
             self.stats.duplicates += len(duplicates)
             self.scored.ack(duplicates)
         self._close_dead_lettered()
+        self._expire_ready(learner_version)
         return len(deliveries)
+
+    def _expire_ready(self, learner_version: int) -> None:
+        """Drop the ready groups whose lag grew past max_staleness while they waited (counted as stale)."""
+        if self.max_staleness is None or self.keep_stale or not self.ready:
+            return
+        kept = []
+        for trajectories, ids in self.ready:
+            if learner_version - min(t.weight_version for t in trajectories) > self.max_staleness:
+                self.stats.stale_groups += 1
+                self.stats.stale_trajectories += len(trajectories)
+                self.closed.discard(trajectories[0].group_id)
+                self._finish(trajectories[0].group_id, ids)
+            else:
+                kept.append((trajectories, ids))
+        self.ready = kept
 
     def _close_dead_lettered(self) -> None:
         """Close the groups the dead-letter streams say can never complete (see the module docstring)."""
@@ -200,10 +227,24 @@ class GroupCollector:
         self.scored.ack(ids)
         self.held.difference_update(ids)
 
-    def take(self, n_groups: int) -> tuple[list[Trajectory], list[str]]:
-        """Up to n ready groups, flattened, with the stream ids to pass to `trained` after the step."""
+    def take(self, n_groups: int, in_publish_order: bool = False) -> tuple[list[Trajectory], list[str]]:
+        """Up to n ready groups, flattened, with the stream ids to pass to `trained` after the step.
+        Default: in the order they completed; `in_publish_order`: the first n in the feeder's order
+        (g<ordinal>; other ids after them), whatever finished first."""
+        if in_publish_order:
+            self.ready.sort(key=lambda g: _publish_key(g[0][0].group_id))
         taken, self.ready = self.ready[:n_groups], self.ready[n_groups:]
         return [t for g, _ in taken for t in g], [i for _, ids in taken for i in ids]
+
+    def drop_ready(self) -> int:
+        """Finish every ready group untrained (on-policy surplus: sampled with weights the next step
+        will not have); returns how many, counted in `stats.surplus_groups`."""
+        n, ready, self.ready = len(self.ready), self.ready, []
+        for trajectories, ids in ready:
+            self.closed.discard(trajectories[0].group_id)
+            self._finish(trajectories[0].group_id, ids)
+        self.stats.surplus_groups += n
+        return n
 
     def trained(self, trajectories: list[Trajectory], ids: list[str]) -> None:
         """The step trained these: finished, acknowledged at the next `ack_trained`."""

@@ -14,8 +14,9 @@ embedded mode drives its in-process rollout and reward workers once per fill rou
 the workers are other processes and a fill round waits briefly for what they sent. On-policy
 sampling goes in rounds (see `_fill_round`) that do not depend on the mode.
 
-The window: prompts_per_step x (1 + max_staleness) groups in flight (published, not yet trained or
-filtered), each prompt stamped with the weight version at publish time (embedded: max_staleness 0).
+The window: prompts_per_step x (1 + max_staleness) x data.oversample groups in flight (published, not
+yet trained or filtered), each prompt stamped with the weight version at publish time (embedded:
+max_staleness 0). On-policy rounds are over-sampled the same way (see `_fill_round`).
 Checkpoints hold model, optimizer, controller, feeder cursor, finished groups and RNG states; the
 scored entries a step trained are acknowledged only once a checkpoint holds that step.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Mapping, Protocol
@@ -137,14 +139,18 @@ class TrainingSession:
         self._paused = False
         self._last_step_at = time.monotonic()
         self._round = 0  # fill rounds since the last step
+        self._whole_rounds = max_staleness == 0 and cfg.data.oversample > 1.0  # over-sampled on-policy rounds
         self._filtered0 = collector.stats.filtered_groups
         self._t_wait = time.perf_counter()
 
     # ---------------------------------------------------------------- pieces
     def top_up_prompts(self) -> int:
-        """Publish prompts until prompts_per_step x (1 + max_staleness) groups are in flight."""
-        window = self.cfg.rollout.prompts_per_step * (1 + self.max_staleness)
-        need = window - (self.feeder.cursor - len(self.collector.finished))
+        """Publish prompts until ceil(prompts_per_step x (1 + max_staleness) x oversample) groups are in
+        flight; on-policy (a round starts with nothing unresolved): ceil(missing x oversample) more."""
+        want, over = self.cfg.rollout.prompts_per_step, self.cfg.data.oversample
+        in_flight = self.feeder.cursor - len(self.collector.finished)
+        need = (math.ceil(want * (1 + self.max_staleness) * over) - in_flight if self.max_staleness > 0
+                else math.ceil((want - in_flight) * over))
         if need <= 0:
             return 0
         tasks = self.feeder.next_tasks(need)
@@ -192,13 +198,10 @@ class TrainingSession:
         self.say(f"checkpoint {ckpt_dir / tag} (acknowledged {acked} trained trajectories)")
 
     def queue_depths(self) -> dict[str, int]:
-        t = self.seams.transport
-        return {"prompts": t.prompts.backlog(), "raw": t.raw.backlog(), "scored": t.scored.backlog()}
+        return {n: getattr(self.seams.transport, n).backlog() for n in ("prompts", "raw", "scored")}
 
     def dead_letters(self) -> dict[str, int]:
-        t = self.seams.transport
-        return {"prompts": t.prompts.dead_letter_count(), "raw": t.raw.dead_letter_count(),
-                "scored": t.scored.dead_letter_count()}
+        return {n: getattr(self.seams.transport, n).dead_letter_count() for n in ("prompts", "raw", "scored")}
 
     def _serve_joiners(self) -> None:
         self.seams.publisher.serve_joiners(self.learner.version, self.learner.state_dict_for_rollout)
@@ -233,8 +236,10 @@ class TrainingSession:
         """Publish prompts, let the workers run, read what they scored.
 
         On-policy (max_staleness 0) sampling goes in rounds, as in the reference's dynamic sampling:
-        a round publishes the groups still missing for the step, and the next round starts only once
-        every group of the last one is complete (trainable or filtered), at most
+        a round publishes the groups still missing for the step (x data.oversample: the step then waits
+        for the whole round, trains its first prompts_per_step groups in publish order and drops the
+        rest, counted, as the reference truncates its generation batch), and the next round starts only
+        once every group of the last one is complete (trainable or filtered), at most
         `data.max_sampling_rounds` a step. So the rounds, and what they sample, do not depend on
         whether the workers are in this process or in others. Off-policy the window is kept full."""
         collector, want = self.collector, self.cfg.rollout.prompts_per_step
@@ -256,8 +261,9 @@ class TrainingSession:
                          f"published groups not complete, queues {self.queue_depths()}")
 
     def _batch_ready(self) -> bool:
-        """Enough groups for a step; on-policy also when this step's rounds are used up and done."""
-        if len(self.collector.ready) >= self.cfg.rollout.prompts_per_step:
+        """Enough groups (over-sampled on-policy: and the whole round done), or on-policy rounds used up and done."""
+        if len(self.collector.ready) >= self.cfg.rollout.prompts_per_step and (
+                not self._whole_rounds or self._unresolved() == 0):
             return True
         return (self.max_staleness == 0 and self._round >= self.cfg.data.max_sampling_rounds
                 and self._unresolved() == 0)
@@ -269,9 +275,11 @@ class TrainingSession:
         if not self._batch_ready():
             return None
         cfg, stats = self.cfg, self.collector.stats
-        trajectories, ids = self.collector.take(cfg.rollout.prompts_per_step)
+        trajectories, ids = self.collector.take(cfg.rollout.prompts_per_step, in_publish_order=self._whole_rounds)
         info: dict[str, Any] = {
             "sampling_rounds": self._round,
+            # trainable groups of the round beyond the step's (next step: sampled with old weights)
+            "surplus_groups": self.collector.drop_ready() if self._whole_rounds else 0,
             "filtered_groups": stats.filtered_groups - self._filtered0,
             "groups": len(trajectories) // max(cfg.rollout.samples_per_prompt, 1),
             "time_wait_data_s": time.perf_counter() - self._t_wait,
@@ -302,6 +310,7 @@ class TrainingSession:
             time_publish_s=time.perf_counter() - t_pub,
             filtered_groups_total=stats.filtered_groups,
             stale_groups_total=stats.stale_groups,
+            surplus_groups_total=stats.surplus_groups,
             duplicates_total=stats.duplicates,
             dead_lettered_groups_total=stats.dead_lettered_groups,
             weight_sync_failures=getattr(publisher, "failures", 0),

@@ -220,6 +220,16 @@ class DataSection(_Section):
     )
     dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal and sample more.")
     max_sampling_rounds: int = Field(10, ge=1, description="Rounds of sampling per step when dynamic sampling drops groups.")
+    oversample: float = Field(
+        1.0, ge=1.0, le=10.0, description="Groups sampled per group trained, to cover what dynamic sampling filters "
+        "(the reference's generation batch: 192 prompts for 64 trained is 3.0). On-policy (max_staleness 0) each "
+        "sampling round publishes ceil(missing x oversample) groups, the step waits for the whole round and trains "
+        "the first rollout.prompts_per_step trainable groups in publish order (not the first to finish: those are "
+        "the short responses); the rest are dropped, counted in surplus_groups_total. Off-policy the window of "
+        "groups in flight is ceil(prompts_per_step x (1 + max_staleness) x oversample); nothing is dropped as "
+        "surplus (a group past max_staleness is dropped as stale, counted). 1.0: each round asks for exactly the "
+        "missing groups and the window is prompts_per_step x (1 + max_staleness).",
+    )
     advantage_std: bool = Field(True, description="Divide group-centred rewards by the group std (False: Dr. GRPO style).")
 
 

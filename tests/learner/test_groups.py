@@ -199,3 +199,30 @@ def test_a_group_filtered_after_the_checkpoint_is_still_finished_after_a_restart
     fresh.load_state_dict(later)
     assert len(fresh.finished) == 2
     logs.close()
+
+
+def test_a_ready_group_that_waits_past_max_staleness_is_dropped_before_it_can_be_taken():
+    # completed at learner version 5 with version-4 samples (lag 1: ready); the learner steps twice
+    # before taking it: at version 6 its lag is 2 > 1, so the next pull drops it, counted and acknowledged
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False, max_staleness=1)
+    s.publish(_group("late", [1.0, 0.0], version=4))
+    c.pull(5)
+    assert len(c.ready) == 1
+    c.pull(6)
+    assert c.ready == [] and c.stats.stale_groups == 1 and "late" in c.finished and not c.closed
+    assert s.backlog() == 0
+
+
+def test_take_in_publish_order_then_drop_ready_counts_the_surplus():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False, max_staleness=0)
+    for gid in ("g000000003", "g000000001", "g000000002", "g000000000"):  # completion order
+        s.publish(_group(gid, [1.0, 0.0]))
+    c.pull(0)
+    trajectories, _ = c.take(2, in_publish_order=True)
+    assert [t.group_id for t in trajectories][::2] == ["g000000000", "g000000001"]
+    assert c.drop_ready() == 2 and c.stats.surplus_groups == 2 and c.ready == []
+    assert "g000000002" in c.finished and "g000000003" in c.finished
+    assert c.closed == {"g000000000", "g000000001"}  # taken: finished once trained
+    assert s.backlog() == 4  # only the taken entries stay pending (acknowledged after the step's checkpoint)
