@@ -176,3 +176,27 @@ def test_a_bad_design_value_exits_2_naming_the_field(capsys):
     args = parser.parse_args(["sim", "--config", "configs/tiny-cpu.yaml", "--set", "sim.zero3_head=per_token"])
     assert args.fn(args) == 2
     assert "sim.zero3_head='per_token': choose one of per_chunk, per_micro_batch" in capsys.readouterr().err
+
+
+def test_an_oversampled_on_policy_round_is_one_round_of_whole_groups_and_its_surplus_is_counted():
+    """Dynamic sampling on (2/9 of the groups filtered), 16 prompts a step: data.oversample 2 asks
+    for 32 groups a round, so one round covers a step (>= 16 trainable of 32 all but surely); each
+    step trains exactly 16 groups and the rest are counted, never trained. Without over-sampling the
+    rounds ask for the missing groups only, more rounds a step, nothing surplus."""
+    from stare.app.sim.design import build_design, gpu_costs, lengths_of, simulate
+
+    out = {}
+    for over in (1.0, 2.0):
+        cfg, sim = _tiny(["data.dynamic_sampling=true", "data.max_sampling_rounds=10", f"data.oversample={over}",
+                          "sim.response_sigma=0.5"])
+        design = build_design(cfg, sim, gpus=2, learner_gpus=1, colocated=False)
+        costs = gpu_costs(cfg, sim, design, TINY, "h100-80gb")
+        run, summary = simulate(cfg, sim, design, costs, lengths_of(cfg, sim), steps=4, warmup=1)
+        assert all(m["groups"] == 16 for m in run.metrics)
+        out[over] = (summary, run.metrics)
+    one, two = out[1.0], out[2.0]
+    assert all(m["sampling_rounds"] == 1 for m in two[1])
+    assert one[0]["sampling_rounds_mean"] > 1 and one[0]["groups_surplus_total"] == 0
+    # every round's trainable groups beyond the step's 16 are the surplus
+    assert sum(m["surplus_groups"] for m in two[1]) == two[0]["groups_surplus_total"] > 0
+    assert all(32 - m["filtered_groups"] - 16 == m["surplus_groups"] for m in two[1])
