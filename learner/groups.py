@@ -37,6 +37,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -60,6 +61,17 @@ class GroupStats:
     dead_lettered_groups: int = 0  # closed because their prompt or a trajectory was dead-lettered
     surplus_groups: int = 0  # trainable, over-sampled beyond a step's groups and dropped (data.oversample)
     staleness: Counter = field(default_factory=Counter)  # lag -> trajectories collected with it
+
+
+def round_size(missing: int, oversample: float, *, trainable: int = 0, filtered: int = 0) -> int:
+    """Groups an on-policy sampling round publishes: the missing ones at oversample 1.0; else
+    ceil(missing x oversample), a later round of the step (`trainable` and `filtered` of its earlier
+    rounds) also divided by the step's yield so far, trainable / (trainable + filtered), at least 1/10,
+    so that it rarely needs another round."""
+    if oversample <= 1.0:
+        return missing
+    per_trainable = min(max(1.0, (trainable + filtered) / max(trainable, 1)), 10.0)
+    return math.ceil(missing * oversample * per_trainable)
 
 
 def _publish_key(group_id: str) -> tuple[int, int, str]:

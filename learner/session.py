@@ -14,9 +14,9 @@ embedded mode drives its in-process rollout and reward workers once per fill rou
 the workers are other processes and a fill round waits briefly for what they sent. On-policy
 sampling goes in rounds (see `_fill_round`) that do not depend on the mode.
 
-The window: prompts_per_step x (1 + max_staleness) x data.oversample groups in flight (published, not
-yet trained or filtered), each prompt stamped with the weight version at publish time (embedded:
-max_staleness 0). On-policy rounds are over-sampled the same way (see `_fill_round`).
+The window: prompts_per_step x (1 + max_staleness) x data.oversample groups in flight (published, not yet
+trained or filtered), each stamped with the weight version at publish time (embedded: max_staleness 0;
+on-policy rounds: `_fill_round`).
 Checkpoints hold model, optimizer, controller, feeder cursor, finished groups and RNG states; the
 scored entries a step trained are acknowledged only once a checkpoint holds that step.
 """
@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from stare.config import TrainConfig
+from stare.learner.groups import round_size
 from stare.learner.outcome import EmptySteps, RunOutcome
 from stare.learner.rng import rng_state, seed_everything, set_rng_state  # noqa: F401  (seed_everything: for the modes)
 from stare.observe.log_format import StepLines
@@ -52,9 +53,8 @@ STALL_LOG_S = 120.0  # without a pump: say what the learner waits for after this
 
 class CursorStore(Protocol):
     """What must survive the learner process (Redis in the distributed mode): the feeder's published
-    cursor, so a restarted learner never publishes a group twice, and the newest weight version it
-    published, so a restarted learner never publishes an older one (the workers hold it and would
-    ignore anything not newer)."""
+    cursor (a restarted learner never publishes a group twice) and the newest weight version it
+    published (it never publishes an older one: the workers hold it and would ignore it)."""
 
     def load(self) -> int: ...
 
@@ -146,11 +146,12 @@ class TrainingSession:
     # ---------------------------------------------------------------- pieces
     def top_up_prompts(self) -> int:
         """Publish prompts until ceil(prompts_per_step x (1 + max_staleness) x oversample) groups are in
-        flight; on-policy (a round starts with nothing unresolved): ceil(missing x oversample) more."""
+        flight; on-policy a round's size (`round_size`: nothing is unresolved, in flight is trainable)."""
         want, over = self.cfg.rollout.prompts_per_step, self.cfg.data.oversample
         in_flight = self.feeder.cursor - len(self.collector.finished)
+        filtered = self.collector.stats.filtered_groups - self._filtered0  # this step's
         need = (math.ceil(want * (1 + self.max_staleness) * over) - in_flight if self.max_staleness > 0
-                else math.ceil((want - in_flight) * over))
+                else round_size(want - in_flight, over, trainable=in_flight, filtered=filtered))
         if need <= 0:
             return 0
         tasks = self.feeder.next_tasks(need)
@@ -166,8 +167,8 @@ class TrainingSession:
 
     def evaluate(self, weights: Callable[[], Mapping[str, torch.Tensor]] | None = None,
                  final: bool = False) -> dict[str, Any]:
-        """Held-out results of the current weights (`weights`: the state dict just published, so
-        that it is not gathered twice); `final`: the run's last evaluation (`task.final_eval_k`)."""
+        """Held-out results of the current weights (`weights`: the state dict just published, not gathered
+        twice); `final`: the run's last evaluation (`task.final_eval_k`)."""
         learner = self.learner
         with self.seams.busy("evaluating"):
             result = self.seams.evaluator(learner.version, weights or learner.state_dict_for_rollout, final=final)
@@ -236,10 +237,10 @@ class TrainingSession:
         """Publish prompts, let the workers run, read what they scored.
 
         On-policy (max_staleness 0) sampling goes in rounds, as in the reference's dynamic sampling:
-        a round publishes the groups still missing for the step (x data.oversample: the step then waits
-        for the whole round, trains its first prompts_per_step groups in publish order and drops the
-        rest, counted, as the reference truncates its generation batch), and the next round starts only
-        once every group of the last one is complete (trainable or filtered), at most
+        a round publishes the groups still missing for the step (x data.oversample, `round_size`: the step
+        then waits for the whole round, trains its first prompts_per_step groups in publish order and drops
+        the rest, counted, as the reference truncates its generation batch), and the next round starts
+        only once every group of the last one is complete (trainable or filtered), at most
         `data.max_sampling_rounds` a step. So the rounds, and what they sample, do not depend on
         whether the workers are in this process or in others. Off-policy the window is kept full."""
         collector, want = self.collector, self.cfg.rollout.prompts_per_step
@@ -278,8 +279,7 @@ class TrainingSession:
         trajectories, ids = self.collector.take(cfg.rollout.prompts_per_step, in_publish_order=self._whole_rounds)
         info: dict[str, Any] = {
             "sampling_rounds": self._round,
-            # trainable groups of the round beyond the step's (next step: sampled with old weights)
-            "surplus_groups": self.collector.drop_ready() if self._whole_rounds else 0,
+            "surplus_groups": self.collector.drop_ready() if self._whole_rounds else 0,  # the round's trainable rest
             "filtered_groups": stats.filtered_groups - self._filtered0,
             "groups": len(trajectories) // max(cfg.rollout.samples_per_prompt, 1),
             "time_wait_data_s": time.perf_counter() - self._t_wait,

@@ -226,3 +226,14 @@ def test_take_in_publish_order_then_drop_ready_counts_the_surplus():
     assert "g000000002" in c.finished and "g000000003" in c.finished
     assert c.closed == {"g000000000", "g000000001"}  # taken: finished once trained
     assert s.backlog() == 4  # only the taken entries stay pending (acknowledged after the step's checkpoint)
+
+
+def test_round_size_over_samples_the_missing_groups_and_a_later_round_by_the_steps_yield():
+    from stare.learner.groups import round_size
+
+    assert round_size(64, 1.0) == 64 and round_size(5, 1.0, trainable=59, filtered=20) == 5  # 1.0: the missing
+    assert round_size(64, 1.5) == 96  # a first round: ceil(64 x 1.5)
+    # a later round: 48 trainable of 96 so far (yield 1/2): ceil(16 x 1.5 x 2) = 48
+    assert round_size(16, 1.5, trainable=48, filtered=48) == 48
+    assert round_size(10, 1.5, trainable=0, filtered=96) == 150  # nothing trainable yet: at most 10x
+    assert round_size(-3, 1.5, trainable=67) <= 0  # more than a step in flight: nothing to publish

@@ -9,6 +9,8 @@ The default (1.0) asks each round for exactly the missing groups, as before."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -130,3 +132,17 @@ def test_oversample_is_bounded(value):
 
     with pytest.raises((ConfigError, ValueError), match="oversample"):
         build_config({}, overrides=[f"data.oversample={value}"])
+
+
+def test_a_later_round_is_sized_by_the_steps_yield_so_far(tmp_path, monkeypatch):
+    # g0-g4 filtered: round 1 (6 groups) leaves 1 trainable, 3 missing; yield 1/6, so round 2 asks for
+    # ceil(3 x 1.5 x 6) = 27 groups (g6-g32, all trainable): g5 + the first three published trained,
+    # the other 24 surplus. (Without the yield: ceil(3 x 1.5) = 5 groups, and more rounds.)
+    monkeypatch.setattr(sys.modules[__name__], "FILTERED", {0, 1, 2, 3, 4})
+    session, learner, collector, _, rounds = _session(tmp_path, oversample=1.5, steps=1)
+    metrics = []
+    session.run(on_step=metrics.append)
+    session.close()
+    assert rounds == [6, 27] and metrics[0]["sampling_rounds"] == 2
+    assert learner.batches == [["g000000005", "g000000006", "g000000007", "g000000008"]]
+    assert metrics[0]["surplus_groups"] == 24 and metrics[0]["filtered_groups"] == 5
