@@ -223,7 +223,8 @@ class DataSection(_Section):
     oversample: float = Field(
         1.0, ge=1.0, le=10.0, description="Groups sampled per group trained, to cover what dynamic sampling filters "
         "(the reference's generation batch: 192 prompts for 64 trained is 3.0). On-policy (max_staleness 0) each "
-        "sampling round publishes ceil(missing x oversample) groups, the step waits for the whole round and trains "
+        "sampling round publishes ceil(missing x oversample) groups (a later round of the step also divided by the "
+        "step's yield so far), the step waits for the whole round and trains "
         "the first rollout.prompts_per_step trainable groups in publish order (not the first to finish: those are "
         "the short responses); the rest are dropped, counted in surplus_groups_total. Off-policy the window of "
         "groups in flight is ceil(prompts_per_step x (1 + max_staleness) x oversample); nothing is dropped as "
