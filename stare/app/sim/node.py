@@ -1,7 +1,7 @@
 """The simulated GPU node: the real scheduling of `stare up` on a virtual clock.
 
 Real (the code `stare up` runs, unchanged): `TrainingSession` (learner/session.py: the window, the
-on-policy sampling rounds, top-ups, publish, checkpoint cadence), `PromptFeeder`, `GroupCollector`
+on-policy sampling rounds and their over-sampling, `data.oversample`; top-ups, publish, checkpoint cadence), `PromptFeeder`, `GroupCollector`
 (complete groups, staleness drop, dynamic sampling), `RolloutWorker` (blocking mode: `run_once` with
 `system.rollout_batch_prompts`, its weight wait and records; streaming mode: its screening and
 records), `RewardWorker`, `RunSteering`, `RunOutputs` (metrics.jsonl under the sim's run folder).
