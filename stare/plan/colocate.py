@@ -27,9 +27,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from stare.config import TrainConfig
-from stare.plan.memory import GIB, HEADROOM, VLLM_PROFILE_TOKENS, Fix, Item, RolePlan, plan_learner
-from stare.plan.sizes import DTYPE_BYTES, ModelShape, kv_bytes_per_token, lora_params
+from stare.config import ConfigError, TrainConfig
+from stare.plan.memory import (GIB, HEADROOM, VLLM_PROFILE_TOKENS, Fix, Item, Plan, RolePlan, _prompt_tokens,
+                               _whole_plan, plan_learner)
+from stare.plan.sizes import DTYPE_BYTES, ModelShape, kv_bytes_per_token, load_model_shape, lora_params
 
 SLEEP_RESIDUAL = 1 * GIB  # vLLM asleep (level 1): what it keeps on the GPU; estimated, not measured
 
@@ -45,6 +46,20 @@ class OneGpuPlan:
     @property
     def fits(self) -> bool:
         return self.step.fits and self.sampling.fits
+
+
+def build_one_gpu_plan(cfg: TrainConfig, *, gpu_mem_gib: float, shape: ModelShape | None = None,
+                       prompt_tokens: int | None = None, config_name: str = "", gpus: int = 1) -> Plan:
+    """`stare plan --gpus 1`: the memory plan of `cfg` as a colocated `stare train` on one GPU of
+    `gpu_mem_gib` GiB: roles [the learner step, sampling], `how` says what sleeps and moves when."""
+    if gpus != 1:
+        raise ConfigError(f"a colocated plan is for one GPU (--gpus 1), got --gpus {gpus}")
+    if gpu_mem_gib <= 0:
+        raise ConfigError(f"--gpu-mem-gib must be > 0, got {gpu_mem_gib}")
+    shape = shape or load_model_shape(cfg)
+    prompt, source = _prompt_tokens(cfg, shape, prompt_tokens)
+    one = plan_one_gpu(cfg, shape, gpu_mem_bytes=int(gpu_mem_gib * GIB), seq_tokens=prompt + cfg.rollout.max_new_tokens)
+    return _whole_plan(cfg, shape, prompt, source, [one.step, one.sampling], one.stages, config_name, one.how)
 
 
 def embedded_view(cfg: TrainConfig) -> TrainConfig:
@@ -122,7 +137,8 @@ def plan_one_gpu(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
                         extra={"engine": e["name"], "offload": offload, "engine_asleep_bytes": asleep,
                                "learner_states_bytes": states, "learner_weights_bytes": weights_only})
     if not sampling.fits:
-        sampling.fixes = _sampling_fixes(cfg, e, mem, usable, weights_only if can_offload else states, offload, setting)
+        sampling.fixes = _sampling_fixes(cfg, e, mem, usable, states, weights_only if can_offload else states, offload,
+                                         setting)
     elif e["name"] == "vllm" and e["seqs"] < e["rows"]:
         sampling.notes.append(f"the KV cache holds {e['seqs']} of a step's {e['rows']} sequences: vLLM decodes the rest "
                               "as sequences finish (slower, not wrong)")
@@ -144,25 +160,31 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def _sampling_fixes(cfg: TrainConfig, e: dict[str, Any], mem: int, usable: int, floor: int, offload: bool,
+def _sampling_fixes(cfg: TrainConfig, e: dict[str, Any], mem: int, usable: int, states: int, floor: int, offload: bool,
                     setting: str) -> list[Fix]:
     """What makes the sampling phase fit: offload the optimizer, shrink the engine's share (or batch),
-    train adapters. `floor`: the smallest resident learner (its weights, when it may offload)."""
+    train adapters. `states`: the learner resident whole; `floor`: its least (the weights, when it may
+    offload). A share is first sized beside the whole learner, else beside its weights."""
     fixes = []
-    if not offload and floor < usable and setting == "none":
+    if not offload and floor < states and setting == "none":
         fixes.append(Fix("system.colocate_offload", "optimizer", "the optimizer state waits in host memory while "
                          "the engine samples"))
-    room = usable - floor
-    if e["name"] == "vllm":
-        need = e["weights"] + e["reserve"] + e["per_seq"]
-        top = math.floor(100 * room / mem) / 100
-        if top * mem >= need:
-            fixes.append(Fix("rollout.engine.gpu_memory_utilization", f"{top:.2f}", "vLLM's share beside the "
-                             "resident learner; it still holds one whole sequence of KV cache", relation="<="))
-    else:
-        rows = (room - e["weights"]) // e["per_row"] if room > e["weights"] else 0
-        if rows >= 1:
-            fixes.append(Fix("rollout.engine.max_batch_size", int(rows), "rows decoded at once beside the learner"))
+    for resident in dict.fromkeys((states, floor) if setting != "none" else (states,)):
+        room, aside = usable - resident, resident < states
+        if e["name"] == "vllm":
+            need = e["weights"] + e["reserve"] + e["per_seq"]
+            top = math.floor(100 * room / mem) / 100
+            if top * mem >= need:
+                fixes.append(Fix("rollout.engine.gpu_memory_utilization", f"{top:.2f}", "vLLM's share beside the "
+                                 "resident learner" + (" with its optimizer state offloaded (colocate_offload auto "
+                                 "does it)" if aside else "") + "; it still holds one sequence's KV cache", relation="<="))
+                break
+        else:
+            rows = (room - e["weights"]) // e["per_row"] if room > e["weights"] else 0
+            if rows >= 1:
+                fixes.append(Fix("rollout.engine.max_batch_size", int(rows), "rows decoded at once beside the learner"
+                                 + (" with its optimizer state offloaded" if aside else "")))
+                break
     if not fixes or cfg.model.lora is None:
         fixes.append(Fix("model.lora", None, "train adapters: the learner's optimizer state shrinks to the adapters'"
                          if cfg.model.lora is None else "a smaller model or a GPU with more memory"))

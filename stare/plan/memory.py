@@ -357,10 +357,9 @@ def plan_rollout(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
 
 def build_plan(cfg: TrainConfig, *, gpus: int, gpu_mem_gib: float, shape: ModelShape | None = None,
                prompt_tokens: int | None = None, roles: tuple[str, ...] = ("learner", "rollout"),
-               config_name: str = "", colocated: bool = False) -> Plan:
+               config_name: str = "") -> Plan:
     """The memory plan of `cfg` with the learner on `gpus` GPUs and each rollout worker on one, of
-    `gpu_mem_gib` GiB each; `colocated` (gpus 1): `stare train` with the learner and the engine on
-    one GPU, the engine asleep while the learner steps (stare.plan.colocate)."""
+    `gpu_mem_gib` GiB each (one GPU shared by both, `stare train` colocated: stare.plan.colocate)."""
     if gpus < 1:
         raise ConfigError(f"--gpus must be >= 1, got {gpus}")
     if gpu_mem_gib <= 0:
@@ -369,21 +368,21 @@ def build_plan(cfg: TrainConfig, *, gpus: int, gpu_mem_gib: float, shape: ModelS
     prompt, source = _prompt_tokens(cfg, shape, prompt_tokens)
     seq = prompt + cfg.rollout.max_new_tokens
     mem = int(gpu_mem_gib * GIB)
-    out, stages, how = [], {}, []
-    if colocated:
-        from stare.plan.colocate import plan_one_gpu
-
-        if gpus != 1:
-            raise ConfigError(f"a colocated plan is for one GPU (--gpus 1), got --gpus {gpus}")
-        one = plan_one_gpu(cfg, shape, gpu_mem_bytes=mem, seq_tokens=seq)
-        out, stages, how = [one.step, one.sampling], one.stages, one.how
-    elif "learner" in roles:
+    out, stages = [], {}
+    if "learner" in roles:
         learner, stages = plan_learner(cfg, shape, gpus=gpus, gpu_mem_bytes=mem, seq_tokens=seq)
         out.append(learner)
-    if "rollout" in roles and not colocated:
+    if "rollout" in roles:
         out.append(plan_rollout(cfg, shape, gpu_mem_bytes=mem, seq_tokens=seq))
+    return _whole_plan(cfg, shape, prompt, source, out, stages, config_name)
+
+
+def _whole_plan(cfg: TrainConfig, shape: ModelShape, prompt: int, source: str, roles: list[RolePlan],
+                stages: dict, config_name: str, how: list[str] = ()) -> Plan:
+    seq = prompt + cfg.rollout.max_new_tokens
     if seq > shape.max_positions:
-        for r in out:
+        for r in roles:
             r.notes.append(f"prompt + response = {seq:,} tokens exceeds the model's {shape.max_positions:,} positions")
     return Plan(config=config_name, model=shape, dtype=cfg.model.dtype, seq_tokens=seq, prompt_tokens=prompt,
-                prompt_source=source, roles=out, zero_stages=stages, checkpoint=checkpoint_disk(cfg, shape), how=how)
+                prompt_source=source, roles=roles, zero_stages=stages, checkpoint=checkpoint_disk(cfg, shape),
+                how=list(how))

@@ -51,12 +51,12 @@ def offload_wanted(cfg: TrainConfig, model_path: Path, cuda: bool, log: Callable
         return setting == "optimizer"
     if not cuda or cfg.optim.zero_stage == 3:
         return False
-    from stare.plan.memory import GIB, build_plan
+    from stare.plan.colocate import build_one_gpu_plan
+    from stare.plan.memory import GIB
     from stare.plan.sizes import load_model_shape
 
     mem = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    plan = build_plan(cfg, gpus=1, gpu_mem_gib=mem / GIB, shape=load_model_shape(cfg, Path(model_path) / "config.json"),
-                      colocated=True)
+    plan = build_one_gpu_plan(cfg, gpu_mem_gib=mem / GIB, shape=load_model_shape(cfg, Path(model_path) / "config.json"))
     sampling = plan.roles[1]
     log(f"one-GPU plan: learner step {plan.roles[0].total / GIB:.1f} GiB, sampling {sampling.total / GIB:.1f} GiB of "
         f"{sampling.usable / GIB:.1f} usable: {'fits' if plan.fits else 'DOES NOT FIT (stare plan --gpus 1 says what to change)'}"
