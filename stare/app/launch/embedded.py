@@ -242,6 +242,11 @@ class EmbeddedRun:
         return self.session.run(on_step)  # a RunOutcome (learner/outcome.py)
 
     def close(self) -> None:
+        if self.colocation is not None:
+            e = self.colocation.events
+            self.log(f"colocated: {e['wakes']:.0f} wakes; wake + weights {e['wake_s']:.1f} s, sleep {e['sleep_s']:.1f} s"
+                     + (f", optimizer offload {e['offload_s']:.1f} s, reload {e['reload_s']:.1f} s" if self.colocation.offload
+                        else "") + " in all")
         self.session.close()
         self.stack.close()
 
