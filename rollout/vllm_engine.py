@@ -184,9 +184,9 @@ class VLLMEngine:
         self._request_ids = itertools.count()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        require_awake(self, "generate()")
         from vllm import TokensPrompt
 
-        require_awake(self, "generate()")
         if self._requests:
             raise RuntimeError(f"generate() with {len(self._requests)} streaming prompts in the engine: it would "
                                "swallow their outputs; step() them first")
@@ -243,10 +243,10 @@ class VLLMEngine:
 
     def add(self, prompt: list[int], params: SamplingParams, key: object) -> None:
         """Queue one prompt's n samples with the seed `generate([prompt], params)` would give it."""
+        require_awake(self, "add()")
         from vllm import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        require_awake(self, "add()")
         check_prompts([prompt], params, self.vocab_size, self.max_model_len)
         seed = prompt_seed(params)
         sampling = self._sampling(params, 0, None if seed is None else (seed,))
