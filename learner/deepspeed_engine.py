@@ -310,3 +310,55 @@ def load_checkpoint(engine, directory: Path, tag: str, trainable_only: bool = Fa
 def grad_norm(engine) -> float | None:
     value = engine.get_global_grad_norm()
     return None if value is None else float(value)
+
+
+# -- optimizer state aside while a colocated rollout engine samples (system.colocate_offload) ----
+
+
+def offload_optimizer_states(engine) -> str:
+    """Move the optimizer's state off the engine's device (pinned host memory on CUDA) until
+    `reload_optimizer_states`; returns how. ZeRO 1-2: DeepSpeed's `offload_states` for the fp32
+    master weights, the Adam moments and the gradient partitions (the 16-bit weights stay: the
+    rollout engine reads them). ZeRO-0: the torch optimizer's moments (DeepSpeed has no
+    offload_states there; a bf16 wrapper's fp32 master copy stays). ZeRO-3 is refused (DeepSpeed
+    moves its optimizer state only for FusedAdam). On CPU the target is where the state already is:
+    the calls run, nothing moves."""
+    from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
+
+    stage = engine.zero_optimization_stage()
+    if stage == 3:
+        from stare.config import ConfigError
+
+        raise ConfigError("system.colocate_offload: optimizer needs optim.zero_stage 0-2 (ZeRO-3 offload needs "
+                          "DeepSpeed's FusedAdam); set optim.zero_stage=1")
+    pin = torch.cuda.is_available()
+    if stage in (1, 2):
+        states = [OffloadStateTypeEnum.optim_states, OffloadStateTypeEnum.hp_params, OffloadStateTypeEnum.lp_grads]
+        engine.offload_states(include=states, device=OffloadDeviceEnum.cpu, pin_memory=pin, non_blocking=False)
+        return "deepspeed offload_states: " + ", ".join(s.value for s in states)
+    moved = engine.basic_optimizer._stare_offloaded = []  # (state, key, its device) to bring back
+    for state in engine.basic_optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.device.type != "cpu":
+                moved.append((state, key, value.device))
+                state[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin).copy_(value)
+    if pin:
+        torch.cuda.empty_cache()
+    return "the torch optimizer's state tensors"
+
+
+def reload_optimizer_states(engine) -> None:
+    """Bring back what `offload_optimizer_states` moved (blocking: the next step reads it)."""
+    if engine.zero_optimization_stage() in (1, 2):
+        engine.reload_states(non_blocking=False)
+        return
+    for state, key, device in getattr(engine.basic_optimizer, "_stare_offloaded", ()):
+        state[key] = state[key].to(device)
+    engine.basic_optimizer._stare_offloaded = []
+
+
+def optimizer_state_bytes(engine) -> int:
+    """Bytes of the optimizer's state tensors where they live now (what an offload moves, roughly;
+    the gradient partitions aside)."""
+    optimizer = engine.basic_optimizer
+    return sum(v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))

@@ -41,6 +41,13 @@ Semantics every engine honours (the tests check them against an independent HF f
   omitted) into the running model in place, no restart, and sets `weight_version`. Completions
   generated afterwards use only the new weights (no stale KV cache is reused).
 
+**Sleeping** (optional, `SleepingEngine`; one GPU shared with the learner, `system.colocate`):
+`sleep()` frees the engine's device memory (its weights go to host memory, its KV cache is dropped)
+and `wake()` brings the weights back, bit for bit; the KV cache starts empty (no prefix is reused).
+While asleep, `generate`, `add` and `update_weights` raise RuntimeError; `asleep` says which state
+the engine is in. The embedded run wakes the engine, hands it the newest weights (`update_weights`)
+and samples, then puts it back to sleep before the learner steps (stare/app/launch/colocate.py).
+
 **Streaming** (optional, `StreamingEngine`): `add` queues one prompt's n completions under a key,
 `step` advances the engine and returns the prompts whose n completions have all ended. The
 semantics above hold per prompt, with the prompt's seed in `params` (`prompt_seed`): a prompt's
@@ -158,6 +165,31 @@ class RolloutEngine(Protocol):
     def close(self) -> None:
         """Release the model and any engine resources; the engine is unusable afterwards."""
         ...
+
+
+@runtime_checkable
+class SleepingEngine(RolloutEngine, Protocol):
+    """An engine that can give its device memory back while another user of the GPU (the learner)
+    works, and take it again; see the module docstring."""
+
+    asleep: bool
+    """True between `sleep()` and `wake()`."""
+
+    def sleep(self) -> None:
+        """Free the device memory: weights to host memory, KV cache dropped. Raises while prompts
+        are queued or running (streaming); a no-op when already asleep."""
+        ...
+
+    def wake(self) -> None:
+        """Weights back on the device as they were at `sleep()`, an empty KV cache; a no-op when awake."""
+        ...
+
+
+def require_awake(engine: object, what: str) -> None:
+    """RuntimeError naming `what` when `engine` is asleep (`SleepingEngine`)."""
+    if getattr(engine, "asleep", False):
+        raise RuntimeError(f"{what} on a sleeping rollout engine: wake() it first (system.colocate: the engine "
+                           "sleeps while the learner steps)")
 
 
 @runtime_checkable

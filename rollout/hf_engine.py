@@ -16,6 +16,12 @@ Streaming (`StreamingEngine`): the degenerate but exact case. `add` queues, `ste
 everything queued (one `generate` per distinct sampling setting, each prompt with its own seed)
 and returns it all, so a streaming worker over this engine samples batches of `capacity()` rows.
 
+Sleeping (`SleepingEngine`, `system.colocate`): `sleep` moves every parameter and buffer to host
+memory (pinned buffers on CUDA, allocated at the first sleep and reused) and releases its device
+storage and the allocator's cached blocks (the KV cache of a call lives only during that call);
+`wake` copies them back. On CPU the host copy is the tensor itself: nothing moves, the module holds
+empty tensors while asleep (what the tests check).
+
 Limits: one device, no tensor parallelism, no continuous batching (a chunk runs until its
 longest row ends), no prefix caching across calls. For models above ~20M parameters prefer vLLM.
 """
@@ -30,7 +36,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from stare.rollout.engine import Completion, SamplingParams, check_prompts, prompt_seed, read_eos_token_ids
+from stare.rollout.engine import (Completion, SamplingParams, check_prompts, prompt_seed, read_eos_token_ids,
+                                  require_awake)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -88,10 +95,13 @@ class HFEngine:
         forward_params = inspect.signature(type(self.model).forward).parameters
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
         self._queue: list[tuple[list[int], SamplingParams, object]] = []  # streaming: added, not yet stepped
+        self.asleep = False
+        self._host: dict[str, torch.Tensor] = {}  # sleeping: each tensor's host copy (pinned on CUDA, reused)
 
     # --- generate ----------------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        require_awake(self, "generate()")
         check_prompts(prompts, params, self.vocab_size, self.max_model_len)
         greedy = params.temperature == 0
         run = dataclasses.replace(params, n=1) if greedy else params  # greedy: decode once, copy
@@ -193,6 +203,7 @@ class HFEngine:
         return self.max_batch_size
 
     def add(self, prompt: list[int], params: SamplingParams, key: object) -> None:
+        require_awake(self, "add()")
         check_prompts([prompt], params, self.vocab_size, self.max_model_len)
         self._queue.append((list(prompt), params, key))
 
@@ -227,6 +238,7 @@ class HFEngine:
         or missing names raise KeyError, a wrong shape ValueError, and the model and
         `weight_version` stay as they were.
         """
+        require_awake(self, "update_weights()")
         if self._queue:
             raise RuntimeError(f"update_weights with {len(self._queue)} prompts queued for streaming; step() them first "
                                "(they were added for the current weights)")
@@ -246,8 +258,60 @@ class HFEngine:
             own[name].copy_(value)  # state_dict tensors alias the parameters: in place
         self.weight_version = version
 
+    # --- sleeping (SleepingEngine): weights to host memory and back -------------------------------
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer of the model, each shared tensor once (tied embeddings)."""
+        out: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for name, t in [*self.model.named_parameters(), *self.model.named_buffers()]:
+            if id(t) not in seen:
+                seen.add(id(t))
+                out[name] = t
+        return out
+
+    @torch.no_grad()
+    def sleep(self) -> None:
+        """Weights to host memory, their device storage and the allocator's cache released."""
+        if self.asleep:
+            return
+        if self._queue:
+            raise RuntimeError(f"sleep() with {len(self._queue)} prompts queued for streaming; step() them first")
+        tensors = self._tensors()
+        cuda = self.device.type == "cuda"
+        for name, t in tensors.items():
+            if cuda:
+                host = self._host.get(name)
+                if host is None or host.shape != t.shape or host.dtype != t.dtype:
+                    host = self._host[name] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host.copy_(t.data, non_blocking=True)
+            else:  # CPU: the tensor is its own host copy
+                self._host[name] = t.data
+        if cuda:
+            torch.cuda.synchronize(self.device)  # host sync: the copies, once per sleep
+        for t in tensors.values():
+            t.data = torch.empty(0, dtype=t.dtype, device=self.device)
+        if cuda:
+            torch.cuda.empty_cache()
+        self.asleep = True
+
+    @torch.no_grad()
+    def wake(self) -> None:
+        """Weights back on the device as they were at `sleep()`."""
+        if not self.asleep:
+            return
+        cuda = self.device.type == "cuda"
+        for name, t in self._tensors().items():
+            t.data = self._host[name].to(self.device, non_blocking=True) if cuda else self._host[name]
+        if cuda:
+            torch.cuda.synchronize(self.device)  # host sync: the copies, once per wake
+        else:
+            self._host.clear()  # the module holds the tensors again
+        self.asleep = False
+
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]
+        self._host.clear()
 
 
 def _tied_parameter_names(model: torch.nn.Module) -> set[str]:

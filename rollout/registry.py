@@ -45,6 +45,8 @@ class VLLMEngineConfig(VllmEngineSection):
         "float32", description="Model dtype. bf16 log-probs differ from an fp32 recompute by up to ~0.1."
     )
     seed: int = Field(0, ge=0, description="Engine seed (used for requests without their own seed).")
+    sleep_mode: bool = Field(False, description="Build with vLLM's enable_sleep_mode (CUDA only), so the engine can "
+                             "sleep while a learner in the same process steps (`stare train`, system.colocate).")
 
 
 EngineConfig = Annotated[Union[HFEngineConfig, VLLMEngineConfig], Field(discriminator="name")]
@@ -64,7 +66,8 @@ def _build_vllm(config: VLLMEngineConfig) -> RolloutEngine:
     from stare.rollout.vllm_engine import VLLMEngine, engine_args
 
     return VLLMEngine(config.model_path, dtype=config.dtype, seed=config.seed,
-                      cpu_kvcache_space_gib=config.cpu_kvcache_space_gib, **engine_args(config))
+                      cpu_kvcache_space_gib=config.cpu_kvcache_space_gib, sleep_mode=config.sleep_mode,
+                      **engine_args(config))
 
 
 ENGINES: dict[str, tuple[type[BaseModel], Callable[[Any], RolloutEngine]]] = {

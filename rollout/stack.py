@@ -38,9 +38,11 @@ class RolloutStack:
         self.engine.close()
 
 
-def engine_config(cfg: TrainConfig, model_path: Path, engine: str | None = None) -> dict[str, Any]:
+def engine_config(cfg: TrainConfig, model_path: Path, engine: str | None = None, *,
+                  sleep_mode: bool = False) -> dict[str, Any]:
     """The rollout engine's config: the run's `rollout.engine` section (or the named engine's
-    defaults) with the model and dtype (the engine config resolves the transformers engine's device auto)."""
+    defaults) with the model and dtype (the engine config resolves the transformers engine's device auto).
+    `sleep_mode`: vLLM built able to sleep (a colocated `stare train`; the transformers engine always can)."""
     from stare.config import ENGINE_SECTIONS
 
     section = cfg.rollout.engine
@@ -49,13 +51,14 @@ def engine_config(cfg: TrainConfig, model_path: Path, engine: str | None = None)
     out: dict[str, Any] = {**section.model_dump(), "model_path": str(model_path), "dtype": cfg.model.dtype}
     if section.name == "vllm":
         out["seed"] = cfg.run.seed  # requests without a seed of their own (the rollout worker seeds each group)
+        out["sleep_mode"] = sleep_mode
     return out
 
 
 def build_rollout_stack(cfg: TrainConfig, log: Callable[[str], None], *, model_path: Path | None = None,
-                        engine: str | None = None) -> RolloutStack:
+                        engine: str | None = None, sleep_mode: bool = False) -> RolloutStack:
     setup = load_run_setup(cfg, log, model_path)
-    built = build_engine(engine_config(cfg, setup.model_path, engine))
+    built = build_engine(engine_config(cfg, setup.model_path, engine, sleep_mode=sleep_mode))
     agent = None
     if cfg.rollout.tool_use.enabled:
         from stare.rollout.agent_loop import build_tool_agent

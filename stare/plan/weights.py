@@ -53,11 +53,16 @@ def weight_snapshot_bytes(cfg: TrainConfig, shape: ModelShape, b: int, stage: in
 
 def checkpoint_disk(cfg: TrainConfig, shape: ModelShape) -> dict[str, Any]:
     """Disk of the learner's checkpoints (DeepSpeed's files): the fp32 master weights and the two
-    Adam moments, 12 B a parameter, plus the module's weights in the model dtype below ZeRO-3 (under
+    Adam moments, 12 B a trained parameter (with LoRA the adapters' only: the frozen base is not saved), plus the module's weights in the model dtype below ZeRO-3 (under
     ZeRO-3 they are the partitioned master copy). While one is written the `keep` older ones stay
     (pruned once it is whole): keep + 1 at the peak. docs/recipes.md, "Checkpoint disk"."""
     per_param = 12 + (DTYPE_BYTES[cfg.model.dtype] if cfg.optim.zero_stage < 3 and cfg.model.dtype != "float32" else 0)
-    each = per_param * shape.params
+    trained = shape.params
+    if (lora := cfg.model.lora) is not None:  # the checkpoint holds the adapters (their weights and optimizer state)
+        from stare.plan.sizes import lora_params
+
+        trained = lora_params(shape, lora.target_modules, lora.r)
+    each = per_param * trained
     r = cfg.run
     return {"bytes": each, "every": r.checkpoint_every, "keep": r.keep_checkpoints, "peak_bytes": (r.keep_checkpoints + 1) * each,
             "written_bytes": -(-r.steps // r.checkpoint_every) * each}

@@ -49,6 +49,10 @@ def test_cpu_tiny_learner_figures_follow_their_definitions(tmp_path):
     assert pub["same_bytes"] and pub["device"]["bytes"] == pub["host"]["bytes"] == STATE_BYTES  # tied head twice
     assert pub["device"]["devices"] == pub["host"]["devices"] == ["cpu"]  # CPU: the tensors' own device
     assert "train" not in result
+    c = r["colocate"]  # the colocated cycle (hf engine asleep, optimizer offloaded, back): on CPU nothing moves
+    assert c["weights_restored"] and c["sample_logprobs_finite"] and c["sampled_tokens"] > 0
+    assert c["engine_weight_bytes"] >= 4 * TINY_PARAMS and c["optimizer_state_bytes"] > 0
+    assert c["offload"].startswith("deepspeed offload_states") and c["engine_freed_bytes"] == 0
 
 
 def test_cpu_tiny_learner_under_zero3_publishes_the_gathered_weights(tmp_path):
@@ -61,5 +65,5 @@ def test_cpu_tiny_learner_under_zero3_publishes_the_gathered_weights(tmp_path):
 def test_cpu_tiny_runs_stare_train_too(tmp_path):
     result = run_smoke(tmp_path, "--train-steps", "2")
     t = result["train"]
-    assert t["steps"] == 2 and t["last"]["step"] == 2
+    assert t["steps"] == 2 and t["last"]["step"] == 2 and t["colocated"]  # system.colocate=on
     assert (tmp_path / "runs" / "gpu-smoke-train" / "metrics.jsonl").is_file()

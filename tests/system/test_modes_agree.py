@@ -65,6 +65,24 @@ def _weights(run_dir: Path) -> dict:
     return load_file(run_dir / "hf" / "model.safetensors")
 
 
+def _assert_same_weights(got: dict, want: dict, *, start: dict) -> None:
+    """The same weights up to the order of float sums. Adam turns a gradient element that is ~0 under one
+    reduction order and ~1e-9 under another into different steps of up to ~lr each, so with 2 ZeRO-3 ranks
+    (gradients reduce-scattered) an element or two may land a fraction of lr apart on some CPUs (seen on an
+    AMX Xeon: 1 of 16,384 elements of one tensor 2.6e-5 apart at lr 3e-4, every other element within 1e-6),
+    while a wrong batch or a missed step moves whole tensors (and the step metrics, compared above, catch a
+    mis-scaled gradient Adam would hide). So each tensor is within 1% of its own update's norm (seen: at most
+    0.03%), and at most 1 element in 10,000 (model-wide) is more than 1e-5 apart."""
+    off = total = 0
+    for name, tensor in want.items():
+        diff = (got[name].float() - tensor.float()).abs()  # [*shape]
+        update = (tensor.float() - start[name].float()).norm()
+        assert float(diff.norm()) <= 1e-2 * float(update) + 1e-6, (name, float(diff.norm()), float(update))
+        off += int((diff > 1e-5).sum())
+        total += tensor.numel()
+    assert off <= total // 10_000, f"{off} of {total} elements more than 1e-5 apart"
+
+
 @pytest.mark.parametrize("learner_ranks,zero_stage,streaming", [(1, 1, False), (2, 3, False), (1, 1, True)],
                          ids=["1-rank", "2-ranks-zero3", "1-rank-rollout-streaming"])
 def test_stare_up_trains_the_same_trajectories_with_the_same_metrics_and_weights_as_stare_train(
@@ -99,8 +117,7 @@ def test_stare_up_trains_the_same_trajectories_with_the_same_metrics_and_weights
             assert d[key] == pytest.approx(e[key], abs=1e-5, rel=1e-5), (e["step"], key, e[key], d[key])
     weights_e, weights_d = _weights(embedded), _weights(distributed)
     assert weights_d.keys() == weights_e.keys()
-    for name, tensor in weights_e.items():
-        torch.testing.assert_close(weights_d[name], tensor, rtol=0, atol=1e-5, msg=name)
+    _assert_same_weights(weights_d, weights_e, start=load_file(tiny_model_dir / "model.safetensors"))
     # held-out: in process for `stare train`, through the streams (rollout and reward workers) for
     # `stare up`; the same problems, seeds and weights give the same numbers
     evals_e, evals_d = _lines(embedded / "eval.jsonl"), _lines(distributed / "eval.jsonl")

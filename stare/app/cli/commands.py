@@ -185,8 +185,15 @@ def cmd_plan(args) -> int:
         gpu_mem = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
     gpus = args.gpus if args.gpus is not None else cfg.system.learner_ranks
     plan_shape = load_model_shape(cfg, args.model_config)
-    plan = build_plan(cfg, gpus=gpus, gpu_mem_gib=gpu_mem, shape=plan_shape,
-                      prompt_tokens=args.prompt_tokens, config_name=str(args.config or default_config_path()))
+    name = str(args.config or default_config_path())
+    if args.gpus == 1 and cfg.system.colocate != "off":  # one GPU: stare train's colocated loop
+        from stare.plan.colocate import build_one_gpu_plan
+
+        plan = build_one_gpu_plan(cfg, gpu_mem_gib=gpu_mem, shape=plan_shape, prompt_tokens=args.prompt_tokens,
+                                  config_name=name)
+    else:
+        plan = build_plan(cfg, gpus=gpus, gpu_mem_gib=gpu_mem, shape=plan_shape, prompt_tokens=args.prompt_tokens,
+                          config_name=name)
     print(render_json(plan) if args.json else render(plan))
     if args.node_gpus is not None:  # the placement and throughput stare sim models (stare/app/sim/placement.py)
         from stare.app.sim.placement import plan_text

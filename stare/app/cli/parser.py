@@ -102,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "exit status 1 when a role does not fit")
     _config_args(p)
     p.add_argument("--gpus", type=int, default=None,
-                   help="learner GPUs (ZeRO data-parallel ranks; default: system.learner_ranks)")
+                   help="learner GPUs (ZeRO data-parallel ranks; default: system.learner_ranks, rollout on GPUs of its own); "
+                   "--gpus 1: one GPU shared by the learner and the rollout engine of `stare train`, the engine asleep "
+                   "while the learner steps (system.colocate; off: the two-GPU plan)")
     p.add_argument("--gpu-mem-gib", type=float, default=None,
                    help="memory of each GPU in GiB (default: this machine's first CUDA device, else 80)")
     p.add_argument("--model-config", type=Path, default=None,

@@ -147,6 +147,7 @@ class EmbeddedRun:
 
     def __init__(self, cfg: TrainConfig, *, resume: bool, log: Callable[[str], None] = print,
                  steering: RunSteering | None = None):
+        from stare.app.launch.colocate import Colocation, colocated, offload_wanted
         from stare.data.feeder import build_feeder
         from stare.learner.groups import GroupCollector, MemoryDecisionLog
         from stare.learner.session import MemoryCursor, SessionSeams, TrainingSession, seed_everything
@@ -162,12 +163,17 @@ class EmbeddedRun:
         self.run_dir = cfg.run_dir
         self.stop = StopFlag()
         seed_everything(cfg)
-        self.stack = build_rollout_stack(cfg, log)
+        shared = colocated(cfg)  # one GPU: the engine sleeps while the learner steps (stare/app/launch/colocate.py)
+        self.stack = build_rollout_stack(cfg, log, sleep_mode=shared)
+        if shared:
+            self.stack.engine.sleep()  # before the learner takes its memory
         setup = self.stack.setup
         self.tokenizer, self.task = setup.tokenizer, setup.task
         self.learner = Learner(cfg, setup.model_path, pad_id=self.tokenizer.pad_token_id or 0)
         self.transport = MemoryTransport()
-        self.board = MemoryWeightBoard()
+        if shared:  # the published weights wait in host memory while the learner steps (fresh copies: not copied again)
+            self.learner.publish_from = "host"
+        self.board = MemoryWeightBoard(copy=not shared)
         r = cfg.rollout
         feeder = build_feeder(cfg, self.task, self.tokenizer, log)
         self.rollout = RolloutWorker(
@@ -183,9 +189,20 @@ class EmbeddedRun:
                                    dead_letters=training_dead_letters(self.transport))
         if steering is None:  # no control plane: the same loop, its requests never come
             steering = RunSteering(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s)
+        evaluator = StackEvaluator(self.stack, cfg)
+        self.colocation = None
+        if shared:
+            import torch
+
+            offload = offload_wanted(cfg, setup.model_path, torch.cuda.is_available(), log)
+            self.colocation = Colocation(self.stack.engine, self.rollout.sync_weights, learner_engine=self.learner.engine,
+                                         offload=offload)
+            evaluator = self.colocation.evaluating(evaluator)
+            log(f"colocated: the {cfg.rollout.engine.name} engine sleeps while the learner steps"
+                + ("; the optimizer state waits in host memory while it samples" if offload else ""))
         seams = SessionSeams(
             transport=self.transport, publisher=self.board, steering=steering, cursor=MemoryCursor(),
-            evaluator=StackEvaluator(self.stack, cfg), should_stop=lambda: self.stop.requested,
+            evaluator=evaluator, should_stop=lambda: self.stop.requested,
             wait=time.sleep, pump=self._pump,
         )
         # embedded rollout samples with the newest weights: strictly on-policy
@@ -201,7 +218,11 @@ class EmbeddedRun:
 
     def _pump(self, fill_round: int) -> None:
         """One synchronous round of the in-process workers: sample every pending prompt, score it."""
-        self.rollout.run_once(max_prompts=self.cfg.rollout.prompts_per_step)
+        if self.colocation is None:
+            self.rollout.run_once(max_prompts=self.cfg.rollout.prompts_per_step)
+        elif self.transport.prompts.backlog():  # wake the engine only when there is something to sample
+            with self.colocation.awake():
+                self.rollout.run_once(max_prompts=self.cfg.rollout.prompts_per_step)
         self.reward.run_once()
 
     def sample(self) -> tuple[list, list[str], dict[str, Any]]:
@@ -221,6 +242,11 @@ class EmbeddedRun:
         return self.session.run(on_step)  # a RunOutcome (learner/outcome.py)
 
     def close(self) -> None:
+        if self.colocation is not None:
+            e = self.colocation.events
+            self.log(f"colocated: {e['wakes']:.0f} wakes; wake + weights {e['wake_s']:.1f} s, sleep {e['sleep_s']:.1f} s"
+                     + (f", optimizer offload {e['offload_s']:.1f} s, reload {e['reload_s']:.1f} s" if self.colocation.offload
+                        else "") + " in all")
         self.session.close()
         self.stack.close()
 

