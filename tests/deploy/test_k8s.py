@@ -25,7 +25,8 @@ from stare.config import build_config, load_config
 K8S = REPO / "deploy" / "k8s"
 TARGETS = ["base", "overlays/gpu", "overlays/cpu-dev"]
 KUBE_VERSIONS = ["1.30", "1.37"]  # the oldest still-supported minor we target and kubernetes-validate's newest
-WORKLOADS = {"Deployment", "StatefulSet"}
+WORKLOADS = {"Deployment", "StatefulSet", "Job"}
+ROLE_KINDS = {"Deployment", "Job"}  # the stare roles: the learner is a Job, the others Deployments
 ROLE_PORTS = {"control": 8321}
 
 
@@ -137,7 +138,7 @@ def test_redis_is_closed_to_everything_but_the_runs_pods(rendered, target):
     secret = next(o for o in rendered[target] if o["kind"] == "Secret" and o["metadata"]["name"].startswith("stare-redis"))
     assert set(secret_of.values()) == {secret["metadata"]["name"]}
     for pod_labels, c in ((o["spec"]["template"]["metadata"]["labels"], c) for o in rendered[target]
-                          if o["kind"] == "Deployment" for c in containers(o)):
+                          if o["kind"] in ROLE_KINDS for c in containers(o)):
         env = {e["name"]: e.get("value") for e in c.get("env", [])}
         (mount,) = [m["mountPath"] for m in c["volumeMounts"] if m["name"] == "redis-password"]
         assert env["STARE_REDIS_PASSWORD_FILE"] == f"{mount}/password", pod_labels
@@ -147,7 +148,7 @@ def test_redis_is_closed_to_everything_but_the_runs_pods(rendered, target):
     (allowed,) = rule["from"][0]["podSelector"]["matchExpressions"]
     assert rule["from"][1]["podSelector"]["matchLabels"] == {"ray.io/cluster": "stare"}  # deploy/ray's cluster
     role_pods = {o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
-                 for o in rendered[target] if o["kind"] == "Deployment"}
+                 for o in rendered[target] if o["kind"] in ROLE_KINDS}
     assert set(allowed["values"]) == role_pods and rule["ports"] == [{"protocol": "TCP", "port": 6379}]
 
 
@@ -158,7 +159,8 @@ def test_every_role_and_redis_is_deployed(rendered, target):
     redis = named(rendered, target, "StatefulSet", "stare-redis")
     assert redis["spec"]["volumeClaimTemplates"][0]["spec"]["accessModes"] == ["ReadWriteOnce"]
     assert "--appendonly" in containers(redis)[0]["args"]
-    assert named(rendered, target, "Deployment", "stare-learner")["spec"]["replicas"] == 1
+    learner = named(rendered, target, "Job", "stare-learner")["spec"]
+    assert learner["parallelism"] == learner["completions"] == 1
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -249,7 +251,10 @@ def test_references_resolve(rendered, target):
     for w in objects(rendered, target):
         if w["kind"] not in WORKLOADS:
             continue
-        assert w["spec"]["selector"]["matchLabels"].items() <= w["spec"]["template"]["metadata"]["labels"].items()
+        if w["kind"] == "Job":  # the Job controller sets the selector (a manual one needs manualSelector)
+            assert "selector" not in w["spec"] and "manualSelector" not in w["spec"], w["metadata"]["name"]
+        else:
+            assert w["spec"]["selector"]["matchLabels"].items() <= w["spec"]["template"]["metadata"]["labels"].items()
         for vol in w["spec"]["template"]["spec"].get("volumes", []):
             if "configMap" in vol:
                 assert ("ConfigMap", vol["configMap"]["name"]) in names
@@ -323,8 +328,8 @@ def test_control_plane_trusts_only_its_service_names_and_localhost(rendered, tar
 def test_gpu_overlay_lets_nccl_see_one_host_per_node(rendered):
     """Learner and rollout pods on one node: hostIPC, the node's /dev/shm (not a per-pod emptyDir),
     and NCCL_HOSTID = the node's name (#24)."""
-    for name in ("stare-learner", "stare-rollout"):
-        pod = named(rendered, "overlays/gpu", "Deployment", name)["spec"]["template"]["spec"]
+    for kind, name in (("Job", "stare-learner"), ("Deployment", "stare-rollout")):
+        pod = named(rendered, "overlays/gpu", kind, name)["spec"]["template"]["spec"]
         assert pod["hostIPC"] is True, name
         shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
         assert shm == {"name": "dshm", "hostPath": {"path": "/dev/shm", "type": "Directory"}}, name
@@ -347,3 +352,38 @@ def test_liveness_probes_are_derived_from_stall_s(rendered, target):
         probe = c["livenessProbe"]
         assert probe["periodSeconds"] * probe.get("failureThreshold", 3) <= stall_s, w["metadata"]["name"]
         assert probe.get("timeoutSeconds", 1) < probe["periodSeconds"], w["metadata"]["name"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_learner_is_a_job_that_restarts_only_on_failure(rendered, target):
+    """A finished run stays finished, as under compose's `restart: on-failure` (docs/deploy.md): the
+    learner is a Job whose pod restarts on a failure (backoffLimit times) and completes on exit 0; one
+    pod at a time (a replacement only after the old pod terminated); no TTL deletes the finished
+    Job's status (nor lets `kubectl apply -k` start the finished run's learner again)."""
+    (learner,) = [w for w, c in stare_containers(rendered, target) if c["args"][0] == "learner"]
+    assert (learner["apiVersion"], learner["kind"], learner["metadata"]["name"]) == ("batch/v1", "Job", "stare-learner")
+    spec = learner["spec"]
+    assert spec["template"]["spec"]["restartPolicy"] == "OnFailure"
+    assert 1 <= spec["backoffLimit"] <= 10
+    assert spec["podReplacementPolicy"] == "Failed"
+    assert "ttlSecondsAfterFinished" not in spec and "activeDeadlineSeconds" not in spec
+
+
+def _shipped_pod_owners():
+    """(file, document) for every shipped manifest under deploy/ with a pod template, overlays' patches included."""
+    return [(p.relative_to(REPO).as_posix(), d) for p in sorted((REPO / "deploy").rglob("*.yaml"))
+            for d in yaml.safe_load_all(p.read_text()) if isinstance(d, dict) and "template" in d.get("spec", {})]
+
+
+def test_no_shipped_manifest_restarts_the_learner_after_a_clean_exit():
+    """Every manifest (base, overlay patch, any other) that runs or patches the learner's pod is a Job
+    with restartPolicy OnFailure or Never: a Deployment's or StatefulSet's pods restart Always, so
+    Kubernetes would start a finished run's learner again, and a patch of another kind fails to apply."""
+    learners = [(f, d) for f, d in _shipped_pod_owners()
+                if d["metadata"]["name"] == "stare-learner"
+                or any(c.get("args", [None])[0] == "learner" for c in d["spec"]["template"].get("spec", {}).get("containers", []))]
+    assert {f for f, _ in learners} >= {"deploy/k8s/base/learner.yaml", "deploy/k8s/overlays/gpu/gpu-nodes.yaml",
+                                        "deploy/k8s/overlays/cpu-dev/cpu-resources.yaml"}
+    for f, d in learners:
+        assert (d["apiVersion"], d["kind"]) == ("batch/v1", "Job"), f
+        assert d["spec"]["template"]["spec"].get("restartPolicy", "OnFailure") in {"OnFailure", "Never"}, f
