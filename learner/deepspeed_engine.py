@@ -18,6 +18,7 @@ import torch
 
 from stare.runtime.net import free_port
 from stare.runtime.paths import cache_dir
+from stare.weight_sync.buckets import tensor_aliases
 
 LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # fp16: DeepSpeed's dynamic loss scaling (the reference's fp16 setting): start at 2^16, halve on an
@@ -177,7 +178,12 @@ def full_state_dict(engine, keep: bool = True, *, where: str = "host", snapshot:
         return t.clone() if (gathered or snapshot) else t
 
     if engine.zero_optimization_stage() != 3:
-        out = {k: take(v, False) for k, v in module.state_dict().items()} if keep else {}
+        out = {}
+        if keep:
+            state = module.state_dict()
+            aliases = tensor_aliases(state)  # tied weights: one copy, every name (the broadcast sends it once)
+            for name, value in state.items():
+                out[name] = out[aliases[name]] if name in aliases else take(value, False)
     else:
         import deepspeed
 
@@ -266,6 +272,11 @@ class HostSnapshot(Mapping):
     def meta(self) -> list[tuple[str, torch.Size, torch.dtype]]:
         """Names, shapes and dtypes without waiting for the copies (stare.weight_sync.buckets.state_meta)."""
         return [(k, v.shape, v.dtype) for k, v in self._tensors.items()]
+
+    def aliases(self) -> dict[str, str]:
+        """The tied weights (one copy under several names) without waiting for the copies
+        (stare.weight_sync.buckets.state_aliases)."""
+        return tensor_aliases(self._tensors)
 
 
 def _hold_updates(engine, event) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from stare.weight_sync.buckets import tensor_aliases
+
 ADAPTER = "default"  # peft's adapter name
 
 
@@ -55,10 +57,15 @@ def merged_state_dict(model: nn.Module, where: str = "host") -> dict[str, torch.
             if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
                 deltas[f"{name}.weight"] = module.get_delta_weight(ADAPTER)  # (alpha / r) B A, [out, in]
         out: dict[str, torch.Tensor] = {}
-        for name, tensor in base.state_dict().items():
+        state = base.state_dict()
+        aliases = tensor_aliases(state)  # tied weights: one copy, every name (the broadcast sends it once)
+        for name, tensor in state.items():
             if ".lora_" in name:
                 continue
             clean = name.replace(".base_layer.", ".")
+            if clean not in deltas and name in aliases and aliases[name].replace(".base_layer.", ".") in out:
+                out[clean] = out[aliases[name].replace(".base_layer.", ".")]
+                continue
             merged = tensor + deltas[clean].to(tensor.dtype) if clean in deltas else tensor
             out[clean] = merged.detach().to("cpu" if where == "host" else merged.device, copy=True)
     return out

@@ -19,6 +19,14 @@ before it pulls message k+1 (the bucket of k-1 is then rewritten). So the next i
 taken while the previous tensor's sends may still run: a lazy mapping must not rewrite item i's
 memory for item i+1 (fresh tensors per item are fine). Empty tensors travel in the layout only.
 
+Tied weights (one storage under several names, e.g. `lm_head.weight` and
+`model.embed_tokens.weight` with tied embeddings: 0.47 GB of bf16 for Qwen2.5-Math-1.5B) travel
+once: `state_aliases` finds them (same storage, offset, shape, stride and dtype; a lazy mapping says
+them through `aliases()`), the layout gives a later name the (segment, offset) of its first one, and
+the sender skips every entry whose bytes it already placed. So two non-empty entries share a
+(segment, offset) exactly when they are one tensor, and the receiver's views of the two names are
+views of the same bytes: the alias is restored and every name arrives.
+
 Receiver (`Segments`): one contiguous uint8 buffer per segment, reused across versions with the same
 segment sizes; every tensor is a view into one segment (bit-identical, no copy).
 """
@@ -91,16 +99,51 @@ def state_meta(state: Mapping[str, torch.Tensor]) -> list[Meta]:
     return [(name, list(value.shape), str(value.dtype)) for name, value in state.items()]
 
 
-def plan_layout(meta: list[Meta], bucket_bytes: int, pack_bytes: int) -> Layout:
+def tensor_aliases(tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """name -> the first earlier name that is the same tensor (tied weights): same storage, offset,
+    shape, stride and dtype. Reads no tensor's data (a pending device-to-host copy is not waited for)."""
+    first: dict[tuple, str] = {}
+    aliases = {}
+    for name, t in tensors.items():
+        if t.numel() == 0 or t.device.type == "meta":  # a meta tensor has no storage to share
+            continue
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if key in first:
+            aliases[name] = first[key]
+        else:
+            first[key] = name
+    return aliases
+
+
+def state_aliases(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """The tied weights of `state` (`tensor_aliases`). A lazy mapping (one with `meta()`) is not
+    iterated for them: it says them through `aliases()`, and without one every name is sent."""
+    aliases = getattr(state, "aliases", None)
+    if aliases is not None:
+        return aliases()
+    return {} if hasattr(state, "meta") else tensor_aliases(state)
+
+
+def plan_layout(meta: list[Meta], bucket_bytes: int, pack_bytes: int, aliases: Mapping[str, str] | None = None) -> Layout:
     """The layout of a version (pure). A tensor larger than `pack_bytes` closes the open bucket and
-    takes a segment of its own, so segments are in iteration order and the sender never goes back."""
+    takes a segment of its own, so segments are in iteration order and the sender never goes back.
+    `aliases` (name -> an earlier name with the same shape and dtype): the name gets its original's
+    place and no bytes of its own."""
     entries: list[LayoutEntry] = []
     segments: list[int] = []
+    placed: dict[str, LayoutEntry] = {}
     fill = None  # the open packed segment's fill (None: none open)
     for name, shape, dtype in meta:
         if dtype not in DTYPES:
             raise TypeError(f"weight {name}: dtype {dtype} cannot be broadcast (supported: {sorted(DTYPES)})")
         n = _nbytes(shape, dtype)
+        original = placed.get((aliases or {}).get(name, ""))
+        if original is not None and n > 0:
+            if (original[1], original[2]) != (shape, dtype):
+                raise ValueError(f"weight {name} {shape} {dtype} is tied to {original[0]} {original[1]} {original[2]}: "
+                                 "an alias must have its original's shape and dtype")
+            entries.append((name, shape, dtype, original[3], original[4]))
+            continue
         if n == 0:
             entries.append((name, shape, dtype, EMPTY, 0))
         elif n > pack_bytes:
@@ -114,6 +157,7 @@ def plan_layout(meta: list[Meta], bucket_bytes: int, pack_bytes: int) -> Layout:
             offset = _aligned(fill)
             entries.append((name, shape, dtype, len(segments) - 1, offset))
             fill = segments[-1] = offset + n
+        placed[name] = entries[-1]
     return Layout(entries, segments, bucket_bytes)
 
 
@@ -141,20 +185,22 @@ class BucketPacker:
         return self._buckets[k % 2]
 
     def layout(self, state: Mapping[str, torch.Tensor]) -> Layout:
-        return plan_layout(state_meta(state), self.bucket_bytes, self.pack_bytes)
+        return plan_layout(state_meta(state), self.bucket_bytes, self.pack_bytes, state_aliases(state))
 
     def messages(self, state: Mapping[str, torch.Tensor], layout: Layout) -> Iterator[Message]:
         """The messages of one version, exactly `layout.messages()`, from one pass over `state`."""
         planned = iter(layout.entries)
         open_seg, bucket, sent = EMPTY, None, 0  # the packed segment being filled, its bucket; messages so far
+        placed: set[tuple[int, int]] = set()  # (segment, offset) of every tensor sent: a tied name's is skipped
         for name, value in state.items():  # the one pass
             entry = next(planned, None)
             if entry is None or (entry[0], entry[1], entry[2]) != (name, list(value.shape), str(value.dtype)):
                 raise ValueError(f"weight {name} {list(value.shape)} {value.dtype} is not the planned {entry}: the state "
                                  "changed between its layout and its pass")
             _, shape, dtype, segment, offset = entry
-            if segment == EMPTY:
+            if segment == EMPTY or (segment, offset) in placed:
                 continue
+            placed.add((segment, offset))
             data = as_bytes(value, self.device)
             if segment != open_seg and bucket is not None:  # the open bucket is complete
                 yield Message(open_seg, 0, bucket[:layout.segments[open_seg]])
