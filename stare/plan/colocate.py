@@ -11,7 +11,8 @@ Two phases take turns on the GPU; each must fit in HEADROOM x its memory:
                    buffers, CUDA graphs: an estimate, not measured here); the hf engine nothing.
     sampling       the learner's resident state: its model states, or with the optimizer offloaded
                    only its weights (b x P, plus b x T adapter weights with LoRA; the fp32 master
-                   weights, Adam moments and gradient partitions wait in host memory)
+                   weights, Adam moments and gradient partitions wait in host memory; at ZeRO-0 only
+                   the Adam moments move, 8 B a trained parameter)
                    + the engine awake: vLLM's whole share, gpu_memory_utilization x GPU memory
                    (weights, forward reserve, KV cache); the hf engine its weights and the KV cache
                    of one call (prompts_per_step x samples_per_prompt rows, at most max_batch_size).
@@ -97,11 +98,16 @@ def _engine_phases(cfg: TrainConfig, shape: ModelShape, mem: int, seq: int) -> t
 
 
 def _resident(cfg: TrainConfig, shape: ModelShape, states: int) -> tuple[int, str]:
-    """The learner's bytes on the GPU while it does not step, its optimizer offloaded."""
+    """The learner's bytes on the GPU while it does not step, its optimizer offloaded. ZeRO-0 moves only
+    the torch optimizer's Adam moments (8 B a trained parameter; learner/deepspeed_engine.py
+    `offload_optimizer_states`): DeepSpeed's fp16/bf16 wrapper keeps its fp32 master copy on the GPU."""
     b = DTYPE_BYTES[cfg.model.dtype]
-    if (lora := cfg.model.lora) is not None:
-        t = lora_params(shape, lora.target_modules, lora.r)
-        return min(b * (shape.params + t), states), f"frozen base + adapter weights in {cfg.model.dtype}"
+    lora = cfg.model.lora
+    trained = lora_params(shape, lora.target_modules, lora.r) if lora is not None else shape.params
+    if cfg.optim.zero_stage == 0:
+        return max(states - 8 * trained, 0), "all but the Adam moments (ZeRO-0 offloads only those)"
+    if lora is not None:
+        return min(b * (shape.params + trained), states), f"frozen base + adapter weights in {cfg.model.dtype}"
     return min(b * shape.params, states), f"the weights in {cfg.model.dtype}"
 
 
