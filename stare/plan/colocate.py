@@ -120,6 +120,14 @@ def plan_one_gpu(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
     step, stages = plan_learner(embedded_view(cfg), shape, gpus=1, gpu_mem_bytes=mem, seq_tokens=seq,
                                 beside=(Item("engine asleep", asleep, asleep_note),))
     step.title = f"learner step, the engine asleep (1 x {mem / GIB:.0f} GiB GPU)"
+    more = [f for f in step.fixes if f.field == "learner GPUs"]
+    if more:  # more learner GPUs is no change to a one-GPU plan: say what is (adapters, or the distributed roles)
+        step.fixes = [f for f in step.fixes if f.field != "learner GPUs"]
+        if cfg.model.lora is None:
+            step.fixes.append(Fix("model.lora", None, "train adapters: the learner's states shrink to the frozen "
+                                  "base and the adapters' optimizer state"))
+        step.fixes.append(Fix("system.colocate", "off", f"the learner on GPUs of its own ({more[0].relation} "
+                              f"{more[0].value} learner GPUs: stare plan --gpus N), the rollout engine on others"))
     stage = cfg.optim.zero_stage
     states = stages[stage]["bytes"]
     weights_only, what = _resident(cfg, shape, states)

@@ -116,3 +116,16 @@ def test_at_zero_0_the_offload_moves_only_the_adam_moments():
     lora = _plan(24, "optim.zero_stage=0", "system.colocate_offload=optimizer").roles[1]
     t = (lora.extra["learner_states_bytes"] - 2 * P) // 16
     assert _items(lora)["learner resident"] == 2 * P + 8 * t
+
+
+def test_a_learner_too_large_for_one_gpu_is_not_told_to_take_more_learner_gpus():
+    # full training of the 7B model: 129.7 GiB of ZeRO-3 states cannot share one 24 GB GPU with anything;
+    # the two-GPU plan's "learner GPUs >= N" is no change to a one-GPU plan: adapters, or colocation off
+    cfg = load_config(REPO / "configs" / "paper" / "short-cot-qwen2.5-math-7b-stare.yaml")
+    plan = build_one_gpu_plan(cfg, gpu_mem_gib=24, shape=load_model_shape(cfg, REPO / "configs" / "models" /
+                                                                          "qwen2.5-math-7b.json"))
+    step = plan.roles[0]
+    assert not step.fits and "learner GPUs" not in [f.field for f in step.fixes]
+    assert "model.lora" in [f.field for f in step.fixes]
+    off = next(f for f in step.fixes if f.field == "system.colocate")
+    assert off.override == "system.colocate=off" and ">= 10 learner GPUs" in off.why
