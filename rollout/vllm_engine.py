@@ -304,7 +304,11 @@ class VLLMEngine:
                                "sleep_mode=True; stare train does so when system.colocate is on)")
         if self._requests:
             raise RuntimeError(f"sleep() with {len(self._requests)} streaming prompts in the engine; step() them first")
-        self.llm.reset_prefix_cache()  # LLM.sleep resets it too; said here: no KV of before survives a sleep
+        # level 1 discards the KV cache's contents: a prefix-cache entry kept through the sleep would point at
+        # garbage after the wake (prefix caching on: wrong samples, silently), so the reset must succeed
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("sleep(): vLLM refused to reset its prefix cache (requests still running?); the engine "
+                               "stays awake")
         self.llm.sleep(level=1)
         self.asleep = True
 

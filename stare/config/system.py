@@ -32,8 +32,9 @@ class SystemSection(_Section):
     colocate_offload: Literal["auto", "none", "optimizer"] = Field(
         "auto", description="Colocated: what of the learner leaves the GPU while the engine samples. optimizer: its "
         "optimizer state (fp32 master weights, Adam moments) and gradient partitions go to pinned host memory and "
-        "come back before each step (DeepSpeed's offload_states/reload_states; ZeRO-0: the torch optimizer's "
-        "moments); costs two host copies of that state per step. none: everything stays. auto: optimizer when "
+        "come back as the engine sleeps again (DeepSpeed's offload_states/reload_states; ZeRO-0: the torch "
+        "optimizer's moments, the fp16/bf16 wrapper's fp32 master copy stays); costs two host copies of that state "
+        "per wake (each sampling round of a step, each evaluation). none: everything stays. auto: optimizer when "
         "`stare plan --gpus 1` says the awake engine does not fit beside the resident learner, else none "
         "(none on CPU).",
     )

@@ -11,7 +11,8 @@ Two phases take turns on the GPU; each must fit in HEADROOM x its memory:
                    buffers, CUDA graphs: an estimate, not measured here); the hf engine nothing.
     sampling       the learner's resident state: its model states, or with the optimizer offloaded
                    only its weights (b x P, plus b x T adapter weights with LoRA; the fp32 master
-                   weights, Adam moments and gradient partitions wait in host memory)
+                   weights, Adam moments and gradient partitions wait in host memory; at ZeRO-0 only
+                   the Adam moments move, 8 B a trained parameter)
                    + the engine awake: vLLM's whole share, gpu_memory_utilization x GPU memory
                    (weights, forward reserve, KV cache); the hf engine its weights and the KV cache
                    of one call (prompts_per_step x samples_per_prompt rows, at most max_batch_size).
@@ -97,11 +98,16 @@ def _engine_phases(cfg: TrainConfig, shape: ModelShape, mem: int, seq: int) -> t
 
 
 def _resident(cfg: TrainConfig, shape: ModelShape, states: int) -> tuple[int, str]:
-    """The learner's bytes on the GPU while it does not step, its optimizer offloaded."""
+    """The learner's bytes on the GPU while it does not step, its optimizer offloaded. ZeRO-0 moves only
+    the torch optimizer's Adam moments (8 B a trained parameter; learner/deepspeed_engine.py
+    `offload_optimizer_states`): DeepSpeed's fp16/bf16 wrapper keeps its fp32 master copy on the GPU."""
     b = DTYPE_BYTES[cfg.model.dtype]
-    if (lora := cfg.model.lora) is not None:
-        t = lora_params(shape, lora.target_modules, lora.r)
-        return min(b * (shape.params + t), states), f"frozen base + adapter weights in {cfg.model.dtype}"
+    lora = cfg.model.lora
+    trained = lora_params(shape, lora.target_modules, lora.r) if lora is not None else shape.params
+    if cfg.optim.zero_stage == 0:
+        return max(states - 8 * trained, 0), "all but the Adam moments (ZeRO-0 offloads only those)"
+    if lora is not None:
+        return min(b * (shape.params + trained), states), f"frozen base + adapter weights in {cfg.model.dtype}"
     return min(b * shape.params, states), f"the weights in {cfg.model.dtype}"
 
 
@@ -114,6 +120,14 @@ def plan_one_gpu(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
     step, stages = plan_learner(embedded_view(cfg), shape, gpus=1, gpu_mem_bytes=mem, seq_tokens=seq,
                                 beside=(Item("engine asleep", asleep, asleep_note),))
     step.title = f"learner step, the engine asleep (1 x {mem / GIB:.0f} GiB GPU)"
+    more = [f for f in step.fixes if f.field == "learner GPUs"]
+    if more:  # more learner GPUs is no change to a one-GPU plan: say what is (adapters, or the distributed roles)
+        step.fixes = [f for f in step.fixes if f.field != "learner GPUs"]
+        if cfg.model.lora is None:
+            step.fixes.append(Fix("model.lora", None, "train adapters: the learner's states shrink to the frozen "
+                                  "base and the adapters' optimizer state"))
+        step.fixes.append(Fix("system.colocate", "off", f"the learner on GPUs of its own ({more[0].relation} "
+                              f"{more[0].value} learner GPUs: stare plan --gpus N), the rollout engine on others"))
     stage = cfg.optim.zero_stage
     states = stages[stage]["bytes"]
     weights_only, what = _resident(cfg, shape, states)

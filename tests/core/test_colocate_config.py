@@ -53,3 +53,22 @@ def test_hf_engine_on_another_gpu_is_not_colocated(monkeypatch):
 def test_vllm_colocated_on_cpu_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match=r"system.colocate: on with rollout.engine.name=vllm needs a CUDA GPU"):
         colocated(build_config({}, overrides=["rollout.engine=vllm", "system.colocate=on"]), cuda=False)
+
+
+@pytest.mark.parametrize("var", ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"])
+@pytest.mark.parametrize("setting", ["auto", "on"])
+def test_vllm_colocated_with_expandable_segments_is_refused_naming_the_variable_and_the_fix(var, setting, monkeypatch):
+    # vLLM's CuMem allocator (its sleep mode) asserts that expandable segments are off, at engine start
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setenv(var, "max_split_size_mb:512,expandable_segments:True")
+    cfg = build_config({}, overrides=["rollout.engine=vllm", f"system.colocate={setting}"])
+    with pytest.raises(ConfigError) as err:
+        colocated(cfg, cuda=True)
+    assert var in str(err.value) and "system.colocate=off" in str(err.value)
+    monkeypatch.setenv(var, "expandable_segments:False")
+    assert colocated(cfg, cuda=True) is True
+    off = build_config({}, overrides=["rollout.engine=vllm", "system.colocate=off"])
+    monkeypatch.setenv(var, "expandable_segments:True")
+    assert colocated(off, cuda=True) is False  # not colocated: vLLM is built without sleep mode

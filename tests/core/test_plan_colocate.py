@@ -103,3 +103,29 @@ def test_cli_plan_gpus_1_prints_the_colocated_plan_and_its_verdict(capsys):
     assert "colocated" not in capsys.readouterr().out
     assert main([*args, "--gpus", "1", "--set", "rollout.engine.gpu_memory_utilization=0.95"]) == 1
     assert "change: rollout.engine.gpu_memory_utilization <= " in capsys.readouterr().out
+
+
+def test_at_zero_0_the_offload_moves_only_the_adam_moments():
+    # ZeRO-0 offloads the torch optimizer's moments only (learner/deepspeed_engine.py): DeepSpeed's bf16
+    # wrapper keeps its fp32 master copy on the GPU. Full training, bf16: the states are
+    # estimate_zero2 on one GPU, 4P + 16P = 20P; resident with the moments (2 x 4P fp32) offloaded: 12P
+    sampling = _plan(80, "model.lora=null", "optim.zero_stage=0", "system.colocate_offload=optimizer").roles[1]
+    assert sampling.extra["offload"] and sampling.extra["learner_states_bytes"] == 20 * P
+    assert _items(sampling)["learner resident"] == 12 * P  # not the 2P of the weights alone
+    # LoRA r 32, ZeRO-0: frozen base 2P + 16 B x T adapter parameters; the moments 8T move: 2P + 8T stay
+    lora = _plan(24, "optim.zero_stage=0", "system.colocate_offload=optimizer").roles[1]
+    t = (lora.extra["learner_states_bytes"] - 2 * P) // 16
+    assert _items(lora)["learner resident"] == 2 * P + 8 * t
+
+
+def test_a_learner_too_large_for_one_gpu_is_not_told_to_take_more_learner_gpus():
+    # full training of the 7B model: 129.7 GiB of ZeRO-3 states cannot share one 24 GB GPU with anything;
+    # the two-GPU plan's "learner GPUs >= N" is no change to a one-GPU plan: adapters, or colocation off
+    cfg = load_config(REPO / "configs" / "paper" / "short-cot-qwen2.5-math-7b-stare.yaml")
+    plan = build_one_gpu_plan(cfg, gpu_mem_gib=24, shape=load_model_shape(cfg, REPO / "configs" / "models" /
+                                                                          "qwen2.5-math-7b.json"))
+    step = plan.roles[0]
+    assert not step.fits and "learner GPUs" not in [f.field for f in step.fixes]
+    assert "model.lora" in [f.field for f in step.fixes]
+    off = next(f for f in step.fixes if f.field == "system.colocate")
+    assert off.override == "system.colocate=off" and ">= 10 learner GPUs" in off.why

@@ -99,3 +99,13 @@ def test_the_run_config_builds_vllm_able_to_sleep_only_when_asked(tiny_model_dir
     cfg = build_config({}, overrides=["rollout.engine=vllm"])
     assert VLLMEngineConfig.model_validate(engine_config(cfg, tiny_model_dir, sleep_mode=True)).sleep_mode is True
     assert VLLMEngineConfig.model_validate(engine_config(cfg, tiny_model_dir)).sleep_mode is False
+
+
+def test_sleep_refuses_when_the_prefix_cache_cannot_be_reset(fake_vllm, tiny_model_dir, monkeypatch):
+    # level 1 discards the KV cache: a surviving prefix-cache entry would be reused as garbage after the wake
+    engine = _engine(tiny_model_dir)
+    monkeypatch.setattr(FakeLLM, "reset_prefix_cache", lambda self: False)
+    del fake_vllm[:]
+    with pytest.raises(RuntimeError, match="refused to reset its prefix cache"):
+        engine.sleep()
+    assert not engine.asleep and ("sleep", 1) not in fake_vllm

@@ -217,12 +217,17 @@ class EmbeddedRun:
         (self.run_dir / "machine.json").write_text(json.dumps(fingerprint(setup.model_path), indent=2) + "\n")
 
     def _pump(self, fill_round: int) -> None:
-        """One synchronous round of the in-process workers: sample every pending prompt, score it."""
+        """One synchronous round of the in-process workers: sample up to prompts_per_step pending prompts
+        (colocated: every pending prompt, in batches of prompts_per_step, within one wake: an over-sampled
+        round, data.oversample, is more than one batch, and each wake moves the engine's weights and the
+        learner's optimizer state), score what was sampled."""
+        batch = self.cfg.rollout.prompts_per_step
         if self.colocation is None:
-            self.rollout.run_once(max_prompts=self.cfg.rollout.prompts_per_step)
+            self.rollout.run_once(max_prompts=batch)
         elif self.transport.prompts.backlog():  # wake the engine only when there is something to sample
             with self.colocation.awake():
-                self.rollout.run_once(max_prompts=self.cfg.rollout.prompts_per_step)
+                while self.transport.prompts.backlog() and self.rollout.run_once(max_prompts=batch):
+                    pass
         self.reward.run_once()
 
     def sample(self) -> tuple[list, list[str], dict[str, Any]]:
