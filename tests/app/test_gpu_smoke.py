@@ -19,7 +19,7 @@ SCRIPT = REPO / "scripts" / "gpu_smoke.py"
 # -> 37,120; total 32,768 + 2 x 37,120 + 64 = 107,072, all of it matmul weights (the lm_head is tied).
 TINY_PARAMS = 107_072
 ROWS, SEQ = 16, 48  # --cpu-tiny sizes
-STATE_BYTES = 4 * (TINY_PARAMS + 512 * 64)  # fp32; the state dict names the tied embedding twice (lm_head.weight)
+STATE_BYTES = 4 * TINY_PARAMS  # fp32, each storage once: the tied lm_head.weight travels as a view of the embedding
 FLOPS_PER_TOKEN = 8 * TINY_PARAMS + 8 * 2 * 64 * SEQ  # 8 N + 8 layers x hidden x seq
 
 
@@ -46,7 +46,7 @@ def test_cpu_tiny_learner_figures_follow_their_definitions(tmp_path):
     assert r["mfu"] == pytest.approx(r["achieved_tflops"] / 0.5, rel=1e-9)
     assert r["peak_memory_bytes"] > 0 and r["plan_learner_bytes"] > 0
     pub = r["publish"]  # the weight publish both ways: the same bytes, all of the model's (fp32), the
-    assert pub["same_bytes"] and pub["device"]["bytes"] == pub["host"]["bytes"] == STATE_BYTES  # tied head twice
+    assert pub["same_bytes"] and pub["device"]["bytes"] == pub["host"]["bytes"] == STATE_BYTES  # tied head once
     assert pub["device"]["devices"] == pub["host"]["devices"] == ["cpu"]  # CPU: the tensors' own device
     assert "train" not in result
     c = r["colocate"]  # the colocated cycle (hf engine asleep, optimizer offloaded, back): on CPU nothing moves

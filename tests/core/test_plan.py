@@ -285,9 +285,14 @@ def test_cli_plan_exit_status_and_json(capsys):
     assert main([*args, "--gpus", "8", "--gpu-mem-gib", "80", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)  # stdout is the JSON alone
     assert out["fits"] and out["roles"][0]["role"] == "learner" and out["model"]["params"] == 7_615_616_512
-    assert main([*args, "--gpus", "1", "--gpu-mem-gib", "24"]) == 1
+    # one learner GPU (colocation off): the learner alone does not fit and is told how many it needs
+    assert main([*args, "--gpus", "1", "--gpu-mem-gib", "24", "--set", "system.colocate=off"]) == 1
     text = capsys.readouterr().out
     assert "DOES NOT FIT" in text and "change: learner GPUs >= " in text
+    # --gpus 1 is the colocated one-GPU plan (stare train): told to train adapters, not to add GPUs
+    assert main([*args, "--gpus", "1", "--gpu-mem-gib", "24"]) == 1
+    text = capsys.readouterr().out
+    assert "DOES NOT FIT" in text and "change: model.lora" in text and "change: learner GPUs >= " not in text
 
 
 def test_cli_plan_names_a_missing_model_config(tmp_path, capsys):
