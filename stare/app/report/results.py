@@ -357,8 +357,9 @@ def smollm2_section(data, figure: str) -> list[str]:
         "`configs/smollm2-cpu.yaml` (chat-arithmetic, 4 prompts x 4 samples, lr 1e-5; STARE: O1, target 0.6, "
         "W 1.1) trained longer and evaluated more often (the study's command is in scripts/results.sh's header), "
         f"held-out evaluations at steps {', '.join(map(str, every))}; runs kept in `docs/results/smollm2/`. "
-        f"{steps} steps is a short horizon: what moves in it is the entropy; the held-out numbers are 16-32 "
-        "problems per evaluation.", "",
+        f"{steps} steps is a short horizon, and the held-out set is small (`task.eval_problems` in that command; "
+        "avg@4 and pass@4 at top_p 0.7 per `eval_sources`): read the accuracy rows as a trajectory, not a "
+        "verdict.", "",
         f"![SmolLM2]({figure})", "",
         *studies.entropy_table(data, "stare", "grpo", marks), "",
         *horizon.curve_table(data, "stare", "grpo", "greedy"), "",

@@ -65,21 +65,27 @@ def _plot_bands(ax, rows: list[Band], label: str, marker: str | None = None) -> 
 
 
 def minibatch_figure(data: dict[str, dict[int, dict[str, Any]]], path: Path, labels: Sequence[str]) -> None:
-    """Batch entropy (10-step mean) of one update per batch against several: mean and 95% band."""
+    """Batch entropy (10-step mean) and held-out avg@n per evaluation, one update per batch against
+    several: mean and 95% band over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     for label in labels:
         if data.get(label):
-            _plot_bands(ax, entropy_bands(data[label], window=10, every=5), f"{label} ({len(data[label])} seeds)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("batch entropy (nats), 10-step mean")
-    ax.set_title("One update per batch (grpo) and the baselines' mini-batches: mean and 95% bootstrap band")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+            name = f"{label} ({len(data[label])} seeds)"
+            _plot_bands(axes[0], entropy_bands(data[label], window=10, every=5), name)
+            _plot_bands(axes[1], bands(data[label], "pass@1"), name, marker="o")
+    titles = ("batch entropy (nats), 10-step mean", "held-out avg@n (pass@1) per evaluation")
+    for ax, title in zip(axes, titles):
+        ax.set_xlabel("step")
+        ax.set_title(title, fontsize=10)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle("One update per batch (grpo) and the baselines' mini-batches: mean and 95% bootstrap band",
+                 fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
