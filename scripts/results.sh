@@ -61,6 +61,10 @@ ALL_VARIANTS=(
   "4|clip-cov-mb|clip-cov|optim.mini_batches=8"
   "4|dapo-mb|dapo|optim.mini_batches=16"
   "5|grpo-mb|grpo|optim.mini_batches=8"
+  # the same with lr / 8: eight Adam steps a batch at the one-update lr 3e-4 collapse every -mb run
+  # above (docs/results-notes.md); lr 3.75e-5 moves each batch about as far as one update at 3e-4
+  "5|kl-cov-mb-lr8|kl-cov|optim.mini_batches=8 optim.lr=3.75e-5"
+  "5|grpo-mb-lr8|grpo|optim.mini_batches=8 optim.lr=3.75e-5"
 )
 if [[ -n "${VARIANTS:-}" ]]; then read -r -a WANT <<<"$VARIANTS"; else WANT=(); fi
 

@@ -289,8 +289,12 @@ def horizon_section(data, figure: str) -> list[str]:
     ]
 
 
-# the -mb variants of scripts/results.sh and the one-update algorithm each is paired with besides grpo
-MINI_BATCH_PAIRS = (("kl-cov-mb", "kl-cov"), ("clip-cov-mb", "clip-cov"), ("dapo-mb", "dapo"), ("grpo-mb", "grpo"))
+MINI_BATCH_LABELS = ("kl-cov-mb", "clip-cov-mb", "dapo-mb", "grpo-mb")  # scripts/results.sh, tier 4-5: figure order
+
+
+def _one_update(label: str) -> str:
+    """The one-update algorithm of a several-updates label (`kl-cov-mb-lr8` -> `kl-cov`)."""
+    return label.split("-mb")[0]
 UPDATE_COLUMNS = (  # key, header, digits, scale: update_numbers()
     ("updates", "updates / batch", 1, 1.0),
     ("clip_low", "held by the clip at 1 - eps_low (% of tokens)", 2, 100.0),
@@ -311,9 +315,8 @@ def _machines(data) -> str:
 def minibatch_section(data, figure: str) -> list[str]:
     """Several updates per batch: how far the updates move off the sampling policy, the outcomes,
     and each -mb variant paired with grpo (one update per batch) and with its own one-update row."""
-    labels = [x for x in ("grpo", *(b for _, b in MINI_BATCH_PAIRS), *(a for a, _ in MINI_BATCH_PAIRS))
-              if x in data]
-    data = {x: data[x] for x in dict.fromkeys(labels)}
+    several = [x for x in data if "-mb" in x]
+    data = {x: data[x] for x in sorted(data, key=lambda x: ("-mb" in x, x != "grpo", x))}
     lines = [
         "## Several updates per batch (the baselines' mini-batches)", "",
         "The tiny config with `optim.mini_batches` as in each baseline's paper (the `-mb` rows, scripts/results.sh; "
@@ -328,9 +331,10 @@ def minibatch_section(data, figure: str) -> list[str]:
         *table(data, UPDATE_COLUMNS), "",
         *table(data), "",
     ]
-    for mb, base in MINI_BATCH_PAIRS:
-        for other in dict.fromkeys(("grpo", base)):
-            if mb in data and other in data and other != mb:
+    for mb in several:  # against grpo, its own one-update row, and grpo cut alike (kl-cov-mb-lr8: grpo-mb-lr8)
+        control = "grpo" + mb[len(_one_update(mb)):]
+        for other in dict.fromkeys(("grpo", _one_update(mb), control)):
+            if other in data and other != mb:
                 lines += [*paired(data, mb, other, UPDATE_KEYS, UPDATE_SCALES), ""]
     return lines + [f"Machines (model sha256 prefix / torch CPU capability): {_machines(data)}.", ""]
 
@@ -446,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     long_rel = str(Path(os.path.relpath(args.long_figure, args.out.parent)))
     mb = collect(args.mb_records) if args.mb_records.is_dir() else {}
     if mb:
-        studies.minibatch_figure(mb, args.mb_figure, [x for x in ("grpo", *(a for a, _ in MINI_BATCH_PAIRS)) if x in mb])
+        studies.minibatch_figure(mb, args.mb_figure, ["grpo", *MINI_BATCH_LABELS, *[k for k in mb if "-mb" in k and
+                                                                                 k not in MINI_BATCH_LABELS]])
     real = collect(args.smollm2_records) if args.smollm2_records.is_dir() else {}
     if real:
         studies.smollm2_figure(real, args.smollm2_figure, ["stare", "grpo", *[k for k in real if k not in ("stare", "grpo")]])
