@@ -10,6 +10,13 @@
 # space separated), RUN_TIMEOUT (3600 s a run). The longer-horizon study (docs/results.md):
 #   RUNS_DIR=runs/long RECORDS=docs/results/long VARIANTS="stare grpo" RUN_TIMEOUT=10800 \
 #     SETS="run.steps=1500 task.eval_every=100 task.eval_k=64 run.checkpoint_every=250" scripts/results.sh sweep
+# Several updates per batch (tier 4: the baselines with optim.mini_batches as in their papers, and
+# grpo with one update per batch on the same machine, so that every difference pairs):
+#   RUNS_DIR=runs/mb RECORDS=docs/results/mb VARIANTS="grpo kl-cov-mb clip-cov-mb dapo-mb" scripts/results.sh sweep
+# SmolLM2-135M-Instruct, STARE against GRPO (3 seeds, dynamic sampling off for both, as the tiny sweep):
+#   CONFIG=configs/smollm2-cpu.yaml RUNS_DIR=runs/smollm2 RECORDS=docs/results/smollm2 SEEDS="0 1 2" \
+#     VARIANTS="stare grpo" JOBS=2 RUN_TIMEOUT=5400 SETS="run.steps=12 task.eval_every=4 \
+#     run.checkpoint_every=1000 run.threads=1 data.dynamic_sampling=false task.eval_problems=32" scripts/results.sh sweep
 # A run is done when its record
 # $RECORDS/<run>.json exists: the report reads only the records (a few KB each, kept in git), so a
 # sweep longer than one sitting goes on where the last one stopped, on any machine (each record
@@ -44,6 +51,20 @@ ALL_VARIANTS=(
   "3|stare-w3|stare|controller.w_max=3.0 controller.m_min=0.5"
   "3|stare-o1|stare|loss.variant=O1"
   "3|stare-lowtarget|stare|controller.target=0.2 controller.band=[0.15,0.25]"
+  # Several updates per batch, as the baselines' papers ran them, scaled to 16 prompts a batch. DAPO
+  # (Yu et al. 2025; verl recipe/dapo: train_prompt_bsz 512, train_prompt_mini_bsz 32, one epoch):
+  # 16 updates per batch, i.e. one prompt's group each. Clip-Cov and KL-Cov (Cui et al. 2025; verl
+  # recipe/entropy 7b_clip_cov.sh, 7b_kl_cov.sh: train_prompt_bsz 256, train_prompt_mini_bsz 32):
+  # 8 updates per batch, two groups each. grpo-mb: GRPO cut as Clip-Cov/KL-Cov are, the control that
+  # tells their covariance rules from the mini-batches themselves.
+  "4|kl-cov-mb|kl-cov|optim.mini_batches=8"
+  "4|clip-cov-mb|clip-cov|optim.mini_batches=8"
+  "4|dapo-mb|dapo|optim.mini_batches=16"
+  "5|grpo-mb|grpo|optim.mini_batches=8"
+  # the same with lr / 8: eight Adam steps a batch at the one-update lr 3e-4 collapse every -mb run
+  # above (docs/results-notes.md); lr 3.75e-5 moves each batch about as far as one update at 3e-4
+  "5|kl-cov-mb-lr8|kl-cov|optim.mini_batches=8 optim.lr=3.75e-5"
+  "5|grpo-mb-lr8|grpo|optim.mini_batches=8 optim.lr=3.75e-5"
 )
 if [[ -n "${VARIANTS:-}" ]]; then read -r -a WANT <<<"$VARIANTS"; else WANT=(); fi
 

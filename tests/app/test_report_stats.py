@@ -110,11 +110,13 @@ def test_docs_results_is_what_the_committed_records_give():
     from pathlib import Path
 
     from stare.app.report.horizon import HORIZON_RECORDS
-    from stare.app.report.results import RECORDS_DIR, collect, render
+    from stare.app.report.results import MINI_BATCH_RECORDS, RECORDS_DIR, SMOLLM2_RECORDS, collect, render
 
     repo = Path(__file__).parents[2]
     data = collect(repo / RECORDS_DIR)
-    long = collect(repo / HORIZON_RECORDS) if (repo / HORIZON_RECORDS).is_dir() else {}
+    long, mb, real = (collect(repo / d) if (repo / d).is_dir() else {}
+                      for d in (HORIZON_RECORDS, MINI_BATCH_RECORDS, SMOLLM2_RECORDS))
     notes = (repo / "docs" / "results-notes.md").read_text()
-    assert render(data, "results", notes, long, "images/horizon.png") == (repo / "docs" / "results.md").read_text(), \
+    assert render(data, "results", notes, long, "images/horizon.png", mb, "images/minibatch.png", real,
+                  "images/smollm2.png") == (repo / "docs" / "results.md").read_text(), \
         "regenerate docs/results.md: scripts/results.sh report"

@@ -22,12 +22,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from stare.app.report import horizon
+from stare.app.report import horizon, studies
 from stare.app.report.stats import bootstrap_ci, pass_at_k_curve
 from stare.app.report.summary import EVAL_FILE, METRICS_FILE, load_jsonl, summarize
 
 RUN_NAME = re.compile(r"^s(\d+)-(.+)$")
 RECORDS_DIR = Path("docs/results/runs")
+MINI_BATCH_RECORDS = Path("docs/results/mb")  # several updates per batch: grpo and the -mb variants, one machine
+SMOLLM2_RECORDS = Path("docs/results/smollm2")  # STARE and GRPO on SmolLM2-135M-Instruct
 RECORD_VERSION = 1
 LAST_STEPS = 50
 PASS_KS = (1, 2, 4, 8, 16, 32, 64)
@@ -48,6 +50,29 @@ def _final_eval(run_dir: Path) -> dict[str, Any] | None:
 
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
+
+
+def update_numbers(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
+    """How far a batch's updates moved the policy off the one that sampled it, as the learner logs it
+    per step (learner/updates.py), averaged over the steps: optimizer updates per batch, the share of
+    loss tokens clipped at 1 - eps_low and at 1 + eps_high, approx-KL (mean -log r) and the ratio's
+    spread over every update's tokens, approx-KL of each batch's last update alone, and the tokens a
+    covariance rule (Clip-Cov, KL-Cov) selected per step. None for a key the run did not log (records
+    of runs made before mini-batches existed)."""
+    def mean_of(key: str) -> float | None:
+        return _mean([float(r[key]) for r in metrics if r.get(key) is not None])
+
+    last = [float(r["per_update"][max(r["per_update"], key=int)]["approx_kl"]) if r.get("per_update")
+            else float(r["approx_kl"]) for r in metrics if r.get("approx_kl") is not None]
+    return {
+        "updates": mean_of("updates"),
+        "clip_low": mean_of("clip_fraction_low"),
+        "clip_high": mean_of("clip_fraction_high"),
+        "approx_kl": mean_of("approx_kl"),
+        "approx_kl_last_update": _mean(last),
+        "ratio_std": mean_of("ratio_std"),
+        "cov_selected": mean_of("cov_selected_tokens"),
+    }
 
 
 def run_numbers(run_dir: Path) -> dict[str, Any]:
@@ -84,6 +109,7 @@ def run_numbers(run_dir: Path) -> dict[str, Any]:
         "entropy_curve": ([int(r["step"]) for r in metrics], [round(float(r["entropy"]), 5) for r in metrics]),
         "band": (metrics[-1].get("band_low"), metrics[-1].get("band_high"), metrics[-1].get("target")) if metrics else None,
         "eval_curve": horizon.eval_curve(load_jsonl(run_dir / EVAL_FILE)),
+        **update_numbers(metrics),
     }
 
 
@@ -153,12 +179,12 @@ def table(data: dict[str, dict[int, dict[str, Any]]], columns=COLUMNS) -> list[s
     lines = ["| run | seeds | " + " | ".join(h for _, h, _, _ in columns) + " |",
              "|---|---|" + "---|" * len(columns)]
     for label, seeds in data.items():
-        cells = [fmt(interval([n[key] for n in seeds.values()]), d, sc) for key, _, d, sc in columns]
+        cells = [fmt(interval([n.get(key) for n in seeds.values()]), d, sc) for key, _, d, sc in columns]
         lines.append(f"| {label} | {len(seeds)} ({','.join(map(str, sorted(seeds)))}) | " + " | ".join(cells) + " |")
     return lines
 
 
-def paired(data, a: str, b: str, keys: list[str]) -> list[str]:
+def paired(data, a: str, b: str, keys: list[str], scales: dict[str, float] | None = None) -> list[str]:
     """a - b per seed both completed on the same machine fingerprint, mean [95% bootstrap] of the
     differences (a pair from two builds would add the builds' difference to the algorithms')."""
     both = sorted(set(data.get(a, {})) & set(data.get(b, {})))
@@ -170,8 +196,10 @@ def paired(data, a: str, b: str, keys: list[str]) -> list[str]:
     lines = [f"| {a} - {b}, paired by seed ({len(seeds)} seeds{apart}) | difference |", "|---|---|"]
     for key in keys:
         diffs = [data[a][s][key] - data[b][s][key] for s in seeds
-                 if data[a][s][key] is not None and data[b][s][key] is not None]
-        lines.append(f"| {key} | {fmt(bootstrap_ci(diffs))} |")
+                 if data[a][s].get(key) is not None and data[b][s].get(key) is not None]
+        scale = (scales or {}).get(key, 1.0)
+        name = key if scale == 1.0 else f"{key} (x {scale:g})"
+        lines.append(f"| {name} | {fmt(bootstrap_ci(diffs), scale=scale)} |")
     return lines
 
 
@@ -261,7 +289,93 @@ def horizon_section(data, figure: str) -> list[str]:
     ]
 
 
-def render(data, figure_dir: str, notes: str = "", long: dict | None = None, long_figure: str = "") -> str:
+MINI_BATCH_LABELS = ("kl-cov-mb", "clip-cov-mb", "dapo-mb", "grpo-mb")  # scripts/results.sh, tier 4-5: figure order
+
+
+def _one_update(label: str) -> str:
+    """The one-update algorithm of a several-updates label (`kl-cov-mb-lr8` -> `kl-cov`)."""
+    return label.split("-mb")[0]
+UPDATE_COLUMNS = (  # key, header, digits, scale: update_numbers()
+    ("updates", "updates / batch", 1, 1.0),
+    ("clip_low", "held by the clip at 1 - eps_low (% of tokens)", 2, 100.0),
+    ("clip_high", "held at 1 + eps_high (%)", 2, 100.0),
+    ("approx_kl", "approx-KL (x 1e-3)", 3, 1e3),
+    ("approx_kl_last_update", "approx-KL, last update (x 1e-3)", 3, 1e3),
+    ("ratio_std", "ratio std (x 1e-3)", 2, 1e3),
+    ("cov_selected", "cov-selected tokens / step", 1, 1.0),
+)
+UPDATE_KEYS = ["entropy_last", "greedy_last", "pass@1", "pass@8", "pass@64", "approx_kl", "ratio_std", "clip_high"]
+UPDATE_SCALES = {"approx_kl": 1e3, "ratio_std": 1e3, "clip_high": 100.0}
+
+
+def _machines(data) -> str:
+    return ", ".join(sorted({n["machine"] for s in data.values() for n in s.values()}))
+
+
+def minibatch_section(data, figure: str) -> list[str]:
+    """Several updates per batch: how far the updates move off the sampling policy, the outcomes,
+    and each -mb variant paired with grpo (one update per batch) and with its own one-update row."""
+    several = [x for x in data if "-mb" in x]
+    data = {x: data[x] for x in sorted(data, key=lambda x: ("-mb" in x, x != "grpo", x))}
+    lines = [
+        "## Several updates per batch (the baselines' mini-batches)", "",
+        "The tiny config with `optim.mini_batches` as in each baseline's paper (the `-mb` rows, scripts/results.sh; "
+        "the numbers and their sources are in the notes below), and GRPO with one update per batch, all on one "
+        "machine fingerprint, runs kept in `docs/results/mb/`. Per step, over every update's loss tokens, r "
+        "being the ratio to the policy that sampled the batch: the share of tokens the clip holds (A < 0 and "
+        "r < 1 - eps_low; A > 0 and r > 1 + eps_high; counted alike for KL-Cov, which does not clip), "
+        "approx-KL (k3: the mean of (r - 1) - log r) and the standard deviation of r; then approx-KL of each "
+        "batch's last update alone, and the tokens the covariance rule selected per step; each the mean over "
+        "the run's steps.", "",
+        f"![several updates per batch]({figure})", "",
+        *table(data, UPDATE_COLUMNS), "",
+        *table(data), "",
+    ]
+    for mb in several:  # against grpo, its own one-update row, and grpo cut alike (kl-cov-mb-lr8: grpo-mb-lr8)
+        control = "grpo" + mb[len(_one_update(mb)):]
+        for other in dict.fromkeys(("grpo", _one_update(mb), control)):
+            if other in data and other != mb:
+                lines += [*paired(data, mb, other, UPDATE_KEYS, UPDATE_SCALES), ""]
+    return lines + [f"Machines (model sha256 prefix / torch CPU capability): {_machines(data)}.", ""]
+
+
+SMOLLM2_COLUMNS = (
+    ("entropy_last", "batch entropy, mean of the steps (nats)", 3, 1.0),
+    ("greedy_first", "greedy acc. at start", 3, 1.0),
+    ("greedy_last", "greedy acc. at end", 3, 1.0),
+    ("pass@1", "avg@n at end", 3, 1.0),
+    ("pass@4", "pass@4 at end", 3, 1.0),
+    ("gate_on", "gate on %", 1, 100.0),
+    ("step_s", "wall time / step (s)", 1, 1.0),
+)
+
+
+def smollm2_section(data, figure: str) -> list[str]:
+    """STARE against GRPO on SmolLM2-135M-Instruct: entropy per step and held-out accuracy per
+    evaluation, bands over seeds, paired differences."""
+    steps = max((n["steps"] for s in data.values() for n in s.values()), default=0)
+    every = sorted({p["step"] for s in data.values() for n in s.values() for p in n.get("eval_curve") or []})
+    marks = sorted({1, *range(5, steps + 1, 5), steps} - {0}) if steps else []
+    return [
+        f"## A real model: SmolLM2-135M-Instruct ({steps} steps)", "",
+        "`configs/smollm2-cpu.yaml` (chat-arithmetic, 4 prompts x 4 samples, lr 1e-5; STARE: O1, target 0.6, "
+        "W 1.1) trained longer and evaluated more often (the study's command is in scripts/results.sh's header), "
+        f"held-out evaluations at steps {', '.join(map(str, every))}; runs kept in `docs/results/smollm2/`. "
+        f"{steps} steps is a short horizon, and the held-out set is small (`task.eval_problems` in that command; "
+        "avg@4 and pass@4 at top_p 0.7 per `eval_sources`): read the accuracy rows as a trajectory, not a "
+        "verdict.", "",
+        f"![SmolLM2]({figure})", "",
+        *studies.entropy_table(data, "stare", "grpo", marks), "",
+        *horizon.curve_table(data, "stare", "grpo", "greedy"), "",
+        *horizon.curve_table(data, "stare", "grpo", "pass@1"), "",
+        *table(data, SMOLLM2_COLUMNS), "",
+        *paired(data, "stare", "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@4"]), "",
+        f"Machines (model sha256 prefix / torch CPU capability): {_machines(data)}.", "",
+    ]
+
+
+def render(data, figure_dir: str, notes: str = "", long: dict | None = None, long_figure: str = "",
+           mb: dict | None = None, mb_figure: str = "", real: dict | None = None, real_figure: str = "") -> str:
     machines = sorted({n["machine"] for s in data.values() for n in s.values()})
     loads = [n["load"] for s in data.values() for n in s.values() if n["load"] is not None]
     lines = [
@@ -293,6 +407,10 @@ def render(data, figure_dir: str, notes: str = "", long: dict | None = None, lon
     ]
     if long:
         lines += horizon_section(long, long_figure)
+    if mb:
+        lines += minibatch_section(mb, mb_figure)
+    if real:
+        lines += smollm2_section(real, real_figure)
     if notes:
         lines += [notes.strip(), ""]
     return "\n".join(lines)
@@ -309,6 +427,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-records", type=Path, default=horizon.HORIZON_RECORDS,
                    help="the longer-horizon study's records (its section is left out while there are none)")
     p.add_argument("--long-figure", type=Path, default=Path("docs/images/horizon.png"))
+    p.add_argument("--mb-records", type=Path, default=MINI_BATCH_RECORDS,
+                   help="the several-updates-per-batch study's records (its section is left out while there are none)")
+    p.add_argument("--mb-figure", type=Path, default=Path("docs/images/minibatch.png"))
+    p.add_argument("--smollm2-records", type=Path, default=SMOLLM2_RECORDS,
+                   help="the SmolLM2 study's records (its section is left out while there are none)")
+    p.add_argument("--smollm2-figure", type=Path, default=Path("docs/images/smollm2.png"))
     args = p.parse_args(argv)
     if args.record:
         for run_dir in args.record:
@@ -324,7 +448,16 @@ def main(argv: list[str] | None = None) -> int:
     if long:
         horizon.figure(long, args.long_figure, ["stare", "grpo", *[k for k in long if k not in ("stare", "grpo")]])
     long_rel = str(Path(os.path.relpath(args.long_figure, args.out.parent)))
-    args.out.write_text(render(data, rel, notes, long, long_rel))
+    mb = collect(args.mb_records) if args.mb_records.is_dir() else {}
+    if mb:
+        studies.minibatch_figure(mb, args.mb_figure, ["grpo", *MINI_BATCH_LABELS, *[k for k in mb if "-mb" in k and
+                                                                                 k not in MINI_BATCH_LABELS]])
+    real = collect(args.smollm2_records) if args.smollm2_records.is_dir() else {}
+    if real:
+        studies.smollm2_figure(real, args.smollm2_figure, ["stare", "grpo", *[k for k in real if k not in ("stare", "grpo")]])
+    rel_of = lambda f: str(Path(os.path.relpath(f, args.out.parent)))  # noqa: E731
+    args.out.write_text(render(data, rel, notes, long, long_rel, mb, rel_of(args.mb_figure), real,
+                               rel_of(args.smollm2_figure)))
     print(f"[results] {args.out} ({sum(len(s) for s in data.values())} runs, {len(data)} labels)")
     return 0
 
