@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from stare.app.report import horizon, studies
-from stare.app.report.stats import bootstrap_ci, pass_at_k_curve
+from stare.app.report.study_sections import MINI_BATCH_LABELS, minibatch_section, smollm2_section
+from stare.app.report.tables import COLUMNS, LAST_STEPS, fmt, interval, paired, table  # noqa: F401 (re-exported)
+from stare.app.report.stats import pass_at_k_curve
 from stare.app.report.summary import EVAL_FILE, METRICS_FILE, load_jsonl, summarize
 
 RUN_NAME = re.compile(r"^s(\d+)-(.+)$")
@@ -31,7 +33,6 @@ RECORDS_DIR = Path("docs/results/runs")
 MINI_BATCH_RECORDS = Path("docs/results/mb")  # several updates per batch: grpo and the -mb variants, one machine
 SMOLLM2_RECORDS = Path("docs/results/smollm2")  # STARE and GRPO on SmolLM2-135M-Instruct
 RECORD_VERSION = 1
-LAST_STEPS = 50
 PASS_KS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -152,57 +153,6 @@ def collect(records_dir: Path = RECORDS_DIR) -> dict[str, dict[int, dict[str, An
     return out
 
 
-def interval(values: list[float | None]) -> tuple[float, float, float] | None:
-    return bootstrap_ci([v for v in values if v is not None])
-
-
-def fmt(ci: tuple[float, float, float] | None, digits: int = 3, scale: float = 1.0) -> str:
-    if ci is None:
-        return "n/a"
-    m, lo, hi = (scale * x for x in ci)
-    return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
-
-
-COLUMNS = (  # key, header, digits, scale
-    ("entropy_last", f"entropy, last {LAST_STEPS} steps (nats)", 3, 1.0),
-    ("in_band", "in band % (from first entry)", 1, 100.0),
-    ("greedy_first", "greedy acc. at start", 3, 1.0),
-    ("greedy_last", "greedy acc. at end", 3, 1.0),
-    ("pass@1", "pass@1", 3, 1.0),
-    ("pass@8", "pass@8", 3, 1.0),
-    ("pass@64", "pass@64", 3, 1.0),
-    ("step_s", "wall time / step (s)", 2, 1.0),
-)
-
-
-def table(data: dict[str, dict[int, dict[str, Any]]], columns=COLUMNS) -> list[str]:
-    lines = ["| run | seeds | " + " | ".join(h for _, h, _, _ in columns) + " |",
-             "|---|---|" + "---|" * len(columns)]
-    for label, seeds in data.items():
-        cells = [fmt(interval([n.get(key) for n in seeds.values()]), d, sc) for key, _, d, sc in columns]
-        lines.append(f"| {label} | {len(seeds)} ({','.join(map(str, sorted(seeds)))}) | " + " | ".join(cells) + " |")
-    return lines
-
-
-def paired(data, a: str, b: str, keys: list[str], scales: dict[str, float] | None = None) -> list[str]:
-    """a - b per seed both completed on the same machine fingerprint, mean [95% bootstrap] of the
-    differences (a pair from two builds would add the builds' difference to the algorithms')."""
-    both = sorted(set(data.get(a, {})) & set(data.get(b, {})))
-    seeds = horizon.same_machine_seeds(data.get(a, {}), data.get(b, {}))
-    if not seeds:
-        return [f"({a} and {b} share no completed seed on one machine fingerprint yet)"]
-    apart = f"; seeds {', '.join(map(str, sorted(set(both) - set(seeds))))} left out: run on different machines" \
-        if len(seeds) < len(both) else ""
-    lines = [f"| {a} - {b}, paired by seed ({len(seeds)} seeds{apart}) | difference |", "|---|---|"]
-    for key in keys:
-        diffs = [data[a][s][key] - data[b][s][key] for s in seeds
-                 if data[a][s].get(key) is not None and data[b][s].get(key) is not None]
-        scale = (scales or {}).get(key, 1.0)
-        name = key if scale == 1.0 else f"{key} (x {scale:g})"
-        lines.append(f"| {name} | {fmt(bootstrap_ci(diffs), scale=scale)} |")
-    return lines
-
-
 def figures(data, out: Path) -> list[str]:
     import matplotlib
 
@@ -286,91 +236,6 @@ def horizon_section(data, figure: str) -> list[str]:
         *table(data), "",
         *paired(data, "stare", "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@8", "pass@64"]), "",
         f"Machines (model sha256 prefix / torch CPU capability): {', '.join(machines)}.", "",
-    ]
-
-
-MINI_BATCH_LABELS = ("kl-cov-mb", "clip-cov-mb", "dapo-mb", "grpo-mb")  # scripts/results.sh, tier 4-5: figure order
-
-
-def _one_update(label: str) -> str:
-    """The one-update algorithm of a several-updates label (`kl-cov-mb-lr8` -> `kl-cov`)."""
-    return label.split("-mb")[0]
-UPDATE_COLUMNS = (  # key, header, digits, scale: update_numbers()
-    ("updates", "updates / batch", 1, 1.0),
-    ("clip_low", "held by the clip at 1 - eps_low (% of tokens)", 2, 100.0),
-    ("clip_high", "held at 1 + eps_high (%)", 2, 100.0),
-    ("approx_kl", "approx-KL (x 1e-3)", 3, 1e3),
-    ("approx_kl_last_update", "approx-KL, last update (x 1e-3)", 3, 1e3),
-    ("ratio_std", "ratio std (x 1e-3)", 2, 1e3),
-    ("cov_selected", "cov-selected tokens / step", 1, 1.0),
-)
-UPDATE_KEYS = ["entropy_last", "greedy_last", "pass@1", "pass@8", "pass@64", "approx_kl", "ratio_std", "clip_high"]
-UPDATE_SCALES = {"approx_kl": 1e3, "ratio_std": 1e3, "clip_high": 100.0}
-
-
-def _machines(data) -> str:
-    return ", ".join(sorted({n["machine"] for s in data.values() for n in s.values()}))
-
-
-def minibatch_section(data, figure: str) -> list[str]:
-    """Several updates per batch: how far the updates move off the sampling policy, the outcomes,
-    and each -mb variant paired with grpo (one update per batch) and with its own one-update row."""
-    several = [x for x in data if "-mb" in x]
-    data = {x: data[x] for x in sorted(data, key=lambda x: ("-mb" in x, x != "grpo", x))}
-    lines = [
-        "## Several updates per batch (the baselines' mini-batches)", "",
-        "The tiny config with `optim.mini_batches` as in each baseline's paper (the `-mb` rows, scripts/results.sh; "
-        "the numbers and their sources are in the notes below), and GRPO with one update per batch, all on one "
-        "machine fingerprint, runs kept in `docs/results/mb/`. Per step, over every update's loss tokens, r "
-        "being the ratio to the policy that sampled the batch: the share of tokens the clip holds (A < 0 and "
-        "r < 1 - eps_low; A > 0 and r > 1 + eps_high; counted alike for KL-Cov, which does not clip), "
-        "approx-KL (k3: the mean of (r - 1) - log r) and the standard deviation of r; then approx-KL of each "
-        "batch's last update alone, and the tokens the covariance rule selected per step; each the mean over "
-        "the run's steps.", "",
-        f"![several updates per batch]({figure})", "",
-        *table(data, UPDATE_COLUMNS), "",
-        *table(data), "",
-    ]
-    for mb in several:  # against grpo, its own one-update row, and grpo cut alike (kl-cov-mb-lr8: grpo-mb-lr8)
-        control = "grpo" + mb[len(_one_update(mb)):]
-        for other in dict.fromkeys(("grpo", _one_update(mb), control)):
-            if other in data and other != mb:
-                lines += [*paired(data, mb, other, UPDATE_KEYS, UPDATE_SCALES), ""]
-    return lines + [f"Machines (model sha256 prefix / torch CPU capability): {_machines(data)}.", ""]
-
-
-SMOLLM2_COLUMNS = (
-    ("entropy_last", "batch entropy, mean of the steps (nats)", 3, 1.0),
-    ("greedy_first", "greedy acc. at start", 3, 1.0),
-    ("greedy_last", "greedy acc. at end", 3, 1.0),
-    ("pass@1", "avg@n at end", 3, 1.0),
-    ("pass@4", "pass@4 at end", 3, 1.0),
-    ("gate_on", "gate on %", 1, 100.0),
-    ("step_s", "wall time / step (s)", 1, 1.0),
-)
-
-
-def smollm2_section(data, figure: str) -> list[str]:
-    """STARE against GRPO on SmolLM2-135M-Instruct: entropy per step and held-out accuracy per
-    evaluation, bands over seeds, paired differences."""
-    steps = max((n["steps"] for s in data.values() for n in s.values()), default=0)
-    every = sorted({p["step"] for s in data.values() for n in s.values() for p in n.get("eval_curve") or []})
-    marks = sorted({1, *range(5, steps + 1, 5), steps} - {0}) if steps else []
-    return [
-        f"## A real model: SmolLM2-135M-Instruct ({steps} steps)", "",
-        "`configs/smollm2-cpu.yaml` (chat-arithmetic, 4 prompts x 4 samples, lr 1e-5; STARE: O1, target 0.6, "
-        "W 1.1) trained longer and evaluated more often (the study's command is in scripts/results.sh's header), "
-        f"held-out evaluations at steps {', '.join(map(str, every))}; runs kept in `docs/results/smollm2/`. "
-        f"{steps} steps is a short horizon, and the held-out set is small (`task.eval_problems` in that command; "
-        "avg@4 and pass@4 at top_p 0.7 per `eval_sources`): read the accuracy rows as a trajectory, not a "
-        "verdict.", "",
-        f"![SmolLM2]({figure})", "",
-        *studies.entropy_table(data, "stare", "grpo", marks), "",
-        *horizon.curve_table(data, "stare", "grpo", "greedy"), "",
-        *horizon.curve_table(data, "stare", "grpo", "pass@1"), "",
-        *table(data, SMOLLM2_COLUMNS), "",
-        *paired(data, "stare", "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@4"]), "",
-        f"Machines (model sha256 prefix / torch CPU capability): {_machines(data)}.", "",
     ]
 
 
