@@ -97,12 +97,20 @@ def figure(data: dict[str, dict[int, dict[str, Any]]], path: Path, labels: Seque
         ci = [bootstrap_ci(col) for col in smooth.T[::5]]  # every 5th step: the band, not a per-step loop cost
         axes[2].plot(x[::5], [c[0] for c in ci], label=label)
         axes[2].fill_between(x[::5], [c[1] for c in ci], [c[2] for c in ci], alpha=0.15)
-    for ax, title in zip(axes, ("held-out pass@1 (avg@n)", "held-out pass@64", "batch entropy (nats), 25-step mean")):
+    finish_figure(fig, axes, ("held-out pass@1 (avg@n)", "held-out pass@64", "batch entropy (nats), 25-step mean"),
+                  "Longer horizon: mean over seeds and 95% bootstrap band", path)
+
+
+def finish_figure(fig, axes, titles, suptitle: str, path: Path, legend_size: int = 7) -> None:
+    """Each panel's x label, title and legend (where it has lines), the figure's title, saved to path."""
+    import matplotlib.pyplot as plt
+
+    for ax, title in zip(axes, titles):
         ax.set_xlabel("step")
         ax.set_title(title, fontsize=10)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.suptitle("Longer horizon: mean over seeds and 95% bootstrap band", fontsize=11)
+            ax.legend(fontsize=legend_size)
+    fig.suptitle(suptitle, fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from stare.app.report.horizon import Band, bands, same_machine_seeds
+from stare.app.report.horizon import Band, bands, finish_figure, same_machine_seeds
 from stare.app.report.stats import bootstrap_ci
 
 
@@ -78,18 +78,9 @@ def minibatch_figure(data: dict[str, dict[int, dict[str, Any]]], path: Path, lab
             name = f"{label} ({len(data[label])} seeds)"
             _plot_bands(axes[0], entropy_bands(data[label], window=10, every=5), name)
             _plot_bands(axes[1], bands(data[label], "pass@1"), name, marker="o")
-    titles = ("batch entropy (nats), 10-step mean", "held-out avg@n (pass@1) per evaluation")
-    for ax, title in zip(axes, titles):
-        ax.set_xlabel("step")
-        ax.set_title(title, fontsize=10)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.suptitle("One update per batch (grpo) and the baselines' mini-batches: mean and 95% bootstrap band",
-                 fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    finish_figure(fig, axes, ("batch entropy (nats), 10-step mean", "held-out avg@n (pass@1) per evaluation"),
+                  "One update per batch (grpo) and the baselines' mini-batches: mean and 95% bootstrap band", path,
+                  legend_size=8)
 
 
 def smollm2_figure(data: dict[str, dict[int, dict[str, Any]]], path: Path, labels: Sequence[str]) -> None:
@@ -109,14 +100,5 @@ def smollm2_figure(data: dict[str, dict[int, dict[str, Any]]], path: Path, label
         _plot_bands(axes[0], entropy_bands(seeds), name, marker="o")
         _plot_bands(axes[1], bands(seeds, "greedy"), name, marker="o")
         _plot_bands(axes[2], bands(seeds, "pass@1"), name, marker="o")
-    titles = ("batch entropy (nats) per step", "held-out greedy accuracy", "held-out avg@n (pass@1)")
-    for ax, title in zip(axes, titles):
-        ax.set_xlabel("step")
-        ax.set_title(title, fontsize=10)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.suptitle("SmolLM2-135M-Instruct on chat-arithmetic: mean over seeds and 95% bootstrap band", fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    finish_figure(fig, axes, ("batch entropy (nats) per step", "held-out greedy accuracy", "held-out avg@n (pass@1)"),
+                  "SmolLM2-135M-Instruct on chat-arithmetic: mean over seeds and 95% bootstrap band", path)
