@@ -5,12 +5,16 @@
   acknowledged, never trained. An entry handed back while still held (collected, or trained and
   not yet acknowledged) is ignored, not acknowledged, so a crash leaves it pending;
 * complete groups only: a group is ready when all `group_size` trajectories have arrived;
-* staleness, decided per group when it completes: `lag = learner_version - oldest weight_version`;
-  beyond `max_staleness` the group is dropped (counted), or, with `keep_stale`, trained anyway
-  (the loss importance-corrects it against the rollout log-probs); `max_staleness = 0` is
-  strictly on-policy. The per-trajectory lag distribution is counted in `stats.staleness`;
-  A ready group that waited past `max_staleness` (the learner stepped meanwhile) is dropped the same
-  way before it can be taken, so the bound holds when a group is trained, not only when it completed;
+* staleness, per token: a token's lag is `learner_version - the version that sampled it` (one version
+  per trajectory, or several with in-flight weight updates: `Trajectory.version_starts`). A group
+  whose every token is beyond `max_staleness` when it completes is dropped (counted), or, with
+  `keep_stale`, trained anyway (the loss importance-corrects it against the rollout log-probs);
+  `max_staleness = 0` is strictly on-policy. A ready group that waited until no token of it is within
+  the bound (the learner stepped meanwhile) is dropped the same way before it can be taken, and
+  `take(..., learner_version=)` removes the tokens beyond the bound from the loss of the groups it
+  hands out (`loss_mask` 0; counted in `stats.stale_tokens`), so the bound holds for every trained
+  token at the version it trains at. The per-trajectory lag of the first token is counted in
+  `stats.staleness`;
 * dynamic sampling: a group whose rewards are all equal carries no GRPO signal and is filtered
   (counted), when enabled;
 * surplus (`data.oversample` on-policy): `take(n, in_publish_order=True)` hands out the first n
@@ -43,6 +47,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from stare.transport.records import Trajectory
 from stare.transport.base import RecordStream
 from stare.transport.dead_letters import DeadLetterFeed
@@ -60,6 +66,7 @@ class GroupStats:
     duplicates: int = 0
     dead_lettered_groups: int = 0  # closed because their prompt or a trajectory was dead-lettered
     surplus_groups: int = 0  # trainable, over-sampled beyond a step's groups and dropped (data.oversample)
+    stale_tokens: int = 0  # tokens of trained groups left out of the loss: beyond max_staleness (in-flight updates)
     staleness: Counter = field(default_factory=Counter)  # lag -> trajectories collected with it
 
 
@@ -72,6 +79,11 @@ def round_size(missing: int, oversample: float, *, trainable: int = 0, filtered:
         return missing
     per_trainable = min(max(1.0, (trainable + filtered) / max(trainable, 1)), 10.0)
     return math.ceil(missing * oversample * per_trainable)
+
+
+def _newest(trajectories: list[Trajectory]) -> int:
+    """The version of a group's newest token: the group has a token within a staleness bound iff this is."""
+    return max(t.newest_version for t in trajectories)
 
 
 def _publish_key(group_id: str) -> tuple[int, int, str]:
@@ -188,7 +200,7 @@ class GroupCollector:
             return
         kept = []
         for trajectories, ids in self.ready:
-            if learner_version - min(t.weight_version for t in trajectories) > self.max_staleness:
+            if learner_version - _newest(trajectories) > self.max_staleness:
                 self.stats.stale_groups += 1
                 self.stats.stale_trajectories += len(trajectories)
                 self.closed.discard(trajectories[0].group_id)
@@ -217,7 +229,7 @@ class GroupCollector:
         trajectories = [t for t, _ in group.values()]
         ids = [e for _, e in group.values()]
         group_id = trajectories[0].group_id
-        lag = learner_version - min(t.weight_version for t in trajectories)
+        lag = learner_version - _newest(trajectories)  # of the group's newest token
         # lag < 0: sampled with weights newer than the learner's (published by a learner that died
         # before its checkpoint held them): never trainable, whatever the policy
         if lag < 0 or (self.max_staleness is not None and lag > self.max_staleness and not self.keep_stale):
@@ -239,14 +251,24 @@ class GroupCollector:
         self.scored.ack(ids)
         self.held.difference_update(ids)
 
-    def take(self, n_groups: int, in_publish_order: bool = False) -> tuple[list[Trajectory], list[str]]:
+    def take(self, n_groups: int, in_publish_order: bool = False,
+             learner_version: int | None = None) -> tuple[list[Trajectory], list[str]]:
         """Up to n ready groups, flattened, with the stream ids to pass to `trained` after the step.
         Default: in the order they completed; `in_publish_order`: the first n in the feeder's order
-        (g<ordinal>; other ids after them), whatever finished first."""
+        (g<ordinal>; other ids after them), whatever finished first. `learner_version` (the version
+        the step trains at): tokens more than max_staleness versions older leave the loss (drop policy)."""
         if in_publish_order:
             self.ready.sort(key=lambda g: _publish_key(g[0][0].group_id))
         taken, self.ready = self.ready[:n_groups], self.ready[n_groups:]
-        return [t for g, _ in taken for t in g], [i for _, ids in taken for i in ids]
+        trajectories = [t for g, _ in taken for t in g]
+        if learner_version is not None and self.max_staleness is not None and not self.keep_stale:
+            oldest = learner_version - self.max_staleness  # the oldest version a trained token may have
+            for t in trajectories:
+                if t.weight_version < oldest:  # only then can a token be too old
+                    stale = (t.token_versions() < oldest) & (t.loss_mask > 0)  # [R]
+                    self.stats.stale_tokens += int(stale.sum())
+                    t.loss_mask = np.where(stale, 0, t.loss_mask).astype(np.uint8)
+        return trajectories, [i for _, ids in taken for i in ids]
 
     def drop_ready(self) -> int:
         """Finish every ready group untrained (on-policy surplus: sampled with weights the next step

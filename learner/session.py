@@ -276,8 +276,11 @@ class TrainingSession:
         if not self._batch_ready():
             return None
         cfg, stats = self.cfg, self.collector.stats
-        trajectories, ids = self.collector.take(cfg.rollout.prompts_per_step, in_publish_order=self._whole_rounds)
+        stale0 = stats.stale_tokens
+        trajectories, ids = self.collector.take(cfg.rollout.prompts_per_step, in_publish_order=self._whole_rounds,
+                                                learner_version=self.learner.version)
         info: dict[str, Any] = {
+            "stale_tokens": stats.stale_tokens - stale0,  # left out of the loss: older than max_staleness
             "sampling_rounds": self._round,
             "surplus_groups": self.collector.drop_ready() if self._whole_rounds else 0,  # the round's trainable rest
             "filtered_groups": stats.filtered_groups - self._filtered0,
@@ -310,6 +313,7 @@ class TrainingSession:
             time_publish_s=time.perf_counter() - t_pub,
             filtered_groups_total=stats.filtered_groups,
             stale_groups_total=stats.stale_groups,
+            stale_tokens_total=stats.stale_tokens,
             surplus_groups_total=stats.surplus_groups,
             duplicates_total=stats.duplicates,
             dead_lettered_groups_total=stats.dead_lettered_groups,

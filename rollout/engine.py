@@ -55,6 +55,13 @@ completions are those `generate([prompt], params)` gives, whatever else is in th
 the logits' rounding under a different batch composition). The rollout worker's streaming loop
 (rollout/streaming.py) drives it.
 
+**In-flight weight updates** (optional, a StreamingEngine whose `inflight_updates` is True;
+`system.inflight_weight_updates`): `update_weights` may be called between two `step`s with prompts in
+flight. The running sequences go on (PipelineRL's semantics: the KV cache already computed for them is
+kept, not recomputed), every token sampled after the update comes from the new weights, its log-prob is
+the one it was sampled with, and the completion's `versions` says from which token on each version sampled
+it. A prompt added after the update never reuses a prefix cached under older weights.
+
 Not covered here: multi-turn/tool loops (the agent loop drives an engine), text (tokenisation is
 the caller's).
 """
@@ -145,6 +152,10 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
+    # [(token index, weight version), ...], the first at index 0, both increasing: the tokens from each
+    # index on were sampled with that version (a streaming engine says so; `inflight_updates`). Empty: the
+    # engine does not say, and the caller's version at the call holds for every token.
+    versions: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
 
 @runtime_checkable
@@ -196,7 +207,10 @@ def require_awake(engine: object, what: str) -> None:
 class StreamingEngine(RolloutEngine, Protocol):
     """An engine fed continuously: prompts go in one at a time while others decode; see the module
     docstring. `weight_version` and `update_weights` as in RolloutEngine; an update may only be
-    made while `pending() == 0` (no sequence of the old weights in flight)."""
+    made while `pending() == 0` (no sequence of the old weights in flight), unless `inflight_updates`."""
+
+    inflight_updates: bool
+    """True: `update_weights` may be called with prompts in flight (see the module docstring)."""
 
     def capacity(self) -> int:
         """Sequences the engine runs at once: for vLLM its max_num_seqs bounded by how many
@@ -216,6 +230,11 @@ class StreamingEngine(RolloutEngine, Protocol):
 
     def pending(self) -> int:
         """Prompts queued or running (added and not yet returned by `step`)."""
+        ...
+
+    def sequences(self) -> int:
+        """Samples queued or running: a prompt's n count one each until each ends (an ended sample's
+        room is free while its prompt's other samples still run)."""
         ...
 
 

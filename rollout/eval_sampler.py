@@ -21,6 +21,7 @@ import numpy as np
 from stare.transport.records import EvalTask, Trajectory
 from stare.rollout.engine import SamplingParams
 from stare.rollout.prompt_guard import fit_prompt, prompt_limit
+from stare.rollout.worker import version_fields
 from stare.transport.base import RecordStream
 from stare.transport.guard import process_guarded
 
@@ -90,7 +91,7 @@ class EvalSampler:
         """Sample j of `task`, sampled with weights `version` (None: the engine's current one)."""
         return Trajectory(
             run_id=task.run_id, trajectory_id=f"{task.task_id}:{j}", group_id=task.task_id, group_size=task.n,
-            weight_version=self.worker.engine.weight_version if version is None else version,
+            **version_fields(c, self.worker.engine.weight_version if version is None else version),
             prompt_token_ids=np.asarray(task.prompt_token_ids, dtype=np.int32),
             response_token_ids=np.asarray(c.token_ids, dtype=np.int32),
             response_logprobs=np.asarray(c.logprobs, dtype=np.float32),

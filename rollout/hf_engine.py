@@ -15,6 +15,8 @@ instead of touching the global RNG.
 Streaming (`StreamingEngine`): the degenerate but exact case. `add` queues, `step` generates
 everything queued (one `generate` per distinct sampling setting, each prompt with its own seed)
 and returns it all, so a streaming worker over this engine samples batches of `capacity()` rows.
+In-flight weight updates are trivially safe: between two steps nothing is half-sampled, so the
+queued prompts take whatever weights the engine has when the step runs (each completion's `versions`).
 
 Sleeping (`SleepingEngine`, `system.colocate`): `sleep` moves every parameter and buffer to host
 memory (pinned buffers on CUDA, allocated at the first sleep and reused) and releases its device
@@ -95,6 +97,9 @@ class HFEngine:
         forward_params = inspect.signature(type(self.model).forward).parameters
         self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
         self._queue: list[tuple[list[int], SamplingParams, object]] = []  # streaming: added, not yet stepped
+        # weights may change between steps with prompts queued: a step samples them to the end, so no
+        # sequence is ever half-sampled between two steps (each completion says its one version)
+        self.inflight_updates = True
         self.asleep = False
         self._host: dict[str, torch.Tensor] = {}  # sleeping: each tensor's host copy (pinned on CUDA, reused)
 
@@ -210,6 +215,9 @@ class HFEngine:
     def pending(self) -> int:
         return len(self._queue)
 
+    def sequences(self) -> int:
+        return sum(params.n for _, params, _ in self._queue)
+
     def step(self) -> list[tuple[object, list[Completion]]]:
         """Everything queued, sampled: one `generate` per distinct setting (seeds aside), each
         prompt with its own seed (a fresh one for a prompt added without). The queue is emptied
@@ -225,6 +233,9 @@ class HFEngine:
             groups = self.generate([p for p, _, _ in items],
                                    dataclasses.replace(setting, prompt_seeds=tuple(s for _, s, _ in items)))
             out.extend((key, group) for (_, _, key), group in zip(items, groups))
+        for _, group in out:
+            for c in group:
+                c.versions = [(0, self.weight_version)]
         return out
 
     # --- weights -----------------------------------------------------------------------------

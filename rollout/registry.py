@@ -47,6 +47,8 @@ class VLLMEngineConfig(VllmEngineSection):
     seed: int = Field(0, ge=0, description="Engine seed (used for requests without their own seed).")
     sleep_mode: bool = Field(False, description="Build with vLLM's enable_sleep_mode (CUDA only), so the engine can "
                              "sleep while a learner in the same process steps (`stare train`, system.colocate).")
+    inflight_updates: bool = Field(False, description="Take new weights between engine steps with requests in flight "
+                                   "(system.inflight_weight_updates; stare.rollout.engine, 'In-flight weight updates').")
 
 
 EngineConfig = Annotated[Union[HFEngineConfig, VLLMEngineConfig], Field(discriminator="name")]
@@ -67,7 +69,7 @@ def _build_vllm(config: VLLMEngineConfig) -> RolloutEngine:
 
     return VLLMEngine(config.model_path, dtype=config.dtype, seed=config.seed,
                       cpu_kvcache_space_gib=config.cpu_kvcache_space_gib, sleep_mode=config.sleep_mode,
-                      **engine_args(config))
+                      inflight_updates=config.inflight_updates, **engine_args(config))
 
 
 ENGINES: dict[str, tuple[type[BaseModel], Callable[[Any], RolloutEngine]]] = {

@@ -12,7 +12,7 @@ acknowledges the prompts. Prompts left pending by a dead worker are reclaimed af
 With `system.rollout_streaming` (the default for vLLM) the engine is fed continuously instead
 (rollout/streaming.py): training prompts and evaluation tasks share it, each group is published
 as soon as its last sample ends, and weights change only when nothing of the old version is in
-flight. On SIGTERM it stops after the current engine step; prompts still in the engine stay
+flight (or between any two engine steps: `system.inflight_weight_updates`). On SIGTERM it stops after the current engine step; prompts still in the engine stay
 pending for the successor.
 """
 
@@ -56,8 +56,10 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
         eval_sampler = EvalSampler(worker, evals.tasks, evals.raw,
                                    is_open=RedisEvalIndex(transport.client, cfg.run.name).is_open)
         batch = cfg.system.rollout_batch_prompts
-        stream = StreamingLoop(worker, engine, eval_sampler) if streaming_enabled(cfg, engine) else None
-        log.info("rollout: %s", f"streaming, engine capacity {engine.capacity()} sequences" if stream
+        stream = (StreamingLoop(worker, engine, eval_sampler, inflight=cfg.system.inflight_weight_updates)
+                  if streaming_enabled(cfg, engine) else None)
+        log.info("rollout: %s", f"streaming, engine capacity {engine.capacity()} sequences"
+                 f"{', weights taken in flight' if cfg.system.inflight_weight_updates else ''}" if stream
                  else f"batches of {batch} prompts")
         next_reclaim, done = 0.0, 0
         try:

@@ -5,18 +5,27 @@ of `rollout_batch_prompts` prompts that waits for its longest response. Each rou
 
 1. publish what has finished (held back only while the downstream stream is full);
 2. top the engine up: add prompts (held-out evaluation tasks first, then training prompts, each
-   with its group's own seed) while `sequences in flight + n <= engine.capacity()`;
+   with its group's own seed) while `engine.sequences() + n <= engine.capacity()` (a sample that has
+   ended frees its room at once, while its group's others still run);
 3. one `engine.step()`; every prompt whose n completions have all ended is published as one group
    (training: `raw.publish_and_ack`, the records and the ack of their prompt in one transaction;
    evaluation: `eval_raw` then the ack, as the EvalSampler does).
 
 Weights and staleness: a prompt is sampled with weights of at least its `min_weight_version`.
-The engine takes a new version only between steps when nothing of the old version is in flight:
-a prompt that needs newer weights stops the top-up, the engine drains, the worker takes the
+By default the engine takes a new version only between steps when nothing of the old version is in
+flight: a prompt that needs newer weights stops the top-up, the engine drains, the worker takes the
 newest weights (waiting for the learner if it has to), then the prompt goes in. With nothing in
 flight the worker takes the newest weights before adding anything (as the batch loop does before
 each batch), so strictly on-policy runs sample what the batch loop samples: per-group seeds make
 the random numbers independent of which prompts share a step (tests/rollout/test_streaming.py).
+
+In-flight weight updates (`inflight=True`, `system.inflight_weight_updates`; an engine with
+`inflight_updates`): before every engine step the worker takes the newest published version, with
+prompts in flight (PipelineRL's semantics: running sequences go on, their later tokens from the new
+weights). No drain: a prompt that needs a version not yet published waits in the queue while the
+engine steps the others, and only an empty engine waits for the learner. Each record carries the
+version of every token (`Trajectory.version_starts`, from the engine's `Completion.versions`); the
+learner bounds staleness per token (learner/groups.py).
 
 Durability: a prompt is acknowledged only in the transaction that publishes its group; prompts in
 the engine, or delivered and waiting for room, stay pending, so a worker that dies (or stops)
@@ -25,8 +34,7 @@ reclaims them after `system.claim_idle_s`). A prompt the engine refuses (`add` r
 is handed back with `fail` (dead-lettered after `max_deliveries`); a `step` that raises fails
 every prompt in flight and propagates (the engine's state is unknown: the process restarts).
 
-Not covered: the tool loop (multi-turn rows; the worker samples in batches when tool use is on),
-in-flight weight updates.
+Not covered: the tool loop (multi-turn rows; the worker samples in batches when tool use is on).
 """
 
 from __future__ import annotations
@@ -48,10 +56,11 @@ Kind = Literal["train", "eval"]
 
 def streaming_enabled(cfg, engine) -> bool:
     """Whether a rollout worker of run config `cfg` streams over `engine`:
-    `system.rollout_streaming` (None: on for the vllm engine, off for hf), never with the tool loop."""
+    `system.rollout_streaming` (None: on for the vllm engine or with in-flight weight updates, off for
+    hf), never with the tool loop."""
     wanted = cfg.system.rollout_streaming
     if wanted is None:
-        wanted = cfg.rollout.engine.name == "vllm"
+        wanted = cfg.rollout.engine.name == "vllm" or cfg.system.inflight_weight_updates
     if not wanted:
         return False
     if cfg.rollout.tool_use.enabled:
@@ -77,10 +86,12 @@ class StreamingLoop:
     `worker`: the RolloutWorker whose streams, weights, screening, seeds and records this uses;
     `engine`: the same engine as a StreamingEngine; `evals`: the EvalSampler sharing it (or None)."""
 
-    def __init__(self, worker, engine: StreamingEngine, evals=None):
-        self.worker, self.engine, self.evals = worker, engine, evals
+    def __init__(self, worker, engine: StreamingEngine, evals=None, *, inflight: bool = False):
+        if inflight and not getattr(engine, "inflight_updates", False):
+            raise ValueError(f"system.inflight_weight_updates is on but the {type(engine).__name__} engine cannot take "
+                             "weights with prompts in flight; set system.inflight_weight_updates: false")
+        self.worker, self.engine, self.evals, self.inflight = worker, engine, evals, inflight
         self._slots: dict[int, _Slot] = {}  # key -> what the engine holds under it
-        self._seqs = 0  # sequences in flight: sum of the slots' n
         self._waiting: deque[tuple[Kind, Delivery]] = deque()  # delivered and screened, not yet in the engine
         self._finished: list[tuple[_Slot, list[Completion]]] = []  # sampled, not yet published
         self._keys = itertools.count()
@@ -112,8 +123,8 @@ class StreamingLoop:
     def _top_up(self, block_s: float) -> bool:
         """Add prompts while the engine has room; False if asked to stop while waiting for weights."""
         w = self.worker
-        if not self._slots and not self._finished:
-            w.sync_weights()  # nothing in flight: the newest weights, as before a batch
+        if self.inflight or (not self._slots and not self._finished):
+            w.sync_weights()  # the newest weights: in flight, or with nothing in flight (as before a batch)
         while not self._finished:  # results held back (downstream full): no new work until they are out
             if not self._waiting:
                 if not self._pull(0.0 if self._slots else block_s):
@@ -122,11 +133,11 @@ class StreamingLoop:
                 continue  # what came may all have been screened out
             kind, d = self._waiting[0]
             n, need = self._shape(kind, d.record)
-            if self._slots and self._seqs + n > self.engine.capacity():
+            if self._slots and self.engine.sequences() + n > self.engine.capacity():
                 return True  # full: the next step frees room
             if need > self.engine.weight_version:
-                if self._slots:
-                    return True  # drain first: a new version only with nothing of the old one in flight
+                if self._slots:  # drain first (a new version only with nothing of the old one in flight), or,
+                    return True  # in flight, step the others until the learner has published it
                 if not w._await_weights(need):
                     return False  # stopping: the prompt stays pending for this worker's successor
             self._waiting.popleft()
@@ -137,16 +148,19 @@ class StreamingLoop:
         """Ask the streams for as many prompts as the free room holds (evaluation tasks first; a
         stream whose prompts do not fit is not asked: they stay there for other workers); True if
         anything was delivered."""
-        room = self.engine.capacity() - self._seqs
+        room = self.engine.capacity() - self.engine.sequences()
         sources: list[tuple[Kind, RecordStream]] = [("train", self.worker.prompts)]
         if self.evals is not None:
             sources.insert(0, ("eval", self.evals.tasks))
         for i, (kind, stream) in enumerate(sources):
-            n = self._n_hint.get(kind, 1)  # the last n seen of this stream (1 before the first)
-            if self._slots and room < n:
+            n = self._n_hint.get(kind)  # the last n seen of this stream (None before the first)
+            if self._slots and room < (n or 1):
                 continue
             last = i == len(sources) - 1
-            deliveries = stream.consume(self.worker.name, max(1, room // n), block_s if last else 0.0)
+            # before the first task of a stream its n is unknown: one task (room // 1 would take n times too
+            # many, pending on this worker while other workers idle)
+            deliveries = stream.consume(self.worker.name, 1 if n is None else max(1, room // n),
+                                        block_s if last else 0.0)
             if deliveries:
                 self._waiting.extend((kind, d) for d in self._screen(kind, deliveries))
                 return True
@@ -177,7 +191,6 @@ class StreamingLoop:
             self._stream(kind).fail([d.id], describe(err))
             return
         self._slots[key] = _Slot(kind, d, n, self.engine.weight_version)
-        self._seqs += n
 
     def _stream(self, kind: Kind) -> RecordStream:
         return self.worker.prompts if kind == "train" else self.evals.tasks
@@ -189,14 +202,13 @@ class StreamingLoop:
         try:
             results = self.engine.step()
         except Exception as err:
-            slots, self._slots, self._seqs = list(self._slots.values()), {}, 0
+            slots, self._slots = list(self._slots.values()), {}
             for kind in ("train", "eval"):
                 if ids := [s.delivery.id for s in slots if s.kind == kind]:
                     self._stream(kind).fail(ids, describe(err))
             raise
         for key, completions in results:
             slot = self._slots.pop(key)
-            self._seqs -= slot.n
             self._finished.append((slot, completions))
 
     def _publish(self) -> int:

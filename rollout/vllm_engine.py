@@ -149,6 +149,7 @@ class VLLMEngine:
         seed: int = 0,
         cpu_kvcache_space_gib: int = 1,
         sleep_mode: bool = False,
+        inflight_updates: bool = False,
         **args: Any,
     ) -> None:
         # vLLM reads these when its modules load and the engine starts: set them first.
@@ -180,6 +181,7 @@ class VLLMEngine:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
         self.weight_version = 0
+        self.inflight_updates = inflight_updates  # TODO(h24vllm): update_weights with requests in flight
         self._requests: dict[str, tuple[object, int]] = {}  # streaming: vLLM request id -> (key, n)
         self._request_ids = itertools.count()
 
@@ -268,6 +270,10 @@ class VLLMEngine:
 
     def pending(self) -> int:
         return len(self._requests)
+
+    def sequences(self) -> int:
+        """Samples not finished: vLLM's unfinished (child) requests; a sample that ended frees its room."""
+        return self.llm.llm_engine.get_num_unfinished_requests()
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Reload the full parameter set (HF checkpoint names) in place, then drop cached KV."""

@@ -27,6 +27,15 @@ from stare.weight_sync.base import WeightSubscriber
 log = logging.getLogger(__name__)
 
 
+def version_fields(completion, version: int) -> dict:
+    """A Trajectory's `weight_version` and `version_starts` for `completion`: the versions its engine
+    reported (`Completion.versions`), else `version` for every token."""
+    runs = getattr(completion, "versions", None)
+    if not runs:
+        return {"weight_version": version, "version_starts": []}
+    return {"weight_version": int(runs[0][1]), "version_starts": [[int(i), int(v)] for i, v in runs[1:]]}
+
+
 class RolloutWorker:
     def __init__(
         self,
@@ -134,7 +143,8 @@ class RolloutWorker:
 
     def _records(self, tasks: list[PromptTask], outputs: list[list], versions: list[int] | None = None) -> list[Trajectory]:
         """One Trajectory per completion (outputs[i]: the completions of tasks[i], sampled with
-        weights versions[i]; None: the engine's current version); the responses' texts decoded in
+        weights versions[i], or the versions each completion reports; None: the engine's current
+        version); the responses' texts decoded in
         one batch call, each prompt's ids converted once for its group."""
         texts = iter(self.tokenizer.batch_decode([c.token_ids for group in outputs for c in group],
                                                  skip_special_tokens=True))
@@ -153,7 +163,7 @@ class RolloutWorker:
                     trajectory_id=f"{task.group_id}:{j}",
                     group_id=task.group_id,
                     group_size=task.group_size,
-                    weight_version=version,
+                    **version_fields(c, version),
                     prompt_token_ids=prompt_ids,
                     response_token_ids=np.asarray(c.token_ids, dtype=np.int32),
                     response_logprobs=np.asarray(c.logprobs, dtype=np.float32),

@@ -128,6 +128,16 @@ class SystemSection(_Section):
         "unused for sampling). Off: one blocking batch of rollout_batch_prompts at a time. None: on for the vllm "
         "engine, off for hf (whose batch loop it reproduces exactly); the tool loop always samples in batches.",
     )
+    inflight_weight_updates: bool = Field(
+        False, description="A streaming rollout engine takes each new weight version between two decode steps, with "
+        "sequences in flight (PipelineRL's semantics: they go on with the KV cache computed so far, their later tokens "
+        "from the new weights), instead of draining first. Every record carries the version of each token "
+        "(Trajectory.version_starts) and the learner bounds staleness per token: a token more than max_staleness "
+        "versions old leaves the loss (stale_policy drop) or is importance-corrected against its recorded log-prob "
+        "(importance); a group is dropped as stale only when none of its tokens is within the bound. Needs "
+        "max_staleness >= 1 and a streaming engine (rollout_streaming not false, no tool loop). Off: a version "
+        "changes only with nothing in flight. docs/distributed.md, 'In-flight weight updates'.",
+    )
     health_port: int = Field(
         0, ge=0, le=65535, description="Port of each role's HTTP liveness endpoint GET /healthz (0: off; the "
         "STARE_HEALTH_PORT environment variable overrides it). The control plane has its own /v1/health.",

@@ -53,6 +53,21 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _inflight_needs_staleness_and_streaming(self):
+        s = self.system
+        if not s.inflight_weight_updates:
+            return self
+        if s.max_staleness < 1:
+            raise ValueError("system.inflight_weight_updates needs system.max_staleness >= 1: a sequence that takes a new "
+                             "version mid-way has tokens one version old (on-policy every token must come from the "
+                             "version the learner trains); set max_staleness: 1, or inflight_weight_updates: false")
+        if s.rollout_streaming is False or self.rollout.tool_use.enabled:
+            raise ValueError("system.inflight_weight_updates needs the streaming rollout loop (weights change between "
+                             "its engine steps): set system.rollout_streaming to true or null and rollout.tool_use."
+                             "enabled to false, or inflight_weight_updates: false")
+        return self
+
+    @model_validator(mode="after")
     def _lora_without_zero3(self):
         if self.model.lora is not None and self.optim.zero_stage == 3:
             raise ValueError("model.lora with optim.zero_stage=3 is not supported (the adapters are merged from whole "

@@ -57,8 +57,16 @@ def batch_metrics(trajectories, elapsed_s: float) -> dict[str, float]:
 
 def trained_lags(trajectories, trained_at_version: int) -> Counter:
     """Weight-version lag of each trained trajectory: the version it was trained at minus the one
-    that sampled it (0 = on-policy)."""
-    return Counter(trained_at_version - t.weight_version for t in trajectories)
+    that sampled its oldest token still in the loss (0 = on-policy; a trajectory sampled across weight
+    updates may have older tokens, left out of the loss)."""
+    return Counter(trained_at_version - _oldest_trained(t) for t in trajectories)
+
+
+def _oldest_trained(t) -> int:
+    if not t.version_starts:
+        return t.weight_version
+    versions = t.token_versions()[t.loss_mask > 0]  # [tokens in the loss]
+    return int(versions.min()) if versions.size else t.newest_version
 
 
 def staleness_summary(lags: Counter) -> dict[str, Any]:

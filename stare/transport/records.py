@@ -5,7 +5,10 @@ Invariants (checked by `validate`, which raises `RecordError` naming the field):
   * `loss_mask` is 1 on tokens the model generated and trains on, 0 on tool observations;
   * `response_logprobs` are the rollout engine's log-probs of the sampled tokens (<= 0);
   * `trajectory_id` is unique per run: the learner trains a trajectory id at most once;
-  * `weight_version` is the policy version that generated it.
+  * `weight_version` is the policy version that generated its first response token; a response
+    sampled across weight updates (`system.inflight_weight_updates`) lists where each later version
+    starts in `version_starts` ([[token index, version], ...], indices and versions increasing, every
+    version above `weight_version`); empty: every token came from `weight_version`.
 Arrays travel packed (`to_fields` / `from_fields`: little-endian raw bytes plus a JSON header),
 never as JSON lists; `schema` is checked on decode.
 """
@@ -18,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 2  # 2: PromptTask.min_weight_version
+SCHEMA_VERSION = 3  # 2: PromptTask.min_weight_version; 3: Trajectory.version_starts
+READABLE_SCHEMAS = (2, 3)  # a schema-2 record reads as schema 3 with no version_starts (one version)
 
 
 class RecordError(ValueError):
@@ -117,7 +121,22 @@ class Trajectory:
     reward: float | None = None
     reward_info: dict[str, Any] = field(default_factory=dict)
     turns: int = 1
+    # [[token index, version], ...]: the response tokens from index i on were sampled with `version`
+    # (in-flight weight updates); empty: all with weight_version
+    version_starts: list[list[int]] = field(default_factory=list)
     schema: int = SCHEMA_VERSION
+
+    def token_versions(self) -> np.ndarray:
+        """The weight version of every response token: [R] int64."""
+        out = np.full(len(self.response_token_ids), self.weight_version, dtype=np.int64)
+        for start, version in self.version_starts:
+            out[start:] = version
+        return out
+
+    @property
+    def newest_version(self) -> int:
+        """The version of the last response token (weight_version when it was sampled with one version)."""
+        return self.version_starts[-1][1] if self.version_starts else self.weight_version
 
     def validate(self) -> "Trajectory":
         n = len(self.response_token_ids)
@@ -137,6 +156,13 @@ class Trajectory:
             raise RecordError(f"Trajectory.group_size must be >= 1, got {self.group_size}")
         if self.weight_version < 0:
             raise RecordError(f"Trajectory.weight_version must be >= 0, got {self.weight_version}")
+        last_start, last_version = 0, self.weight_version
+        for pair in self.version_starts:
+            if len(pair) != 2 or not last_start < pair[0] < n or pair[1] <= last_version:
+                raise RecordError(f"Trajectory.version_starts must be [token index, version] pairs with indices in "
+                                  f"(0, {n}) and versions above weight_version ({self.weight_version}), both increasing; "
+                                  f"got {self.version_starts}")
+            last_start, last_version = pair
         if self.reward is not None and not np.isfinite(self.reward):
             raise RecordError(f"Trajectory.reward must be finite, got {self.reward}")
         return self
@@ -150,9 +176,7 @@ class Trajectory:
 
     @classmethod
     def from_fields(cls, data: dict[bytes | str, bytes]) -> "Trajectory":
-        header = json.loads(_get(data, "json"))
-        if header.get("schema") != SCHEMA_VERSION:
-            raise RecordError(f"Trajectory.schema is {header.get('schema')!r}, this build reads {SCHEMA_VERSION}")
+        header = _schema_checked(cls, json.loads(_get(data, "json")))
         arrays = {
             name: np.frombuffer(_get(data, name), dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype)
             for name, dtype in _ARRAYS.items()
@@ -165,13 +189,19 @@ class Trajectory:
 
 def _from_json_fields(cls, data: dict[bytes | str, bytes]):
     """A JSON-encoded record (PromptTask, EvalTask) from its stream fields, its schema checked."""
-    raw = json.loads(_get(data, "json"))
-    if raw.get("schema") != SCHEMA_VERSION:
-        raise RecordError(f"{cls.__name__}.schema is {raw.get('schema')!r}, this build reads {SCHEMA_VERSION}")
+    raw = _schema_checked(cls, json.loads(_get(data, "json")))
     try:
         return cls(**raw)
     except TypeError as err:
         raise RecordError(f"{cls.__name__} fields do not match schema {SCHEMA_VERSION}: {err}") from None
+
+
+def _schema_checked(cls, header: dict) -> dict:
+    """A record's JSON header read at this build's schema: a readable older schema is raised to it."""
+    if header.get("schema") not in READABLE_SCHEMAS:
+        raise RecordError(f"{cls.__name__}.schema is {header.get('schema')!r}, this build reads "
+                          f"{', '.join(map(str, READABLE_SCHEMAS))}")
+    return {**header, "schema": SCHEMA_VERSION}
 
 
 def _get(data: dict, key: str) -> bytes:

@@ -150,19 +150,20 @@ def test_placement_follows_the_bottleneck(case, best):
     assert cands[0].learner_gpus == best
 
 
-def test_issue_24_fields_the_config_lacks_are_sim_settings_with_defaults():
+def test_design_knobs_are_config_fields_and_sim_settings_have_defaults():
     from stare.app.sim.design import build_design, split_overrides
     from stare.config import load_config
 
     passed, sim = split_overrides(None, ["system.inflight_weight_updates=true", "system.rollout_streaming=true",
                                          "optim.lr=1e-5", "sim.response_mean=7"])
-    assert passed == ["system.rollout_streaming=true", "optim.lr=1e-5"]  # real fields go to the config
+    assert passed == ["system.inflight_weight_updates=true", "system.rollout_streaming=true", "optim.lr=1e-5"]
+    assert sim.knobs == {"sim.response_mean": 7}  # real fields go to the config, sim.* stay the sim's
     cfg = load_config(Path("configs/tiny-cpu.yaml"), overrides=passed)
     on = build_design(cfg, sim, gpus=2, learner_gpus=1, colocated=False)
     off = build_design(load_config(Path("configs/tiny-cpu.yaml")), split_overrides(None, [])[1], gpus=2,
                        learner_gpus=1, colocated=False)
     assert (on.streaming, off.streaming) == (True, False)  # None: off for the tiny config's hf engine
-    assert (on.inflight, off.inflight) == (True, False)  # a sim setting, default off
+    assert (on.inflight, off.inflight) == (True, False)  # default off
     assert not on.eager  # the hf section has no enforce_eager: auto, and a simulated GPU has CUDA
 
 

@@ -116,3 +116,23 @@ def test_an_engine_section_without_a_name_is_the_default_engines():
     assert (cfg.rollout.engine.name, cfg.rollout.engine.max_batch_size) == ("hf", 64)
     vllm = build_config({"rollout": {"engine": "vllm"}}, overrides=["rollout.engine.max_num_seqs=8"])
     assert (vllm.rollout.engine.name, vllm.rollout.engine.max_num_seqs) == ("vllm", 8)
+
+
+@pytest.mark.parametrize("system, field", [
+    ({"inflight_weight_updates": True, "max_staleness": 0}, "max_staleness"),
+    ({"inflight_weight_updates": True, "max_staleness": 1, "rollout_streaming": False}, "rollout_streaming"),
+])
+def test_in_flight_weight_updates_need_staleness_and_the_streaming_loop(system, field):
+    with pytest.raises(ConfigError, match=field):
+        build_config({"system": system})
+
+
+def test_in_flight_weight_updates_turn_the_streaming_loop_on_for_the_hf_engine():
+    from stare.rollout.hf_engine import HFEngine
+    from stare.rollout.streaming import streaming_enabled
+
+    cfg = build_config({"system": {"inflight_weight_updates": True, "max_staleness": 1}})
+    engine = HFEngine.__new__(HFEngine)  # the attributes the check reads; no model
+    engine.inflight_updates, engine.weight_version = True, 0
+    assert cfg.rollout.engine.name == "hf" and cfg.system.rollout_streaming is None
+    assert streaming_enabled(cfg, engine)

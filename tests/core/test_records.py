@@ -37,6 +37,31 @@ def test_wrong_schema_version_is_rejected():
         Trajectory.from_fields(fields)
 
 
+def test_per_token_versions_round_trip_and_expand():
+    t = make_trajectory(response_token_ids=np.arange(5, dtype=np.int32), response_logprobs=np.full(5, -1.0, np.float32),
+                        loss_mask=np.ones(5, np.uint8), weight_version=2, version_starts=[[1, 3], [4, 5]])
+    back = Trajectory.from_fields(t.to_fields())
+    assert back.version_starts == [[1, 3], [4, 5]] and back.newest_version == 5
+    assert back.token_versions().tolist() == [2, 3, 3, 3, 5]
+    assert make_trajectory(weight_version=4).token_versions().tolist() == [4, 4]  # one version: every token
+
+
+@pytest.mark.parametrize("starts", [[[0, 3]], [[2, 3]], [[1, 2]], [[1, 4], [1, 5]], [[1, 5], [1, 4]], [[1]]])
+def test_version_starts_out_of_order_or_out_of_range_name_the_field(starts):
+    # response of 2 tokens at version 2: an index must be in (0, 2), versions above 2 and increasing
+    with pytest.raises(RecordError, match="version_starts"):
+        make_trajectory(weight_version=2, version_starts=starts).validate()
+
+
+def test_a_schema_2_trajectory_still_reads_with_one_version():
+    fields = make_trajectory(weight_version=7).to_fields()
+    header = json.loads(fields["json"])
+    del header["version_starts"]
+    fields["json"] = json.dumps({**header, "schema": 2}).encode()  # written by the previous build
+    back = Trajectory.from_fields(fields)
+    assert back.schema == SCHEMA_VERSION and back.version_starts == [] and back.token_versions().tolist() == [7, 7]
+
+
 def test_prompt_task_round_trips():
     p = PromptTask(run_id="r", group_id="g", prompt="1+2=", prompt_token_ids=[1, 2], answer="3", problem_id="x",
                    data_source="d", group_size=4)

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 from redis_fixtures import have_redis_server, redis_server
 from record_helpers import make_trajectory
@@ -154,11 +155,59 @@ def test_a_group_older_than_max_staleness_is_dropped_whole_or_kept_for_importanc
     for keep_stale, expected in ((False, []), (True, ["g000000000"] * 2)):
         s = MemoryStream("scored")
         c = GroupCollector(s, name="l", dynamic_sampling=False, max_staleness=1, keep_stale=keep_stale)
-        s.publish(_feeder_group(0, version=1)[:1] + _feeder_group(0, version=3)[1:])
+        s.publish(_feeder_group(0, version=1))  # lag 2 at learner version 3: every token beyond the bound
         c.pull(3)
-        taken, _ = c.take(10)
+        taken, _ = c.take(10, learner_version=3)
         assert [t.group_id for t in taken] == expected and c.stats.stale_groups == (0 if keep_stale else 1)
+        assert c.stats.stale_tokens == 0  # importance keeps every token in the loss
 
+
+def test_a_group_with_a_token_within_max_staleness_is_kept_and_its_older_tokens_leave_the_loss():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False, max_staleness=1)
+    old, new = _feeder_group(0, version=1)[:1], _feeder_group(0, version=3)[1:]
+    old[0].loss_mask = np.array([1, 1], dtype=np.uint8)
+    s.publish(old + new)
+    c.pull(3)
+    taken, _ = c.take(10, learner_version=3)
+    # trajectory 0 (version 1, lag 2) stays for the group's advantages but trains no token; trajectory 1 as it was
+    assert [t.loss_mask.tolist() for t in taken] == [[0, 0], [1, 0]]
+    assert c.stats.stale_groups == 0 and c.stats.stale_tokens == 2
+
+
+def test_in_flight_a_trajectorys_tokens_beyond_max_staleness_leave_the_loss_token_by_token():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False, max_staleness=1)
+    group = _feeder_group(0, version=1)
+    for t in group:  # 5 tokens: 0-1 sampled with version 1, 2-3 with 2, 4 with 3
+        t.response_token_ids, t.response_logprobs = np.arange(5, dtype=np.int32), np.full(5, -1.0, dtype=np.float32)
+        t.loss_mask, t.version_starts = np.array([1, 1, 1, 0, 1], dtype=np.uint8), [[2, 2], [4, 3]]
+    s.publish(group)
+    c.pull(3)
+    taken, _ = c.take(10, learner_version=3)
+    assert [t.loss_mask.tolist() for t in taken] == [[0, 0, 1, 0, 1]] * 2  # lag 2 out; lags 1 and 0 kept
+    assert c.stats.stale_tokens == 4 and c.stats.stale_groups == 0
+    # a version later its tokens of version 2 are beyond the bound too: the group is then all but its last token
+    s2 = MemoryStream("scored")
+    c2 = GroupCollector(s2, name="l", dynamic_sampling=False, max_staleness=1)
+    s2.publish(_feeder_group(1, version=3))
+    c2.pull(4)
+    assert c2.take(10, learner_version=4)[0][0].loss_mask.tolist() == [1, 0]  # lag 1: untouched
+
+
+def test_a_ready_group_expires_only_once_none_of_its_tokens_is_within_max_staleness():
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False, max_staleness=1)
+    group = _feeder_group(0, version=1)
+    for t in group:
+        t.response_token_ids, t.response_logprobs = np.arange(3, dtype=np.int32), np.full(3, -1.0, dtype=np.float32)
+        t.loss_mask, t.version_starts = np.ones(3, dtype=np.uint8), [[1, 2]]
+    s.publish(group)
+    c.pull(2)
+    c.pull(3)  # newest token version 2: lag 1, still ready
+    assert len(c.ready) == 1 and c.stats.stale_groups == 0
+    c.pull(4)  # lag 2 for every token: dropped as stale
+    assert c.ready == [] and c.stats.stale_groups == 1
 
 
 def _memory_log():

@@ -87,16 +87,20 @@ def test_streaming_over_the_hf_engine_publishes_the_batch_loops_trajectories(hf_
 
 
 class ScriptedEngine:
-    """A StreamingEngine whose prompt `[k, i]` finishes exactly k steps after it was added; each
-    completion is `[k, sample index]` with log-probs -1. Records when each prompt went in and came
-    out (by prompt), with which weights and seed, and checks the protocol's rules: never more
-    than `capacity()` sequences in flight (one prompt alone may exceed it), weights changed only
-    with nothing pending."""
+    """A StreamingEngine whose prompt `[k, i]` finishes exactly k steps after it was added (`[k, i, d]`:
+    its sample j after k + j x d steps, so a group's samples end at different steps); each completion
+    is `[k, sample index]` padded to one token per step it ran, log-probs -1. Records when each
+    prompt went in and came out (by prompt), with which weights and seed, and checks the protocol's
+    rules: never more than `capacity()` samples in flight (one prompt alone may exceed it), weights
+    changed only with nothing pending unless `inflight_updates` (then each completion says from which
+    token on each version sampled it)."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, inflight_updates: bool = False):
         self._capacity, self.weight_version = capacity, 0
+        self.inflight_updates = inflight_updates
         self.clock = 0  # steps taken
-        self.running: dict[object, tuple[int, SamplingParams, tuple]] = {}  # key -> (finish step, params, prompt)
+        # key -> (sample end steps, params, prompt, the step it went in, [(step, version) runs])
+        self.running: dict[object, tuple[list[int], SamplingParams, tuple, int, list]] = {}
         self.added: dict[tuple, int] = {}  # prompt -> steps taken when it was added
         self.finished: dict[tuple, int] = {}  # prompt -> the step that returned it
         self.versions: dict[tuple, int] = {}  # prompt -> weights it was added with
@@ -107,26 +111,38 @@ class ScriptedEngine:
 
     def add(self, prompt, params, key):
         p = tuple(prompt)
-        self.running[key] = (self.clock + prompt[0], params, p)
+        per_sample = prompt[2] if len(prompt) > 2 else 0
+        ends = [self.clock + prompt[0] + j * per_sample for j in range(params.n)]
+        self.running[key] = (ends, params, p, self.clock, [(self.clock, self.weight_version)])
         self.added[p], self.versions[p], self.seeds[p] = self.clock, self.weight_version, prompt_seed(params)
 
+    def sequences(self) -> int:
+        return sum(sum(end > self.clock for end in ends) for ends, _, _, _, _ in self.running.values())
+
     def step(self):
-        seqs = sum(params.n for _, params, _ in self.running.values())
+        seqs = self.sequences()
         assert seqs <= self._capacity or len(self.running) == 1, f"{seqs} sequences in flight"
         self.clock += 1
         out = []
-        for key in [k for k, (end, _, _) in self.running.items() if end <= self.clock]:
-            _, params, p = self.running.pop(key)
+        for key in [k for k, (ends, _, _, _, _) in self.running.items() if max(ends) <= self.clock]:
+            ends, params, p, start, runs = self.running.pop(key)
             self.finished[p] = self.clock
-            out.append((key, [Completion([p[0], j], [-1.0, -1.0], "length") for j in range(params.n)]))
+            group = []
+            for j, end in enumerate(ends):
+                n = max(end - start, 2)
+                versions = [(step - start, v) for step, v in runs if step - start < n]
+                group.append(Completion([p[0], j] + [0] * (n - 2), [-1.0] * n, "length", versions=versions))
+            out.append((key, group))
         return out
 
     def pending(self):
         return len(self.running)
 
     def update_weights(self, state_dict, version):
-        assert not self.running, "weights changed with sequences in flight"
+        assert self.inflight_updates or not self.running, "weights changed with sequences in flight"
         self.weight_version = version
+        for _, _, _, _, runs in self.running.values():
+            runs.append((self.clock, version))
 
     def generate(self, prompts, params):
         raise AssertionError("the streaming loop never calls generate")
@@ -206,6 +222,44 @@ def test_a_new_weight_version_waits_until_the_engine_has_drained():
     assert {r.group_id: r.weight_version for r in _in_order(transport.raw)} == {"g0": 0, "g1": 1}
 
 
+def test_an_ended_sample_frees_its_room_while_its_groups_others_still_run():
+    engine, transport = ScriptedEngine(capacity=5), MemoryTransport()
+    # P0's samples end after 1 and 6 steps, P1's both after 3, P2's after 1 (groups of 2)
+    transport.prompts.publish([_task(0, [1, 0, 5], group_size=2), _task(1, [3, 1], group_size=2),
+                               _task(2, [1, 2], group_size=2)])
+    loop = StreamingLoop(_worker(engine, Decoder(), transport, MemoryWeightBoard()), engine)
+    _rounds(loop, lambda: not transport.prompts.backlog())
+    # step 0: P0 + P1 = 4 samples, P2's 2 more do not fit 5; after step 1 P0's first sample has ended:
+    # 3 + 2 fit, so P2 goes in at 1 (counting whole groups it would wait for P1's end at 3)
+    assert engine.added == {(1, 0, 5): 0, (3, 1): 0, (1, 2): 1}
+    assert engine.finished == {(1, 2): 2, (3, 1): 3, (1, 0, 5): 6}
+
+
+def test_in_flight_the_engine_takes_a_new_version_between_steps_and_records_say_which_tokens_it_sampled():
+    engine, transport, board = ScriptedEngine(capacity=8, inflight_updates=True), MemoryTransport(), MemoryWeightBoard()
+    transport.prompts.publish([_task(0, [4, 0], group_size=2), _task(1, [1, 1], group_size=2, min_version=1)])
+    loop = StreamingLoop(_worker(engine, Decoder(), transport, board), engine, inflight=True)
+    loop.run_once()  # P0 goes in with version 0 and steps; P1 needs version 1, not yet published: it waits
+    loop.run_once()  # no drain and no wait for the learner: P0 steps on
+    assert engine.clock == 2 and engine.added == {(4, 0): 0}
+    board.publish(1, {})
+    _rounds(loop, lambda: not transport.prompts.backlog())
+    # version 1 taken before step 3 with P0 in flight (2 of its 4 tokens sampled); P1 in at once
+    assert engine.added == {(4, 0): 0, (1, 1): 2} and engine.versions == {(4, 0): 0, (1, 1): 1}
+    records = {r.trajectory_id: r for r in _in_order(transport.raw)}
+    p0 = records["g0:0"]
+    assert (p0.weight_version, p0.version_starts, p0.newest_version) == (0, [[2, 1]], 1)
+    assert p0.token_versions().tolist() == [0, 0, 1, 1]
+    assert (records["g1:0"].weight_version, records["g1:0"].version_starts) == (1, [])
+
+
+def test_in_flight_weight_updates_need_an_engine_that_takes_them():
+    engine = ScriptedEngine(capacity=4)  # inflight_updates False
+    worker = _worker(engine, Decoder(), MemoryTransport(), MemoryWeightBoard())
+    with pytest.raises(ValueError, match="inflight_weight_updates"):
+        StreamingLoop(worker, engine, inflight=True)
+
+
 def test_a_full_downstream_stream_holds_finished_groups_and_admits_nothing_until_they_are_out():
     engine = ScriptedEngine(capacity=4)
     transport = MemoryTransport(raw=MemoryStream("raw", maxlen=5))  # unacknowledged records: 2 groups of 2 fit, not 3
@@ -266,5 +320,5 @@ def test_a_worker_that_dies_mid_stream_leaves_its_unpublished_prompts_to_its_suc
         second.close()
     assert sorted(published) == sorted(f"g{i}" for i in range(5) for _ in range(2))  # each group once, whole
     assert set(dead.finished) == {(1, 1), (1, 2)}
-    assert {p for _, _, p in dead.running.values()} == {(6, 0), (2, 3)}
+    assert {p for _, _, p, _, _ in dead.running.values()} == {(6, 0), (2, 3)}
     assert set(engine.added) == {(6, 0), (2, 3), (1, 4)}  # what the dead worker held, sampled again, and the rest

@@ -1,16 +1,15 @@
 """The sim's config adapter: a run config (+ the node) -> what the simulated node runs and what its
 work costs.
 
-Fields of issue #24 that this branch's config may not have yet are read with a default, and can be
-set with `--set` like any field (the adapter takes them out before the config is validated):
+The design knobs are the run config's own fields (system.rollout_streaming, system.inflight_weight_updates,
+system.weight_sync_publish_from, rollout.engine.enforce_eager, ...), set with `--set` as for any run.
+Two are read with a default where the config has no such field (the adapter takes them out before the
+config is validated):
 
 | field | default | meaning |
 | --- | --- | --- |
-| `rollout.engine.enforce_eager` | the config's (None = auto: CUDA graphs on a GPU) | eager vs CUDA-graph decode |
-| `system.rollout_streaming` | false | true: the engine's batch kept full, a finished group published at once |
-| `system.inflight_weight_updates` | false | engines take a new version between decode steps |
-| `system.weight_sync_publish_from` | the config's (auto: device where NCCL sends) | device: NCCL from GPU buffers, no pageable host round trip |
-| `sim.zero3_head` | per_chunk | per_chunk: the ZeRO-3 head gathered per chunk and recompute (today); per_micro_batch |
+| `rollout.engine.enforce_eager` | the config's (None = auto: CUDA graphs on a GPU) | eager vs CUDA-graph decode (the hf section has none) |
+| `sim.zero3_head` | per_micro_batch | per_chunk: the ZeRO-3 head gathered per chunk and recompute (before issue #24); per_micro_batch |
 
 Response lengths: `sim.response_mean` tokens (default 1,050) and `sim.response_sigma` (0.6), capped at
 `rollout.max_new_tokens`; prompts of `sim.prompt_tokens` tokens (default 200, +/- 25%); solve rates
@@ -29,9 +28,6 @@ from stare.app.sim.costs import GPUS, LengthModel, ModelCosts, NodeCosts
 from stare.app.sim.node import Design, StepCosts
 
 NEW_FIELDS = {
-    "system.rollout_streaming": False,
-    "system.inflight_weight_updates": False,
-    "system.weight_sync_publish_from": "auto",
     "rollout.engine.enforce_eager": None,  # the hf section has none: auto
 }
 SIM_FIELDS = {"sim.response_mean": 1050.0, "sim.response_sigma": 0.6, "sim.prompt_tokens": 200,
@@ -74,7 +70,7 @@ def _config_has(model, dotted: str) -> bool:
 
 
 def _read(cfg, sim: SimSettings, dotted: str):
-    """A field from the config where it exists (merged work), else the sim setting / default."""
+    """A field from the config where it exists, else the sim setting / default (NEW_FIELDS)."""
     if dotted in sim.knobs:
         return sim.knobs[dotted]
     obj = cfg
@@ -91,11 +87,9 @@ def build_design(cfg, sim: SimSettings, *, gpus: int, learner_gpus: int | None, 
     eager = _read(cfg, sim, "rollout.engine.enforce_eager")
     if eager is None:  # auto: CUDA graphs where CUDA is present
         eager = not on_gpu
-    for key, allowed in (("system.weight_sync_publish_from", ("auto", "host", "device")),
-                         ("sim.zero3_head", ("per_chunk", "per_micro_batch"))):
-        value = _read(cfg, sim, key) if key in NEW_FIELDS else sim.get(key)
-        if value not in allowed:
-            raise ValueError(f"{key}={value!r}: choose one of {', '.join(allowed)} (--set {key}=...)")
+    head, allowed = sim.get("sim.zero3_head"), ("per_chunk", "per_micro_batch")
+    if head not in allowed:
+        raise ValueError(f"sim.zero3_head={head!r}: choose one of {', '.join(allowed)} (--set sim.zero3_head=...)")
     learner = learner_gpus if learner_gpus is not None else cfg.system.learner_ranks
     if colocated:
         learner = gpus

@@ -2,18 +2,15 @@
 
 Real (the code `stare up` runs, unchanged): `TrainingSession` (learner/session.py: the window, the
 on-policy sampling rounds and their over-sampling, `data.oversample`; top-ups, publish, checkpoint cadence), `PromptFeeder`, `GroupCollector`
-(complete groups, staleness drop, dynamic sampling), `RolloutWorker` (blocking mode: `run_once` with
-`system.rollout_batch_prompts`, its weight wait and records; streaming mode: its screening and
-records), `RewardWorker`, `RunSteering`, `RunOutputs` (metrics.jsonl under the sim's run folder).
-The in-memory streams (`MemoryStream`) replace Redis, each wrapped so that an entry becomes visible
-at the virtual time its producer published it.
+(complete groups, staleness per token, dynamic sampling), `RolloutWorker` (blocking mode: `run_once` with
+`system.rollout_batch_prompts`, its weight wait and records) and its `StreamingLoop` (streaming mode:
+the engine's batch kept full, each group published when it ends, weights taken once the engine drains
+or, `system.inflight_weight_updates`, between any two steps), `RewardWorker`, `RunSteering`,
+`RunOutputs` (metrics.jsonl under the sim's run folder). The in-memory streams (`MemoryStream`) replace
+Redis, each wrapped so that an entry becomes visible at the virtual time its producer published it.
 
 Stood in (stare/app/sim/standins.py): the rollout engine, the learner's train step / weight gather /
 checkpoint write, the weight transport, the task's prompts and its verifier.
-
-Modelled here, not yet in the real worker (issue #24, h24roll): the streaming loop (`_Streaming`):
-the engine's batch is kept full from the prompt stream, each finished group is published at once, a
-new weight version is taken when the engine drains (or between steps with in-flight updates).
 
 The driver is a discrete-event loop run from the session's `pump` seam: each call lets every
 rollout and reward actor act up to the learner's clock (earliest clock first), releases what the
@@ -168,63 +165,26 @@ class _Worker:
 
 
 class _Streaming(_Worker):
-    """The streaming loop of issue #24 (h24roll's protocol on the stand-in engine)."""
+    """The real streaming loop (rollout/streaming.py) over the stand-in engine: the engine's steps stop at
+    the driver's horizon, so the loop runs one virtual-time slice per act."""
 
     def __init__(self, *args, inflight: bool):
+        from stare.rollout.streaming import StreamingLoop
+
         super().__init__(*args)
-        self.inflight = inflight
-        self.held: list = []  # deliveries that need a newer version than the engine's (drain first)
-        self.admitted: dict[str, tuple[Any, Any, int]] = {}  # key -> (delivery, task, version)
+        self.loop = StreamingLoop(self.worker, self.engine, inflight=inflight)
 
     def next_time(self) -> float | None:
-        if self.engine.pending() or self.held:
+        if self.loop.in_flight():
             return self.lane.now
         return super().next_time()
 
-    def _take_newest(self) -> None:
-        self.worker.sync_weights()
-
-    def _params(self, task):
-        from stare.rollout.engine import SamplingParams, derive_seed
-
-        r = self.node.cfg.rollout
-        return SamplingParams(n=task.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                              top_p=r.top_p, seed=derive_seed(self.node.cfg.run.seed, task.group_id))
-
-    def _admit(self, delivery) -> None:
-        task = delivery.record
-        self.engine.add(task.prompt_token_ids, self._params(task), key=delivery.id)
-        self.admitted[delivery.id] = (delivery, task, self.engine.weight_version)
-
     def act(self, until: float) -> bool:
-        eng, prompts = self.engine, self.node.transport.prompts
+        prompts = self.node.transport.prompts
         prompts.release(self.lane.now)
-        if self.inflight or not eng.pending():
-            self._take_newest()  # between engine steps (in-flight) or once drained
-        if self.held and not eng.pending():
-            need = max(d.record.min_weight_version for d in self.held)
-            self.worker._await_weights(need)
-            for d in self.held:
-                self._admit(d)
-            self.held = []
-        G = self.node.cfg.rollout.samples_per_prompt
-        while not self.held and prompts.visible() and eng.running_seqs() + G * len(eng.queue) + G <= eng.capacity():
-            for d in self.worker._screen(prompts.consume(self.name, 1)):
-                if d.record.min_weight_version > eng.weight_version:
-                    if self.inflight:
-                        self.worker._await_weights(d.record.min_weight_version)
-                    else:
-                        self.held.append(d)
-                        continue
-                self._admit(d)
-        if eng.pending():
-            eng.horizon = until
-            for key, completions in eng.step():
-                delivery, task, version = self.admitted.pop(key)
-                records = self.worker._records([task], [completions])
-                for rec in records:
-                    rec.weight_version = version  # the version it was admitted with (its oldest tokens)
-                self.node.transport.raw.publish_and_ack(records, prompts, [delivery.id])
+        if self.loop.in_flight() or prompts.visible():
+            self.engine.horizon = until
+            self.loop.run_once()
             return True
         t = prompts.next_time()
         self.lane.wait_until(until if t is None else min(t, until))

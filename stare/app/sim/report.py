@@ -70,7 +70,7 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
         "window_s": [t0, t1],
         # from the real session's metrics: what the collector did with the groups
         "groups_filtered_total": last.get("filtered_groups_total"), "groups_stale_total": last.get("stale_groups_total"),
-        "groups_surplus_total": last.get("surplus_groups_total"),
+        "groups_surplus_total": last.get("surplus_groups_total"), "stale_tokens_total": last.get("stale_tokens_total"),
         "response_length_mean": (sum(m.get("response_length_mean", 0.0) for m in run.metrics[warmup + 1:])
                                  / max(len(run.metrics) - warmup - 1, 1)),
         "sampling_rounds_mean": sum(m.get("sampling_rounds", 0) for m in run.metrics) / max(len(run.metrics), 1),
@@ -93,7 +93,9 @@ def render(s: dict[str, Any]) -> str:
         f"bottleneck        {s['bottleneck']}",
         f"groups            {s['groups_filtered_total']} filtered (equal rewards), {s['groups_stale_total']} dropped stale, "
         f"{s['groups_surplus_total'] or 0} surplus dropped (data.oversample), {s['sampling_rounds_mean']:.1f} sampling "
-        f"rounds a step; trained responses {s['response_length_mean']:,.0f} tokens on average",
+        f"rounds a step; trained responses {s['response_length_mean']:,.0f} tokens on average"
+        + (f"; {s['stale_tokens_total']:,} tokens older than max_staleness left out of the loss"
+           if s.get("stale_tokens_total") else ""),
         "busy per GPU      " + "  ".join(f"{g}:{sum(b.values()):.0%}" for g, b in s["gpu_busy"].items()),
     ]
     return "\n".join(lines)

@@ -2,9 +2,10 @@
 
 Each stands behind a seam the real roles use, so the real code around it runs unchanged:
 
-* `SimEngine` - `stare.rollout.engine.RolloutEngine` (blocking `generate`) and the streaming protocol of
-  issue #24 (`capacity`, `add`, `step`, `pending`): sequences decode in continuous batches, response
-  lengths drawn from the run's `LengthModel`, every engine step timed by the cost model;
+* `SimEngine` - `stare.rollout.engine.RolloutEngine` (blocking `generate`) and the streaming protocol
+  (`capacity`, `add`, `step`, `pending`, in-flight weight updates): sequences decode in continuous batches,
+  response lengths drawn from the run's `LengthModel`, every engine step timed by the cost model, each
+  token's weight version recorded;
 * `SimLearner` - the learner's `train_step`, `state_dict_for_rollout` (the weight gather), `save`/`load`
   (checkpoint writes) and its real `EntropyController`;
 * `SimWeights` - the weight publisher and, per worker, the subscriber (`fetch`, `wait_for`);
@@ -70,7 +71,7 @@ class _Seq:
     target: int  # response tokens it will produce
     prompt_len: int
     done: int = 0
-    version: int = 0
+    versions: list[tuple[int, int]] = field(default_factory=list)  # (first token, weight version) runs
 
 
 class SimEngine:
@@ -91,6 +92,7 @@ class SimEngine:
         self.horizon: float | None = None  # streaming: stop a span at this time (new work may arrive)
         self.static_batch = False  # price every step at the call's row count (a padded batch: hf engine)
         self._rows = 0
+        self.inflight_updates = True  # a version taken between steps applies to the running sequences' next tokens
 
     # -------------------------------------------------------------- the streaming protocol
     def capacity(self) -> int:
@@ -104,8 +106,8 @@ class SimEngine:
         """Prompts added whose completions are not all returned yet."""
         return len(self.groups) + len(self.queue)
 
-    def running_seqs(self) -> int:
-        return len(self.running)
+    def sequences(self) -> int:
+        return len(self.running) + sum(params.n for _, _, params in self.queue)
 
     def step(self) -> list[tuple[object, list[Completion]]]:
         """Admit what fits, then decode to the next completion (or the horizon); the prompts whose
@@ -152,6 +154,11 @@ class SimEngine:
 
     def update_weights(self, state_dict, version: int) -> None:
         self.weight_version = version
+        for s in self.running:  # in flight: their next tokens come from this version
+            if s.versions[-1][0] == s.done:
+                s.versions[-1] = (s.done, version)
+            else:
+                s.versions.append((s.done, version))
 
     def close(self) -> None:
         pass
@@ -168,7 +175,7 @@ class SimEngine:
             targets = np.minimum(targets, params.max_new_tokens)
             self.groups[key] = [params.n, [None] * params.n]
             for j, t in enumerate(targets):
-                self.running.append(_Seq((key, j), int(t), len(prompt), version=self.weight_version))
+                self.running.append(_Seq((key, j), int(t), len(prompt), versions=[(0, self.weight_version)]))
             prefill += len(prompt)  # the group's samples share the prompt's KV (prefix caching)
         self._rows = max(self._rows, len(self.running))
         if prefill:
@@ -179,7 +186,8 @@ class SimEngine:
         ids = [1] * s.target
         if not capped:
             ids[-1] = self.eos_id
-        return Completion(token_ids=ids, logprobs=[-0.5] * s.target, finish_reason="length" if capped else "stop")
+        return Completion(token_ids=ids, logprobs=[-0.5] * s.target, finish_reason="length" if capped else "stop",
+                          versions=list(s.versions))
 
 
 # ---------------------------------------------------------------------------------------- learner
@@ -203,7 +211,8 @@ class SimLearner:
         if self.wait_engines is not None:
             self.lane.wait_until(self.wait_engines())
         self.lane.busy(self.step_s(trajectories), "train")
-        tokens = sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajectories)
+        # tokens the step trains on: a response's tokens left out of the loss (older than max_staleness) do not count
+        tokens = sum(len(t.prompt_token_ids) + int(np.count_nonzero(t.loss_mask)) for t in trajectories)
         self.trained_tokens.append((self.lane.now, tokens))
         self.step += 1
         self.version += 1
