@@ -54,24 +54,29 @@ def engine_config(cfg: TrainConfig, model_path: Path, engine: str | None = None,
         out["sleep_mode"] = sleep_mode
         out["inflight_updates"] = cfg.system.inflight_weight_updates
         if out["max_model_len"] is None:
-            out["max_model_len"] = run_max_model_len(cfg, model_path)
+            out["max_model_len"] = run_max_model_len(cfg, model_positions(model_path))
     return out
 
 
-def run_max_model_len(cfg: TrainConfig, model_path: Path) -> int | None:
-    """The context a run's samples need: data.max_prompt_len + rollout.max_new_tokens, within the model's
-    max_position_embeddings; None (the model's own limit) without a prompt limit or with the tool loop
-    (its turns grow the context). vLLM sizes its batch to sequences of max_model_len tokens (and so does
-    the streaming worker: `VLLMEngine.capacity`): left at a long-context model's 32k-131k positions, a
-    run of 4k-token samples would decode a handful of sequences at a time."""
+def model_positions(model_path: Path) -> int | None:
+    """max_position_embeddings of the model directory's config.json (None when it names none)."""
     import json
 
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    positions = config.get("text_config", config).get("max_position_embeddings")
+    return None if positions is None else int(positions)
+
+
+def run_max_model_len(cfg: TrainConfig, positions: int | None) -> int | None:
+    """The context a run's samples need: data.max_prompt_len + rollout.max_new_tokens, within the model's
+    `positions`; None (the model's own limit) without a prompt limit or with the tool loop (its turns grow
+    the context). vLLM sizes its batch to sequences of max_model_len tokens (and so does the streaming
+    worker: `VLLMEngine.capacity`): left at a long-context model's 32k-131k positions, a run of 4k-token
+    samples would decode a handful of sequences at a time."""
     if cfg.data.max_prompt_len is None or cfg.rollout.tool_use.enabled:
         return None
     need = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens
-    config = json.loads((Path(model_path) / "config.json").read_text())
-    positions = config.get("text_config", config).get("max_position_embeddings")
-    return need if positions is None else min(need, int(positions))
+    return need if positions is None else min(need, positions)
 
 
 def build_rollout_stack(cfg: TrainConfig, log: Callable[[str], None], *, model_path: Path | None = None,

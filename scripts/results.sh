@@ -13,9 +13,10 @@
 # Several updates per batch (tier 4: the baselines with optim.mini_batches as in their papers, and
 # grpo with one update per batch on the same machine, so that every difference pairs):
 #   RUNS_DIR=runs/mb RECORDS=docs/results/mb VARIANTS="grpo kl-cov-mb clip-cov-mb dapo-mb" scripts/results.sh sweep
-# SmolLM2-135M-Instruct, STARE against GRPO (3 seeds, dynamic sampling off for both, as the tiny sweep):
+# SmolLM2-135M-Instruct, STARE (the paper's fixed W 1.1, and the tiny config's adaptive controller) against GRPO
+# (3 seeds, dynamic sampling off for both, as the tiny sweep):
 #   CONFIG=configs/smollm2-cpu.yaml RUNS_DIR=runs/smollm2 RECORDS=docs/results/smollm2 SEEDS="0 1 2" \
-#     VARIANTS="stare grpo" JOBS=2 RUN_TIMEOUT=5400 SETS="run.steps=12 task.eval_every=4 \
+#     VARIANTS="stare grpo stare-adaptive" JOBS=2 RUN_TIMEOUT=5400 SETS="run.steps=12 task.eval_every=4 \
 #     run.checkpoint_every=1000 run.threads=1 data.dynamic_sampling=false task.eval_problems=32" scripts/results.sh sweep
 # A run is done when its record
 # $RECORDS/<run>.json exists: the report reads only the records (a few KB each, kept in git), so a
@@ -65,6 +66,11 @@ ALL_VARIANTS=(
   # above (docs/results-notes.md); lr 3.75e-5 moves each batch about as far as one update at 3e-4
   "5|kl-cov-mb-lr8|kl-cov|optim.mini_batches=8 optim.lr=3.75e-5"
   "5|grpo-mb-lr8|grpo|optim.mini_batches=8 optim.lr=3.75e-5"
+  # the tiny config's controller (C2, W and M proportional to the entropy error, W up to 10, M down to 0.1,
+  # entropy smoothed by an EMA) at the paper's target 0.3: what held entropy on the tiny model, tried on a
+  # real model (the SmolLM2 study, docs/results-notes.md); on the tiny config it differs from `stare` only
+  # by its target and band
+  "6|stare-adaptive|stare|loss.variant=C2 controller.target=0.3 controller.band=null controller.adaptive=true controller.schedule=proportional controller.gain=10.0 controller.ema=0.8 controller.w_max=10.0 controller.m_min=0.1"
 )
 if [[ -n "${VARIANTS:-}" ]]; then read -r -a WANT <<<"$VARIANTS"; else WANT=(); fi
 

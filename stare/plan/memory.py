@@ -43,7 +43,8 @@ The transformers engine keeps the KV cache of a whole rollout batch next to the 
 When the weights arrive by NCCL broadcast (`system.weight_sync: broadcast`, communicator not gloo,
 tensor_parallel_size 1) the rollout worker receives them into two whole-model buffer sets on its
 GPU (one being loaded into the engine while the next version arrives: stare.weight_sync.broadcast),
-2 b P outside vLLM's gpu_memory_utilization share: that share, the buffers and RECEIVE_RESERVE
+2 b P outside vLLM's gpu_memory_utilization share (one set, b P, with in-flight weight updates: the
+engine takes each version within a step): that share, the buffers and RECEIVE_RESERVE
 (the process's CUDA context, NCCL's own buffers) must fit the GPU. Over gloo the buffers are in CPU
 memory (and the filesystem backend has none).
 
@@ -63,6 +64,7 @@ from stare.plan.sizes import (CHUNK_TENSORS, DTYPE_BYTES, ModelShape, activation
                               load_model_shape, lora_params, model_state_bytes)
 from stare.plan.weights import (_publish_from, checkpoint_disk, weight_receive_bytes,
                                 weight_send_bytes, weight_snapshot_bytes)
+from stare.weight_sync.factory import receive_buffer_sets
 
 GIB = 1 << 30
 HEADROOM = 0.9  # fraction of a GPU's memory a role may plan to use
@@ -289,9 +291,11 @@ def _largest_tokens(fits: Callable[[int], bool], upper: int) -> int:
     return lo
 
 
-def _receive_items(recv: int) -> list[Item]:
-    return [Item("weight receive", recv, "2 whole-model buffer sets of the NCCL weight sync (one loading into "
-                 "the engine, one receiving the next version)")] if recv else []
+def _receive_items(recv: int, sets: int) -> list[Item]:
+    what = ("2 whole-model buffer sets of the NCCL weight sync (one loading into the engine, one receiving the "
+            "next version)" if sets == 2 else "1 whole-model buffer set of the NCCL weight sync (in-flight weight "
+            "updates: the engine takes each version within a step)")
+    return [Item("weight receive", recv, what)] if recv else []
 
 
 def plan_rollout(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq_tokens: int) -> RolePlan:
@@ -306,7 +310,7 @@ def plan_rollout(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
     if engine.name == "hf":
         items = [Item("weights", weights, f"{shape.params:,} params in {cfg.model.dtype}"),
                  Item("KV cache", per_seq * batch_seqs, f"{batch_seqs} sequences x {seq_tokens:,} tokens x {per_token:,} B"),
-                 *_receive_items(recv)]
+                 *_receive_items(recv, receive_buffer_sets(cfg))]
         plan = RolePlan("rollout", 1, gpu_mem_bytes, items, sum(i.bytes for i in items) <= HEADROOM * gpu_mem_bytes,
                         extra={"engine": "hf", "kv_bytes_per_token": per_token, "weight_receive_bytes": recv})
         if not plan.fits:
@@ -327,7 +331,7 @@ def plan_rollout(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
                   f"{VLLM_PROFILE_TOKENS:,} tokens"),
              Item("KV cache", max(kv, 0), f"{per_token:,} B/token: {seqs:,} sequences of {seq_tokens:,} tokens "
                   f"(a rollout batch is {batch_seqs})"),
-             *_receive_items(recv)]
+             *_receive_items(recv, receive_buffer_sets(cfg))]
     beside = gpu_mem_bytes - RECEIVE_RESERVE  # vLLM's share and the receive buffers must fit in this
     room = not recv or budget + recv <= beside
     plan = RolePlan("rollout", 1, gpu_mem_bytes, items, seqs >= 1 and room,

@@ -8,6 +8,7 @@ from typing import Any
 
 from stare.config import TrainConfig
 from stare.plan.sizes import DTYPE_BYTES, ModelShape
+from stare.weight_sync.factory import receive_buffer_sets
 
 
 def nccl_weight_sync(cfg: TrainConfig) -> bool:
@@ -20,9 +21,9 @@ def nccl_weight_sync(cfg: TrainConfig) -> bool:
 
 
 def weight_receive_bytes(cfg: TrainConfig, weights: int) -> int:
-    """GPU memory of the rollout worker's weight-sync receive buffers: two whole-model sets over
-    NCCL, none otherwise."""
-    return 2 * weights if nccl_weight_sync(cfg) else 0
+    """GPU memory of the rollout worker's weight-sync receive buffers: whole-model sets over NCCL (two,
+    one with in-flight weight updates: stare.weight_sync.factory.receive_buffer_sets), none otherwise."""
+    return receive_buffer_sets(cfg) * weights if nccl_weight_sync(cfg) else 0
 
 
 def weight_send_bytes(cfg: TrainConfig, shape: ModelShape, b: int, where: str | None = None) -> int:

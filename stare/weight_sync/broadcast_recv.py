@@ -7,7 +7,11 @@ every tensor a view. The version's layout comes from the store, so every receive
 any is awaited and no received byte is read back on the host. At most two sets exist: the one the
 rollout loop took last (`fetch`) and one being received; a version that arrives before the previous
 one was taken overwrites it (the worker jumps to the newest anyway). The rollout loop takes the
-newest between batches, so a learner broadcast never waits for a generation to finish. Workers
+newest between batches, so a learner broadcast never waits for a generation to finish.
+`buffer_sets=1` (a worker that takes every version between two engine steps: in-flight weight
+updates) keeps one set: a receive waits until the loop's next `fetch` has released the set it took
+(one engine step, tens of milliseconds; at most `timeout_s`), and the GPU holds one copy of the model
+for the weight sync instead of two (14 GiB at 7B, given to the KV cache). Workers
 that see their generation dissolved, or lose the store (learner restart), or whose receive fails,
 rejoin from scratch.
 """
@@ -37,8 +41,11 @@ class BroadcastSubscriber:
     `fetch` hands the newest received version to the rollout loop."""
 
     def __init__(self, host: str, port: int, name: str, *, timeout_s: float = 30.0, poll_s: float = 0.05,
-                 wait_s: float = 1.0, communicator: Setting = "auto"):
+                 wait_s: float = 1.0, communicator: Setting = "auto", buffer_sets: int = 2):
         check_setting(communicator)
+        if buffer_sets not in (1, 2):
+            raise ValueError(f"buffer_sets must be 1 or 2, got {buffer_sets}")
+        self.buffer_sets = buffer_sets
         self.host, self.port, self.name = host, port, name
         self.timeout_s, self.poll_s, self.wait_s = timeout_s, poll_s, wait_s
         self._gpu = nccl_gpu(communicator)
@@ -46,7 +53,7 @@ class BroadcastSubscriber:
         self._lock = threading.Condition()
         self._latest: tuple[int, dict[str, torch.Tensor], Segments] | None = None
         self._in_use: Segments | None = None  # the buffer set the last fetch handed out
-        self._pool: list[Segments] = []  # at most two buffer sets, on the current communicator's device
+        self._pool: list[Segments] = []  # at most `buffer_sets` sets, on the current communicator's device
         self._layouts: dict[tuple[int, int], Layout] = {}
         self._stop = threading.Event()
         self.generations_joined = 0
@@ -62,9 +69,11 @@ class BroadcastSubscriber:
         with self._lock:
             if self._latest is None or self._latest[0] <= have_version:
                 self._in_use = None  # the caller is done with what it took before
+                self._lock.notify_all()  # a receive waiting for that set (buffer_sets 1)
                 return None
             version, state, buffers = self._latest
             self._in_use = buffers
+            self._lock.notify_all()
             return version, state
 
     def wait_for(self, min_version: int, timeout_s: float) -> bool:
@@ -159,15 +168,21 @@ class BroadcastSubscriber:
         return self._layouts[key]
 
     def _free_buffers(self, device: torch.device) -> Segments:
-        """A buffer set to receive into: not the one handed out last; a third set is never made:
-        the newest complete version is overwritten instead (it is withdrawn first)."""
+        """A buffer set to receive into: not the one handed out last; no set beyond `buffer_sets` is
+        made: the newest complete version is overwritten instead (it is withdrawn first), and with one
+        set a receive waits for the rollout loop to release it (RuntimeError after timeout_s)."""
         with self._lock:
             self._pool = [b for b in self._pool if b.device == device]
+            if self.buffer_sets == 1 and self._pool and self._pool[0] is self._in_use:
+                if not self._lock.wait_for(lambda: self._in_use is not self._pool[0] or self._stop.is_set(),
+                                           timeout=self.timeout_s):
+                    raise RuntimeError(f"weight receiver {self.name}: the rollout loop kept the weights it took for "
+                                       f"{self.timeout_s:.0f} s (one receive buffer set: it must fetch between steps)")
             latest = self._latest[2] if self._latest else None
             for buffers in self._pool:
                 if buffers is not self._in_use and buffers is not latest:
                     return buffers
-            if len(self._pool) < 2:
+            if len(self._pool) < self.buffer_sets:
                 self._pool.append(Segments(device))
                 return self._pool[-1]
             self._latest = None  # superseded before it was taken: its buffers take the newer version

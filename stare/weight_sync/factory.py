@@ -64,6 +64,13 @@ def build_publisher(cfg: TrainConfig, client, *, background: bool | None = None)
     return publisher
 
 
+def receive_buffer_sets(cfg: TrainConfig) -> int:
+    """Whole-model receive buffer sets of a broadcast subscriber: one when the worker takes every version
+    between engine steps (in-flight weight updates: a set is released within a step), else two (a worker
+    draining a long generation keeps the set it took while the next version arrives)."""
+    return 1 if cfg.system.inflight_weight_updates else 2
+
+
 def build_subscriber(cfg: TrainConfig, name: str, client) -> WeightSubscriber:
     """A rollout worker's end, named `name` in the broadcast group."""
     s = cfg.system
@@ -71,7 +78,8 @@ def build_subscriber(cfg: TrainConfig, name: str, client) -> WeightSubscriber:
         from stare.weight_sync.broadcast import BroadcastSubscriber
 
         return BroadcastSubscriber(s.broadcast_host, s.broadcast_port, name, timeout_s=s.broadcast_timeout_s,
-                                   communicator=communicator_setting(cfg, rollout_end=True))
+                                   communicator=communicator_setting(cfg, rollout_end=True),
+                                   buffer_sets=receive_buffer_sets(cfg))
     from stare.weight_sync.filesystem import FilesystemSubscriber
 
     return FilesystemSubscriber(client, cfg.run.name)

@@ -167,6 +167,43 @@ def test_a_worker_keeps_at_most_two_buffer_sets_and_an_untaken_version_is_replac
         pub.close()
 
 
+def test_with_one_buffer_set_a_receive_waits_until_the_loop_releases_the_set_it_took():
+    pub = _publisher(256)
+    sub = BroadcastSubscriber("127.0.0.1", pub.store.port, "w0", timeout_s=TIMEOUT_S, poll_s=0.01, buffer_sets=1)
+    try:
+        _await_join_request(pub, 1)
+        pub.publish(1, _state(1))
+        assert sub.wait_for(1, 10)
+        held = sub.fetch(0)[1]  # the rollout loop takes version 1 (in flight: between two engine steps)
+        sent = threading.Thread(target=pub.publish, args=(2, _state(2)))
+        sent.start()
+        time.sleep(0.5)  # the broadcast of version 2 is under way: its receive waits for the set
+        assert sub.received == 1 and _same(held, _state(1))  # version 1 untouched while the loop holds it
+        assert sub.fetch(1) is None  # the loop's next fetch: nothing newer yet, and the set it took is released
+        sent.join(timeout=10)
+        assert not sent.is_alive() and sub.wait_for(2, 10)
+        version, got = sub.fetch(1)
+        assert version == 2 and _same(got, _state(2)) and len(sub._pool) == 1
+    finally:
+        sub.close()
+        pub.close()
+
+
+def test_with_one_buffer_set_a_loop_that_never_releases_it_fails_the_receive_after_the_timeout():
+    pub = _publisher(256)
+    sub = BroadcastSubscriber("127.0.0.1", pub.store.port, "w0", timeout_s=1.0, poll_s=0.01, buffer_sets=1)
+    try:
+        _await_join_request(pub, 1)
+        pub.publish(1, _state(1))
+        assert sub.wait_for(1, 10)
+        sub.fetch(0)  # taken and never released
+        with pytest.raises(RuntimeError, match="receive buffer set"):
+            sub._free_buffers(sub._pool[0].device)
+    finally:
+        sub.close()
+        pub.close()
+
+
 class GatedBoard(MemoryWeightBoard):
     """The in-memory publisher, each publish held until the test opens the gate; records the order."""
 

@@ -100,6 +100,15 @@ def build_design(cfg, sim: SimSettings, *, gpus: int, learner_gpus: int | None, 
                   max_staleness=cfg.system.max_staleness)
 
 
+def engine_max_model_len(cfg, shape) -> int:
+    """rollout.engine.max_model_len as a vLLM rollout engine of this run gets it (rollout/stack.py): the
+    config's, else the run's prompt + response length within the model's positions."""
+    from stare.rollout.stack import run_max_model_len
+
+    given = getattr(cfg.rollout.engine, "max_model_len", None)
+    return int(given or run_max_model_len(cfg, shape.max_positions) or shape.max_positions)
+
+
 def lengths_of(cfg, sim: SimSettings) -> LengthModel:
     return LengthModel(float(sim.get("sim.response_mean")), float(sim.get("sim.response_sigma")),
                        cfg.rollout.max_new_tokens)
@@ -112,14 +121,15 @@ def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str) -> St
     model = ModelCosts(shape)
     nc = NodeCosts(GPUS[gpu_name], model, tp=design.rollout_tp, eager=design.eager)
     eng, o, d = cfg.rollout.engine, cfg.optim, design
-    lengths = lengths_of(cfg, sim)
-    per_seq = float(sim.get("sim.prompt_tokens")) + lengths.mean
     util = getattr(eng, "gpu_memory_utilization", 0.9)
-    capacity = int(min(getattr(eng, "max_num_seqs", 256), nc.kv_capacity_tokens(util) // per_seq))
+    # what the streaming worker keeps in a vLLM engine (VLLMEngine.capacity): max_num_seqs, bounded by the
+    # sequences of max_model_len tokens the KV cache holds (max_model_len as the rollout stack resolves it)
+    max_len = engine_max_model_len(cfg, shape)
+    capacity = int(min(getattr(eng, "max_num_seqs", 256), nc.kv_capacity_tokens(util) // max_len))
     if capacity < cfg.rollout.samples_per_prompt:
-        raise ValueError(f"a rollout engine's KV cache holds {capacity} sequences of ~{per_seq:.0f} tokens, fewer than "
-                         f"one group ({cfg.rollout.samples_per_prompt}): raise rollout.engine.gpu_memory_utilization "
-                         "or tensor_parallel_size")
+        raise ValueError(f"a rollout engine's KV cache holds {capacity} sequences of {max_len:,} tokens "
+                         f"(max_model_len), fewer than one group ({cfg.rollout.samples_per_prompt}): raise "
+                         "rollout.engine.gpu_memory_utilization or tensor_parallel_size, or lower max_model_len")
     zero3 = o.zero_stage == 3 and d.learner_gpus > 1
     per_micro = sim.get("sim.zero3_head") == "per_micro_batch"
     extra = int(sim.get("sim.extra_forward"))
