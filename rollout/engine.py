@@ -213,8 +213,9 @@ class StreamingEngine(RolloutEngine, Protocol):
     """True: `update_weights` may be called with prompts in flight (see the module docstring)."""
 
     def capacity(self) -> int:
-        """Sequences the engine runs at once: for vLLM its max_num_seqs bounded by how many
-        sequences of max_model_len tokens its KV cache holds (more would preempt and recompute)."""
+        """Samples the worker may keep in the engine: for vLLM its max_num_seqs bounded by the KV cache
+        over the tokens a sample takes (max_model_len until enough samples have ended to know their
+        mean: `streaming_capacity`, `SampleLengths`)."""
         ...
 
     def add(self, prompt: list[int], params: SamplingParams, key: object) -> None:
@@ -236,6 +237,38 @@ class StreamingEngine(RolloutEngine, Protocol):
         """Samples queued or running: a prompt's n count one each until each ends (an ended sample's
         room is free while its prompt's other samples still run)."""
         ...
+
+
+CAPACITY_WARMUP_SAMPLES = 64  # samples an engine finishes before their mean length sizes its capacity
+KV_HEADROOM = 1.2  # the mean sample length x this is what capacity reserves per sample
+
+
+@dataclasses.dataclass
+class SampleLengths:
+    """The tokens (prompt + response) of the samples a streaming engine has finished, for its capacity:
+    until CAPACITY_WARMUP_SAMPLES have ended every sample is reserved max_model_len tokens; after, their
+    mean x KV_HEADROOM. Samples in flight are mid-way through their lengths on average, so a KV cache
+    filled at this rate is ~70-85% used; when long responses happen to meet, vLLM preempts the newest
+    sequence (it frees its blocks and recomputes it later), which costs its prefill once."""
+
+    count: int = 0
+    total: int = 0
+
+    def add(self, tokens: int) -> None:
+        self.count += 1
+        self.total += tokens
+
+    def reserve(self, max_model_len: int) -> float:
+        """KV tokens to count per sample in flight."""
+        if self.count < CAPACITY_WARMUP_SAMPLES:
+            return float(max_model_len)
+        return min(float(max_model_len), self.total / self.count * KV_HEADROOM)
+
+
+def streaming_capacity(kv_tokens: int, max_num_seqs: int, reserve: float) -> int:
+    """Samples a streaming worker keeps in an engine: max_num_seqs, bounded by the KV cache's tokens over
+    what each sample reserves (SampleLengths.reserve)."""
+    return max(1, min(max_num_seqs, int(kv_tokens // max(reserve, 1.0))))
 
 
 def prompt_seed(params: SamplingParams) -> int | None:

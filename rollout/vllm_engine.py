@@ -98,8 +98,8 @@ from typing import Any
 
 import torch
 
-from stare.rollout.engine import (Completion, SamplingParams, check_prompts, prompt_seed, read_eos_token_ids,
-                                  require_awake)
+from stare.rollout.engine import (Completion, SampleLengths, SamplingParams, check_prompts, prompt_seed,
+                                  read_eos_token_ids, require_awake, streaming_capacity)
 
 
 def request_seed(seed: int, index: int) -> int:
@@ -220,7 +220,8 @@ class VLLMEngine:
         if inflight_updates:  # vLLM labels each step's tokens with the version (its own default: "default")
             self.llm.llm_engine.set_weight_version("0")
         self._weight_epoch = 0  # weight updates so far: the prefix-cache salt of the requests admitted now
-        self._requests: dict[str, tuple[object, int]] = {}  # streaming: vLLM request id -> (key, n)
+        self._requests: dict[str, tuple[object, int, int]] = {}  # streaming: vLLM request id -> (key, n, prompt len)
+        self._lengths = SampleLengths()  # of the streamed samples that ended: what capacity() reserves per sample
         self._drained: list[Any] = []  # finished RequestOutputs an update's drain stepped out; the next step's
         self._request_ids = itertools.count()
 
@@ -283,11 +284,15 @@ class VLLMEngine:
     # --- streaming (StreamingEngine): requests into vLLM's engine, one engine step at a time ----
 
     def capacity(self) -> int:
-        """max_num_seqs, bounded by the sequences of max_model_len tokens the KV cache holds."""
+        """max_num_seqs, bounded by the KV cache over the tokens a sample takes: max_model_len until
+        CAPACITY_WARMUP_SAMPLES have ended, then their mean x KV_HEADROOM (stare.rollout.engine.SampleLengths;
+        vLLM preempts and recomputes the newest sequence when long ones meet)."""
         vc = self.llm.llm_engine.vllm_config
         blocks, block_size = vc.cache_config.num_gpu_blocks, vc.cache_config.block_size
-        kv_seqs = blocks * block_size // self.max_model_len if blocks else vc.scheduler_config.max_num_seqs
-        return max(1, min(vc.scheduler_config.max_num_seqs, kv_seqs))
+        if not blocks:
+            return vc.scheduler_config.max_num_seqs
+        return streaming_capacity(blocks * block_size, vc.scheduler_config.max_num_seqs,
+                                  self._lengths.reserve(self.max_model_len))
 
     def add(self, prompt: list[int], params: SamplingParams, key: object) -> None:
         """Queue one prompt's n samples with the seed `generate([prompt], params)` would give it."""
@@ -300,7 +305,7 @@ class VLLMEngine:
         sampling.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate: the n samples once all have ended
         request_id = f"stream-{next(self._request_ids)}"  # outputs carry this (vLLM adds a suffix inside only)
         self.llm.llm_engine.add_request(request_id, self._prompt(prompt), sampling)
-        self._requests[request_id] = (key, params.n)
+        self._requests[request_id] = (key, params.n, len(prompt))
 
     def step(self) -> list[tuple[object, list[Completion]]]:
         """One vLLM engine step (a scheduled batch: prefill chunks and one decode token per running
@@ -311,8 +316,11 @@ class VLLMEngine:
         self._drained = []
         done = []
         for out in finished:
-            key, n = self._requests.pop(out.request_id)
-            done.append((key, self._completions(out, n, versions=self.inflight_updates)))
+            key, n, prompt_len = self._requests.pop(out.request_id)
+            group = self._completions(out, n, versions=self.inflight_updates)
+            for c in group:
+                self._lengths.add(prompt_len + len(c.token_ids))
+            done.append((key, group))
         return done
 
     def pending(self) -> int:

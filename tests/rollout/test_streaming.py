@@ -322,3 +322,17 @@ def test_a_worker_that_dies_mid_stream_leaves_its_unpublished_prompts_to_its_suc
     assert set(dead.finished) == {(1, 1), (1, 2)}
     assert {p for _, _, p, _, _ in dead.running.values()} == {(6, 0), (2, 3)}
     assert set(engine.added) == {(6, 0), (2, 3), (1, 4)}  # what the dead worker held, sampled again, and the rest
+
+
+def test_capacity_reserves_max_model_len_until_the_warm_up_then_the_mean_sample_with_headroom():
+    from stare.rollout.engine import CAPACITY_WARMUP_SAMPLES, KV_HEADROOM, SampleLengths, streaming_capacity
+
+    seen = SampleLengths()
+    for _ in range(CAPACITY_WARMUP_SAMPLES - 1):
+        seen.add(1000)
+    assert seen.reserve(4096) == 4096.0 and streaming_capacity(409_600, 256, seen.reserve(4096)) == 100
+    seen.add(1000)  # the 64th: the mean (1,000) x 1.2 from now on
+    assert seen.reserve(4096) == 1000 * KV_HEADROOM == 1200.0
+    assert streaming_capacity(409_600, 256, seen.reserve(4096)) == 256  # 341 by the cache, max_num_seqs caps it
+    assert streaming_capacity(240_000, 256, seen.reserve(4096)) == 200
+    assert SampleLengths(count=100, total=100 * 5000).reserve(4096) == 4096.0  # never past max_model_len

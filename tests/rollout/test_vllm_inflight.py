@@ -268,3 +268,21 @@ def test_without_inflight_updates_an_update_with_prompts_in_flight_raises_and_ch
             break
         got.update(engine.step())
     assert [(c.token_ids, c.logprobs) for c in got["k"]] == [(c.token_ids, c.logprobs) for c in want]
+
+
+def test_capacity_reserves_max_model_len_per_sample_until_64_have_ended_then_their_mean_with_headroom(sync_engine):
+    from stare.rollout.engine import SampleLengths
+
+    engine = sync_engine
+    engine._lengths = SampleLengths()  # this test's samples only (the engine is shared by the module)
+    vc = engine.llm.llm_engine.vllm_config
+    kv = vc.cache_config.num_gpu_blocks * vc.cache_config.block_size
+    most = vc.scheduler_config.max_num_seqs
+    assert engine.capacity() == min(most, kv // 256)  # max_model_len 256: nothing seen yet
+    params = SamplingParams(n=4, max_new_tokens=MAX_NEW, temperature=1.0, seed=11)
+    jobs = {i: ([5 + i, 9, 13], params) for i in range(15)}  # 60 samples: one short of the warm-up's 64
+    got = _stream(engine, jobs)
+    assert engine.capacity() == min(most, kv // 256)
+    got.update(_stream(engine, {15: ([20, 9, 13], params)}))  # 64 samples ended
+    mean = sum(3 + len(c.token_ids) for group in got.values() for c in group) / 64
+    assert engine.capacity() == min(most, int(kv // (mean * 1.2)))

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from stare.app.sim.costs import GPUS, LengthModel, ModelCosts, NodeCosts
-from stare.app.sim.node import Design, StepCosts
+from stare.app.sim.node import Design, KvCache, StepCosts
 
 NEW_FIELDS = {
     "rollout.engine.enforce_eager": None,  # the hf section has none: auto
@@ -122,14 +122,20 @@ def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str) -> St
     nc = NodeCosts(GPUS[gpu_name], model, tp=design.rollout_tp, eager=design.eager)
     eng, o, d = cfg.rollout.engine, cfg.optim, design
     util = getattr(eng, "gpu_memory_utilization", 0.9)
-    # what the streaming worker keeps in a vLLM engine (VLLMEngine.capacity): max_num_seqs, bounded by the
-    # sequences of max_model_len tokens the KV cache holds (max_model_len as the rollout stack resolves it)
+    kv_tokens, max_seqs = nc.kv_capacity_tokens(util), getattr(eng, "max_num_seqs", 256)
+    # what the streaming worker keeps in a vLLM engine at its start (VLLMEngine.capacity): max_num_seqs, bounded
+    # by the sequences of max_model_len tokens the KV cache holds (max_model_len as the rollout stack resolves
+    # it); the stand-in engine then sizes it from its finished samples' mean length as VLLMEngine does
     max_len = engine_max_model_len(cfg, shape)
-    capacity = int(min(getattr(eng, "max_num_seqs", 256), nc.kv_capacity_tokens(util) // max_len))
+    capacity = int(min(max_seqs, kv_tokens // max_len))
     if capacity < cfg.rollout.samples_per_prompt:
         raise ValueError(f"a rollout engine's KV cache holds {capacity} sequences of {max_len:,} tokens "
                          f"(max_model_len), fewer than one group ({cfg.rollout.samples_per_prompt}): raise "
                          "rollout.engine.gpu_memory_utilization or tensor_parallel_size, or lower max_model_len")
+    # what vLLM's own scheduler runs of a blocking generate: blocks as sequences grow, so about the KV cache
+    # over a mean sequence (its preemptions, rare at this fill, are not modelled)
+    per_seq = float(sim.get("sim.prompt_tokens")) + lengths_of(cfg, sim).mean
+    running = int(max(capacity, min(max_seqs, kv_tokens // per_seq)))
     zero3 = o.zero_stage == 3 and d.learner_gpus > 1
     per_micro = sim.get("sim.zero3_head") == "per_micro_batch"
     extra = int(sim.get("sim.extra_forward"))
@@ -154,7 +160,8 @@ def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str) -> St
         h2d = nc.pageable_copy_s()
         gather = nc.publish_host_s(d.learner_gpus, zero3) - h2d
         send = recv = h2d + nc.broadcast_s()
-    return StepCosts(engine=nc, capacity=max(capacity, 1), train_s=train_s, gather_s=gather, send_s=send,
+    return StepCosts(engine=nc, capacity=max(capacity, 1), running=running,
+                     kv=KvCache(int(kv_tokens), int(max_seqs), int(max_len)), train_s=train_s, gather_s=gather, send_s=send,
                      recv_s=recv, checkpoint_s=nc.checkpoint_s(), swap_s=nc.sleep_wake_s() if d.colocated else 0.0)
 
 

@@ -113,12 +113,21 @@ class Design:
     max_staleness: int
 
 
+@dataclass(frozen=True)
+class KvCache:
+    """A vLLM engine's KV cache as its streaming capacity sees it (VLLMEngine.capacity)."""
+
+    tokens: int
+    max_num_seqs: int
+    max_model_len: int
+
+
 @dataclass
 class StepCosts:
     """The times the stand-ins take (from costs.NodeCosts or a measured CPU profile)."""
 
     engine: Any  # decode_span_s(steps, seqs, context_sum), prefill_s(tokens)
-    capacity: int  # sequences an engine runs at once
+    capacity: int  # samples the streaming worker keeps in an engine (VLLMEngine.capacity: KV / max_model_len)
     train_s: Callable[[list], float]  # one optimizer step over these trajectories
     gather_s: float  # the learner's main thread preparing a publish
     send_s: float  # the learner sending (waited for only when the publish is synchronous)
@@ -127,6 +136,8 @@ class StepCosts:
     swap_s: float = 0.0  # colocated: engine sleep + wake per step
     reward_s_per_traj: float = 0.0
     static_batch: bool = False  # the transformers engine decodes a call's rows until its longest ends
+    running: int = 0  # sequences the engine itself runs at once (vLLM's scheduler: KV / mean length); 0: capacity
+    kv: KvCache | None = None  # vLLM's cache: capacity() grows with the finished samples' mean length; None: fixed
 
 
 class _Worker:
@@ -227,7 +238,8 @@ class SimNode:
                              f"{d.rollout_tp} GPU(s); give rollout GPUs or colocate")
         for i in range(engines):
             lane = Lane(f"rollout-{i}", list(range(first + i * d.rollout_tp, first + (i + 1) * d.rollout_tp)))
-            engine = SimEngine(lane, costs.engine, lengths, capacity=costs.capacity, seed=cfg.run.seed * 1009 + i)
+            engine = SimEngine(lane, costs.engine, lengths, capacity=costs.capacity, running=costs.running or None,
+                               kv=costs.kv, seed=cfg.run.seed * 1009 + i)
             if costs.static_batch:
                 engine.static_batch = True
             cls = _Streaming if d.streaming else _Worker

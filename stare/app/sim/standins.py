@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from stare.rollout.engine import Completion, SamplingParams
+from stare.rollout.engine import Completion, SampleLengths, SamplingParams, streaming_capacity
 from stare.data.tasks.base import Problem
 
 KINDS = ("decode", "prefill", "train", "send/receive", "checkpoint")
@@ -77,12 +77,17 @@ class _Seq:
 class SimEngine:
     """A rollout engine on a virtual clock. Steps are event-driven: between two completions every
     running sequence grows by one token per step, so a span of k steps is priced in closed form
-    (`NodeCosts.decode_span_s`). At most `capacity()` sequences run; more wait in the queue."""
+    (`NodeCosts.decode_span_s`). `capacity()` is what the streaming worker may keep in the engine (as
+    VLLMEngine's: room for max_model_len tokens a sample); the engine itself runs up to `running`
+    sequences (vLLM allocates KV blocks as sequences grow: about the cache over a mean sequence), more
+    wait in its queue."""
 
-    def __init__(self, lane: Lane, costs, lengths, *, capacity: int, seed: int, eos_id: int = 2,
-                 max_model_len: int = 1 << 20, vocab_size: int = 1 << 20):
+    def __init__(self, lane: Lane, costs, lengths, *, capacity: int, seed: int, running: int | None = None,
+                 kv=None, eos_id: int = 2, max_model_len: int = 1 << 20, vocab_size: int = 1 << 20):
         self.lane, self.costs, self.lengths = lane, costs, lengths
         self._capacity, self.eos_id = capacity, eos_id
+        self._running = running or capacity
+        self.kv, self._finished_lengths = kv, SampleLengths()  # kv: capacity() as VLLMEngine's, from lengths seen
         self.max_model_len, self.vocab_size = max_model_len, vocab_size
         self.rng = np.random.default_rng(seed)
         self.weight_version = 0
@@ -96,7 +101,10 @@ class SimEngine:
 
     # -------------------------------------------------------------- the streaming protocol
     def capacity(self) -> int:
-        return self._capacity
+        if self.kv is None:
+            return self._capacity
+        return streaming_capacity(self.kv.tokens, self.kv.max_num_seqs,
+                                  self._finished_lengths.reserve(self.kv.max_model_len))
 
     def add(self, prompt: list[int], params: SamplingParams, key: object) -> None:
         """Queue one prompt's `params.n` completions; they start as slots free up."""
@@ -169,7 +177,7 @@ class SimEngine:
 
     def _admit(self) -> None:
         prefill = 0
-        while self.queue and (not self.running or len(self.running) + self.queue[0][2].n <= self._capacity):
+        while self.queue and (not self.running or len(self.running) + self.queue[0][2].n <= self._running):
             key, prompt, params = self.queue.pop(0)
             targets = self.lengths.sample(self.rng, params.n)
             targets = np.minimum(targets, params.max_new_tokens)
@@ -182,6 +190,7 @@ class SimEngine:
             self.lane.busy(self.costs.prefill_s(prefill), "prefill")
 
     def _completion(self, s: _Seq) -> Completion:
+        self._finished_lengths.add(s.prompt_len + s.target)
         capped = s.target >= self.lengths.cap
         ids = [1] * s.target
         if not capped:
