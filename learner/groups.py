@@ -251,6 +251,12 @@ class GroupCollector:
         self.scored.ack(ids)
         self.held.difference_update(ids)
 
+    def upcoming(self, n_groups: int, in_publish_order: bool = False) -> list[list[Trajectory]]:
+        """The ready groups `take(n_groups, in_publish_order)` would hand out now, left in place (the
+        session prepares their pre-pass while it waits for the rest)."""
+        ready = sorted(self.ready, key=lambda g: _publish_key(g[0][0].group_id)) if in_publish_order else self.ready
+        return [trajectories for trajectories, _ in ready[:n_groups]]
+
     def take(self, n_groups: int, in_publish_order: bool = False,
              learner_version: int | None = None) -> tuple[list[Trajectory], list[str]]:
         """Up to n ready groups, flattened, with the stream ids to pass to `trained` after the step.

@@ -8,8 +8,16 @@ Every call of the session that is a collective under DeepSpeed (a training step,
 weights under ZeRO-3, saving or loading a checkpoint) is sent to the followers as an op over a gloo
 group of its own (`RankChannel`), so that every rank enters the same collectives in the same order.
 A training step's op carries each rank its share of the step's groups (whole groups, so each rank's
-advantages are those of the one-rank step; `split_groups`) and rank 0's controller state, which the
-control plane may have changed.
+advantages are those of the one-rank step; `split_groups`), rank 0's controller state, which the
+control plane may have changed, and the pre-pass values rank 0 keeps for that share's rows.
+
+The pre-pass ahead of a step (`prepare`, while the session waits for data): a PREPARE op gives each
+rank a balanced share of the groups (`split_groups`), with the micro-batch count and, under ZeRO-3,
+the head calls per micro-batch that rank 0 planned for all of them (every rank runs as many forwards
+and head calls; the plan is host ints, so no collective of its own); each rank runs the pre-pass
+over its share and the values come back to rank 0 (a gloo object gather on the channel's group,
+with its timeout), which keeps them all. So a step's split of groups over the ranks owes nothing to
+where they were prepared.
 
 No hang: every receive waits at most `timeout_s`; while rank 0 has nothing to send (waiting for
 data, evaluating, paused) a heartbeat thread sends `idle` every `heartbeat_s`. A follower that
@@ -35,7 +43,7 @@ from stare.learner.updates import split_groups  # noqa: F401  (the cut of a step
 
 log = logging.getLogger(__name__)
 
-IDLE, STOP, TRAIN, WEIGHTS, SAVE, LOAD = "idle", "stop", "train", "weights", "save", "load"
+IDLE, STOP, TRAIN, PREPARE, WEIGHTS, SAVE, LOAD = "idle", "stop", "train", "prepare", "weights", "save", "load"
 
 
 class RankChannel:
@@ -61,6 +69,12 @@ class RankChannel:
         out: list = [None]
         dist.scatter_object_list(out, None, src=0, group=self.group)
         return out[0]
+
+    def gather(self, obj: Any) -> list | None:
+        """Every rank's `obj` on rank 0 (in rank order; None elsewhere), within an op: its timeout too."""
+        out = [None] * self.world if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0, group=self.group)
+        return out
 
 
 class LeaderLearner:
@@ -101,8 +115,23 @@ class LeaderLearner:
         shares = split_groups(trajectories, self._channel.world)
         state = {"controller": learner.controller.state_dict(), "step": learner.step, "version": learner.version,
                  "lagged_entropy": learner.lagged_entropy, "nonfinite_steps": learner.nonfinite_steps}
-        with self._op([(TRAIN, share, state) for share in shares]):
+        kept = [learner.prepared.get(share, learner.version) if r else {} for r, share in enumerate(shares)]
+        with self._op([(TRAIN, share, state, values) for share, values in zip(shares, kept)]):
             return learner.train_step(shares[0])
+
+    def prepare(self, trajectories: list) -> None:
+        """The pre-pass of these whole groups spread over the ranks; rank 0 keeps every rank's values."""
+        learner = self._learner
+        shares = split_groups(trajectories, self._channel.world)
+        calls = [learner.prepare_calls(share) for share in shares]  # each rank's micro-batches' head calls
+        count = max(len(c) for c in calls)
+        heads = [max(c[i] if i < len(c) else 1 for c in calls) for i in range(count)] \
+            if learner.weights_are_collective() else []  # ZeRO-3: every rank gathers the head as often
+        with self._op([(PREPARE, share, count, heads) for share in shares]):
+            values = learner.prepass_values(shares[0], micro_batches=count, min_chunks=heads)
+            for part in self._channel.gather(values)[1:]:
+                values.update(part)
+            learner.prepared.keep(values, learner.version)
 
     def state_dict_for_rollout(self):
         if not self._learner.weights_are_collective():
@@ -163,12 +192,16 @@ def follow(learner, channel: RankChannel) -> int:
         if op == STOP:
             return steps
         if op == TRAIN:
-            share, state = args
+            share, state, kept = args
             learner.controller.load_state_dict(state["controller"])
             learner.step, learner.version = state["step"], state["version"]
             learner.lagged_entropy, learner.nonfinite_steps = state["lagged_entropy"], state["nonfinite_steps"]
+            learner.prepared.keep(kept, learner.version)  # the pre-pass values rank 0 kept for this share
             learner.train_step(share)
             steps += 1
+        elif op == PREPARE:
+            share, count, heads = args
+            channel.gather(learner.prepass_values(share, micro_batches=count, min_chunks=heads))
         elif op == WEIGHTS:
             learner.state_dict_for_rollout()  # its part of the gather; rank 0 publishes
         elif op == SAVE:

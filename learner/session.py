@@ -3,7 +3,8 @@ seams) and `stare learner` (Redis streams, a weight broadcast, the other roles i
 
     start -> [evaluate at step 0, or the resumed step's evaluation a restart lost]
     loop:  steering (pause, checkpoint, entropy changes) -> fill (publish prompts up to the window,
-           pump, pull scored groups) -> train (one optimizer step) -> publish weights
+           pump, pull scored groups) -> [not enough yet: the learner's pre-pass over the ready groups
+           the step will take, `optim.prepass_early`] -> train (one optimizer step) -> publish weights
            -> evaluate when due -> report (metrics, status) -> checkpoint when due
            (a remote evaluator, one that waits on other processes: checkpoint, then evaluate)
     end:   checkpoint what is unsaved on a stop, say finished/stopped
@@ -84,6 +85,10 @@ class TrainingSession:
         self._whole_rounds = max_staleness == 0 and cfg.data.oversample > 1.0  # over-sampled on-policy rounds
         self._filtered0 = collector.stats.filtered_groups
         self._t_wait = time.perf_counter()
+        # the pre-pass ahead of the step (`_prepare_ready`): groups prepared at weight version _prepared_at
+        self._prepared: set[str] = set()
+        self._prepared_at: int | None = None
+        self._prepare_s, self._prepared_groups = 0.0, 0  # since the last step (its metrics)
 
     # ---------------------------------------------------------------- pieces
     def top_up_prompts(self) -> int:
@@ -211,11 +216,34 @@ class TrainingSession:
         return (self.max_staleness == 0 and self._round >= self.cfg.data.max_sampling_rounds
                 and self._unresolved() == 0)
 
+    def _prepare_ready(self) -> None:
+        """While the step waits for data (`optim.prepass_early`): the learner's no-grad pre-pass over
+        the ready groups the step would take now (`GroupCollector.upcoming`) that are not prepared at
+        the current weights yet, at most a step's worth per call so the loop stays responsive. The
+        weights do not change before the step, so the step uses these values instead of computing
+        them (on-policy the learner would otherwise idle through the whole sampling round)."""
+        if not self.cfg.optim.prepass_early:
+            return
+        learner = self.learner
+        if self._prepared_at != learner.version:  # the weights moved on: what was prepared is not used
+            self._prepared, self._prepared_at = set(), learner.version
+        groups = [g for g in self.collector.upcoming(self.cfg.rollout.prompts_per_step, self._whole_rounds)
+                  if g[0].group_id not in self._prepared]
+        if not groups:
+            return
+        t0 = time.perf_counter()
+        with self.seams.busy("preparing the next step"):
+            learner.prepare([t for g in groups for t in g])
+        self._prepared.update(g[0].group_id for g in groups)
+        self._prepare_s += time.perf_counter() - t0
+        self._prepared_groups += len(groups)
+
     def next_batch(self) -> tuple[list, list[str], dict[str, Any]] | None:
         """One fill round; then the step's groups (flattened), their stream ids and how they were
-        collected, or None while not enough are ready."""
+        collected, or None while not enough are ready (having prepared the ready ones' pre-pass)."""
         self._fill_round()
         if not self._batch_ready():
+            self._prepare_ready()
             return None
         cfg, stats = self.cfg, self.collector.stats
         stale0 = stats.stale_tokens
@@ -227,7 +255,9 @@ class TrainingSession:
             "surplus_groups": self.collector.drop_ready() if self._whole_rounds else 0,  # the round's trainable rest
             "filtered_groups": stats.filtered_groups - self._filtered0,
             "groups": len(trajectories) // max(cfg.rollout.samples_per_prompt, 1),
-            "time_wait_data_s": time.perf_counter() - self._t_wait,
+            "time_wait_data_s": time.perf_counter() - self._t_wait,  # the pre-pass ahead of the step included
+            "prepared_groups": self._prepared_groups,  # pre-passes run while waiting (some may not be trained now)
+            "time_prepare_s": self._prepare_s,
         }
         if cfg.rollout.tool_use.enabled and trajectories:  # of the groups kept for training
             turns = [t.turns for t in trajectories]
@@ -290,6 +320,7 @@ class TrainingSession:
         if not saved and (step % cfg.run.checkpoint_every == 0 or step == cfg.run.steps or self.seams.should_stop()):
             self.checkpoint()
         self._round, self._filtered0, self._t_wait = 0, stats.filtered_groups, time.perf_counter()
+        self._prepare_s, self._prepared_groups = 0.0, 0
         self._last_step_at = time.monotonic()
 
     # ---------------------------------------------------------------- the loop

@@ -1,7 +1,8 @@
 """The learner: one optimizer step of STARE (or a baseline) on a batch of scored trajectories.
 
     step = collate + mini-batch and micro-batch plan (host) -> step tensors to the device
-           -> pre-step no-grad pass (old log-probs, entropy, chunked)
+           -> pre-step no-grad pass (old log-probs, entropy, chunked) over the rows not prepared
+              ahead (`prepare`), the prepared rows' kept values copied in
            -> rollout correction (IS weights, masked tokens) -> gather the step's tokens
            -> controller (one host sync: the batch entropy; W/M from it, then the gate), once per batch
            -> per update (optim.epochs x optim.mini_batches; one by default):
@@ -12,6 +13,8 @@
 
 Every tensor of a step lives on the engine's device; the host syncs are listed in
 docs/algorithm.md ("Host syncs").
+
+The pre-pass ahead of a step (`prepare`, while the session waits for data): learner/prepared.py.
 
 Recipe shape (torchtune): setup in __init__, `train_step`, `save`, `load`, `state_dict_for_rollout`.
 No implementation inheritance, no per-micro-batch host sync: metrics are summed as tensors and
@@ -25,7 +28,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +38,19 @@ import torch.distributed as dist
 from stare.learner.checkpoints import TRAINER_STATE, CheckpointError, choose_checkpoint, write_atomic, write_manifest
 from stare.config import TrainConfig
 from stare.learner import deepspeed_engine as ds
-from stare.learner.batch import TrainBatch, collate
-from stare.learner.collectives import all_gather_cat, all_gather_ints, all_reduce_sum, gather_step_tokens
+from stare.learner.batch import collate
+from stare.learner.collectives import all_gather_cat, all_reduce_sum, gather_step_tokens
 from stare.config.algo import StareLossConfig
 from stare.learner.controller import EntropyController
 from stare.learner.diagnostics import quadrant_metrics
 from stare.learner.logprobs import attach_chunked_head
-from stare.learner.micro_batches import MicroBatch, build_micro_batch, filler_micro_batch, plan_rows
+from stare.learner.micro_batches import build_micro_batch, filler_micro_batch
 from stare.learner.passes import Policy, hidden_state_fn, prepass, train_pass
+from stare.learner.prepared import PrepassStore, head_calls, to_device, to_host
 from stare.learner.rollout_correction import correction_metrics, rollout_correction
+from stare.learner.step_cut import RankRows, StepCut, cut_step
 from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
-from stare.learner.updates import SEED_STRIDE, combine_updates, mini_batch_rows, update_tokens
+from stare.learner.updates import SEED_STRIDE, combine_updates, update_tokens
 from stare.models.resolve import torch_dtype
 from stare.transport.records import Trajectory
 from stare.weight_sync.factory import publish_from
@@ -129,43 +134,53 @@ class Learner:
         self.step = 0
         self.version = 0
         self.lagged_entropy: float | None = None
+        self.prepared = PrepassStore()  # pre-pass values computed ahead of a step (`prepare`)
+        self.rank_rows = RankRows(cfg, self.rank, self.world, self.rows, self.micro, pad_id, self.device)
 
     # -- one step -------------------------------------------------------------------------------
 
-    def _collate(self, trajectories: list[Trajectory]) -> tuple[TrainBatch, list[list[MicroBatch]], torch.Tensor]:
-        """The step's batch (global token uids, the ranks' common width), each update's micro-batches
-        and each row's mini-batch ([rows] long, -1 for padding rows), on the host. Per mini-batch the
-        micro-batch count is the ranks' maximum (fillers make up the difference). Rank r's
-        trajectories are the step's rows after those of ranks < r."""
-        o = self.cfg.optim
-        pack = o.max_tokens_per_micro_batch is not None and o.pack_sequences
-        p_lens = [len(t.prompt_token_ids) for t in trajectories]
-        r_lens = [len(t.response_token_ids) for t in trajectories]
-        shares = mini_batch_rows(trajectories, o.mini_batches)  # one mini-batch: every row, in order
-        plans = [[[rows[i] for i in g] for g in plan_rows([p_lens[i] for i in rows], [r_lens[i] for i in rows],
-                                                           micro_batch=self.micro, max_tokens=o.max_tokens_per_micro_batch,
-                                                           pack=pack)] for rows in shares]
-        longest = max(r_lens, default=1)  # a rank may have no rows
-        ranks = all_gather_ints([len(trajectories), longest, *(len(p) for p in plans)],
-                                self.device)  # host sync: step start
-        real = [r[0] for r in ranks]
-        before = sum(real[: self.rank])
-        pad_before = sum(real) + sum(self.rows - n for n in real[: self.rank])
-        batch = collate(trajectories, pad_id=self.pad_id, rows=self.rows, scale_by_std=self.cfg.data.advantage_std,
-                        first_row=before, pad_first_row=pad_before, width=max(r[1] for r in ranks))
-        updates = []
-        for j, plan in enumerate(plans):
-            mbs = [build_micro_batch(g, batch.prompts, batch.responses, pad_id=self.pad_id, pack=pack) for g in plan]
-            updates.append(mbs + [filler_micro_batch(self.pad_id, pack=pack)] * (max(r[2 + j] for r in ranks) - len(mbs)))
-        if self.world > 1 and o.zero_stage == 3:  # as many output-head calls per micro-batch on every rank
-            flat = [mb for mbs in updates for mb in mbs]
-            chunks = [max(-(-mb.targets.shape[0] // o.logits_chunk_tokens), 1) for mb in flat]  # host ints
-            most = iter([max(c) for c in zip(*all_gather_ints(chunks, self.device))])  # host sync: step start
-            updates = [[dataclasses.replace(mb, min_chunks=next(most)) for mb in mbs] for mbs in updates]
-        row_update = torch.full((self.rows,), -1, dtype=torch.long)  # [rows]
-        for j, rows in enumerate(shares):
-            row_update[rows] = j
-        return batch, updates, row_update
+    def _collate(self, trajectories: list[Trajectory], kept: Mapping[str, torch.Tensor] | None = None) -> StepCut:
+        """The step on the host (learner/step_cut.py); `kept`: pre-pass values of some of its trajectories."""
+        return cut_step(trajectories, kept or {}, self.rank_rows)
+
+    # -- the pre-pass ahead of a step ---------------------------------------------------------
+
+    def prepare(self, trajectories: list[Trajectory]) -> None:
+        """The pre-pass (old log-probs, entropy, predicted dH) of these whole groups at the current
+        weights, kept on the host for the next step (one rank; several: `LeaderLearner.prepare`)."""
+        self.prepared.keep(self.prepass_values(trajectories), self.version)
+
+    def prepare_calls(self, trajectories: list[Trajectory]) -> list[int]:
+        """The output-head calls of each micro-batch of `prepass_values` over these trajectories
+        (host ints: rank 0 plans every rank's share, so that no prepare needs a collective of its own)."""
+        return head_calls(self.rank_rows.plan(trajectories, range(len(trajectories))), trajectories,
+                          self.cfg.optim.logits_chunk_tokens)
+
+    @torch.no_grad()
+    def prepass_values(self, trajectories: list[Trajectory], *, micro_batches: int = 0,
+                       min_chunks: Sequence[int] = ()) -> dict[str, torch.Tensor]:
+        """`prepass` over these whole groups (the advantages, for dH, are their groups' own) at the
+        current weights, cut as a step cuts its rows: per trajectory id its [k, response length] values
+        on the host. Several ranks: every rank calls it with its share; `micro_batches` is the ranks'
+        common micro-batch count (fillers make up the difference) and, under ZeRO-3, `min_chunks` each
+        micro-batch's head calls (`prepare_calls`' maximum over the ranks). One host read."""
+        pack = self.rank_rows.pack
+        plan = self.rank_rows.plan(trajectories, range(len(trajectories)))
+        batch = collate(trajectories, pad_id=self.pad_id, rows=max(len(trajectories), 1),  # a rank may get none
+                        scale_by_std=self.cfg.data.advantage_std)
+        mbs = [build_micro_batch(g, batch.prompts, batch.responses, pad_id=self.pad_id, pack=pack) for g in plan]
+        mbs += [filler_micro_batch(self.pad_id, pack=pack)] * (micro_batches - len(mbs))
+        if min_chunks:
+            mbs = [dataclasses.replace(mb, min_chunks=c) for mb, c in zip(mbs, min_chunks, strict=True)]
+        diagnosed = self.cfg.diagnostics.predicted_entropy_change
+        self.engine.eval()
+        try:
+            old, ent, dh = prepass(self.policy, mbs, batch.to(self.device), predicted_entropy_change=diagnosed)
+        finally:
+            self.engine.train()
+        return to_host((old, ent, dh) if diagnosed else (old, ent), trajectories)  # host sync: once per call
+
+    # -- one step (continued) -----------------------------------------------------------------
 
     def _backward(self, loss: torch.Tensor, last: bool) -> None:
         ds.backward(self.engine, loss * self.world, last=last)  # DeepSpeed averages over ranks
@@ -174,13 +189,19 @@ class Learner:
     def train_step(self, trajectories: list[Trajectory]) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        host_batch, updates, row_update = self._collate(trajectories)
-        batch = host_batch.to(self.device)
+        cut = self._collate(trajectories, self.prepared.get(trajectories, self.version))
+        self.prepared.clear()  # this step moves the weights: nothing kept is valid after it
+        updates, row_update = cut.updates, cut.row_update
+        batch = cut.batch.to(self.device)
         all_mbs = [mb for mbs in updates for mb in mbs]
         self.engine.eval()
-        old, ent0, dh = prepass(self.policy, all_mbs, batch,
+        old, ent0, dh = prepass(self.policy, cut.prepass, batch,
                                 predicted_entropy_change=cfg.diagnostics.predicted_entropy_change)
         self.engine.train()
+        if cut.prepared is not None:  # the prepared rows' values, computed ahead at these weights: [k, K, L]
+            rows, values = (to_device(t, self.device) for t in cut.prepared)
+            for buf, v in zip((old, ent0, dh), values):
+                buf.index_copy_(0, rows, v.to(buf.dtype))
         # rollout correction: IS weights and the masked tokens' removal, before anything counts tokens
         corr = rollout_correction(old, batch.rollout_logprobs, batch.mask, cfg.loss.rollout_correction)
         batch = dataclasses.replace(batch, mask=corr.keep, is_weight=corr.weight)
@@ -237,6 +258,8 @@ class Learner:
             "grad_norm": step_metrics.pop("grad_norm"),
             "train_tokens": train_tokens,
             "micro_batches": len(all_mbs),
+            "prepass_micro_batches": len(cut.prepass),  # this rank's, fillers included (none: every row prepared)
+            "prepared_rows": cut.prepared_rows,  # rows (every rank) whose pre-pass ran ahead of the step (`prepare`)
             "model_tokens": sum(mb.model_tokens for mb in all_mbs),
             "time_learn_s": t_end - t0,
             "time_plan_s": (t_plan or t_end) - t0,
@@ -319,6 +342,7 @@ class Learner:
             raise CheckpointError(f"{path}: unreadable ({type(err).__name__}: {err}); delete {directory / tag} to "
                                   f"resume from an older checkpoint") from None
         self.controller.load_state_dict(state["controller"])
+        self.prepared.clear()  # other weights now
         self.lagged_entropy = state["lagged_entropy"]
         self.nonfinite_steps = int(state.get("nonfinite_steps", 0))
         return state

@@ -154,6 +154,37 @@ def leader_follower_worker(rank: int, world: int, port: int, model_dir: str, out
                f"{out_dir}/leader.pt")
 
 
+def prepare_rank_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, overrides: list[str]) -> None:
+    """One rank of a learner driven as `stare learner` drives several ranks: rank 0 prepares groups 1
+    and 2 of `trajectories(0)` (a PREPARE op: one group per rank), then trains all three (a TRAIN op:
+    rank 0 gets group 0, rank 1 groups 1 and 2 with the values rank 0 kept); rank 0 saves the step's
+    metrics, the trajectory ids it kept and the weights it would publish."""
+    import os
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    from stare.config import build_config
+    from stare.learner.rank_launch import leave_process_groups
+    from stare.learner.ranks import LeaderLearner, RankChannel, follow
+    from stare.learner.trainer import Learner
+
+    learner = Learner(build_config({}, overrides=overrides), Path(model_dir), pad_id=0)
+    channel = RankChannel(timeout_s=120, heartbeat_s=0.2)
+    if rank > 0:
+        follow(learner, channel)
+        leave_process_groups()
+        return
+    leader = LeaderLearner(learner, channel)
+    trajs = trajectories(0)
+    leader.prepare(trajs[4:])
+    kept = sorted(learner.prepared.get(trajs, learner.version))
+    metrics = leader.train_step(trajs)
+    state = leader.state_dict_for_rollout()
+    leader.close()
+    leave_process_groups()
+    torch.save({"metrics": metrics, "kept": kept, "state": state}, f"{out_dir}/leader.pt")
+
+
 def silent_leader_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """Rank 0 forms the rank channel and then says nothing (hung) for longer than its timeout; rank 1
     follows and must give up with an error naming rank 0 instead of waiting forever."""

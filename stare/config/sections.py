@@ -272,6 +272,17 @@ class OptimSection(_Section):
     epochs: int = Field(
         1, ge=1, le=64, description="Passes over each batch (PPO epochs); updates per batch = mini_batches x epochs.",
     )
+    prepass_early: bool = Field(
+        True, description="Run the step's no-grad pre-pass (old log-probs, entropy, predicted dH) over the groups "
+        "already scored while the learner waits for the rest (on-policy: through the sampling round), at the "
+        "weights the step trains with; the step then runs it only over the groups not prepared. Why: the pre-pass "
+        "is ~20% of a step (2N of ~10N FLOPs per token) and the learner would otherwise idle. Cost: the values in "
+        "host memory until the step (12 B per response token with the predicted dH, 8 without: a few MB to tens "
+        "of MB per step at 7B), with several ranks sent to rank 0 and back with the step's rows; groups prepared "
+        "but not trained at that version (over-sampled surplus, a stale drop) are wasted forwards. The step's "
+        "values equal the unprepared step's within fp32 rounding (the micro-batch cut may differ). False: the "
+        "whole pre-pass at step time.",
+    )
 
 
 class DiagnosticsSection(_Section):

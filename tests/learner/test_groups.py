@@ -263,6 +263,21 @@ def test_a_ready_group_that_waits_past_max_staleness_is_dropped_before_it_can_be
     assert s.backlog() == 0
 
 
+@pytest.mark.parametrize("in_publish_order", [False, True])
+def test_upcoming_names_the_groups_take_hands_out_and_leaves_them_ready(in_publish_order):
+    s = MemoryStream("scored")
+    c = GroupCollector(s, name="l", dynamic_sampling=False, max_staleness=0)
+    for gid in ("g000000003", "g000000001", "g000000002", "g000000000"):  # completion order
+        s.publish(_group(gid, [1.0, 0.0]))
+    c.pull(0)
+    upcoming = c.upcoming(2, in_publish_order)
+    assert len(c.ready) == 4  # nothing taken
+    trajectories, _ = c.take(2, in_publish_order=in_publish_order)
+    assert [t for g in upcoming for t in g] == trajectories
+    assert [g[0].group_id for g in upcoming] == (["g000000000", "g000000001"] if in_publish_order
+                                                 else ["g000000003", "g000000001"])
+
+
 def test_take_in_publish_order_then_drop_ready_counts_the_surplus():
     s = MemoryStream("scored")
     c = GroupCollector(s, name="l", dynamic_sampling=False, max_staleness=0)

@@ -1,6 +1,7 @@
-"""`data.oversample`: the real TrainingSession over in-memory streams, with a pump that plays the
-rollout and reward workers (each group's rewards fixed by its ordinal, its results sent in the
-reverse of the publish order, so that "first to finish" and "first published" differ).
+"""`data.oversample` (and which groups the session prepares while a step waits, `optim.prepass_early`):
+the real TrainingSession over in-memory streams, with a pump that plays the rollout and reward workers
+(each group's rewards fixed by its ordinal, its results sent in the reverse of the publish order, so
+that "first to finish" and "first published" differ).
 
 On-policy an over-sampled round publishes ceil(missing x oversample) groups, the step waits for the
 whole round and trains exactly prompts_per_step groups, the first trainable ones in publish order;
@@ -34,6 +35,7 @@ class FakeLearner:
         self.controller = EntropyController(cfg.controller, max_entropy=10.0)
         self.step = self.version = 0
         self.batches: list[list[str]] = []  # group ids of each step, in the order trained
+        self.prepared: list[tuple[int, list[str]]] = []  # (version, group ids) of each prepare call
 
     def train_step(self, trajectories):
         self.batches.append(list(dict.fromkeys(t.group_id for t in trajectories)))
@@ -43,6 +45,9 @@ class FakeLearner:
         return {"step": self.step, "weight_version": self.version, "loss": 0.0, "entropy": 0.0, "gate": False,
                 "w": c.w, "m": c.m, "target": c.target, "grad_norm": 0.0}
 
+    def prepare(self, trajectories):
+        self.prepared.append((self.version, list(dict.fromkeys(t.group_id for t in trajectories))))
+
     def state_dict_for_rollout(self):
         return {}
 
@@ -50,8 +55,8 @@ class FakeLearner:
         return f"step_{self.step:06d}"
 
 
-def _session(tmp_path, *, oversample: float, max_staleness: int = 0, steps: int = 2):
-    cfg = build_config({}, overrides=[
+def _session(tmp_path, *, oversample: float, max_staleness: int = 0, steps: int = 2, extra=()):
+    cfg = build_config({}, overrides=[*extra, 
         f"run.output_dir={tmp_path}", f"run.steps={steps}", "run.checkpoint_every=1000",
         "rollout.prompts_per_step=4", "rollout.samples_per_prompt=2", "data.dynamic_sampling=true",
         f"data.oversample={oversample}", f"system.max_staleness={max_staleness}", "task.eval_every=1000"])
@@ -116,6 +121,20 @@ def test_without_oversampling_each_round_asks_for_exactly_the_missing_groups(tmp
     assert learner.batches == [["g000000003", "g000000001", "g000000000", "g000000004"],  # completion order
                                ["g000000008", "g000000007", "g000000006", "g000000009"]]
     assert [m["surplus_groups"] for m in metrics] == [0, 0] and collector.stats.surplus_groups == 0
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_while_a_step_waits_the_session_prepares_the_ready_groups_it_will_take(tmp_path, early):
+    # as above: after round 1 of each step three groups are ready and one is missing (filtered): the
+    # session prepares those three (in the order the step takes them) at the step's version; the
+    # round that completes the step prepares nothing (the batch is ready). Off: no call.
+    session, learner, _, _, _ = _session(tmp_path, oversample=1.0, extra=[f"optim.prepass_early={early}"])
+    metrics = []
+    session.run(on_step=metrics.append)
+    session.close()
+    assert learner.prepared == ([(0, ["g000000003", "g000000001", "g000000000"]),
+                                 (1, ["g000000008", "g000000007", "g000000006"])] if early else [])
+    assert [m["prepared_groups"] for m in metrics] == ([3, 3] if early else [0, 0])
 
 
 @pytest.mark.parametrize("oversample,window", [(1.0, 8), (1.5, 12), (1.3, 11)])

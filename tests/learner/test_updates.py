@@ -49,7 +49,8 @@ def _before_mini_batches(learner, trajs):
     """The step as the learner ran it before mini-batches (one update; session-6 train_step's
     calls, in its order), on the same learner pieces: loss, metric sums and clip fraction."""
     cfg = learner.cfg
-    batch_host, updates, _ = learner._collate(trajs)
+    cut = learner._collate(trajs)
+    batch_host, updates = cut.batch, cut.updates
     assert len(updates) == 1
     mbs, batch = updates[0], batch_host.to(learner.device)
     learner.engine.eval()

@@ -88,7 +88,7 @@ def test_zero3_gathers_the_head_once_per_micro_batch_and_every_forward_calls_the
     for m in model.modules():
         m.register_forward_pre_hook(pre)
     trajs = trajectories(0)
-    _, updates, _ = learner._collate(trajs)
+    updates = learner._collate(trajs).updates
     (mbs,) = updates  # one update per batch (optim.mini_batches 1)
     chunks = [-(-mb.targets.shape[0] // 4) for mb in mbs]
     assert len(set(chunks)) > 1 and max(chunks) > 1  # the micro-batches differ in their chunk counts

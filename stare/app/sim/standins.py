@@ -6,8 +6,9 @@ Each stands behind a seam the real roles use, so the real code around it runs un
   (`capacity`, `add`, `step`, `pending`, in-flight weight updates): sequences decode in continuous batches,
   response lengths drawn from the run's `LengthModel`, every engine step timed by the cost model, each
   token's weight version recorded;
-* `SimLearner` - the learner's `train_step`, `state_dict_for_rollout` (the weight gather), `save`/`load`
-  (checkpoint writes) and its real `EntropyController`;
+* `SimLearner` - the learner's `train_step`, `prepare` (the pre-pass ahead of a step: not timed yet),
+  `state_dict_for_rollout` (the weight gather), `save`/`load` (checkpoint writes) and its real
+  `EntropyController`;
 * `SimWeights` - the weight publisher and, per worker, the subscriber (`fetch`, `wait_for`);
 * `SimTask` / `SimTokenizer` - prompts of the configured length for the real `PromptFeeder`;
   `solve_rate_scorer` - the reward worker's scorer seam (each prompt has a solve rate; the real
@@ -228,6 +229,10 @@ class SimLearner:
         c = self.controller
         return {"step": self.step, "weight_version": self.version, "loss": 0.0, "entropy": c.target,
                 "gate": False, "w": c.w, "m": c.m, "target": c.target, "grad_norm": 0.0}
+
+    def prepare(self, trajectories: list) -> None:
+        """The pre-pass ahead of a step (the session calls it while it waits for data): costs nothing
+        here yet, and the step's time is unchanged by it."""
 
     def state_dict_for_rollout(self) -> dict:
         self.lane.busy(self.gather_s, "send/receive")
