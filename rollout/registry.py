@@ -65,7 +65,8 @@ def _build_hf(config: HFEngineConfig) -> RolloutEngine:
 
 
 def _build_vllm(config: VLLMEngineConfig) -> RolloutEngine:
-    from stare.rollout.vllm_engine import VLLMEngine, engine_args
+    from stare.rollout.vllm_args import engine_args
+    from stare.rollout.vllm_engine import VLLMEngine
 
     return VLLMEngine(config.model_path, dtype=config.dtype, seed=config.seed,
                       cpu_kvcache_space_gib=config.cpu_kvcache_space_gib, sleep_mode=config.sleep_mode,

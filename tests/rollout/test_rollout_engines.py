@@ -408,7 +408,7 @@ def test_the_vllm_section_becomes_the_engine_arguments_without_importing_vllm(mo
     from stare.config import build_config
     from stare.rollout.registry import VLLMEngineConfig
     from stare.rollout.stack import engine_config
-    from stare.rollout.vllm_engine import engine_args
+    from stare.rollout.vllm_args import engine_args
 
     cfg = build_config({"model": {"path": str(model_dir)}, "rollout": {"engine": VLLM_SECTION}})
     config = VLLMEngineConfig.model_validate(engine_config(cfg, model_dir))
@@ -421,14 +421,14 @@ def test_the_vllm_section_becomes_the_engine_arguments_without_importing_vllm(mo
                                                   (True, True, True), (False, False, False)])
 def test_enforce_eager_auto_means_cuda_graphs_where_cuda_is_present_and_explicit_values_stay(value, cuda, expected):
     from stare.config import VllmEngineSection
-    from stare.rollout.vllm_engine import engine_args
+    from stare.rollout.vllm_args import engine_args
 
     assert engine_args(VllmEngineSection(enforce_eager=value), cuda_available=cuda)["enforce_eager"] is expected
 
 
 def test_enforce_eager_defaults_to_eager_on_this_cpu_machine():
     from stare.config import VllmEngineSection
-    from stare.rollout.vllm_engine import engine_args
+    from stare.rollout.vllm_args import engine_args
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine: the CPU resolution is checked where there is none")
@@ -441,7 +441,7 @@ def test_enforce_eager_defaults_to_eager_on_this_cpu_machine():
                                     "paper/tool-use-qwen2.5-7b-instruct-stare.yaml", "gpu-node.yaml"])
 def test_the_gpu_configs_decode_with_cuda_graphs_where_cuda_is_present(config):
     from stare.config import load_config
-    from stare.rollout.vllm_engine import engine_args
+    from stare.rollout.vllm_args import engine_args
 
     cfg = load_config(Path(__file__).parents[2] / "configs" / config)
     assert cfg.rollout.engine.name == "vllm"
