@@ -176,6 +176,13 @@ class NodeCosts:
         attn_passes = 3 + recompute + prepass + extra_forward
         return tokens * (passes * n + attn_passes * self.model.attention_flops_per_token(mean_len / 2))
 
+    def prepass_s(self, tokens: float, mean_len: float, gpus: int, *, zero3: bool, head_gathers: int = 0) -> float:
+        """The learner's no-grad pre-pass over `tokens` alone (ahead of a step: optim.prepass_early): 2N per
+        token plus attention's forward, at MFU_TRAIN, and `head_gathers` output-head all-gathers under ZeRO-3."""
+        flops = tokens * (2 * self.model.shape.params + self.model.attention_flops_per_token(mean_len / 2))
+        gather = head_gathers * self.allgather_s(self.model.head_bytes, gpus) if zero3 else 0.0
+        return flops / (gpus * self.gpu.bf16_flops * MFU_TRAIN) + gather
+
     def train_s(self, tokens: float, mean_len: float, gpus: int, *, recompute: bool, zero3: bool,
                 head_gathers: int = 0, extra_forward: int = 0) -> float:
         """One optimizer step on `gpus` learner GPUs: compute at MFU_TRAIN, plus `head_gathers`

@@ -152,6 +152,15 @@ def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str) -> St
         return nc.train_s(tokens, mean_len, d.learner_gpus, recompute=o.gradient_checkpointing, zero3=zero3,
                           head_gathers=gathers, extra_forward=extra)
 
+    def prepass_s(trajectories: list) -> float:
+        """The share of `train_s` that a pre-pass ahead of the step (optim.prepass_early) takes out of it."""
+        if not trajectories:
+            return 0.0
+        tokens = sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajectories)
+        gathers = math.ceil(tokens / d.learner_gpus / (o.max_tokens_per_micro_batch or 8192)) if per_micro else \
+            math.ceil(sum(len(t.response_token_ids) for t in trajectories) / d.learner_gpus / o.logits_chunk_tokens)
+        return nc.prepass_s(tokens, tokens / len(trajectories), d.learner_gpus, zero3=zero3, head_gathers=gathers)
+
     if d.colocated:
         gather, send, recv = 0.0, nc.refit_colocated_s(), 0.0
     elif d.publish_from == "device":
@@ -161,7 +170,8 @@ def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str) -> St
         gather = nc.publish_host_s(d.learner_gpus, zero3) - h2d
         send = recv = h2d + nc.broadcast_s()
     return StepCosts(engine=nc, capacity=max(capacity, 1), running=running,
-                     kv=KvCache(int(kv_tokens), int(max_seqs), int(max_len)), train_s=train_s, gather_s=gather, send_s=send,
+                     kv=KvCache(int(kv_tokens), int(max_seqs), int(max_len)), train_s=train_s,
+                     prepass_s=prepass_s if o.prepass_early else None, gather_s=gather, send_s=send,
                      recv_s=recv, checkpoint_s=nc.checkpoint_s(), swap_s=nc.sleep_wake_s() if d.colocated else 0.0)
 
 

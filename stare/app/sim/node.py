@@ -138,6 +138,7 @@ class StepCosts:
     static_batch: bool = False  # the transformers engine decodes a call's rows until its longest ends
     running: int = 0  # sequences the engine itself runs at once (vLLM's scheduler: KV / mean length); 0: capacity
     kv: KvCache | None = None  # vLLM's cache: capacity() grows with the finished samples' mean length; None: fixed
+    prepass_s: Callable[[list], float] | None = None  # the pre-pass share of train_s (optim.prepass_early); None: off
 
 
 class _Worker:
@@ -312,7 +313,7 @@ class SimNode:
                                        decisions=MemoryDecisionLog(), dead_letters=training_dead_letters(t))
             wait = (lambda: max(w.lane.now for w in self.workers)) if d.colocated else None
             learner = SimLearner(cfg, self.learner_lane, self._step_s, self.costs.gather_s, self.costs.checkpoint_s,
-                                 wait_engines=wait)
+                                 wait_engines=wait, prepass_s=self.costs.prepass_s)
             seams = SessionSeams(transport=t, publisher=self.board,
                                  steering=RunSteering(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s),
                                  cursor=MemoryCursor(), evaluator=None, should_stop=lambda: False,

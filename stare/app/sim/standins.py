@@ -6,7 +6,7 @@ Each stands behind a seam the real roles use, so the real code around it runs un
   (`capacity`, `add`, `step`, `pending`, in-flight weight updates): sequences decode in continuous batches,
   response lengths drawn from the run's `LengthModel`, every engine step timed by the cost model, each
   token's weight version recorded;
-* `SimLearner` - the learner's `train_step`, `prepare` (the pre-pass ahead of a step: not timed yet),
+* `SimLearner` - the learner's `train_step`, `prepare` (the pre-pass ahead of a step, timed),
   `state_dict_for_rollout` (the weight gather), `save`/`load` (checkpoint writes) and its real
   `EntropyController`;
 * `SimWeights` - the weight publisher and, per worker, the subscriber (`fetch`, `wait_for`);
@@ -207,12 +207,13 @@ class SimLearner:
     is idle (they sleep) and the engines wake after it."""
 
     def __init__(self, cfg, lane: Lane, step_s: Callable[[list], float], gather_s: float, checkpoint_s: float,
-                 *, wait_engines: Callable[[], float] | None = None):
+                 *, wait_engines: Callable[[], float] | None = None, prepass_s: Callable[[list], float] | None = None):
         from stare.learner.controller import EntropyController
 
         self.cfg, self.lane = cfg, lane
         self.step_s, self.gather_s, self.checkpoint_s = step_s, gather_s, checkpoint_s
-        self.wait_engines = wait_engines
+        self.wait_engines, self.prepass_s = wait_engines, prepass_s
+        self.prepared: set[str] = set()  # trajectory ids pre-passed at the current version
         self.controller = EntropyController(cfg.controller, max_entropy=10.0)
         self.step = self.version = 0
         self.trained_tokens: list[tuple[float, int]] = []  # (end time, tokens) per step
@@ -220,7 +221,10 @@ class SimLearner:
     def train_step(self, trajectories: list) -> dict[str, Any]:
         if self.wait_engines is not None:
             self.lane.wait_until(self.wait_engines())
-        self.lane.busy(self.step_s(trajectories), "train")
+        ahead = [t for t in trajectories if t.trajectory_id in self.prepared]  # their pre-pass already ran
+        saved = self.prepass_s(ahead) if ahead and self.prepass_s is not None else 0.0
+        self.lane.busy(self.step_s(trajectories) - saved, "train")
+        self.prepared = set()  # the weights move on
         # tokens the step trains on: a response's tokens left out of the loss (older than max_staleness) do not count
         tokens = sum(len(t.prompt_token_ids) + int(np.count_nonzero(t.loss_mask)) for t in trajectories)
         self.trained_tokens.append((self.lane.now, tokens))
@@ -231,8 +235,16 @@ class SimLearner:
                 "gate": False, "w": c.w, "m": c.m, "target": c.target, "grad_norm": 0.0}
 
     def prepare(self, trajectories: list) -> None:
-        """The pre-pass ahead of a step (the session calls it while it waits for data): costs nothing
-        here yet, and the step's time is unchanged by it."""
+        """The pre-pass ahead of a step (the session calls it while it waits for data): its time on the
+        learner lane now, taken out of the step that trains these trajectories (colocated: once the
+        engines are asleep, as a step)."""
+        new = [t for t in trajectories if t.trajectory_id not in self.prepared]
+        if self.prepass_s is None or not new:
+            return
+        if self.wait_engines is not None:
+            self.lane.wait_until(self.wait_engines())
+        self.lane.busy(self.prepass_s(new), "train")
+        self.prepared.update(t.trajectory_id for t in new)
 
     def state_dict_for_rollout(self) -> dict:
         self.lane.busy(self.gather_s, "send/receive")
