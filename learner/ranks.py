@@ -18,6 +18,10 @@ and head calls; the plan is host ints, so no collective of its own); each rank r
 over its share and the values come back to rank 0 (a gloo object gather on the channel's group,
 with its timeout), which keeps them all. So a step's split of groups over the ranks owes nothing to
 where they were prepared.
+An application may add ops of its own (`LeaderLearner.run_op` on rank 0, `follow(..., ops)` on the
+others; the node-colocated learner's SAMPLE, learner/colocation.py): each ends with the gather of what
+every rank's part returned to rank 0, so rank 0 goes on only once every rank is back (or fails after
+the channel's timeout).
 
 No hang: every receive waits at most `timeout_s`; while rank 0 has nothing to send (waiting for
 data, evaluating, paused) a heartbeat thread sends `idle` every `heartbeat_s`. A follower that
@@ -35,7 +39,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch.distributed as dist
 
@@ -139,6 +143,13 @@ class LeaderLearner:
         with self._op(self._same(WEIGHTS)):
             return self._learner.state_dict_for_rollout()
 
+    def run_op(self, op: str, args: tuple, local: Callable[[], Any]) -> list:
+        """An application's op (`follow(..., ops)` runs it on the other ranks): sent to every rank with
+        `args`, then rank 0's part `local()`; returns what every rank's part returned, by rank, once all
+        are back (`RankChannel.gather`)."""
+        with self._op(self._same(op, *args)):
+            return self._channel.gather(local())
+
     def save(self, directory: Path, extra: dict[str, Any]) -> str:
         with self._op(self._same(SAVE, str(directory))):
             return self._learner.save(directory, extra)
@@ -177,9 +188,12 @@ class LeaderLearner:
                 channel.lock.release()
 
 
-def follow(learner, channel: RankChannel) -> int:
+def follow(learner, channel: RankChannel, ops: Mapping[str, Callable[..., Any]] | None = None) -> int:
     """Rank r > 0: run rank 0's ops until it says stop (returns the number of steps trained here).
-    A receive that times out raises: rank 0 is dead or hung, this rank must not outlive it."""
+    `ops`: the application's own (name -> this rank's part, called with the op's args; what it returns
+    goes to rank 0 through `RankChannel.gather`, which ends the op). A receive that times out
+    raises: rank 0 is dead or hung, this rank must not outlive it."""
+    ops = ops or {}
     steps = 0
     while True:
         try:
@@ -208,5 +222,7 @@ def follow(learner, channel: RankChannel) -> int:
             learner.save(Path(args[0]), {})
         elif op == LOAD:
             learner.load(Path(args[0]), args[1])
+        elif op in ops:
+            channel.gather(ops[op](*args))
         else:
             raise RuntimeError(f"learner rank {channel.rank}: unknown op {op!r} from rank 0")

@@ -52,7 +52,7 @@ class RedisDecisionLog:
 
 class RedisCursor:
     """The feeder's published cursor and the newest published weight version, in Redis (see
-    `stare.learner.session.CursorStore`)."""
+    `stare.learner.seams.CursorStore`)."""
 
     def __init__(self, client, run_id: str):
         self.client, self.key = client, run_key(run_id, "feeder")
@@ -71,54 +71,80 @@ class RedisCursor:
 
 
 EvaluatorFactory = Callable[..., Any]  # (config, RunSetup, transport, tick) -> an Evaluator
+RolloutFactory = Callable[[], Any]  # () -> a RankRollout (learner/colocation.py), built by the application
 
 
 def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
-        evaluator_factory: EvaluatorFactory | None = None) -> None:
+        evaluator_factory: EvaluatorFactory | None = None, rank_rollout: RolloutFactory | None = None) -> None:
     """The distributed learner: the shared `TrainingSession` over the run's Redis streams and
     weight publisher. `evaluator_factory` (given by the application that wires the roles) builds
     the held-out evaluator; None: no evaluation. Several ranks (`system.learner_ranks`, or an
     external launcher's WORLD_SIZE): this process is rank 0 and drives, or a follower
-    (stare.learner.ranks)."""
+    (stare.learner.ranks). `rank_rollout` (the node-colocated learner, learner/colocation.py): every
+    rank hosts a rollout engine from it, asleep while the learner steps; rank 0 evaluates on its own."""
     from stare.learner.rank_launch import rank_info
 
     ranks = rank_info(cfg)
     if not ranks.leader:
-        run_follower(cfg, name)
+        run_follower(cfg, name, rollout=rank_rollout() if rank_rollout is not None else None, rank=ranks.rank,
+                     world=ranks.world)
         return
     _run_leader(cfg, redis_url=redis_url, name=name, stop=stop, evaluator_factory=evaluator_factory,
-                spawn=ranks.spawn, world=ranks.world)
+                spawn=ranks.spawn, world=ranks.world, rollout=rank_rollout() if rank_rollout is not None else None)
 
 
-def run_follower(cfg: TrainConfig, name: str) -> None:
-    """A learner rank > 0: no Redis, no ports; it trains its share of each step as rank 0 says."""
+def _build_learner(cfg: TrainConfig, model_path, pad_id: int, rollout, rank: int, world: int):
+    """This rank's Learner; with a colocated `rollout`, its engine first, asleep (the process group formed
+    before it when there are several ranks: vLLM joins it as one more data-parallel replica per rank)."""
+    from stare.learner.trainer import Learner
+
+    if rollout is None:
+        return Learner(cfg, model_path, pad_id=pad_id)
+    from stare.learner.colocation import TrainsAsleep
+
+    if world > 1:
+        from stare.learner.deepspeed_engine import init_distributed
+
+        init_distributed()
+    rollout.build(model_path, rank, world)
+    learner = Learner(cfg, model_path, pad_id=pad_id)
+    rollout.attach(learner)
+    return TrainsAsleep(learner, rollout)
+
+
+def run_follower(cfg: TrainConfig, name: str, *, rollout=None, rank: int = 1, world: int = 2) -> None:
+    """A learner rank > 0: no Redis, no ports (colocated: its rollout worker's streams); it trains its share
+    of each step as rank 0 says, and samples when rank 0 says so."""
+    from stare.learner.colocation import SAMPLE
     from stare.learner.rank_launch import (die_with_parent, exit_abandoning_process_groups, follower_model,
                                            leave_process_groups, rank_timeout_s)
     from stare.learner.ranks import RankChannel, follow
     from stare.learner.session import seed_everything
-    from stare.learner.trainer import Learner
 
     die_with_parent()
     seed_everything(cfg)
     model_path, pad_id = follower_model(cfg)
-    learner = Learner(cfg, model_path, pad_id=pad_id)
+    learner = _build_learner(cfg, model_path, pad_id, rollout, rank, world)
     channel = RankChannel(timeout_s=rank_timeout_s(cfg), heartbeat_s=min(10.0, rank_timeout_s(cfg) / 6))
     log.info("learner rank %d of %d following rank 0", channel.rank, channel.world)
     try:
-        steps = follow(learner, channel)
+        steps = follow(learner, channel, {SAMPLE: rollout.sample} if rollout is not None else None)
     except RuntimeError as err:  # rank 0 dead or hung: its receive timed out, the group is unusable
         log.error("%s", err)
         exit_abandoning_process_groups(1)
     log.info("learner rank %d: rank 0 said stop after %d steps here", channel.rank, steps)
+    if rollout is not None:
+        log.info("learner rank %d: %s; %d learner steps, the engine asleep at each", channel.rank, rollout.summary(),
+                 learner.steps_asleep)
+        rollout.close()
     leave_process_groups()
 
 
 def _run_leader(cfg: TrainConfig, *, redis_url: str, name: str, stop, evaluator_factory: EvaluatorFactory | None,
-                spawn: bool, world: int) -> None:
+                spawn: bool, world: int, rollout=None) -> None:
     from stare.learner.rank_launch import FollowerProcesses, leave_process_groups, rank_timeout_s
     from stare.learner.ranks import LeaderLearner, RankChannel
     from stare.learner.session import seed_everything
-    from stare.learner.trainer import Learner
     from stare.models.resolve import load_run_setup
     from stare.plan.check import check_fits
     from stare.runtime.process import RoleRuntime
@@ -132,13 +158,14 @@ def _run_leader(cfg: TrainConfig, *, redis_url: str, name: str, stop, evaluator_
             pad_id = setup.tokenizer.pad_token_id or 0
             if spawn:
                 followers = FollowerProcesses(cfg, model_path=setup.model_path, pad_id=pad_id, name=name)
-            learner = Learner(cfg, setup.model_path, pad_id=pad_id)
+            learner = _build_learner(cfg, setup.model_path, pad_id, rollout, 0, world)
             if world > 1:
                 timeout_s = rank_timeout_s(cfg)
                 learner = LeaderLearner(learner, RankChannel(timeout_s=timeout_s, heartbeat_s=min(10.0, timeout_s / 6)),
                                         check=followers.check if followers is not None else (lambda: None))
         try:
-            _train(cfg, rt, setup, learner, redis_url=redis_url, evaluator_factory=evaluator_factory)
+            _train(cfg, rt, setup, learner, redis_url=redis_url, evaluator_factory=evaluator_factory, rollout=rollout,
+                   world=world)
         finally:
             if world > 1 and isinstance(learner, LeaderLearner):
                 try:
@@ -149,13 +176,20 @@ def _run_leader(cfg: TrainConfig, *, redis_url: str, name: str, stop, evaluator_
                     log.error("could not tell the learner ranks to stop: %s", err)
             if followers is not None:
                 followers.stop(timeout_s=rank_timeout_s(cfg))
+            if rollout is not None:
+                log.info("learner rank 0: %s; %d learner steps, the engine asleep at each", rollout.summary(),
+                         learner.steps_asleep)
+                rollout.close()
             if world > 1:
                 leave_process_groups()
 
 
-def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_factory: EvaluatorFactory | None) -> None:
-    """Rank 0: the session over the run's Redis seams, then the Hugging Face export."""
+def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_factory: EvaluatorFactory | None,
+           rollout=None, world: int = 1) -> None:
+    """Rank 0: the session over the run's Redis seams, then the Hugging Face export. With a colocated
+    `rollout`: no weight publisher, the ranks sample through the pump, rank 0's engine evaluates."""
     from stare.data.feeder import build_feeder
+    from stare.learner.colocation import DeferredPublish
     from stare.learner.export import export_run
     from stare.learner.groups import GroupCollector
     from stare.learner.outcome import NothingTrained
@@ -172,16 +206,21 @@ def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_fa
                                decisions=RedisDecisionLog(transport.client, cfg.run.name),
                                dead_letters=training_dead_letters(transport))
     evaluator = session = None
-    publisher = build_publisher(cfg, transport.client)
+    colocated = _colocated_seams(cfg, rt, learner, rollout, transport, world) if rollout is not None else {}
+    publisher = colocated.pop("publisher", None) or build_publisher(cfg, transport.client)
     try:
         with rt.busy("loading the evaluator"):
-            evaluator = evaluator_factory(cfg, setup, transport, rt.tick) if evaluator_factory is not None else None
+            if rollout is not None:
+                evaluator = rollout.evaluator() if evaluator_factory is not None else None
+            elif evaluator_factory is not None:
+                evaluator = evaluator_factory(cfg, setup, transport, rt.tick)
         seams = SessionSeams(
             transport=transport, publisher=publisher, steering=rt.steering,
             cursor=RedisCursor(transport.client, cfg.run.name), evaluator=evaluator,
-            should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick, busy=rt.busy,
+            should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick, busy=rt.busy, **colocated,
         )
-        session = TrainingSession(cfg, learner, feeder, collector, seams, max_staleness=s.max_staleness,
+        session = TrainingSession(cfg, DeferredPublish(learner) if rollout is not None else learner, feeder,
+                                  collector, seams, max_staleness=s.max_staleness,
                                   resume=(cfg.run_dir / "checkpoints" / "latest").is_file())
         outcome = session.run()
         if outcome.failed:  # trained nothing, or no reward signal: not a success (learner/outcome.py)
@@ -197,5 +236,14 @@ def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_fa
         else:
             publisher.close()
         transport.close()
-        if evaluator is not None and hasattr(evaluator, "close"):
+        if evaluator is not None and hasattr(evaluator, "close") and rollout is None:
             evaluator.close()
+
+
+def _colocated_seams(cfg: TrainConfig, rt, learner, rollout, transport, world: int) -> dict[str, Any]:
+    """The seams of a node-colocated rank 0 (learner/colocation.py): the SAMPLE pump, no weight publisher."""
+    from stare.learner.colocation import InProcessPublisher, SamplePump
+
+    pump = SamplePump(learner, rollout, transport.prompts, world=world, collective=learner.weights_are_collective(),
+                      busy=rt.busy, retry_s=cfg.system.claim_idle_s / 2)
+    return {"publisher": InProcessPublisher(), "pump": pump, "pump_via_redis": True}

@@ -67,3 +67,7 @@ class SessionSeams:
     # long work (evaluation, a step, a checkpoint): alive while its thread makes progress (RoleRuntime.busy)
     busy: Callable[[str], ContextManager] = lambda what: contextlib.nullcontext()
     pump: Callable[[int], None] | None = None  # in-process workers: run them once (arg: the fill round)
+    # the pump's samples go through the Redis streams (the node-colocated learner, learner/colocation.py: reward
+    # workers in other processes score them): the pull after it waits up to PULL_BLOCK_S for them, and stop,
+    # pause and checkpoint requests apply at any fill round, as without a pump (nothing is held only in memory)
+    pump_via_redis: bool = False

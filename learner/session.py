@@ -11,8 +11,9 @@ seams) and `stare learner` (Redis streams, a weight broadcast, the other roles i
 
 What differs between the modes is only what is passed in (`SessionSeams`): the streams, the weight
 publisher, the decision log, where the feeder cursor is kept, the evaluator, and `pump`: the
-embedded mode drives its in-process rollout and reward workers once per fill round; without a pump
-the workers are other processes and a fill round waits briefly for what they sent. On-policy
+embedded mode drives its in-process rollout and reward workers once per fill round (the node-colocated
+learner its ranks' engines, learner/colocation.py); without a pump the workers are other processes and a
+fill round waits briefly for what they sent. On-policy
 sampling goes in rounds (see `_fill_round`) that do not depend on the mode.
 
 The window: prompts_per_step x (1 + max_staleness) x data.oversample groups in flight (published, not yet
@@ -199,7 +200,7 @@ class TrainingSession:
             self._round += 1
         if self.seams.pump is not None:
             self.seams.pump(self._round)
-            collector.pull(self.learner.version)
+            collector.pull(self.learner.version, block_s=PULL_BLOCK_S if self.seams.pump_via_redis else 0.0)
         else:
             self._serve_joiners()
             collector.pull(self.learner.version, block_s=PULL_BLOCK_S)
@@ -337,7 +338,7 @@ class TrainingSession:
         while learner.step < cfg.run.steps:
             # In-process workers hold what a step collected only in memory: stop, checkpoint and
             # pause between steps only. With workers in other processes it is in Redis: any time.
-            between_steps = seams.pump is None or self._round == 0
+            between_steps = seams.pump is None or seams.pump_via_redis or self._round == 0
             if between_steps and seams.should_stop():
                 break
             seams.tick(step=learner.step, weight_version=learner.version)

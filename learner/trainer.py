@@ -303,6 +303,20 @@ class Learner:
         return ds.full_state_dict(self.engine, keep=self.rank == 0, where=self.publish_from,
                                   snapshot=self.publish_snapshot)
 
+    def weights_for_local_engine(self, keep: bool = True) -> Mapping[str, torch.Tensor]:
+        """The whole model on THIS rank, for a rollout engine in this process (the node-colocated learner):
+        unlike `state_dict_for_rollout`, every rank keeps it. ZeRO-3: each parameter gathered (a collective:
+        every rank calls this at the same point; `keep=False` takes part and keeps nothing); ZeRO 0-2: local.
+        On the learner's device (ZeRO 0-2: the parameters themselves, read before the learner steps again;
+        ZeRO-3: one copy) unless `system.weight_sync_publish_from` is host (pinned host copies). With LoRA:
+        the merged weights."""
+        where = "host" if self.cfg.system.weight_sync_publish_from == "host" else "device"
+        if self.lora is not None:
+            from stare.learner.lora import merged_state_dict
+
+            return merged_state_dict(self.engine.module, where) if keep else {}
+        return ds.full_state_dict(self.engine, keep=keep, where=where, snapshot=False)
+
     def save(self, directory: Path, extra: dict[str, Any]) -> str:
         """A checkpoint under directory/step_N, its manifest (stare.learner.checkpoints) last, then `latest`
         pointed at it: a process killed anywhere in between leaves `latest` on the previous whole

@@ -49,6 +49,10 @@ class VLLMEngineConfig(VllmEngineSection):
                              "sleep while a learner in the same process steps (`stare train`, system.colocate).")
     inflight_updates: bool = Field(False, description="Take new weights between engine steps with requests in flight "
                                    "(system.inflight_weight_updates; stare.rollout.engine, 'In-flight weight updates').")
+    external_launcher: bool = Field(False, description="This process is one rank of a torch.distributed world formed "
+                                    "already (the node-colocated learner): vLLM joins it as one engine per rank, each an "
+                                    "independent replica on the rank's LOCAL_RANK GPU (distributed_executor_backend "
+                                    "external_launcher), instead of forming a one-process group of its own.")
 
 
 EngineConfig = Annotated[Union[HFEngineConfig, VLLMEngineConfig], Field(discriminator="name")]
@@ -70,7 +74,9 @@ def _build_vllm(config: VLLMEngineConfig) -> RolloutEngine:
 
     return VLLMEngine(config.model_path, dtype=config.dtype, seed=config.seed,
                       cpu_kvcache_space_gib=config.cpu_kvcache_space_gib, sleep_mode=config.sleep_mode,
-                      inflight_updates=config.inflight_updates, **engine_args(config))
+                      inflight_updates=config.inflight_updates, **engine_args(config),
+                      # a rank of the learner's world: vLLM's ExternalDP layout, one independent engine per rank
+                      **({"distributed_executor_backend": "external_launcher"} if config.external_launcher else {}))
 
 
 ENGINES: dict[str, tuple[type[BaseModel], Callable[[Any], RolloutEngine]]] = {

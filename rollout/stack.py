@@ -39,10 +39,12 @@ class RolloutStack:
 
 
 def engine_config(cfg: TrainConfig, model_path: Path, engine: str | None = None, *,
-                  sleep_mode: bool = False) -> dict[str, Any]:
+                  sleep_mode: bool = False, external_launcher: bool = False) -> dict[str, Any]:
     """The rollout engine's config: the run's `rollout.engine` section (or the named engine's
     defaults) with the model and dtype (the engine config resolves the transformers engine's device auto).
-    `sleep_mode`: vLLM built able to sleep (a colocated `stare train`; the transformers engine always can)."""
+    `sleep_mode`: vLLM built able to sleep (a colocated `stare train`; the transformers engine always can).
+    `external_launcher`: vLLM joins this process's torch.distributed world (a rank of the node-colocated
+    learner)."""
     from stare.config import ENGINE_SECTIONS
 
     section = cfg.rollout.engine
@@ -53,6 +55,7 @@ def engine_config(cfg: TrainConfig, model_path: Path, engine: str | None = None,
         out["seed"] = cfg.run.seed  # requests without a seed of their own (the rollout worker seeds each group)
         out["sleep_mode"] = sleep_mode
         out["inflight_updates"] = cfg.system.inflight_weight_updates
+        out["external_launcher"] = external_launcher
         if out["max_model_len"] is None:
             out["max_model_len"] = run_max_model_len(cfg, model_positions(model_path))
     return out
@@ -80,9 +83,11 @@ def run_max_model_len(cfg: TrainConfig, positions: int | None) -> int | None:
 
 
 def build_rollout_stack(cfg: TrainConfig, log: Callable[[str], None], *, model_path: Path | None = None,
-                        engine: str | None = None, sleep_mode: bool = False) -> RolloutStack:
+                        engine: str | None = None, sleep_mode: bool = False,
+                        external_launcher: bool = False) -> RolloutStack:
     setup = load_run_setup(cfg, log, model_path)
-    built = build_engine(engine_config(cfg, setup.model_path, engine, sleep_mode=sleep_mode))
+    built = build_engine(engine_config(cfg, setup.model_path, engine, sleep_mode=sleep_mode,
+                                       external_launcher=external_launcher))
     agent = None
     if cfg.rollout.tool_use.enabled:
         from stare.rollout.agent_loop import build_tool_agent

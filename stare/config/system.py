@@ -17,17 +17,20 @@ def _on_off(value: Any) -> Any:
 
 class SystemSection(_Section):
     """The distributed system (`stare up`, `stare rollout|reward|learner|control`): Redis, weight
-    sync, staleness, heartbeats; and one GPU shared by the embedded `stare train` (colocate,
-    colocate_offload), which ignores the rest."""
+    sync, staleness, heartbeats; and the rollout engine sharing the learner's GPUs (colocate, colocate_offload:
+    one GPU in the embedded `stare train`, which ignores the rest, or every learner rank's)."""
 
     colocate: Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)] = Field(
-        "auto", description="`stare train` with the learner and the rollout engine on one GPU: the engine sleeps "
-        "while the learner steps (vLLM: built with enable_sleep_mode, LLM.sleep(level=1): weights to host memory, KV "
-        "cache freed; hf: weights to host memory) and wakes before sampling, then takes the new weights in place. "
+        "auto", description="The rollout engine in the learner's process, asleep while the learner steps (vLLM: "
+        "built with enable_sleep_mode, LLM.sleep(level=1): weights to host memory, KV cache freed; hf: weights to host "
+        "memory), woken to sample with the learner's newest weights, taken in place. `stare train` (one process): "
         "auto: on when the learner and the engine use the same CUDA device; on: always (vllm needs CUDA for it; on "
-        "CPU the hf engine still releases its weights); off: both stay resident. The distributed roles are separate "
-        "processes and split a shared GPU's memory instead (rollout.engine.gpu_memory_utilization). docs/deploy.md, "
-        "'One GPU'.",
+        "CPU the hf engine still releases its weights); off: both stay resident. `stare up` / `stare learner`: on "
+        "is the node-colocated learner: every learner rank hosts an engine on its own GPU (system.learner_ranks; "
+        "`stare up` gives the ranks every GPU and starts no rollout worker), rank 0 has every rank sample the "
+        "round's prompts, then they train (for on-policy runs, max_staleness 0; no tool loop, "
+        "tensor_parallel_size 1); auto and off: rollout worker processes on GPUs of their own (a shared GPU's "
+        "memory split by rollout.engine.gpu_memory_utilization). docs/deploy.md, 'One GPU' and 'A colocated node'.",
     )
     colocate_offload: Literal["auto", "none", "optimizer"] = Field(
         "auto", description="Colocated: what of the learner leaves the GPU while the engine samples. optimizer: its "
@@ -36,7 +39,7 @@ class SystemSection(_Section):
         "optimizer's moments, the fp16/bf16 wrapper's fp32 master copy stays); costs two host copies of that state "
         "per wake (each sampling round of a step, each evaluation). none: everything stays. auto: optimizer when "
         "`stare plan --gpus 1` says the awake engine does not fit beside the resident learner, else none "
-        "(none on CPU).",
+        "(none on CPU; the node-colocated learner: none, its plan is `stare plan --gpus N` with colocate on).",
     )
 
     redis_url: str = Field(
@@ -80,7 +83,11 @@ class SystemSection(_Section):
         "NCCL with no host round trip (ZeRO 0-2: the parameters themselves when the publish is synchronous, one device "
         "copy when it runs in the background; ZeRO-3: each parameter gathered and copied on the GPU); host: a copy in "
         "pinned host memory made on a side stream (what gloo and the filesystem backend send); auto: device when the "
-        "broadcast may use NCCL (a GPU learner, weight_sync_communicator not gloo, tensor_parallel_size 1), else host.",
+        "broadcast may use NCCL (a GPU learner, weight_sync_communicator not gloo, tensor_parallel_size 1), else host. "
+        "The node-colocated learner (colocate on in `stare up`) hands each rank's engine its own learner's weights in "
+        "process: auto and device on the GPU (ZeRO 0-2: the parameters themselves; ZeRO-3: gathered on every rank, a "
+        "whole copy beside the waking engine until it has loaded them), host through pinned host memory (no copy on "
+        "the GPU).",
     )
     weight_dir: Path | None = Field(
         None, description="Shared folder of the filesystem weight backend (None: <run dir>/weights).",

@@ -8,7 +8,9 @@ default 1); GPUs that do not fill a worker are left unused and listed. `--learne
 workers and the control plane see no GPU (CUDA_VISIBLE_DEVICES=""). With no GPU, every role
 runs on CPU and nothing is set. A one-GPU node (no GPU left after the learner's, no
 `--rollout-gpus`) gives the rollout worker the learner's GPU: set
-`rollout.engine.gpu_memory_utilization` so that both fit.
+`rollout.engine.gpu_memory_utilization` so that both fit. Node-colocated (`system.colocate: on`,
+`colocated=True`): the learner's ranks take their GPUs (every GPU of the node unless fewer ranks are
+asked for) and host the rollout engines; no rollout worker, no rollout GPU.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class GpuPlan:
     rollout: list[list[int]] = field(default_factory=list)  # one list per rollout worker
     unused: list[int] = field(default_factory=list)
     shared: bool = False  # a one-GPU node: learner and rollout share it
+    colocated: bool = False  # the learner ranks host the rollout engines (system.colocate: on)
 
     def devices(self, role: str) -> str:
         """CUDA_VISIBLE_DEVICES of role `role` (learner, rollout-3, reward-0, control)."""
@@ -58,18 +61,26 @@ class GpuPlan:
 
 
 def plan_gpus(gpus: int, *, tensor_parallel_size: int = 1, rollout: int | None = None,
-              learner_gpus: str | None = None, rollout_gpus: str | None = None, learner_ranks: int = 1) -> GpuPlan:
+              learner_gpus: str | None = None, rollout_gpus: str | None = None, learner_ranks: int = 1,
+              colocated: bool = False) -> GpuPlan:
     """The GPU map of one node; see the module docstring. `rollout`: the worker count asked for
     (None: as many as the rollout GPUs fill); `learner_ranks`: learner processes, one GPU each (the
-    first ones unless `learner_gpus` names them)."""
+    first ones unless `learner_gpus` names them); `colocated`: they host the rollout engines."""
+    if colocated and (rollout_gpus is not None or rollout):
+        raise ConfigError("--rollout/--rollout-gpus given, but system.colocate is on: the learner ranks sample on "
+                          "their own GPUs and no rollout worker runs; drop them, or set system.colocate=off")
     if gpus == 0:
         if learner_gpus or rollout_gpus:
             raise ConfigError("--learner-gpus/--rollout-gpus given, but this node has no GPU (--gpus N to plan for one)")
-        return GpuPlan(0)
+        return GpuPlan(0, colocated=colocated)
     learner = parse_gpus(learner_gpus, "--learner-gpus") if learner_gpus is not None else list(range(learner_ranks))
     if len(learner) != learner_ranks:
         raise ConfigError(f"--learner-gpus {learner_gpus} names {len(learner)} GPUs for {learner_ranks} learner ranks "
                           "(system.learner_ranks, --learner-ranks): give one GPU per rank")
+    if colocated:
+        if bad := [g for g in learner if g >= gpus]:
+            raise ConfigError(f"--learner-gpus: GPU {bad[0]} does not exist; this node has {gpus} (0-{gpus - 1})")
+        return GpuPlan(gpus, learner, [], [g for g in range(gpus) if g not in learner], colocated=True)
     free = [g for g in range(gpus) if g not in learner]
     pool = parse_gpus(rollout_gpus, "--rollout-gpus") if rollout_gpus is not None else free
     sharing = rollout_gpus is None and not free  # one GPU: rollout shares the learner's (split its memory)

@@ -6,7 +6,11 @@ metrics as `stare train` (one process, in-memory seams), and ends with the same 
 Also with the learner as 2 ranks (`system.learner_ranks: 2`: `stare learner` starts its second rank
 as a process; rank 0 hands it whole groups of each step) under ZeRO-3 (the weights for the rollout
 worker gathered parameter by parameter on both ranks): 2 ranks give the one-rank step metrics and
-weights (1e-5)."""
+weights (1e-5). And node-colocated (`system.colocate: on`: no rollout worker; each of the 2 ranks hosts
+a transformers engine, asleep while the learner steps, woken by rank 0's SAMPLE op to sample its share of
+each round with its own learner's weights, gathered on both ranks under ZeRO-3; rank 0 evaluates on its
+engine): the same trajectories, metrics, evaluations and weights as `stare train`, so also as the
+2-rank run with a rollout worker process (the case above, same tolerance)."""
 
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ EVAL_COMPARED = ("greedy_accuracy", "pass_at_k", "avg_at_k", "per_level", "per_s
 
 
 def _config(model_dir: Path, out: Path, name: str, *, learner_ranks: int = 1, zero_stage: int = 1,
-            streaming: bool = False):
+            streaming: bool = False, colocate: str = "auto"):
     return build_config({
         "run": {"name": name, "output_dir": str(out), "steps": STEPS, "checkpoint_every": 10, "threads": 1},
         "model": {"path": str(model_dir)},
@@ -46,7 +50,7 @@ def _config(model_dir: Path, out: Path, name: str, *, learner_ranks: int = 1, ze
         # the gate on (target above any entropy here) and the sign schedule moving W and M every step
         "controller": {"target": 5.0, "schedule": "sign", "alpha": 0.5, "w_max": 10.0, "m_min": 0.1, "adaptive": True},
         "system": {"max_staleness": 0, "rollout_batch_prompts": 3, "heartbeat_s": 0.5, "learner_ranks": learner_ranks,
-                   "broadcast_timeout_s": 20.0, "rollout_streaming": streaming},
+                   "broadcast_timeout_s": 20.0, "rollout_streaming": streaming, "colocate": colocate},
         "control": {"port": 0, "allow_unauthenticated": True, "serve_in_train": False},
     })
 
@@ -63,6 +67,26 @@ def embedded_run(tiny_model_dir, tmp_path_factory) -> Path:
 
 def _weights(run_dir: Path) -> dict:
     return load_file(run_dir / "hf" / "model.safetensors")
+
+
+def _assert_every_rank_sampled_and_slept_while_stepping(log: str, ranks: int) -> None:
+    """From the learner's log: every rank took prompts in some SAMPLE op (rank 0's line per op lists what each
+    rank took), and at the end each rank's engine had slept once per wake (asleep at every learner step: the
+    rank checks it before each, `TrainsAsleep`) and was asleep at all of its STEPS steps."""
+    import re
+
+    taken = [[int(n) for n in m.group(1).split(",")] for m in re.finditer(r"waiting prompts at version \d+ in "
+                                                                         r"[\d.]+ s \(by rank: \[([\d, ]+)\]\)", log)]
+    assert taken and all(len(t) == ranks for t in taken)
+    assert all(sum(t[r] for t in taken) > 0 for r in range(ranks)), taken
+    ends = {int(m.group(1)): (int(m.group(2)), int(m.group(3)), int(m.group(4))) for m in re.finditer(
+        r"learner rank (\d+): colocated engine: (\d+) wakes, (\d+) sleeps;.*?; (\d+) learner steps, the engine "
+        r"asleep at each", log)}
+    assert sorted(ends) == list(range(ranks)), log[-3000:]
+    for rank, (wakes, sleeps, steps) in ends.items():
+        assert wakes == sleeps >= 1 and steps == STEPS, (rank, wakes, sleeps, steps)
+    # rank 0 also wakes for the held-out evaluations (steps 0 and STEPS): two wakes more than the ops it took part in
+    assert ends[0][0] == sum(1 for t in taken if t[0]) + 2, (ends, taken)
 
 
 def _assert_same_weights(got: dict, want: dict, *, start: dict) -> None:
@@ -83,15 +107,17 @@ def _assert_same_weights(got: dict, want: dict, *, start: dict) -> None:
     assert off <= total // 10_000, f"{off} of {total} elements more than 1e-5 apart"
 
 
-@pytest.mark.parametrize("learner_ranks,zero_stage,streaming", [(1, 1, False), (2, 3, False), (1, 1, True)],
-                         ids=["1-rank", "2-ranks-zero3", "1-rank-rollout-streaming"])
+@pytest.mark.parametrize("learner_ranks,zero_stage,streaming,colocate",
+                         [(1, 1, False, "auto"), (2, 3, False, "auto"), (1, 1, True, "auto"), (2, 3, False, "on")],
+                         ids=["1-rank", "2-ranks-zero3", "1-rank-rollout-streaming", "2-ranks-zero3-colocated"])
 def test_stare_up_trains_the_same_trajectories_with_the_same_metrics_and_weights_as_stare_train(
-        embedded_run, tiny_model_dir, tmp_path, learner_ranks, zero_stage, streaming):
+        embedded_run, tiny_model_dir, tmp_path, learner_ranks, zero_stage, streaming, colocate):
     embedded = embedded_run
     cfg = _config(tiny_model_dir, tmp_path, "distributed", learner_ranks=learner_ranks, zero_stage=zero_stage,
-                  streaming=streaming)
+                  streaming=streaming, colocate=colocate)
     log = io.StringIO()
-    launcher = Launcher(cfg, rollout=1, reward=1, out=log, color=False, grace_s=30, control=False)
+    colocated = colocate == "on"  # no rollout worker: the learner ranks sample
+    launcher = Launcher(cfg, rollout=0 if colocated else 1, reward=1, out=log, color=False, grace_s=30, control=False)
     launcher.start()
     code: list[int] = []
     thread = threading.Thread(target=lambda: code.append(launcher.supervise(poll_s=0.2)), daemon=True)
@@ -105,6 +131,9 @@ def test_stare_up_trains_the_same_trajectories_with_the_same_metrics_and_weights
     distributed = cfg.run_dir
     if learner_ranks > 1:
         assert "following rank 0" in log.getvalue() and f"said stop after {STEPS} steps" in log.getvalue()
+    if colocated:
+        assert not any(name.startswith("rollout") for name in launcher.roles)
+        _assert_every_rank_sampled_and_slept_while_stepping(log.getvalue(), learner_ranks)
 
     trained_e = [r["ids"] for r in _lines(embedded / "trained.jsonl")]
     trained_d = [r["ids"] for r in _lines(distributed / "trained.jsonl")]
@@ -118,10 +147,10 @@ def test_stare_up_trains_the_same_trajectories_with_the_same_metrics_and_weights
     weights_e, weights_d = _weights(embedded), _weights(distributed)
     assert weights_d.keys() == weights_e.keys()
     _assert_same_weights(weights_d, weights_e, start=load_file(tiny_model_dir / "model.safetensors"))
-    # held-out: in process for `stare train`, through the streams (rollout and reward workers) for
-    # `stare up`; the same problems, seeds and weights give the same numbers
+    # held-out: in process for `stare train` (and on rank 0's engine when colocated), through the streams
+    # (rollout and reward workers) for `stare up`; the same problems, seeds and weights give the same numbers
     evals_e, evals_d = _lines(embedded / "eval.jsonl"), _lines(distributed / "eval.jsonl")
     assert [r["step"] for r in evals_d] == [r["step"] for r in evals_e] == [0, STEPS]
-    assert all(r["complete"] and r["missing_samples"] == 0 for r in evals_d)
+    assert colocated or all(r["complete"] and r["missing_samples"] == 0 for r in evals_d)
     for e, d in zip(evals_e, evals_d):
         assert {k: d[k] for k in EVAL_COMPARED} == {k: e[k] for k in EVAL_COMPARED}, (e, d)

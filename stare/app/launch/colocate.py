@@ -99,8 +99,9 @@ class Colocation:
         self.events["sleep_s"] += time.perf_counter() - t0
 
     @contextlib.contextmanager
-    def awake(self) -> Iterator[None]:
-        """The engine awake with the newest weights for the block (re-entrant: an inner block is a no-op)."""
+    def awake(self, sync: Callable[[], Any] | None = None) -> Iterator[None]:
+        """The engine awake with the newest weights for the block (re-entrant: an inner block is a no-op).
+        `sync`: this wake's weight hand-off instead of the one given at construction."""
         if self._depth:
             yield
             return
@@ -116,7 +117,7 @@ class Colocation:
                 torch.cuda.empty_cache()  # what the learner's step freed, back to the driver, for the engine
             t0 = time.perf_counter()
             self.engine.wake()
-            self.sync()
+            (sync or self.sync)()
             self.events["wakes"] += 1
             self.events["wake_s"] += time.perf_counter() - t0
             yield

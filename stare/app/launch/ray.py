@@ -253,6 +253,11 @@ class RayLauncher:
 def launch_ray(cfg: TrainConfig, *, address: str | None, rollout: int, reward: int, redis_url: str | None,
                control: bool = True, learner_gpus: float | None = None, rollout_gpus: float | None = None,
                max_restarts: int = 5, start_timeout_s: float = 600.0) -> int:
+    from stare.config.colocation import node_colocated
+
+    if node_colocated(cfg):
+        raise ConfigError("stare launch --ray does not run the node-colocated learner (system.colocate on) yet: run it "
+                          "with `stare up` on one node, or set system.colocate=off for rollout actors of their own")
     launcher = RayLauncher(cfg, rollout=rollout, reward=reward, redis_url=redis_url, control=control, address=address,
                            learner_gpus=learner_gpus, rollout_gpus=rollout_gpus, max_restarts=max_restarts,
                            start_timeout_s=start_timeout_s)

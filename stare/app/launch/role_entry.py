@@ -1,13 +1,15 @@
 """The entry point of each role process (`stare learner|rollout|reward`, `stare up`, the Ray
 actors): an application, so it may wire one role's pieces into another's seams. The learner gets
-its held-out evaluator here: the one through the streams, since its workers run in other processes."""
+its held-out evaluator here: the one through the streams, since its workers run in other processes;
+node-colocated (`system.colocate: on`), every learner rank gets a rollout engine of its own instead
+(stare/app/launch/colocate_node.py) and rank 0 evaluates on its engine."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-from stare.config import TrainConfig
+from stare.config import ConfigError, TrainConfig
 
 ROLES = ("learner", "rollout", "reward")
 
@@ -29,5 +31,18 @@ def run_role(kind: str, cfg: TrainConfig, *, redis_url: str, name: str, stop=Non
         raise ValueError(f"unknown role {kind!r}; valid roles: {ROLES}")
     module = importlib.import_module(f"stare.{kind}.role")
     if kind == "learner":
+        from stare.config.colocation import check_node_colocation, node_colocated
+
         extra["evaluator_factory"] = learner_evaluator
+        if node_colocated(cfg):
+            from stare.app.launch.colocate_node import rank_rollout
+
+            check_node_colocation(cfg)
+            extra["rank_rollout"] = rank_rollout(cfg, redis_url, name)
+    elif kind == "rollout":
+        from stare.config.colocation import node_colocated
+
+        if node_colocated(cfg):
+            raise ConfigError("system.colocate: on puts rollout inside the learner's ranks; a `stare rollout` worker "
+                              "has nothing to do there: do not start one, or set system.colocate=off")
     module.run(cfg, redis_url=redis_url, name=name, stop=stop, **extra)

@@ -27,6 +27,7 @@ from typing import Callable, TextIO
 import yaml
 
 from stare.config import ConfigError, TrainConfig, build_config
+from stare.config.colocation import check_node_colocation, node_colocated
 from stare.plan.gpu_map import GpuPlan, node_gpu_count, plan_gpus
 from stare.runtime.net import free_port, port_free
 from stare.plan.check import check_fits
@@ -110,7 +111,8 @@ def node_plan(cfg: TrainConfig, *, rollout: int | None, gpus: int | None = None,
     engine = cfg.rollout.engine
     return plan_gpus(node_gpu_count() if gpus is None else gpus, rollout=rollout,
                      tensor_parallel_size=getattr(engine, "tensor_parallel_size", 1),
-                     learner_gpus=learner_gpus, rollout_gpus=rollout_gpus, learner_ranks=cfg.system.learner_ranks)
+                     learner_gpus=learner_gpus, rollout_gpus=rollout_gpus, learner_ranks=cfg.system.learner_ranks,
+                     colocated=node_colocated(cfg))
 
 
 def format_plan(cfg: TrainConfig, plan: GpuPlan, *, rollout: int, reward: int, control: bool,
@@ -119,22 +121,28 @@ def format_plan(cfg: TrainConfig, plan: GpuPlan, *, rollout: int, reward: int, c
     command, environment and ports (`stare up --print-plan`)."""
     config_path = cfg.run_dir / "up" / "config.yaml"
     s, lines = cfg.system, [f"GPU map ({plan.gpus} GPUs on this node):"]
+    ranks = cfg.system.learner_ranks
     if plan.gpus:
-        lines.append(f"  learner: {plan.learner} ({cfg.system.learner_ranks} rank"
-                     f"{'s' if cfg.system.learner_ranks > 1 else ''}, one GPU each)")
+        lines.append(f"  learner: {plan.learner} ({ranks} rank{'s' if ranks > 1 else ''}, one GPU each"
+                     + (", each hosting a rollout engine)" if plan.colocated else ")"))
         lines += [f"  rollout-{i}: {g}" for i, g in enumerate(plan.rollout)]
+        if plan.colocated:
+            lines.append("  rollout: none of its own (system.colocate on: every learner rank samples on its GPU, its "
+                         "engine asleep while the learner steps)")
         lines.append(f"  unused: {plan.unused}")
         if plan.shared:
             lines.append("  (one GPU: the rollout worker shares the learner's; set rollout.engine.gpu_memory_utilization"
                          " so that both fit)")
     else:
-        lines.append("  none: every role runs on CPU")
+        lines.append("  none: every role runs on CPU" + (f" ({ranks} learner rank{'s' if ranks > 1 else ''}, each "
+                                                          "hosting a rollout engine)" if plan.colocated else ""))
     redis = redis_url or "a redis-server on a free local port (AOF in <run dir>/up/redis)"
     lines += ["", f"redis: {redis}", f"config: {config_path} (ports taken at start are replaced by free ones)", ""]
     for name in role_names(rollout, reward, control):
         env = {**gpu_env(plan, name), "STARE_WORKER_NAME": name} if name != "control" else gpu_env(plan, name)
-        ports = {"control": f"API {cfg.control.host}:{cfg.control.port}",
-                 "learner": f"weight broadcast {s.broadcast_host}:{s.broadcast_port} ({s.weight_sync})"}.get(
+        weights = ("none (system.colocate on: each rank's engine takes its weights in process)" if plan.colocated
+                   else f"weight broadcast {s.broadcast_host}:{s.broadcast_port} ({s.weight_sync})")
+        ports = {"control": f"API {cfg.control.host}:{cfg.control.port}", "learner": weights}.get(
                      name.split("-")[0], "none")
         lines += [f"{name}:", f"  command: {' '.join(role_argv(name, config_path))}",
                   "  env: " + " ".join(f"{k}={v!r}" if v == "" else f"{k}={v}" for k, v in env.items()),
@@ -146,9 +154,15 @@ class Launcher:
     def __init__(self, cfg: TrainConfig, *, rollout: int = 1, reward: int = 1, redis_url: str | None = None,
                  control: bool = True, max_restarts: int = 5, grace_s: float = 60.0,
                  out: TextIO | None = None, color: bool | None = None, gpu_plan: GpuPlan | None = None):
-        if rollout < 1 or reward < 1:
+        colocated = node_colocated(cfg)
+        if colocated:
+            check_node_colocation(cfg)
+        if (rollout < 1 and not colocated) or reward < 1:
             raise ConfigError(f"--rollout ({rollout}) and --reward ({reward}) must be >= 1: the run needs at least "
                               "one worker of each")
+        if colocated and rollout:
+            raise ConfigError(f"--rollout {rollout} with system.colocate on: the learner ranks sample, no rollout worker "
+                              "runs; drop --rollout, or set system.colocate=off")
         self.redis = None
         self.out = out or sys.stdout
         self.color = self.out.isatty() if color is None else color
@@ -166,7 +180,8 @@ class Launcher:
         if control and (cfg.control.port == 0 or not port_free(cfg.control.host, cfg.control.port)):
             overrides["control.port"] = free_port(cfg.control.host)
         self.cfg = with_overrides(cfg, overrides)
-        check_fits(self.cfg, self.cfg.model.path, roles=("learner", "rollout"), log=self.say)
+        check_fits(self.cfg, self.cfg.model.path, roles=("learner",) if colocated else ("learner", "rollout"),
+                   log=self.say)
         self.dir = self.cfg.run_dir / "up"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.dir / "config.yaml"
@@ -279,14 +294,22 @@ def up(cfg: TrainConfig, *, rollout: int | None, reward: int, redis_url: str | N
     docker-compose.yml, print the GPU services of compose for the same plan: stare.app.launch.compose)."""
     from stare.plan.gpu_map import parse_gpus
 
+    colocated = node_colocated(cfg)
     if learner_ranks is None and learner_gpus is not None:  # one rank per GPU named
         learner_ranks = len(parse_gpus(learner_gpus, "--learner-gpus"))
+    if learner_ranks is None and colocated and cfg.system.learner_ranks == 1:  # they sample: every GPU of the node
+        learner_ranks = (node_gpu_count() if gpus is None else gpus) or None
     if learner_ranks is not None:
         cfg = with_overrides(cfg, {"system.learner_ranks": learner_ranks})
+    if colocated:
+        check_node_colocation(cfg)
     plan = node_plan(cfg, rollout=rollout, gpus=gpus, learner_gpus=learner_gpus, rollout_gpus=rollout_gpus)
-    if rollout is None:  # GPUs: one worker per tensor_parallel_size rollout GPUs; CPU: one
-        rollout = len(plan.rollout) if plan.gpus else 1
+    if rollout is None:  # GPUs: one worker per tensor_parallel_size rollout GPUs; CPU: one; colocated: none
+        rollout = 0 if colocated else len(plan.rollout) if plan.gpus else 1
     if print_compose is not None:
+        if colocated:
+            raise ConfigError("--print-compose: the compose services of a node-colocated learner (system.colocate on) "
+                              "are not generated yet; run it with `stare up` on the node, or set system.colocate=off")
         from stare.app.launch.compose import compose_services, load_templates, render_compose
 
         doc = compose_services(plan, load_templates(print_compose), reward=reward)
