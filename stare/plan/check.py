@@ -18,7 +18,8 @@ def check_fits(cfg: TrainConfig, model_path: Path | str | None, *, roles: tuple[
     """Refuse (ConfigError naming the field) a config whose roles cannot fit this machine's GPU.
 
     Learner ranks: an external launcher's WORLD_SIZE, else system.learner_ranks; each role is checked
-    against one whole GPU.
+    against one whole GPU (node-colocated, system.colocate on: the learner step and sampling on each
+    rank's GPU, stare.plan.colocate.build_node_plan).
     Without CUDA there is nothing to check: it logs that and returns None."""
     import torch
 
@@ -28,7 +29,14 @@ def check_fits(cfg: TrainConfig, model_path: Path | str | None, *, roles: tuple[
     mem = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     gpus = int(os.environ.get("WORLD_SIZE", cfg.system.learner_ranks))
     shape = load_model_shape(cfg, Path(model_path) / "config.json" if model_path is not None else None)
-    plan = build_plan(cfg, gpus=gpus, gpu_mem_gib=mem / GIB, shape=shape, roles=roles)
+    from stare.config.colocation import node_colocated
+
+    if node_colocated(cfg) and gpus > 1:  # each rank's GPU holds its learner and, in turns, its engine
+        from stare.plan.colocate import build_node_plan
+
+        plan = build_node_plan(cfg, gpus=gpus, gpu_mem_gib=mem / GIB, shape=shape)
+    else:
+        plan = build_plan(cfg, gpus=gpus, gpu_mem_gib=mem / GIB, shape=shape, roles=roles)
     for r in plan.roles:
         if not r.fits:
             raise ConfigError(

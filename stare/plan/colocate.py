@@ -20,6 +20,12 @@ Two phases take turns on the GPU; each must fit in HEADROOM x its memory:
 `system.colocate_offload` auto offloads the optimizer only when sampling does not fit with it
 resident and does with it offloaded (the embedded run asks `offload_wanted`). These are estimates of
 the large terms, like the rest of `stare plan`; scripts/gpu_smoke.py measures the HF engine's sleep.
+
+The node-colocated learner (`stare plan --gpus N` with system.colocate on, N > 1; `build_node_plan`) is
+the same two phases per GPU with the learner's states sharded over N ranks, each engine's KV cache asked
+to hold 1/N of a step's samples, `colocate_offload` auto meaning none (its runtime offloads only when told
+`optimizer`), and one more item while the engine wakes under ZeRO-3: the whole model gathered on every
+rank (b x P) until the engine has loaded it, unless system.weight_sync_publish_from is host.
 """
 
 from __future__ import annotations
@@ -63,6 +69,22 @@ def build_one_gpu_plan(cfg: TrainConfig, *, gpu_mem_gib: float, shape: ModelShap
     return _whole_plan(cfg, shape, prompt, source, [one.step, one.sampling], one.stages, config_name, one.how)
 
 
+def build_node_plan(cfg: TrainConfig, *, gpus: int, gpu_mem_gib: float, shape: ModelShape | None = None,
+                    prompt_tokens: int | None = None, config_name: str = "") -> Plan:
+    """`stare plan --gpus N` of a node-colocated config (system.colocate on): per GPU, the learner step with the
+    engine asleep, then sampling with it awake beside the rank's resident learner (see the module docstring)."""
+    if gpus < 2:
+        return build_one_gpu_plan(cfg, gpu_mem_gib=gpu_mem_gib, shape=shape, prompt_tokens=prompt_tokens,
+                                  config_name=config_name)
+    if gpu_mem_gib <= 0:
+        raise ConfigError(f"--gpu-mem-gib must be > 0, got {gpu_mem_gib}")
+    shape = shape or load_model_shape(cfg)
+    prompt, source = _prompt_tokens(cfg, shape, prompt_tokens)
+    node = plan_one_gpu(cfg, shape, gpu_mem_bytes=int(gpu_mem_gib * GIB), seq_tokens=prompt + cfg.rollout.max_new_tokens,
+                        gpus=gpus)
+    return _whole_plan(cfg, shape, prompt, source, [node.step, node.sampling], node.stages, config_name, node.how)
+
+
 def embedded_view(cfg: TrainConfig) -> TrainConfig:
     """`cfg` as a colocated `stare train` runs it: on-policy, the weights handed over through host
     memory (no NCCL buffers, no device snapshot)."""
@@ -73,12 +95,13 @@ def embedded_view(cfg: TrainConfig) -> TrainConfig:
     return c
 
 
-def _engine_phases(cfg: TrainConfig, shape: ModelShape, mem: int, seq: int) -> tuple[list[Item], int, dict[str, Any]]:
-    """The engine's items awake, its bytes asleep, and facts for the fixes."""
+def _engine_phases(cfg: TrainConfig, shape: ModelShape, mem: int, seq: int,
+                   gpus: int = 1) -> tuple[list[Item], int, dict[str, Any]]:
+    """The engine's items awake, its bytes asleep, and facts for the fixes (`gpus` engines share a step)."""
     b = DTYPE_BYTES[cfg.model.dtype]
     weights, per_token = b * shape.params, kv_bytes_per_token(shape, b)
     engine, r = cfg.rollout.engine, cfg.rollout
-    rows = r.prompts_per_step * r.samples_per_prompt  # one step's samples: the embedded worker's one call
+    rows = math.ceil(r.prompts_per_step * r.samples_per_prompt / gpus)  # one engine's share of a step's samples
     if engine.name == "hf":
         held = min(rows, engine.max_batch_size)
         return ([Item("engine weights", weights, f"hf: {shape.params:,} params in {cfg.model.dtype}"),
@@ -92,7 +115,8 @@ def _engine_phases(cfg: TrainConfig, shape: ModelShape, mem: int, seq: int) -> t
     items = [Item("engine weights", weights, f"vLLM: {shape.params:,} params in {cfg.model.dtype}"),
              Item("forward reserve", reserve, f"[{engine.max_num_seqs}, {shape.vocab:,}] fp32 logits + one layer "
                   f"over {VLLM_PROFILE_TOKENS:,} tokens"),
-             Item("KV cache", kv, f"{per_token:,} B/token: {seqs:,} sequences of {seq:,} tokens (a step samples {rows})")]
+             Item("KV cache", kv, f"{per_token:,} B/token: {seqs:,} sequences of {seq:,} tokens ("
+                  + (f"a step samples {rows})" if gpus == 1 else f"its share of a step: {rows})"))]
     return items, SLEEP_RESIDUAL, {"name": "vllm", "weights": weights, "reserve": reserve, "per_seq": per_token * seq,
                                    "seqs": seqs, "rows": rows, "share": share}
 
@@ -111,17 +135,19 @@ def _resident(cfg: TrainConfig, shape: ModelShape, states: int) -> tuple[int, st
     return min(b * shape.params, states), f"the weights in {cfg.model.dtype}"
 
 
-def plan_one_gpu(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq_tokens: int) -> OneGpuPlan:
-    mem, seq = gpu_mem_bytes, seq_tokens
+def plan_one_gpu(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq_tokens: int,
+                 gpus: int = 1) -> OneGpuPlan:
+    """The two phases on one GPU (`gpus` > 1: on each GPU of the node-colocated learner)."""
+    mem, seq, node = gpu_mem_bytes, seq_tokens, gpus > 1
     usable = int(HEADROOM * mem)
-    engine_items, asleep, e = _engine_phases(cfg, shape, mem, seq)
+    engine_items, asleep, e = _engine_phases(cfg, shape, mem, seq, gpus)
     asleep_note = ("vLLM sleep level 1: weights in pinned host memory, KV cache freed; kept: its buffers and CUDA "
                    "graphs (estimate)" if e["name"] == "vllm" else "hf: weights in host memory, no cache held")
-    step, stages = plan_learner(embedded_view(cfg), shape, gpus=1, gpu_mem_bytes=mem, seq_tokens=seq,
+    step, stages = plan_learner(embedded_view(cfg), shape, gpus=gpus, gpu_mem_bytes=mem, seq_tokens=seq,
                                 beside=(Item("engine asleep", asleep, asleep_note),))
-    step.title = f"learner step, the engine asleep (1 x {mem / GIB:.0f} GiB GPU)"
+    step.title = f"learner step, the engine asleep ({gpus} x {mem / GIB:.0f} GiB GPU)"
     more = [f for f in step.fixes if f.field == "learner GPUs"]
-    if more:  # more learner GPUs is no change to a one-GPU plan: say what is (adapters, or the distributed roles)
+    if more and not node:  # more learner GPUs is no change to a one-GPU plan: say what is (adapters, or the roles)
         step.fixes = [f for f in step.fixes if f.field != "learner GPUs"]
         if cfg.model.lora is None:
             step.fixes.append(Fix("model.lora", None, "train adapters: the learner's states shrink to the frozen "
@@ -132,6 +158,12 @@ def plan_one_gpu(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
     states = stages[stage]["bytes"]
     weights_only, what = _resident(cfg, shape, states)
     setting = cfg.system.colocate_offload
+    if node and setting == "auto":  # the node-colocated learner offloads only when told (colocate_node.py)
+        setting = "none"
+    if node and stage == 3 and cfg.system.weight_sync_publish_from != "host":
+        engine_items.append(Item("gathered weights", DTYPE_BYTES[cfg.model.dtype] * shape.params,
+                                 f"ZeRO-3: the model gathered on every rank in {cfg.model.dtype} while the engine wakes, "
+                                 "until it has loaded it (system.weight_sync_publish_from host: through host memory)"))
     engine_total = sum(i.bytes for i in engine_items)
     fits_with = lambda resident: resident + engine_total <= usable  # noqa: E731
     can_offload = stage < 3
@@ -146,20 +178,30 @@ def plan_one_gpu(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
                          f"({(states - weights_only) / GIB:.2f} GiB moved each way per step)") if offload else
                     Item("learner resident", resident, f"its model states (ZeRO-{stage}: {stages[stage]['source']})"))
     items = [learner_item, *engine_items]
-    sampling = RolePlan("sampling", 1, mem, items, fits_with(resident),
-                        title=f"sampling, the engine awake (1 x {mem / GIB:.0f} GiB GPU)",
+    sampling = RolePlan("sampling", gpus, mem, items, fits_with(resident),
+                        title=f"sampling, the engine awake ({gpus} x {mem / GIB:.0f} GiB GPU)",
                         extra={"engine": e["name"], "offload": offload, "engine_asleep_bytes": asleep,
                                "learner_states_bytes": states, "learner_weights_bytes": weights_only})
     if not sampling.fits:
-        sampling.fixes = _sampling_fixes(cfg, e, mem, usable, states, weights_only if can_offload else states, offload,
-                                         setting)
+        gathered = sum(i.bytes for i in engine_items if i.name == "gathered weights")  # outside vLLM's share
+        sampling.fixes = _sampling_fixes(cfg, e, mem, usable - gathered, states,
+                                         weights_only if can_offload else states, offload, setting)
+        if gathered:
+            sampling.fixes.insert(0, Fix("system.weight_sync_publish_from", "host", "each rank's gathered weights "
+                                         "through pinned host memory: no whole copy beside the waking engine"))
     elif e["name"] == "vllm" and e["seqs"] < e["rows"]:
-        sampling.notes.append(f"the KV cache holds {e['seqs']} of a step's {e['rows']} sequences: vLLM decodes the rest "
-                              "as sequences finish (slower, not wrong)")
-    how = [f"stare train, system.colocate {cfg.system.colocate}: the learner and the {e['name']} engine share the GPU; "
-           f"the engine sleeps while the learner steps ({_gib(asleep)} kept) and wakes to sample and evaluate",
-           "the new weights go to host memory after each step and into the woken engine in place (update_weights; "
-           "vLLM: reload_weights, then reset_prefix_cache)",
+        sampling.notes.append(f"the KV cache holds {e['seqs']} of {'an engine' if node else 'a step'}'s {e['rows']} "
+                              "sequences: vLLM decodes the rest as sequences finish (slower, not wrong)")
+    how = ([f"stare up, system.colocate on: {gpus} learner ranks, each hosting a {e['name']} engine on its GPU; the "
+            f"engines sleep while the learner steps ({_gib(asleep)} kept) and wake to sample each round (rank 0's also "
+            "to evaluate)", "each engine takes its own rank's weights in process at its wake ("
+            + ("ZeRO-3: gathered on every rank, " if stage == 3 else "ZeRO 0-2: the parameters themselves, ")
+            + f"{'through host memory' if cfg.system.weight_sync_publish_from == 'host' else 'on the GPU'}; "
+            "update_weights: vLLM's reload_weights, then reset_prefix_cache)"] if node else
+           [f"stare train, system.colocate {cfg.system.colocate}: the learner and the {e['name']} engine share the GPU; "
+            f"the engine sleeps while the learner steps ({_gib(asleep)} kept) and wakes to sample and evaluate",
+            "the new weights go to host memory after each step and into the woken engine in place (update_weights; "
+            "vLLM: reload_weights, then reset_prefix_cache)"]) + [
            (f"the learner's optimizer state ({_gib(states - weights_only)}) waits in pinned host memory while the engine "
             f"samples (system.colocate_offload {setting})" if offload else
             f"the learner's state stays on the GPU while the engine samples (system.colocate_offload {setting}"

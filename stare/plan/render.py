@@ -28,8 +28,11 @@ def render(plan: Plan) -> str:
         lines.append(f"checkpoints: {c['bytes'] / 1e9:,.1f} GB each (fp32 master + Adam moments), every {c['every']} "
                      f"steps, {c['keep']} kept: {c['peak_bytes'] / 1e9:,.0f} GB on disk while the next is written, "
                      f"{c['written_bytes'] / 1e12:,.1f} TB written over the run")
+    gpus = plan.roles[0].gpus if plan.roles else 1
+    scope = "one GPU" if gpus == 1 else f"each of {gpus} GPUs"
     if plan.how:
-        lines += ["", "one GPU, colocated (stare train):"]
+        lines += ["", "one GPU, colocated (stare train):" if gpus == 1 else
+                  f"{gpus} GPUs, each a learner rank hosting a rollout engine (stare up, system.colocate on):"]
     for r in plan.roles:
         where = f"{r.gpus} x {r.gpu_mem_bytes / GIB:.0f} GiB GPU" + ("s" if r.gpus > 1 else "") if r.role == "learner" \
             else f"1 x {r.gpu_mem_bytes / GIB:.0f} GiB GPU per worker ({r.extra['engine']})"
@@ -48,7 +51,7 @@ def render(plan: Plan) -> str:
         lines += [f"  change: {f}" for f in r.fixes]
     if plan.how:
         lines += [""] + [f"how: {h}" for h in plan.how]
-        lines += ["", "fits on one GPU, colocated" if plan.fits else "does not fit on one GPU (see 'change:')"]
+        lines += ["", f"fits on {scope}, colocated" if plan.fits else f"does not fit on {scope} (see 'change:')"]
     else:
         lines += ["", "all roles fit" if plan.fits else "some role does not fit (see 'change:')"]
     return "\n".join(lines)

@@ -71,3 +71,18 @@ def test_bad_gpu_flags_name_the_flag(kwargs, flag):
 
 def test_parse_gpus():
     assert parse_gpus("0,2-4, 7", "--x") == [0, 2, 3, 4, 7]
+
+
+def test_a_node_colocated_learner_takes_every_gpu_and_no_rollout_worker_runs():
+    devices = _print_plan("--gpus", "8", "--set", "system.colocate=on")
+    assert _ids(devices["learner"]) == set(range(8))  # 8 ranks (system.learner_ranks from the GPU count)
+    assert not [name for name in devices if name.startswith("rollout")]
+    assert _ids(devices["reward-0"]) == set() and _ids(devices["control"]) == set()
+    fewer = _print_plan("--gpus", "8", "--learner-ranks", "4", "--set", "system.colocate=on")
+    assert _ids(fewer["learner"]) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("kwargs", [{"rollout_gpus": "4-7"}, {"rollout": 2}])
+def test_rollout_flags_are_refused_when_the_learner_ranks_sample(kwargs):
+    with pytest.raises(ConfigError, match="system.colocate is on"):
+        plan_gpus(8, learner_ranks=8, colocated=True, **kwargs)

@@ -72,3 +72,43 @@ def test_vllm_colocated_with_expandable_segments_is_refused_naming_the_variable_
     off = build_config({}, overrides=["rollout.engine=vllm", "system.colocate=off"])
     monkeypatch.setenv(var, "expandable_segments:True")
     assert colocated(off, cuda=True) is False  # not colocated: vLLM is built without sleep mode
+
+
+# ---- the node-colocated learner (system.colocate: on in stare up / stare learner; stare/config/colocation.py)
+
+def test_only_on_puts_rollout_inside_the_learner_ranks():
+    from stare.config.colocation import node_colocated
+
+    assert not node_colocated(build_config({}))  # auto: every config written before keeps its rollout workers
+    assert not node_colocated(build_config({}, overrides=["system.colocate=off"]))
+    assert node_colocated(build_config({}, overrides=["system.colocate=on", "system.learner_ranks=2"]))
+
+
+@pytest.mark.parametrize(("overrides", "cuda", "names"), [
+    (["rollout.tool_use.enabled=true"], None, ("rollout.tool_use.enabled=false", "system.colocate=off")),
+    (["rollout.engine=vllm", "rollout.engine.tensor_parallel_size=2"], True,
+     ("rollout.engine.tensor_parallel_size", "set it to 1")),
+    (["system.max_staleness=1", "system.inflight_weight_updates=true", "rollout.engine=vllm"], True,
+     ("system.inflight_weight_updates=false",)),
+    (["rollout.engine=vllm"], False, ("needs a CUDA GPU", "rollout.engine=hf")),
+], ids=["tool-loop", "tensor-parallel", "inflight-updates", "vllm-on-cpu"])
+def test_what_the_node_colocated_learner_cannot_run_is_refused_naming_the_field_and_the_fix(overrides, cuda, names):
+    from stare.config.colocation import check_node_colocation
+
+    cfg = build_config({}, overrides=["system.colocate=on", "system.learner_ranks=2", *overrides])
+    with pytest.raises(ConfigError) as err:
+        check_node_colocation(cfg, cuda=cuda)
+    assert "system.colocate: on" in str(err.value)
+    for name in names:
+        assert name in str(err.value)
+    check_node_colocation(build_config({}, overrides=["system.colocate=off", *overrides]), cuda=cuda)  # not asked
+
+
+def test_stare_up_refuses_an_unsupported_node_colocated_config_before_starting_anything(tmp_path):
+    from stare.app.launch.up import up
+
+    cfg = build_config({}, overrides=["system.colocate=on", "rollout.tool_use.enabled=true",
+                                      f"run.output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="rollout.tool_use.enabled"):
+        up(cfg, rollout=None, reward=1, redis_url=None, gpus=8, print_plan=True)
+    assert not any(tmp_path.iterdir())

@@ -129,3 +129,56 @@ def test_a_learner_too_large_for_one_gpu_is_not_told_to_take_more_learner_gpus()
     assert "model.lora" in [f.field for f in step.fixes]
     off = next(f for f in step.fixes if f.field == "system.colocate")
     assert off.override == "system.colocate=off" and ">= 10 learner GPUs" in off.why
+
+
+def _node_plan(gpus: int, gpu_gib: float, *overrides: str):
+    from stare.plan.colocate import build_node_plan
+
+    # the shipped one-GPU config hands its weights over through host memory; the node default is auto (device)
+    cfg = load_config(ONE_GPU, overrides=["model.lora=null", "system.colocate=on", "system.weight_sync_publish_from=auto",
+                                          *overrides])
+    return build_node_plan(cfg, gpus=gpus, gpu_mem_gib=gpu_gib, shape=load_model_shape(cfg, MODEL)), cfg
+
+
+def test_the_node_colocated_plan_shards_the_learner_and_counts_the_zero3_gather_beside_the_waking_engine():
+    plan, cfg = _node_plan(8, 80, "optim.zero_stage=3", "rollout.engine.gpu_memory_utilization=0.5")
+    step, sampling = plan.roles
+    assert step.gpus == sampling.gpus == 8
+    states = plan.zero_stages[3]["bytes"]  # DeepSpeed's ZeRO-3 estimate over 8 GPUs
+    assert _items(step)["model states"] == states and _items(step)["engine asleep"] == SLEEP_RESIDUAL
+    items = _items(sampling)
+    share = int(0.5 * 80 * GIB)  # vLLM's whole share awake, as on one GPU
+    assert items["engine weights"] + items["forward reserve"] + items["KV cache"] == share
+    assert items["learner resident"] == states  # ZeRO-3 moves nothing aside (colocate_offload auto: none here)
+    assert items["gathered weights"] == 2 * P  # every rank holds the whole bf16 model until its engine loaded it
+    assert sampling.total == states + share + 2 * P and plan.fits
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt // 8  # each engine's share of a step
+    assert f"its share of a step: {rows})" in next(i.note for i in sampling.items if i.name == "KV cache")
+    assert any("8 learner ranks" in h for h in plan.how)
+
+
+@pytest.mark.parametrize("overrides", [("optim.zero_stage=3", "system.weight_sync_publish_from=host"),
+                                       ("optim.zero_stage=1",)], ids=["zero3-through-host", "zero1-parameters"])
+def test_no_gathered_copy_through_host_memory_or_below_zero3(overrides):
+    plan, _ = _node_plan(8, 80, *overrides)
+    assert "gathered weights" not in _items(plan.roles[1])
+
+
+def test_a_node_plan_that_does_not_fit_names_the_host_hand_over_first():
+    plan, _ = _node_plan(8, 24, "optim.zero_stage=3", "rollout.engine.gpu_memory_utilization=0.8")
+    sampling = plan.roles[1]
+    assert not sampling.fits and sampling.fixes[0].field == "system.weight_sync_publish_from"
+    util = next(f for f in sampling.fixes if f.field == "rollout.engine.gpu_memory_utilization")
+    # the share that fits leaves room for the gathered copy outside it: resident + share + 2P <= 90%
+    assert _items(sampling)["learner resident"] + float(util.value) * 24 * GIB + 2 * P <= HEADROOM * 24 * GIB
+
+
+def test_cli_plan_gpus_8_with_colocate_on_prints_the_node_plan(capsys):
+    from stare.app.cli import main
+
+    code = main(["plan", "--config", str(ONE_GPU), "--model-config", str(MODEL), "--gpus", "8", "--gpu-mem-gib", "80",
+                 "--set", "model.lora=null", "--set", "optim.zero_stage=3", "--set", "system.colocate=on",
+                 "--set", "system.weight_sync_publish_from=auto"])
+    out = capsys.readouterr().out
+    assert "8 GPUs, each a learner rank hosting a rollout engine" in out and "gathered weights" in out
+    assert code == 0 and out.rstrip().endswith("fits on each of 8 GPUs, colocated")

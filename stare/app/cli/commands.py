@@ -186,11 +186,18 @@ def cmd_plan(args) -> int:
     gpus = args.gpus if args.gpus is not None else cfg.system.learner_ranks
     plan_shape = load_model_shape(cfg, args.model_config)
     name = str(args.config or default_config_path())
+    from stare.config.colocation import node_colocated
+
     if args.gpus == 1 and cfg.system.colocate != "off":  # one GPU: stare train's colocated loop
         from stare.plan.colocate import build_one_gpu_plan
 
         plan = build_one_gpu_plan(cfg, gpu_mem_gib=gpu_mem, shape=plan_shape, prompt_tokens=args.prompt_tokens,
                                   config_name=name)
+    elif node_colocated(cfg) and gpus > 1:  # every learner rank hosts an engine (stare up, system.colocate on)
+        from stare.plan.colocate import build_node_plan
+
+        plan = build_node_plan(cfg, gpus=gpus, gpu_mem_gib=gpu_mem, shape=plan_shape, prompt_tokens=args.prompt_tokens,
+                               config_name=name)
     else:
         plan = build_plan(cfg, gpus=gpus, gpu_mem_gib=gpu_mem, shape=plan_shape, prompt_tokens=args.prompt_tokens,
                           config_name=name)
