@@ -24,8 +24,9 @@ the large terms, like the rest of `stare plan`; scripts/gpu_smoke.py measures th
 The node-colocated learner (`stare plan --gpus N` with system.colocate on, N > 1; `build_node_plan`) is
 the same two phases per GPU with the learner's states sharded over N ranks, each engine's KV cache asked
 to hold 1/N of a step's samples, `colocate_offload` auto meaning none (its runtime offloads only when told
-`optimizer`), and one more item while the engine wakes under ZeRO-3: the whole model gathered on every
-rank (b x P) until the engine has loaded it, unless system.weight_sync_publish_from is host.
+`optimizer`), and one more item while the engine wakes under ZeRO-3 (or with LoRA): the whole model
+gathered (merged) on every rank, b x P, until the engine has loaded it, unless
+system.weight_sync_publish_from is host.
 """
 
 from __future__ import annotations
@@ -160,10 +161,11 @@ def plan_one_gpu(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
     setting = cfg.system.colocate_offload
     if node and setting == "auto":  # the node-colocated learner offloads only when told (colocate_node.py)
         setting = "none"
-    if node and stage == 3 and cfg.system.weight_sync_publish_from != "host":
+    if node and (stage == 3 or cfg.model.lora is not None) and cfg.system.weight_sync_publish_from != "host":
+        what = "ZeRO-3: the model gathered" if cfg.model.lora is None else "LoRA: the merged model"
         engine_items.append(Item("gathered weights", DTYPE_BYTES[cfg.model.dtype] * shape.params,
-                                 f"ZeRO-3: the model gathered on every rank in {cfg.model.dtype} while the engine wakes, "
-                                 "until it has loaded it (system.weight_sync_publish_from host: through host memory)"))
+                                 f"{what} on every rank in {cfg.model.dtype} while the engine wakes, until it has "
+                                 "loaded it (system.weight_sync_publish_from host: through host memory)"))
     engine_total = sum(i.bytes for i in engine_items)
     fits_with = lambda resident: resident + engine_total <= usable  # noqa: E731
     can_offload = stage < 3
