@@ -109,3 +109,19 @@ def test_sleep_refuses_when_the_prefix_cache_cannot_be_reset(fake_vllm, tiny_mod
     with pytest.raises(RuntimeError, match="refused to reset its prefix cache"):
         engine.sleep()
     assert not engine.asleep and ("sleep", 1) not in fake_vllm
+
+
+def test_in_a_learner_rank_of_several_vllm_joins_the_learners_world_as_an_external_launcher(fake_vllm, tiny_model_dir):
+    # the node-colocated learner (system.colocate on, several ranks): vLLM's own executor would form a
+    # one-process default group, which DeepSpeed would then train in alone
+    from stare.config import build_config
+    from stare.rollout.registry import VLLMEngineConfig, build_engine
+    from stare.rollout.stack import engine_config
+
+    cfg = build_config({}, overrides=["rollout.engine=vllm"])
+    build_engine(engine_config(cfg, tiny_model_dir, sleep_mode=True, external_launcher=True))
+    _engine(tiny_model_dir)
+    (_, joined), (_, alone) = [c for c in fake_vllm if c[0] == "init"]
+    assert joined["distributed_executor_backend"] == "external_launcher" and joined["enable_sleep_mode"] is True
+    assert "distributed_executor_backend" not in alone  # every other engine: vLLM's own default
+    assert VLLMEngineConfig.model_validate(engine_config(cfg, tiny_model_dir)).external_launcher is False
