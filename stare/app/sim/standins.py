@@ -236,13 +236,11 @@ class SimLearner:
 
     def prepare(self, trajectories: list) -> None:
         """The pre-pass ahead of a step (the session calls it while it waits for data): its time on the
-        learner lane now, taken out of the step that trains these trajectories (colocated: once the
-        engines are asleep, as a step)."""
+        learner lane now, taken out of the step that trains these trajectories. Colocated it stays in the
+        step: the GPUs are the engines' while they sample."""
         new = [t for t in trajectories if t.trajectory_id not in self.prepared]
-        if self.prepass_s is None or not new:
+        if self.prepass_s is None or self.wait_engines is not None or not new:
             return
-        if self.wait_engines is not None:
-            self.lane.wait_until(self.wait_engines())
         self.lane.busy(self.prepass_s(new), "train")
         self.prepared.update(t.trajectory_id for t in new)
 
