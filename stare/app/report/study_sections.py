@@ -88,6 +88,7 @@ def smollm2_section(data, figure: str) -> list[str]:
         *horizon.curve_table(data, "stare", "grpo", "greedy"), "",
         *horizon.curve_table(data, "stare", "grpo", "pass@1"), "",
         *table(data, SMOLLM2_COLUMNS), "",
-        *paired(data, "stare", "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@4"]), "",
+        *[line for label in ("stare", *sorted(set(data) - {"stare", "grpo"})) if label in data
+          for line in (*paired(data, label, "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@4"]), "")],
         f"Machines (model sha256 prefix / torch CPU capability): {_machines(data)}.", "",
     ]
