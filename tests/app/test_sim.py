@@ -84,22 +84,27 @@ TINY = ModelShape(params=10_000_000, largest_layer_params=0, hidden=256, layers=
                   head_dim=64, intermediate=512, vocab=1000, max_positions=512, source="test")
 
 
+class _T30:  # a trajectory of 1 prompt + 30 response tokens
+    prompt_token_ids, response_token_ids = [1], [1] * 30
+
+
+def _one_learner_one_engine(overrides=()):
+    """The tiny node (1 learner + 1 engine, every response 30 tokens) simulated: (costs, summary, its NodeCosts)."""
+    from stare.app.sim.design import build_design, gpu_costs, lengths_of, simulate
+
+    cfg, sim = _tiny(list(overrides))
+    design = build_design(cfg, sim, gpus=2, learner_gpus=1, colocated=False)
+    costs = gpu_costs(cfg, sim, design, TINY, "h100-80gb")
+    _, summary = simulate(cfg, sim, design, costs, lengths_of(cfg, sim), steps=3, warmup=1)
+    return costs, summary, NodeCosts(GPUS["h100-80gb"], ModelCosts(TINY), eager=design.eager)
+
+
 def test_on_policy_step_is_the_sum_of_its_pieces():
     """One learner + one engine, on-policy, every response 30 tokens: a step is train + gather + the
     synchronous broadcast + prefill of 16 one-token prompts + 30 decode steps of 128 sequences (+ its
     share of a checkpoint every 1,000 steps)."""
-    from stare.app.sim.design import build_design, gpu_costs, lengths_of, simulate
-
-    cfg, sim = _tiny()
-    design = build_design(cfg, sim, gpus=2, learner_gpus=1, colocated=False)
-    costs = gpu_costs(cfg, sim, design, TINY, "h100-80gb")
-    _, summary = simulate(cfg, sim, design, costs, lengths_of(cfg, sim), steps=3, warmup=1)
-
-    class T:  # a trajectory of 1 prompt + 30 response tokens
-        prompt_token_ids, response_token_ids = [1], [1] * 30
-
-    nc = NodeCosts(GPUS["h100-80gb"], ModelCosts(TINY), eager=design.eager)
-    expected = (costs.train_s([T] * 128) + costs.gather_s + max(costs.send_s, costs.recv_s) + nc.prefill_s(16)
+    costs, summary, nc = _one_learner_one_engine()
+    expected = (costs.train_s([_T30] * 128) + costs.gather_s + max(costs.send_s, costs.recv_s) + nc.prefill_s(16)
                 + nc.decode_span_s(30, 128, 128) + costs.checkpoint_s / 1000)  # a checkpoint's share
     assert summary["s_per_step"] == pytest.approx(expected, rel=1e-6)
     assert summary["tokens_per_step"] == 128 * 31
@@ -110,23 +115,14 @@ def test_the_pre_pass_of_groups_ready_early_leaves_the_step(early):
     """On-policy, two blocking batches of 8 prompts a step: the first batch's 64 trajectories are ready
     while the second decodes, so the learner pre-passes them then (optim.prepass_early) and the step's
     train time is the whole step's less their pre-pass; off, the step is the sum of its pieces."""
-    from stare.app.sim.design import build_design, gpu_costs, lengths_of, simulate
-
-    cfg, sim = _tiny(["system.rollout_batch_prompts=8", f"optim.prepass_early={str(early).lower()}"])
-    design = build_design(cfg, sim, gpus=2, learner_gpus=1, colocated=False)
-    costs = gpu_costs(cfg, sim, design, TINY, "h100-80gb")
-    _, summary = simulate(cfg, sim, design, costs, lengths_of(cfg, sim), steps=3, warmup=1)
-
-    class T:  # a trajectory of 1 prompt + 30 response tokens
-        prompt_token_ids, response_token_ids = [1], [1] * 30
-
-    nc = NodeCosts(GPUS["h100-80gb"], ModelCosts(TINY), eager=design.eager)
+    costs, summary, nc = _one_learner_one_engine(["system.rollout_batch_prompts=8",
+                                                  f"optim.prepass_early={str(early).lower()}"])
     batch = nc.prefill_s(8) + nc.decode_span_s(30, 64, 64)
     # 64 x 31 tokens through 2N per token + attention's forward at a 15.5-token mean context, at 35% MFU
     prepass = 64 * 31 * (2 * TINY.params + 4 * 4 * 4 * 64 * 15.5) / (989e12 * 0.35)
     assert (costs.prepass_s is not None) == early and 0 < prepass < batch  # it fits inside the second batch
     ahead = prepass if early else 0.0
-    expected = (2 * batch + costs.train_s([T] * 128) - ahead + costs.gather_s + max(costs.send_s, costs.recv_s)
+    expected = (2 * batch + costs.train_s([_T30] * 128) - ahead + costs.gather_s + max(costs.send_s, costs.recv_s)
                 + costs.checkpoint_s / 1000)
     assert summary["s_per_step"] == pytest.approx(expected, rel=1e-6)
 
