@@ -76,8 +76,7 @@ def streaming_enabled(cfg, engine) -> bool:
 class _Slot:
     kind: Kind
     delivery: Delivery
-    n: int  # sequences it holds in the engine
-    version: int  # weights it is sampled with
+    version: int  # weights it is admitted with (its first token's, unless the engine says otherwise)
 
 
 class StreamingLoop:
@@ -190,7 +189,7 @@ class StreamingLoop:
             log.warning("entry %s refused by the engine (%s); it will be delivered again", d.id, describe(err))
             self._stream(kind).fail([d.id], describe(err))
             return
-        self._slots[key] = _Slot(kind, d, n, self.engine.weight_version)
+        self._slots[key] = _Slot(kind, d, self.engine.weight_version)
 
     def _stream(self, kind: Kind) -> RecordStream:
         return self.worker.prompts if kind == "train" else self.evals.tasks

@@ -215,6 +215,18 @@ def test_nccl_weight_receive_buffers_are_two_model_copies_beside_vllms_share():
                       roles=("rollout",)).roles[0].extra["weight_receive_bytes"] == 0
 
 
+def test_with_in_flight_updates_a_rollout_gpu_holds_one_receive_buffer_set_and_vllm_fits_at_0_8():
+    # one set: 2 B x 7,615,616,512 = 15.23 GB; 0.8 x 80 GiB + 14.19 GiB + 1 GiB = 79.2 GiB > 79.0 usable with two,
+    # 64.0 + 14.19 + 1 = 79.19 <= 79.2: the same share fits beside one set (stare plan prints 78.2 GiB)
+    cfg = load_config(PAPER_7B, overrides=["system.max_staleness=1", "system.inflight_weight_updates=true",
+                                           "rollout.engine.gpu_memory_utilization=0.8"])
+    shape = load_model_shape(cfg, MODELS / "qwen2.5-math-7b.json")
+    rollout = build_plan(cfg, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024, roles=("rollout",)).roles[0]
+    assert rollout.extra["weight_receive_bytes"] == 2 * 7_615_616_512 and rollout.fits
+    two = load_config(PAPER_7B, overrides=["rollout.engine.gpu_memory_utilization=0.8"])
+    assert not build_plan(two, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024, roles=("rollout",)).roles[0].fits
+
+
 def test_paper_7b_recipe_fits_8_x_80gb_at_zero3():
     cfg = load_config(PAPER_7B)
     assert cfg.optim.zero_stage == 3

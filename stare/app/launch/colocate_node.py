@@ -59,7 +59,7 @@ class NodeRollout:
     def build(self, model_path: Path, rank: int, world: int) -> None:
         import torch
 
-        from stare.app.launch.colocate import _check_alloc_conf
+        from stare.app.launch.colocate import check_alloc_conf
         from stare.config.colocation import check_node_colocation
         from stare.rollout.stack import build_rollout_stack
 
@@ -67,7 +67,7 @@ class NodeRollout:
         check_node_colocation(self.cfg, cuda=cuda)
         vllm = self.cfg.rollout.engine.name == "vllm"
         if vllm:
-            _check_alloc_conf()
+            check_alloc_conf()
         self.rank = rank
         self.stack = build_rollout_stack(self.cfg, self.say, model_path=model_path, sleep_mode=vllm,
                                          external_launcher=vllm and world > 1)
