@@ -7,5 +7,5 @@
 - `worker_pool`: `ScoringPool`, verification in processes with a hard per-item timeout.
 - `timeouts`: an in-thread timeout that works off the main thread.
 
-Nothing is imported here, so `import stare.reward.x` pays only for x. See docs/reward.md.
+Nothing is imported here, so `import reward.x` pays only for x. See docs/reward.md.
 """

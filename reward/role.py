@@ -21,7 +21,7 @@ from typing import Any
 
 from stare.config import TrainConfig
 from stare.transport.records import Trajectory
-from stare.reward.trajectory_worker import reward_info
+from reward.worker import reward_info
 from stare.config.reward import RewardConfig
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def _reward_config(config_json: str):
 def score_in_worker(task_name: str, kwargs_json: str, config_json: str, answer: str, problem_id: str, level: int,
                     data_source: str, text: str, response_tokens: int):
     """Runs in a pool process: the shared `score_response` on one response (a RewardResult)."""
-    from stare.reward.trajectory_worker import score_response
+    from reward.worker import score_response
 
     return score_response(_task(task_name, kwargs_json), _reward_config(config_json), answer=answer,
                           problem_id=problem_id, level=level, data_source=data_source, text=text,
@@ -58,7 +58,7 @@ class PoolScorer:
 
     def __init__(self, task_name: str, task_kwargs: dict[str, Any], workers: int, timeout_s: float = SCORE_TIMEOUT_S,
                  reward_config: RewardConfig | None = None):
-        from stare.reward.worker_pool import ScoringPool, ScoringPoolConfig
+        from reward.scoring_pool import ScoringPool, ScoringPoolConfig
 
         self.task_name, self.kwargs_json = task_name, json.dumps(task_kwargs, default=str)
         self.config_json = "null" if reward_config is None else reward_config.model_dump_json()
@@ -84,8 +84,9 @@ class PoolScorer:
 
 
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int = 1) -> None:
-    from stare.reward.trajectory_worker import RewardWorker
-    from stare.runtime.process import RoleRuntime, connect_eval_streams, connect_transport
+    from reward.worker import RewardWorker
+    from stare.evaluation.streams import connect_eval_streams
+    from stare.runtime.process import RoleRuntime, connect_transport
     from stare.data.tasks.registry import build_verifier
     from stare.transport.redis_streams import BackpressureError
 

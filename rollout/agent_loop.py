@@ -46,7 +46,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, Protocol
 
-from stare.rollout.engine import RolloutEngine, SamplingParams, derive_seed
+from rollout.engines.base import RolloutEngine, SamplingParams, derive_seed
 
 AgentFinishReason = Literal["stop", "length", "max_turns"]
 

@@ -29,12 +29,13 @@ log = logging.getLogger(__name__)
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
     import torch
 
-    from stare.rollout.eval_sampler import EvalSampler
-    from stare.rollout.stack import build_rollout_stack
-    from stare.rollout.streaming import StreamingLoop, streaming_enabled
-    from stare.rollout.worker import RolloutWorker
-    from stare.runtime.process import RoleRuntime, connect_eval_streams, connect_transport
-    from stare.transport.eval_streams import RedisEvalIndex
+    from rollout.evaluation import EvalSampler
+    from rollout.stack import build_rollout_stack
+    from rollout.streaming import StreamingLoop, streaming_enabled
+    from rollout.worker import RolloutWorker
+    from stare.evaluation.streams import connect_eval_streams
+    from stare.runtime.process import RoleRuntime, connect_transport
+    from stare.evaluation.streams import RedisEvalIndex
     from stare.transport.redis_streams import BackpressureError
     from stare.weight_sync.factory import build_subscriber
 

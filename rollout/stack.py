@@ -1,6 +1,6 @@
 """The one place that builds the rollout stack of a run: tokenizer, task, stop ids, engine and (with
 tool use) the tool agent; and the in-process evaluator of `stare train` (`stare learner` evaluates
-through the streams on the rollout workers: learner/stream_eval.py, same plan and numbers).
+through the streams on the rollout workers: learner/loop/stream_evaluator.py, same plan and numbers).
 
     stack = build_rollout_stack(cfg, log)              # the rollout worker's engine
     evaluate = StackEvaluator(stack, cfg)              # held-out evaluation on the same stack
@@ -19,8 +19,8 @@ import torch
 
 from stare.config import TrainConfig
 from stare.models.resolve import RunSetup, load_run_setup
-from stare.rollout.engine import RolloutEngine
-from stare.rollout.registry import build_engine
+from rollout.engines.base import RolloutEngine
+from rollout.engines.registry import build_engine
 
 
 @dataclass
@@ -90,7 +90,7 @@ def build_rollout_stack(cfg: TrainConfig, log: Callable[[str], None], *, model_p
                                        external_launcher=external_launcher))
     agent = None
     if cfg.rollout.tool_use.enabled:
-        from stare.rollout.agent_loop import build_tool_agent
+        from rollout.agent_loop import build_tool_agent
 
         agent = build_tool_agent(cfg.rollout.tool_use, built, setup.tokenizer)
     return RolloutStack(setup=setup, engine=built, agent=agent)
@@ -98,7 +98,7 @@ def build_rollout_stack(cfg: TrainConfig, log: Callable[[str], None], *, model_p
 
 class StackEvaluator:
     """Held-out evaluation of the learner's newest weights on a rollout stack of this process: the
-    problems, seeds and summary of stare.data.heldout, the sampler of the stack (the tool agent when
+    problems, seeds and summary of stare.evaluation.heldout, the sampler of the stack (the tool agent when
     tool use is on)."""
 
     def __init__(self, stack: RolloutStack, cfg: TrainConfig, log: Callable[[str], None] | None = None):
@@ -112,7 +112,7 @@ class StackEvaluator:
 
     def __call__(self, version: int, weights: Callable[[], Mapping[str, torch.Tensor]],
                  final: bool = False) -> dict[str, Any]:
-        from stare.rollout.evaluation import eval_settings, evaluate
+        from rollout.evaluation import eval_settings, evaluate
 
         engine = self.stack.engine
         if engine.weight_version < version:  # evaluate what the learner has, not what rollout last took

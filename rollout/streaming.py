@@ -25,7 +25,7 @@ prompts in flight (PipelineRL's semantics: running sequences go on, their later 
 weights). No drain: a prompt that needs a version not yet published waits in the queue while the
 engine steps the others, and only an empty engine waits for the learner. Each record carries the
 version of every token (`Trajectory.version_starts`, from the engine's `Completion.versions`); the
-learner bounds staleness per token (learner/groups.py).
+learner bounds staleness per token (learner/loop/group_collector.py).
 
 Durability: a prompt is acknowledged only in the transaction that publishes its group; prompts in
 the engine, or delivered and waiting for room, stay pending, so a worker that dies (or stops)
@@ -45,7 +45,7 @@ import logging
 from collections import deque
 from typing import Literal
 
-from stare.rollout.engine import Completion, SamplingParams, StreamingEngine, derive_seed
+from rollout.engines.base import Completion, SamplingParams, StreamingEngine, derive_seed
 from stare.transport.base import Delivery, RecordStream
 from stare.transport.guard import describe
 

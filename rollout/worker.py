@@ -4,7 +4,7 @@ Before each batch it takes the newest published weights (a worker that missed ve
 the newest). Prompts are acknowledged only after their trajectories are published, so a worker
 that dies mid-batch leaves them pending for another worker.
 
-With an `agent` (`stare.rollout.agent_loop.ToolAgent` over the same engine) each sample is a
+With an `agent` (`rollout.agent_loop.ToolAgent` over the same engine) each sample is a
 multi-turn tool-using response: its `loss_mask` (0 on tool observations) and `turns` go into the
 Trajectory.
 """
@@ -18,8 +18,8 @@ from collections.abc import Callable
 import numpy as np
 
 from stare.transport.records import PromptTask, Trajectory
-from stare.rollout.engine import RolloutEngine, SamplingParams, derive_seed
-from stare.rollout.prompt_guard import Overflow, fit_prompt, prompt_limit
+from rollout.engines.base import RolloutEngine, SamplingParams, derive_seed
+from rollout.prompt_guard import Overflow, fit_prompt, prompt_limit
 from stare.transport.base import Delivery, RecordStream
 from stare.transport.guard import process_guarded
 from stare.weight_sync.base import WeightSubscriber
@@ -90,7 +90,7 @@ class RolloutWorker:
 
     def _screen(self, deliveries: list) -> list:
         """The deliveries fit to sample (over-long prompts truncated left); the others dead-lettered
-        with the reason (stare.rollout.prompt_guard)."""
+        with the reason (rollout.prompt_guard)."""
         kept = []
         for d in deliveries:
             ids, reason = fit_prompt(d.record.prompt_token_ids, self.prompt_limit, self.prompt_overflow,

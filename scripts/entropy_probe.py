@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     from stare.config import load_config
     from stare.app.launch.embedded import EmbeddedRun
     from stare.models.resolve import resolve_model
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     out = Path(tempfile.mkdtemp(prefix="stare-probe-"))
     try:
@@ -73,8 +73,8 @@ def _batch_entropy(learner, trajectories, pad: int) -> float:
     """Token-mean entropy of the learner's current policy over the batch's response tokens."""
     import torch
 
-    from stare.learner.batch import collate, token_logprobs_and_entropy
-    from stare.learner.step_plan import mean_entropy
+    from learner.step.batch import collate, token_logprobs_and_entropy
+    from learner.algorithm.step_plan import mean_entropy
 
     batch = collate(trajectories, pad_id=pad, rows=learner.rows)
     with torch.no_grad():

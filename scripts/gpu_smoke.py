@@ -7,7 +7,7 @@ a few steps of `stare train`; prints peak memory, tokens/s and MFU.
 Part 1, the learner: a model built from `configs/models/qwen2.5-math-1.5b.json` with random weights
 (nothing downloaded), `--steps` learner steps on `--rows` synthetic trajectories of `--seq` tokens
 (`--prompt` of them prompt) in groups of 8 with 0/1 rewards, bf16, gradient checkpointing and
-chunked log-probs on, through `stare.learner.trainer.Learner.train_step`. The first step warms up
+chunked log-probs on, through `learner.step.trainer.Learner.train_step`. The first step warms up
 (allocator, kernels); tokens/s and MFU are the mean over the later steps.
 
     model FLOPs per token = 8 N + 8 layers x hidden x seq
@@ -149,8 +149,8 @@ def run_learner(args: argparse.Namespace) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
 
-    from stare.learner.trainer import Learner
-    from stare.plan.memory import GIB, build_plan
+    from learner.step.trainer import Learner
+    from stare.plan.gpu_memory import GIB, build_plan
     from stare.plan.sizes import shape_from_hf_config
 
     out = args.out
@@ -247,9 +247,9 @@ def colocate_check(learner, model_dir: Path, trajectories: list, dtype: str) -> 
     """The colocated cycle with a transformers engine on the learner's device (see the module docstring)."""
     import torch
 
-    from stare.learner import deepspeed_engine as ds
-    from stare.rollout.engine import SamplingParams
-    from stare.rollout.hf_engine import HFEngine
+    from learner.engine import deepspeed_engine as ds
+    from rollout.engines.base import SamplingParams
+    from rollout.engines.hf_engine import HFEngine
 
     cuda = torch.cuda.is_available()
 
@@ -297,7 +297,7 @@ def colocate_check(learner, model_dir: Path, trajectories: list, dtype: str) -> 
 def run_train(args: argparse.Namespace) -> dict:
     """`stare train` for a few steps in a subprocess, with a quickly built tiny model."""
     from stare.app.cli import default_config_path
-    from stare.learner.deepspeed_engine import child_env  # without this process's process-group variables
+    from learner.engine.deepspeed_engine import child_env  # without this process's process-group variables
     from stare.models.tiny import build_tiny_model
 
     out = args.out

@@ -39,7 +39,7 @@ echo "gpu_smoke: installed in $(( $(date +%s) - start )) s"
 script=$PWD/scripts/gpu_smoke.py
 export OUT=${OUT:-$PWD/gpu-smoke-out}  # gpu_smoke.py's default --out
 cd /  # import stare from $SITE, not from the source folder (its roles live outside stare/)
-"$PY" -c "import deepspeed, pydantic, redis, stare.learner.trainer"  # fail here, clearly, if anything is missing
+"$PY" -c "import deepspeed, pydantic, redis, learner.step.trainer"  # fail here, clearly, if anything is missing
 timeout --kill-after=15 "$LIMIT_S" "$PY" "$script" "$@"
 if [ "${STARE_SMOKE_BENCH:-0}" = 1 ]; then  # the GPU section of the performance suite (docs/performance.md)
   timeout --kill-after=15 "${STARE_SMOKE_BENCH_LIMIT_S:-300}" "$PY" -m stare.app.cli bench gpu --quick \

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from stare.learner.policy_loss import LossInputs, StepContext, policy_loss
-from stare.learner.step_plan import StepTokens, plan_step
+from learner.algorithm.losses import LossInputs, StepContext, policy_loss
+from learner.algorithm.step_plan import StepTokens, plan_step
 
 MAX_LEN_STRIDE = 1 << 20
 
@@ -76,7 +76,7 @@ def dp_worker(rank: int, world: int, port: int, cfg, step: dict, out_dir: str) -
 
     import torch.distributed as dist
 
-    from stare.learner.collectives import all_reduce_sum, gather_step_tokens
+    from learner.engine.collectives import all_reduce_sum, gather_step_tokens
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,

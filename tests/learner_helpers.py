@@ -65,11 +65,11 @@ def collate_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
     import torch.distributed as dist
 
-    from stare.learner.batch import collate
-    from stare.learner.collectives import all_gather_ints, gather_step_tokens
+    from learner.step.batch import collate
+    from learner.engine.collectives import all_gather_ints, gather_step_tokens
     from stare.config.algo import StareLossConfig
-    from stare.learner.selection import in_topk
-    from stare.learner.step_plan import StepTokens, plan_step
+    from learner.algorithm.selection import in_topk
+    from learner.algorithm.step_plan import StepTokens, plan_step
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
@@ -109,7 +109,7 @@ def learner_rank_worker(rank: int, world: int, port: int, model_dir: str, out_di
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     from stare.config import build_config
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     learner = Learner(build_config({}, overrides=overrides), Path(model_dir), pad_id=0)
     trajs = trajectories(0)
@@ -129,9 +129,9 @@ def leader_follower_worker(rank: int, world: int, port: int, model_dir: str, out
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     from stare.config import build_config
-    from stare.learner.rank_launch import leave_process_groups
-    from stare.learner.ranks import LeaderLearner, RankChannel, follow
-    from stare.learner.trainer import Learner
+    from learner.process.rank_launch import leave_process_groups
+    from learner.process.ranks import LeaderLearner, RankChannel, follow
+    from learner.step.trainer import Learner
 
     learner = Learner(build_config({}, overrides=overrides), Path(model_dir), pad_id=0)
     channel = RankChannel(timeout_s=120, heartbeat_s=0.2)  # a heartbeat between every op
@@ -164,9 +164,9 @@ def prepare_rank_worker(rank: int, world: int, port: int, model_dir: str, out_di
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     from stare.config import build_config
-    from stare.learner.rank_launch import leave_process_groups
-    from stare.learner.ranks import LeaderLearner, RankChannel, follow
-    from stare.learner.trainer import Learner
+    from learner.process.rank_launch import leave_process_groups
+    from learner.process.ranks import LeaderLearner, RankChannel, follow
+    from learner.step.trainer import Learner
 
     learner = Learner(build_config({}, overrides=overrides), Path(model_dir), pad_id=0)
     channel = RankChannel(timeout_s=120, heartbeat_s=0.2)
@@ -192,8 +192,8 @@ def silent_leader_worker(rank: int, world: int, port: int, out_dir: str) -> None
 
     import torch.distributed as dist
 
-    from stare.learner.rank_launch import exit_abandoning_process_groups
-    from stare.learner.ranks import RankChannel, follow
+    from learner.process.rank_launch import exit_abandoning_process_groups
+    from learner.process.ranks import RankChannel, follow
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))

@@ -17,10 +17,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from stare.services.control import openapi, security
-from stare.services.control.auth import ReadAuth, policy_from, resolve_token
-from stare.services.control.limits import BodyLimit
-from stare.services.control.routes import (
+from services.control import openapi, security
+from services.control.auth import ReadAuth, policy_from, resolve_token
+from services.control.limits import BodyLimit
+from services.control.routes import (
     dashboard,
     entropy,
     health,

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
-from stare.services.control.app import create_app
-from stare.services.control.auth import resolve_token
-from stare.services.control.server import BackgroundServer
+from services.control.app import create_app
+from services.control.auth import resolve_token
+from services.control.server import BackgroundServer
 
 from stare.config import TrainConfig
 from stare.runstate.base import RunState

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
-from stare.services.control.auth import AuthPolicy
+from services.control.auth import AuthPolicy
 
 _NO_STORE = {"/v1/health"}  # answered without the run state store
 _ERR = "#/components/schemas/ErrorBody"

@@ -51,7 +51,7 @@ def url_of(sock: socket.socket) -> str:
 
 def _config(app, sock: socket.socket):
     import uvicorn
-    from stare.services.control.limits import guarded_protocol
+    from services.control.limits import guarded_protocol
 
     limits: ControlSection = getattr(app.state, "settings", None) or ControlSection()  # create_app sets it
     host, port = sock.getsockname()[:2]

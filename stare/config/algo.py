@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from annotated_types import Interval
 from pydantic import AllowInfNan, BaseModel, ConfigDict, Field, Strict, StrictBool, model_validator
@@ -54,7 +54,12 @@ class RolloutCorrectionConfig(_Strict):
 
 
 class SurrogateConfig(_Strict):
-    """The clipped PPO/GRPO surrogate shared by every policy loss."""
+    """The clipped PPO/GRPO surrogate shared by every policy loss.
+
+    A loss's config subclasses this with its `name` and its `--algo` presets: preset name -> what it
+    changes in the config (its `loss` entries apply on top of the loss's own name)."""
+
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     eps_low: float = Field(0.2, ge=0.0, lt=1.0, description="Lower clip: ratio >= 1 - eps_low.")
     eps_high: float = Field(0.28, ge=0.0, description="Upper clip (DAPO clip-higher): ratio <= 1 + eps_high.")
@@ -104,12 +109,21 @@ class GrpoLossConfig(SurrogateConfig):
     """Plain GRPO (also DAPO's loss, with eps_high > eps_low and token-mean)."""
 
     name: Literal["grpo"] = "grpo"
+    # grpo keeps the config's clip range, so `--algo grpo` differs from STARE only by the reweighting;
+    # dapo is the clip-higher recipe spelled out.
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "grpo": {"data": {"dynamic_sampling": False}},
+        "grpo-ds": {"data": {"dynamic_sampling": True}},
+        "dapo": {"loss": {"eps_low": 0.2, "eps_high": 0.28, "agg_mode": "token-mean"},
+                 "data": {"dynamic_sampling": True}},
+    }
 
 
 class StareLossConfig(SurrogateConfig):
     """STARE: reweight the highest-surprisal tokens inside each advantage sign (W on L+, M on L-)."""
 
     name: Literal["stare"] = "stare"
+    presets: ClassVar[dict[str, dict[str, Any]]] = {"stare": {}}
     variant: Literal["O1", "C2"] = Field(
         "O1", description="O1: W on L+ only. C2: W on L+ and M on L-."
     )
@@ -122,6 +136,7 @@ class EntropyBonusLossConfig(SurrogateConfig):
     """GRPO minus coef x (aggregated token entropy)."""
 
     name: Literal["entropy-bonus"] = "entropy-bonus"
+    presets: ClassVar[dict[str, dict[str, Any]]] = {"entropy-bonus": {}}
     coef: float = Field(0.001, ge=0.0, description="Entropy bonus coefficient.")
 
 
@@ -130,6 +145,7 @@ class ClipCovLossConfig(SurrogateConfig):
     whose centred covariance A x logp lies in (cov_lb, cov_ub)."""
 
     name: Literal["clip-cov"] = "clip-cov"
+    presets: ClassVar[dict[str, dict[str, Any]]] = {"clip-cov": {}}
     clip_ratio: float = Field(2e-4, gt=0.0, le=1.0, description="Fraction of tokens to detach.")
     cov_lb: float = Field(1.0, description="Lower covariance bound (exclusive).")
     cov_ub: float = Field(5.0, description="Upper covariance bound (exclusive).")
@@ -146,6 +162,7 @@ class KLCovLossConfig(SurrogateConfig):
     centred covariance A x logp; no ratio clipping."""
 
     name: Literal["kl-cov"] = "kl-cov"
+    presets: ClassVar[dict[str, dict[str, Any]]] = {"kl-cov": {}}
     kl_ratio: float = Field(2e-4, gt=0.0, le=1.0, description="Fraction of tokens that get the KL penalty.")
     kl_coef: float = Field(1.0, ge=0.0, description="Coefficient of the |log-ratio| penalty.")
 
@@ -155,6 +172,7 @@ class HighEntropyLossConfig(SurrogateConfig):
     step get a policy gradient; the loss is normalised over those tokens."""
 
     name: Literal["80-20"] = "80-20"
+    presets: ClassVar[dict[str, dict[str, Any]]] = {"80-20": {}}
     top_fraction: float = Field(0.2, gt=0.0, le=1.0, description="Fraction of tokens (by entropy) that train.")
 
 
@@ -163,10 +181,10 @@ LOSS_CONFIGS: dict[str, type[SurrogateConfig]] = {
     for cls in (StareLossConfig, GrpoLossConfig, EntropyBonusLossConfig, ClipCovLossConfig, KLCovLossConfig,
                 HighEntropyLossConfig)
 }
-"""THE loss registry's config half: loss name -> config class. The learner's half (per name: the
-step-global selection in learner/step_plan.py and the loss function in learner/policy_loss.py) is
-checked against it (tests/learner/test_loss_registry.py); the config union, the docs and the presets
-read it."""
+"""The loss registry's config half: loss name -> config class (with its `--algo` presets). The
+learner's half (the loss function and its step-global selection, `@register_loss` in
+learner/algorithm/losses/) is checked to name the same losses (tests/learner/test_loss_registry.py);
+the config union, the docs and the presets read this one."""
 
 LossConfig = Annotated[Union[tuple(LOSS_CONFIGS.values())], Field(discriminator="name")]
 

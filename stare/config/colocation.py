@@ -4,7 +4,7 @@ ranks (`system.colocate: on` in `stare up` / `stare learner`: the node-colocated
 
 `node_colocated(cfg)` is what `stare up`, `stare learner` and the memory plan ask; `check_node_colocation`
 refuses what that mode cannot run, naming the field and the fix. `stare train` reads `system.colocate`
-itself (stare/app/launch/colocate.py): there `on` is one GPU shared in one process.
+itself (stare/app/colocation/one_gpu.py): there `on` is one GPU shared in one process.
 """
 
 from __future__ import annotations

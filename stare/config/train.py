@@ -119,22 +119,15 @@ class TrainConfig(_Section):
         return self._run_dir if self._run_dir is not None else self.run.output_dir / self.run.name
 
 
-# --algo presets: what each baseline changes relative to the loaded config.
+# --algo presets: what each algorithm changes relative to the loaded config, from the loss configs
+# (stare.config.algo: each loss class lists its presets).
 ALGO_PRESETS: dict[str, dict[str, Any]] = {
-    "stare": {"loss": {"name": "stare"}},
-    # grpo keeps the config's clip range, so `--algo grpo` differs from STARE only by the reweighting;
-    # dapo is the clip-higher recipe spelled out.
-    "grpo": {"loss": {"name": "grpo"}, "data": {"dynamic_sampling": False}},
-    "grpo-ds": {"loss": {"name": "grpo"}, "data": {"dynamic_sampling": True}},
-    "dapo": {"loss": {"name": "grpo", "eps_low": 0.2, "eps_high": 0.28, "agg_mode": "token-mean"}, "data": {"dynamic_sampling": True}},
-    "entropy-bonus": {"loss": {"name": "entropy-bonus"}},
-    "clip-cov": {"loss": {"name": "clip-cov"}},
-    "kl-cov": {"loss": {"name": "kl-cov"}},
-    "80-20": {"loss": {"name": "80-20"}},
+    algo: {**preset, "loss": {"name": name, **preset.get("loss", {})}}
+    for name, cls in LOSS_CONFIGS.items()
+    for algo, preset in cls.presets.items()
 }
 
 _SURROGATE_KEYS = set(GrpoLossConfig.model_fields) - {"name"} | {"tis_cap"}  # tis_cap: the legacy key
-assert all(p["loss"]["name"] in LOSS_CONFIGS for p in ALGO_PRESETS.values()), "a preset names an unregistered loss"
 
 
 def _deep_merge(base: dict, update: dict) -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from stare.config import ConfigError, TrainConfig
-from stare.plan.memory import GIB, HEADROOM, Plan, build_plan
+from stare.plan.gpu_memory import GIB, HEADROOM, Plan, build_plan
 from stare.plan.render import render
 from stare.plan.sizes import load_model_shape
 
@@ -19,7 +19,7 @@ def check_fits(cfg: TrainConfig, model_path: Path | str | None, *, roles: tuple[
 
     Learner ranks: an external launcher's WORLD_SIZE, else system.learner_ranks; each role is checked
     against one whole GPU (node-colocated, system.colocate on: the learner step and sampling on each
-    rank's GPU, stare.plan.colocate.build_node_plan).
+    rank's GPU, stare.plan.colocation.build_node_plan).
     Without CUDA there is nothing to check: it logs that and returns None."""
     import torch
 
@@ -32,7 +32,7 @@ def check_fits(cfg: TrainConfig, model_path: Path | str | None, *, roles: tuple[
     from stare.config.colocation import node_colocated
 
     if node_colocated(cfg) and gpus > 1:  # each rank's GPU holds its learner and, in turns, its engine
-        from stare.plan.colocate import build_node_plan
+        from stare.plan.colocation import build_node_plan
 
         plan = build_node_plan(cfg, gpus=gpus, gpu_mem_gib=mem / GIB, shape=shape)
     else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from stare.plan.memory import GIB, Plan
+from stare.plan.gpu_memory import GIB, Plan
 
 
 def _count(n: int) -> str:

@@ -1,6 +1,6 @@
 """A decoder-only model's shape (from its config.json, no weights) and what its states,
-activations and KV cache weigh: the arithmetic the memory plan (stare.plan.memory) and the
-throughput model share. The formulas are in stare.plan.memory's docstring."""
+activations and KV cache weigh: the arithmetic the memory plan (stare.plan.gpu_memory) and the
+throughput model share. The formulas are in stare.plan.gpu_memory's docstring."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class ModelShape:
         return self.kv_heads * self.head_dim
 
 
-# [chunk, V] fp32 tensors the chunked log-prob computation holds at once (learner/logprobs.py;
+# [chunk, V] fp32 tensors the chunked log-prob computation holds at once (learner/step/logprobs.py;
 # tests/learner/test_logprobs.py counts them): the fused path, for a whole output head and (ZeRO-3)
 # for the head `ChunkedHead` gathers once per micro-batch (the gathered [V, H] weight and its
 # gradient: DeepSpeed's largest-layer term of the ZeRO-3 model states, the head being the largest).

@@ -1,5 +1,5 @@
 """What the weight sync holds on a GPU (the learner's send buffers and device snapshot, a rollout
-worker's receive buffers) and what the learner's checkpoints take on disk; stare.plan.memory's
+worker's receive buffers) and what the learner's checkpoints take on disk; stare.plan.gpu_memory's
 docstring has the formulas."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _publish_from(cfg: TrainConfig) -> str:
 
 
 def weight_snapshot_bytes(cfg: TrainConfig, shape: ModelShape, b: int, stage: int) -> tuple[int, str]:
-    """GPU memory of the weights published from the device on rank 0 (learner/deepspeed_engine.py
+    """GPU memory of the weights published from the device on rank 0 (learner/engine/deepspeed_engine.py
     full_state_dict): none for a synchronous publish under ZeRO 0-2 (the parameters themselves)."""
     if _publish_from(cfg) != "device":
         return 0, ""

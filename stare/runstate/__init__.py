@@ -12,7 +12,7 @@ from stare.runstate.base import (
     RunStateUnavailable,
 )
 from stare.runstate.steering import RunSteering, StepDirectives
-from stare.runstate.memory import MemoryRunState
+from stare.runstate.in_memory import MemoryRunState
 
 __all__ = [
     "AuditEntry", "EntropyChangeError", "Heartbeat", "MemoryRunState", "MetricsPage", "NoControllerError",

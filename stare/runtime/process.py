@@ -104,19 +104,6 @@ def connect_transport(cfg: TrainConfig, url: str):
                                   max_deliveries=s.max_deliveries)
 
 
-def connect_eval_streams(cfg: TrainConfig, client):
-    """The run's evaluation streams (stare.transport.eval_streams) on a role's Redis client, sized
-    so that one whole evaluation fits: the learner publishes its tasks at once."""
-    from stare.transport.eval_streams import redis_eval_streams
-
-    t, s = cfg.task, cfg.system
-    samples = t.eval_problems * (1 + max([t.eval_k, *(e.n for e in t.eval_sources.values())]))
-    backlog = max(s.max_backlog, samples)
-    return redis_eval_streams(client, cfg.run.name, max_backlog=backlog, maxlen=2 * backlog,
-                              claim_idle_ms=int(s.claim_idle_s * 1000), block_ms=1000, publish_timeout_s=5.0,
-                              max_deliveries=s.max_deliveries)
-
-
 def setup_logging(role: str, name: str, level: int = logging.INFO, fmt: str = "text") -> None:
     """The role process's logging on stderr: text lines, or JSON objects with role and name (fmt json)."""
     from stare.observe.log_format import setup

@@ -62,7 +62,7 @@ class EvalTask:
     sampling settings (greedy: n 1, temperature 0). Its trajectories carry `group_id = task_id`,
     ids `<task_id>:<sample>`, and travel on the evaluation streams, never the training ones.
 
-    Invariants: `task_id` is `<eval_id>/<problem index>/<greedy|sampled>` (stare.data.heldout); the
+    Invariants: `task_id` is `<eval_id>/<problem index>/<greedy|sampled>` (stare.evaluation.heldout); the
     worker samples with weights of at least `min_weight_version` (the version under evaluation)
     and seeds prompt i of a call with its own `seed`, so the samples do not depend on batching."""
 

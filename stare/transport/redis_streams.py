@@ -7,7 +7,7 @@ stream's (`memory.py`), made durable:
   that restarts under the same name first re-reads its own pending entries (XREADGROUP id "0"),
   then new ones (">"); `reclaim` hands entries idle longer than `claim_idle_ms` (a dead
   consumer's) to a live one (XAUTOCLAIM). Consumers must be idempotent: the learner skips a
-  trajectory id it has seen (learner/groups.py);
+  trajectory id it has seen (learner/loop/group_collector.py);
 * nothing is dropped silently: an entry that fails to decode or validate (`codec.from_fields`
   raises) is written to the run's dead-letter stream with the reason, its entry id and its raw
   fields, and acknowledged, in one MULTI; so is an entry trimmed away before it was acked, and

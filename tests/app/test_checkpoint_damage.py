@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from stare.learner.checkpoints import CheckpointError
+from learner.engine.checkpoints import CheckpointError
 from stare.config import build_config
 from stare.app.launch.embedded import prepare_run, run_training
 

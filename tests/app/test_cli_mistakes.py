@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stare.learner.checkpoints import write_manifest
+from learner.engine.checkpoints import write_manifest
 from stare.app.cli import main
 
 BAD_JSON = '{\n  "a": 1,\n}'  # a trailing comma: line 3
@@ -206,7 +206,7 @@ def _parser_with(build, fn):
 
 def test_a_run_that_trained_nothing_exits_3_with_its_reason_and_no_traceback(monkeypatch, capsys):
     import stare.app.cli.parser
-    from stare.learner.outcome import NothingTrained
+    from learner.loop.run_outcome import NothingTrained
 
     def nothing(args):
         raise NothingTrained("runs/x: no input to train on: all 4 groups ... were dead-lettered")

@@ -59,8 +59,8 @@ def _offloaded() -> frozenset:
 def recorded(monkeypatch):
     """Every engine call and learner step of the runs in the test, in order."""
     import stare.app.launch.embedded as embedded
-    import stare.learner.trainer as trainer
-    import stare.rollout.stack as stack
+    import learner.step.trainer as trainer
+    import rollout.stack as stack
 
     class Wired(embedded.EmbeddedRun):  # the learner sees the engine it shares the GPU with (for the log)
         def __init__(self, *args, **kwargs):

@@ -12,7 +12,7 @@ import pytest
 
 from stare.config import build_config
 from stare.app.launch.embedded import prepare_run, run_training
-from stare.learner.deepspeed_engine import child_env
+from learner.engine.deepspeed_engine import child_env
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def test_train_writes_metrics_eval_checkpoint_tensorboard_and_report(fast_overri
     assert (run_dir / "checkpoints" / "latest").read_text() == "step_000002"
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     assert (run_dir / "report" / "report.png").stat().st_size > 10_000
-    assert (run_dir / "hf" / "model.safetensors").is_file()  # the end-of-run export (learner/export.py)
+    assert (run_dir / "hf" / "model.safetensors").is_file()  # the end-of-run export (learner/engine/export.py)
 
 
 def test_resumed_run_reproduces_the_uninterrupted_run(fast_overrides, tmp_path):
@@ -173,6 +173,6 @@ def test_a_checkpoint_of_stare_train_from_before_the_shared_loop_resumes(fast_ov
     state = json.loads(state_file.read_text())
     del state["collector"]
     state_file.write_text(json.dumps(state))
-    (state_file.parent / "manifest.json").unlink()  # nor a manifest (stare.learner.checkpoints: resumed as before)
+    (state_file.parent / "manifest.json").unlink()  # nor a manifest (learner.engine.checkpoints: resumed as before)
     run_training(prepare_run(None, cfg.run_dir, ["run.steps=2"]), resume=True, progress=False)
     assert [m["step"] for m in _lines(cfg.run_dir / "metrics.jsonl")] == [1, 2]

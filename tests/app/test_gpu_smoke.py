@@ -24,7 +24,7 @@ FLOPS_PER_TOKEN = 8 * TINY_PARAMS + 8 * 2 * 64 * SEQ  # 8 N + 8 layers x hidden 
 
 
 def run_smoke(out: Path, *extra: str) -> dict:
-    from stare.learner.deepspeed_engine import child_env
+    from learner.engine.deepspeed_engine import child_env
 
     proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu-tiny", "--out", str(out), *extra],
                           capture_output=True, text=True, timeout=540, env=child_env())

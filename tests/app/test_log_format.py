@@ -84,7 +84,7 @@ def test_an_unknown_log_format_is_refused(capsys):
 
 def _train(fast_overrides, name: str, *extra: str) -> tuple[str, list[dict]]:
     """A non-TTY `stare train` (stdout and stderr pipes); its stderr and metrics.jsonl."""
-    from stare.learner.deepspeed_engine import child_env
+    from learner.engine.deepspeed_engine import child_env
 
     args = [sys.executable, "-m", "stare.app.cli", "train", *extra]
     for o in fast_overrides + ["run.steps=3", "logging.every_n_steps=2", f"run.name={name}",
@@ -129,7 +129,7 @@ def test_a_role_started_with_log_format_json_logs_json_objects_with_its_name(tmp
 
     from redis_fixtures import redis_server
 
-    from stare.learner.deepspeed_engine import child_env
+    from learner.engine.deepspeed_engine import child_env
 
     with redis_server(tmp_path / "redis") as server:
         proc = subprocess.Popen([sys.executable, "-m", "stare.app.cli", "reward", "--log-format", "json", "--redis-url",

@@ -57,7 +57,7 @@ def test_resuming_a_moved_copy_from_another_directory_continues_the_copy_only(fa
 
 
 def test_relative_paths_in_a_run_folders_config_resolve_against_the_folder(tiny_model_dir, tmp_path, monkeypatch):
-    from stare.learner.checkpoints import write_manifest
+    from learner.engine.checkpoints import write_manifest
 
     run = tmp_path / "moved" / "r"
     shutil.copytree(tiny_model_dir, run / "model")  # a self-contained run folder: its model inside it

@@ -66,8 +66,8 @@ def test_exported_smollm2_gives_the_learners_logits(smollm2_dir, tmp_path):
     from train_helpers import step_trajectories as _trajectories
     from transformers import AutoModelForCausalLM
 
-    from stare.learner.export import export_checkpoint
-    from stare.learner.trainer import Learner
+    from learner.engine.export import export_checkpoint
+    from learner.step.trainer import Learner
 
     cfg = load_config(CONFIG, overrides=[f"run.output_dir={tmp_path}", "rollout.prompts_per_step=2",
                                          "rollout.samples_per_prompt=2", "optim.micro_batch=4", "optim.lr=1e-4"])

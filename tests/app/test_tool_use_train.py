@@ -12,7 +12,7 @@ import pytest
 
 from stare.config import build_config
 from stare.app.launch.embedded import EmbeddedRun, prepare_run, run_training
-from stare.rollout.agent_loop import parse_tool_call
+from rollout.agent_loop import parse_tool_call
 
 pytestmark = pytest.mark.slow
 

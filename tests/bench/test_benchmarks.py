@@ -127,7 +127,7 @@ def test_gpu_benchmarks_run_their_code_on_the_cpu_at_a_tiny_size():
 
 def test_full_logprobs_reference_matches_the_learners_chunked_function():
     from stare.app.bench.bench_gpu import full_logprobs_entropy
-    from stare.learner.logprobs import chunked_logprobs_and_entropy
+    from learner.step.logprobs import chunked_logprobs_and_entropy
 
     g = torch.Generator().manual_seed(0)
     head = torch.nn.Linear(8, 40, bias=False)

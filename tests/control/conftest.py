@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from redis_fixtures import have_redis_server, redis_server
 from stare.config.algo import ControllerConfig
-from stare.learner.controller import EntropyController
+from learner.algorithm.entropy_controller import EntropyController
 
 from stare.runstate import MemoryRunState
 

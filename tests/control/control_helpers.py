@@ -18,7 +18,7 @@ def started(state, controller) -> RunSteering:
 
 def client(state, token: str | None = TOKEN, **settings):
     from fastapi.testclient import TestClient
-    from stare.services.control.app import create_app
+    from services.control.app import create_app
 
     settings.setdefault("trusted_hosts", ["testserver"])  # TestClient's Host
     return TestClient(create_app(state, ControlSection(**settings), state.run_id, token=token))

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 from control_helpers import AUTH, TOKEN, client, started
-from stare.services.control.auth import resolve_token
+from services.control.auth import resolve_token
 
 from stare.config import ConfigError, ControlSection
 from stare.runstate import MemoryRunState

@@ -7,8 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 from control_helpers import AUTH, TOKEN, started
-from stare.services.control.app import create_app
-from stare.services.control.server import BackgroundServer
+from services.control.app import create_app
+from services.control.server import BackgroundServer
 
 from stare.config import ControlSection
 from stare.runstate import MemoryRunState

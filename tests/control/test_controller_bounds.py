@@ -11,10 +11,10 @@ import httpx
 import pytest
 from control_helpers import AUTH, TOKEN, client, started
 from stare.config.algo import ControllerConfig
-from stare.learner.controller import EntropyController
-from stare.learner.trainer import nonfinite_step
-from stare.services.control.app import create_app
-from stare.services.control.server import BackgroundServer
+from learner.algorithm.entropy_controller import EntropyController
+from learner.step.trainer import nonfinite_step
+from services.control.app import create_app
+from services.control.server import BackgroundServer
 
 from stare.config import ConfigError, ControlSection, build_config
 from stare.runstate import MemoryRunState, RunSteering

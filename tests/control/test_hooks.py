@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from control_helpers import started
 from stare.config.algo import ControllerConfig
-from stare.learner.controller import EntropyController
+from learner.algorithm.entropy_controller import EntropyController
 
 from stare.runstate import MemoryRunState, RunSteering
 

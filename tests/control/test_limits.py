@@ -16,8 +16,8 @@ import psutil
 import pytest
 from control_helpers import TOKEN
 from redis_fixtures import free_port
-from stare.learner.deepspeed_engine import child_env
-from stare.services.control.server import BackgroundServer, bind
+from learner.engine.deepspeed_engine import child_env
+from services.control.server import BackgroundServer, bind
 
 MB = 1024 * 1024
 LIMIT = 65536
@@ -199,7 +199,7 @@ def test_accepted_sockets_get_tcp_nodelay():
 
 
 def _in_thread_server(state, **settings):
-    from stare.services.control.app import create_app
+    from services.control.app import create_app
 
     from stare.config import ControlSection
 
@@ -224,7 +224,7 @@ def test_connections_past_the_cap_get_503():
 def test_a_client_leaving_an_sse_stream_mid_backlog_is_logged_once(caplog):
     from control_helpers import started
     from stare.config.algo import ControllerConfig
-    from stare.learner.controller import EntropyController
+    from learner.algorithm.entropy_controller import EntropyController
     from stare.runstate import MemoryRunState
 
     state = MemoryRunState("run")

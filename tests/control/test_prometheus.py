@@ -13,9 +13,9 @@ from control_helpers import TOKEN, started
 from prometheus_client import REGISTRY
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
-from stare.services.control.app import create_app
-from stare.services.control.prometheus import LEGACY_NAMES, STEP_TIME_BUCKETS, SYNC_TIME_BUCKETS
-from stare.services.control.server import BackgroundServer
+from services.control.app import create_app
+from services.control.prometheus import LEGACY_NAMES, STEP_TIME_BUCKETS, SYNC_TIME_BUCKETS
+from services.control.server import BackgroundServer
 
 from stare.config import ControlSection
 from stare.runstate.base import Heartbeat

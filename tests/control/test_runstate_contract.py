@@ -135,7 +135,7 @@ def test_concurrent_changes_get_distinct_ids(make_state, controller):
 
 def test_w_and_m_not_given_are_clipped_into_bounds_as_reconfigure_does(make_state):
     from stare.config.algo import ControllerConfig
-    from stare.learner.controller import EntropyController
+    from learner.algorithm.entropy_controller import EntropyController
 
     controller = EntropyController(ControllerConfig(m_min=0.1, m=0.1))
     controller.m = 1 - 1 * (1 - 0.1)  # 0.09999999999999998: a schedule's float error below m_min

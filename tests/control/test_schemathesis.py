@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 from schemathesis.openapi.checks import RejectedPositiveData
 from stare.config.algo import ControllerConfig
-from stare.learner.controller import EntropyController
-from stare.services.control.app import create_app
+from learner.algorithm.entropy_controller import EntropyController
+from services.control.app import create_app
 
 from stare.config import ControlSection
 from stare.runstate import MemoryRunState

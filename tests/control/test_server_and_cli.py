@@ -11,11 +11,11 @@ import time
 
 import httpx
 import pytest
-from stare.learner.deepspeed_engine import child_env
+from learner.engine.deepspeed_engine import child_env
 from control_helpers import TOKEN, started
 from redis_fixtures import free_port
-from stare.services.control.app import create_app
-from stare.services.control.server import BackgroundServer
+from services.control.app import create_app
+from services.control.server import BackgroundServer
 
 from stare.app.cli import main
 from stare.config import ControlSection

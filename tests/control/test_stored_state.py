@@ -10,7 +10,7 @@ import pytest
 from control_helpers import AUTH, client, started
 from redis_fixtures import have_redis_server
 
-from stare.services.control.security import CSP
+from services.control.security import CSP
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not on PATH")]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from stare.learner.deepspeed_engine import child_env
+from learner.engine.deepspeed_engine import child_env
 from train_helpers import fast_override_list
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from stare.config import ControlSection
 from stare.runstate import Heartbeat, MemoryRunState
 from stare.runtime.process import claim_slot
-from stare.services.control.app import create_app
+from services.control.app import create_app
 
 
 def beat(state, name: str, *, age_s: float = 0.0, gone: bool = False, host: str = "h1", role: str = "rollout"):

@@ -1,11 +1,11 @@
 """`system.colocate` and `system.colocate_offload`: what they accept, the errors that name the field
-and the fix, and how `stare train` resolves auto (stare/app/launch/colocate.py)."""
+and the fix, and how `stare train` resolves auto (stare/app/colocation/one_gpu.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from stare.app.launch.colocate import colocated
+from stare.app.colocation.one_gpu import colocated
 from stare.config import ConfigError, build_config
 
 

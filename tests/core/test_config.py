@@ -128,8 +128,8 @@ def test_in_flight_weight_updates_need_staleness_and_the_streaming_loop(system, 
 
 
 def test_in_flight_weight_updates_turn_the_streaming_loop_on_for_the_hf_engine():
-    from stare.rollout.hf_engine import HFEngine
-    from stare.rollout.streaming import streaming_enabled
+    from rollout.engines.hf_engine import HFEngine
+    from rollout.streaming import streaming_enabled
 
     cfg = build_config({"system": {"inflight_weight_updates": True, "max_staleness": 1}})
     engine = HFEngine.__new__(HFEngine)  # the attributes the check reads; no model

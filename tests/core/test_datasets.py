@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stare.data.tasks.dataset import DatasetError, DatasetTask, load_problems, prepare_dapo_math, problem_from_row
-from stare.rollout.engine import Completion
+from rollout.engines.base import Completion
 from stare.data.tasks.registry import build_task
 
 REPO = Path(__file__).resolve().parents[2]
@@ -237,7 +237,7 @@ class AnswerEngine:
 
 
 def test_evaluation_reports_pass_and_avg_at_k_per_data_source(tmp_path):
-    from stare.rollout.evaluation import evaluate
+    from rollout.evaluation import evaluate
     from stare.models.tiny import build_tokenizer
 
     rows = [{"data_source": src, "prompt": q, "reward_model": {"ground_truth": a}}

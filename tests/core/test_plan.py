@@ -1,4 +1,4 @@
-"""`stare plan` (stare/plan/memory.py): the arithmetic against hand-derived numbers and DeepSpeed's own
+"""`stare plan` (stare/plan/gpu_memory.py): the arithmetic against hand-derived numbers and DeepSpeed's own
 estimators, the verdicts on the shipped GPU configs and the paper's 7B recipe, and the start-up check."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from stare.config import ConfigError, build_config, load_config
 from stare.plan.check import check_fits
-from stare.plan.memory import GIB, HEADROOM, build_plan
+from stare.plan.gpu_memory import GIB, HEADROOM, build_plan
 from stare.plan.sizes import load_model_shape, model_state_bytes
 
 REPO = Path(__file__).parents[2]

@@ -1,4 +1,4 @@
-"""`stare plan --gpus 1` (stare/plan/colocate.py): the learner and the engine of `stare train` on one
+"""`stare plan --gpus 1` (stare/plan/colocation.py): the learner and the engine of `stare train` on one
 GPU, the engine asleep while the learner steps; figures derived by hand for Qwen2.5-Math-1.5B."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from stare.config import ConfigError, load_config
-from stare.plan.colocate import SLEEP_RESIDUAL, build_one_gpu_plan
-from stare.plan.memory import GIB, HEADROOM
+from stare.plan.colocation import SLEEP_RESIDUAL, build_one_gpu_plan
+from stare.plan.gpu_memory import GIB, HEADROOM
 from stare.plan.sizes import load_model_shape
 
 REPO = Path(__file__).parents[2]
@@ -106,7 +106,7 @@ def test_cli_plan_gpus_1_prints_the_colocated_plan_and_its_verdict(capsys):
 
 
 def test_at_zero_0_the_offload_moves_only_the_adam_moments():
-    # ZeRO-0 offloads the torch optimizer's moments only (learner/deepspeed_engine.py): DeepSpeed's bf16
+    # ZeRO-0 offloads the torch optimizer's moments only (learner/engine/deepspeed_engine.py): DeepSpeed's bf16
     # wrapper keeps its fp32 master copy on the GPU. Full training, bf16: the states are
     # estimate_zero2 on one GPU, 4P + 16P = 20P; resident with the moments (2 x 4P fp32) offloaded: 12P
     sampling = _plan(80, "model.lora=null", "optim.zero_stage=0", "system.colocate_offload=optimizer").roles[1]
@@ -132,7 +132,7 @@ def test_a_learner_too_large_for_one_gpu_is_not_told_to_take_more_learner_gpus()
 
 
 def _node_plan(gpus: int, gpu_gib: float, *overrides: str):
-    from stare.plan.colocate import build_node_plan
+    from stare.plan.colocation import build_node_plan
 
     # the shipped one-GPU config hands its weights over through host memory; the node default is auto (device)
     cfg = load_config(ONE_GPU, overrides=["model.lora=null", "system.colocate=on", "system.weight_sync_publish_from=auto",

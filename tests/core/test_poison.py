@@ -10,9 +10,9 @@ import pytest
 from redis_fixtures import have_redis_server, redis_server
 
 from stare.transport.records import PromptTask
-from stare.rollout.prompt_guard import fit_prompt, prompt_limit
+from rollout.prompt_guard import fit_prompt, prompt_limit
 from stare.transport.guard import process_guarded
-from stare.transport.memory import MemoryStream
+from stare.transport.in_memory import MemoryStream
 from stare.transport.redis_transport import RedisTransport
 
 MAX = 3

@@ -5,9 +5,9 @@ import pytest
 from record_helpers import make_trajectory
 
 from stare.transport.records import SCHEMA_VERSION, PromptTask, RecordError, Trajectory
-from stare.reward.trajectory_worker import RewardWorker
+from reward.worker import RewardWorker
 from stare.data.tasks.registry import build_task
-from stare.transport.memory import MemoryStream
+from stare.transport.in_memory import MemoryStream
 
 
 def test_trajectory_round_trips_through_packed_fields():

@@ -277,8 +277,8 @@ def test_a_stream_whose_keys_vanished_recreates_its_group(client):
 
 
 def test_the_roles_run_unchanged_on_redis_streams(server):
-    from stare.learner.groups import GroupCollector
-    from stare.reward.trajectory_worker import RewardWorker
+    from learner.loop.group_collector import GroupCollector
+    from reward.worker import RewardWorker
     from stare.data.tasks.registry import build_task
 
     t = RedisTransport.connect(server.url, "roles", block_ms=100)

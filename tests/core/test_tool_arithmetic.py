@@ -7,7 +7,7 @@ import random
 import pytest
 
 from stare.sandbox import ProcessSandbox, SandboxConfig, best_isolation
-from stare.rollout.agent_loop import parse_tool_call, render_result
+from rollout.agent_loop import parse_tool_call, render_result
 from stare.data.tasks import build_task
 from stare.data.tasks.tool_arithmetic import RESPONSE_CLOSE, RESPONSE_OPEN, ToolArithmeticTask, simulate_product_program
 

@@ -70,8 +70,8 @@ def control_plane_status(path: str) -> int:
     from fastapi.testclient import TestClient
 
     from stare.config import ControlSection
-    from stare.runstate.memory import MemoryRunState
-    from stare.services.control.app import create_app
+    from stare.runstate.in_memory import MemoryRunState
+    from services.control.app import create_app
 
     app = create_app(MemoryRunState("probe"), ControlSection(trusted_hosts=["testserver"]), "probe", token="probe-token")
     return TestClient(app).get(path).status_code

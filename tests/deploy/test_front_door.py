@@ -18,7 +18,7 @@ import yaml
 
 from deploy_helpers import REPO
 from stare.config import ControlSection
-from stare.services.control.security import trusted_hosts
+from services.control.security import trusted_hosts
 from test_compose import config_of, load_compose, mounts, role_of, services_of
 
 PROFILES = ["gpu", "cpu"]

@@ -36,11 +36,11 @@ def exported() -> dict[str, set[str]]:
 
     from stare.config import ControlSection
     from stare.config.algo import ControllerConfig
-    from stare.learner.controller import EntropyController
+    from learner.algorithm.entropy_controller import EntropyController
     from stare.runstate import MemoryRunState, RunSteering
     from stare.runstate.base import Heartbeat
-    from stare.services.control.app import create_app
-    from stare.services.control.prometheus import STEP_GAUGES, STEP_PHASES
+    from services.control.app import create_app
+    from services.control.prometheus import STEP_GAUGES, STEP_PHASES
 
     state = MemoryRunState("run")
     controller = EntropyController(ControllerConfig(target=0.3))

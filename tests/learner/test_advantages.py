@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from stare.learner.advantages import broadcast_to_tokens, grpo_advantages
+from learner.algorithm.advantages import broadcast_to_tokens, grpo_advantages
 
 
 def test_group_normalised_with_unbiased_std():

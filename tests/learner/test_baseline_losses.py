@@ -9,15 +9,11 @@ from stare.config.algo import (
     HighEntropyLossConfig,
     KLCovLossConfig,
 )
-from stare.learner.policy_loss import (
-    LossInputs,
-    centered_covariance,
-    clip_cov_candidates,
-    high_entropy_mask,
-    policy_loss,
-)
-from stare.learner.selection import hash_uniform, in_topk
-from stare.learner.step_plan import plan_step
+from learner.algorithm.losses import LossInputs, policy_loss
+from learner.algorithm.losses.covariance import centered_covariance, clip_cov_candidates
+from learner.algorithm.losses.high_entropy import high_entropy_mask
+from learner.algorithm.selection import hash_uniform, in_topk
+from learner.algorithm.step_plan import plan_step
 
 D = torch.float64
 

@@ -1,4 +1,4 @@
-"""Which checkpoint a resume loads (stare.learner.checkpoints): `latest`'s when its files match its
+"""Which checkpoint a resume loads (learner.engine.checkpoints): `latest`'s when its files match its
 manifest, else the newest older whole one with a warning naming the damaged file, else an error
 naming it. Real files; the DeepSpeed checkpoints themselves: tests/app/test_checkpoint_damage.py."""
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from stare.learner.checkpoints import CheckpointError, choose_checkpoint, damage, write_manifest
+from learner.engine.checkpoints import CheckpointError, choose_checkpoint, damage, write_manifest
 
 
 def _tag(root, name, *, manifest=True, state=True):

@@ -1,4 +1,4 @@
-"""The node-colocated learner's pieces on rank 0 (learner/colocation.py), with stand-ins for the ranks:
+"""The node-colocated learner's pieces on rank 0 (learner/process/colocation.py), with stand-ins for the ranks:
 when the pump sends a SAMPLE op and what it asks for (each rank's share, whether the ZeRO-3 gather runs),
 the step guard, and weights that are gathered only when read. The whole mode against `stare train`:
 tests/system/test_modes_agree.py."""
@@ -9,7 +9,7 @@ import contextlib
 
 import pytest
 
-from stare.learner.colocation import SAMPLE, DeferredPublish, InProcessPublisher, SamplePump, TrainsAsleep
+from learner.process.colocation import SAMPLE, DeferredPublish, InProcessPublisher, SamplePump, TrainsAsleep
 
 
 class Prompts:
@@ -79,7 +79,7 @@ def test_below_zero3_no_op_asks_for_a_gather():
 
 
 def test_an_op_that_took_nothing_is_not_repeated_before_the_retry_time(monkeypatch):
-    import stare.learner.colocation as colocation
+    import learner.process.colocation as colocation
 
     now = [100.0]
     monkeypatch.setattr(colocation.time, "monotonic", lambda: now[0])

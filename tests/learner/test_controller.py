@@ -2,7 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from stare.config.algo import ControllerConfig
-from stare.learner.controller import EntropyController
+from learner.algorithm.entropy_controller import EntropyController
 
 
 def test_threshold_gate_is_entropy_below_target():

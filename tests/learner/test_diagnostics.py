@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from stare.learner.diagnostics import predicted_entropy_change, quadrant_metrics, quadrant_sums
+from learner.algorithm.quadrants import predicted_entropy_change, quadrant_metrics, quadrant_sums
 
 D = torch.float64
 

@@ -6,7 +6,7 @@ import torch
 from rank_helpers import spawn_ranks
 from algo_helpers import dp_worker, inputs, loss_and_grad, random_step
 from stare.config.algo import ClipCovLossConfig, StareLossConfig
-from stare.learner.policy_loss import policy_loss
+from learner.algorithm.losses import policy_loss
 
 
 def _run_dp(cfg, step, tmp_path, world=2):

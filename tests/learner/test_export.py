@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from stare.config import build_config
-from stare.learner.export import ExportError, checkpoint_tag, export_checkpoint
+from learner.engine.export import ExportError, checkpoint_tag, export_checkpoint
 from train_helpers import step_trajectories as _trajectories
 
 
@@ -15,7 +15,7 @@ def trained(tiny_model_dir, tmp_path, request):
     """A learner after one real step (lr 1e-2) and its checkpoint under tmp_path/checkpoints."""
     from transformers import AutoTokenizer
 
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     cfg = build_config({}, overrides=[
         f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path}", "rollout.prompts_per_step=2",
@@ -79,7 +79,7 @@ def test_the_rollout_state_is_a_copy_that_a_later_step_does_not_change():
     on, and the next step (or a background publish still sending) must not see one in the other."""
     import torch
 
-    from stare.learner.deepspeed_engine import _host_copy
+    from learner.engine.deepspeed_engine import _host_copy
 
     param = torch.nn.Parameter(torch.ones(3))
     copy = _host_copy(param)

@@ -4,8 +4,8 @@ log-probs. Marked `vllm`: scripts/test.sh runs these in .venv-vllm; they skip wi
 import pytest
 import torch
 
-from stare.rollout.engine import SamplingParams
-from stare.rollout.registry import build_engine
+from rollout.engines.base import SamplingParams
+from rollout.engines.registry import build_engine
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
@@ -37,8 +37,8 @@ def test_vllm_generates_from_the_exported_tiny_model(tiny_model_dir, tmp_path):
     from transformers import AutoTokenizer
 
     from stare.config import build_config
-    from stare.learner.export import export_checkpoint
-    from stare.learner.trainer import Learner
+    from learner.engine.export import export_checkpoint
+    from learner.step.trainer import Learner
 
     cfg = build_config({}, overrides=[f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path}",
                                       "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",

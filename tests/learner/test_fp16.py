@@ -27,7 +27,7 @@ def fp16_capable(monkeypatch):
 
 
 def _learner(model_dir, dtype):
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     return Learner(build_config({}, overrides=COMMON + [f"model.dtype={dtype}"]), model_dir, pad_id=0)
 

@@ -3,8 +3,8 @@ import pytest
 from redis_fixtures import have_redis_server, redis_server
 from record_helpers import make_trajectory
 
-from stare.learner.groups import GroupCollector, MemoryDecisionLog
-from stare.transport.memory import MemoryStream
+from learner.loop.group_collector import GroupCollector, MemoryDecisionLog
+from stare.transport.in_memory import MemoryStream
 
 
 def _group(gid, rewards, version=0, prefix="t"):
@@ -217,7 +217,7 @@ def _memory_log():
 def _redis_log(tmp_path):
     import redis
 
-    from stare.learner.role import RedisDecisionLog
+    from learner.process.role import RedisDecisionLog
 
     with redis_server(tmp_path / "redis") as server:
         yield RedisDecisionLog(redis.Redis.from_url(server.url, socket_timeout=10), "run")
@@ -293,7 +293,7 @@ def test_take_in_publish_order_then_drop_ready_counts_the_surplus():
 
 
 def test_round_size_over_samples_the_missing_groups_and_a_later_round_by_the_steps_yield():
-    from stare.learner.groups import round_size
+    from learner.loop.group_collector import round_size
 
     assert round_size(64, 1.0) == 64 and round_size(5, 1.0, trainable=59, filtered=20) == 5  # 1.0: the missing
     assert round_size(64, 1.5) == 96  # a first round: ceil(64 x 1.5)

@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from learner_helpers import VOCAB, trajectories
-from stare.learner.batch import collate
+from learner.step.batch import collate
 from stare.config.algo import StareLossConfig
-from stare.learner.micro_batches import build_micro_batch, filler_micro_batch, plan_rows
-from stare.learner.passes import Policy, prepass, train_pass
-from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
+from learner.step.micro_batches import build_micro_batch, filler_micro_batch, plan_rows
+from learner.step.forward_passes import Policy, prepass, train_pass
+from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
 
 META = torch.device("meta")
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 from redis_fixtures import have_redis_server, redis_server
 
-from stare.learner.deepspeed_engine import child_env
+from learner.engine.deepspeed_engine import child_env
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="needs redis-server on PATH")]
 
@@ -31,7 +31,7 @@ cfg = build_config({"run": {"name": "tool"}, "model": {"path": sys.argv[1]},
 setup = load_run_setup(cfg, lambda m: None)
 evaluator = learner_evaluator(cfg, setup, connect_transport(cfg, sys.argv[2]), lambda **info: None)
 print(json.dumps({"remote": evaluator.remote, "problems": len(evaluator.problems), "sandboxes": len(built),
-                  "imported": sorted(m for m in sys.modules if m.startswith("stare.rollout"))}))
+                  "imported": sorted(m for m in sys.modules if m.startswith("rollout"))}))
 """
 
 

@@ -7,7 +7,7 @@ import torch
 from learner_helpers import learner_rank_worker, save_random_qwen2, trajectories
 from rank_helpers import spawn_ranks
 from stare.config import build_config
-from stare.learner import deepspeed_engine as ds
+from learner.engine import deepspeed_engine as ds
 
 COMMON = ["rollout.prompts_per_step=3", "rollout.samples_per_prompt=4", "optim.micro_batch=12", "optim.lr=1e-3",
           "optim.grad_clip=1000", "diagnostics.predicted_entropy_change=true", "controller.target=10"]
@@ -21,7 +21,7 @@ def model_dir(tmp_path_factory):
 
 
 def _one_step(model_dir, extra):
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     learner = Learner(build_config({}, overrides=COMMON + extra), model_dir, pad_id=0)
     metrics = learner.train_step(trajectories(0))
@@ -70,7 +70,7 @@ def test_two_learner_ranks_give_the_one_rank_step(model_dir, tmp_path):
     # counts and response widths, so fillers, the common width and global uids all take part.
     extra = ["optim.max_tokens_per_micro_batch=24", "loss.name=clip-cov", "loss.clip_ratio=0.2", "loss.cov_lb=-10",
              "loss.cov_ub=10"]
-    from stare.learner.micro_batches import plan_rows
+    from learner.step.micro_batches import plan_rows
 
     trajs = trajectories(0)
     counts = [len(plan_rows([len(t.prompt_token_ids) for t in share], [len(t.response_token_ids) for t in share],

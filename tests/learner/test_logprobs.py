@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from learner_helpers import random_qwen2, trajectories
-from stare.learner.batch import collate, token_logprobs_and_entropy
-from stare.learner.diagnostics import predicted_entropy_change
-from stare.learner.logprobs import ChunkedHead, chunked_logprobs_and_entropy
-from stare.learner.micro_batches import build_micro_batch
-from stare.learner.passes import Policy, hidden_state_fn, response_stats
+from learner.step.batch import collate, token_logprobs_and_entropy
+from learner.algorithm.quadrants import predicted_entropy_change
+from learner.step.logprobs import ChunkedHead, chunked_logprobs_and_entropy
+from learner.step.micro_batches import build_micro_batch
+from learner.step.forward_passes import Policy, hidden_state_fn, response_stats
 
 
 def _full(lm_head, hidden, targets):  # the unchunked reference: [N, V] log-softmax at once

@@ -13,7 +13,7 @@ pytest.importorskip("peft")
 
 from learner_helpers import save_random_qwen2, trajectories  # noqa: E402
 from stare.config import ConfigError, build_config  # noqa: E402
-from stare.learner.lora import merged_state_dict  # noqa: E402
+from learner.engine.lora import merged_state_dict  # noqa: E402
 
 LORA = ["model.lora.r=4", "model.lora.alpha=8"]
 COMMON = ["rollout.prompts_per_step=3", "rollout.samples_per_prompt=4", "optim.micro_batch=12", "optim.lr=1e-2",
@@ -28,7 +28,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(model_dir):
     """A LoRA learner after two steps (lora_B starts at 0, so lora_A first moves in step 2)."""
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     learner = Learner(build_config({}, overrides=COMMON), model_dir, pad_id=0)
     before = {k: v.detach().clone() for k, v in learner.engine.module.named_parameters()}
@@ -73,8 +73,8 @@ def test_merged_weights_are_base_plus_scaled_adapter_and_give_the_peft_forward(t
 
 
 def test_after_a_sync_the_hf_engine_samples_from_the_merged_policy(trained, model_dir):
-    from stare.rollout.engine import SamplingParams
-    from stare.rollout.hf_engine import HFEngine
+    from rollout.engines.base import SamplingParams
+    from rollout.engines.hf_engine import HFEngine
 
     learner, _ = trained
     engine = HFEngine(str(model_dir))
@@ -100,7 +100,7 @@ def test_after_a_sync_the_hf_engine_samples_from_the_merged_policy(trained, mode
 
 
 def test_checkpoints_hold_the_adapters_and_restore_the_merged_weights(trained, model_dir, tmp_path):
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     learner, _ = trained
     tag = learner.save(tmp_path, {})

@@ -6,8 +6,8 @@ process cannot take the process group over); it skips without vllm or peft."""
 import pytest
 import torch
 
-from stare.rollout.engine import SamplingParams
-from stare.rollout.registry import build_engine
+from rollout.engines.base import SamplingParams
+from rollout.engines.registry import build_engine
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
@@ -22,7 +22,7 @@ def test_after_a_sync_vllm_samples_from_the_merged_lora_policy(tiny_model_dir, t
     from transformers import AutoTokenizer
 
     from stare.config import build_config
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     cfg = build_config({}, overrides=[f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path}",

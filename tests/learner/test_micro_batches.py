@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from learner_helpers import random_qwen2, trajectories
-from stare.learner.batch import collate
+from learner.step.batch import collate
 from stare.config.algo import GrpoLossConfig, StareLossConfig
-from stare.learner.micro_batches import build_micro_batch, plan_rows
-from stare.learner.passes import Policy, hidden_state_fn, prepass, train_pass
-from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
+from learner.step.micro_batches import build_micro_batch, plan_rows
+from learner.step.forward_passes import Policy, hidden_state_fn, prepass, train_pass
+from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
 
 PROMPTS = [3, 1, 5, 2, 4, 1, 2, 6]
 RESPONSES = [10, 2, 30, 1, 7, 7, 3, 12]

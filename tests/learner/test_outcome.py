@@ -1,7 +1,7 @@
-"""How a session that trained nothing ends (learner/outcome.py): the rule that refused the input,
+"""How a session that trained nothing ends (learner/loop/run_outcome.py): the rule that refused the input,
 the measured fraction of equal-reward groups."""
 
-from stare.learner.outcome import MAX_EMPTY_STEPS, EmptySteps, RunOutcome, rule_of
+from learner.loop.run_outcome import MAX_EMPTY_STEPS, EmptySteps, RunOutcome, rule_of
 
 REASON = ("prompt has 40 tokens, over the limit of 3 (data.max_prompt_len, ...); data.prompt_overflow=reject parks "
           "it here (admit it with data.prompt_overflow=truncate_left, or raise that limit)")

@@ -18,19 +18,19 @@ import pytest
 from stare.app.sim.standins import SimTask, SimTokenizer
 from stare.config import build_config
 from stare.data.feeder import PromptFeeder
-from stare.learner.groups import GroupCollector, MemoryDecisionLog
-from stare.learner.session import MemoryCursor, SessionSeams, TrainingSession
+from learner.loop.group_collector import GroupCollector, MemoryDecisionLog
+from learner.loop.session import MemoryCursor, SessionSeams, TrainingSession
 from stare.runstate import MemoryRunState, RunSteering
-from stare.transport.memory import MemoryTransport
+from stare.transport.in_memory import MemoryTransport
 from stare.transport.records import Trajectory
-from stare.weight_sync.memory import MemoryWeightBoard
+from stare.weight_sync.in_memory import MemoryWeightBoard
 
 FILTERED = {2, 5}  # ordinals whose two samples get equal rewards (dynamic sampling drops them)
 
 
 class FakeLearner:
     def __init__(self, cfg):
-        from stare.learner.controller import EntropyController
+        from learner.algorithm.entropy_controller import EntropyController
 
         self.controller = EntropyController(cfg.controller, max_entropy=10.0)
         self.step = self.version = 0

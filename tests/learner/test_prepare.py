@@ -1,4 +1,4 @@
-"""The pre-pass ahead of a step (`Learner.prepare`, learner/trainer.py): a step whose rows were
+"""The pre-pass ahead of a step (`Learner.prepare`, learner/step/trainer.py): a step whose rows were
 prepared at its weights gives what the same step computing its whole pre-pass gives (metrics and
 updated weights; the micro-batch cut of the prepared values differs, so within fp32 rounding), and
 values prepared at older weights are never used. Real DeepSpeed on CPU, fp32, ZeRO-0 unless said."""
@@ -23,7 +23,7 @@ def model_dir(tmp_path_factory):
 
 
 def _learner(model_dir, extra=()):
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     return Learner(build_config({}, overrides=COMMON + list(extra)), model_dir, pad_id=0)
 
@@ -104,7 +104,7 @@ def test_two_ranks_prepared_elsewhere_give_the_one_rank_unprepared_step(model_di
     # prepared, one of them on rank 0: the TRAIN op carries them), so rank 1 runs only filler
     # pre-pass forwards, as many as rank 0's, with as many head calls.
     extra = ["optim.zero_stage=3", "optim.logits_chunk_tokens=4", "optim.max_tokens_per_micro_batch=24"]
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     one = Learner(build_config({}, overrides=COMMON + extra), model_dir, pad_id=0)
     want = one.train_step(trajectories(0))

@@ -51,7 +51,7 @@ def test_auto_publishes_from_the_device_only_where_nccl_may_send(setting, weight
 
 @pytest.fixture(scope="module")
 def learners(tmp_path_factory):
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     model_dir = save_random_qwen2(tmp_path_factory.mktemp("model") / "m")
     out = {}

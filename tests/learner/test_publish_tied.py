@@ -31,7 +31,7 @@ def test_the_tiny_model_ties_its_embeddings(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def learners(tiny_model_dir):
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     return {where: Learner(build_config({}, overrides=OVERRIDES + [f"system.weight_sync_publish_from={where}"]),
                            tiny_model_dir, pad_id=0) for where in ("device", "host")}
@@ -114,7 +114,7 @@ def test_lora_merged_weights_keep_the_tie(tiny_model_dir):
     embedding once under both names, so its broadcast sends it once too."""
     from transformers import AutoModelForCausalLM
 
-    from stare.learner.lora import merged_state_dict, wrap
+    from learner.engine.lora import merged_state_dict, wrap
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     embed = base.state_dict()[TIED[1]].clone()

@@ -1,4 +1,4 @@
-"""Several learner ranks driven from rank 0 (stare.learner.ranks): the shares of a step, and a real
+"""Several learner ranks driven from rank 0 (learner.process.ranks): the shares of a step, and a real
 2-rank DeepSpeed learner (gloo) whose steps, published weights and checkpoint equal one rank's."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 from learner_helpers import leader_follower_worker, save_random_qwen2, trajectories
 from rank_helpers import spawn_ranks
 from stare.config import build_config
-from stare.learner.ranks import split_groups
+from learner.process.ranks import split_groups
 
 COMMON = ["rollout.prompts_per_step=3", "rollout.samples_per_prompt=4", "optim.micro_batch=12", "optim.lr=1e-3",
           "optim.grad_clip=1000", "controller.target=10", "optim.logits_chunk_tokens=4",
@@ -36,7 +36,7 @@ def model_dir(tmp_path_factory):
 
 
 def _one_rank(model_dir, extra, steps):
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     learner = Learner(build_config({}, overrides=COMMON + extra), model_dir, pad_id=0)
     metrics = [learner.train_step(trajectories(i)[: groups * 4]) for i, groups in enumerate(steps)]

@@ -1,4 +1,4 @@
-"""stare.learner against the reference implementation (hp-luo/STARE, verl/trainer/ppo/core_algos.py:
+"""learner against the reference implementation (hp-luo/STARE, verl/trainer/ppo/core_algos.py:
 STAREController, compute_stare_token_weights, compute_policy_loss_stare with verl's agg_loss), on random
 single-micro-batch inputs: token weights, loss and gradients, and the controller's gate/W/M sequences.
 
@@ -19,7 +19,7 @@ import torch
 
 from algo_helpers import loss_and_grad, random_step
 from stare.config.algo import ControllerConfig, StareLossConfig
-from stare.learner.controller import EntropyController
+from learner.algorithm.entropy_controller import EntropyController
 
 D = torch.float64
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]

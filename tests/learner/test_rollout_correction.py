@@ -12,7 +12,7 @@ import torch
 from learner_helpers import save_random_qwen2, trajectories
 from stare.config.algo import GrpoLossConfig, RolloutCorrectionConfig
 from stare.config import ConfigError, build_config
-from stare.learner.rollout_correction import METRIC_SUMS, correction_metrics, rollout_correction
+from learner.algorithm.rollout_correction import METRIC_SUMS, correction_metrics, rollout_correction
 
 D = torch.float64
 # rho = pi_learner / pi_rollout per token; row 1's last token is not a loss token (its rho 4 is ignored)
@@ -128,7 +128,7 @@ def _learner_logprobs(model_dir, trajs):
 
 
 def test_the_learner_step_masks_and_reports_the_mismatch(model_dir):
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     trajs = trajectories(0, groups=3)
     # the rollout log-prob of token j of trajectory i: the learner's minus offset 0.3 on every third

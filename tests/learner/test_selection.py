@@ -3,8 +3,8 @@ import torch
 
 from algo_helpers import random_step, step_tokens
 from stare.config.algo import StareLossConfig
-from stare.learner.selection import hash_uniform, in_topk, topk_count, topk_threshold
-from stare.learner.step_plan import plan_step
+from learner.algorithm.selection import hash_uniform, in_topk, topk_count, topk_threshold
+from learner.algorithm.step_plan import plan_step
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,9 @@ import torch
 
 from algo_helpers import context, loss_and_grad, random_step, step_tokens, uids_for
 from stare.config.algo import GrpoLossConfig, StareLossConfig
-from stare.learner.policy_loss import LossInputs, policy_loss
-from stare.learner.rollout_correction import rollout_correction
-from stare.learner.step_plan import plan_step
+from learner.algorithm.losses import LossInputs, policy_loss
+from learner.algorithm.rollout_correction import rollout_correction
+from learner.algorithm.step_plan import plan_step
 
 D = torch.float64
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]

@@ -14,15 +14,15 @@ import torch
 from redis_fixtures import have_redis_server, redis_server
 
 from stare.config import build_config
-from stare.learner.stream_eval import StreamEvaluator
-from stare.reward.trajectory_worker import RewardWorker
-from stare.rollout.eval_sampler import EvalSampler
-from stare.rollout.stack import StackEvaluator, build_rollout_stack
-from stare.rollout.worker import RolloutWorker
-from stare.runtime.process import connect_eval_streams
-from stare.transport.eval_streams import RedisEvalIndex
+from learner.loop.stream_evaluator import StreamEvaluator
+from reward.worker import RewardWorker
+from rollout.evaluation import EvalSampler
+from rollout.stack import StackEvaluator, build_rollout_stack
+from rollout.worker import RolloutWorker
+from stare.evaluation.streams import connect_eval_streams
+from stare.evaluation.streams import RedisEvalIndex
 from stare.transport.redis_client import connect_client
-from stare.weight_sync.memory import MemoryWeightBoard
+from stare.weight_sync.in_memory import MemoryWeightBoard
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="needs redis-server on PATH")]
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from stare.learner.surrogate import Normalizer, aggregate, clipped_surrogate, local_counts
+from learner.algorithm.surrogate import Normalizer, aggregate, clipped_surrogate, local_counts
 
 D = torch.float64
 

@@ -10,11 +10,11 @@ import torch
 
 from learner_helpers import save_random_qwen2, trajectories
 from stare.config import ConfigError, build_config
-from stare.learner import deepspeed_engine as ds
-from stare.learner.collectives import all_reduce_sum, gather_step_tokens
-from stare.learner.passes import prepass, train_pass
-from stare.learner.step_plan import StepTokens, mean_entropy, plan_step
-from stare.learner.updates import mini_batch_rows
+from learner.engine import deepspeed_engine as ds
+from learner.engine.collectives import all_reduce_sum, gather_step_tokens
+from learner.step.forward_passes import prepass, train_pass
+from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
+from learner.step.ppo_updates import mini_batch_rows
 
 COMMON = ["rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "optim.micro_batch=5", "optim.lr=1e-3",
           "optim.grad_clip=1000", "controller.target=10", "optim.zero_stage=0", "optim.logits_chunk_tokens=7"]
@@ -26,7 +26,7 @@ def model_dir(tmp_path_factory):
 
 
 def _learner(model_dir, extra):
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     learner = Learner(build_config({}, overrides=COMMON + extra), model_dir, pad_id=0)
     grads = []

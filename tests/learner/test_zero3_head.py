@@ -1,4 +1,4 @@
-"""The output head under ZeRO-3 (stare.learner.logprobs.ChunkedHead): gathered once per micro-batch
+"""The output head under ZeRO-3 (learner.step.logprobs.ChunkedHead): gathered once per micro-batch
 (not once per chunk), the decoder called without it, the same module calls every forward, and the
 same losses, gradients and weights as ZeRO-1 (one rank, gloo, CPU)."""
 
@@ -20,7 +20,7 @@ def model_dir(tmp_path_factory):
 
 
 def _learner(model_dir, stage: int):
-    from stare.learner.trainer import Learner
+    from learner.step.trainer import Learner
 
     return Learner(build_config({}, overrides=OVERRIDES + [f"optim.zero_stage={stage}"]), model_dir, pad_id=0)
 
@@ -59,7 +59,7 @@ def test_zero3_steps_equal_zero1_steps_losses_gradients_and_weights(model_dir):
 
 @pytest.mark.slow
 def test_zero3_gathers_the_head_once_per_micro_batch_and_every_forward_calls_the_same_modules(model_dir, monkeypatch):
-    from stare.learner import deepspeed_engine as ds
+    from learner.engine import deepspeed_engine as ds
 
     real_config = ds.deepspeed_config
 

@@ -3,7 +3,7 @@
 
 import pytest
 
-from stare.reward.code import (AssertTest, CodeConfig, CodeTests, IOTest, check_code, code_reward,
+from reward.verifiers.code import (AssertTest, CodeConfig, CodeTests, IOTest, check_code, code_reward,
                                extract_code, run_tests)
 from stare.sandbox import (InMemorySandbox, ProcessSandbox, SandboxConfig, SandboxResult,
                                   probe)

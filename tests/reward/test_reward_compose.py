@@ -5,9 +5,9 @@ import time
 import pytest
 from pydantic import ValidationError
 
-import stare.reward.compose as compose
-from stare.reward.code import AssertTest, CodeTests
-from stare.reward.compose import RewardConfig, RewardInput, compute_reward
+import reward.verifiers.compose as compose
+from reward.verifiers.code import AssertTest, CodeTests
+from reward.verifiers.compose import RewardConfig, RewardInput, compute_reward
 from stare.sandbox import InMemorySandbox, SandboxResult
 
 MATH_AND_FORMAT = RewardConfig(components=(
@@ -44,7 +44,7 @@ def test_crashing_verifier_gives_zero_with_the_reason(monkeypatch):
     def crash(*_):
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setitem(compose.SCORERS, "format", crash)
+    monkeypatch.setitem(compose.VERIFIERS, "format", crash)
     result = compute_reward(RewardInput(response=RIGHT, answer="0.5", response_tokens=1),
                             MATH_AND_FORMAT)
     assert (result.reward, result.error) == (0.0, "format: ZeroDivisionError: boom")
@@ -55,7 +55,7 @@ def test_hanging_verifier_gives_zero_after_the_timeout(monkeypatch):
         while True:
             pass
 
-    monkeypatch.setitem(compose.SCORERS, "math", hang)
+    monkeypatch.setitem(compose.VERIFIERS, "math", hang)
     config = MATH_AND_FORMAT.model_copy(update={"timeout_s": 0.2})
     start = time.monotonic()
     result = compute_reward(RewardInput(response=RIGHT, answer="0.5", response_tokens=1), config)

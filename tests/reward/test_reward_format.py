@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from stare.reward.format import FormatConfig, format_reward
+from reward.verifiers.format import FormatConfig, format_reward
 
 GOOD = "<think>reasoning</think>\n<answer>42</answer>"
 

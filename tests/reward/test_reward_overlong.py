@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from stare.reward.overlong import OverlongConfig, overlong_penalty
+from reward.verifiers.overlong import OverlongConfig, overlong_penalty
 
 # L_max = 100, L_cache = 20: no penalty up to 80, linear to -1 at 100, -1 beyond.
 CONFIG = OverlongConfig(max_length=100, cache_length=20)

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from stare.reward.compose import RewardResult
-from stare.reward.worker_pool import ScoringPool, ScoringPoolConfig
+from reward.verifiers.compose import RewardResult
+from reward.scoring_pool import ScoringPool, ScoringPoolConfig
 
 
 def double(x: float) -> float:

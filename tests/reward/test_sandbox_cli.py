@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from stare.sandbox import probe
-from stare.reward.sandbox_cli import excerpt, main
+from reward.sandbox_cli import excerpt, main
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_invalid_limit_is_a_usage_error_naming_it(tmp_path, capsys):
 def test_module_entry_point_prints_the_verdict(tmp_path, isolation):
     program = tmp_path / "p.py"
     program.write_text("import sys\nsys.exit(4)")
-    proc = subprocess.run([sys.executable, "-m", "stare.reward.sandbox_cli", "run", str(program),
+    proc = subprocess.run([sys.executable, "-m", "reward.sandbox_cli", "run", str(program),
                            "--isolation", isolation], capture_output=True, text=True, timeout=60)
     verdict = json.loads(proc.stdout)
     assert (proc.returncode, verdict["status"], verdict["exit_code"]) == (1, "error", 4)

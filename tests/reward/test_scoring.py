@@ -9,8 +9,8 @@ import pytest
 
 from stare.config import build_config
 from stare.transport.records import Trajectory
-from stare.reward.role import PoolScorer
-from stare.reward.trajectory_worker import score_trajectory
+from reward.role import PoolScorer
+from reward.worker import score_trajectory
 from stare.data.tasks.registry import build_task
 
 REWARD = {"components": [

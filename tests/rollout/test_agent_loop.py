@@ -12,8 +12,8 @@ import json
 import pytest
 
 from stare.sandbox import InMemorySandbox, SandboxResult
-from stare.rollout.agent_loop import AgentCompletion, ToolAgent, parse_tool_call, render_result
-from stare.rollout.engine import Completion, SamplingParams
+from rollout.agent_loop import AgentCompletion, ToolAgent, parse_tool_call, render_result
+from rollout.engines.base import Completion, SamplingParams
 from stare.models.tiny import build_tokenizer
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -296,7 +296,7 @@ def test_real_tiny_model_with_the_process_sandbox(tmp_path):
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     from stare.sandbox import ProcessSandbox, SandboxConfig, best_isolation
-    from stare.rollout.hf_engine import HFEngine
+    from rollout.engines.hf_engine import HFEngine
     from stare.data.tasks.tool_arithmetic import ALPHABET, ToolArithmeticTask
 
     task = ToolArithmeticTask()

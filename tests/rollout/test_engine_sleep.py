@@ -1,14 +1,14 @@
 """The transformers engine's sleep and wake (SleepingEngine): asleep it holds no weight storage on its
 device and refuses to sample or load weights; awake again it has its weights bit for bit and samples
-what it sampled before. (vLLM's sleep mode is CUDA-only: rollout/vllm_engine.py, not run here.)"""
+what it sampled before. (vLLM's sleep mode is CUDA-only: rollout/engines/vllm_engine.py, not run here.)"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from stare.rollout.engine import SamplingParams, SleepingEngine
-from stare.rollout.hf_engine import HFEngine
+from rollout.engines.base import SamplingParams, SleepingEngine
+from rollout.engines.hf_engine import HFEngine
 
 PARAMS = SamplingParams(n=2, max_new_tokens=8, seed=7)
 PROMPTS = [[5, 6, 7], [8, 9]]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from stare.runtime.net import free_port
-from stare.rollout.engine import SamplingParams
+from rollout.engines.base import SamplingParams
 from stare.weight_sync.broadcast import BroadcastPublisher, BroadcastSubscriber
 
 from test_rollout_engines import (  # noqa: F401 (fixtures; pytest puts this folder on sys.path)

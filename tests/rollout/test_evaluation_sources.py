@@ -3,8 +3,8 @@
 import pytest
 
 from stare.config import build_config
-from stare.rollout.evaluation import SourceSampling, eval_settings, evaluate
-from stare.rollout.engine import Completion
+from rollout.evaluation import SourceSampling, eval_settings, evaluate
+from rollout.engines.base import Completion
 from stare.data.tasks.base import Problem
 from stare.models.tiny import build_tokenizer
 

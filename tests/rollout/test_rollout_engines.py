@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stare.rollout.engine import Completion, RolloutEngine, SamplingParams, StreamingEngine, read_eos_token_ids
-from stare.rollout.registry import HFEngineConfig, build_engine
+from rollout.engines.base import Completion, RolloutEngine, SamplingParams, StreamingEngine, read_eos_token_ids
+from rollout.engines.registry import HFEngineConfig, build_engine
 
 VOCAB = 64
 PAD, EOS, UNK = 0, 1, 2
@@ -406,9 +406,9 @@ VLLM_SECTION = {"name": "vllm", "tensor_parallel_size": 1, "max_num_seqs": 7, "m
 
 def test_the_vllm_section_becomes_the_engine_arguments_without_importing_vllm(model_dir):
     from stare.config import build_config
-    from stare.rollout.registry import VLLMEngineConfig
-    from stare.rollout.stack import engine_config
-    from stare.rollout.vllm_args import engine_args
+    from rollout.engines.registry import VLLMEngineConfig
+    from rollout.stack import engine_config
+    from rollout.engines.vllm_args import engine_args
 
     cfg = build_config({"model": {"path": str(model_dir)}, "rollout": {"engine": VLLM_SECTION}})
     config = VLLMEngineConfig.model_validate(engine_config(cfg, model_dir))
@@ -421,14 +421,14 @@ def test_the_vllm_section_becomes_the_engine_arguments_without_importing_vllm(mo
                                                   (True, True, True), (False, False, False)])
 def test_enforce_eager_auto_means_cuda_graphs_where_cuda_is_present_and_explicit_values_stay(value, cuda, expected):
     from stare.config import VllmEngineSection
-    from stare.rollout.vllm_args import engine_args
+    from rollout.engines.vllm_args import engine_args
 
     assert engine_args(VllmEngineSection(enforce_eager=value), cuda_available=cuda)["enforce_eager"] is expected
 
 
 def test_enforce_eager_defaults_to_eager_on_this_cpu_machine():
     from stare.config import VllmEngineSection
-    from stare.rollout.vllm_args import engine_args
+    from rollout.engines.vllm_args import engine_args
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine: the CPU resolution is checked where there is none")
@@ -441,7 +441,7 @@ def test_enforce_eager_defaults_to_eager_on_this_cpu_machine():
                                     "paper/tool-use-qwen2.5-7b-instruct-stare.yaml", "gpu-node.yaml"])
 def test_the_gpu_configs_decode_with_cuda_graphs_where_cuda_is_present(config):
     from stare.config import load_config
-    from stare.rollout.vllm_args import engine_args
+    from rollout.engines.vllm_args import engine_args
 
     cfg = load_config(Path(__file__).parents[2] / "configs" / config)
     assert cfg.rollout.engine.name == "vllm"
@@ -454,10 +454,10 @@ def test_the_streaming_worker_publishes_what_the_batch_worker_publishes(kind, mo
     from transformers import AutoTokenizer
 
     from stare.transport.records import PromptTask
-    from stare.rollout.streaming import StreamingLoop
-    from stare.rollout.worker import RolloutWorker
-    from stare.transport.memory import MemoryTransport
-    from stare.weight_sync.memory import MemoryWeightBoard
+    from rollout.streaming import StreamingLoop
+    from rollout.worker import RolloutWorker
+    from stare.transport.in_memory import MemoryTransport
+    from stare.weight_sync.in_memory import MemoryWeightBoard
 
     engine, tokenizer = _make_engine(kind, model_dir), AutoTokenizer.from_pretrained(model_dir)
     tasks = [PromptTask(run_id="r", group_id=f"g{i}", prompt="", prompt_token_ids=p, answer="", problem_id=str(i),
@@ -486,7 +486,7 @@ def test_the_streaming_worker_publishes_what_the_batch_worker_publishes(kind, mo
 def test_a_vllm_engine_is_built_with_the_sections_arguments(model_dir):
     pytest.importorskip("vllm")
     from stare.config import build_config
-    from stare.rollout.stack import engine_config
+    from rollout.stack import engine_config
 
     cfg = build_config({"model": {"path": str(model_dir)}, "rollout": {"engine": VLLM_SECTION}})
     engine = build_engine(engine_config(cfg, model_dir))

@@ -19,12 +19,12 @@ import torch
 from redis_fixtures import have_redis_server, redis_server
 
 from stare.transport.records import EvalTask, PromptTask, Trajectory
-from stare.rollout.engine import Completion, SamplingParams, StreamingEngine, derive_seed, prompt_seed
-from stare.rollout.eval_sampler import EvalSampler
-from stare.rollout.streaming import StreamingLoop, streaming_enabled
-from stare.rollout.worker import RolloutWorker
-from stare.transport.memory import MemoryStream, MemoryTransport
-from stare.weight_sync.memory import MemoryWeightBoard
+from rollout.engines.base import Completion, SamplingParams, StreamingEngine, derive_seed, prompt_seed
+from rollout.evaluation import EvalSampler
+from rollout.streaming import StreamingLoop, streaming_enabled
+from rollout.worker import RolloutWorker
+from stare.transport.in_memory import MemoryStream, MemoryTransport
+from stare.weight_sync.in_memory import MemoryWeightBoard
 
 MAX_NEW = 10
 
@@ -50,7 +50,7 @@ def _published(stream) -> dict[str, Trajectory]:
 def hf_stack(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from stare.rollout.hf_engine import HFEngine
+    from rollout.engines.hf_engine import HFEngine
 
     torch.set_num_threads(1)
     return HFEngine(str(tiny_model_dir), max_batch_size=12), AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -325,7 +325,7 @@ def test_a_worker_that_dies_mid_stream_leaves_its_unpublished_prompts_to_its_suc
 
 
 def test_capacity_reserves_max_model_len_until_the_warm_up_then_the_mean_sample_with_headroom():
-    from stare.rollout.engine import CAPACITY_WARMUP_SAMPLES, KV_HEADROOM, SampleLengths, streaming_capacity
+    from rollout.engines.base import CAPACITY_WARMUP_SAMPLES, KV_HEADROOM, SampleLengths, streaming_capacity
 
     seen = SampleLengths()
     for _ in range(CAPACITY_WARMUP_SAMPLES - 1):
@@ -347,7 +347,7 @@ def test_capacity_reserves_max_model_len_until_the_warm_up_then_the_mean_sample_
 ])
 def test_a_vllm_engine_gets_the_runs_context_as_max_model_len(overrides, positions, want):
     from stare.config import build_config
-    from stare.rollout.stack import run_max_model_len
+    from rollout.stack import run_max_model_len
 
     base = {"data": {"max_prompt_len": 1024}, "rollout": {"max_new_tokens": 3072}}
     for k, v in overrides.items():

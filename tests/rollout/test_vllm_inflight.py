@@ -1,4 +1,4 @@
-"""The vLLM engine's in-flight weight updates (`inflight_updates`; stare.rollout.engine, "In-flight weight
+"""The vLLM engine's in-flight weight updates (`inflight_updates`; rollout.engines.base, "In-flight weight
 updates"): weights taken between two `step`s with streamed prompts in flight.
 
 Each update property runs on two engines over the untied tiny model (tests/rollout/test_rollout_engines.py):
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stare.rollout.engine import SamplingParams
+from rollout.engines.base import SamplingParams
 
 from test_rollout_engines import (  # noqa: F401 (fixtures; pytest puts this folder on sys.path)
     ATOL, LONG_PROMPT, PROMPTS, _close_vllm_engines, _make_engine, perturbed_state_dict, recompute_logprobs,
@@ -77,7 +77,7 @@ def _close_inflight_engines():
 
 def _inflight_engine(mode: str, path: Path):
     if mode not in _ENGINES:  # one per mode and module: vLLM starts in seconds
-        from stare.rollout.vllm_engine import VLLMEngine
+        from rollout.engines.vllm_engine import VLLMEngine
 
         with _async_scheduling_on_cpu() if mode == "async" else contextlib.nullcontext():
             engine = VLLMEngine(str(path), max_model_len=256, inflight_updates=True,
@@ -271,7 +271,7 @@ def test_without_inflight_updates_an_update_with_prompts_in_flight_raises_and_ch
 
 
 def test_capacity_reserves_max_model_len_per_sample_until_64_have_ended_then_their_mean_with_headroom(sync_engine):
-    from stare.rollout.engine import SampleLengths
+    from rollout.engines.base import SampleLengths
 
     engine = sync_engine
     engine._lengths = SampleLengths()  # this test's samples only (the engine is shared by the module)

@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from stare.rollout.engine import SamplingParams, SleepingEngine
+from rollout.engines.base import SamplingParams, SleepingEngine
 
 
 class FakeLLM:
@@ -48,7 +48,7 @@ def fake_vllm(monkeypatch):
 
 
 def _engine(model_dir, sleep_mode=True):
-    from stare.rollout.vllm_engine import VLLMEngine
+    from rollout.engines.vllm_engine import VLLMEngine
 
     return VLLMEngine(str(model_dir), sleep_mode=sleep_mode)
 
@@ -93,8 +93,8 @@ def test_sleep_without_sleep_mode_says_how_to_build_it(fake_vllm, tiny_model_dir
 
 def test_the_run_config_builds_vllm_able_to_sleep_only_when_asked(tiny_model_dir):
     from stare.config import build_config
-    from stare.rollout.registry import VLLMEngineConfig
-    from stare.rollout.stack import engine_config
+    from rollout.engines.registry import VLLMEngineConfig
+    from rollout.stack import engine_config
 
     cfg = build_config({}, overrides=["rollout.engine=vllm"])
     assert VLLMEngineConfig.model_validate(engine_config(cfg, tiny_model_dir, sleep_mode=True)).sleep_mode is True
@@ -115,8 +115,8 @@ def test_in_a_learner_rank_of_several_vllm_joins_the_learners_world_as_an_extern
     # the node-colocated learner (system.colocate on, several ranks): vLLM's own executor would form a
     # one-process default group, which DeepSpeed would then train in alone
     from stare.config import build_config
-    from stare.rollout.registry import VLLMEngineConfig, build_engine
-    from stare.rollout.stack import engine_config
+    from rollout.engines.registry import VLLMEngineConfig, build_engine
+    from rollout.stack import engine_config
 
     cfg = build_config({}, overrides=["rollout.engine=vllm"])
     build_engine(engine_config(cfg, tiny_model_dir, sleep_mode=True, external_launcher=True))

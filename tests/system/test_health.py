@@ -21,7 +21,7 @@ from redis_fixtures import free_port, have_redis_server, redis_server
 
 from stare.config import build_config
 from stare.runtime.process import RoleRuntime
-from stare.learner.deepspeed_engine import child_env
+from learner.engine.deepspeed_engine import child_env
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
 

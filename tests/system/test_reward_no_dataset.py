@@ -17,7 +17,7 @@ from redis_fixtures import have_redis_server, redis_server
 from stare.transport.records import Trajectory
 from stare.data.tasks.registry import build_verifier
 from stare.transport.redis_transport import RedisTransport
-from stare.learner.deepspeed_engine import child_env
+from learner.engine.deepspeed_engine import child_env
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
 

@@ -159,7 +159,7 @@ def _assert_prometheus_counts_every_step(server, run_id: str, steps: int) -> Non
     from prometheus_client.parser import text_string_to_metric_families
 
     from stare.config import ControlSection
-    from stare.services.control.app import create_app
+    from services.control.app import create_app
 
     server.start()
     try:
@@ -296,7 +296,7 @@ def _start_up_in_a_terminal_group(tiny_model_dir, tmp_path):
 
     import yaml
 
-    from stare.learner.deepspeed_engine import child_env
+    from learner.engine.deepspeed_engine import child_env
 
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(_config(tiny_model_dir, tmp_path, 200).model_dump(mode="json")))

@@ -18,7 +18,7 @@ from stare.weight_sync.background import BackgroundPublisher
 from stare.weight_sync.broadcast import BroadcastPublisher, BroadcastSubscriber
 from stare.weight_sync.buckets import BucketPacker, Segments
 from stare.weight_sync.communicator import NcclCommunicator, choose_communicator, has_nccl
-from stare.weight_sync.memory import MemoryWeightBoard
+from stare.weight_sync.in_memory import MemoryWeightBoard
 
 
 

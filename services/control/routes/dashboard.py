@@ -13,7 +13,7 @@ _ASSETS = {"dashboard.js": "text/javascript; charset=utf-8", "dashboard.css": "t
 
 
 def _read(name: str) -> str:
-    return (files("stare.services.control") / "static" / name).read_text(encoding="utf-8")
+    return (files("services.control") / "static" / name).read_text(encoding="utf-8")
 
 
 @router.get("/", response_class=HTMLResponse)

@@ -7,9 +7,9 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, status
 from stare.config.algo import ControllerConfig
-from stare.services.control.auth import WriteAuth
-from stare.services.control.deps import ActorDep, StateDep
-from stare.services.control.schemas import (
+from services.control.auth import WriteAuth
+from services.control.deps import ActorDep, StateDep
+from services.control.schemas import (
     EntropyAccepted,
     EntropyPatch,
     EntropyPut,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from stare.services.control.deps import StateDep
-from stare.services.control.schemas import Health
+from services.control.deps import StateDep
+from services.control.schemas import Health
 
 router = APIRouter(tags=["health"])
 

@@ -19,7 +19,7 @@ from typing import Annotated
 from anyio import to_thread
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
-from stare.services.control.deps import StateDep
+from services.control.deps import StateDep
 
 from stare.runstate.base import MetricsPage
 

@@ -8,9 +8,9 @@ import threading
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client.exposition import choose_encoder
-from stare.services.control.auth import ReadAuth
-from stare.services.control.deps import StateDep
-from stare.services.control.prometheus import registry_for
+from services.control.auth import ReadAuth
+from services.control.deps import StateDep
+from services.control.prometheus import registry_for
 
 router = APIRouter(tags=["prometheus"], dependencies=[ReadAuth])
 _lock = threading.Lock()

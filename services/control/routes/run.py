@@ -4,9 +4,9 @@ boundary, also while paused)."""
 from __future__ import annotations
 
 from fastapi import APIRouter
-from stare.services.control.auth import WriteAuth
-from stare.services.control.deps import StateDep
-from stare.services.control.schemas import RunCommandResult
+from services.control.auth import WriteAuth
+from services.control.deps import StateDep
+from services.control.schemas import RunCommandResult
 
 router = APIRouter(prefix="/run", tags=["run"], dependencies=[WriteAuth])
 

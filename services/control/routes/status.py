@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from stare.services.control.deps import StateDep
-from stare.services.control.schemas import StatusView
+from services.control.deps import StateDep
+from services.control.schemas import StatusView
 
 router = APIRouter(tags=["status"])
 _LEARNER_FIELDS = tuple(set(StatusView.model_fields) - {"run_id", "paused", "checkpoint_requested", "roles"})

@@ -28,7 +28,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from stare.learner.deepspeed_engine import child_env
+    from learner.engine.deepspeed_engine import child_env
     from stare.app.report import write_comparison
 
     base = _load(argparse.Namespace(config=args.config, algo=None, overrides=args.overrides))
@@ -66,7 +66,7 @@ def cmd_report(args) -> int:
 def cmd_export(args) -> int:
     from stare.app.launch.embedded import prepare_run
     from stare.models.resolve import resolve_model
-    from stare.learner.export import ExportError, export_checkpoint
+    from learner.engine.export import ExportError, export_checkpoint
 
     cfg = prepare_run(None, args.run)
     out = args.out or args.run / ("hf" if args.step is None else f"hf-step-{args.step:06d}")
@@ -87,7 +87,7 @@ def cmd_build_model(args) -> int:
 
 
 def cmd_sandbox(args) -> int:
-    from stare.reward.sandbox_cli import main
+    from reward.sandbox_cli import main
 
     return main(args.rest) or 0
 
@@ -95,8 +95,8 @@ def cmd_sandbox(args) -> int:
 def cmd_control(args) -> int:
 
     from stare.runstate.redis_state import RedisRunState
-    from stare.services.control.app import create_app
-    from stare.services.control.server import serve_forever
+    from services.control.app import create_app
+    from services.control.server import serve_forever
 
     from stare.runtime.process import redis_url
 
@@ -173,7 +173,7 @@ def cmd_up(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from stare.plan.memory import build_plan
+    from stare.plan.gpu_memory import build_plan
     from stare.plan.render import render, render_json
     from stare.plan.sizes import load_model_shape
 
@@ -189,12 +189,12 @@ def cmd_plan(args) -> int:
     from stare.config.colocation import node_colocated
 
     if args.gpus == 1 and cfg.system.colocate != "off":  # one GPU: stare train's colocated loop
-        from stare.plan.colocate import build_one_gpu_plan
+        from stare.plan.colocation import build_one_gpu_plan
 
         plan = build_one_gpu_plan(cfg, gpu_mem_gib=gpu_mem, shape=plan_shape, prompt_tokens=args.prompt_tokens,
                                   config_name=name)
     elif node_colocated(cfg) and gpus > 1:  # every learner rank hosts an engine (stare up, system.colocate on)
-        from stare.plan.colocate import build_node_plan
+        from stare.plan.colocation import build_node_plan
 
         plan = build_node_plan(cfg, gpus=gpus, gpu_mem_gib=gpu_mem, shape=plan_shape, prompt_tokens=args.prompt_tokens,
                                config_name=name)

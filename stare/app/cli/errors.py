@@ -9,11 +9,11 @@ The families (docs/troubleshooting.md lists each message, its cause and its fix)
     files        stare.config.files.FileInputError: YAML syntax (file, line, column), not UTF-8
     datasets     stare.data.tasks.dataset.DatasetError ("FILE line N" / "FILE row N", 1-based)
     prompts      stare.data.prompt_policy.PromptPolicyError: every prompt refused by the length policy
-    checkpoints  stare.learner.checkpoints.CheckpointError: the damaged file, no complete checkpoint
-    export       stare.learner.export.ExportError
+    checkpoints  learner.engine.checkpoints.CheckpointError: the damaged file, no complete checkpoint
+    export       learner.engine.export.ExportError
     Redis        redis AuthenticationError / ConnectionError / a URL redis-py cannot parse;
                  RunStateUnavailable (the store did not answer within its retry budget)
-    outcome      stare.learner.outcome.NothingTrained (exit 3)
+    outcome      learner.loop.run_outcome.NothingTrained (exit 3)
 
 `--debug` (anywhere on the command line) or STARE_DEBUG=1 shows the traceback of a mapped error too.
 """
@@ -32,11 +32,11 @@ def _known() -> list[tuple[type[BaseException], int, Callable[[BaseException], s
     """(type, exit code, message) of each family; imported here, when an error is being explained."""
     import redis.exceptions as rx
 
-    from stare.learner.checkpoints import CheckpointError
+    from learner.engine.checkpoints import CheckpointError
     from stare.config import ConfigError
     from stare.config.files import FileInputError
-    from stare.learner.export import ExportError
-    from stare.learner.outcome import NothingTrained
+    from learner.engine.export import ExportError
+    from learner.loop.run_outcome import NothingTrained
     from stare.data.prompt_policy import PromptPolicyError
     from stare.runstate.base import RunStateUnavailable
     from stare.data.tasks.dataset import DatasetError

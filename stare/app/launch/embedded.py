@@ -9,7 +9,7 @@ checkpoints/ (model, optimizer, controller, data cursor, RNG states), report/ at
 Ctrl-C (or SIGTERM) stops after the current step and leaves a resumable checkpoint; a second
 Ctrl-C aborts at once. `--resume runs/<name>` continues with the same step numbering, controller
 state and data order: each group samples from a seed of (run seed, group id), so a resumed run
-reproduces an uninterrupted one. The loop itself is `stare.learner.session.TrainingSession`, the
+reproduces an uninterrupted one. The loop itself is `learner.loop.session.TrainingSession`, the
 same one `stare learner` runs; this module only wires its in-memory seams.
 """
 
@@ -56,7 +56,7 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
     history, and relative paths in its config.yaml resolve against the folder first (then the
     working directory, where runs started before this rule pointed)."""
     if resume is not None:
-        from stare.learner.checkpoints import require_checkpoint
+        from learner.engine.checkpoints import require_checkpoint
         from stare.config.files import read_yaml_mapping
 
         run_dir = Path(resume).resolve()
@@ -143,27 +143,27 @@ def run_lock(run_dir: Path):
 
 class EmbeddedRun:
     """The in-memory seams and in-process workers of one run, driven by the shared
-    `TrainingSession` (learner/session.py): setup once, then `train()`."""
+    `TrainingSession` (learner/loop/session.py): setup once, then `train()`."""
 
     def __init__(self, cfg: TrainConfig, *, resume: bool, log: Callable[[str], None] = print,
                  steering: RunSteering | None = None):
-        from stare.app.launch.colocate import Colocation, colocated, offload_wanted
+        from stare.app.colocation.one_gpu import Colocation, colocated, offload_wanted
         from stare.data.feeder import build_feeder
-        from stare.learner.groups import GroupCollector, MemoryDecisionLog
-        from stare.learner.session import MemoryCursor, SessionSeams, TrainingSession, seed_everything
-        from stare.learner.trainer import Learner
-        from stare.reward.trajectory_worker import RewardWorker
-        from stare.rollout.stack import StackEvaluator, build_rollout_stack
-        from stare.rollout.worker import RolloutWorker
+        from learner.loop.group_collector import GroupCollector, MemoryDecisionLog
+        from learner.loop.session import MemoryCursor, SessionSeams, TrainingSession, seed_everything
+        from learner.step.trainer import Learner
+        from reward.worker import RewardWorker
+        from rollout.stack import StackEvaluator, build_rollout_stack
+        from rollout.worker import RolloutWorker
         from stare.transport.dead_letters import training_dead_letters
-        from stare.transport.memory import MemoryTransport
-        from stare.weight_sync.memory import MemoryWeightBoard
+        from stare.transport.in_memory import MemoryTransport
+        from stare.weight_sync.in_memory import MemoryWeightBoard
 
         self.cfg, self.log = cfg, log
         self.run_dir = cfg.run_dir
         self.stop = StopFlag()
         seed_everything(cfg)
-        shared = colocated(cfg)  # one GPU: the engine sleeps while the learner steps (stare/app/launch/colocate.py)
+        shared = colocated(cfg)  # one GPU: the engine sleeps while the learner steps (stare/app/colocation/one_gpu.py)
         self.stack = build_rollout_stack(cfg, log, sleep_mode=shared)
         if shared:
             self.stack.engine.sleep()  # before the learner takes its memory
@@ -244,7 +244,7 @@ class EmbeddedRun:
             self.stop = stop
         if steering is not None:
             self.session.seams.steering = steering
-        return self.session.run(on_step)  # a RunOutcome (learner/outcome.py)
+        return self.session.run(on_step)  # a RunOutcome (learner/loop/run_outcome.py)
 
     def close(self) -> None:
         if self.colocation is not None:
@@ -264,7 +264,7 @@ def _control_plane(cfg: TrainConfig, log: Callable[[str], None]):
         yield None
         return
     try:
-        from stare.services.control.embedded import EmbeddedControlPlane
+        from services.control.embedded import EmbeddedControlPlane
     except ImportError as err:  # a learner-only install: train without the API
         log(f"control plane off ({err}); install stare[services] to serve it, or --set control.serve_in_train=false")
         yield None
@@ -300,11 +300,11 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
             log_report(cfg, report)  # to W&B with logging.wandb
             log(f"report: {report / 'summary.md'}")
         if finished:
-            from stare.learner.export import export_run
+            from learner.engine.export import export_run
 
             export_run(run.run_dir, run.stack.setup.model_path, log, cfg.model.dtype)
     if outcome.failed:
-        from stare.learner.outcome import NothingTrained
+        from learner.loop.run_outcome import NothingTrained
 
         raise NothingTrained(f"{run.run_dir}: {outcome.message}")
     if not finished:  # said even without progress output: the one line a stopped run needs

@@ -113,7 +113,7 @@ class RayLauncher:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         gpus = resources.get("GPU", 0)
         self.say(f"Ray {ray.__version__}: {len(nodes)} node(s), {resources.get('CPU', 0):g} CPUs, {gpus:g} GPUs")
-        # the learner actor's process starts its other ranks itself (stare.learner.rank_launch): one GPU each
+        # the learner actor's process starts its other ranks itself (learner.process.rank_launch): one GPU each
         ranks = self.cfg.system.learner_ranks
         learner_gpus = self.learner_gpus if self.learner_gpus is not None else (ranks if gpus else 0)
         rollout_gpus = self.rollout_gpus if self.rollout_gpus is not None else (1 if gpus else 0)

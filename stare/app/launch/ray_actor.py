@@ -76,7 +76,7 @@ class RoleActor:
         return self.name
 
     def _main(self) -> None:
-        from stare.learner.deepspeed_engine import LAUNCH_ENV
+        from learner.engine.deepspeed_engine import LAUNCH_ENV
         from stare.runtime.process import setup_logging
 
         # A local Ray instance's workers inherit the driver's environment: a driver that trained in
@@ -114,8 +114,8 @@ class RoleActor:
 
     def _serve_control(self) -> None:
         from stare.runstate.redis_state import RedisRunState
-        from stare.services.control.app import create_app
-        from stare.services.control.server import BackgroundServer
+        from services.control.app import create_app
+        from services.control.server import BackgroundServer
 
         cfg = self.cfg
         state = RedisRunState.connect(self.redis_url, cfg.run.name, dead_after_s=cfg.system.dead_after_s)

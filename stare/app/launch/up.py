@@ -81,7 +81,7 @@ def with_overrides(cfg: TrainConfig, overrides: dict[str, object]) -> TrainConfi
 def start_redis(dir, say: Callable[[str], None]):
     """A redis-server on a free local port with its AOF in `dir` (fsync always: a crash of the
     machine loses no acknowledged trajectory)."""
-    from stare.services.redis_server import RedisServer
+    from services.redis_server import RedisServer
 
     server = RedisServer.on_free_port(Path(dir), appendfsync="always")  # with a password generated for this run
     say(f"redis-server on {server.public_url} (AOF in {server.dir}; password in {server.dir / 'redis.conf'})")
@@ -222,7 +222,7 @@ class Launcher:
         self.say(f"run folder {self.cfg.run_dir}; Ctrl-C stops every role")
 
     def _spawn(self, role: Role) -> None:
-        from stare.learner.deepspeed_engine import child_env
+        from learner.engine.deepspeed_engine import child_env
 
         env = role_env(role.name, child_env(), {
             URL_FILE_ENV: str(self.redis_url_file), "PYTHONUNBUFFERED": "1", "STARE_WORKER_NAME": role.name,

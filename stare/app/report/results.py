@@ -55,7 +55,7 @@ def _mean(xs: list[float]) -> float | None:
 
 def update_numbers(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
     """How far a batch's updates moved the policy off the one that sampled it, as the learner logs it
-    per step (learner/updates.py), averaged over the steps: optimizer updates per batch, the share of
+    per step (learner/step/ppo_updates.py), averaged over the steps: optimizer updates per batch, the share of
     loss tokens clipped at 1 - eps_low and at 1 + eps_high, approx-KL (mean -log r) and the ratio's
     spread over every update's tokens, approx-KL of each batch's last update alone, and the tokens a
     covariance rule (Clip-Cov, KL-Cov) selected per step. None for a key the run did not log (records

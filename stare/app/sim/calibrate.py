@@ -1,6 +1,6 @@
 """The CPU profile of `stare sim --gpu cpu`: the tiny config's costs measured on this machine.
 
-* learn, publish, weights in, reward, other: `stare bench step`'s component times (bench/bench_step.py,
+* learn, publish, weights in, reward, other: `stare bench step`'s component times (stare/app/bench/bench_step.py,
   the embedded loop, steps 2..N-1);
 * decode: the run's engine timed on a batch of `system.rollout_batch_prompts` prompts and one of
   `rollout.prompts_per_step` prompts (median of `repeats` calls each); each call lasts (its longest
@@ -21,8 +21,8 @@ def calibrate(cfg, *, overrides: list[str] = (), bench_steps: int = 8, repeats: 
     from stare.app.sim.costs import fit_lognormal
     from stare.app.bench.bench_step import measure
     from stare.data.feeder import build_feeder
-    from stare.rollout.engine import SamplingParams
-    from stare.rollout.stack import build_rollout_stack
+    from rollout.engines.base import SamplingParams
+    from rollout.stack import build_rollout_stack
 
     log(f"stare sim --calibrate: bench step ({bench_steps} steps)")
     rows = {r["name"].split("/", 1)[1]: r["ours"] for r in measure(steps=bench_steps, overrides=list(overrides))}

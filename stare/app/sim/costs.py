@@ -200,7 +200,7 @@ class NodeCosts:
     # ------------------------------------------------------------------ weights and disk
     def publish_host_s(self, learner_gpus: int, zero3: bool) -> float:
         """Today's path: gather, copy every tensor to pageable host memory, and back to the GPU for
-        NCCL (learner/deepspeed_engine.py, weight_sync/buckets.py), one tensor at a time."""
+        NCCL (learner/engine/deepspeed_engine.py, weight_sync/buckets.py), one tensor at a time."""
         gather = self.allgather_s(self.model.weight_bytes, learner_gpus) if zero3 else 0.0
         return gather + 2 * self.pageable_copy_s() + self.model.tensors * PER_TENSOR_HOST_S
 

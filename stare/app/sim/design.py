@@ -103,7 +103,7 @@ def build_design(cfg, sim: SimSettings, *, gpus: int, learner_gpus: int | None, 
 def engine_max_model_len(cfg, shape) -> int:
     """rollout.engine.max_model_len as a vLLM rollout engine of this run gets it (rollout/stack.py): the
     config's, else the run's prompt + response length within the model's positions."""
-    from stare.rollout.stack import run_max_model_len
+    from rollout.stack import run_max_model_len
 
     given = getattr(cfg.rollout.engine, "max_model_len", None)
     return int(given or run_max_model_len(cfg, shape.max_positions) or shape.max_positions)

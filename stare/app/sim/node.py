@@ -1,6 +1,6 @@
 """The simulated GPU node: the real scheduling of `stare up` on a virtual clock.
 
-Real (the code `stare up` runs, unchanged): `TrainingSession` (learner/session.py: the window, the
+Real (the code `stare up` runs, unchanged): `TrainingSession` (learner/loop/session.py: the window, the
 on-policy sampling rounds and their over-sampling, `data.oversample`; top-ups, publish, checkpoint cadence), `PromptFeeder`, `GroupCollector`
 (complete groups, staleness per token, dynamic sampling), `RolloutWorker` (blocking mode: `run_once` with
 `system.rollout_batch_prompts`, its weight wait and records) and its `StreamingLoop` (streaming mode:
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from stare.app.sim.standins import Lane, SimEngine, SimLearner, SimTask, SimTokenizer, SimWeights, solve_rate_scorer
-from stare.transport.memory import MemoryStream
+from stare.transport.in_memory import MemoryStream
 
 
 class TimedStream:
@@ -145,7 +145,7 @@ class _Worker:
     """One rollout worker: its lane, stand-in engine and the real RolloutWorker around it."""
 
     def __init__(self, node: "SimNode", index: int, lane: Lane, engine: SimEngine):
-        from stare.rollout.worker import RolloutWorker
+        from rollout.worker import RolloutWorker
 
         cfg, r = node.cfg, node.cfg.rollout
         self.node, self.lane, self.engine, self.name = node, lane, engine, f"rollout-{index}"
@@ -181,7 +181,7 @@ class _Streaming(_Worker):
     the driver's horizon, so the loop runs one virtual-time slice per act."""
 
     def __init__(self, *args, inflight: bool):
-        from stare.rollout.streaming import StreamingLoop
+        from rollout.streaming import StreamingLoop
 
         super().__init__(*args)
         self.loop = StreamingLoop(self.worker, self.engine, inflight=inflight)
@@ -291,9 +291,9 @@ class SimNode:
 
     def run(self, steps: int, out_dir: Path | None = None) -> SimRun:
         from stare.data.feeder import PromptFeeder
-        from stare.learner.groups import GroupCollector, MemoryDecisionLog
-        from stare.learner.session import MemoryCursor, SessionSeams, TrainingSession
-        from stare.reward.trajectory_worker import RewardWorker
+        from learner.loop.group_collector import GroupCollector, MemoryDecisionLog
+        from learner.loop.session import MemoryCursor, SessionSeams, TrainingSession
+        from reward.worker import RewardWorker
         from stare.runstate import MemoryRunState, RunSteering
         from stare.transport.dead_letters import training_dead_letters
 

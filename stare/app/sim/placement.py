@@ -2,7 +2,7 @@
 tokens/s/GPU.
 
 For a node of N GPUs, every split with at least one rollout engine whose learner side fits in memory
-(`stare plan`'s check, stare/plan/memory.py) is simulated at each candidate staleness and over-sampling
+(`stare plan`'s check, stare/plan/gpu_memory.py) is simulated at each candidate staleness and over-sampling
 factor (`stare sim`, a few steps each; the config's own factor is always a candidate); the best is
 recommended. `stare plan --node-gpus N` prints it beside the memory plan. Over-sampling raises rollout
 work only: the learner's batch, and so its memory, is the same.
@@ -68,7 +68,7 @@ def render(cands: list[Candidate], gpus: int, gpu: str) -> str:
 def plan_text(cfg, *, gpus: int, gpu: str, gpu_mem_gib: float, shape, overrides: list[str] = ()) -> str:
     """What `stare plan --node-gpus N` adds: the recommended placement and the config's own prediction."""
     from stare.app.sim.design import SimSettings
-    from stare.plan.memory import build_plan
+    from stare.plan.gpu_memory import build_plan
 
     sim = SimSettings()
     cands = search(cfg, sim, gpus=gpus, gpu=gpu, shape=shape,

@@ -2,7 +2,7 @@
 
 Each stands behind a seam the real roles use, so the real code around it runs unchanged:
 
-* `SimEngine` - `stare.rollout.engine.RolloutEngine` (blocking `generate`) and the streaming protocol
+* `SimEngine` - `rollout.engines.base.RolloutEngine` (blocking `generate`) and the streaming protocol
   (`capacity`, `add`, `step`, `pending`, in-flight weight updates): sequences decode in continuous batches,
   response lengths drawn from the run's `LengthModel`, every engine step timed by the cost model, each
   token's weight version recorded;
@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from stare.rollout.engine import Completion, SampleLengths, SamplingParams, streaming_capacity
+from rollout.engines.base import Completion, SampleLengths, SamplingParams, streaming_capacity
 from stare.data.tasks.base import Problem
 
 KINDS = ("decode", "prefill", "train", "send/receive", "checkpoint")
@@ -208,7 +208,7 @@ class SimLearner:
 
     def __init__(self, cfg, lane: Lane, step_s: Callable[[list], float], gather_s: float, checkpoint_s: float,
                  *, wait_engines: Callable[[], float] | None = None, prepass_s: Callable[[list], float] | None = None):
-        from stare.learner.controller import EntropyController
+        from learner.algorithm.entropy_controller import EntropyController
 
         self.cfg, self.lane = cfg, lane
         self.step_s, self.gather_s, self.checkpoint_s = step_s, gather_s, checkpoint_s

@@ -4,7 +4,7 @@ A task hands out prompts with known answers and scores completions against them.
 outcome-only (1.0 for a correct final answer, else 0.0) and never raise, whatever the policy
 writes. Tasks are deterministic from a seed so runs and tests are reproducible.
 
-Not covered here: partial credit, format rewards or length shaping (those live in `stare.reward`).
+Not covered here: partial credit, format rewards or length shaping (those live in `reward`).
 """
 
 from __future__ import annotations

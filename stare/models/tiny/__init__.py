@@ -35,7 +35,7 @@ Not covered: anything beyond the toy regime (no BPE merges, no chat format, no G
 """
 
 from stare.models.tiny.build import build_tiny_model, main
-from stare.models.tiny.evaluate import evaluate, greedy_accuracy, response_mask
+from stare.models.tiny.measure import evaluate, greedy_accuracy, response_mask
 from stare.models.tiny.spec import BUILD_VERSION, EvalResult, TinyModelSpec, default_cache_dir, default_model_dir
 from stare.models.tiny.tokenizer import build_tokenizer
 from stare.models.tiny.warm_start import _sft_batch

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stare.models.tiny.evaluate import evaluate
+from stare.models.tiny.measure import evaluate
 from stare.models.tiny.spec import BUILD_VERSION, TinyModelSpec, default_model_dir
 from stare.models.tiny.tokenizer import build_tokenizer
 from stare.models.tiny.warm_start import _new_model, _warm_start

@@ -73,9 +73,9 @@ def _task_build_version(task_name: str) -> int | None:
     """The task's `build_version` (bumped when its solutions or format change), if it has one."""
     from stare.data.tasks.registry import TASKS
 
-    factory = TASKS.get(task_name)
+    spec = TASKS.get(task_name)
     try:
-        return None if factory is None else getattr(factory(), "build_version", None)
+        return None if spec is None else getattr(spec.build(), "build_version", None)
     except TypeError:  # a task that needs arguments (dataset) has no tiny-model build anyway
         return None
 

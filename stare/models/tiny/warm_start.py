@@ -7,7 +7,7 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from stare.models.tiny.evaluate import greedy_accuracy
+from stare.models.tiny.measure import greedy_accuracy
 from stare.models.tiny.spec import TinyModelSpec
 
 if TYPE_CHECKING:  # heavy imports stay out of module import (the CLI's --help must be instant)

@@ -1,0 +1,174 @@
+"""The node-colocated learner's rollout side (`system.colocate: on` in `stare up` / `stare learner`): the
+engine, rollout worker and `Colocation` of one learner rank, behind learner/process/colocation.py's `RankRollout`
+(the learner role drives it; this module wires the rollout role's pieces into it, so neither role imports
+the other).
+
+    build:   the engine (vLLM: sleep mode; several ranks: joining the learner's torch.distributed world)
+             -> asleep before the rank's Learner takes the GPU
+    SAMPLE:  take prompts (reclaimed ones first) -> [ZeRO-3: the gather rank 0 asked for, every rank]
+             -> none taken: stay asleep; else wake -> this rank's learner's weights in place (no host round
+             trip unless system.weight_sync_publish_from is host) -> sample the prompts stream until it is
+             empty and the engine idle (the streaming loop for vLLM, batches of `share` for hf), publishing
+             each group to raw with the ack of its prompt -> sleep
+    rank 0:  held-out evaluation on its own engine, woken for it (`AwakeEvaluator`; the weights the session
+             hands over: under ZeRO-3 the WEIGHTS op gathers them to rank 0)
+
+Which rank samples which prompt depends on who asks first; the samples do not: each group samples from
+the seed of (run seed, group id), whoever takes it (tests/system/test_modes_agree.py compares the run with
+`stare train`). Rewards come from the reward worker processes (`stare up` starts them).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from stare.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+class RankWeights:
+    """The rollout worker's weight subscriber in a learner rank: never a source. The engine takes its rank's
+    learner's weights at each wake (`NodeRollout.sample`), so a prompt never waits for a newer version."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def fetch(self, have_version: int):
+        return None
+
+    def wait_for(self, min_version: int, timeout_s: float) -> bool:
+        raise RuntimeError(f"a prompt asks for weights of version {min_version}, but this learner rank's engine took "
+                           f"version {self.engine.weight_version} at its wake, its learner's newest")
+
+    def close(self) -> None:
+        pass
+
+
+class NodeRollout:
+    """One learner rank's rollout (learner/process/colocation.py `RankRollout`); see the module docstring."""
+
+    def __init__(self, cfg: TrainConfig, redis_url: str, name: str, say: Callable[[str], None] = log.info):
+        self.cfg, self.redis_url, self.name, self.say = cfg, redis_url, name, say
+        self.stack = self.worker = self.stream = self.colocation = self.learner = self.transport = None
+        self.rank, self.collective = 0, False
+
+    def build(self, model_path: Path, rank: int, world: int) -> None:
+        import torch
+
+        from stare.app.colocation.one_gpu import check_alloc_conf
+        from stare.config.colocation import check_node_colocation
+        from rollout.stack import build_rollout_stack
+
+        cuda = torch.cuda.is_available()
+        check_node_colocation(self.cfg, cuda=cuda)
+        vllm = self.cfg.rollout.engine.name == "vllm"
+        if vllm:
+            check_alloc_conf()
+        self.rank = rank
+        self.stack = build_rollout_stack(self.cfg, self.say, model_path=model_path, sleep_mode=vllm,
+                                         external_launcher=vllm and world > 1)
+        self.stack.engine.sleep()  # before the learner takes its memory
+
+    def attach(self, learner) -> None:
+        from stare.app.colocation.one_gpu import Colocation
+        from rollout.streaming import StreamingLoop, streaming_enabled
+        from rollout.worker import RolloutWorker
+        from stare.runtime.process import connect_transport
+
+        cfg, engine, setup = self.cfg, self.stack.engine, self.stack.setup
+        self.learner, self.collective = learner, learner.weights_are_collective()
+        self.transport = connect_transport(cfg, self.redis_url)
+        r = cfg.rollout
+        self.worker = RolloutWorker(
+            engine, setup.tokenizer, self.transport.prompts, self.transport.raw, RankWeights(engine),
+            name=f"{self.name}-rollout-{self.rank}", max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+            top_p=r.top_p, stop_token_ids=setup.stop_ids, agent=None, seed=cfg.run.seed,
+            max_prompt_len=cfg.data.max_prompt_len, prompt_overflow=cfg.data.prompt_overflow,
+        )
+        self.stream = StreamingLoop(self.worker, engine) if streaming_enabled(cfg, engine) else None
+        # the weights come per wake (sample's sync); an evaluation's wake takes what the session hands it
+        self.colocation = Colocation(engine, lambda: None, learner_engine=learner.engine,
+                                     offload=cfg.system.colocate_offload == "optimizer")
+
+    @property
+    def engine(self):
+        return self.stack.engine
+
+    def asleep(self) -> bool:
+        return bool(self.engine.asleep)
+
+    # ------------------------------------------------------------------ the SAMPLE op
+    def sample(self, version: int, share: int, gather: bool) -> dict[str, Any]:
+        """This rank's part of a SAMPLE op (learner/process/colocation.py): the engine asleep again at the end."""
+        t0 = time.perf_counter()
+        taken = self._take(share)
+        need = bool(taken) and self.engine.weight_version < version
+        if self.collective and need and not gather:
+            raise RuntimeError(f"learner rank {self.rank}: its engine has version {self.engine.weight_version}, the op "
+                               f"samples version {version}, and rank 0 asked for no gather (under ZeRO-3 a rank cannot "
+                               "gather alone)")
+        box: list = []
+        if gather or (need and not self.collective):  # ZeRO-3: every rank takes part, keeping it only if it needs it
+            box.append(self.learner.weights_for_local_engine(keep=need))
+        sampled = 0
+        if taken:
+            def load() -> None:
+                state = box.pop() if box else None
+                if need:
+                    self.engine.update_weights(state, version)
+
+            with self.colocation.awake(sync=load):
+                sampled = self._sample(taken, share)
+        box.clear()
+        return {"rank": self.rank, "prompts": len(taken), "groups": sampled, "engine_version": self.engine.weight_version,
+                "asleep": self.asleep(), "seconds": time.perf_counter() - t0}
+
+    def _take(self, share: int) -> list:
+        """Up to `share` prompts for this rank: entries a consumer that is gone left pending (idle longer than
+        system.claim_idle_s), this consumer's own pending ones (after a restart), then new ones."""
+        prompts, me = self.worker.prompts, self.worker.name
+        taken = list(prompts.reclaim(me, max_count=share))
+        if len(taken) < share:
+            taken += prompts.consume(me, share - len(taken), 0.0)
+        return taken
+
+    def _sample(self, taken: list, share: int) -> int:
+        """`taken` and every prompt the stream still has, until it has none and the engine is idle; the
+        groups published."""
+        if self.stream is not None:
+            before = self.stream.published
+            self.stream.offer("train", taken)
+            while True:
+                self.stream.run_once(0.0)
+                if not self.stream.in_flight():
+                    return self.stream.published - before
+        done = self.worker.handle(taken)
+        while deliveries := self.worker.prompts.consume(self.worker.name, share, 0.0):
+            done += self.worker.handle(deliveries)
+        return done
+
+    # ------------------------------------------------------------------ rank 0's evaluation, the end
+    def evaluator(self):
+        from rollout.stack import StackEvaluator
+
+        return self.colocation.evaluating(StackEvaluator(self.stack, self.cfg))
+
+    def summary(self) -> str:
+        e = self.colocation.events if self.colocation is not None else {}
+        return (f"colocated engine: {e.get('wakes', 0):.0f} wakes, {e.get('sleeps', 0):.0f} sleeps; wake + weights "
+                f"{e.get('wake_s', 0.0):.1f} s, sleep {e.get('sleep_s', 0.0):.1f} s in all")
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        if self.stack is not None:
+            self.stack.close()
+
+
+def rank_rollout(cfg: TrainConfig, redis_url: str, name: str) -> Callable[[], NodeRollout]:
+    """The factory `learner.process.role.run` takes (`rank_rollout`): one per learner rank process."""
+    return lambda: NodeRollout(cfg, redis_url, name)

@@ -1,0 +1,133 @@
+"""The held-out evaluation's own streams, beside the training ones, so that evaluation results
+never reach the learner's group collector (they are never trained):
+
+    eval_prompts (EvalTask, group "rollout") -> rollout workers -> eval_raw (Trajectory, group
+    "reward") -> reward workers -> eval_scored (Trajectory, group "learner") -> the learner's
+    StreamEvaluator
+
+Rollout and reward workers read them before their training streams (evaluation first). The
+`EvalIndex` (a Redis hash `stare:<run>:evals`) says which evaluations were published and which
+are closed: a restarted learner collects an evaluation it had published instead of publishing it
+again, and workers skip the tasks of a closed one (timed out, or finished before a redelivery).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stare.config import TrainConfig
+
+from stare.transport.records import EvalTask, Trajectory
+from stare.transport.base import RecordStream
+from stare.transport.in_memory import MemoryStream
+
+STREAMS = (("tasks", "eval_prompts", EvalTask, "rollout"), ("raw", "eval_raw", Trajectory, "reward"),
+           ("scored", "eval_scored", Trajectory, "learner"))
+
+
+@dataclass
+class EvalStreams:
+    tasks: RecordStream  # EvalTask: learner -> rollout workers
+    raw: RecordStream  # Trajectory: rollout workers -> reward workers
+    scored: RecordStream  # Trajectory, scored: reward workers -> learner
+
+
+def redis_eval_streams(client, run_id: str, **stream_options: Any) -> EvalStreams:
+    """The run's evaluation streams on `client` (options: see RedisStream)."""
+    from stare.transport.redis_streams import RedisStream
+
+    return EvalStreams(**{attr: RedisStream(client, run_id, name, codec, group=group, **stream_options)
+                          for attr, name, codec, group in STREAMS})
+
+
+def memory_eval_streams() -> EvalStreams:
+    return EvalStreams(**{attr: MemoryStream(name) for attr, name, _, _ in STREAMS})
+
+
+class EvalIndex(Protocol):
+    """Which evaluations were published (with their size) and which are closed."""
+
+    def published(self, eval_id: str) -> dict[str, Any] | None: ...
+
+    def publish(self, eval_id: str, info: dict[str, Any]) -> None: ...
+
+    def close(self, eval_id: str, outcome: str) -> None: ...
+
+    def is_open(self, eval_id: str) -> bool: ...
+
+    def open_ids(self) -> list[str]: ...
+
+
+@dataclass
+class MemoryEvalIndex:
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def published(self, eval_id: str) -> dict[str, Any] | None:
+        return self.entries.get(eval_id)
+
+    def publish(self, eval_id: str, info: dict[str, Any]) -> None:
+        self.entries[eval_id] = {**info, "state": "open"}
+
+    def close(self, eval_id: str, outcome: str) -> None:
+        self.entries.setdefault(eval_id, {})["state"] = outcome
+
+    def is_open(self, eval_id: str) -> bool:
+        return self.entries.get(eval_id, {}).get("state", "open") == "open"
+
+    def open_ids(self) -> list[str]:
+        return [e for e, info in self.entries.items() if info.get("state") == "open"]
+
+
+class RedisEvalIndex:
+    """The index as a Redis hash: eval id -> JSON {size, state}."""
+
+    def __init__(self, client, run_id: str):
+        from stare.transport.redis_client import run_key
+
+        self.client, self.key = client, run_key(run_id, "evals")
+
+    def _get(self, eval_id: str) -> dict[str, Any] | None:
+        from stare.transport.redis_client import retrying
+
+        raw = retrying(lambda: self.client.hget(self.key, eval_id), "HGET evaluation")
+        return None if raw is None else json.loads(raw)
+
+    def _set(self, eval_id: str, info: dict[str, Any]) -> None:
+        from stare.transport.redis_client import retrying
+
+        retrying(lambda: self.client.hset(self.key, eval_id, json.dumps(info)), "HSET evaluation")
+
+    def published(self, eval_id: str) -> dict[str, Any] | None:
+        return self._get(eval_id)
+
+    def publish(self, eval_id: str, info: dict[str, Any]) -> None:
+        self._set(eval_id, {**info, "state": "open"})
+
+    def close(self, eval_id: str, outcome: str) -> None:
+        self._set(eval_id, {**(self._get(eval_id) or {}), "state": outcome})
+
+    def is_open(self, eval_id: str) -> bool:
+        info = self._get(eval_id)
+        return info is None or info.get("state") == "open"
+
+    def open_ids(self) -> list[str]:
+        from stare.transport.redis_client import retrying
+
+        entries = retrying(lambda: self.client.hgetall(self.key), "HGETALL evaluations")
+        return sorted(k.decode() if isinstance(k, bytes) else k for k, v in entries.items()
+                      if json.loads(v).get("state") == "open")
+
+
+def connect_eval_streams(cfg: TrainConfig, client):
+    """The run's evaluation streams on a role's Redis client, sized
+    so that one whole evaluation fits: the learner publishes its tasks at once."""
+    t, s = cfg.task, cfg.system
+    samples = t.eval_problems * (1 + max([t.eval_k, *(e.n for e in t.eval_sources.values())]))
+    backlog = max(s.max_backlog, samples)
+    return redis_eval_streams(client, cfg.run.name, max_backlog=backlog, maxlen=2 * backlog,
+                              claim_idle_ms=int(s.claim_idle_s * 1000), block_ms=1000, publish_timeout_s=5.0,
+                              max_deliveries=s.max_deliveries)
