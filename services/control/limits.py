@@ -49,10 +49,10 @@ class BodyLimit:
 
     def __init__(self, app, max_bytes: int, body_timeout_s: float):
         self.app, self.max_bytes, self.body_timeout_s = app, max_bytes, body_timeout_s
-        self._too_slow = f"request body not received within {body_timeout_s}s (control.body_timeout_s)"
+        self._too_slow = f"request body not received within {body_timeout_s}s (control_plane.body_timeout_s)"
 
     def _too_large(self, size: str) -> str:
-        return (f"request body {size} exceeds the limit of {self.max_bytes} bytes (control.max_body_bytes); "
+        return (f"request body {size} exceeds the limit of {self.max_bytes} bytes (control_plane.max_body_bytes); "
                 "the API's bodies are small JSON objects")
 
     async def __call__(self, scope, receive, send) -> None:

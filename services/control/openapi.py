@@ -1,7 +1,7 @@
 """The OpenAPI document as this app instance behaves (so schemathesis' conformance checks hold).
 
 FastAPI derives `security` from the auth dependencies, which exist on every route; whether one
-actually asks for the token depends on the policy (reads: only with control.auth_reads; changes:
+actually asks for the token depends on the policy (reads: only with control_plane.auth_reads; changes:
 not when allow_unauthenticated has no token). This sets `security` per operation from the policy,
 declares 401/403 where the token is checked, 403 (cross-site) on every change, 413 on bodies, 503 on
 store reads, and the error body the handlers really send (`ErrorBody`, not FastAPI's default).
@@ -53,7 +53,7 @@ def _describe(path: str, method: str, op: dict[str, Any], policy: AuthPolicy) ->
         responses.setdefault("403", _error("Cross-site request (Origin or Sec-Fetch-Site), or an auth failure"))
     if "requestBody" in op:
         responses.setdefault("400", _error("The body is not JSON"))
-        responses.setdefault("413", _error("Request body over control.max_body_bytes"))
+        responses.setdefault("413", _error("Request body over control_plane.max_body_bytes"))
     for code, response in responses.items():
         if code == "422" or (code[0] in "45" and "content" not in response):
             responses[code] = _error(response.get("description") or "Error")

@@ -1,11 +1,11 @@
 """The control plane's browser-facing protections (ASGI middleware; app.py installs them).
 
-* Trusted hosts: requests whose Host header is not in `control.trusted_hosts` get 400 (Starlette's
+* Trusted hosts: requests whose Host header is not in `control_plane.trusted_hosts` get 400 (Starlette's
   TrustedHostMiddleware), which stops DNS-rebinding pages from reading or driving a local API. Default
   (None): the loopback names when the API listens on a loopback address, else any host.
 * Cross-site mutations: a POST/PUT/PATCH/DELETE that a browser marks as cross-site (Sec-Fetch-Site:
   cross-site) or whose Origin is not the API's own origin (scheme://Host) nor in
-  `control.allowed_origins` is refused with 403, whatever the auth mode (so a page on another site
+  `control_plane.allowed_origins` is refused with 403, whatever the auth mode (so a page on another site
   cannot pause a run that allows unauthenticated changes). Requests without Origin and Sec-Fetch-Site
   are not from a browser page (curl, `stare ctl`) and pass on to the token check.
 * Security headers on every response: a Content-Security-Policy allowing only this origin's scripts,
@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from stare.config import ControlSection
+from stare.config import ControlPlaneSection
 
 _SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -31,8 +31,8 @@ _HEADERS = [(b"content-security-policy", CSP.encode()), (b"x-frame-options", b"D
             (b"cross-origin-opener-policy", b"same-origin")]
 
 
-def trusted_hosts(settings: ControlSection) -> list[str]:
-    """`control.trusted_hosts`, else the loopback names for a loopback `control.host`, else any ("*")."""
+def trusted_hosts(settings: ControlPlaneSection) -> list[str]:
+    """`control_plane.trusted_hosts`, else the loopback names for a loopback `control_plane.host`, else any ("*")."""
     if settings.trusted_hosts is not None:
         return list(settings.trusted_hosts)
     if settings.host in _LOOPBACK or settings.host.startswith("127."):
@@ -83,12 +83,12 @@ class SameOrigin:
         site, origin = _header(scope, b"sec-fetch-site"), _header(scope, b"origin")
         if site == "cross-site":
             await _forbid(send, "cross-site request refused: changes are accepted from this API's own pages and "
-                                "from non-browser clients only (control.allowed_origins lists other origins)")
+                                "from non-browser clients only (control_plane.allowed_origins lists other origins)")
             return
         if origin is not None:
             parsed = _origin_of(origin)
             if parsed is None or (parsed != self._own_origin(scope) and parsed not in self.allowed):
-                await _forbid(send, f"Origin {origin[:100]!r} is not this API's origin nor in control.allowed_origins; "
+                await _forbid(send, f"Origin {origin[:100]!r} is not this API's origin nor in control_plane.allowed_origins; "
                                     "cross-site changes are refused")
                 return
         await self.app(scope, receive, send)
@@ -118,16 +118,16 @@ class SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
-def install(app, settings: ControlSection) -> None:
+def install(app, settings: ControlPlaneSection) -> None:
     """Add the host and origin checks (Starlette runs the last added first: hosts, then origin)."""
     app.add_middleware(SameOrigin, allowed_origins=list(settings.allowed_origins))
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=trusted_hosts(settings))
 
 
-def install_headers(app, settings: ControlSection) -> None:
+def install_headers(app, settings: ControlPlaneSection) -> None:
     """Add the security headers; app.py calls it last, so that they wrap every other layer (the
     Host check's 400, the Origin check's 403, the body limit's 413 and 408 carry them too)."""
     docs_csp = ("default-src 'none'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
                 "style-src 'self' https://cdn.jsdelivr.net; img-src 'self' data: https://fastapi.tiangolo.com; "
-                "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'")  # Swagger UI (control.docs only)
+                "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'")  # Swagger UI (control_plane.docs only)
     app.add_middleware(SecurityHeaders, relaxed_paths=("/docs",) if settings.docs else (), relaxed_csp=docs_csp)

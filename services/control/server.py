@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 
-from stare.config import ControlSection
+from stare.config import ControlPlaneSection
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def _config(app, sock: socket.socket):
     import uvicorn
     from services.control.limits import guarded_protocol
 
-    limits: ControlSection = getattr(app.state, "settings", None) or ControlSection()  # create_app sets it
+    limits: ControlPlaneSection = getattr(app.state, "settings", None) or ControlPlaneSection()  # create_app sets it
     host, port = sock.getsockname()[:2]
     return uvicorn.Config(app, host=host, port=port, access_log=False, log_level="warning", lifespan="off",
                           timeout_graceful_shutdown=2, http=guarded_protocol(limits.header_timeout_s),

@@ -151,7 +151,7 @@ class SystemSection(_Section):
     )
 
 
-class ControlSection(_Section):
+class ControlPlaneSection(_Section):
     """The control plane (FastAPI; `stare control`, and on localhost inside `stare train`)."""
 
     host: str = Field("127.0.0.1", description="Address the API listens on (0.0.0.0 in containers).")
@@ -216,3 +216,4 @@ class LoggingSection(_Section):
     wandb: WandbSection | None = Field(
         None, description="Log the run to Weights & Biases (None: off). Fields below as logging.wandb.FIELD.",
     )
+

@@ -7,6 +7,7 @@ dotted field and the fix.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from stare.config.base import ConfigError, _Section
 from stare.config.reward import RewardConfig
 from stare.config.sections import (DataSection, DiagnosticsSection, ModelSection, OptimSection, RolloutSection,
                                    RunSection, TaskSection)
-from stare.config.system import ControlSection, LoggingSection, SystemSection
+from stare.config.system import ControlPlaneSection, LoggingSection, SystemSection
 
 
 class TrainConfig(_Section):
@@ -41,8 +42,21 @@ class TrainConfig(_Section):
     )
     diagnostics: DiagnosticsSection = DiagnosticsSection()
     system: SystemSection = SystemSection()
-    control: ControlSection = ControlSection()
+    control_plane: ControlPlaneSection = ControlPlaneSection()
     logging: LoggingSection = LoggingSection()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_control_key(cls, data: Any) -> Any:
+        """`control:` was the control plane's section before it was renamed (it read too much like the
+        entropy `controller:`): still accepted, with a warning."""
+        if not isinstance(data, dict) or "control" not in data:
+            return data
+        if "control_plane" in data:
+            raise ValueError("both control (the old name) and control_plane are set: keep control_plane only")
+        warnings.warn("the config section `control` is now `control_plane` (the control plane's API settings); "
+                      "read as control_plane, rename it", FutureWarning, stacklevel=2)
+        return {("control_plane" if k == "control" else k): v for k, v in data.items()}
 
     @model_validator(mode="after")
     def _importance_needs_tis(self):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stare.config import TrainConfig
+from stare.config import TrainConfig, staleness
 from stare.plan.sizes import DTYPE_BYTES, ModelShape
 from stare.weight_sync.factory import receive_buffer_sets
 
@@ -47,7 +47,7 @@ def weight_snapshot_bytes(cfg: TrainConfig, shape: ModelShape, b: int, stage: in
     full_state_dict): none for a synchronous publish under ZeRO 0-2 (the parameters themselves)."""
     if _publish_from(cfg) != "device":
         return 0, ""
-    copies = 2 if cfg.system.max_staleness >= 1 else int(stage == 3)
+    copies = 2 if staleness(cfg).off_policy else int(stage == 3)
     why = "a background publish: the copy being sent and the next" if copies == 2 else "ZeRO-3: the gathered model"
     return copies * b * shape.params, f"{copies} x the model in {cfg.model.dtype} on rank 0 ({why})"
 

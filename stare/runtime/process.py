@@ -37,7 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from collections.abc import Iterator
 from typing import Any
 
-from stare.config import ConfigError, TrainConfig
+from stare.config import ConfigError, TrainConfig, staleness
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def connect_transport(cfg: TrainConfig, url: str):
 
     s = cfg.system
     rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
-    backlog = s.max_backlog + (cfg.run.checkpoint_every + s.max_staleness + 2) * rows
+    backlog = s.max_backlog + (cfg.run.checkpoint_every + staleness(cfg).max_versions + 2) * rows
     return RedisTransport.connect(url, cfg.run.name, max_backlog=backlog, maxlen=2 * backlog,
                                   claim_idle_ms=int(s.claim_idle_s * 1000), block_ms=1000, publish_timeout_s=5.0,
                                   max_deliveries=s.max_deliveries)

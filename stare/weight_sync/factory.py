@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from stare.config import TrainConfig
+from stare.config import TrainConfig, staleness
 
 if TYPE_CHECKING:  # torch stays out of the import of `stare up`
     from stare.weight_sync.base import WeightPublisher, WeightSubscriber
@@ -43,7 +43,7 @@ def publish_from(cfg: TrainConfig, *, cuda: bool) -> str:
 
 def build_publisher(cfg: TrainConfig, client, *, background: bool | None = None) -> WeightPublisher:
     """The learner's end. `client`: the run's Redis client (the filesystem backend keeps its
-    version pointer there). `background` (None: when `system.max_staleness >= 1`): publish from a
+    version pointer there). `background` (None: when the run is off-policy, stare.config.staleness): publish from a
     thread of its own, the learner not waiting (stare.weight_sync.background)."""
     s = cfg.system
     if s.weight_sync == "broadcast":
@@ -57,7 +57,7 @@ def build_publisher(cfg: TrainConfig, client, *, background: bool | None = None)
         from stare.weight_sync.filesystem import FilesystemPublisher
 
         publisher = FilesystemPublisher(client, cfg.run.name, s.weight_dir or cfg.run_dir / "weights")
-    if background if background is not None else s.max_staleness >= 1:
+    if background if background is not None else staleness(cfg).off_policy:
         from stare.weight_sync.background import BackgroundPublisher
 
         return BackgroundPublisher(publisher, close_timeout_s=max(60.0, 4 * s.broadcast_timeout_s))

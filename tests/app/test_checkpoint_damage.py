@@ -20,7 +20,7 @@ def trained(tiny_model_dir, tmp_path_factory):
     from train_helpers import fast_override_list
 
     out = tmp_path_factory.mktemp("damage") / "runs"
-    cfg = build_config({}, overrides=fast_override_list(tiny_model_dir, out) + ["control.serve_in_train=false"])
+    cfg = build_config({}, overrides=fast_override_list(tiny_model_dir, out) + ["control_plane.serve_in_train=false"])
     return run_training(prepare_run(cfg, None), progress=False)
 
 

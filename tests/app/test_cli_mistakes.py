@@ -150,7 +150,7 @@ def _data_args(root: Path, tiny: Path, content, name: str = "data.jsonl") -> lis
         _write(path, content)
     return ["train", "--no-progress", "--set", "task.name=dataset", "--set", f"task.path={path}",
             "--set", f"model.path={tiny}", "--set", f"run.output_dir={root / 'runs'}", "--set", "run.name=d",
-            "--set", "control.serve_in_train=false"]
+            "--set", "control_plane.serve_in_train=false"]
 
 
 def _resume(root: Path, tiny: Path, damage) -> tuple[list, Path]:

@@ -93,7 +93,7 @@ def recorded(monkeypatch):
 
 
 def _train(overrides: list[str], name: str) -> Path:
-    cfg = build_config({}, overrides=overrides + [f"run.name={name}", "control.serve_in_train=false"])
+    cfg = build_config({}, overrides=overrides + [f"run.name={name}", "control_plane.serve_in_train=false"])
     return run_training(prepare_run(cfg, None), progress=False)
 
 

@@ -88,7 +88,7 @@ def _train(fast_overrides, name: str, *extra: str) -> tuple[str, list[dict]]:
 
     args = [sys.executable, "-m", "stare.app.cli", "train", *extra]
     for o in fast_overrides + ["run.steps=3", "logging.every_n_steps=2", f"run.name={name}",
-                               "control.serve_in_train=false"]:
+                               "control_plane.serve_in_train=false"]:
         args += ["--set", o]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -40,7 +40,7 @@ def test_two_steps_of_the_smollm2_config_train_report_and_export(smollm2_dir, tm
         f"run.output_dir={tmp_path}", "run.steps=2", "run.checkpoint_every=2", "task.eval_every=2",
         "task.eval_problems=2", "task.eval_sources={stare/chat-arithmetic: {n: 2, top_p: 0.7}}",
         "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=12",
-        "data.dynamic_sampling=false", "optim.micro_batch=4", "control.serve_in_train=false",
+        "data.dynamic_sampling=false", "optim.micro_batch=4", "control_plane.serve_in_train=false",
     ])
     run_dir = run_training(prepare_run(cfg, None), progress=False)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

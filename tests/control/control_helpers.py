@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stare.config import ControlSection
+from stare.config import ControlPlaneSection
 from stare.runstate import RunSteering
 
 TOKEN = "test-token-0123456789"
@@ -21,5 +21,5 @@ def client(state, token: str | None = TOKEN, **settings):
     from services.control.app import create_app
 
     settings.setdefault("trusted_hosts", ["testserver"])  # TestClient's Host
-    return TestClient(create_app(state, ControlSection(**settings), state.run_id, token=token))
+    return TestClient(create_app(state, ControlPlaneSection(**settings), state.run_id, token=token))
 

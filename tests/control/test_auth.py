@@ -9,7 +9,7 @@ import pytest
 from control_helpers import AUTH, TOKEN, client, started
 from services.control.auth import resolve_token
 
-from stare.config import ConfigError, ControlSection
+from stare.config import ConfigError, ControlPlaneSection
 from stare.runstate import MemoryRunState
 
 MUTATING = [("post", "/v1/run/pause", None), ("post", "/v1/run/resume", None), ("post", "/v1/run/checkpoint", None),
@@ -75,15 +75,15 @@ def test_health_and_the_dashboard_page_stay_open_with_auth_reads(state):
 def test_the_token_comes_from_the_environment_first_then_the_token_file(tmp_path):
     secret = tmp_path / "token"
     secret.write_text("from-file\n")
-    settings = ControlSection(token_file=secret)
+    settings = ControlPlaneSection(token_file=secret)
     assert resolve_token(settings, {"STARE_API_TOKEN": "from-env"}) == "from-env"
     assert resolve_token(settings, {}) == "from-file"
-    assert resolve_token(ControlSection(), {}) is None
+    assert resolve_token(ControlPlaneSection(), {}) is None
 
 
 def test_a_missing_token_file_is_a_config_error_naming_the_field(tmp_path):
-    with pytest.raises(ConfigError, match="control.token_file"):
-        resolve_token(ControlSection(token_file=tmp_path / "absent"), {})
+    with pytest.raises(ConfigError, match="control_plane.token_file"):
+        resolve_token(ControlPlaneSection(token_file=tmp_path / "absent"), {})
 
 
 def test_the_token_is_never_logged_or_echoed(state, caplog):

@@ -10,7 +10,7 @@ from control_helpers import AUTH, TOKEN, started
 from services.control.app import create_app
 from services.control.server import BackgroundServer
 
-from stare.config import ControlSection
+from stare.config import ControlPlaneSection
 from stare.runstate import MemoryRunState
 
 MODES = {"token": dict(token=TOKEN), "unauthenticated": dict(token="", allow_unauthenticated=True)}
@@ -22,7 +22,7 @@ def served(request, controller):
     token = options.pop("token")
     state = MemoryRunState("run")
     started(state, controller)
-    server = BackgroundServer(create_app(state, ControlSection(**options), "run", token=token), "127.0.0.1", 0).start()
+    server = BackgroundServer(create_app(state, ControlPlaneSection(**options), "run", token=token), "127.0.0.1", 0).start()
     yield state, server.url, (AUTH if token else {})
     server.stop()
 
@@ -60,7 +60,7 @@ def test_a_foreign_host_header_is_refused(served):
 def test_trusted_hosts_and_allowed_origins_come_from_the_config(controller):
     state = MemoryRunState("run")
     started(state, controller)
-    settings = ControlSection(trusted_hosts=["stare.example.org"], allowed_origins=["https://dash.example.org"])
+    settings = ControlPlaneSection(trusted_hosts=["stare.example.org"], allowed_origins=["https://dash.example.org"])
     server = BackgroundServer(create_app(state, settings, "run", token=TOKEN), "127.0.0.1", 0).start()
     try:
         host = {"Host": "stare.example.org"}

@@ -16,7 +16,7 @@ from learner.step.trainer import nonfinite_step
 from services.control.app import create_app
 from services.control.server import BackgroundServer
 
-from stare.config import ConfigError, ControlSection, build_config
+from stare.config import ConfigError, ControlPlaneSection, build_config
 from stare.runstate import MemoryRunState, RunSteering
 
 LN_V = 4.0  # the max_entropy the fake learner publishes
@@ -35,7 +35,7 @@ RAW_BODIES = [b'{"target": NaN}', b'{"target": Infinity}', b'{"w": -Infinity}', 
 def api():
     state = MemoryRunState("run")
     started(state, EntropyController(ControllerConfig(), max_entropy=LN_V))
-    server = BackgroundServer(create_app(state, ControlSection(), "run", token=TOKEN), "127.0.0.1", 0).start()
+    server = BackgroundServer(create_app(state, ControlPlaneSection(), "run", token=TOKEN), "127.0.0.1", 0).start()
     yield state, server.url
     server.stop()
 

@@ -31,8 +31,8 @@ def server(redis_url, tmp_path_factory):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "stare.app.cli", "control", "--redis-url-file", str(url_file), "--port", str(port),
-         "--set", "run.name=limits", "--set", f"control.max_body_bytes={LIMIT}", "--set", "control.header_timeout_s=1",
-         "--set", "control.body_timeout_s=1"],
+         "--set", "run.name=limits", "--set", f"control_plane.max_body_bytes={LIMIT}", "--set", "control_plane.header_timeout_s=1",
+         "--set", "control_plane.body_timeout_s=1"],
         env={**child_env(), "STARE_API_TOKEN": TOKEN}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -139,7 +139,7 @@ def test_a_100_mb_body_without_a_token_is_refused_before_it_is_read(server, fram
     grown = (_rss(proc) - before) / MB
     live.stop.set()
     live.join(10)
-    assert _status(reply) == 413 and b"control.max_body_bytes" in reply
+    assert _status(reply) == 413 and b"control_plane.max_body_bytes" in reply
     assert sent < 100 * MB  # cut off: the server did not read the rest
     assert grown < 50, f"the server grew by {grown:.1f} MB"
     slowest = max([live.slowest, *probes])
@@ -174,7 +174,7 @@ def test_a_stalled_body_is_answered_408(server):
         sock.sendall(b"PATCH /v1/entropy HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 100\r\n\r\n{\"target\"")
         reply = _read_until_closed(sock)
-    assert _status(reply) == 408 and b"control.body_timeout_s" in reply
+    assert _status(reply) == 408 and b"control_plane.body_timeout_s" in reply
 
 
 def test_accepted_sockets_get_tcp_nodelay():
@@ -201,9 +201,9 @@ def test_accepted_sockets_get_tcp_nodelay():
 def _in_thread_server(state, **settings):
     from services.control.app import create_app
 
-    from stare.config import ControlSection
+    from stare.config import ControlPlaneSection
 
-    return BackgroundServer(create_app(state, ControlSection(**settings), "run", token=TOKEN), "127.0.0.1", 0).start()
+    return BackgroundServer(create_app(state, ControlPlaneSection(**settings), "run", token=TOKEN), "127.0.0.1", 0).start()
 
 
 def test_connections_past_the_cap_get_503():

@@ -17,7 +17,7 @@ from services.control.app import create_app
 from services.control.prometheus import LEGACY_NAMES, STEP_TIME_BUCKETS, SYNC_TIME_BUCKETS
 from services.control.server import BackgroundServer
 
-from stare.config import ControlSection
+from stare.config import ControlPlaneSection
 from stare.runstate.base import Heartbeat
 
 FULL_STEP = {"step": 1, "weight_version": 1, "entropy": 0.41, "target": 0.3, "band_low": 0.2, "band_high": 0.5,
@@ -41,7 +41,7 @@ def serve():
     servers = []
 
     def start(state, run_id="run"):
-        server = BackgroundServer(create_app(state, ControlSection(), run_id, token=TOKEN), "127.0.0.1", 0).start()
+        server = BackgroundServer(create_app(state, ControlPlaneSection(), run_id, token=TOKEN), "127.0.0.1", 0).start()
         servers.append(server)
         return server
 
@@ -176,7 +176,7 @@ def test_openmetrics_is_served_when_the_scraper_asks(state, controller, serve):
 
 
 def test_metrics_need_the_token_when_reads_are_authenticated(state, serve):
-    server = BackgroundServer(create_app(state, ControlSection(auth_reads=True), "run", token=TOKEN), "127.0.0.1", 0)
+    server = BackgroundServer(create_app(state, ControlPlaneSection(auth_reads=True), "run", token=TOKEN), "127.0.0.1", 0)
     server.start()
     try:
         assert httpx.get(server.url + "/metrics", timeout=10).status_code == 401

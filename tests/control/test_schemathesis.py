@@ -21,7 +21,7 @@ from stare.config.algo import ControllerConfig
 from learner.algorithm.entropy_controller import EntropyController
 from services.control.app import create_app
 
-from stare.config import ControlSection
+from stare.config import ControlPlaneSection
 from stare.runstate import MemoryRunState
 
 
@@ -29,7 +29,7 @@ def _app(token: str, **settings_):
     state = MemoryRunState("run", max_metrics=50)
     controller = EntropyController(ControllerConfig(), max_entropy=4.0)
     started(state, controller).after_step(controller, {"step": 1, "entropy": 0.2})
-    return create_app(state, ControlSection(trusted_hosts=["*"], **settings_), "run", token=token)
+    return create_app(state, ControlPlaneSection(trusted_hosts=["*"], **settings_), "run", token=token)
 
 
 open_schema = schemathesis.openapi.from_asgi("/openapi.json", _app("", allow_unauthenticated=True)) \

@@ -18,7 +18,7 @@ from services.control.app import create_app
 from services.control.server import BackgroundServer
 
 from stare.app.cli import main
-from stare.config import ControlSection
+from stare.config import ControlPlaneSection
 from stare.runstate import MemoryRunState
 
 
@@ -26,7 +26,7 @@ from stare.runstate import MemoryRunState
 def served(controller):
     state = MemoryRunState("run")
     started(state, controller)
-    server = BackgroundServer(create_app(state, ControlSection(), "run", token=TOKEN), "127.0.0.1", 0).start()
+    server = BackgroundServer(create_app(state, ControlPlaneSection(), "run", token=TOKEN), "127.0.0.1", 0).start()
     yield server, state
     server.stop()
 
@@ -36,7 +36,7 @@ def test_a_taken_port_falls_back_to_a_free_one_and_stop_frees_it(controller):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        server = BackgroundServer(create_app(MemoryRunState("run"), ControlSection(), "run", token=""), "127.0.0.1", port)
+        server = BackgroundServer(create_app(MemoryRunState("run"), ControlPlaneSection(), "run", token=""), "127.0.0.1", port)
         server.start()
         assert not server.url.endswith(f":{port}")
         assert httpx.get(server.url + "/v1/health", timeout=5).json() == {"status": "ok"}

@@ -73,7 +73,7 @@ def run(tiny_model_dir, tmp_path_factory):
     overrides = fast_override_list(tiny_model_dir, out / "runs") + [
         # far more steps than the module needs: the run must outlive every test on a fast machine (60
         # steps once ended before the dashboard test opened the page); teardown stops it with SIGINT
-        "run.steps=100000", "run.checkpoint_every=100000", "task.eval_every=2", "control.port=0",
+        "run.steps=100000", "run.checkpoint_every=100000", "task.eval_every=2", "control_plane.port=0",
     ]
     cmd = [sys.executable, "-m", "stare.app.cli", "train", "--no-progress"] + [a for o in overrides for a in ("--set", o)]
     env = {**child_env(), "STARE_API_TOKEN": TOKEN}  # not a process group this pytest process formed

@@ -9,7 +9,7 @@ import time
 
 from fastapi.testclient import TestClient
 
-from stare.config import ControlSection
+from stare.config import ControlPlaneSection
 from stare.runstate import Heartbeat, MemoryRunState
 from stare.runtime.process import claim_slot
 from services.control.app import create_app
@@ -73,7 +73,7 @@ def test_status_and_role_up_drop_a_worker_after_the_grace():
     beat(state, "rollout-old", age_s=400.0)          # a redeploy's predecessor, long gone
     beat(state, "rollout-now", age_s=1.0)
     beat(state, "rollout-left", age_s=5.0, gone=True)
-    app = create_app(state, ControlSection(trusted_hosts=["testserver"]), "run", token="t")
+    app = create_app(state, ControlPlaneSection(trusted_hosts=["testserver"]), "run", token="t")
     client = TestClient(app)
     roles = {r["name"]: (r["alive"], r["gone"]) for r in client.get("/v1/status").json()["roles"]}
     assert roles == {"rollout-now": (True, False), "rollout-left": (False, True)}

@@ -136,3 +136,14 @@ def test_in_flight_weight_updates_turn_the_streaming_loop_on_for_the_hf_engine()
     engine.inflight_updates, engine.weight_version = True, 0
     assert cfg.rollout.engine.name == "hf" and cfg.system.rollout_streaming is None
     assert streaming_enabled(cfg, engine)
+
+
+def test_the_old_control_section_is_read_as_control_plane_with_a_warning():
+    with pytest.warns(FutureWarning, match="`control` is now `control_plane`"):
+        cfg = build_config({"control": {"port": 9123}}, overrides=["control.host=0.0.0.0"])
+    assert (cfg.control_plane.port, cfg.control_plane.host) == (9123, "0.0.0.0")
+
+
+def test_the_old_and_the_new_control_plane_section_together_are_refused():
+    with pytest.raises(ConfigError, match="keep control_plane only"):
+        build_config({"control": {"port": 1}, "control_plane": {"port": 2}})

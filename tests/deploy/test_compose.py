@@ -223,7 +223,7 @@ def test_ports_and_health_checks_match_the_code(profile):
     cfg = load_config(config_of(control))
     command = control["command"]
     port = int(command[command.index("--port") + 1])
-    assert port == cfg.control.port == 8321
+    assert port == cfg.control_plane.port == 8321
     assert control["ports"] == [f"8321:{port}"]
     assert control["healthcheck"]["test"][-1] == f"http://127.0.0.1:{port}/v1/health"
     assert control_plane_status("/v1/health") == 200
@@ -274,7 +274,7 @@ def test_api_token_comes_from_the_secret(profile):
     doc = load_compose()
     control = next(s for s in services_of(doc, profile).values() if role_of(s) == "control")
     (secret,) = [s for s in control["secrets"] if s != "redis_password"]
-    assert load_config(config_of(control)).control.token_file == Path("/run/secrets") / secret
+    assert load_config(config_of(control)).control_plane.token_file == Path("/run/secrets") / secret
     source = REPO / doc["secrets"][secret]["file"]
     assert source.parent.is_dir()
     assert not any(p.name != ".gitignore" for p in source.parent.iterdir() if _tracked(p)), "no token in git"

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from deploy_helpers import REPO
-from stare.config import ControlSection
+from stare.config import ControlPlaneSection
 from services.control.security import trusted_hosts
 from test_compose import config_of, load_compose, mounts, role_of, services_of
 
@@ -153,10 +153,10 @@ def test_the_generated_gpu_services_share_it_for_any_gpu_count():
 
 def _control_hosts(service: dict) -> list[str]:
     command = service["command"]
-    sets = [command[i + 1] for i, w in enumerate(command) if w == "--set" and command[i + 1].startswith("control.trusted_hosts=")]
+    sets = [command[i + 1] for i, w in enumerate(command) if w == "--set" and command[i + 1].startswith("control_plane.trusted_hosts=")]
     assert len(sets) == 1, command
     hosts = yaml.safe_load(sets[0].split("=", 1)[1])
-    return trusted_hosts(ControlSection(trusted_hosts=hosts))
+    return trusted_hosts(ControlPlaneSection(trusted_hosts=hosts))
 
 
 @pytest.mark.parametrize("service", ["control", "control-cpu"])

@@ -201,7 +201,7 @@ def test_probes_hit_the_endpoints_the_code_serves(rendered, target):
             assert get["path"] == path, (w["metadata"]["name"], probe)
             port = ports[get["port"]]
             if role == "control":
-                assert port == int(c["args"][c["args"].index("--port") + 1]) == build_config({}).control.port
+                assert port == int(c["args"][c["args"].index("--port") + 1]) == build_config({}).control_plane.port
             else:
                 assert port == int(env["STARE_HEALTH_PORT"]), w["metadata"]["name"]
 
@@ -288,11 +288,11 @@ def test_config_parses_and_addresses_the_services(rendered, target, engine):
     assert int(redis_port) in {p["port"] for p in redis["spec"]["ports"]}
     learner = named(rendered, target, "Service", cfg.system.broadcast_host)
     assert [p["port"] for p in learner["spec"]["ports"]] == [cfg.system.broadcast_port]
-    assert cfg.control.token_file == Path("/run/secrets/stare_api_token")
+    assert cfg.control_plane.token_file == Path("/run/secrets/stare_api_token")
     control = named(rendered, target, "Deployment", "stare-control")
     (item,) = next(v for v in control["spec"]["template"]["spec"]["volumes"] if v["name"] == "api-token")["secret"]["items"]
     mount = next(m for m in containers(control)[0]["volumeMounts"] if m["name"] == "api-token")
-    assert Path(mount["mountPath"]) / item["path"] == cfg.control.token_file
+    assert Path(mount["mountPath"]) / item["path"] == cfg.control_plane.token_file
     assert str(cfg.run.output_dir).startswith("/data") and str(cfg.system.weight_dir).startswith("/data")
 
 
@@ -305,16 +305,16 @@ def test_k8s_configs_differ_from_the_compose_ones_only_in_addresses(k8s_config, 
     theirs = load_config(REPO / compose_config).model_dump()
     for cfg in (ours, theirs):
         cfg["system"].pop("redis_url"), cfg["system"].pop("broadcast_host")
-        cfg["control"].pop("trusted_hosts")  # compose gives its names on the command line
+        cfg["control_plane"].pop("trusted_hosts")  # compose gives its names on the command line
     assert ours == theirs
 
 
 @pytest.mark.parametrize("target, namespace", [("overlays/gpu", "stare"), ("overlays/cpu-dev", "stare-dev")])
 def test_control_plane_trusts_only_its_service_names_and_localhost(rendered, target, namespace):
-    """control.trusted_hosts: the Service's DNS names in the overlay's namespace and localhost (the
+    """control_plane.trusted_hosts: the Service's DNS names in the overlay's namespace and localhost (the
     probes send Host: localhost), never "*" (#26)."""
     config = next(o for o in objects(rendered, target, "ConfigMap") if "stare.yaml" in o.get("data", {}))
-    hosts = build_config(yaml.safe_load(config["data"]["stare.yaml"])).control.trusted_hosts
+    hosts = build_config(yaml.safe_load(config["data"]["stare.yaml"])).control_plane.trusted_hosts
     service = named(rendered, target, "Service", "stare-control")["metadata"]
     assert service["namespace"] == namespace
     name = service["name"]

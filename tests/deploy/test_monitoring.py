@@ -34,7 +34,7 @@ def exported() -> dict[str, set[str]]:
     from fastapi.testclient import TestClient
     from prometheus_client.parser import text_string_to_metric_families
 
-    from stare.config import ControlSection
+    from stare.config import ControlPlaneSection
     from stare.config.algo import ControllerConfig
     from learner.algorithm.entropy_controller import EntropyController
     from stare.runstate import MemoryRunState, RunSteering
@@ -50,7 +50,7 @@ def exported() -> dict[str, set[str]]:
     control.after_step(controller, {**step, "step": 1, "weight_version": 1, "eval_greedy_accuracy": 0.5},
                        {"queue_depths": {"raw": 1}, "dead_letters": {"raw": 0}, "staleness": {"counts": {"0": 4}}})
     state.beat(Heartbeat(role="rollout", name="rollout-0", pid=1, host="h", info={"redelivered": 2}))
-    text = TestClient(create_app(state, ControlSection(trusted_hosts=["testserver"]), "run", token="t")).get("/metrics").text
+    text = TestClient(create_app(state, ControlPlaneSection(trusted_hosts=["testserver"]), "run", token="t")).get("/metrics").text
     names: dict[str, set[str]] = defaultdict(set)
     for family in text_string_to_metric_families(text):
         for s in family.samples:

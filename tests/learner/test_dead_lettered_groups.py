@@ -7,7 +7,7 @@ from record_helpers import make_trajectory
 from redis_fixtures import have_redis_server, redis_server
 
 from learner.loop.group_collector import GroupCollector
-from learner.process.role import RedisDecisionLog
+from learner.loop.group_collector import RedisDecisionLog
 from stare.transport.records import PromptTask
 from stare.transport.dead_letters import training_dead_letters
 from stare.transport.redis_transport import RedisTransport

@@ -217,7 +217,7 @@ def _memory_log():
 def _redis_log(tmp_path):
     import redis
 
-    from learner.process.role import RedisDecisionLog
+    from learner.loop.group_collector import RedisDecisionLog
 
     with redis_server(tmp_path / "redis") as server:
         yield RedisDecisionLog(redis.Redis.from_url(server.url, socket_timeout=10), "run")

@@ -133,7 +133,7 @@ def test_an_embedded_run_with_lora_trains_and_exports(tmp_path, export):
                         "task": {"eval_problems": 2, "eval_every": 1000},
                         "optim": {"lr": 1e-2, "micro_batch": 16},
                         "model": {"lora": {"r": 4, "alpha": 8, "export": export}},
-                        "control": {"serve_in_train": False}})
+                        "control_plane": {"serve_in_train": False}})
     run = prepare_run(cfg, None)
     run_dir = run_training(run, progress=False)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 from stare.config import build_config
 from stare.app.launch.embedded import prepare_run, run_training
-from stare.app.launch.up import Launcher
+from stare.app.launch.processes import ProcessLauncher as Launcher
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis,
               pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
@@ -51,7 +51,7 @@ def _config(model_dir: Path, out: Path, name: str, *, learner_ranks: int = 1, ze
         "controller": {"target": 5.0, "schedule": "sign", "alpha": 0.5, "w_max": 10.0, "m_min": 0.1, "adaptive": True},
         "system": {"max_staleness": 0, "rollout_batch_prompts": 3, "heartbeat_s": 0.5, "learner_ranks": learner_ranks,
                    "broadcast_timeout_s": 20.0, "rollout_streaming": streaming, "colocate": colocate},
-        "control": {"port": 0, "allow_unauthenticated": True, "serve_in_train": False},
+        "control_plane": {"port": 0, "allow_unauthenticated": True, "serve_in_train": False},
     })
 
 

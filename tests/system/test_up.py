@@ -24,7 +24,7 @@ import redis
 from redis_fixtures import have_redis_server
 
 from stare.config import build_config
-from stare.app.launch.up import Launcher
+from stare.app.launch.processes import ProcessLauncher as Launcher
 from stare.runstate.redis_state import RedisRunState
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
@@ -44,7 +44,7 @@ def _config(model_dir: Path, out: Path, steps: int, **extra):
         "loss": {"name": "stare", "tis_cap": 2.0},
         "system": {"max_staleness": STALENESS, "stale_policy": "importance", "claim_idle_s": 3.0,
                    "heartbeat_s": 0.5, "rollout_batch_prompts": 2, "broadcast_timeout_s": 10.0},
-        "control": {"port": 0, "allow_unauthenticated": True},
+        "control_plane": {"port": 0, "allow_unauthenticated": True},
     }
     for key, value in extra.items():
         section, name = key.split("__")
@@ -158,13 +158,13 @@ def _assert_prometheus_counts_every_step(server, run_id: str, steps: int) -> Non
     from fastapi.testclient import TestClient
     from prometheus_client.parser import text_string_to_metric_families
 
-    from stare.config import ControlSection
+    from stare.config import ControlPlaneSection
     from services.control.app import create_app
 
     server.start()
     try:
         state = RedisRunState.connect(server.url, run_id)
-        text = TestClient(create_app(state, ControlSection(trusted_hosts=["testserver"]), run_id, token="t")).get("/metrics").text
+        text = TestClient(create_app(state, ControlPlaneSection(trusted_hosts=["testserver"]), run_id, token="t")).get("/metrics").text
         state.close()
     finally:
         server.kill()

@@ -8,7 +8,7 @@ import sys
 import time
 
 from stare.config import build_config
-from stare.app.launch.up import Launcher
+from stare.app.launch.processes import ProcessLauncher as Launcher
 from stare.transport.redis_secrets import write_secret
 
 PRINT_TOKEN = "import os; print('token=' + os.environ.get('STARE_API_TOKEN', '<none>'))"

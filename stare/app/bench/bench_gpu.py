@@ -98,11 +98,11 @@ def measure_learner(*, device: str, shape: dict[str, int], groups: int, group_si
     """One row: tokens/s of the learner's step (prompt + response tokens through the pre-pass and
     the training pass), against the tokens/s a dense matmul at this device's measured rate would
     give for the same FLOPs (ratio = MFU vs the measured peak)."""
-    from stare.app.bench.bench_learner import synthetic_groups
-    from learner.step.batch import collate, token_logprobs_and_entropy
-    from stare.config.algo import StareLossConfig
     from learner.algorithm.losses import LossInputs, policy_loss
     from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
+    from learner.step.batch import collate, token_logprobs_and_entropy
+    from stare.app.bench.bench_learner import synthetic_groups
+    from stare.config.algo import StareLossConfig
 
     dev = torch.device(device)
     model = build_model(shape, dev, dtype)

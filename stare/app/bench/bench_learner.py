@@ -85,10 +85,10 @@ class PlainLoop:
 
     def step(self, trajectories) -> float:
         """One optimizer step; returns the loss (the sum of the micro-batch losses)."""
-        from learner.step.batch import collate, token_logprobs_and_entropy
-        from stare.config.algo import StareLossConfig
         from learner.algorithm.losses import LossInputs, policy_loss
         from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
+        from learner.step.batch import collate, token_logprobs_and_entropy
+        from stare.config.algo import StareLossConfig
 
         cfg = self.cfg
         batch = collate(trajectories, pad_id=self.pad_id, rows=self.rows, scale_by_std=cfg.data.advantage_std)
@@ -132,8 +132,8 @@ def measure(*, repeats: int, overrides: list[str] = ()) -> list[dict[str, Any]]:
     step that both compute the same loss and update."""
     from transformers import AutoTokenizer
 
-    from stare.models.resolve import resolve_model
     from learner.step.trainer import Learner
+    from stare.models.resolve import resolve_model
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     with tempfile.TemporaryDirectory(prefix="stare-bench-learner-") as tmp:

@@ -121,12 +121,12 @@ def _packing_tokens_per_s(quick: bool) -> tuple[dict[str, list[float]], dict]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from stare.config.algo import StareLossConfig
-    from learner.step.micro_batches import build_micro_batch, plan_rows
-    from learner.step.forward_passes import Policy, hidden_state_fn, prepass, train_pass
     from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
-    from stare.app.bench.common import rotated
     from learner.step.batch import collate
+    from learner.step.forward_passes import Policy, hidden_state_fn, prepass, train_pass
+    from learner.step.micro_batches import build_micro_batch, plan_rows
+    from stare.app.bench.common import rotated
+    from stare.config.algo import StareLossConfig
     from stare.transport.records import Trajectory
 
     rows, longest, prompt = (32, 256, 16) if quick else (64, 768, 32)

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from stare.config.algo import GrpoLossConfig, StareLossConfig
-from stare.app.bench.common import allocator_keeps_memory, format_table, paired_row, rotated
 from learner.algorithm.losses import LossInputs, policy_loss
 from learner.algorithm.step_plan import StepTokens, plan_step
+from stare.app.bench.common import allocator_keeps_memory, format_table, paired_row, rotated
+from stare.config.algo import GrpoLossConfig, StareLossConfig
 
 TARGET = 1.03  # STARE / GRPO time, from logits
 QUICK = dict(seqs=32, length=256, vocab=16384, micro_batch=8, repeats=31)

@@ -38,11 +38,11 @@ def run_arm(staleness: int, steps: int, rollout: int, reward: int, out: Path, ex
             timeout_s: float = ARM_TIMEOUT_S) -> list[float]:
     """Run `stare up` to `steps` steps; the learner's end-of-step clock readings (unix seconds)."""
     from stare.app.bench.common import tiny_config
-    from stare.app.launch.up import Launcher
+    from stare.app.launch.processes import ProcessLauncher as Launcher
 
     overrides = [f"run.output_dir={out}", f"run.name=overlap-s{staleness}", f"run.steps={steps}",
                  f"run.checkpoint_every={steps}", f"task.eval_every={10 * steps}", "task.eval_problems=8",
-                 f"system.max_staleness={staleness}", "control.port=0", *extra]
+                 f"system.max_staleness={staleness}", "control_plane.port=0", *extra]
     cfg = tiny_config(overrides)
     log = io.StringIO()
     launcher = Launcher(cfg, rollout=rollout, reward=reward, control=False, out=log, color=False)

@@ -54,11 +54,11 @@ def _vllm_missing() -> str | None:
 
 def measure_engine(cfg, engine_name: str, redis_url: str, repeats: int) -> dict[str, Any]:
     """One row: the worker's tokens/s over the bare engine's for `engine_name`."""
-    from stare.data.feeder import PromptFeeder
-    from stare.runtime.net import free_port
     from rollout.engines.base import SamplingParams, derive_seed
     from rollout.stack import build_rollout_stack
     from rollout.worker import RolloutWorker
+    from stare.data.feeder import PromptFeeder
+    from stare.runtime.net import free_port
     from stare.transport.redis_transport import RedisTransport
     from stare.weight_sync.broadcast import BroadcastPublisher, BroadcastSubscriber
 

@@ -50,7 +50,7 @@ def measure(*, steps: int, overrides: list[str] = ()) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="stare-bench-step-") as tmp:
         cfg = tiny_config([
             f"run.output_dir={tmp}", "run.name=bench-step", f"run.steps={steps}", f"run.checkpoint_every={steps + 1}",
-            f"task.eval_every={steps + 1}", "task.eval_problems=8", "control.serve_in_train=false", *overrides])
+            f"task.eval_every={steps + 1}", "task.eval_problems=8", "control_plane.serve_in_train=false", *overrides])
         run = EmbeddedRun(cfg, resume=False, log=lambda s: None)
         totals = {p: 0.0 for p in PHASES}
         run.rollout.sync_weights = _timer(totals, "weights in", run.rollout.sync_weights)

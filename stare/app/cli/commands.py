@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from stare.app.cli.args import _load, _overrides, default_config_path
+from stare.config.base import ConfigError
 
 
 def cmd_train(args) -> int:
@@ -64,9 +65,9 @@ def cmd_report(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from learner.engine.export import ExportError, export_checkpoint
     from stare.app.launch.embedded import prepare_run
     from stare.models.resolve import resolve_model
-    from learner.engine.export import ExportError, export_checkpoint
 
     cfg = prepare_run(None, args.run)
     out = args.out or args.run / ("hf" if args.step is None else f"hf-step-{args.step:06d}")
@@ -94,17 +95,16 @@ def cmd_sandbox(args) -> int:
 
 def cmd_control(args) -> int:
 
-    from stare.runstate.redis_state import RedisRunState
     from services.control.app import create_app
     from services.control.server import serve_forever
-
+    from stare.runstate.redis_state import RedisRunState
     from stare.runtime.process import redis_url
 
     cfg = _load(args)
     state = RedisRunState.connect(redis_url(cfg, args.redis_url, args.redis_url_file), cfg.run.name,
                                   dead_after_s=cfg.system.dead_after_s, forget_after_s=cfg.system.forget_after_s)
-    app = create_app(state, cfg.control, cfg.run.name)
-    serve_forever(app, args.host or cfg.control.host, cfg.control.port if args.port is None else args.port)
+    app = create_app(state, cfg.control_plane, cfg.run.name)
+    serve_forever(app, args.host or cfg.control_plane.host, cfg.control_plane.port if args.port is None else args.port)
     return 0
 
 
@@ -162,14 +162,62 @@ def _up_command(args) -> str:
     return " ".join(words + ["--print-compose"])
 
 
+def _redis_url(args) -> str | None:
+    from stare.transport.redis_secrets import resolve_url
+
+    url = args.redis_url
+    if url or args.redis_url_file:  # plus STARE_REDIS_PASSWORD_FILE when the URL has no password
+        url = resolve_url("", url=url, url_file=args.redis_url_file)
+    return url
+
+
+def _gpu_count(value: str | float | None, flag: str) -> float | None:
+    """--learner-gpus / --rollout-gpus under --target ray: a number of GPUs an actor requests."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"{flag} {value!r}: with --target ray it is the number of GPUs an actor requests "
+                          "(e.g. 1 or 0.5), not GPU ids") from None
+
+
 def cmd_up(args) -> int:
+    if args.target == "ray":
+        return _up_ray(args, rollout=1 if args.rollout is None else args.rollout)
+    if args.target == "compose":
+        return _up_compose(args)
     from stare.app.launch.up import up
 
-    return up(_load(args), rollout=args.rollout, reward=args.reward, redis_url=args.redis_url,
+    return up(_load(args), rollout=args.rollout, reward=args.reward, redis_url=_redis_url(args),
               control=not args.no_control, gpus=args.gpus, learner_gpus=args.learner_gpus,
               rollout_gpus=args.rollout_gpus, learner_ranks=args.learner_ranks, print_plan=args.print_plan,
-              print_compose=args.compose_base if args.print_compose else None,
+              print_compose=args.compose_base if args.print_compose else None, max_restarts=args.max_restarts,
               command=_up_command(args))
+
+
+def _up_compose(args) -> int:
+    from stare.app.launch.compose_launcher import ComposeLauncher
+    from stare.app.launch.run import run_until_done
+    from stare.plan.gpu_map import node_gpu_count
+
+    if args.config is not None or args.overrides or args.algo is not None:
+        raise ConfigError("--target compose runs the services with the config docker-compose.yml mounts "
+                          "(configs/gpu-node.yaml, configs/compose-cpu.yaml): edit that file instead of --config / "
+                          "--set / --algo, or use --target processes")
+    gpus = node_gpu_count() if args.gpus is None else args.gpus
+    return run_until_done(ComposeLauncher(_load(args), compose_file=args.compose_base,
+                                          profile="gpu" if gpus else "cpu"))
+
+
+def _up_ray(args, *, rollout: int) -> int:
+    from stare.app.launch.ray import launch_ray
+
+    return launch_ray(_load(args), address=args.address, rollout=rollout, reward=args.reward,
+                      redis_url=_redis_url(args), control=not args.no_control,
+                      learner_gpus=_gpu_count(args.learner_gpus, "--learner-gpus"),
+                      rollout_gpus=_gpu_count(args.rollout_gpus, "--rollout-gpus"), max_restarts=args.max_restarts,
+                      start_timeout_s=args.start_timeout_s)
 
 
 def cmd_plan(args) -> int:
@@ -210,13 +258,6 @@ def cmd_plan(args) -> int:
 
 
 def cmd_launch(args) -> int:
-    from stare.app.launch.ray import launch_ray
-    from stare.transport.redis_secrets import resolve_url
-
-    url = args.redis_url
-    if url or args.redis_url_file:  # plus STARE_REDIS_PASSWORD_FILE when the URL has no password
-        url = resolve_url("", url=url, url_file=args.redis_url_file)
-    return launch_ray(_load(args), address=args.address, rollout=args.rollout, reward=args.reward,
-                      redis_url=url, control=not args.no_control, learner_gpus=args.learner_gpus,
-                      rollout_gpus=args.rollout_gpus, max_restarts=args.max_restarts,
-                      start_timeout_s=args.start_timeout_s)
+    """`stare launch --ray`: the old spelling of `stare up --target ray`."""
+    print("stare launch --ray is deprecated: use `stare up --target ray` (same options)", file=sys.stderr)
+    return _up_ray(args, rollout=args.rollout)

@@ -33,13 +33,13 @@ def _known() -> list[tuple[type[BaseException], int, Callable[[BaseException], s
     import redis.exceptions as rx
 
     from learner.engine.checkpoints import CheckpointError
-    from stare.config import ConfigError
-    from stare.config.files import FileInputError
     from learner.engine.export import ExportError
     from learner.loop.run_outcome import NothingTrained
+    from stare.config import ConfigError
+    from stare.config.files import FileInputError
     from stare.data.prompt_policy import PromptPolicyError
-    from stare.runstate.base import RunStateUnavailable
     from stare.data.tasks.dataset import DatasetError
+    from stare.runstate.base import RunStateUnavailable
 
     same = str
     return [

@@ -7,8 +7,21 @@ import sys
 from pathlib import Path
 
 from stare.app.cli.args import _config_args, _log_format_arg, _role_args
-from stare.app.cli.commands import (cmd_bench, cmd_build_model, cmd_compare, cmd_control, cmd_ctl, cmd_export,
-                                    cmd_launch, cmd_plan, cmd_report, cmd_role, cmd_sandbox, cmd_train, cmd_up)
+from stare.app.cli.commands import (
+    cmd_bench,
+    cmd_build_model,
+    cmd_compare,
+    cmd_control,
+    cmd_ctl,
+    cmd_export,
+    cmd_launch,
+    cmd_plan,
+    cmd_report,
+    cmd_role,
+    cmd_sandbox,
+    cmd_train,
+    cmd_up,
+)
 
 
 def _bench_epilog() -> str:
@@ -19,6 +32,16 @@ def _bench_epilog() -> str:
     lines += ["sections: " + "; ".join(f"{s} = {' '.join(names)}" for s, names in SECTIONS.items()),
               "The GPU benchmarks print a row saying 'skipped' where CUDA is absent."]
     return "\n".join(lines)
+
+
+def _ray_args(p) -> None:
+    p.add_argument("--address", default=None,
+                   help="--target ray: HOST:6379, ray://HOST:10001, or auto for the one `ray start --head` started on "
+                   "this machine (default: RAY_ADDRESS, else a new local Ray instance for this run)")
+    p.add_argument("--max-restarts", type=int, default=5,
+                   help="restarts of each crashed role (processes) or actor (ray) (default 5)")
+    p.add_argument("--start-timeout-s", type=float, default=600.0,
+                   help="--target ray: limit for the whole start: actors placed (e.g. waiting for GPUs) and answering")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,21 +67,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=float, default=6 * 3600, help="limit per training run")
     p.set_defaults(fn=cmd_compare)
 
-    p = sub.add_parser("up", help="run the distributed system on this machine: redis, control, learner, "
-                       "N rollout and M reward workers as separate processes")
+    p = sub.add_parser("up", help="run the distributed system on a target: redis, control, learner, N rollout and M "
+                       "reward workers as processes of this machine (default), Docker Compose services, or Ray actors")
     _config_args(p)
+    p.add_argument("--target", choices=("processes", "compose", "ray"), default="processes",
+                   help="where the roles run: processes of this machine (default), the services of "
+                   "docker-compose.yml on this machine (profile gpu with GPUs, else cpu; their config is the one "
+                   "the compose file mounts), or actors of a Ray cluster (--address)")
     p.add_argument("--rollout", type=int, default=None, help="rollout worker processes (default: one per "
                    "rollout.engine.tensor_parallel_size rollout GPUs; 1 without GPUs)")
     p.add_argument("--reward", type=int, default=1, help="reward worker processes (default 1)")
     p.add_argument("--redis-url", default=None, help="use this Redis instead of starting a redis-server")
+    p.add_argument("--redis-url-file", default=None, help="file holding that Redis URL with its password (a secret)")
     p.add_argument("--no-control", action="store_true", help="do not start the control plane")
+    _ray_args(p)
     p.add_argument("--learner-ranks", type=int, default=None, metavar="N",
                    help="learner processes (DeepSpeed data-parallel ranks, one GPU each; default: "
                    "system.learner_ranks, or one per --learner-gpus GPU)")
     p.add_argument("--learner-gpus", default=None, metavar="IDS",
-                   help="GPUs of the learner, one per rank, e.g. 0 or 0-3 (default: the first learner_ranks GPUs)")
+                   help="GPUs of the learner, one per rank, e.g. 0 or 0-3 (default: the first learner_ranks GPUs); "
+                   "--target ray: the number of GPUs the learner actor requests")
     p.add_argument("--rollout-gpus", default=None, metavar="IDS",
-                   help="GPUs of the rollout workers, e.g. 1-7 (default: every GPU the learner does not use)")
+                   help="GPUs of the rollout workers, e.g. 1-7 (default: every GPU the learner does not use); "
+                   "--target ray: the number of GPUs each rollout actor requests")
     p.add_argument("--gpus", type=int, default=None, metavar="N",
                    help="plan for N GPUs instead of the ones this machine shows (with --print-plan)")
     p.add_argument("--print-plan", action="store_true",
@@ -72,29 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: ./docker-compose.yml)")
     p.set_defaults(fn=cmd_up)
 
-    p = sub.add_parser("launch", help="run the distributed system on a Ray cluster: the roles of `stare up` as "
-                       "Ray actors with GPU requests, restarted by Ray when they crash")
+    p = sub.add_parser("launch", help="deprecated: `stare up --target ray` (the same options)")
     _config_args(p)
-    p.add_argument("--ray", action="store_true", required=True,
-                   help="run on Ray (the only backend; `stare up` runs the roles as local processes)")
-    p.add_argument("--address", default=None,
-                   help="Ray cluster: HOST:6379, ray://HOST:10001, or auto for the one `ray start --head` started on "
-                   "this machine (default: RAY_ADDRESS, else a new local Ray instance for this run)")
+    p.add_argument("--ray", action="store_true", required=True, help="run on Ray (the only backend of launch)")
     p.add_argument("--rollout", type=int, default=1, help="rollout actors (default 1)")
     p.add_argument("--reward", type=int, default=1, help="reward actors (default 1)")
-    p.add_argument("--redis-url", default=None,
-                   help="Redis every node reaches (default: start a redis-server here; single-node clusters only); "
-                   "STARE_REDIS_PASSWORD_FILE adds a password")
+    p.add_argument("--redis-url", default=None, help="Redis every node reaches (default: start a redis-server here)")
     p.add_argument("--redis-url-file", default=None, help="file holding that Redis URL with its password (a secret)")
     p.add_argument("--no-control", action="store_true", help="do not start the control plane actor")
-    p.add_argument("--learner-gpus", type=float, default=None,
-                   help="GPUs the learner actor requests (default: system.learner_ranks if the cluster has GPUs, "
-                   "else 0)")
-    p.add_argument("--rollout-gpus", type=float, default=None,
-                   help="GPUs each rollout actor requests (default: 1 if the cluster has GPUs, else 0)")
-    p.add_argument("--max-restarts", type=int, default=5, help="restarts Ray makes of each crashed actor (default 5)")
-    p.add_argument("--start-timeout-s", type=float, default=600.0,
-                   help="limit for the whole start: actors placed (e.g. waiting for GPUs) and answering (default 600)")
+    p.add_argument("--learner-gpus", type=float, default=None, help="GPUs the learner actor requests")
+    p.add_argument("--rollout-gpus", type=float, default=None, help="GPUs each rollout actor requests")
+    _ray_args(p)
     p.set_defaults(fn=cmd_launch)
 
     p = sub.add_parser("plan", help="the GPU memory a config needs per role (weights, gradients, optimizer state "
@@ -137,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "STARE_REDIS_URL, else system.redis_url; STARE_REDIS_PASSWORD_FILE adds a password). Visible in ps: "
                    "prefer --redis-url-file")
     p.add_argument("--redis-url-file", default=None, help="file holding the Redis URL with its password (a secret)")
-    p.add_argument("--host", default=None, help="listen address (default: control.host)")
-    p.add_argument("--port", type=int, default=None, help="listen port (default: control.port)")
+    p.add_argument("--host", default=None, help="listen address (default: control_plane.host)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default: control_plane.port)")
     p.set_defaults(fn=cmd_control)
 
     from stare.app.cli.ctl import add_arguments

@@ -59,9 +59,9 @@ class NodeRollout:
     def build(self, model_path: Path, rank: int, world: int) -> None:
         import torch
 
+        from rollout.stack import build_rollout_stack
         from stare.app.colocation.one_gpu import check_alloc_conf
         from stare.config.colocation import check_node_colocation
-        from rollout.stack import build_rollout_stack
 
         cuda = torch.cuda.is_available()
         check_node_colocation(self.cfg, cuda=cuda)
@@ -74,9 +74,9 @@ class NodeRollout:
         self.stack.engine.sleep()  # before the learner takes its memory
 
     def attach(self, learner) -> None:
-        from stare.app.colocation.one_gpu import Colocation
         from rollout.streaming import StreamingLoop, streaming_enabled
         from rollout.worker import RolloutWorker
+        from stare.app.colocation.one_gpu import Colocation
         from stare.runtime.process import connect_transport
 
         cfg, engine, setup = self.cfg, self.stack.engine, self.stack.setup

@@ -22,7 +22,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
-
 from stare.config import ConfigError, TrainConfig, build_config
 from stare.runstate import MemoryRunState, RunSteering
 
@@ -147,15 +146,15 @@ class EmbeddedRun:
 
     def __init__(self, cfg: TrainConfig, *, resume: bool, log: Callable[[str], None] = print,
                  steering: RunSteering | None = None):
-        from stare.app.colocation.one_gpu import Colocation, colocated, offload_wanted
-        from stare.data.feeder import build_feeder
-        from learner.loop.group_collector import GroupCollector, MemoryDecisionLog
-        from learner.loop.session import MemoryCursor, SessionSeams, TrainingSession, seed_everything
+        from learner.loop.build import build_session
+        from learner.loop.group_collector import MemoryDecisionLog
+        from learner.loop.session import MemoryCursor, SessionSeams, seed_everything
         from learner.step.trainer import Learner
         from reward.worker import RewardWorker
         from rollout.stack import StackEvaluator, build_rollout_stack
         from rollout.worker import RolloutWorker
-        from stare.transport.dead_letters import training_dead_letters
+        from stare.app.colocation.one_gpu import Colocation, colocated, offload_wanted
+        from stare.data.feeder import build_feeder
         from stare.transport.in_memory import MemoryTransport
         from stare.weight_sync.in_memory import MemoryWeightBoard
 
@@ -184,9 +183,6 @@ class EmbeddedRun:
         )
         self.reward = RewardWorker(self.task, self.transport.raw, self.transport.scored, name="reward-0",
                                    reward_config=cfg.reward)
-        collector = GroupCollector(self.transport.scored, name="learner", dynamic_sampling=cfg.data.dynamic_sampling,
-                                   max_staleness=0, decisions=MemoryDecisionLog(),
-                                   dead_letters=training_dead_letters(self.transport))
         if steering is None:  # no control plane: the same loop, its requests never come
             steering = RunSteering(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s)
         evaluator = StackEvaluator(self.stack, cfg)
@@ -205,9 +201,9 @@ class EmbeddedRun:
             evaluator=evaluator, should_stop=lambda: self.stop.requested,
             wait=time.sleep, pump=self._pump,
         )
-        # embedded rollout samples with the newest weights: strictly on-policy
-        self.session = TrainingSession(cfg, self.learner, feeder, collector, seams, max_staleness=0, resume=resume,
-                                       say=log)
+        # the workers run in process between steps, with the newest weights: strictly on-policy
+        self.session = build_session(cfg, self.learner, feeder, seams, decisions=MemoryDecisionLog(),
+                                     rollout_in_process=True, resume=resume, say=log)
         self.outputs = self.session.outputs
         import json
 
@@ -258,15 +254,15 @@ class EmbeddedRun:
 
 @contextmanager
 def _control_plane(cfg: TrainConfig, log: Callable[[str], None]):
-    """With control.serve_in_train: the API on localhost over an in-memory RunState, yielding the
+    """With control_plane.serve_in_train: the API on localhost over an in-memory RunState, yielding the
     loop's RunSteering (None when off or when the services extra is not installed)."""
-    if not cfg.control.serve_in_train:
+    if not cfg.control_plane.serve_in_train:
         yield None
         return
     try:
         from services.control.embedded import EmbeddedControlPlane
     except ImportError as err:  # a learner-only install: train without the API
-        log(f"control plane off ({err}); install stare[services] to serve it, or --set control.serve_in_train=false")
+        log(f"control plane off ({err}); install stare[services] to serve it, or --set control_plane.serve_in_train=false")
         yield None
         return
     state = MemoryRunState(cfg.run.name, dead_after_s=cfg.system.dead_after_s)
@@ -315,7 +311,14 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
 
 def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_lines, stop: StopFlag):
     """The run itself, under its lock and control plane; returns it closed, and its RunOutcome."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     with run_lock(cfg.run_dir), _control_plane(cfg, log) as steering:
         run = EmbeddedRun(cfg, resume=resume, log=log, steering=steering)

@@ -39,9 +39,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from stare.config import ConfigError, TrainConfig
-from stare.app.launch.up import run_until_done, start_redis, with_overrides
+from stare.app.launch.processes import start_redis, with_overrides
 from stare.app.launch.ray_actor import RoleActor, _call, _ray
+from stare.app.launch.run import run_until_done
+from stare.config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
 

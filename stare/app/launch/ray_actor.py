@@ -12,7 +12,7 @@ import traceback
 import warnings
 from typing import Any
 
-from stare.app.launch.up import with_overrides
+from stare.app.launch.processes import with_overrides
 from stare.runtime.net import free_port, port_free
 from stare.weight_sync.factory import broadcast_bind_host
 
@@ -113,16 +113,16 @@ class RoleActor:
         os._exit(1)
 
     def _serve_control(self) -> None:
-        from stare.runstate.redis_state import RedisRunState
         from services.control.app import create_app
         from services.control.server import BackgroundServer
+        from stare.runstate.redis_state import RedisRunState
 
         cfg = self.cfg
         state = RedisRunState.connect(self.redis_url, cfg.run.name, dead_after_s=cfg.system.dead_after_s)
-        server = BackgroundServer(create_app(state, cfg.control, cfg.run.name), cfg.control.host, cfg.control.port)
+        server = BackgroundServer(create_app(state, cfg.control_plane, cfg.run.name), cfg.control_plane.host, cfg.control_plane.port)
         server.start()
         port = server.sock.getsockname()[1]
-        self.url = f"http://{self.host if cfg.control.host in ('0.0.0.0', '::') else cfg.control.host}:{port}"
+        self.url = f"http://{self.host if cfg.control_plane.host in ('0.0.0.0', '::') else cfg.control_plane.host}:{port}"
         self.serving.set()
         try:
             self.stop_event.wait()

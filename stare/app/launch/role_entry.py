@@ -18,8 +18,7 @@ def learner_evaluator(cfg: TrainConfig, setup, transport, tick):
     workers and scored by the reward workers (learner/loop/stream_evaluator.py); the learner holds no second
     model and no sandbox. (`stare train` keeps its in-process `StackEvaluator`.)"""
     from learner.loop.stream_evaluator import StreamEvaluator
-    from stare.evaluation.streams import connect_eval_streams
-    from stare.evaluation.streams import RedisEvalIndex
+    from stare.evaluation.streams import RedisEvalIndex, connect_eval_streams
 
     return StreamEvaluator(cfg, setup.task, setup.tokenizer, connect_eval_streams(cfg, transport.client),
                            RedisEvalIndex(transport.client, cfg.run.name), tick=tick)

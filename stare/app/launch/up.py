@@ -1,108 +1,21 @@
-"""`stare up`: the whole distributed system on one machine, each role its own OS process.
-
-    redis-server (unless --redis-url) + control plane + learner + N rollout + M reward workers
-
-One config for all. The launcher resolves what every role must agree on before starting them
-(the model directory, building the bundled tiny model once; free ports for the API and the
-weight-broadcast rendezvous when the configured ones are taken), writes that config to
-`<run dir>/up/config.yaml`, starts the roles, prefixes and streams their logs, and supervises
-them: a role that dies is restarted (a restarted learner resumes from its last checkpoint), up
-to `max_restarts` times each. It stops everything when the learner finishes, or on Ctrl-C /
-SIGTERM: SIGTERM to every role (each finishes its batch; the learner checkpoints), SIGKILL to
-those still running after `grace_s`, then Redis (its AOF keeps the streams).
+"""`stare up`: the whole distributed system, on a target (`--target`): processes on this machine (the
+default; stare.app.launch.processes), Docker Compose on this machine (compose.py) or a Ray cluster
+(ray.py). Every target is a stare.app.launch.base.Launcher run in the foreground by
+stare.app.launch.run.run_until_done. Without a target it can also print the GPU map and every
+role's command (`--print-plan`) or the compose services of the plan (`--print-compose`).
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
-import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
-import yaml
-
-from stare.config import ConfigError, TrainConfig, build_config
+from stare.app.launch.processes import ProcessLauncher, gpu_env, role_argv, role_names, with_overrides
+from stare.app.launch.run import run_until_done
+from stare.config import ConfigError, TrainConfig
 from stare.config.colocation import check_node_colocation, node_colocated
 from stare.plan.gpu_map import GpuPlan, node_gpu_count, plan_gpus
-from stare.runtime.net import free_port, port_free
-from stare.plan.check import check_fits
-from stare.transport.redis_secrets import URL_ENV, URL_FILE_ENV, write_secret
-from stare.weight_sync.factory import broadcast_bind_host
-
-COLORS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
-
-
-API_TOKEN_ENV = "STARE_API_TOKEN"  # services.control.auth.TOKEN_ENV (not imported: FastAPI is the services extra)
-
-
-def role_env(name: str, base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
-    """The environment of role `name`: `base` plus `extra`, least privilege: the API token
-    (STARE_API_TOKEN) only for the control plane, no Redis URL variable (the 0600 file in `extra`
-    wins anyway), no health port (one machine: roles would collide on it)."""
-    env = {**base, **extra}
-    env.pop("STARE_HEALTH_PORT", None)
-    env.pop(URL_ENV, None)
-    if name != "control":
-        env.pop(API_TOKEN_ENV, None)
-    return env
-
-
-@dataclass
-class Role:
-    name: str  # learner, control, rollout-0, reward-1, ...
-    argv: list[str]
-    proc: subprocess.Popen | None = None
-    restarts: int = 0
-    exits: list[int] = field(default_factory=list)
-    color: str = "0"
-
-    @property
-    def kind(self) -> str:
-        return self.name.split("-")[0]
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-
-def with_overrides(cfg: TrainConfig, overrides: dict[str, object]) -> TrainConfig:
-    """`cfg` with `{"section.field": value}` replaced, validated again."""
-    raw = cfg.model_dump(mode="json")
-    for key, value in overrides.items():
-        section, name = key.split(".")
-        raw[section][name] = value
-    return build_config(raw)
-
-
-def start_redis(dir, say: Callable[[str], None]):
-    """A redis-server on a free local port with its AOF in `dir` (fsync always: a crash of the
-    machine loses no acknowledged trajectory)."""
-    from services.redis_server import RedisServer
-
-    server = RedisServer.on_free_port(Path(dir), appendfsync="always")  # with a password generated for this run
-    say(f"redis-server on {server.public_url} (AOF in {server.dir}; password in {server.dir / 'redis.conf'})")
-    return server
-
-
-# ---------------------------------------------------------------- GPU assignment (stare.plan.gpu_map)
-def role_names(rollout: int, reward: int, control: bool) -> list[str]:
-    return (["control"] if control else []) + ["learner"] + [f"rollout-{i}" for i in range(rollout)] + \
-        [f"reward-{i}" for i in range(reward)]
-
-
-def role_argv(name: str, config_path: Path) -> list[str]:
-    kind = name.split("-")[0]
-    argv = [sys.executable, "-m", "stare.app.cli", kind, "--config", str(config_path)]
-    return argv + (["--name", name] if kind != "control" else [])
-
-
-def gpu_env(plan: GpuPlan | None, name: str) -> dict[str, str]:
-    """CUDA_VISIBLE_DEVICES of role `name` under `plan` (nothing set on a node without GPUs)."""
-    return {} if plan is None or plan.gpus == 0 else {"CUDA_VISIBLE_DEVICES": plan.devices(name)}
 
 
 def node_plan(cfg: TrainConfig, *, rollout: int | None, gpus: int | None = None, learner_gpus: str | None = None,
@@ -142,7 +55,7 @@ def format_plan(cfg: TrainConfig, plan: GpuPlan, *, rollout: int, reward: int, c
         env = {**gpu_env(plan, name), "STARE_WORKER_NAME": name} if name != "control" else gpu_env(plan, name)
         weights = ("none (system.colocate on: each rank's engine takes its weights in process)" if plan.colocated
                    else f"weight broadcast {s.broadcast_host}:{s.broadcast_port} ({s.weight_sync})")
-        ports = {"control": f"API {cfg.control.host}:{cfg.control.port}", "learner": weights}.get(
+        ports = {"control": f"API {cfg.control_plane.host}:{cfg.control_plane.port}", "learner": weights}.get(
                      name.split("-")[0], "none")
         lines += [f"{name}:", f"  command: {' '.join(role_argv(name, config_path))}",
                   "  env: " + " ".join(f"{k}={v!r}" if v == "" else f"{k}={v}" for k, v in env.items()),
@@ -150,146 +63,10 @@ def format_plan(cfg: TrainConfig, plan: GpuPlan, *, rollout: int, reward: int, c
     return "\n".join(lines)
 
 
-class Launcher:
-    def __init__(self, cfg: TrainConfig, *, rollout: int = 1, reward: int = 1, redis_url: str | None = None,
-                 control: bool = True, max_restarts: int = 5, grace_s: float = 60.0,
-                 out: TextIO | None = None, color: bool | None = None, gpu_plan: GpuPlan | None = None):
-        colocated = node_colocated(cfg)
-        if colocated:
-            check_node_colocation(cfg)
-        if (rollout < 1 and not colocated) or reward < 1:
-            raise ConfigError(f"--rollout ({rollout}) and --reward ({reward}) must be >= 1: the run needs at least "
-                              "one worker of each")
-        if colocated and rollout:
-            raise ConfigError(f"--rollout {rollout} with system.colocate on: the learner ranks sample, no rollout worker "
-                              "runs; drop --rollout, or set system.colocate=off")
-        self.redis = None
-        self.out = out or sys.stdout
-        self.color = self.out.isatty() if color is None else color
-        self.max_restarts, self.grace_s = max_restarts, grace_s
-        self.lock = threading.Lock()
-        overrides: dict[str, object] = {}
-        if cfg.model.path is None:
-            from stare.models.resolve import resolve_model
-
-            overrides["model.path"] = str(resolve_model(cfg, self.say))
-        s = cfg.system
-        bind = broadcast_bind_host(s.broadcast_host)  # where the learner's publisher will listen
-        if s.weight_sync == "broadcast" and not port_free(bind, s.broadcast_port):
-            overrides["system.broadcast_port"] = free_port(bind)
-        if control and (cfg.control.port == 0 or not port_free(cfg.control.host, cfg.control.port)):
-            overrides["control.port"] = free_port(cfg.control.host)
-        self.cfg = with_overrides(cfg, overrides)
-        check_fits(self.cfg, self.cfg.model.path, roles=("learner",) if colocated else ("learner", "rollout"),
-                   log=self.say)
-        self.dir = self.cfg.run_dir / "up"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.config_path = self.dir / "config.yaml"
-        self.config_path.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
-        self.redis_url = redis_url
-        self.roles: dict[str, Role] = {}
-        self.gpu_plan = gpu_plan
-        for i, name in enumerate(role_names(rollout, reward, control)):
-            self.roles[name] = Role(name, role_argv(name, self.config_path), color=COLORS[i % len(COLORS)])
-        self.stopping = False
-        self.force_stop = False  # a second Ctrl-C: stop() kills instead of waiting
-
-    # ---------------------------------------------------------------- output
-    def say(self, text: str, who: str = "up", color: str = "1") -> None:
-        prefix = f"\033[{color}m{who:>10} |\033[0m " if self.color else f"{who:>10} | "
-        with self.lock:
-            self.out.write(prefix + text.rstrip("\n") + "\n")
-            self.out.flush()
-
-    def _pump(self, role: Role, stream) -> None:
-        for line in iter(stream.readline, ""):
-            self.say(line, role.name, role.color)
-        stream.close()
-
-    # ---------------------------------------------------------------- lifecycle
-    def start(self) -> None:
-        if self.redis_url is None:
-            self.redis = start_redis(self.dir / "redis", self.say)
-            self.redis_url = self.redis.url
-        # the roles read the URL (with its password) from a 0600 file, never from argv or the environment
-        self.redis_url_file = write_secret(self.dir / "redis.url", self.redis_url)
-        for role in self.roles.values():
-            self._spawn(role)
-        if "control" in self.roles:
-            c = self.cfg.control
-            host = "127.0.0.1" if c.host in ("0.0.0.0", "::") else c.host
-            self.say(f"API http://{host}:{c.port}/v1/status  dashboard http://{host}:{c.port}/")
-        self.say(f"run folder {self.cfg.run_dir}; Ctrl-C stops every role")
-
-    def _spawn(self, role: Role) -> None:
-        from learner.engine.deepspeed_engine import child_env
-
-        env = role_env(role.name, child_env(), {
-            URL_FILE_ENV: str(self.redis_url_file), "PYTHONUNBUFFERED": "1", "STARE_WORKER_NAME": role.name,
-            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),  # c10d's reconnect chatter
-            "HF_HUB_OFFLINE": "1", **gpu_env(self.gpu_plan, role.name)})
-        role.proc = subprocess.Popen(role.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     start_new_session=True)
-        threading.Thread(target=self._pump, args=(role, role.proc.stdout), daemon=True).start()
-        self.say(f"started {role.name} (pid {role.proc.pid})")
-
-    def supervise(self, until: Callable[[], bool] = lambda: False, poll_s: float = 0.5) -> int:
-        """Restart dead roles until the learner finishes (returns its exit code), `until()` holds
-        (returns 0), or a role exhausts its restarts (returns 1)."""
-        while not self.stopping:
-            if until():
-                return 0
-            for role in self.roles.values():
-                code = role.proc.poll() if role.proc is not None else None
-                if code is None or self.stopping:
-                    continue
-                role.exits.append(code)
-                if role.name == "learner" and code == 0:
-                    self.say("learner finished")
-                    return 0
-                if role.restarts >= self.max_restarts:
-                    self.say(f"{role.name} exited with {code} and was restarted {role.restarts} times; giving up")
-                    return 1
-                role.restarts += 1
-                self.say(f"{role.name} exited with {code}; restarting ({role.restarts}/{self.max_restarts})")
-                self._spawn(role)
-            time.sleep(poll_s)
-        return 0
-
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Send `sig` to one role (tests: a worker dying mid-run)."""
-        role = self.roles[name]
-        if role.alive():
-            os.killpg(role.proc.pid, sig)
-
-    def stop(self) -> None:
-        """SIGTERM every role, wait up to grace_s, SIGKILL the rest, then stop our Redis."""
-        self.stopping = True
-        order = [r for r in self.roles.values() if r.kind in ("rollout", "reward")] + \
-            [r for r in self.roles.values() if r.kind in ("learner", "control")]
-        for role in order:
-            if role.alive():
-                os.killpg(role.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.grace_s
-        for role in order:
-            if role.proc is None:
-                continue
-            while role.proc.poll() is None and time.monotonic() < deadline and not self.force_stop:
-                time.sleep(0.1)
-            if role.proc.poll() is None:
-                why = "a second Ctrl-C" if self.force_stop else f"it did not stop within {self.grace_s}s"
-                self.say(f"killing {role.name}: {why}")
-                os.killpg(role.proc.pid, signal.SIGKILL)
-                role.proc.wait(timeout=10)
-        if self.redis is not None:
-            self.redis.stop()
-        self.say("stopped")
-
-
 def up(cfg: TrainConfig, *, rollout: int | None, reward: int, redis_url: str | None, control: bool = True,
        gpus: int | None = None, learner_gpus: str | None = None, rollout_gpus: str | None = None,
        learner_ranks: int | None = None, print_plan: bool = False, print_compose: Path | None = None,
-       command: str = "stare up --print-compose", out: TextIO | None = None) -> int:
+       command: str = "stare up --print-compose", out: TextIO | None = None, max_restarts: int = 5) -> int:
     """Run the roles (or, with `print_plan`, print them; with `print_compose` = the base
     docker-compose.yml, print the GPU services of compose for the same plan: stare.app.launch.compose)."""
     from stare.plan.gpu_map import parse_gpus
@@ -319,43 +96,5 @@ def up(cfg: TrainConfig, *, rollout: int | None, reward: int, redis_url: str | N
         print(format_plan(cfg, plan, rollout=rollout, reward=reward, control=control, redis_url=redis_url),
               file=out or sys.stdout)
         return 0
-    return run_until_done(Launcher(cfg, rollout=rollout, reward=reward, redis_url=redis_url, control=control,
-                                   gpu_plan=plan))
-
-
-def run_until_done(launcher) -> int:
-    """start(), supervise() until the learner finishes or Ctrl-C / SIGTERM, then stop(): the
-    foreground of `stare up` (a Launcher) and `stare launch --ray` (a RayLauncher).
-
-    The signal handler only flips plain attributes (a handler that takes a lock, e.g. Event.set,
-    deadlocks when a second signal lands inside the first). A signal during start() aborts it;
-    once running, the first Ctrl-C / SIGTERM stops gracefully and a second Ctrl-C makes stop()
-    kill what is left at once (`launcher.force_stop`)."""
-    flags = {"stop": False, "started": False}
-
-    def on_signal(signum, frame) -> None:
-        again = flags["stop"]
-        flags["stop"] = True
-        if not flags["started"]:
-            raise KeyboardInterrupt  # during start (it may wait long, e.g. for Ray resources)
-        if again and signum == signal.SIGINT:
-            launcher.force_stop = True
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        try:
-            launcher.start()
-            flags["started"] = True
-            code = launcher.supervise(until=lambda: flags["stop"])
-        except KeyboardInterrupt:
-            code = 130
-    finally:
-        flags["started"] = True  # from here on a signal never raises into stop()
-        launcher.stop()
-        for s, handler in old.items():
-            signal.signal(s, handler)
-    stop = flags["stop"]
-    if stop:
-        launcher.say(f"stopped by signal; continue with the same command (the learner resumes from "
-                     f"{launcher.cfg.run_dir / 'checkpoints'})")
-    return code
+    return run_until_done(ProcessLauncher(cfg, rollout=rollout, reward=reward, redis_url=redis_url, control=control,
+                                          gpu_plan=plan, max_restarts=max_restarts))

@@ -16,7 +16,6 @@ from stare.app.report.summary import (
     FINAL_FRACTION,
     METRICS_FILE,
     _fmt_duration,
-    _fmt_pct,
     _series,
     ema,
     load_jsonl,

@@ -24,7 +24,6 @@ from stare.app.report.summary import (
     summarize,
 )
 
-
 if TYPE_CHECKING:  # matplotlib is imported inside the functions that draw
     from matplotlib.axes import Axes
 

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from stare.app.report import horizon, studies
-from stare.app.report.study_sections import MINI_BATCH_LABELS, minibatch_section, smollm2_section
-from stare.app.report.tables import COLUMNS, LAST_STEPS, fmt, interval, paired, table  # noqa: F401 (re-exported)
 from stare.app.report.stats import pass_at_k_curve
+from stare.app.report.study_sections import MINI_BATCH_LABELS, minibatch_section, smollm2_section
 from stare.app.report.summary import EVAL_FILE, METRICS_FILE, load_jsonl, summarize
+from stare.app.report.tables import COLUMNS, LAST_STEPS, fmt, interval, paired, table  # noqa: F401 (re-exported)
 
 RUN_NAME = re.compile(r"^s(\d+)-(.+)$")
 RECORDS_DIR = Path("docs/results/runs")

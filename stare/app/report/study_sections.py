@@ -7,7 +7,6 @@ from __future__ import annotations
 from stare.app.report import horizon, studies
 from stare.app.report.tables import paired, table
 
-
 MINI_BATCH_LABELS = ("kl-cov-mb", "clip-cov-mb", "dapo-mb", "grpo-mb")  # scripts/results.sh, tier 4-5: figure order
 
 

@@ -18,11 +18,11 @@ from typing import Callable
 def calibrate(cfg, *, overrides: list[str] = (), bench_steps: int = 8, repeats: int = 3,
               log: Callable[[str], None] = print) -> dict:
     """`cfg`: the bundled tiny config with `overrides` (bench step runs that config with them)."""
-    from stare.app.sim.costs import fit_lognormal
-    from stare.app.bench.bench_step import measure
-    from stare.data.feeder import build_feeder
     from rollout.engines.base import SamplingParams
     from rollout.stack import build_rollout_stack
+    from stare.app.bench.bench_step import measure
+    from stare.app.sim.costs import fit_lognormal
+    from stare.data.feeder import build_feeder
 
     log(f"stare sim --calibrate: bench step ({bench_steps} steps)")
     rows = {r["name"].split("/", 1)[1]: r["ours"] for r in measure(steps=bench_steps, overrides=list(overrides))}

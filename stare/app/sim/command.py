@@ -56,7 +56,6 @@ def load(args):
 def run(args) -> int:
     if args.calibrate is not None:
         from stare.app.sim.calibrate import calibrate
-
         from stare.app.sim.design import split_overrides
 
         cfg, _ = load(args)

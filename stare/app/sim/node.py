@@ -290,12 +290,12 @@ class SimNode:
             learner.wait_until(max(min(times), learner.now + 1e-9))
 
     def run(self, steps: int, out_dir: Path | None = None) -> SimRun:
-        from stare.data.feeder import PromptFeeder
-        from learner.loop.group_collector import GroupCollector, MemoryDecisionLog
-        from learner.loop.session import MemoryCursor, SessionSeams, TrainingSession
+        from learner.loop.build import build_session
+        from learner.loop.group_collector import MemoryDecisionLog
+        from learner.loop.session import MemoryCursor, SessionSeams
         from reward.worker import RewardWorker
+        from stare.data.feeder import PromptFeeder
         from stare.runstate import MemoryRunState, RunSteering
-        from stare.transport.dead_letters import training_dead_letters
 
         with tempfile.TemporaryDirectory(prefix="stare-sim-") as tmp:
             cfg = self.cfg.model_copy(deep=True)
@@ -308,9 +308,7 @@ class SimNode:
                                   seed=cfg.run.seed, pool_size=task.pool, max_prompt_len=cfg.data.max_prompt_len,
                                   prompt_overflow=cfg.data.prompt_overflow, log=lambda s: None)
             self.reward = RewardWorker(task, t.raw, t.scored, name="reward-0", scorer=solve_rate_scorer(cfg.run.seed))
-            collector = GroupCollector(t.scored, name="learner", dynamic_sampling=cfg.data.dynamic_sampling,
-                                       max_staleness=d.max_staleness, keep_stale=cfg.system.stale_policy == "importance",
-                                       decisions=MemoryDecisionLog(), dead_letters=training_dead_letters(t))
+            cfg.system.max_staleness = d.max_staleness  # the design's (its config copy)
             wait = (lambda: max(w.lane.now for w in self.workers)) if d.colocated else None
             learner = SimLearner(cfg, self.learner_lane, self._step_s, self.costs.gather_s, self.costs.checkpoint_s,
                                  wait_engines=wait, prepass_s=self.costs.prepass_s)
@@ -318,8 +316,8 @@ class SimNode:
                                  steering=RunSteering(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s),
                                  cursor=MemoryCursor(), evaluator=None, should_stop=lambda: False,
                                  wait=lambda s: None, pump=self._pump)
-            self.session = TrainingSession(cfg, learner, feeder, collector, seams, max_staleness=d.max_staleness,
-                                           resume=False, say=lambda s: None)
+            self.session = build_session(cfg, learner, feeder, seams, decisions=MemoryDecisionLog(), resume=False,
+                                         say=lambda s: None)
             metrics: list[dict] = []
             try:
                 self.session.run(on_step=metrics.append)
