@@ -19,10 +19,10 @@ import logging
 import time
 from typing import Any
 
-from stare.config import TrainConfig
-from stare.transport.records import Trajectory
 from reward.worker import reward_info
+from stare.config import TrainConfig
 from stare.config.reward import RewardConfig
+from stare.transport.records import Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -43,21 +43,43 @@ def _reward_config(config_json: str):
     return None if config_json == "null" else RewardConfig.model_validate_json(config_json)
 
 
-def score_in_worker(task_name: str, kwargs_json: str, config_json: str, answer: str, problem_id: str, level: int,
-                    data_source: str, text: str, response_tokens: int):
+def score_in_worker(
+    task_name: str,
+    kwargs_json: str,
+    config_json: str,
+    answer: str,
+    problem_id: str,
+    level: int,
+    data_source: str,
+    text: str,
+    response_tokens: int,
+):
     """Runs in a pool process: the shared `score_response` on one response (a RewardResult)."""
     from reward.worker import score_response
 
-    return score_response(_task(task_name, kwargs_json), _reward_config(config_json), answer=answer,
-                          problem_id=problem_id, level=level, data_source=data_source, text=text,
-                          response_tokens=response_tokens)
+    return score_response(
+        _task(task_name, kwargs_json),
+        _reward_config(config_json),
+        answer=answer,
+        problem_id=problem_id,
+        level=level,
+        data_source=data_source,
+        text=text,
+        response_tokens=response_tokens,
+    )
 
 
 class PoolScorer:
     """Scores a batch concurrently in a ScoringPool (its own event loop, owned by this object)."""
 
-    def __init__(self, task_name: str, task_kwargs: dict[str, Any], workers: int, timeout_s: float = SCORE_TIMEOUT_S,
-                 reward_config: RewardConfig | None = None):
+    def __init__(
+        self,
+        task_name: str,
+        task_kwargs: dict[str, Any],
+        workers: int,
+        timeout_s: float = SCORE_TIMEOUT_S,
+        reward_config: RewardConfig | None = None,
+    ):
         from reward.scoring_pool import ScoringPool, ScoringPoolConfig
 
         self.task_name, self.kwargs_json = task_name, json.dumps(task_kwargs, default=str)
@@ -68,9 +90,18 @@ class PoolScorer:
 
     def __call__(self, batch: list[Trajectory]) -> None:
         async def one(t: Trajectory):
-            return await self.pool.score(score_in_worker, self.task_name, self.kwargs_json, self.config_json, t.answer,
-                                         t.problem_id, t.level, t.data_source, t.response_text,
-                                         len(t.response_token_ids))
+            return await self.pool.score(
+                score_in_worker,
+                self.task_name,
+                self.kwargs_json,
+                self.config_json,
+                t.answer,
+                t.problem_id,
+                t.level,
+                t.data_source,
+                t.response_text,
+                len(t.response_token_ids),
+            )
 
         async def all_of():
             return await asyncio.gather(*(one(t) for t in batch))
@@ -85,9 +116,9 @@ class PoolScorer:
 
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int = 1) -> None:
     from reward.worker import RewardWorker
+    from stare.data.tasks.registry import build_verifier
     from stare.evaluation.streams import connect_eval_streams
     from stare.runtime.process import RoleRuntime, connect_transport
-    from stare.data.tasks.registry import build_verifier
     from stare.transport.redis_streams import BackpressureError
 
     with RoleRuntime("reward", name, cfg, redis_url, stop=stop) as rt:

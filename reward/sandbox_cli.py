@@ -15,25 +15,31 @@ from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stare sandbox",
-                                     description="Run untrusted Python under limits.")
+    parser = argparse.ArgumentParser(prog="stare sandbox", description="Run untrusted Python under limits.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run FILE.py in the sandbox and print the verdict as JSON")
     run.add_argument("file", type=Path, help="the Python program to run")
     run.add_argument("--cpu-s", type=int, default=2, help="CPU seconds per process (default 2)")
     run.add_argument("--wall-s", type=float, default=5.0, help="wall seconds (default 5)")
-    run.add_argument("--memory-mb", type=int, default=512,
-                     help="address space per process, MiB (default 512)")
-    run.add_argument("--max-processes", type=int, default=16,
-                     help="processes + threads at once (default 16)")
-    run.add_argument("--max-output-bytes", type=int, default=1 << 20,
-                     help="stdout + stderr bytes kept before the run is stopped (default 1 MiB)")
-    run.add_argument("--isolation", choices=["namespaces", "process", "unprivileged"],
-                     default="namespaces", help="see docs/reward.md (default namespaces)")
+    run.add_argument("--memory-mb", type=int, default=512, help="address space per process, MiB (default 512)")
+    run.add_argument("--max-processes", type=int, default=16, help="processes + threads at once (default 16)")
+    run.add_argument(
+        "--max-output-bytes",
+        type=int,
+        default=1 << 20,
+        help="stdout + stderr bytes kept before the run is stopped (default 1 MiB)",
+    )
+    run.add_argument(
+        "--isolation",
+        choices=["namespaces", "process", "unprivileged"],
+        default="namespaces",
+        help="see docs/reward.md (default namespaces)",
+    )
     run.add_argument("--allow-network", action="store_true", help="keep the host network")
     run.add_argument("--stdin", type=Path, default=None, help="file fed to the program's stdin")
-    run.add_argument("--excerpt-chars", type=int, default=2000,
-                     help="characters of stdout and of stderr to print (default 2000)")
+    run.add_argument(
+        "--excerpt-chars", type=int, default=2000, help="characters of stdout and of stderr to print (default 2000)"
+    )
     return parser
 
 
@@ -59,10 +65,15 @@ def main(argv: list[str] | None = None) -> int:
     from stare.sandbox import ProcessSandbox, SandboxConfig, SandboxUnavailable
 
     try:
-        config = SandboxConfig(isolation=args.isolation, cpu_s=args.cpu_s, wall_s=args.wall_s,
-                               memory_mb=args.memory_mb, max_processes=args.max_processes,
-                               max_output_bytes=args.max_output_bytes,
-                               allow_network=args.allow_network)
+        config = SandboxConfig(
+            isolation=args.isolation,
+            cpu_s=args.cpu_s,
+            wall_s=args.wall_s,
+            memory_mb=args.memory_mb,
+            max_processes=args.max_processes,
+            max_output_bytes=args.max_output_bytes,
+            allow_network=args.allow_network,
+        )
     except ValidationError as exc:
         print(f"stare sandbox: invalid limits:\n{exc}", file=sys.stderr)
         return 2

@@ -68,19 +68,18 @@ def _worker_main(conn: Connection, preload: tuple[str, ...], memory_mb: int | No
         fn, args, kwargs = task
         try:
             reply = ("ok", fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - the pool turns this into reward 0
+        except BaseException as exc:
             reply = ("error", f"{type(exc).__name__}: {exc}")
         try:
             conn.send(reply)
-        except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable return value
+        except Exception as exc:
             conn.send(("error", f"result could not be sent back: {type(exc).__name__}: {exc}"))
 
 
 class _Worker:
     def __init__(self, ctx, config: ScoringPoolConfig):
         self.conn, child = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=_worker_main,
-                                   args=(child, config.preload, config.memory_mb), daemon=True)
+        self.process = ctx.Process(target=_worker_main, args=(child, config.preload, config.memory_mb), daemon=True)
         self.process.start()
         child.close()
 
@@ -130,7 +129,7 @@ class ScoringPool:
         """Process ids of the current workers (for metrics and debugging)."""
         return sorted(w.process.pid for w in self._all if w.process.pid is not None)
 
-    async def __aenter__(self) -> "ScoringPool":
+    async def __aenter__(self) -> ScoringPool:
         await self.start()
         return self
 
@@ -142,8 +141,9 @@ class ScoringPool:
         assert self._idle is not None
         self._idle.put_nowait(worker)
 
-    async def score(self, fn: Callable[..., float | RewardResult], /, *args,
-                    timeout_s: float | None = None, **kwargs) -> RewardResult:
+    async def score(
+        self, fn: Callable[..., float | RewardResult], /, *args, timeout_s: float | None = None, **kwargs
+    ) -> RewardResult:
         """`fn(*args, **kwargs)` in a worker, as a RewardResult; never raises for what fn does."""
         if self._idle is None:
             raise RuntimeError("ScoringPool.score before start(); use `async with ScoringPool()`")
@@ -156,7 +156,7 @@ class ScoringPool:
         finally:
             if healthy and not self._closed:
                 self._idle.put_nowait(worker)
-            else:                                       # dead, hung, cancelled, or pool closed
+            else:  # dead, hung, cancelled, or pool closed
                 self._all.discard(worker)
                 await self._replace(worker)
         return _to_result(outcome)
@@ -165,7 +165,7 @@ class ScoringPool:
         loop = asyncio.get_running_loop()
         try:
             worker.conn.send((fn, args, kwargs))
-        except Exception as exc:  # noqa: BLE001 - an unpicklable argument, or a dead worker
+        except Exception as exc:
             if not worker.process.is_alive():
                 return ("dead", f"worker died (exit code {worker.process.exitcode})")
             return ("error", f"task could not be sent: {type(exc).__name__}: {exc}")
@@ -209,6 +209,7 @@ def _to_result(outcome: tuple[str, object]) -> RewardResult:
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return RewardResult(reward=float(value))
-        return RewardResult(reward=0.0, error=f"verifier returned {type(value).__name__}, "
-                                              "expected float or RewardResult")
+        return RewardResult(
+            reward=0.0, error=f"verifier returned {type(value).__name__}, expected float or RewardResult"
+        )
     return RewardResult(reward=0.0, error=str(value))

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stare.transport.records import RecordError, Trajectory
 from reward.verifiers.compose import RewardInput, RewardResult, compute_reward
 from stare.config.reward import RewardConfig
 from stare.data.tasks.base import Problem, Task
 from stare.transport.base import RecordStream
 from stare.transport.guard import process_guarded
+from stare.transport.records import RecordError, Trajectory
 
 
 def reward_info(score: RewardResult, finish_reason: str) -> dict:
@@ -30,8 +30,17 @@ def reward_info(score: RewardResult, finish_reason: str) -> dict:
     return info
 
 
-def score_response(task: Task, config: RewardConfig | None, *, answer: str, problem_id: str, level: int,
-                   data_source: str, text: str, response_tokens: int) -> RewardResult:
+def score_response(
+    task: Task,
+    config: RewardConfig | None,
+    *,
+    answer: str,
+    problem_id: str,
+    level: int,
+    data_source: str,
+    text: str,
+    response_tokens: int,
+) -> RewardResult:
     """THE scoring function of a response (the embedded reward worker and every `stare reward` pool
     process call it). `config` (the run config's `reward:` section) composes verifiers; None uses
     the task's own verifier. A verifier failure scores 0 with the error, never raises."""
@@ -45,9 +54,16 @@ def score_response(task: Task, config: RewardConfig | None, *, answer: str, prob
 
 
 def score_trajectory(task: Task, t: Trajectory, config: RewardConfig | None = None) -> Trajectory:
-    score = score_response(task, config, answer=t.answer, problem_id=t.problem_id, level=t.level,
-                           data_source=t.data_source, text=t.response_text,
-                           response_tokens=len(t.response_token_ids))
+    score = score_response(
+        task,
+        config,
+        answer=t.answer,
+        problem_id=t.problem_id,
+        level=t.level,
+        data_source=t.data_source,
+        text=t.response_text,
+        response_tokens=len(t.response_token_ids),
+    )
     t.reward, t.reward_info = score.reward, reward_info(score, t.finish_reason)
     return t
 
@@ -56,8 +72,16 @@ class RewardWorker:
     """scorer: scores a batch in place (default: `score_trajectory` in this process, one by one;
     the `stare reward` role passes a process pool with a hard timeout per item)."""
 
-    def __init__(self, task: Task, raw: RecordStream, scored: RecordStream, *, name: str,
-                 scorer: Callable[[list[Trajectory]], None] | None = None, reward_config: RewardConfig | None = None):
+    def __init__(
+        self,
+        task: Task,
+        raw: RecordStream,
+        scored: RecordStream,
+        *,
+        name: str,
+        scorer: Callable[[list[Trajectory]], None] | None = None,
+        reward_config: RewardConfig | None = None,
+    ):
         self.task, self.raw, self.scored, self.name = task, raw, scored, name
         self.scorer = scorer or (lambda batch: [score_trajectory(self.task, t, reward_config) for t in batch])
 

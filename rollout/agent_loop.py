@@ -96,8 +96,9 @@ class _Row:
         self.mask += [int(trainable)] * len(tokens)
 
 
-def parse_tool_call(text: str, open_tag: str = TOOL_CALL_OPEN, close_tag: str = TOOL_CALL_CLOSE,
-                    tool_name: str = CODE_TOOL) -> tuple[str | None, str | None]:
+def parse_tool_call(
+    text: str, open_tag: str = TOOL_CALL_OPEN, close_tag: str = TOOL_CALL_CLOSE, tool_name: str = CODE_TOOL
+) -> tuple[str | None, str | None]:
     """(code, None) for a well-formed call to `tool_name` in `text`, else (None, why not).
 
     The call is the JSON object between the last `open_tag` before the first `close_tag` and that
@@ -296,7 +297,14 @@ def build_tool_agent(config, engine: RolloutEngine, tokenizer) -> ToolAgent:
     sandbox = ProcessSandbox(config.sandbox)
     sandbox.check()
     return ToolAgent(
-        engine, tokenizer, sandbox, config.max_turns, config.tool_call_open, config.tool_call_close,
-        observation_template=config.observation_template, max_observation_tokens=config.max_observation_tokens,
-        max_workers=config.max_workers, reuse_identical_calls=config.reuse_identical_calls,
+        engine,
+        tokenizer,
+        sandbox,
+        config.max_turns,
+        config.tool_call_open,
+        config.tool_call_close,
+        observation_template=config.observation_template,
+        max_observation_tokens=config.max_observation_tokens,
+        max_workers=config.max_workers,
+        reuse_identical_calls=config.reuse_identical_calls,
     )

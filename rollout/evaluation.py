@@ -28,22 +28,21 @@ acknowledged without sampling. Tasks are acknowledged only after their trajector
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-from stare.evaluation.heldout import Outcome, SourceSampling, eval_settings, problem_seed, sampling_of, summarize
-from stare.data.prompt_policy import prompt_ids
-from rollout.engines.base import RolloutEngine, SamplingParams
-from stare.data.tasks.base import Problem, Task
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
+
 import numpy as np
-from stare.transport.records import EvalTask, Trajectory
-from rollout.engines.base import SamplingParams
+
+from rollout.engines.base import RolloutEngine, SamplingParams
 from rollout.prompt_guard import fit_prompt, prompt_limit
 from rollout.worker import version_fields
+from stare.data.prompt_policy import prompt_ids
+from stare.data.tasks.base import Problem, Task
+from stare.evaluation.heldout import Outcome, SourceSampling, eval_settings, problem_seed, sampling_of, summarize
 from stare.transport.base import RecordStream
 from stare.transport.guard import process_guarded
-
-
+from stare.transport.records import EvalTask, Trajectory
 
 __all__ = ["EvalSampler", "SourceSampling", "eval_settings", "evaluate"]
 
@@ -64,34 +63,46 @@ def evaluate(
 ) -> dict[str, Any]:
     per_source = dict(per_source or {})
     prompts = [prompt_ids(p, tokenizer) for p in problems]
-    greedy = engine.generate(prompts, SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0,
-                                                     stop_token_ids=stop_token_ids))
+    greedy = engine.generate(
+        prompts, SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=stop_token_ids)
+    )
     # one sampled generate call per distinct setting, problems in their original order inside it
     settings_of = [sampling_of(p, k, temperature, top_p, per_source) for p in problems]
     sampled: list[list] = [[] for _ in problems]
     for setting in dict.fromkeys(settings_of):
         idx = [i for i, s in enumerate(settings_of) if s == setting]
-        out = engine.generate([prompts[i] for i in idx], SamplingParams(
-            n=setting.n, max_new_tokens=max_new_tokens, temperature=setting.temperature, top_p=setting.top_p,
-            stop_token_ids=stop_token_ids, prompt_seeds=tuple(problem_seed(seed, i) for i in idx)))
+        out = engine.generate(
+            [prompts[i] for i in idx],
+            SamplingParams(
+                n=setting.n,
+                max_new_tokens=max_new_tokens,
+                temperature=setting.temperature,
+                top_p=setting.top_p,
+                stop_token_ids=stop_token_ids,
+                prompt_seeds=tuple(problem_seed(seed, i) for i in idx),
+            ),
+        )
         for i, samples in zip(idx, out):
             sampled[i] = samples
     text = lambda c: tokenizer.decode(c.token_ids, skip_special_tokens=True)  # noqa: E731
-    outcomes = [Outcome(greedy=float(task.reward(problem, text(g[0])) >= 1.0),
-                        scores=[float(task.reward(problem, text(c)) >= 1.0) for c in samples],
-                        turns=[c.turns for c in samples] if samples and hasattr(samples[0], "turns") else None)
-                for problem, g, samples in zip(problems, greedy, sampled)]
+    outcomes = [
+        Outcome(
+            greedy=float(task.reward(problem, text(g[0])) >= 1.0),
+            scores=[float(task.reward(problem, text(c)) >= 1.0) for c in samples],
+            turns=[c.turns for c in samples] if samples and hasattr(samples[0], "turns") else None,
+        )
+        for problem, g, samples in zip(problems, greedy, sampled)
+    ]
     return summarize(problems, outcomes, k=k, temperature=temperature, top_p=top_p, per_source=per_source)
-
-
 
 
 log = logging.getLogger(__name__)
 
 
 class EvalSampler:
-    def __init__(self, worker, tasks: RecordStream, raw: RecordStream, *,
-                 is_open: Callable[[str], bool] = lambda eval_id: True):
+    def __init__(
+        self, worker, tasks: RecordStream, raw: RecordStream, *, is_open: Callable[[str], bool] = lambda eval_id: True
+    ):
         self.worker = worker  # the RolloutWorker whose engine, sampler, weights and name this uses
         self.tasks, self.raw, self.is_open = tasks, raw, is_open
         self.sampled = 0  # tasks sampled (a heartbeat counter)
@@ -137,12 +148,22 @@ class EvalSampler:
         for setting in dict.fromkeys(settings):  # one generate call per distinct sampling setting
             idx = [i for i, s in enumerate(settings) if s == setting]
             n, temperature, top_p, max_new_tokens = setting
-            out = sampler.generate([tasks[i].prompt_token_ids for i in idx], SamplingParams(
-                n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                stop_token_ids=w.stop_token_ids, prompt_seeds=tuple(tasks[i].seed for i in idx)))
+            out = sampler.generate(
+                [tasks[i].prompt_token_ids for i in idx],
+                SamplingParams(
+                    n=n,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    top_p=top_p,
+                    stop_token_ids=w.stop_token_ids,
+                    prompt_seeds=tuple(tasks[i].seed for i in idx),
+                ),
+            )
             for i, completions in zip(idx, out):
                 outputs[i] = completions
-        records = [self._trajectory(t, j, c) for t, completions in zip(tasks, outputs) for j, c in enumerate(completions)]
+        records = [
+            self._trajectory(t, j, c) for t, completions in zip(tasks, outputs) for j, c in enumerate(completions)
+        ]
         self.raw.publish(records)
         self.tasks.ack([d.id for d in deliveries])
         self.sampled += len(tasks)
@@ -151,13 +172,20 @@ class EvalSampler:
     def _trajectory(self, task: EvalTask, j: int, c, version: int | None = None) -> Trajectory:
         """Sample j of `task`, sampled with weights `version` (None: the engine's current one)."""
         return Trajectory(
-            run_id=task.run_id, trajectory_id=f"{task.task_id}:{j}", group_id=task.task_id, group_size=task.n,
+            run_id=task.run_id,
+            trajectory_id=f"{task.task_id}:{j}",
+            group_id=task.task_id,
+            group_size=task.n,
             **version_fields(c, self.worker.engine.weight_version if version is None else version),
             prompt_token_ids=np.asarray(task.prompt_token_ids, dtype=np.int32),
             response_token_ids=np.asarray(c.token_ids, dtype=np.int32),
             response_logprobs=np.asarray(c.logprobs, dtype=np.float32),
             loss_mask=np.asarray(getattr(c, "loss_mask", [1] * len(c.token_ids)), dtype=np.uint8),
-            finish_reason=c.finish_reason, answer=task.answer, problem_id=task.problem_id,
-            data_source=task.data_source, level=task.level, turns=getattr(c, "turns", 1),
+            finish_reason=c.finish_reason,
+            answer=task.answer,
+            problem_id=task.problem_id,
+            data_source=task.data_source,
+            level=task.level,
+            turns=getattr(c, "turns", 1),
             response_text=self.worker.tokenizer.decode(c.token_ids, skip_special_tokens=True),
         )

@@ -33,9 +33,8 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
     from rollout.stack import build_rollout_stack
     from rollout.streaming import StreamingLoop, streaming_enabled
     from rollout.worker import RolloutWorker
-    from stare.evaluation.streams import connect_eval_streams
+    from stare.evaluation.streams import RedisEvalIndex, connect_eval_streams
     from stare.runtime.process import RoleRuntime, connect_transport
-    from stare.evaluation.streams import RedisEvalIndex
     from stare.transport.redis_streams import BackpressureError
     from stare.weight_sync.factory import build_subscriber
 
@@ -48,26 +47,50 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
         weights = build_subscriber(cfg, name, transport.client)
         r = cfg.rollout
         worker = RolloutWorker(
-            engine, tokenizer, transport.prompts, transport.raw, weights, name=name,
-            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-            stop_token_ids=stack.setup.stop_ids, agent=stack.agent, should_stop=rt.stop.is_set, seed=cfg.run.seed,
-            max_prompt_len=cfg.data.max_prompt_len, prompt_overflow=cfg.data.prompt_overflow, tick=rt.tick,
+            engine,
+            tokenizer,
+            transport.prompts,
+            transport.raw,
+            weights,
+            name=name,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            stop_token_ids=stack.setup.stop_ids,
+            agent=stack.agent,
+            should_stop=rt.stop.is_set,
+            seed=cfg.run.seed,
+            max_prompt_len=cfg.data.max_prompt_len,
+            prompt_overflow=cfg.data.prompt_overflow,
+            tick=rt.tick,
         )
         evals = connect_eval_streams(cfg, transport.client)
-        eval_sampler = EvalSampler(worker, evals.tasks, evals.raw,
-                                   is_open=RedisEvalIndex(transport.client, cfg.run.name).is_open)
+        eval_sampler = EvalSampler(
+            worker, evals.tasks, evals.raw, is_open=RedisEvalIndex(transport.client, cfg.run.name).is_open
+        )
         batch = cfg.system.rollout_batch_prompts
-        stream = (StreamingLoop(worker, engine, eval_sampler, inflight=cfg.system.inflight_weight_updates)
-                  if streaming_enabled(cfg, engine) else None)
-        log.info("rollout: %s", f"streaming, engine capacity {engine.capacity()} sequences"
-                 f"{', weights taken in flight' if cfg.system.inflight_weight_updates else ''}" if stream
-                 else f"batches of {batch} prompts")
+        stream = (
+            StreamingLoop(worker, engine, eval_sampler, inflight=cfg.system.inflight_weight_updates)
+            if streaming_enabled(cfg, engine)
+            else None
+        )
+        log.info(
+            "rollout: %s",
+            f"streaming, engine capacity {engine.capacity()} sequences"
+            f"{', weights taken in flight' if cfg.system.inflight_weight_updates else ''}"
+            if stream
+            else f"batches of {batch} prompts",
+        )
         next_reclaim, done = 0.0, 0
         try:
             while not rt.stop.is_set():
-                rt.tick(prompts=done, eval_tasks=eval_sampler.sampled, weight_version=engine.weight_version,
-                        redelivered=transport.prompts.redelivered,
-                        **({"in_flight": stream.in_flight()} if stream is not None else {}))
+                rt.tick(
+                    prompts=done,
+                    eval_tasks=eval_sampler.sampled,
+                    weight_version=engine.weight_version,
+                    redelivered=transport.prompts.redelivered,
+                    **({"in_flight": stream.in_flight()} if stream is not None else {}),
+                )
                 try:
                     if time.monotonic() >= next_reclaim:  # prompts a dead worker held
                         next_reclaim = time.monotonic() + cfg.system.claim_idle_s / 2

@@ -10,17 +10,17 @@ through the streams on the rollout workers: learner/loop/stream_evaluator.py, sa
 from __future__ import annotations
 
 import logging
-
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
-from stare.config import TrainConfig
-from stare.models.resolve import RunSetup, load_run_setup
 from rollout.engines.base import RolloutEngine
 from rollout.engines.registry import build_engine
+from stare.config import TrainConfig
+from stare.models.resolve import RunSetup, load_run_setup
 
 
 @dataclass
@@ -38,8 +38,14 @@ class RolloutStack:
         self.engine.close()
 
 
-def engine_config(cfg: TrainConfig, model_path: Path, engine: str | None = None, *,
-                  sleep_mode: bool = False, external_launcher: bool = False) -> dict[str, Any]:
+def engine_config(
+    cfg: TrainConfig,
+    model_path: Path,
+    engine: str | None = None,
+    *,
+    sleep_mode: bool = False,
+    external_launcher: bool = False,
+) -> dict[str, Any]:
     """The rollout engine's config: the run's `rollout.engine` section (or the named engine's
     defaults) with the model and dtype (the engine config resolves the transformers engine's device auto).
     `sleep_mode`: vLLM built able to sleep (a colocated `stare train`; the transformers engine always can).
@@ -82,12 +88,19 @@ def run_max_model_len(cfg: TrainConfig, positions: int | None) -> int | None:
     return need if positions is None else min(need, positions)
 
 
-def build_rollout_stack(cfg: TrainConfig, log: Callable[[str], None], *, model_path: Path | None = None,
-                        engine: str | None = None, sleep_mode: bool = False,
-                        external_launcher: bool = False) -> RolloutStack:
+def build_rollout_stack(
+    cfg: TrainConfig,
+    log: Callable[[str], None],
+    *,
+    model_path: Path | None = None,
+    engine: str | None = None,
+    sleep_mode: bool = False,
+    external_launcher: bool = False,
+) -> RolloutStack:
     setup = load_run_setup(cfg, log, model_path)
-    built = build_engine(engine_config(cfg, setup.model_path, engine, sleep_mode=sleep_mode,
-                                       external_launcher=external_launcher))
+    built = build_engine(
+        engine_config(cfg, setup.model_path, engine, sleep_mode=sleep_mode, external_launcher=external_launcher)
+    )
     agent = None
     if cfg.rollout.tool_use.enabled:
         from rollout.agent_loop import build_tool_agent
@@ -106,20 +119,31 @@ class StackEvaluator:
 
         self.stack, self.cfg = stack, cfg
         # the prompt length policy (data.max_prompt_len) applies to held-out prompts as to training ones
-        self.problems = eval_problems(cfg, stack.setup.task, stack.setup.tokenizer,
-                                      log or logging.getLogger(__name__).warning,
-                                      max_model_len=getattr(stack.engine, "max_model_len", None))
+        self.problems = eval_problems(
+            cfg,
+            stack.setup.task,
+            stack.setup.tokenizer,
+            log or logging.getLogger(__name__).warning,
+            max_model_len=getattr(stack.engine, "max_model_len", None),
+        )
 
-    def __call__(self, version: int, weights: Callable[[], Mapping[str, torch.Tensor]],
-                 final: bool = False) -> dict[str, Any]:
+    def __call__(
+        self, version: int, weights: Callable[[], Mapping[str, torch.Tensor]], final: bool = False
+    ) -> dict[str, Any]:
         from rollout.evaluation import eval_settings, evaluate
 
         engine = self.stack.engine
         if engine.weight_version < version:  # evaluate what the learner has, not what rollout last took
             engine.update_weights(weights(), version)
         s = self.stack.setup
-        return evaluate(self.stack.sampler, s.tokenizer, s.task, self.problems, stop_token_ids=s.stop_ids,
-                        **eval_settings(self.cfg, final=final))
+        return evaluate(
+            self.stack.sampler,
+            s.tokenizer,
+            s.task,
+            self.problems,
+            stop_token_ids=s.stop_ids,
+            **eval_settings(self.cfg, final=final),
+        )
 
     def close(self) -> None:
         """Close the stack (for an evaluator that owns its stack, as the distributed learner's does)."""

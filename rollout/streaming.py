@@ -67,8 +67,10 @@ def streaming_enabled(cfg, engine) -> bool:
         log.info("rollout streaming off: the tool loop samples in batches")
         return False
     if not isinstance(engine, StreamingEngine):
-        raise ValueError(f"system.rollout_streaming is on but the {type(engine).__name__} engine does not stream; "
-                         "set system.rollout_streaming: false")
+        raise ValueError(
+            f"system.rollout_streaming is on but the {type(engine).__name__} engine does not stream; "
+            "set system.rollout_streaming: false"
+        )
     return True
 
 
@@ -87,8 +89,10 @@ class StreamingLoop:
 
     def __init__(self, worker, engine: StreamingEngine, evals=None, *, inflight: bool = False):
         if inflight and not getattr(engine, "inflight_updates", False):
-            raise ValueError(f"system.inflight_weight_updates is on but the {type(engine).__name__} engine cannot take "
-                             "weights with prompts in flight; set system.inflight_weight_updates: false")
+            raise ValueError(
+                f"system.inflight_weight_updates is on but the {type(engine).__name__} engine cannot take "
+                "weights with prompts in flight; set system.inflight_weight_updates: false"
+            )
         self.worker, self.engine, self.evals, self.inflight = worker, engine, evals, inflight
         self._slots: dict[int, _Slot] = {}  # key -> what the engine holds under it
         self._waiting: deque[tuple[Kind, Delivery]] = deque()  # delivered and screened, not yet in the engine
@@ -158,8 +162,9 @@ class StreamingLoop:
             last = i == len(sources) - 1
             # before the first task of a stream its n is unknown: one task (room // 1 would take n times too
             # many, pending on this worker while other workers idle)
-            deliveries = stream.consume(self.worker.name, 1 if n is None else max(1, room // n),
-                                        block_s if last else 0.0)
+            deliveries = stream.consume(
+                self.worker.name, 1 if n is None else max(1, room // n), block_s if last else 0.0
+            )
             if deliveries:
                 self._waiting.extend((kind, d) for d in self._screen(kind, deliveries))
                 return True
@@ -177,11 +182,23 @@ class StreamingLoop:
     def _add(self, kind: Kind, d: Delivery, n: int) -> None:
         w, t = self.worker, d.record
         if kind == "train":  # the batch loop's seed: (run seed, group id), whoever batches it
-            params = SamplingParams(n=n, max_new_tokens=w.max_new_tokens, temperature=w.temperature, top_p=w.top_p,
-                                    stop_token_ids=w.stop_token_ids, prompt_seeds=(derive_seed(w.seed, t.group_id),))
+            params = SamplingParams(
+                n=n,
+                max_new_tokens=w.max_new_tokens,
+                temperature=w.temperature,
+                top_p=w.top_p,
+                stop_token_ids=w.stop_token_ids,
+                prompt_seeds=(derive_seed(w.seed, t.group_id),),
+            )
         else:
-            params = SamplingParams(n=n, max_new_tokens=t.max_new_tokens, temperature=t.temperature, top_p=t.top_p,
-                                    stop_token_ids=w.stop_token_ids, prompt_seeds=(t.seed,))
+            params = SamplingParams(
+                n=n,
+                max_new_tokens=t.max_new_tokens,
+                temperature=t.temperature,
+                top_p=t.top_p,
+                stop_token_ids=w.stop_token_ids,
+                prompt_seeds=(t.seed,),
+            )
         key = next(self._keys)
         try:
             self.engine.add(list(t.prompt_token_ids), params, key)
@@ -219,15 +236,19 @@ class StreamingLoop:
         train = [(s, c) for s, c in self._finished if s.kind == "train"]
         done = 0
         if train:
-            records = w._records([s.delivery.record for s, _ in train], [c for _, c in train],
-                                 versions=[s.version for s, _ in train])
+            records = w._records(
+                [s.delivery.record for s, _ in train], [c for _, c in train], versions=[s.version for s, _ in train]
+            )
             w.raw.publish_and_ack(records, w.prompts, [s.delivery.id for s, _ in train])
             self._finished = [(s, c) for s, c in self._finished if s.kind != "train"]
             done = len(train)
             self.published += done
         if self._finished:  # evaluation groups
-            records = [self.evals._trajectory(s.delivery.record, j, c, version=s.version)
-                       for s, completions in self._finished for j, c in enumerate(completions)]
+            records = [
+                self.evals._trajectory(s.delivery.record, j, c, version=s.version)
+                for s, completions in self._finished
+                for j, c in enumerate(completions)
+            ]
             self.evals.raw.publish(records)
             self.evals.tasks.ack([s.delivery.id for s, _ in self._finished])
             self.evals.sampled += len(self._finished)

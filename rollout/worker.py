@@ -17,11 +17,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stare.transport.records import PromptTask, Trajectory
 from rollout.engines.base import RolloutEngine, SamplingParams, derive_seed
 from rollout.prompt_guard import Overflow, fit_prompt, prompt_limit
 from stare.transport.base import Delivery, RecordStream
 from stare.transport.guard import process_guarded
+from stare.transport.records import PromptTask, Trajectory
 from stare.weight_sync.base import WeightSubscriber
 
 log = logging.getLogger(__name__)
@@ -93,15 +93,23 @@ class RolloutWorker:
         with the reason (rollout.prompt_guard)."""
         kept = []
         for d in deliveries:
-            ids, reason = fit_prompt(d.record.prompt_token_ids, self.prompt_limit, self.prompt_overflow,
-                                     getattr(self.engine, "vocab_size", None))
+            ids, reason = fit_prompt(
+                d.record.prompt_token_ids,
+                self.prompt_limit,
+                self.prompt_overflow,
+                getattr(self.engine, "vocab_size", None),
+            )
             if reason is not None:
                 self.prompts.dead_letter(d.id, d.record, reason)
                 continue
             if len(ids) < len(d.record.prompt_token_ids):
                 self.truncated_prompts += 1
-                log.warning("prompt of group %s: %d tokens truncated left to %d", d.record.group_id,
-                            len(d.record.prompt_token_ids), len(ids))
+                log.warning(
+                    "prompt of group %s: %d tokens truncated left to %d",
+                    d.record.group_id,
+                    len(d.record.prompt_token_ids),
+                    len(ids),
+                )
                 d = Delivery(d.id, dataclasses.replace(d.record, prompt_token_ids=ids))
             kept.append(d)
         return kept
@@ -134,20 +142,28 @@ class RolloutWorker:
         if any(t.group_size != group_size for t in tasks):
             raise ValueError("one batch of prompt tasks must share group_size")
         params = SamplingParams(
-            n=group_size, max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-            seed=seed, stop_token_ids=self.stop_token_ids, prompt_seeds=prompt_seeds,
+            n=group_size,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=seed,
+            stop_token_ids=self.stop_token_ids,
+            prompt_seeds=prompt_seeds,
         )
         outputs = (self.agent or self.engine).generate([t.prompt_token_ids for t in tasks], params)
         self.raw.publish_and_ack(self._records(tasks, outputs), self.prompts, [d.id for d in deliveries])
         return len(tasks)
 
-    def _records(self, tasks: list[PromptTask], outputs: list[list], versions: list[int] | None = None) -> list[Trajectory]:
+    def _records(
+        self, tasks: list[PromptTask], outputs: list[list], versions: list[int] | None = None
+    ) -> list[Trajectory]:
         """One Trajectory per completion (outputs[i]: the completions of tasks[i], sampled with
         weights versions[i], or the versions each completion reports; None: the engine's current
         version); the responses' texts decoded in
         one batch call, each prompt's ids converted once for its group."""
-        texts = iter(self.tokenizer.batch_decode([c.token_ids for group in outputs for c in group],
-                                                 skip_special_tokens=True))
+        texts = iter(
+            self.tokenizer.batch_decode([c.token_ids for group in outputs for c in group], skip_special_tokens=True)
+        )
         if versions is None:
             versions = [self.engine.weight_version] * len(tasks)
         records = []
@@ -156,24 +172,26 @@ class RolloutWorker:
             for j, c in enumerate(completions):
                 n = len(c.token_ids)
                 mask = getattr(c, "loss_mask", None)
-                records.append(Trajectory(
-                    run_id=task.run_id,
-                    # Deterministic: a prompt sampled twice (a redelivery) yields the same ids, so the
-                    # learner's dedup keeps one sampling of the group, never a mix of two.
-                    trajectory_id=f"{task.group_id}:{j}",
-                    group_id=task.group_id,
-                    group_size=task.group_size,
-                    **version_fields(c, version),
-                    prompt_token_ids=prompt_ids,
-                    response_token_ids=np.asarray(c.token_ids, dtype=np.int32),
-                    response_logprobs=np.asarray(c.logprobs, dtype=np.float32),
-                    loss_mask=np.ones(n, dtype=np.uint8) if mask is None else np.asarray(mask, dtype=np.uint8),
-                    finish_reason=c.finish_reason,
-                    answer=task.answer,
-                    problem_id=task.problem_id,
-                    data_source=task.data_source,
-                    response_text=next(texts),
-                    level=task.level,
-                    turns=getattr(c, "turns", 1),
-                ))
+                records.append(
+                    Trajectory(
+                        run_id=task.run_id,
+                        # Deterministic: a prompt sampled twice (a redelivery) yields the same ids, so the
+                        # learner's dedup keeps one sampling of the group, never a mix of two.
+                        trajectory_id=f"{task.group_id}:{j}",
+                        group_id=task.group_id,
+                        group_size=task.group_size,
+                        **version_fields(c, version),
+                        prompt_token_ids=prompt_ids,
+                        response_token_ids=np.asarray(c.token_ids, dtype=np.int32),
+                        response_logprobs=np.asarray(c.logprobs, dtype=np.float32),
+                        loss_mask=np.ones(n, dtype=np.uint8) if mask is None else np.asarray(mask, dtype=np.uint8),
+                        finish_reason=c.finish_reason,
+                        answer=task.answer,
+                        problem_id=task.problem_id,
+                        data_source=task.data_source,
+                        response_text=next(texts),
+                        level=task.level,
+                        turns=getattr(c, "turns", 1),
+                    )
+                )
         return records

@@ -33,10 +33,10 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from stare.config import load_config
-    from stare.app.launch.embedded import EmbeddedRun
-    from stare.models.resolve import resolve_model
     from learner.step.trainer import Learner
+    from stare.app.launch.embedded import EmbeddedRun
+    from stare.config import load_config
+    from stare.models.resolve import resolve_model
 
     out = Path(tempfile.mkdtemp(prefix="stare-probe-"))
     try:
@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> None:
             name, _, spec = arm.partition(":")
             pairs = [kv for kv in spec.split(",") if kv]
             algo = next((kv.split("=", 1)[1] for kv in pairs if kv.startswith("algo=")), None)
-            arm_cfg = load_config(args.config, algo=algo, overrides=base + [kv for kv in pairs if not kv.startswith("algo=")])
+            arm_cfg = load_config(
+                args.config, algo=algo, overrides=base + [kv for kv in pairs if not kv.startswith("algo=")]
+            )
             learner = Learner(arm_cfg, model_path, pad_id=pad)
             if before is None:  # the start, measured like the arms' results
                 before = _batch_entropy(learner, trajectories, pad)
@@ -63,8 +65,11 @@ def main(argv: list[str] | None = None) -> None:
             for _ in range(args.updates):
                 metrics = learner.train_step(trajectories)
             after = _batch_entropy(learner, trajectories, pad)
-            print(f"{name:<16} entropy after {after:.4f}  change {after - before:+.4f}  gate {metrics['gate']}  "
-                  f"W used {w_used:.2f}  M used {m_used:.2f}", flush=True)
+            print(
+                f"{name:<16} entropy after {after:.4f}  change {after - before:+.4f}  gate {metrics['gate']}  "
+                f"W used {w_used:.2f}  M used {m_used:.2f}",
+                flush=True,
+            )
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
@@ -73,13 +78,14 @@ def _batch_entropy(learner, trajectories, pad: int) -> float:
     """Token-mean entropy of the learner's current policy over the batch's response tokens."""
     import torch
 
-    from learner.step.batch import collate, token_logprobs_and_entropy
     from learner.algorithm.step_plan import mean_entropy
+    from learner.step.batch import collate, token_logprobs_and_entropy
 
     batch = collate(trajectories, pad_id=pad, rows=learner.rows)
     with torch.no_grad():
-        logits = learner.engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                position_ids=batch.position_ids).logits
+        logits = learner.engine(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        ).logits
         _, entropy = token_logprobs_and_entropy(logits, batch)
     return float(mean_entropy(entropy, batch.mask, "token-mean"))
 

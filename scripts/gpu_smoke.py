@@ -55,9 +55,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4}  # dense bf16, NVIDIA's data sheets
-TINY = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 512, "hidden_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
-        "max_position_embeddings": 256, "tie_word_embeddings": True, "eos_token_id": 2}
+TINY = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": True,
+    "eos_token_id": 2,
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -76,7 +86,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=420.0, help="limit of the `stare train` subprocess")
     args = p.parse_args(argv)
     if args.cpu_tiny:
-        args.rows, args.seq, args.prompt, args.micro_batch = min(args.rows, 16), min(args.seq, 48), min(args.prompt, 16), 8
+        args.rows, args.seq, args.prompt, args.micro_batch = (
+            min(args.rows, 16),
+            min(args.seq, 48),
+            min(args.prompt, 16),
+            8,
+        )
         args.train_steps = min(args.train_steps, 2)
     if not 0 < args.prompt < args.seq:
         p.error(f"--prompt ({args.prompt}) must be in (0, --seq={args.seq})")
@@ -102,14 +117,24 @@ def synthetic_trajectories(rows: int, prompt: int, response: int, vocab: int, se
     out = []
     for i in range(rows):
         g = i // 8
-        out.append(Trajectory(
-            run_id="gpu-smoke", trajectory_id=f"t{i}", group_id=f"g{g}", group_size=8, weight_version=0,
-            prompt_token_ids=rng.integers(3, vocab, prompt, dtype=np.int32),
-            response_token_ids=rng.integers(3, vocab, response, dtype=np.int32),
-            response_logprobs=np.full(response, -float(np.log(vocab)), dtype=np.float32),
-            loss_mask=np.ones(response, dtype=np.uint8), finish_reason="length", answer="", problem_id=f"p{g}",
-            data_source="synthetic", reward=float(i % 8 < 4),
-        ).validate())
+        out.append(
+            Trajectory(
+                run_id="gpu-smoke",
+                trajectory_id=f"t{i}",
+                group_id=f"g{g}",
+                group_size=8,
+                weight_version=0,
+                prompt_token_ids=rng.integers(3, vocab, prompt, dtype=np.int32),
+                response_token_ids=rng.integers(3, vocab, response, dtype=np.int32),
+                response_logprobs=np.full(response, -float(np.log(vocab)), dtype=np.float32),
+                loss_mask=np.ones(response, dtype=np.uint8),
+                finish_reason="length",
+                answer="",
+                problem_id=f"p{g}",
+                data_source="synthetic",
+                reward=float(i % 8 < 4),
+            ).validate()
+        )
     return out
 
 
@@ -117,16 +142,26 @@ def learner_config(model_dir: Path, args: argparse.Namespace, out: Path):
     from stare.config import build_config
 
     dtype = "float32" if args.cpu_tiny else "bfloat16"
-    return build_config({
-        "run": {"name": "gpu-smoke-learner", "output_dir": str(out / "runs"), "seed": 0},
-        "model": {"path": str(model_dir), "dtype": dtype},
-        "rollout": {"prompts_per_step": args.rows // 8, "samples_per_prompt": 8,
-                    "max_new_tokens": args.seq - args.prompt},
-        "data": {"dynamic_sampling": False},
-        "optim": {"lr": 1e-6, "micro_batch": args.micro_batch, "zero_stage": args.zero_stage, "gradient_checkpointing": True,
-                  "logits_chunk_tokens": 1024},
-        "diagnostics": {"predicted_entropy_change": False},
-    })
+    return build_config(
+        {
+            "run": {"name": "gpu-smoke-learner", "output_dir": str(out / "runs"), "seed": 0},
+            "model": {"path": str(model_dir), "dtype": dtype},
+            "rollout": {
+                "prompts_per_step": args.rows // 8,
+                "samples_per_prompt": 8,
+                "max_new_tokens": args.seq - args.prompt,
+            },
+            "data": {"dynamic_sampling": False},
+            "optim": {
+                "lr": 1e-6,
+                "micro_batch": args.micro_batch,
+                "zero_stage": args.zero_stage,
+                "gradient_checkpointing": True,
+                "logits_chunk_tokens": 1024,
+            },
+            "diagnostics": {"predicted_entropy_change": False},
+        }
+    )
 
 
 def device_name() -> str:
@@ -154,8 +189,11 @@ def run_learner(args: argparse.Namespace) -> dict:
     from stare.plan.sizes import shape_from_hf_config
 
     out = args.out
-    hf = Qwen2Config(**{k: v for k, v in TINY.items() if k != "architectures"}) if args.cpu_tiny \
+    hf = (
+        Qwen2Config(**{k: v for k, v in TINY.items() if k != "architectures"})
+        if args.cpu_tiny
         else AutoConfig.from_pretrained(args.model_config)
+    )
     shape = shape_from_hf_config(hf, "tiny" if args.cpu_tiny else str(args.model_config))
     cuda = torch.cuda.is_available()
     dtype = torch.float32 if args.cpu_tiny else torch.bfloat16
@@ -196,15 +234,29 @@ def run_learner(args: argparse.Namespace) -> dict:
     mem = torch.cuda.get_device_properties(0).total_memory if cuda else 80 * GIB
     plan = build_plan(cfg, gpus=1, gpu_mem_gib=mem / GIB, shape=shape, prompt_tokens=args.prompt, roles=("learner",))
     result = {
-        "device": device_name(), "params": shape.params, "rows": args.rows, "seq": args.seq,
-        "micro_batch": args.micro_batch, "dtype": str(dtype).removeprefix("torch."),
-        "gradient_checkpointing_on_model": checkpointing, "model_build_s": t_model, "learner_setup_s": t_setup,
-        "step_s": step_s, "tokens_per_step": tokens, "tokens_per_s": tokens / mean_s,
-        "model_tflops_per_step": flops / 1e12, "achieved_tflops": flops / mean_s / 1e12,
-        "peak_tflops": peak_tflops, "mfu": (flops / mean_s / 1e12 / peak_tflops) if peak_tflops else None,
-        "peak_memory_bytes": peak, "peak_memory_source": peak_source,
-        "plan_learner_bytes": plan.roles[0].total, "plan_fits": plan.roles[0].fits, "metrics": metrics,
-        "zero_stage": args.zero_stage, "publish": publish_check(learner),
+        "device": device_name(),
+        "params": shape.params,
+        "rows": args.rows,
+        "seq": args.seq,
+        "micro_batch": args.micro_batch,
+        "dtype": str(dtype).removeprefix("torch."),
+        "gradient_checkpointing_on_model": checkpointing,
+        "model_build_s": t_model,
+        "learner_setup_s": t_setup,
+        "step_s": step_s,
+        "tokens_per_step": tokens,
+        "tokens_per_s": tokens / mean_s,
+        "model_tflops_per_step": flops / 1e12,
+        "achieved_tflops": flops / mean_s / 1e12,
+        "peak_tflops": peak_tflops,
+        "mfu": (flops / mean_s / 1e12 / peak_tflops) if peak_tflops else None,
+        "peak_memory_bytes": peak,
+        "peak_memory_source": peak_source,
+        "plan_learner_bytes": plan.roles[0].total,
+        "plan_fits": plan.roles[0].fits,
+        "metrics": metrics,
+        "zero_stage": args.zero_stage,
+        "publish": publish_check(learner),
         "colocate": colocate_check(learner, model_dir, trajectories, cfg.model.dtype),
     }
     del learner
@@ -235,9 +287,13 @@ def publish_check(learner) -> dict:
         t0 = time.perf_counter()
         n = sum(m.payload.numel() for m in packer.messages(state, packer.layout(state)))
         sync()
-        out[where] = {"state_s": t_state, "pack_s": time.perf_counter() - t0, "bytes": n,
-                      "devices": sorted({str(t.device) for t in tensors.values()}),
-                      "pinned": all(t.is_pinned() for t in tensors.values()) if cuda and where == "host" else None}
+        out[where] = {
+            "state_s": t_state,
+            "pack_s": time.perf_counter() - t0,
+            "bytes": n,
+            "devices": sorted({str(t.device) for t in tensors.values()}),
+            "pinned": all(t.is_pinned() for t in tensors.values()) if cuda and where == "host" else None,
+        }
         states[where] = tensors
     out["same_bytes"] = all(torch.equal(states["device"][k].cpu(), states["host"][k].cpu()) for k in states["host"])
     return out
@@ -262,8 +318,10 @@ def colocate_check(learner, model_dir: Path, trajectories: list, dtype: str) -> 
     engine = HFEngine(str(model_dir), dtype=dtype, device="cuda" if cuda else "cpu")
     tensors = engine._tensors()
     kept = {k: tensors[k].detach().to("cpu", copy=True) for k in list(tensors)[:2] + list(tensors)[-2:]}
-    out: dict = {"engine_weight_bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
-                 "optimizer_state_bytes": ds.optimizer_state_bytes(learner.engine)}
+    out: dict = {
+        "engine_weight_bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+        "optimizer_state_bytes": ds.optimizer_state_bytes(learner.engine),
+    }
     m0 = allocated()
     t0 = time.perf_counter()
     engine.sleep()
@@ -285,19 +343,25 @@ def colocate_check(learner, model_dir: Path, trajectories: list, dtype: str) -> 
     step = learner.train_step(trajectories)  # on the reloaded optimizer state
     engine.wake()
     restored = all(torch.equal(engine._tensors()[k].detach().cpu(), v) for k, v in kept.items())
-    out.update(engine_freed_bytes=m0 - m1, optimizer_freed_bytes=m1 - m2, engine_woken_bytes=m3 - m2,
-               optimizer_reloaded_bytes=m4 - m1, sampled_tokens=sum(len(c.token_ids) for c in sample),
-               sample_logprobs_finite=all(math.isfinite(x) for c in sample for x in c.logprobs),
-               step_after_reload_loss=step["loss"], weights_restored=restored,
-               measured="torch.cuda.memory_allocated" if cuda else "CPU: nothing moves")
+    out.update(
+        engine_freed_bytes=m0 - m1,
+        optimizer_freed_bytes=m1 - m2,
+        engine_woken_bytes=m3 - m2,
+        optimizer_reloaded_bytes=m4 - m1,
+        sampled_tokens=sum(len(c.token_ids) for c in sample),
+        sample_logprobs_finite=all(math.isfinite(x) for c in sample for x in c.logprobs),
+        step_after_reload_loss=step["loss"],
+        weights_restored=restored,
+        measured="torch.cuda.memory_allocated" if cuda else "CPU: nothing moves",
+    )
     engine.close()
     return out
 
 
 def run_train(args: argparse.Namespace) -> dict:
     """`stare train` for a few steps in a subprocess, with a quickly built tiny model."""
-    from stare.app.cli import default_config_path
     from learner.engine.deepspeed_engine import child_env  # without this process's process-group variables
+    from stare.app.cli import default_config_path
     from stare.models.tiny import build_tiny_model
 
     out = args.out
@@ -305,24 +369,53 @@ def run_train(args: argparse.Namespace) -> dict:
     model_dir = build_tiny_model(out / "tiny-model", sft_max_steps=30, sft_target_accuracy=2.0, n_val=16, n_eval=16)
     t_build = time.perf_counter() - t0
     name, steps = "gpu-smoke-train", args.train_steps
-    cmd = [sys.executable, "-m", "stare.app.cli", "train", "--config", str(default_config_path()),  # logs: not a terminal
-           "--set", f"model.path={model_dir}", "--set", f"run.steps={steps}", "--set", f"run.checkpoint_every={steps}",
-           "--set", f"run.output_dir={out / 'runs'}", "--set", f"run.name={name}",
-           "--set", "control_plane.serve_in_train=false", "--set", "task.eval_problems=16", "--set", "task.eval_k=1",
-           "--set", f"task.eval_every={steps}", "--set", "system.colocate=on"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stare.app.cli",
+        "train",
+        "--config",
+        str(default_config_path()),  # logs: not a terminal
+        "--set",
+        f"model.path={model_dir}",
+        "--set",
+        f"run.steps={steps}",
+        "--set",
+        f"run.checkpoint_every={steps}",
+        "--set",
+        f"run.output_dir={out / 'runs'}",
+        "--set",
+        f"run.name={name}",
+        "--set",
+        "control_plane.serve_in_train=false",
+        "--set",
+        "task.eval_problems=16",
+        "--set",
+        "task.eval_k=1",
+        "--set",
+        f"task.eval_every={steps}",
+        "--set",
+        "system.colocate=on",
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s, cwd=out, env=child_env())
     wall = time.perf_counter() - t0
     (out / "stare-train.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        raise RuntimeError(f"stare train exited {proc.returncode}; the end of its log:\n{(proc.stdout + proc.stderr)[-3000:]}")
+        raise RuntimeError(
+            f"stare train exited {proc.returncode}; the end of its log:\n{(proc.stdout + proc.stderr)[-3000:]}"
+        )
     lines = (out / "runs" / name / "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
     last = rows[-1]
-    return {"steps": len(rows), "wall_s": wall, "tiny_model_build_s": t_build,
-            "colocated": "colocated: the hf engine sleeps while the learner steps" in proc.stdout + proc.stderr,
-            "learn_s_per_step": sum(r.get("time_learn_s", 0.0) for r in rows) / len(rows),
-            "last": {k: last.get(k) for k in ("step", "reward_mean", "entropy", "loss", "grad_norm") if k in last}}
+    return {
+        "steps": len(rows),
+        "wall_s": wall,
+        "tiny_model_build_s": t_build,
+        "colocated": "colocated: the hf engine sleeps while the learner steps" in proc.stdout + proc.stderr,
+        "learn_s_per_step": sum(r.get("time_learn_s", 0.0) for r in rows) / len(rows),
+        "last": {k: last.get(k) for k in ("step", "reward_mean", "entropy", "loss", "grad_norm") if k in last},
+    }
 
 
 def render(result: dict) -> str:
@@ -340,31 +433,39 @@ def render(result: dict) -> str:
             + (f"{r['mfu']:.1%} of {r['peak_tflops']:.0f}" if r["mfu"] is not None else "n/a (no --peak-tflops)"),
             f"  peak memory: {r['peak_memory_bytes'] / gib:.2f} GiB ({r['peak_memory_source']}); stare plan: "
             f"{r['plan_learner_bytes'] / gib:.2f} GiB",
-            "  loss, grad norm per step: " + ", ".join(f"{m.get('loss', float('nan')):.4f} {m.get('grad_norm') or float('nan'):.3g}"
-                                                for m in r["metrics"]),
+            "  loss, grad norm per step: "
+            + ", ".join(
+                f"{m.get('loss', float('nan')):.4f} {m.get('grad_norm') or float('nan'):.3g}" for m in r["metrics"]
+            ),
         ]
         pub = r.get("publish") or {}
         for where in ("device", "host"):
             if where in pub:
                 w = pub[where]
-                lines.append(f"  publish from the {where} (ZeRO-{r['zero_stage']}): state {w['state_s']:.2f} s, pack "
-                             f"{w['pack_s']:.2f} s, {w['bytes'] / gib:.2f} GiB on {', '.join(w['devices'])}"
-                             + (f", pinned: {w['pinned']}" if w["pinned"] is not None else ""))
+                lines.append(
+                    f"  publish from the {where} (ZeRO-{r['zero_stage']}): state {w['state_s']:.2f} s, pack "
+                    f"{w['pack_s']:.2f} s, {w['bytes'] / gib:.2f} GiB on {', '.join(w['devices'])}"
+                    + (f", pinned: {w['pinned']}" if w["pinned"] is not None else "")
+                )
         if pub:
             lines.append(f"  publish: device and host give the same bytes: {pub['same_bytes']}")
         if c := r.get("colocate"):
-            lines += [f"  colocated (hf engine; {c['measured']}): asleep freed {c['engine_freed_bytes'] / gib:.2f} of "
-                      f"{c['engine_weight_bytes'] / gib:.2f} GiB ({c['sleep_s']:.2f} s), woke {c['engine_woken_bytes'] / gib:.2f} "
-                      f"({c['wake_s']:.2f} s); optimizer offload freed {c['optimizer_freed_bytes'] / gib:.2f} of "
-                      f"{c['optimizer_state_bytes'] / gib:.2f} GiB ({c['offload_s']:.2f} s), reloaded "
-                      f"{c['optimizer_reloaded_bytes'] / gib:.2f} ({c['reload_s']:.2f} s)",
-                      f"  after the cycle: weights restored {c['weights_restored']}, log-probs finite "
-                      f"{c['sample_logprobs_finite']}, a step on the reloaded state: loss {c['step_after_reload_loss']:.4f}"]
+            lines += [
+                f"  colocated (hf engine; {c['measured']}): asleep freed {c['engine_freed_bytes'] / gib:.2f} of "
+                f"{c['engine_weight_bytes'] / gib:.2f} GiB ({c['sleep_s']:.2f} s), woke {c['engine_woken_bytes'] / gib:.2f} "
+                f"({c['wake_s']:.2f} s); optimizer offload freed {c['optimizer_freed_bytes'] / gib:.2f} of "
+                f"{c['optimizer_state_bytes'] / gib:.2f} GiB ({c['offload_s']:.2f} s), reloaded "
+                f"{c['optimizer_reloaded_bytes'] / gib:.2f} ({c['reload_s']:.2f} s)",
+                f"  after the cycle: weights restored {c['weights_restored']}, log-probs finite "
+                f"{c['sample_logprobs_finite']}, a step on the reloaded state: loss {c['step_after_reload_loss']:.4f}",
+            ]
     if "train" in result:
         t = result["train"]
-        lines.append(f"stare train ({'colocated' if t.get('colocated') else 'NOT colocated'}): {t['steps']} steps in "
-                     f"{t['wall_s']:.1f} s (tiny model built in "
-                     f"{t['tiny_model_build_s']:.1f} s), learner {t['learn_s_per_step']:.2f} s/step, last: {t['last']}")
+        lines.append(
+            f"stare train ({'colocated' if t.get('colocated') else 'NOT colocated'}): {t['steps']} steps in "
+            f"{t['wall_s']:.1f} s (tiny model built in "
+            f"{t['tiny_model_build_s']:.1f} s), learner {t['learn_s_per_step']:.2f} s/step, last: {t['last']}"
+        )
     return "\n".join(lines)
 
 

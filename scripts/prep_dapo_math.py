@@ -20,7 +20,9 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("src", type=Path, help="the DAPO-Math-17k .parquet or .jsonl file")
-    p.add_argument("--out-dir", type=Path, default=Path("data/dapo-math"), help="where train.jsonl and heldout.jsonl go")
+    p.add_argument(
+        "--out-dir", type=Path, default=Path("data/dapo-math"), help="where train.jsonl and heldout.jsonl go"
+    )
     p.add_argument("--heldout", type=int, default=500, help="unique problems held out for evaluation")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffle before the split")
     args = p.parse_args(argv)

@@ -28,8 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", type=Path, default=Path("data"), help="where the parquet files go (default: data)")
     p.add_argument("--train", type=Path, default=None, help="the training file (DAPO-Math-17k, verl or cleaned layout)")
     p.add_argument("--train-source", default="math_dapo", help="data_source of question/answer training rows")
-    p.add_argument("--eval", action="append", default=[], metavar="NAME=FILE",
-                   help="an evaluation set: its data_source name and its file (repeatable)")
+    p.add_argument(
+        "--eval",
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help="an evaluation set: its data_source name and its file (repeatable)",
+    )
     args = p.parse_args(argv)
     if args.train is None and not args.eval:
         p.error("nothing to do: pass --train FILE and/or --eval NAME=FILE")
@@ -37,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.eval:
         name, sep, file = spec.partition("=")
         if not sep or not re.fullmatch(r"[A-Za-z0-9._-]+", name) or not file:
-            p.error(f"--eval expects NAME=FILE with NAME of letters, digits, . _ - (e.g. aime24=aime_2024.jsonl), got {spec!r}")
+            p.error(
+                f"--eval expects NAME=FILE with NAME of letters, digits, . _ - (e.g. aime24=aime_2024.jsonl), got {spec!r}"
+            )
         evals.append((name, Path(file)))
 
     from stare.data.prepare import convert_file
@@ -46,11 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     counts = {}
     try:
         if args.train is not None:
-            counts["train"] = convert_file(args.train, args.out_dir / "train.parquet", data_source=args.train_source,
-                                           split="train", dedupe=True)
+            counts["train"] = convert_file(
+                args.train, args.out_dir / "train.parquet", data_source=args.train_source, split="train", dedupe=True
+            )
         for name, file in evals:
-            counts[name] = convert_file(file, args.out_dir / f"{name}.parquet", data_source=name, split="test",
-                                        dedupe=False)
+            counts[name] = convert_file(
+                file, args.out_dir / f"{name}.parquet", data_source=name, split="test", dedupe=False
+            )
     except DatasetError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

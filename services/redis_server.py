@@ -24,9 +24,9 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from stare.runtime.net import free_port
 from stare.transport.redis_secrets import masked, with_password, write_secret
@@ -67,16 +67,36 @@ class RedisServer:
             raise RuntimeError(f"redis-server on port {self.port} is already running")
         conf = self.dir / "redis.conf"  # the password lives here, not in argv
         write_secret(conf, f"requirepass {self.password}" if self.password is not None else "")
-        args = [REDIS_SERVER, str(conf), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-                "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", self.appendfsync,
-                "--daemonize", "no", "--protected-mode", "no", "--logfile", str(self.dir / "redis.log")]
+        args = [
+            REDIS_SERVER,
+            str(conf),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            self.appendfsync,
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            "--logfile",
+            str(self.dir / "redis.log"),
+        ]
         # its own session: a Ctrl-C in the terminal reaches `stare up`, which stops Redis last
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self._wait_for_ping(timeout_s)
 
     @classmethod
-    def on_free_port(cls, dir: Path, *, appendonly: bool = True, appendfsync: str = "always",
-                     password: str | None | bool = True) -> RedisServer:
+    def on_free_port(
+        cls, dir: Path, *, appendonly: bool = True, appendfsync: str = "always", password: str | None | bool = True
+    ) -> RedisServer:
         """Started on a free local port with its files in `dir`; retries a port taken between pick and bind.
         `password`: True (default) a random one, None or False an open server, else this one."""
         dir.mkdir(parents=True, exist_ok=True)
@@ -139,8 +159,9 @@ def _command(*parts: str) -> bytes:
 
 
 @contextlib.contextmanager
-def redis_server(dir: Path, *, appendonly: bool = True, appendfsync: str = "always",
-                 password: str | None | bool = True) -> Iterator[RedisServer]:
+def redis_server(
+    dir: Path, *, appendonly: bool = True, appendfsync: str = "always", password: str | None | bool = True
+) -> Iterator[RedisServer]:
     """A running redis-server in `dir` (with a random password unless password=None), killed on
     exit. Retries a port taken between pick and bind."""
     server = RedisServer.on_free_port(dir, appendonly=appendonly, appendfsync=appendfsync, password=password)

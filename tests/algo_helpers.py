@@ -79,7 +79,10 @@ def dp_worker(rank: int, world: int, port: int, cfg, step: dict, out_dir: str) -
     from learner.engine.collectives import all_reduce_sum, gather_step_tokens
 
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
         timeout=datetime.timedelta(seconds=60),
     )
     try:

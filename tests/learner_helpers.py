@@ -19,10 +19,20 @@ def random_qwen2(seed: int = 0, vocab: int = VOCAB, hidden: int = 32, layers: in
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=2 * hidden, max_position_embeddings=256,
-                         tie_word_embeddings=False, initializer_range=0.2, pad_token_id=0, eos_token_id=1,
-                         attn_implementation="sdpa")
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
+        pad_token_id=0,
+        eos_token_id=1,
+        attn_implementation="sdpa",
+    )
     return Qwen2ForCausalLM(config).to(dtype)
 
 
@@ -31,8 +41,14 @@ def save_random_qwen2(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def trajectories(seed: int, groups: int = 3, group_size: int = 4, max_prompt: int = 6, max_response: int = 20,
-                 first_tokens: tuple[int, ...] | None = None) -> list[Trajectory]:
+def trajectories(
+    seed: int,
+    groups: int = 3,
+    group_size: int = 4,
+    max_prompt: int = 6,
+    max_response: int = 20,
+    first_tokens: tuple[int, ...] | None = None,
+) -> list[Trajectory]:
     """Scored trajectories: mixed rewards inside each group, lengths drawn from a long tail."""
     rng = np.random.default_rng(seed)
     out = []
@@ -46,13 +62,24 @@ def trajectories(seed: int, groups: int = 3, group_size: int = 4, max_prompt: in
             mask = np.ones(r, dtype=np.uint8)
             if r > 3:
                 mask[1] = 0  # a tool-output token: masked out of the loss
-            out.append(Trajectory(
-                run_id="t", trajectory_id=f"{seed}-{g}-{s}", group_id=f"{seed}-{g}", group_size=group_size,
-                weight_version=0, prompt_token_ids=rng.integers(2, VOCAB, p).astype(np.int32),
-                response_token_ids=response, response_logprobs=-rng.random(r).astype(np.float32) * 3,
-                loss_mask=mask, finish_reason="stop", answer="", problem_id=str(g), data_source="t",
-                reward=float((s + g) % 2 if s < group_size - 1 else rng.random()),
-            ))
+            out.append(
+                Trajectory(
+                    run_id="t",
+                    trajectory_id=f"{seed}-{g}-{s}",
+                    group_id=f"{seed}-{g}",
+                    group_size=group_size,
+                    weight_version=0,
+                    prompt_token_ids=rng.integers(2, VOCAB, p).astype(np.int32),
+                    response_token_ids=response,
+                    response_logprobs=-rng.random(r).astype(np.float32) * 3,
+                    loss_mask=mask,
+                    finish_reason="stop",
+                    answer="",
+                    problem_id=str(g),
+                    data_source="t",
+                    reward=float((s + g) % 2 if s < group_size - 1 else rng.random()),
+                )
+            )
     return out
 
 
@@ -65,14 +92,19 @@ def collate_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
     import torch.distributed as dist
 
-    from learner.step.batch import collate
-    from learner.engine.collectives import all_gather_ints, gather_step_tokens
-    from stare.config.algo import StareLossConfig
     from learner.algorithm.selection import in_topk
     from learner.algorithm.step_plan import StepTokens, plan_step
+    from learner.engine.collectives import all_gather_ints, gather_step_tokens
+    from learner.step.batch import collate
+    from stare.config.algo import StareLossConfig
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
     try:
         trajs = trajectories(10 + rank, groups=1, group_size=2)
         n = 3 + 4 * rank  # rank 0's responses have 3 tokens, rank 1's 7
@@ -88,14 +120,18 @@ def collate_rank_worker(rank: int, world: int, port: int, out_dir: str) -> None:
             batch = collate(trajs, pad_id=0, rows=rows, first_row=first_row, width=width)
             old = torch.full(batch.mask.shape, -0.1)  # [S, L] surprisal 0.1 ...
             old[:, 0] = -5.0  # ... except each row's first token: 5 nats, equal on both ranks
-            tokens = gather_step_tokens(StepTokens(old, torch.zeros_like(old), batch.advantages, batch.token_uid,
-                                                   batch.mask))
+            tokens = gather_step_tokens(
+                StepTokens(old, torch.zeros_like(old), batch.advantages, batch.token_uid, batch.mask)
+            )
             cfg = StareLossConfig(top_fraction=0.1)  # A > 0 tokens: 3 + 7 = 10 -> k = ceil(0.1 x 10) = 1
             ctx = plan_step(tokens, cfg, gate=1.0, w=2.0, m=1.0)
             positive = tokens.mask & (tokens.advantages > 0)
             selected = in_topk(-tokens.old_logprobs, tokens.token_uid, positive, ctx.pos_threshold)
-            out[name] = {"selected": int(selected.sum()), "shape": tuple(batch.mask.shape),
-                         "first_uids": tokens.token_uid[:, 0].tolist()}
+            out[name] = {
+                "selected": int(selected.sum()),
+                "shape": tuple(batch.mask.shape),
+                "first_uids": tokens.token_uid[:, 0].tolist(),
+            }
         torch.save(out, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -106,10 +142,11 @@ def learner_rank_worker(rank: int, world: int, port: int, model_dir: str, out_di
     trajectories (groups 0-1), rank 1 the last 4 (group 2); saves the step's metrics and weights."""
     import os
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    from stare.config import build_config
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     from learner.step.trainer import Learner
+    from stare.config import build_config
 
     learner = Learner(build_config({}, overrides=overrides), Path(model_dir), pad_id=0)
     trajs = trajectories(0)
@@ -118,20 +155,22 @@ def learner_rank_worker(rank: int, world: int, port: int, model_dir: str, out_di
     torch.save({"metrics": metrics, "weights": weights}, f"{out_dir}/rank{rank}.pt")
 
 
-def leader_follower_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, overrides: list[str],
-                           steps: list[int]) -> None:
+def leader_follower_worker(
+    rank: int, world: int, port: int, model_dir: str, out_dir: str, overrides: list[str], steps: list[int]
+) -> None:
     """One rank of a learner driven the way `stare learner` drives several ranks: rank 0 wraps its
     Learner in a LeaderLearner and trains every step's whole batch (the first `steps[i]` groups of
     `trajectories(i)`), gathers the weights for rollout, checkpoints and loads the checkpoint back;
     the other ranks `follow`. Rank 0 saves each step's metrics and the weights it would publish."""
     import os
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    from stare.config import build_config
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     from learner.process.rank_launch import leave_process_groups
     from learner.process.ranks import LeaderLearner, RankChannel, follow
     from learner.step.trainer import Learner
+    from stare.config import build_config
 
     learner = Learner(build_config({}, overrides=overrides), Path(model_dir), pad_id=0)
     channel = RankChannel(timeout_s=120, heartbeat_s=0.2)  # a heartbeat between every op
@@ -150,8 +189,10 @@ def leader_follower_worker(rank: int, world: int, port: int, model_dir: str, out
     loaded = leader.load(Path(out_dir) / "ckpt")
     leader.close()
     leave_process_groups()
-    torch.save({"metrics": metrics, "state": state, "loaded": loaded["note"], "version": learner.version},
-               f"{out_dir}/leader.pt")
+    torch.save(
+        {"metrics": metrics, "state": state, "loaded": loaded["note"], "version": learner.version},
+        f"{out_dir}/leader.pt",
+    )
 
 
 def prepare_rank_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str, overrides: list[str]) -> None:
@@ -161,12 +202,13 @@ def prepare_rank_worker(rank: int, world: int, port: int, model_dir: str, out_di
     metrics, the trajectory ids it kept and the weights it would publish."""
     import os
 
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    from stare.config import build_config
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     from learner.process.rank_launch import leave_process_groups
     from learner.process.ranks import LeaderLearner, RankChannel, follow
     from learner.step.trainer import Learner
+    from stare.config import build_config
 
     learner = Learner(build_config({}, overrides=overrides), Path(model_dir), pad_id=0)
     channel = RankChannel(timeout_s=120, heartbeat_s=0.2)
@@ -195,8 +237,13 @@ def silent_leader_worker(rank: int, world: int, port: int, out_dir: str) -> None
     from learner.process.rank_launch import exit_abandoning_process_groups
     from learner.process.ranks import RankChannel, follow
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
     channel = RankChannel(timeout_s=2.0, heartbeat_s=0.5)
     if rank == 0:
         time.sleep(8)

@@ -35,11 +35,22 @@ def step_trajectories(vocab: int, seed: int = 0) -> list:
     for g in range(2):
         for i in range(2):
             n = 5 + i
-            out.append(Trajectory(
-                run_id="t", trajectory_id=f"g{g}-{i}", group_id=f"g{g}", group_size=2, weight_version=0,
-                prompt_token_ids=rng.integers(3, vocab, 4).astype(np.int32),
-                response_token_ids=rng.integers(3, vocab, n).astype(np.int32),
-                response_logprobs=np.full(n, -1.0, np.float32), loss_mask=np.ones(n, np.uint8),
-                finish_reason="length", answer="1", problem_id=f"p{g}", data_source="t", reward=float(i == 0),
-            ))
+            out.append(
+                Trajectory(
+                    run_id="t",
+                    trajectory_id=f"g{g}-{i}",
+                    group_id=f"g{g}",
+                    group_size=2,
+                    weight_version=0,
+                    prompt_token_ids=rng.integers(3, vocab, 4).astype(np.int32),
+                    response_token_ids=rng.integers(3, vocab, n).astype(np.int32),
+                    response_logprobs=np.full(n, -1.0, np.float32),
+                    loss_mask=np.ones(n, np.uint8),
+                    finish_reason="length",
+                    answer="1",
+                    problem_id=f"p{g}",
+                    data_source="t",
+                    reward=float(i == 0),
+                )
+            )
     return out

@@ -25,8 +25,8 @@ def records(path: Path) -> list:
         if BLOCK - pos % BLOCK < 7:  # a block's tail too short for a chunk header is padding
             pos += BLOCK - pos % BLOCK
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind == 0:  # zero padding up to the block end
             pos += (BLOCK - pos % BLOCK) % BLOCK
             continue

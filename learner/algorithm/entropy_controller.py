@@ -39,8 +39,12 @@ def fit_entropy_range(cfg: ControllerConfig, max_entropy: float | None) -> Contr
     if cfg.band is not None and cfg.band[1] > max_entropy:
         update["band"] = (min(cfg.band[0], max_entropy), max_entropy)
     if update:
-        log.warning("controller: %s above ln V = %.4g (the largest entropy over this model's vocabulary); using %s",
-                    {k: getattr(cfg, k) for k in update}, max_entropy, update)
+        log.warning(
+            "controller: %s above ln V = %.4g (the largest entropy over this model's vocabulary); using %s",
+            {k: getattr(cfg, k) for k in update},
+            max_entropy,
+            update,
+        )
         return ControllerConfig.model_validate({**cfg.model_dump(), **update})
     return cfg
 
@@ -79,8 +83,11 @@ class EntropyController:
         from `gate_entropy`; under `order: lagged`, the gate only. A non-finite input skips all of it."""
         self.skipped = not (math.isfinite(gate_entropy) and math.isfinite(entropy))
         if self.skipped:
-            log.warning("controller: non-finite batch entropy (gate input %s, entropy %s); gate, W and M kept",
-                        gate_entropy, entropy)
+            log.warning(
+                "controller: non-finite batch entropy (gate input %s, entropy %s); gate, W and M kept",
+                gate_entropy,
+                entropy,
+            )
             return self.gate
         if self.cfg.order == "reference":
             self.update(entropy)
@@ -132,8 +139,13 @@ class EntropyController:
         """The config as changed at run time, the current W and M, the gate and the last entropy."""
         config = self.cfg.model_dump(mode="json")
         config.update(w=self.w, m=self.m)
-        return {"config": config, "gate": self.gate, "last_entropy": self.last_entropy, "max_entropy": self.max_entropy,
-                "smoothed": self.smoothed}
+        return {
+            "config": config,
+            "gate": self.gate,
+            "last_entropy": self.last_entropy,
+            "max_entropy": self.max_entropy,
+            "smoothed": self.smoothed,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Validated like a change (bounds, finiteness, ln V): a checkpoint holding values outside the

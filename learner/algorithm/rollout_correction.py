@@ -53,14 +53,16 @@ def rollout_correction(
         truncated = mask & (level > math.log(cfg.is_cap))
         weight = torch.exp(level).clamp(max=cfg.is_cap).detach()
     rho = torch.exp(log_rho)
-    sums = torch.stack([
-        m.sum(),
-        (-log_rho * m).sum(),  # k1 = log(pi_rollout / pi_learner): KL(rollout || learner) from rollout samples
-        ((rho - 1.0 - log_rho) * m).sum(),  # k3 = rho - 1 - log rho
-        (mask & ~keep).sum().to(m.dtype),
-        truncated.sum().to(m.dtype),
-        ((weight if weight is not None else torch.ones_like(m)) * keep.to(m.dtype)).sum(),
-    ]).to(torch.float64)
+    sums = torch.stack(
+        [
+            m.sum(),
+            (-log_rho * m).sum(),  # k1 = log(pi_rollout / pi_learner): KL(rollout || learner) from rollout samples
+            ((rho - 1.0 - log_rho) * m).sum(),  # k3 = rho - 1 - log rho
+            (mask & ~keep).sum().to(m.dtype),
+            truncated.sum().to(m.dtype),
+            ((weight if weight is not None else torch.ones_like(m)) * keep.to(m.dtype)).sum(),
+        ]
+    ).to(torch.float64)
     return Correction(weight, keep, sums)
 
 

@@ -68,10 +68,12 @@ def topk_thresholds(
         # Tensor indices through index_select: `order[i]` with a tensor i would sync to the host.
         last = order.index_select(0, torch.argmax(reached.to(torch.int8)).reshape(1))  # [1]
         has = k > 0
-        out.append(TopKThreshold(
-            torch.where(has, key.index_select(0, last)[0], none.key),
-            torch.where(has, uid.index_select(0, last)[0], none.uid),
-        ))
+        out.append(
+            TopKThreshold(
+                torch.where(has, key.index_select(0, last)[0], none.key),
+                torch.where(has, uid.index_select(0, last)[0], none.uid),
+            )
+        )
     return out
 
 

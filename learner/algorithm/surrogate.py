@@ -36,7 +36,7 @@ def clipped_surrogate(
 ) -> tuple[Tensor, Tensor]:  # loss [B, L], clipped [B, L] bool
     """Dual-clip PPO/GRPO with decoupled clip range, per token (to be minimised):
 
-        l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)),  and for A < 0: min(l, -A c).
+    l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)),  and for A < 0: min(l, -A c).
     """
     ratio = importance_ratio(logprobs, old_logprobs)  # [B, L]
     unclipped = -advantages * ratio

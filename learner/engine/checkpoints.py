@@ -23,9 +23,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
@@ -161,17 +162,23 @@ def choose_checkpoint(directory: Path, say: Callable[[str], None] = print, verif
         if tag == named or (named is not None and tag > named):
             continue  # newer than `latest`: a save that never finished
         if problem(tag) is None:
-            say(f"warning: checkpoint damaged: {first}; resuming from the previous complete checkpoint "
-                f"{directory / tag} instead")
+            say(
+                f"warning: checkpoint damaged: {first}; resuming from the previous complete checkpoint "
+                f"{directory / tag} instead"
+            )
             return tag
-    raise CheckpointError(f"{first}; no other complete checkpoint under {directory} to resume from: restore the "
-                          f"file from a backup, or start the run again under a new run.name")
+    raise CheckpointError(
+        f"{first}; no other complete checkpoint under {directory} to resume from: restore the "
+        f"file from a backup, or start the run again under a new run.name"
+    )
 
 
 def require_checkpoint(directory: Path, flag: str, verify: Verify = "digest") -> str:
     """The checkpoint a resume of this run will load, verified now (before any lock or setup); a
     fallback's warning is left to the session, which chooses again when it loads (no second hash)."""
     if not any(Path(directory).glob("step_*")):
-        raise CheckpointError(f"{flag}: {directory} holds no checkpoint (the run stopped before its first one); "
-                              f"start it again instead of resuming")
+        raise CheckpointError(
+            f"{flag}: {directory} holds no checkpoint (the run stopped before its first one); "
+            f"start it again instead of resuming"
+        )
     return choose_checkpoint(directory, lambda _: None, verify)

@@ -23,8 +23,13 @@ from stare.weight_sync.buckets import tensor_aliases
 LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # fp16: DeepSpeed's dynamic loss scaling (the reference's fp16 setting): start at 2^16, halve on an
 # overflowing step (which is skipped), double after 1000 clean steps.
-FP16_LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
-                     "min_loss_scale": 1}
+FP16_LOSS_SCALING = {
+    "loss_scale": 0,
+    "initial_scale_power": 16,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+}
 
 
 def child_env() -> dict[str, str]:
@@ -65,11 +70,15 @@ def init_distributed(timeout_s: float = 300.0) -> None:
     missing = [k for k in LAUNCH_ENV if k not in os.environ]
     if missing:
         if os.environ.get("WORLD_SIZE", "1") != "1":
-            raise RuntimeError(f"a {os.environ['WORLD_SIZE']}-rank launch without {', '.join(missing)}: set them "
-                               "(torchrun and `stare up` do), or unset WORLD_SIZE for a one-process learner")
+            raise RuntimeError(
+                f"a {os.environ['WORLD_SIZE']}-rank launch without {', '.join(missing)}: set them "
+                "(torchrun and `stare up` do), or unset WORLD_SIZE for a one-process learner"
+            )
         # one process: its own group on loopback (also when an in-process engine left some of the
         # variables set, as vLLM does; DeepSpeed would otherwise go looking for MPI)
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        os.environ.update(
+            RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+        )
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":  # one GPU per rank: LOCAL_RANK among those CUDA_VISIBLE_DEVICES shows
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -79,8 +88,17 @@ def init_distributed(timeout_s: float = 300.0) -> None:
 
 
 def deepspeed_config(
-    *, micro_batch: int, grad_accum: int, world_size: int, lr: float, betas: tuple[float, float],
-    weight_decay: float, grad_clip: float, zero_stage: int, dtype: str = "float32", fused_adam: bool = False,
+    *,
+    micro_batch: int,
+    grad_accum: int,
+    world_size: int,
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+    grad_clip: float,
+    zero_stage: int,
+    dtype: str = "float32",
+    fused_adam: bool = False,
 ) -> dict[str, Any]:
     """`dtype`: model.dtype (bfloat16: bf16 weights with fp32 optimizer state; float16: the same with
     dynamic loss scaling). `fused_adam`: torch's fused AdamW kernel (CUDA only; no op to compile).
@@ -116,12 +134,15 @@ def check_dtype_supported(dtype: str) -> None:
 
     supported = {"float16": get_accelerator().is_fp16_supported, "bfloat16": get_accelerator().is_bf16_supported}
     if dtype in supported and not supported[dtype]():
-        raise ConfigError(f"model.dtype: {dtype} is not supported by DeepSpeed on this device "
-                          f"({get_accelerator().device_name()}); use float32 here (bfloat16/float16 on a GPU)")
+        raise ConfigError(
+            f"model.dtype: {dtype} is not supported by DeepSpeed on this device "
+            f"({get_accelerator().device_name()}); use float32 here (bfloat16/float16 on a GPU)"
+        )
 
 
-def build_engine(model: torch.nn.Module, config: dict[str, Any], *,
-                 external: dict[torch.nn.Module, torch.nn.Parameter] | None = None):
+def build_engine(
+    model: torch.nn.Module, config: dict[str, Any], *, external: dict[torch.nn.Module, torch.nn.Parameter] | None = None
+):
     """`external`: module -> a parameter it uses but does not own (the learner's `ChunkedHead` and the
     output head's weight). Under ZeRO-3 DeepSpeed gathers it in that module's forward and backward
     (`register_external_parameter`); registered before `initialize`, which installs the hooks."""
@@ -150,7 +171,9 @@ def engine_device(engine) -> torch.device:
     return torch.device(engine.device)
 
 
-def full_state_dict(engine, keep: bool = True, *, where: str = "host", snapshot: bool = True) -> Mapping[str, torch.Tensor]:
+def full_state_dict(
+    engine, keep: bool = True, *, where: str = "host", snapshot: bool = True
+) -> Mapping[str, torch.Tensor]:
     """The whole model's weights for the rollout engines. Under ZeRO-3 every rank must call it (each
     gather is a collective); parameters are gathered one at a time, so the device never holds more
     than its shard plus one whole parameter besides what is returned. `keep=False` (a rank that does
@@ -200,7 +223,7 @@ def full_state_dict(engine, keep: bool = True, *, where: str = "host", snapshot:
                 with deepspeed.zero.GatheredParameters([tensor], modifier_rank=None):
                     copy = take(tensor, True) if keep else None
             if keep:
-                taken.update({name: copy for name in names})
+                taken.update(dict.fromkeys(names, copy))
         out = {name: taken[name] for name in named} if keep else {}
     if copies is None:
         return out
@@ -312,8 +335,13 @@ def save_checkpoint(engine, directory: Path, tag: str, trainable_only: bool = Fa
 
 
 def load_checkpoint(engine, directory: Path, tag: str, trainable_only: bool = False) -> None:
-    path, _ = engine.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True,
-                                     load_module_strict=not trainable_only)
+    path, _ = engine.load_checkpoint(
+        str(directory),
+        tag=tag,
+        load_optimizer_states=True,
+        load_lr_scheduler_states=True,
+        load_module_strict=not trainable_only,
+    )
     if path is None:
         raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} under {directory}")
 
@@ -340,8 +368,10 @@ def offload_optimizer_states(engine) -> str:
     if stage == 3:
         from stare.config import ConfigError
 
-        raise ConfigError("system.colocate_offload: optimizer needs optim.zero_stage 0-2 (ZeRO-3 offload needs "
-                          "DeepSpeed's FusedAdam); set optim.zero_stage=1")
+        raise ConfigError(
+            "system.colocate_offload: optimizer needs optim.zero_stage 0-2 (ZeRO-3 offload needs "
+            "DeepSpeed's FusedAdam); set optim.zero_stage=1"
+        )
     pin = torch.cuda.is_available()
     if stage in (1, 2):
         states = [OffloadStateTypeEnum.optim_states, OffloadStateTypeEnum.hp_params, OffloadStateTypeEnum.lp_grads]

@@ -29,8 +29,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -71,13 +71,16 @@ def checkpoint_state_dict(ckpt_dir: Path, tag: str, dtype: torch.dtype) -> dict[
     try:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     except ImportError:
-        raise ExportError(f"{folder} is a ZeRO-3 checkpoint: merging it needs DeepSpeed: pip install 'stare[learner]'") from None
+        raise ExportError(
+            f"{folder} is a ZeRO-3 checkpoint: merging it needs DeepSpeed: pip install 'stare[learner]'"
+        ) from None
     merged = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
     return {k: v.to(dtype) for k, v in merged.items()}
 
 
-def export_checkpoint(ckpt_dir: Path, out: Path, *, model_path: Path, step: int | None = None,
-                      dtype: str = "float32") -> Path:
+def export_checkpoint(
+    ckpt_dir: Path, out: Path, *, model_path: Path, step: int | None = None, dtype: str = "float32"
+) -> Path:
     """Write checkpoint `step` (None: the latest) as a Hugging Face directory `out`; returns `out`."""
     from transformers import AutoTokenizer, GenerationConfig
 
@@ -109,10 +112,18 @@ def export_checkpoint(ckpt_dir: Path, out: Path, *, model_path: Path, step: int 
             model.save_pretrained(staged, safe_serialization=True)
         AutoTokenizer.from_pretrained(model_path).save_pretrained(staged)
         step_done = json.loads(trainer_state.read_text())["step"] if trainer_state.is_file() else None
-        (staged / "export_info.json").write_text(json.dumps(
-            {"checkpoint": str(ckpt_dir / tag), "step": step_done, "base_model": str(model_path), "dtype": dtype,
-             **({"lora": lora} if lora is not None else {})},
-            indent=1))
+        (staged / "export_info.json").write_text(
+            json.dumps(
+                {
+                    "checkpoint": str(ckpt_dir / tag),
+                    "step": step_done,
+                    "base_model": str(model_path),
+                    "dtype": dtype,
+                    **({"lora": lora} if lora is not None else {}),
+                },
+                indent=1,
+            )
+        )
         umask = os.umask(0)
         os.umask(umask)
         for f in staged.iterdir():  # safetensors writes 0600 files; give them the usual mode
@@ -135,15 +146,19 @@ def _full_model(state: dict[str, torch.Tensor], folder: Path, model_path: Path, 
     tied = set(getattr(model, "_tied_weights_keys", None) or ())
     missing = [k for k in result.missing_keys if not (getattr(config, "tie_word_embeddings", False) and k in tied)]
     if missing or result.unexpected_keys:
-        raise ExportError(f"{folder} does not fit the base model {model_path}: missing {missing[:5]}, "
-                          f"unexpected {result.unexpected_keys[:5]}")
+        raise ExportError(
+            f"{folder} does not fit the base model {model_path}: missing {missing[:5]}, "
+            f"unexpected {result.unexpected_keys[:5]}"
+        )
     model.tie_weights()
     if any(p.is_meta for p in model.parameters()):
         raise ExportError(f"{folder}: weights left unset after loading (tied or buffer keys?)")
     return model
 
 
-def export_run(run_dir: Path, model_path: Path, log: Callable[[str], None] = print, dtype: str = "float32") -> Path | None:
+def export_run(
+    run_dir: Path, model_path: Path, log: Callable[[str], None] = print, dtype: str = "float32"
+) -> Path | None:
     """End of a run: its latest checkpoint into run_dir/hf (rank 0 only; None when nothing was written)."""
     if int(os.environ.get("RANK", "0")) != 0:
         return None

@@ -34,8 +34,14 @@ def _peft():
 def peft_config(cfg: Any):
     """peft's LoraConfig from the run's model.lora section (or its dump)."""
     c = cfg if isinstance(cfg, dict) else cfg.model_dump()
-    return _peft().LoraConfig(r=c["r"], lora_alpha=c["alpha"], lora_dropout=c["dropout"],
-                              target_modules=c["target_modules"], bias="none", task_type="CAUSAL_LM")
+    return _peft().LoraConfig(
+        r=c["r"],
+        lora_alpha=c["alpha"],
+        lora_dropout=c["dropout"],
+        target_modules=c["target_modules"],
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def wrap(model: nn.Module, cfg: Any) -> nn.Module:
@@ -76,8 +82,9 @@ def adapter_state(module_state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     return {k: v for k, v in module_state.items() if ".lora_" in k}
 
 
-def export_lora(model_path: Path, adapters: dict[str, torch.Tensor], lora: dict, out: Path, *,
-                dtype: torch.dtype) -> nn.Module | None:
+def export_lora(
+    model_path: Path, adapters: dict[str, torch.Tensor], lora: dict, out: Path, *, dtype: torch.dtype
+) -> nn.Module | None:
     """The base model with the checkpoint's `adapters`: written as peft's adapter directory into
     `out` (lora["export"] == "adapter"; returns None), or merged and returned (the caller saves it as
     a whole Hugging Face model). Raises ValueError when the adapters do not fit the base model."""
@@ -87,8 +94,10 @@ def export_lora(model_path: Path, adapters: dict[str, torch.Tensor], lora: dict,
     result = model.load_state_dict(adapters, strict=False)
     missing = [k for k in result.missing_keys if ".lora_" in k]
     if missing or result.unexpected_keys or not adapters:
-        raise ValueError(f"the checkpoint's adapters do not fit the base model {model_path}: missing {missing[:5]}, "
-                         f"unexpected {result.unexpected_keys[:5]}, {len(adapters)} adapter tensors")
+        raise ValueError(
+            f"the checkpoint's adapters do not fit the base model {model_path}: missing {missing[:5]}, "
+            f"unexpected {result.unexpected_keys[:5]}, {len(adapters)} adapter tensors"
+        )
     if lora.get("export", "merged") == "adapter":
         model.save_pretrained(out, safe_serialization=True)
         return None

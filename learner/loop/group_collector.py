@@ -49,9 +49,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from stare.transport.records import Trajectory
 from stare.transport.base import RecordStream
 from stare.transport.dead_letters import DeadLetterFeed
+from stare.transport.records import Trajectory
 from stare.transport.redis_client import retrying, run_key
 
 log = logging.getLogger(__name__)
@@ -162,17 +162,27 @@ class RedisDecisionLog:
         retrying(lambda: self.client.sadd(self.key, group_id), "SADD decided group")
 
     def recorded(self) -> set[str]:
-        return {g.decode() if isinstance(g, bytes) else g
-                for g in retrying(lambda: self.client.smembers(self.key), "SMEMBERS decided groups")}
+        return {
+            g.decode() if isinstance(g, bytes) else g
+            for g in retrying(lambda: self.client.smembers(self.key), "SMEMBERS decided groups")
+        }
 
     def clear(self) -> None:
         retrying(lambda: self.client.delete(self.key), "DEL decided groups")
 
 
 class GroupCollector:
-    def __init__(self, scored: RecordStream, *, name: str, dynamic_sampling: bool, max_staleness: int | None = None,
-                 keep_stale: bool = False, decisions: DecisionLog | None = None,
-                 dead_letters: DeadLetterFeed | None = None):
+    def __init__(
+        self,
+        scored: RecordStream,
+        *,
+        name: str,
+        dynamic_sampling: bool,
+        max_staleness: int | None = None,
+        keep_stale: bool = False,
+        decisions: DecisionLog | None = None,
+        dead_letters: DeadLetterFeed | None = None,
+    ):
         self.scored, self.name = scored, name
         self.dynamic_sampling = dynamic_sampling
         self.max_staleness, self.keep_stale = max_staleness, keep_stale
@@ -197,7 +207,11 @@ class GroupCollector:
                 continue
             t: Trajectory = d.record
             group = self.partial.get(t.group_id)
-            if t.group_id in self.finished or t.group_id in self.closed or (group is not None and t.trajectory_id in group):
+            if (
+                t.group_id in self.finished
+                or t.group_id in self.closed
+                or (group is not None and t.trajectory_id in group)
+            ):
                 duplicates.append(d.id)
                 continue
             self.stats.staleness[learner_version - t.weight_version] += 1
@@ -234,14 +248,25 @@ class GroupCollector:
             return
         for rec in self.dead_letters.new():
             group_id = rec.group_id
-            if group_id is None or _ORDINAL.match(group_id) is None or group_id in self.finished \
-                    or group_id in self.closed:
+            if (
+                group_id is None
+                or _ORDINAL.match(group_id) is None
+                or group_id in self.finished
+                or group_id in self.closed
+            ):
                 continue  # not one of our groups, or decided already
             partial = self.partial.pop(group_id, {})
             self.stats.dead_lettered_groups += 1
             self.dead_reasons.append(rec.reason)  # the session drains it once per step (learner/loop/run_outcome.py)
-            log.warning("group %s closed without training: its %s entry %s was dead-lettered (%s); %d of its "
-                        "trajectories had arrived", group_id, rec.stream, rec.entry_id, rec.reason, len(partial))
+            log.warning(
+                "group %s closed without training: its %s entry %s was dead-lettered (%s); %d of its "
+                "trajectories had arrived",
+                group_id,
+                rec.stream,
+                rec.entry_id,
+                rec.reason,
+                len(partial),
+            )
             self._finish(group_id, [e for _, e in partial.values()])
 
     def _complete(self, group: dict[str, tuple[Trajectory, str]], learner_version: int) -> None:
@@ -276,8 +301,9 @@ class GroupCollector:
         ready = sorted(self.ready, key=lambda g: _publish_key(g[0][0].group_id)) if in_publish_order else self.ready
         return [trajectories for trajectories, _ in ready[:n_groups]]
 
-    def take(self, n_groups: int, in_publish_order: bool = False,
-             learner_version: int | None = None) -> tuple[list[Trajectory], list[str]]:
+    def take(
+        self, n_groups: int, in_publish_order: bool = False, learner_version: int | None = None
+    ) -> tuple[list[Trajectory], list[str]]:
         """Up to n ready groups, flattened, with the stream ids to pass to `trained` after the step.
         Default: in the order they completed; `in_publish_order`: the first n in the feeder's order
         (g<ordinal>; other ids after them), whatever finished first. `learner_version` (the version

@@ -55,14 +55,20 @@ class EmptySteps:
 
     def message(self, outcome: str) -> str:
         if outcome == "no_input":
-            rules = "; ".join(f"{n} by: {self.example[r]}" for r, n in self.reasons.most_common(3)) or "no reason recorded"
-            return (f"no input to train on: all {self.dead} groups of the last {self.steps} step(s) were dead-lettered "
-                    f"({sum(self.reasons.values())} entries refused; {rules})")
+            rules = (
+                "; ".join(f"{n} by: {self.example[r]}" for r, n in self.reasons.most_common(3)) or "no reason recorded"
+            )
+            return (
+                f"no input to train on: all {self.dead} groups of the last {self.steps} step(s) were dead-lettered "
+                f"({sum(self.reasons.values())} entries refused; {rules})"
+            )
         groups = self.filtered + self.dead
         fraction = self.filtered / groups if groups else 1.0
-        return (f"no reward signal for {self.steps} steps in a row: {fraction:.0%} of the {groups} groups sampled had "
-                f"equal rewards (the task is solved or unsolvable for this policy); lower task difficulty, raise "
-                f"rollout.samples_per_prompt or data.max_sampling_rounds, or check the reward")
+        return (
+            f"no reward signal for {self.steps} steps in a row: {fraction:.0%} of the {groups} groups sampled had "
+            f"equal rewards (the task is solved or unsolvable for this policy); lower task difficulty, raise "
+            f"rollout.samples_per_prompt or data.max_sampling_rounds, or check the reward"
+        )
 
 
 @dataclass

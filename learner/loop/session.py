@@ -29,18 +29,19 @@ import json
 import logging
 import math
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
-from stare.config import TrainConfig
+from learner.engine.rng import rng_state, seed_everything, set_rng_state  # noqa: F401  (seed_everything: for the modes)
 from learner.loop.group_collector import round_size
 from learner.loop.run_outcome import EmptySteps, RunOutcome
-from learner.engine.rng import rng_state, seed_everything, set_rng_state  # noqa: F401  (seed_everything: for the modes)
+from learner.loop.session_seams import CursorStore, Evaluator, MemoryCursor, SessionSeams  # noqa: F401  (the modes import them here)
+from stare.config import TrainConfig
 from stare.observe.log_format import StepLines
 from stare.observe.run_outputs import RunOutputs, batch_metrics, staleness_status, staleness_summary, trained_lags
-from learner.loop.session_seams import CursorStore, Evaluator, MemoryCursor, SessionSeams  # noqa: F401  (the modes import them here)
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,18 @@ STALL_LOG_S = 120.0  # without a pump: say what the learner waits for after this
 
 
 class TrainingSession:
-    def __init__(self, cfg: TrainConfig, learner, feeder, collector, seams: SessionSeams, *, max_staleness: int,
-                 resume: bool, say: Callable[[str], None] = log.info):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        learner,
+        feeder,
+        collector,
+        seams: SessionSeams,
+        *,
+        max_staleness: int,
+        resume: bool,
+        say: Callable[[str], None] = log.info,
+    ):
         self.cfg, self.learner, self.feeder, self.collector, self.seams = cfg, learner, feeder, collector, seams
         self.max_staleness, self.say = max_staleness, say
         resume_step = None
@@ -75,8 +86,10 @@ class TrainingSession:
         self.step_lines = StepLines(cfg.logging.every_n_steps, cfg.run.steps, log)  # a log line per N steps
         published = seams.cursor.load_version()
         if published > learner.version:  # a learner killed after its checkpoint published newer weights
-            say(f"weights up to version {published} were published after the checkpoint (version {learner.version}); "
-                f"publishing the checkpoint's weights as version {published + 1}")
+            say(
+                f"weights up to version {published} were published after the checkpoint (version {learner.version}); "
+                f"publishing the checkpoint's weights as version {published + 1}"
+            )
             learner.version = published + 1
         self._publish(learner.state_dict_for_rollout())
         self.resumed = resume_step is not None
@@ -98,8 +111,11 @@ class TrainingSession:
         want, over = self.cfg.rollout.prompts_per_step, self.cfg.data.oversample
         in_flight = self.feeder.cursor - len(self.collector.finished)
         filtered = self.collector.stats.filtered_groups - self._filtered0  # this step's
-        need = (math.ceil(want * (1 + self.max_staleness) * over) - in_flight if self.max_staleness > 0
-                else round_size(want - in_flight, over, trainable=in_flight, filtered=filtered))
+        need = (
+            math.ceil(want * (1 + self.max_staleness) * over) - in_flight
+            if self.max_staleness > 0
+            else round_size(want - in_flight, over, trainable=in_flight, filtered=filtered)
+        )
         if need <= 0:
             return 0
         tasks = self.feeder.next_tasks(need)
@@ -113,8 +129,9 @@ class TrainingSession:
         self.seams.publisher.publish(self.learner.version, state)
         self.seams.cursor.save_version(self.learner.version)
 
-    def evaluate(self, weights: Callable[[], Mapping[str, torch.Tensor]] | None = None,
-                 final: bool = False) -> dict[str, Any]:
+    def evaluate(
+        self, weights: Callable[[], Mapping[str, torch.Tensor]] | None = None, final: bool = False
+    ) -> dict[str, Any]:
         """Held-out results of the current weights (`weights`: the state dict just published, not gathered
         twice); `final`: the run's last evaluation (`task.final_eval_k`)."""
         learner = self.learner
@@ -122,8 +139,10 @@ class TrainingSession:
             result = self.seams.evaluator(learner.version, weights or learner.state_dict_for_rollout, final=final)
         result["step"] = learner.step
         self.outputs.log_eval(result)
-        self.say(f"held-out at step {learner.step}: greedy {result['greedy_accuracy']:.3f}, "
-                 f"pass@{result['k']} {result['pass_at_k']:.3f}")
+        self.say(
+            f"held-out at step {learner.step}: greedy {result['greedy_accuracy']:.3f}, "
+            f"pass@{result['k']} {result['pass_at_k']:.3f}"
+        )
         return result
 
     def _eval_due(self, step: int) -> bool:
@@ -133,15 +152,18 @@ class TrainingSession:
     def _evaluated(self, step: int) -> bool:
         """eval.jsonl has the evaluation of `step` (a learner killed while it waited for one has not)."""
         path = self.outputs.dir / "eval.jsonl"
-        return path.exists() and any(json.loads(line).get("step") == step
-                                     for line in path.read_text().splitlines() if line.strip())
+        return path.exists() and any(
+            json.loads(line).get("step") == step for line in path.read_text().splitlines() if line.strip()
+        )
 
     def checkpoint(self) -> None:
         ckpt_dir = self.outputs.ckpt_dir
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         with self.seams.busy("checkpointing"):
-            tag = self.learner.save(ckpt_dir, {"data": self.feeder.state_dict(),
-                                               "collector": self.collector.state_dict(), "rng": rng_state()})
+            tag = self.learner.save(
+                ckpt_dir,
+                {"data": self.feeder.state_dict(), "collector": self.collector.state_dict(), "rng": rng_state()},
+            )
         acked = self.collector.ack_trained()  # only now: the checkpoint holds what they trained
         self.outputs.prune_checkpoints()
         self.say(f"checkpoint {ckpt_dir / tag} (acknowledged {acked} trained trajectories)")
@@ -194,8 +216,9 @@ class TrainingSession:
         collector, want = self.collector, self.cfg.rollout.prompts_per_step
         if self.max_staleness > 0:
             self._round += int(self.top_up_prompts() > 0)
-        elif (self._unresolved() == 0 and len(collector.ready) < want
-              and self._round < self.cfg.data.max_sampling_rounds):
+        elif (
+            self._unresolved() == 0 and len(collector.ready) < want and self._round < self.cfg.data.max_sampling_rounds
+        ):
             self.top_up_prompts()
             self._round += 1
         if self.seams.pump is not None:
@@ -206,16 +229,18 @@ class TrainingSession:
             collector.pull(self.learner.version, block_s=PULL_BLOCK_S)
             if time.monotonic() - self._last_step_at > STALL_LOG_S:
                 self._last_step_at = time.monotonic()  # once per STALL_LOG_S
-                self.say(f"waiting for data: {len(collector.ready)} of {want} groups ready, {self._unresolved()} "
-                         f"published groups not complete, queues {self.queue_depths()}")
+                self.say(
+                    f"waiting for data: {len(collector.ready)} of {want} groups ready, {self._unresolved()} "
+                    f"published groups not complete, queues {self.queue_depths()}"
+                )
 
     def _batch_ready(self) -> bool:
         """Enough groups (over-sampled on-policy: and the whole round done), or on-policy rounds used up and done."""
         if len(self.collector.ready) >= self.cfg.rollout.prompts_per_step and (
-                not self._whole_rounds or self._unresolved() == 0):
+            not self._whole_rounds or self._unresolved() == 0
+        ):
             return True
-        return (self.max_staleness == 0 and self._round >= self.cfg.data.max_sampling_rounds
-                and self._unresolved() == 0)
+        return self.max_staleness == 0 and self._round >= self.cfg.data.max_sampling_rounds and self._unresolved() == 0
 
     def _prepare_ready(self) -> None:
         """While the step waits for data (`optim.prepass_early`): the learner's no-grad pre-pass over
@@ -228,8 +253,11 @@ class TrainingSession:
         learner = self.learner
         if self._prepared_at != learner.version:  # the weights moved on: what was prepared is not used
             self._prepared, self._prepared_at = set(), learner.version
-        groups = [g for g in self.collector.upcoming(self.cfg.rollout.prompts_per_step, self._whole_rounds)
-                  if g[0].group_id not in self._prepared]
+        groups = [
+            g
+            for g in self.collector.upcoming(self.cfg.rollout.prompts_per_step, self._whole_rounds)
+            if g[0].group_id not in self._prepared
+        ]
         if not groups:
             return
         t0 = time.perf_counter()
@@ -248,8 +276,9 @@ class TrainingSession:
             return None
         cfg, stats = self.cfg, self.collector.stats
         stale0 = stats.stale_tokens
-        trajectories, ids = self.collector.take(cfg.rollout.prompts_per_step, in_publish_order=self._whole_rounds,
-                                                learner_version=self.learner.version)
+        trajectories, ids = self.collector.take(
+            cfg.rollout.prompts_per_step, in_publish_order=self._whole_rounds, learner_version=self.learner.version
+        )
         info: dict[str, Any] = {
             "stale_tokens": stats.stale_tokens - stale0,  # left out of the loss: older than max_staleness
             "sampling_rounds": self._round,
@@ -307,10 +336,14 @@ class TrainingSession:
                 weights = state = None  # the workers hold this version: the copy is not kept through the wait
             metrics["eval_greedy_accuracy"] = self.evaluate(weights, final=step == cfg.run.steps)["greedy_accuracy"]
         del state  # a full copy of the weights (15 GB at 7B): not kept between steps
-        status = {"weight_version": learner.version, "queue_depths": self.queue_depths(),
-                  "dead_letters": self.dead_letters(),
-                  "staleness": staleness_status(lags), "tokens_per_s": metrics["tokens_per_s"],
-                  "step_time_s": step_time}
+        status = {
+            "weight_version": learner.version,
+            "queue_depths": self.queue_depths(),
+            "dead_letters": self.dead_letters(),
+            "staleness": staleness_status(lags),
+            "tokens_per_s": metrics["tokens_per_s"],
+            "step_time_s": step_time,
+        }
         self.seams.steering.after_step(learner.controller, metrics, status)
         self.outputs.log_step(metrics)
         if not saved:
@@ -329,7 +362,9 @@ class TrainingSession:
         """Train to run.steps, a stop request, or a run with nothing to train (learner/loop/run_outcome.py)."""
         cfg, learner, seams = self.cfg, self.learner, self.seams
         start_step = learner.step
-        seams.steering.start(learner.controller, learner.step, {"weight_version": learner.version}, resumed=self.resumed)
+        seams.steering.start(
+            learner.controller, learner.step, {"weight_version": learner.version}, resumed=self.resumed
+        )
         if self._eval_due(learner.step) and not self._evaluated(learner.step):  # step 0, or lost with a restart
             self.evaluate(final=learner.step == cfg.run.steps)
         empty, gave_up = EmptySteps(), None
@@ -349,8 +384,9 @@ class TrainingSession:
                 continue
             trajectories, ids, info = batch
             if not trajectories:  # on-policy: no group of this step's rounds had a reward signal
-                gave_up = empty.add(stats.filtered_groups - filtered0, stats.dead_lettered_groups - dead0,
-                                    self.collector.dead_reasons)
+                gave_up = empty.add(
+                    stats.filtered_groups - filtered0, stats.dead_lettered_groups - dead0, self.collector.dead_reasons
+                )
                 self.collector.dead_reasons.clear()
                 self.say(f"no group with a reward signal after {self._round} rounds; sampling again")
                 self._round = 0
@@ -368,8 +404,9 @@ class TrainingSession:
             self.checkpoint()  # leave nothing trained unsaved, and a checkpoint to resume from
         outcome = gave_up or ("finished" if learner.step >= cfg.run.steps else "stopped")
         message = empty.message(gave_up) if gave_up else None
-        seams.steering.set_phase("failed" if gave_up else outcome, step=learner.step,
-                                 **({"reason": message} if message else {}))
+        seams.steering.set_phase(
+            "failed" if gave_up else outcome, step=learner.step, **({"reason": message} if message else {})
+        )
         self.outputs.tb.flush()
         return RunOutcome(outcome, learner.step - start_step, message)
 

@@ -5,15 +5,16 @@ workers in other processes), passed in as one `SessionSeams`."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Mapping, Protocol
+from typing import Any, ContextManager, Protocol
 
 import torch
 
 from stare.runstate import RunSteering
 from stare.transport.base import Transport
-from stare.weight_sync.base import WeightPublisher
 from stare.transport.redis_client import retrying, run_key
+from stare.weight_sync.base import WeightPublisher
 
 
 class CursorStore(Protocol):
@@ -67,8 +68,9 @@ class RedisCursor:
 
 
 class Evaluator(Protocol):
-    def __call__(self, version: int, weights: Callable[[], Mapping[str, torch.Tensor]],
-                 final: bool = False) -> dict[str, Any]:
+    def __call__(
+        self, version: int, weights: Callable[[], Mapping[str, torch.Tensor]], final: bool = False
+    ) -> dict[str, Any]:
         """Held-out results of the policy at `version` (`weights()` gives its state dict); `final`:
         the run's last evaluation (`task.final_eval_k` samples when set)."""
         ...

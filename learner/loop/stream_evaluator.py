@@ -31,14 +31,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from stare.data.feeder import eval_problems
-from stare.evaluation.heldout import Outcome, eval_settings, eval_tasks, summarize
 from stare.data.prompt_policy import prompt_ids
-from stare.transport.records import EvalTask, Trajectory
-from stare.transport.dead_letters import Feeds, dead_letter_feed
+from stare.evaluation.heldout import Outcome, eval_settings, eval_tasks, summarize
 from stare.evaluation.streams import EvalIndex, EvalStreams
+from stare.transport.dead_letters import Feeds, dead_letter_feed
+from stare.transport.records import EvalTask, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,27 @@ POLL_S = 0.5  # one wait for scored samples
 class StreamEvaluator:
     remote = True  # the session checkpoints before it waits for one of these
 
-    def __init__(self, cfg, task, tokenizer, streams: EvalStreams, index: EvalIndex, *,
-                 tick: Callable[..., None] = lambda **info: None, consumer: str = "learner",
-                 timeout_s: float | None = None, say: Callable[[str], None] = log.info):
-        self.cfg, self.streams, self.index, self.tick, self.consumer, self.say = cfg, streams, index, tick, consumer, say
+    def __init__(
+        self,
+        cfg,
+        task,
+        tokenizer,
+        streams: EvalStreams,
+        index: EvalIndex,
+        *,
+        tick: Callable[..., None] = lambda **info: None,
+        consumer: str = "learner",
+        timeout_s: float | None = None,
+        say: Callable[[str], None] = log.info,
+    ):
+        self.cfg, self.streams, self.index, self.tick, self.consumer, self.say = (
+            cfg,
+            streams,
+            index,
+            tick,
+            consumer,
+            say,
+        )
         self.problems = eval_problems(cfg, task, tokenizer, say)
         self.prompts = [prompt_ids(p, tokenizer) for p in self.problems]
         self.settings = eval_settings(cfg)  # the final evaluation's: eval_settings(cfg, final=True)
@@ -61,11 +79,18 @@ class StreamEvaluator:
         self.dead = Feeds([dead_letter_feed(s) for s in (streams.tasks, streams.raw, streams.scored)])
 
     def tasks(self, version: int, settings: dict[str, Any] | None = None) -> list[EvalTask]:
-        return eval_tasks(self.problems, self.prompts, run_id=self.cfg.run.name, eval_id=f"v{version}",
-                          version=version, **(settings or self.settings))
+        return eval_tasks(
+            self.problems,
+            self.prompts,
+            run_id=self.cfg.run.name,
+            eval_id=f"v{version}",
+            version=version,
+            **(settings or self.settings),
+        )
 
-    def __call__(self, version: int, weights: Callable[[], Mapping[str, Any]] | None = None,
-                 final: bool = False) -> dict[str, Any]:
+    def __call__(
+        self, version: int, weights: Callable[[], Mapping[str, Any]] | None = None, final: bool = False
+    ) -> dict[str, Any]:
         """The result of the evaluation of weight version `version` (`weights` is not used: the
         workers take that version from the weight publisher); `final`: the run's last evaluation
         (`task.final_eval_k` samples when set)."""
@@ -107,9 +132,13 @@ class StreamEvaluator:
                     other.append(d.id)
             self.streams.scored.ack(other)
             for rec in self.dead.new():
-                lost = ([rec.trajectory_id] if rec.trajectory_id in expected
-                        else [f"{rec.group_id}:{j}" for j in range(by_task[rec.group_id].n)] if rec.group_id in by_task
-                        else [])
+                lost = (
+                    [rec.trajectory_id]
+                    if rec.trajectory_id in expected
+                    else [f"{rec.group_id}:{j}" for j in range(by_task[rec.group_id].n)]
+                    if rec.group_id in by_task
+                    else []
+                )
                 for tid in lost:
                     if tid not in scores and tid not in dead:
                         dead[tid] = f"{rec.stream}: {rec.reason}"
@@ -117,8 +146,10 @@ class StreamEvaluator:
                 time.sleep(0.01)  # in-memory streams do not block
             now = time.monotonic()
             if now - start > self.timeout_s:
-                self.say(f"evaluation {eval_id}: timed out after {self.timeout_s:.0f}s (task.eval_timeout_s); "
-                         + self._missing(expected, scores, dead))
+                self.say(
+                    f"evaluation {eval_id}: timed out after {self.timeout_s:.0f}s (task.eval_timeout_s); "
+                    + self._missing(expected, scores, dead)
+                )
                 break
             if now - last_log > PROGRESS_LOG_S:
                 last_log = now
@@ -130,12 +161,20 @@ class StreamEvaluator:
         missing = [tid for tid in expected if tid not in scores and tid not in dead]
         per_source = Counter(expected[tid].data_source for tid in missing)
         s = self.streams
-        return (f"{len(missing)} of {len(expected)} samples missing (per source {dict(per_source)}; first "
-                f"{missing[:3]}), {len(dead)} dead-lettered; eval queues: tasks {s.tasks.backlog()} not sampled, "
-                f"raw {s.raw.backlog()} not scored, scored {s.scored.backlog()} not read")
+        return (
+            f"{len(missing)} of {len(expected)} samples missing (per source {dict(per_source)}; first "
+            f"{missing[:3]}), {len(dead)} dead-lettered; eval queues: tasks {s.tasks.backlog()} not sampled, "
+            f"raw {s.raw.backlog()} not scored, scored {s.scored.backlog()} not read"
+        )
 
-    def _result(self, tasks: list[EvalTask], expected: dict[str, EvalTask], scores: dict[str, Trajectory],
-                dead: dict[str, str], settings: dict[str, Any]) -> dict[str, Any]:
+    def _result(
+        self,
+        tasks: list[EvalTask],
+        expected: dict[str, EvalTask],
+        scores: dict[str, Trajectory],
+        dead: dict[str, str],
+        settings: dict[str, Any],
+    ) -> dict[str, Any]:
         def correct(tid: str) -> float:  # missing or dead-lettered: incorrect
             t = scores.get(tid)
             return float(bool(t is not None and (t.reward_info or {}).get("correct", (t.reward or 0.0) >= 1.0)))
@@ -144,17 +183,34 @@ class StreamEvaluator:
         for greedy, sampled in zip(tasks[0::2], tasks[1::2]):
             ids = [f"{sampled.task_id}:{j}" for j in range(sampled.n)]
             turns = [scores[tid].turns for tid in ids if tid in scores]
-            outcomes.append(Outcome(greedy=correct(f"{greedy.task_id}:0"), scores=[correct(tid) for tid in ids],
-                                    turns=turns if self.cfg.rollout.tool_use.enabled else None))
+            outcomes.append(
+                Outcome(
+                    greedy=correct(f"{greedy.task_id}:0"),
+                    scores=[correct(tid) for tid in ids],
+                    turns=turns if self.cfg.rollout.tool_use.enabled else None,
+                )
+            )
         s = settings
-        result = summarize(self.problems, outcomes, k=s["k"], temperature=s["temperature"], top_p=s["top_p"],
-                           per_source=s["per_source"])
+        result = summarize(
+            self.problems,
+            outcomes,
+            k=s["k"],
+            temperature=s["temperature"],
+            top_p=s["top_p"],
+            per_source=s["per_source"],
+        )
         missing = len(expected) - len(scores) - len(dead)
-        result.update(eval_id=tasks[0].eval_id, complete=missing == 0 and not dead, missing_samples=missing,
-                      dead_lettered_samples=len(dead),
-                      weight_versions=sorted({t.weight_version for t in scores.values()}))
+        result.update(
+            eval_id=tasks[0].eval_id,
+            complete=missing == 0 and not dead,
+            missing_samples=missing,
+            dead_lettered_samples=len(dead),
+            weight_versions=sorted({t.weight_version for t in scores.values()}),
+        )
         if dead:
             result["dead_letter_reasons"] = sorted(set(dead.values()))[:5]
-            self.say(f"evaluation {tasks[0].eval_id}: {len(dead)} samples dead-lettered (counted incorrect): "
-                     f"{result['dead_letter_reasons']}")
+            self.say(
+                f"evaluation {tasks[0].eval_id}: {len(dead)} samples dead-lettered (counted incorrect): "
+                f"{result['dead_letter_reasons']}"
+            )
         return result

@@ -21,9 +21,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Protocol
+from typing import Any, ContextManager, Protocol
 
 import torch
 
@@ -141,8 +141,18 @@ class SamplePump:
     nothing (the prompts pending on a consumer that is gone: reclaimed after system.claim_idle_s) is not
     repeated before `retry_s`."""
 
-    def __init__(self, learner, rollout: RankRollout, prompts, *, world: int, collective: bool,
-                 busy: Callable[[str], ContextManager], retry_s: float, say: Callable[[str], None] = log.info):
+    def __init__(
+        self,
+        learner,
+        rollout: RankRollout,
+        prompts,
+        *,
+        world: int,
+        collective: bool,
+        busy: Callable[[str], ContextManager],
+        retry_s: float,
+        say: Callable[[str], None] = log.info,
+    ):
         self.learner, self.rollout, self.prompts = learner, rollout, prompts
         self.world, self.collective, self.busy, self.retry_s, self.say = world, collective, busy, retry_s, say
         self._last_version: int | None = None
@@ -159,15 +169,18 @@ class SamplePump:
         t0 = time.perf_counter()
         with self.busy("sampling"):
             if self.world > 1:
-                reports = self.learner.run_op(SAMPLE, (version, share, gather),
-                                              lambda: self.rollout.sample(version, share, gather))
+                reports = self.learner.run_op(
+                    SAMPLE, (version, share, gather), lambda: self.rollout.sample(version, share, gather)
+                )
             else:
                 reports = [self.rollout.sample(version, share, gather)]
         self.ops += 1
         self._last_version = version
         self._behind = any(r["engine_version"] < version for r in reports)
         taken = [r["prompts"] for r in reports]
-        self.say(f"sampled {sum(taken)} of {waiting} waiting prompts at version {version} in "
-                 f"{time.perf_counter() - t0:.1f} s (by rank: {taken})")
+        self.say(
+            f"sampled {sum(taken)} of {waiting} waiting prompts at version {version} in "
+            f"{time.perf_counter() - t0:.1f} s (by rank: {taken})"
+        )
         if not sum(taken):
             self._quiet_until = time.monotonic() + self.retry_s

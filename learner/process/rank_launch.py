@@ -52,8 +52,9 @@ def rank_info(cfg: TrainConfig) -> RankInfo:
     if "WORLD_SIZE" in os.environ:
         world = int(os.environ["WORLD_SIZE"])
         if PARENT_ENV not in os.environ and world != cfg.system.learner_ranks and cfg.system.learner_ranks != 1:
-            log.warning("WORLD_SIZE=%d from the launcher overrides system.learner_ranks=%d", world,
-                        cfg.system.learner_ranks)
+            log.warning(
+                "WORLD_SIZE=%d from the launcher overrides system.learner_ranks=%d", world, cfg.system.learner_ranks
+            )
         return RankInfo(int(os.environ.get("RANK", "0")), world, spawn=False)
     return RankInfo(0, cfg.system.learner_ranks, spawn=cfg.system.learner_ranks > 1)
 
@@ -90,18 +91,28 @@ class FollowerProcesses:
         raw = cfg.model_dump(mode="json")
         raw["model"]["path"] = str(model_path)
         config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
-        rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1")),
-                      "WORLD_SIZE": str(world)}
+        rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1")), "WORLD_SIZE": str(world)}
         os.environ.update(RANK="0", LOCAL_RANK="0", **rendezvous)  # this process: rank 0
         argv = [sys.executable, "-m", "stare.app.cli", "learner", "--config", str(config_path), "--name", name]
         self.procs: dict[int, subprocess.Popen] = {}
         for rank in range(1, world):
-            env = {**child_env(), **rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                   PARENT_ENV: str(os.getpid()), MODEL_ENV: str(model_path), PAD_ENV: str(pad_id)}
+            env = {
+                **child_env(),
+                **rendezvous,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                PARENT_ENV: str(os.getpid()),
+                MODEL_ENV: str(model_path),
+                PAD_ENV: str(pad_id),
+            }
             self.procs[rank] = subprocess.Popen(argv, env=env)
-        log.info("started learner ranks 1-%d (pids %s); rendezvous %s:%s", world - 1,
-                 ", ".join(str(p.pid) for p in self.procs.values()), rendezvous["MASTER_ADDR"],
-                 rendezvous["MASTER_PORT"])
+        log.info(
+            "started learner ranks 1-%d (pids %s); rendezvous %s:%s",
+            world - 1,
+            ", ".join(str(p.pid) for p in self.procs.values()),
+            rendezvous["MASTER_ADDR"],
+            rendezvous["MASTER_PORT"],
+        )
 
     def check(self) -> None:
         """Raise if a follower has exited (the learner must restart as a whole)."""

@@ -37,13 +37,14 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import torch.distributed as dist
 
-from learner.step.ppo_updates import split_groups  # noqa: F401  (the cut of a step into whole groups)
+from learner.step.ppo_updates import split_groups
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +118,13 @@ class LeaderLearner:
     def train_step(self, trajectories: list) -> dict[str, Any]:
         learner = self._learner
         shares = split_groups(trajectories, self._channel.world)
-        state = {"controller": learner.controller.state_dict(), "step": learner.step, "version": learner.version,
-                 "lagged_entropy": learner.lagged_entropy, "nonfinite_steps": learner.nonfinite_steps}
+        state = {
+            "controller": learner.controller.state_dict(),
+            "step": learner.step,
+            "version": learner.version,
+            "lagged_entropy": learner.lagged_entropy,
+            "nonfinite_steps": learner.nonfinite_steps,
+        }
         kept = [learner.prepared.get(share, learner.version) if r else {} for r, share in enumerate(shares)]
         with self._op([(TRAIN, share, state, values) for share, values in zip(shares, kept)]):
             return learner.train_step(shares[0])
@@ -129,8 +135,11 @@ class LeaderLearner:
         shares = split_groups(trajectories, self._channel.world)
         calls = [learner.prepare_calls(share) for share in shares]  # each rank's micro-batches' head calls
         count = max(len(c) for c in calls)
-        heads = [max(c[i] if i < len(c) else 1 for c in calls) for i in range(count)] \
-            if learner.weights_are_collective() else []  # ZeRO-3: every rank gathers the head as often
+        heads = (
+            [max(c[i] if i < len(c) else 1 for c in calls) for i in range(count)]
+            if learner.weights_are_collective()
+            else []
+        )  # ZeRO-3: every rank gathers the head as often
         with self._op([(PREPARE, share, count, heads) for share in shares]):
             values = learner.prepass_values(shares[0], micro_batches=count, min_chunks=heads)
             for part in self._channel.gather(values)[1:]:
@@ -199,8 +208,10 @@ def follow(learner, channel: RankChannel, ops: Mapping[str, Callable[..., Any]] 
         try:
             op, *args = channel.receive()
         except RuntimeError as err:
-            raise RuntimeError(f"learner rank {channel.rank}: nothing from rank 0 for {channel.timeout_s:.0f} s "
-                               f"(rank 0 dead or hung): {err}") from err
+            raise RuntimeError(
+                f"learner rank {channel.rank}: nothing from rank 0 for {channel.timeout_s:.0f} s "
+                f"(rank 0 dead or hung): {err}"
+            ) from err
         if op == IDLE:
             continue
         if op == STOP:

@@ -22,7 +22,8 @@ the same one `stare train` runs; this module wires its Redis seams.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stare.config import TrainConfig
 
@@ -35,8 +36,15 @@ EvaluatorFactory = Callable[..., Any]  # (config, RunSetup, transport, tick) -> 
 RolloutFactory = Callable[[], Any]  # () -> a RankRollout (learner/process/colocation.py), built by the application
 
 
-def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
-        evaluator_factory: EvaluatorFactory | None = None, rank_rollout: RolloutFactory | None = None) -> None:
+def run(
+    cfg: TrainConfig,
+    *,
+    redis_url: str,
+    name: str = "learner",
+    stop=None,
+    evaluator_factory: EvaluatorFactory | None = None,
+    rank_rollout: RolloutFactory | None = None,
+) -> None:
     """The distributed learner: the shared `TrainingSession` over the run's Redis streams and
     weight publisher. `evaluator_factory` (given by the application that wires the roles) builds
     the held-out evaluator; None: no evaluation. Several ranks (`system.learner_ranks`, or an
@@ -47,11 +55,20 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str = "learner", stop=None,
 
     ranks = rank_info(cfg)
     if not ranks.leader:
-        run_follower(cfg, name, rollout=rank_rollout() if rank_rollout is not None else None, rank=ranks.rank,
-                     world=ranks.world)
+        run_follower(
+            cfg, name, rollout=rank_rollout() if rank_rollout is not None else None, rank=ranks.rank, world=ranks.world
+        )
         return
-    _run_leader(cfg, redis_url=redis_url, name=name, stop=stop, evaluator_factory=evaluator_factory,
-                spawn=ranks.spawn, world=ranks.world, rollout=rank_rollout() if rank_rollout is not None else None)
+    _run_leader(
+        cfg,
+        redis_url=redis_url,
+        name=name,
+        stop=stop,
+        evaluator_factory=evaluator_factory,
+        spawn=ranks.spawn,
+        world=ranks.world,
+        rollout=rank_rollout() if rank_rollout is not None else None,
+    )
 
 
 def _build_learner(cfg: TrainConfig, model_path, pad_id: int, rollout, rank: int, world: int):
@@ -76,11 +93,16 @@ def _build_learner(cfg: TrainConfig, model_path, pad_id: int, rollout, rank: int
 def run_follower(cfg: TrainConfig, name: str, *, rollout=None, rank: int = 1, world: int = 2) -> None:
     """A learner rank > 0: no Redis, no ports (colocated: its rollout worker's streams); it trains its share
     of each step as rank 0 says, and samples when rank 0 says so."""
-    from learner.process.colocation import SAMPLE
-    from learner.process.rank_launch import (die_with_parent, exit_abandoning_process_groups, follower_model,
-                                           leave_process_groups, rank_timeout_s)
-    from learner.process.ranks import RankChannel, follow
     from learner.loop.session import seed_everything
+    from learner.process.colocation import SAMPLE
+    from learner.process.rank_launch import (
+        die_with_parent,
+        exit_abandoning_process_groups,
+        follower_model,
+        leave_process_groups,
+        rank_timeout_s,
+    )
+    from learner.process.ranks import RankChannel, follow
 
     die_with_parent()
     seed_everything(cfg)
@@ -95,17 +117,30 @@ def run_follower(cfg: TrainConfig, name: str, *, rollout=None, rank: int = 1, wo
         exit_abandoning_process_groups(1)
     log.info("learner rank %d: rank 0 said stop after %d steps here", channel.rank, steps)
     if rollout is not None:
-        log.info("learner rank %d: %s; %d learner steps, the engine asleep at each", channel.rank, rollout.summary(),
-                 learner.steps_asleep)
+        log.info(
+            "learner rank %d: %s; %d learner steps, the engine asleep at each",
+            channel.rank,
+            rollout.summary(),
+            learner.steps_asleep,
+        )
         rollout.close()
     leave_process_groups()
 
 
-def _run_leader(cfg: TrainConfig, *, redis_url: str, name: str, stop, evaluator_factory: EvaluatorFactory | None,
-                spawn: bool, world: int, rollout=None) -> None:
+def _run_leader(
+    cfg: TrainConfig,
+    *,
+    redis_url: str,
+    name: str,
+    stop,
+    evaluator_factory: EvaluatorFactory | None,
+    spawn: bool,
+    world: int,
+    rollout=None,
+) -> None:
+    from learner.loop.session import seed_everything
     from learner.process.rank_launch import FollowerProcesses, leave_process_groups, rank_timeout_s
     from learner.process.ranks import LeaderLearner, RankChannel
-    from learner.loop.session import seed_everything
     from stare.models.resolve import load_run_setup
     from stare.plan.check import check_fits
     from stare.runtime.process import RoleRuntime
@@ -122,11 +157,22 @@ def _run_leader(cfg: TrainConfig, *, redis_url: str, name: str, stop, evaluator_
             learner = _build_learner(cfg, setup.model_path, pad_id, rollout, 0, world)
             if world > 1:
                 timeout_s = rank_timeout_s(cfg)
-                learner = LeaderLearner(learner, RankChannel(timeout_s=timeout_s, heartbeat_s=min(10.0, timeout_s / 6)),
-                                        check=followers.check if followers is not None else (lambda: None))
+                learner = LeaderLearner(
+                    learner,
+                    RankChannel(timeout_s=timeout_s, heartbeat_s=min(10.0, timeout_s / 6)),
+                    check=followers.check if followers is not None else (lambda: None),
+                )
         try:
-            _train(cfg, rt, setup, learner, redis_url=redis_url, evaluator_factory=evaluator_factory, rollout=rollout,
-                   world=world)
+            _train(
+                cfg,
+                rt,
+                setup,
+                learner,
+                redis_url=redis_url,
+                evaluator_factory=evaluator_factory,
+                rollout=rollout,
+                world=world,
+            )
         finally:
             if world > 1 and isinstance(learner, LeaderLearner):
                 try:
@@ -138,15 +184,27 @@ def _run_leader(cfg: TrainConfig, *, redis_url: str, name: str, stop, evaluator_
             if followers is not None:
                 followers.stop(timeout_s=rank_timeout_s(cfg))
             if rollout is not None:
-                log.info("learner rank 0: %s; %d learner steps, the engine asleep at each", rollout.summary(),
-                         learner.steps_asleep)
+                log.info(
+                    "learner rank 0: %s; %d learner steps, the engine asleep at each",
+                    rollout.summary(),
+                    learner.steps_asleep,
+                )
                 rollout.close()
             if world > 1:
                 leave_process_groups()
 
 
-def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_factory: EvaluatorFactory | None,
-           rollout=None, world: int = 1) -> None:
+def _train(
+    cfg: TrainConfig,
+    rt,
+    setup,
+    learner,
+    *,
+    redis_url: str,
+    evaluator_factory: EvaluatorFactory | None,
+    rollout=None,
+    world: int = 1,
+) -> None:
     """Rank 0: the session over the run's Redis seams, then the Hugging Face export. With a colocated
     `rollout`: no weight publisher, the ranks sample through the pump, rank 0's engine evaluates."""
     from learner.engine.export import export_run
@@ -171,13 +229,26 @@ def _train(cfg: TrainConfig, rt, setup, learner, *, redis_url: str, evaluator_fa
             elif evaluator_factory is not None:
                 evaluator = evaluator_factory(cfg, setup, transport, rt.tick)
         seams = SessionSeams(
-            transport=transport, publisher=publisher, steering=rt.steering,
-            cursor=RedisCursor(transport.client, cfg.run.name), evaluator=evaluator,
-            should_stop=rt.stop.is_set, wait=rt.stop.wait, tick=rt.tick, busy=rt.busy, **colocated,
+            transport=transport,
+            publisher=publisher,
+            steering=rt.steering,
+            cursor=RedisCursor(transport.client, cfg.run.name),
+            evaluator=evaluator,
+            should_stop=rt.stop.is_set,
+            wait=rt.stop.wait,
+            tick=rt.tick,
+            busy=rt.busy,
+            **colocated,
         )
-        session = build_session(cfg, DeferredPublish(learner) if rollout is not None else learner, feeder, seams,
-                                decisions=RedisDecisionLog(transport.client, cfg.run.name), consumer=LEARNER_CONSUMER,
-                                resume=(cfg.run_dir / "checkpoints" / "latest").is_file())
+        session = build_session(
+            cfg,
+            DeferredPublish(learner) if rollout is not None else learner,
+            feeder,
+            seams,
+            decisions=RedisDecisionLog(transport.client, cfg.run.name),
+            consumer=LEARNER_CONSUMER,
+            resume=(cfg.run_dir / "checkpoints" / "latest").is_file(),
+        )
         outcome = session.run()
         if outcome.failed:  # trained nothing, or no reward signal: not a success (learner/loop/run_outcome.py)
             raise NothingTrained(outcome.message)
@@ -200,6 +271,13 @@ def _colocated_seams(cfg: TrainConfig, rt, learner, rollout, transport, world: i
     """The seams of a node-colocated rank 0 (learner/process/colocation.py): the SAMPLE pump, no weight publisher."""
     from learner.process.colocation import InProcessPublisher, SamplePump
 
-    pump = SamplePump(learner, rollout, transport.prompts, world=world, collective=learner.weights_are_collective(),
-                      busy=rt.busy, retry_s=cfg.system.claim_idle_s / 2)
+    pump = SamplePump(
+        learner,
+        rollout,
+        transport.prompts,
+        world=world,
+        collective=learner.weights_are_collective(),
+        busy=rt.busy,
+        retry_s=cfg.system.claim_idle_s / 2,
+    )
     return {"publisher": InProcessPublisher(), "pump": pump, "pump_via_redis": True}

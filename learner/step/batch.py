@@ -39,23 +39,35 @@ class TrainBatch:
     responses: tuple[np.ndarray, ...] = ()  # response token ids of each real row
     is_weight: Tensor | None = None  # [S, L] rollout-correction IS weight, detached (None: none; set by the learner)
 
-    def to(self, device: torch.device) -> "TrainBatch":
+    def to(self, device: torch.device) -> TrainBatch:
         """The step-level tensors on `device` (pinned, non-blocking on CUDA); host fields kept."""
         cuda = torch.device(device).type == "cuda"
         move = lambda t: (t.pin_memory() if cuda else t).to(device, non_blocking=cuda)  # noqa: E731
-        return dataclasses.replace(self, **{f.name: move(getattr(self, f.name)) for f in dataclasses.fields(self)
-                                            if isinstance(getattr(self, f.name), Tensor)})
+        return dataclasses.replace(
+            self,
+            **{
+                f.name: move(getattr(self, f.name))
+                for f in dataclasses.fields(self)
+                if isinstance(getattr(self, f.name), Tensor)
+            },
+        )
 
-    def rows(self, sl: slice) -> "TrainBatch":
+    def rows(self, sl: slice) -> TrainBatch:
         """A micro-batch, trimmed to its longest response."""
         length = max(self.lengths[sl])
         keep = self.prompt_width + length
         return TrainBatch(
-            input_ids=self.input_ids[sl, :keep], attention_mask=self.attention_mask[sl, :keep],
-            position_ids=self.position_ids[sl, :keep], prompt_width=self.prompt_width,
-            response_ids=self.response_ids[sl, :length], mask=self.mask[sl, :length],
-            rollout_logprobs=self.rollout_logprobs[sl, :length], advantages=self.advantages[sl, :length],
-            token_uid=self.token_uid[sl, :length], rewards=self.rewards[sl], real_rows=self.real_rows,
+            input_ids=self.input_ids[sl, :keep],
+            attention_mask=self.attention_mask[sl, :keep],
+            position_ids=self.position_ids[sl, :keep],
+            prompt_width=self.prompt_width,
+            response_ids=self.response_ids[sl, :length],
+            mask=self.mask[sl, :length],
+            rollout_logprobs=self.rollout_logprobs[sl, :length],
+            advantages=self.advantages[sl, :length],
+            token_uid=self.token_uid[sl, :length],
+            rewards=self.rewards[sl],
+            real_rows=self.real_rows,
             lengths=self.lengths[sl],
         )
 
@@ -120,9 +132,16 @@ def collate(
     uid = row_id[:, None] * UID_STRIDE + torch.arange(L)[None, :]
     ids = torch.from_numpy(input_ids)
     return TrainBatch(
-        input_ids=ids, attention_mask=attention_t, position_ids=position_ids, prompt_width=P,
-        response_ids=ids[:, P:], mask=mask_t, rollout_logprobs=torch.from_numpy(rollout_lp),
-        advantages=broadcast_to_tokens(seq_adv, mask_t), token_uid=uid, rewards=seq_rewards,
+        input_ids=ids,
+        attention_mask=attention_t,
+        position_ids=position_ids,
+        prompt_width=P,
+        response_ids=ids[:, P:],
+        mask=mask_t,
+        rollout_logprobs=torch.from_numpy(rollout_lp),
+        advantages=broadcast_to_tokens(seq_adv, mask_t),
+        token_uid=uid,
+        rewards=seq_rewards,
         real_rows=len(trajectories),
         lengths=tuple(len(t.response_token_ids) for t in trajectories) + (1,) * (rows - len(trajectories)),
         prompts=tuple(np.asarray(t.prompt_token_ids) for t in trajectories),

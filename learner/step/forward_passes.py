@@ -12,19 +12,19 @@ step are the trainer's (docs/algorithm.md, "Host syncs").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from learner.step.batch import TrainBatch
-from stare.config.algo import SurrogateConfig
+from learner.algorithm.losses import LossInputs, StepContext, policy_loss
 from learner.algorithm.quadrants import quadrant_sums
+from learner.step.batch import TrainBatch
 from learner.step.logprobs import ChunkedHead, chunked_logprobs_and_entropy
 from learner.step.micro_batches import MicroBatch
-from learner.algorithm.losses import LossInputs, StepContext, policy_loss
+from stare.config.algo import SurrogateConfig
 
 METRIC_NAMES = ("loss", "train_entropy_sum", "rollout_logprob_gap_sum", "train_tokens")
 
@@ -68,8 +68,13 @@ def hidden_state_fn(forward: Callable, model: nn.Module, device: torch.device) -
 
     def hidden(mb: MicroBatch) -> Tensor:  # [R, T, H]
         with without_head(model):
-            forward(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                    use_cache=False, logits_to_keep=none)
+            forward(
+                input_ids=mb.input_ids,
+                attention_mask=mb.attention_mask,
+                position_ids=mb.position_ids,
+                use_cache=False,
+                logits_to_keep=none,
+            )
         return taken.pop()
 
     return hidden
@@ -87,9 +92,9 @@ def response_stats(
     if policy.head is not None:  # one module call: under ZeRO-3 one gather of the head
         logp, entropy, dh = policy.head(h, mb.targets, adv, mb.min_chunks)
     else:
-        logp, entropy, dh = chunked_logprobs_and_entropy(policy.lm_head, h, mb.targets,
-                                                         chunk_tokens=policy.chunk_tokens, advantages=adv,
-                                                         min_chunks=mb.min_chunks)
+        logp, entropy, dh = chunked_logprobs_and_entropy(
+            policy.lm_head, h, mb.targets, chunk_tokens=policy.chunk_tokens, advantages=adv, min_chunks=mb.min_chunks
+        )
     B = mb.rows.shape[0]
 
     def to_rows(v: Tensor) -> Tensor:  # [N] -> [B, length], zero where a row is shorter
@@ -152,8 +157,13 @@ def train_pass(
             mask = torch.zeros_like(mask)
         old_mb, adv = _rows(old, mb), _rows(step.advantages, mb)
         x = LossInputs(
-            logprobs=logprobs, old_logprobs=old_mb, advantages=adv, mask=mask,
-            token_uid=_rows(step.token_uid, mb), entropy=entropy, step_entropy=_rows(ent0, mb),
+            logprobs=logprobs,
+            old_logprobs=old_mb,
+            advantages=adv,
+            mask=mask,
+            token_uid=_rows(step.token_uid, mb),
+            entropy=entropy,
+            step_entropy=_rows(ent0, mb),
             rollout_logprobs=_rows(step.rollout_logprobs, mb),
             is_weight=None if step.is_weight is None else _rows(step.is_weight, mb),
         )

@@ -135,8 +135,9 @@ class ChunkedHead(nn.Module):
         advantages: Tensor | None = None,  # [N]
         min_chunks: int = 1,
     ) -> tuple[Tensor, Tensor, Tensor | None]:  # logp [N], entropy [N], predicted dH [N] | None
-        return chunked_logprobs_and_entropy(self.lm_head, hidden, targets, chunk_tokens=self.chunk_tokens,
-                                            advantages=advantages, min_chunks=min_chunks)
+        return chunked_logprobs_and_entropy(
+            self.lm_head, hidden, targets, chunk_tokens=self.chunk_tokens, advantages=advantages, min_chunks=min_chunks
+        )
 
 
 def attach_chunked_head(model: nn.Module, chunk_tokens: int) -> ChunkedHead:
@@ -155,7 +156,9 @@ def chunked_logprobs_and_entropy(
     chunk_tokens: int,
     advantages: Tensor | None = None,  # [N]: also return the predicted entropy change (no-grad only)
     min_chunks: int = 1,
-) -> tuple[Tensor, Tensor, Tensor | None]:  # logp [N], entropy [N] (fp32, fp64 for fp64 models), predicted dH [N] | None
+) -> tuple[
+    Tensor, Tensor, Tensor | None
+]:  # logp [N], entropy [N] (fp32, fp64 for fp64 models), predicted dH [N] | None
     """log pi(target) and the entropy of each position's next-token distribution, `chunk_tokens`
     positions at a time (N is a host int: the loop has no host sync). At least `min_chunks` head
     calls (the extra ones on no rows): under ZeRO-3 each call of a partitioned head gathers its

@@ -24,8 +24,8 @@ on the host from host ints; `to(device)` moves it once (pinned, non-blocking on 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -48,7 +48,7 @@ class MicroBatch:
     # so that under ZeRO-3 every rank gathers the head's weight as often as the others)
     min_chunks: int = 1
 
-    def to(self, device: torch.device) -> "MicroBatch":
+    def to(self, device: torch.device) -> MicroBatch:
         """Every tensor on `device`; from pinned memory without blocking when it is CUDA."""
         cuda = torch.device(device).type == "cuda"
 
@@ -57,8 +57,10 @@ class MicroBatch:
                 return None
             return (t.pin_memory() if cuda else t).to(device, non_blocking=cuda)
 
-        return replace(self, **{f.name: move(getattr(self, f.name)) for f in fields(self)
-                                if isinstance(getattr(self, f.name), Tensor)})
+        return replace(
+            self,
+            **{f.name: move(getattr(self, f.name)) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)},
+        )
 
 
 def plan_rows(
@@ -145,10 +147,14 @@ def build_micro_batch(
         pred = np.concatenate([b * T + P - 1 + np.arange(len(r)) for b, r in enumerate(rs)])
         attention = torch.from_numpy(mask)
     return MicroBatch(
-        rows=torch.tensor(list(rows), dtype=torch.long), input_ids=torch.from_numpy(input_ids),
-        position_ids=torch.from_numpy(np.ascontiguousarray(position_ids)), attention_mask=attention,
-        pred_index=torch.from_numpy(pred.astype(np.int64)), targets=torch.from_numpy(targets),
-        token_index=torch.from_numpy(token_index.astype(np.int64)), length=length,
+        rows=torch.tensor(list(rows), dtype=torch.long),
+        input_ids=torch.from_numpy(input_ids),
+        position_ids=torch.from_numpy(np.ascontiguousarray(position_ids)),
+        attention_mask=attention,
+        pred_index=torch.from_numpy(pred.astype(np.int64)),
+        targets=torch.from_numpy(targets),
+        token_index=torch.from_numpy(token_index.astype(np.int64)),
+        length=length,
         model_tokens=int(input_ids.size),
     )
 
@@ -158,8 +164,14 @@ def filler_micro_batch(pad_id: int, *, pack: bool) -> MicroBatch:
     micro-batches runs these so every rank runs the same forwards, backwards and collectives."""
     ids = torch.full((1, 2), pad_id, dtype=torch.long)
     return MicroBatch(
-        rows=torch.zeros(1, dtype=torch.long), input_ids=ids, position_ids=torch.arange(2)[None],
+        rows=torch.zeros(1, dtype=torch.long),
+        input_ids=ids,
+        position_ids=torch.arange(2)[None],
         attention_mask=None if pack else torch.ones(1, 2, dtype=torch.long),
-        pred_index=torch.zeros(1, dtype=torch.long), targets=torch.full((1,), pad_id, dtype=torch.long),
-        token_index=torch.zeros(1, dtype=torch.long), length=1, model_tokens=2, filler=True,
+        pred_index=torch.zeros(1, dtype=torch.long),
+        targets=torch.full((1,), pad_id, dtype=torch.long),
+        token_index=torch.zeros(1, dtype=torch.long),
+        length=1,
+        model_tokens=2,
+        filler=True,
     )

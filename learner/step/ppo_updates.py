@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from torch import Tensor
 
@@ -22,8 +23,14 @@ from learner.algorithm.step_plan import StepTokens
 
 SEED_STRIDE = 1_000_000_007  # update u of a step draws with the step's seed + u x this (update 0: the step's seed)
 AVERAGED = ("loss", "entropy_bonus")  # the update's aggregate loss values: averaged over updates
-UPDATE_SUMS = ("clipped_tokens", "clip_low_tokens", "clip_high_tokens", "approx_kl_sum", "ratio_sum",
-               "ratio_sq_sum")  # how far each update moved: over every update's tokens
+UPDATE_SUMS = (
+    "clipped_tokens",
+    "clip_low_tokens",
+    "clip_high_tokens",
+    "approx_kl_sum",
+    "ratio_sum",
+    "ratio_sq_sum",
+)  # how far each update moved: over every update's tokens
 
 
 def split_groups(trajectories: Sequence, world: int) -> list[list]:
@@ -35,7 +42,7 @@ def split_groups(trajectories: Sequence, world: int) -> list[list]:
     bounds = starts + [len(trajectories)]
     n = len(starts)
     cuts = [bounds[r * n // world] for r in range(world)] + [len(trajectories)]
-    return [list(trajectories[cuts[r]: cuts[r + 1]]) for r in range(world)]
+    return [list(trajectories[cuts[r] : cuts[r + 1]]) for r in range(world)]
 
 
 def mini_batch_rows(trajectories: Sequence, mini_batches: int) -> list[list[int]]:
@@ -87,8 +94,9 @@ def combine_updates(updates: list[dict[str, Any]], epochs: int) -> tuple[dict[st
     norms = [u["grad_norm"] for u in updates]
     step["grad_norm"] = None if any(n is None for n in norms) else sum(norms) / len(norms)
     if len(updates) > 1:
-        step["per_update"] = {str(i): update_metrics(u["totals"], u["n_tokens"], u["grad_norm"])
-                              for i, u in enumerate(updates)}
+        step["per_update"] = {
+            str(i): update_metrics(u["totals"], u["n_tokens"], u["grad_norm"]) for i, u in enumerate(updates)
+        }
     step.update(updates=len(updates), epochs=epochs)
     for k in UPDATE_SUMS + ("loss",):
         first.pop(k, None)

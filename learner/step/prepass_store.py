@@ -41,8 +41,11 @@ class PrepassStore:
         another version, or not at all, or whose response length differs, is not there)."""
         if version != self.version:
             return {}
-        return {t.trajectory_id: v for t in trajectories
-                if (v := self.values.get(t.trajectory_id)) is not None and v.shape[1] == len(t.response_token_ids)}
+        return {
+            t.trajectory_id: v
+            for t in trajectories
+            if (v := self.values.get(t.trajectory_id)) is not None and v.shape[1] == len(t.response_token_ids)
+        }
 
     def clear(self) -> None:
         self.values, self.version = {}, None
@@ -51,12 +54,15 @@ class PrepassStore:
 def to_host(buffers: Sequence[Tensor], trajectories: Sequence[Trajectory]) -> dict[str, Tensor]:
     """The pre-pass's [S, L] buffers (row i: trajectory i) -> per trajectory id its [k, length] on the host."""
     host = torch.stack(list(buffers)).cpu()  # [k, S, L]  host sync: once per prepare call
-    return {t.trajectory_id: host[:, i, : len(t.response_token_ids)].clone()  # own storage: pickled alone
-            for i, t in enumerate(trajectories)}
+    return {
+        t.trajectory_id: host[:, i, : len(t.response_token_ids)].clone()  # own storage: pickled alone
+        for i, t in enumerate(trajectories)
+    }
 
 
-def prepared_rows(trajectories: Sequence[Trajectory], kept: Mapping[str, Tensor],
-                  mask: Tensor) -> tuple[Tensor, Tensor] | None:  # rows [K] long, values [k, K, L]; None: no row
+def prepared_rows(
+    trajectories: Sequence[Trajectory], kept: Mapping[str, Tensor], mask: Tensor
+) -> tuple[Tensor, Tensor] | None:  # rows [K] long, values [k, K, L]; None: no row
     """The step's rows whose values are kept and those values, padded to the step's width ([S, L]
     `mask`, the loss mask). dH is 0 where the advantage is (off the loss mask), as the step's
     pre-pass gives it: a token may have left the loss since it was prepared (too stale at this version)."""

@@ -16,12 +16,12 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from stare.config import TrainConfig
-from learner.step.batch import TrainBatch, collate
 from learner.engine.collectives import all_gather_ints
+from learner.step.batch import TrainBatch, collate
 from learner.step.micro_batches import MicroBatch, build_micro_batch, filler_micro_batch, plan_rows
-from learner.step.prepass_store import prepared_rows
 from learner.step.ppo_updates import mini_batch_rows
+from learner.step.prepass_store import prepared_rows
+from stare.config import TrainConfig
 from stare.transport.records import Trajectory
 
 
@@ -58,9 +58,16 @@ class RankRows:
         """Micro-batches (indices into `trajectories`) over `rows`, as a step cuts its rows (host ints)."""
         prompts = [len(trajectories[i].prompt_token_ids) for i in rows]
         responses = [len(trajectories[i].response_token_ids) for i in rows]
-        return [[rows[i] for i in g] for g in plan_rows(prompts, responses, micro_batch=self.micro,
-                                                         max_tokens=self.cfg.optim.max_tokens_per_micro_batch,
-                                                         pack=self.pack)]
+        return [
+            [rows[i] for i in g]
+            for g in plan_rows(
+                prompts,
+                responses,
+                micro_batch=self.micro,
+                max_tokens=self.cfg.optim.max_tokens_per_micro_batch,
+                pack=self.pack,
+            )
+        ]
 
 
 def cut_step(trajectories: list[Trajectory], kept: Mapping[str, torch.Tensor], at: RankRows) -> StepCut:
@@ -75,13 +82,22 @@ def cut_step(trajectories: list[Trajectory], kept: Mapping[str, torch.Tensor], a
     fresh = [i for i, t in enumerate(trajectories) if t.trajectory_id not in kept]
     fresh_plan = None if len(fresh) == count else at.plan(trajectories, fresh)
     longest = max(r_lens, default=1)  # a rank may have no rows
-    ranks = all_gather_ints([count, longest, count - len(fresh), *(len(p) for p in plans),
-                             -1 if fresh_plan is None else len(fresh_plan)], at.device)  # host sync: step start
+    ranks = all_gather_ints(
+        [count, longest, count - len(fresh), *(len(p) for p in plans), -1 if fresh_plan is None else len(fresh_plan)],
+        at.device,
+    )  # host sync: step start
     real = [r[0] for r in ranks]
     before = sum(real[: at.rank])
     pad_before = sum(real) + sum(at.rows - n for n in real[: at.rank])
-    batch = collate(trajectories, pad_id=pad, rows=at.rows, scale_by_std=at.cfg.data.advantage_std,
-                    first_row=before, pad_first_row=pad_before, width=max(r[1] for r in ranks))
+    batch = collate(
+        trajectories,
+        pad_id=pad,
+        rows=at.rows,
+        scale_by_std=at.cfg.data.advantage_std,
+        first_row=before,
+        pad_first_row=pad_before,
+        width=max(r[1] for r in ranks),
+    )
     filler = filler_micro_batch(pad, pack=pack)
     updates = []
     for j, plan in enumerate(plans):
@@ -99,11 +115,17 @@ def cut_step(trajectories: list[Trajectory], kept: Mapping[str, torch.Tensor], a
         chunks = [max(-(-mb.targets.shape[0] // o.logits_chunk_tokens), 1) for mb in calls]  # host ints
         most = iter([max(c) for c in zip(*all_gather_ints(chunks, at.device))])  # host sync: step start
         calls = [dataclasses.replace(mb, min_chunks=next(most)) for mb in calls]
-        flat, pre = calls[: len(flat)], (calls[len(flat):] if separate else calls[: len(flat)])
+        flat, pre = calls[: len(flat)], (calls[len(flat) :] if separate else calls[: len(flat)])
         regroup = iter(flat)
         updates = [[next(regroup) for _ in mbs] for mbs in updates]
     row_update = torch.full((at.rows,), -1, dtype=torch.long)  # [rows]
     for j, rows in enumerate(shares):
         row_update[rows] = j
-    return StepCut(batch, updates, pre, prepared_rows(trajectories, kept, batch.mask), row_update,
-                   prepared_rows=sum(r[2] for r in ranks))
+    return StepCut(
+        batch,
+        updates,
+        pre,
+        prepared_rows(trajectories, kept, batch.mask),
+        row_update,
+        prepared_rows=sum(r[2] for r in ranks),
+    )

@@ -35,22 +35,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from learner.engine.checkpoints import TRAINER_STATE, CheckpointError, choose_checkpoint, write_atomic, write_manifest
-from stare.config import TrainConfig
-from learner.engine import deepspeed_engine as ds
-from learner.step.batch import collate
-from learner.engine.collectives import all_gather_cat, all_reduce_sum, gather_step_tokens
-from stare.config.algo import StareLossConfig
 from learner.algorithm.entropy_controller import EntropyController
 from learner.algorithm.quadrants import quadrant_metrics
+from learner.algorithm.rollout_correction import correction_metrics, rollout_correction
+from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
+from learner.engine import deepspeed_engine as ds
+from learner.engine.checkpoints import TRAINER_STATE, CheckpointError, choose_checkpoint, write_atomic, write_manifest
+from learner.engine.collectives import all_gather_cat, all_reduce_sum, gather_step_tokens
+from learner.step.batch import collate
+from learner.step.forward_passes import Policy, hidden_state_fn, prepass, train_pass
 from learner.step.logprobs import attach_chunked_head
 from learner.step.micro_batches import build_micro_batch, filler_micro_batch
-from learner.step.forward_passes import Policy, hidden_state_fn, prepass, train_pass
-from learner.step.prepass_store import PrepassStore, head_calls, to_device, to_host
-from learner.algorithm.rollout_correction import correction_metrics, rollout_correction
-from learner.step.step_rows import RankRows, StepCut, cut_step
-from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
 from learner.step.ppo_updates import SEED_STRIDE, combine_updates, update_tokens
+from learner.step.prepass_store import PrepassStore, head_calls, to_device, to_host
+from learner.step.step_rows import RankRows, StepCut, cut_step
+from stare.config import TrainConfig
+from stare.config.algo import StareLossConfig
 from stare.models.resolve import torch_dtype
 from stare.transport.records import Trajectory
 from stare.weight_sync.factory import publish_from
@@ -64,8 +64,12 @@ def nonfinite_step(loss: float, grad_norm: float | None, step: int) -> int:
     visible in status, metrics and Prometheus instead of only in the engine's log."""
     if math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)):
         return 0
-    log.warning("step %d: loss %s, grad_norm %s: not finite (the optimizer update was skipped or is invalid)",
-                step, loss, grad_norm)
+    log.warning(
+        "step %d: loss %s, grad_norm %s: not finite (the optimizer update was skipped or is invalid)",
+        step,
+        loss,
+        grad_norm,
+    )
     return 1
 
 
@@ -116,18 +120,34 @@ class Learner:
         self.grad_accum = math.ceil(rows / self.micro)
         self.rows = self.micro * self.grad_accum
         head = attach_chunked_head(model, o.logits_chunk_tokens)  # ZeRO-3: the head gathered once per micro-batch
-        self.engine = ds.build_engine(model, ds.deepspeed_config(
-            micro_batch=self.micro, grad_accum=self.grad_accum, world_size=self.world, lr=o.lr, betas=o.betas,
-            weight_decay=o.weight_decay, grad_clip=o.grad_clip, zero_stage=o.zero_stage, dtype=cfg.model.dtype,
-            fused_adam=torch.cuda.is_available(),
-        ), external={head: head.weight})
+        self.engine = ds.build_engine(
+            model,
+            ds.deepspeed_config(
+                micro_batch=self.micro,
+                grad_accum=self.grad_accum,
+                world_size=self.world,
+                lr=o.lr,
+                betas=o.betas,
+                weight_decay=o.weight_decay,
+                grad_clip=o.grad_clip,
+                zero_stage=o.zero_stage,
+                dtype=cfg.model.dtype,
+                fused_adam=torch.cuda.is_available(),
+            ),
+            external={head: head.weight},
+        )
         self.device = ds.engine_device(self.engine)
         # the weights the session publishes: read from the GPU (NCCL) or a pinned host copy; a snapshot
         # when the publish runs in the background (stare.weight_sync.factory.build_publisher)
         self.publish_from = publish_from(cfg, cuda=self.device.type == "cuda")
         self.publish_snapshot = cfg.system.max_staleness >= 1
-        self.policy = Policy(hidden=hidden_state_fn(self.engine, self.engine.module, self.device), lm_head=head.lm_head,
-                             device=self.device, chunk_tokens=o.logits_chunk_tokens, head=head)
+        self.policy = Policy(
+            hidden=hidden_state_fn(self.engine, self.engine.module, self.device),
+            lm_head=head.lm_head,
+            device=self.device,
+            chunk_tokens=o.logits_chunk_tokens,
+            head=head,
+        )
         # ln V bounds the target and band (a uniform distribution over the vocabulary)
         self.controller = EntropyController(cfg.controller, max_entropy=math.log(model.config.vocab_size))
         self.nonfinite_steps = 0  # steps whose loss or gradient norm was NaN or infinite (status, metrics)
@@ -153,12 +173,16 @@ class Learner:
     def prepare_calls(self, trajectories: list[Trajectory]) -> list[int]:
         """The output-head calls of each micro-batch of `prepass_values` over these trajectories
         (host ints: rank 0 plans every rank's share, so that no prepare needs a collective of its own)."""
-        return head_calls(self.rank_rows.plan(trajectories, range(len(trajectories))), trajectories,
-                          self.cfg.optim.logits_chunk_tokens)
+        return head_calls(
+            self.rank_rows.plan(trajectories, range(len(trajectories))),
+            trajectories,
+            self.cfg.optim.logits_chunk_tokens,
+        )
 
     @torch.no_grad()
-    def prepass_values(self, trajectories: list[Trajectory], *, micro_batches: int = 0,
-                       min_chunks: Sequence[int] = ()) -> dict[str, torch.Tensor]:
+    def prepass_values(
+        self, trajectories: list[Trajectory], *, micro_batches: int = 0, min_chunks: Sequence[int] = ()
+    ) -> dict[str, torch.Tensor]:
         """`prepass` over these whole groups (the advantages, for dH, are their groups' own) at the
         current weights, cut as a step cuts its rows: per trajectory id its [k, response length] values
         on the host. Several ranks: every rank calls it with its share; `micro_batches` is the ranks'
@@ -166,8 +190,12 @@ class Learner:
         micro-batch's head calls (`prepare_calls`' maximum over the ranks). One host read."""
         pack = self.rank_rows.pack
         plan = self.rank_rows.plan(trajectories, range(len(trajectories)))
-        batch = collate(trajectories, pad_id=self.pad_id, rows=max(len(trajectories), 1),  # a rank may get none
-                        scale_by_std=self.cfg.data.advantage_std)
+        batch = collate(
+            trajectories,
+            pad_id=self.pad_id,
+            rows=max(len(trajectories), 1),  # a rank may get none
+            scale_by_std=self.cfg.data.advantage_std,
+        )
         mbs = [build_micro_batch(g, batch.prompts, batch.responses, pad_id=self.pad_id, pack=pack) for g in plan]
         mbs += [filler_micro_batch(self.pad_id, pack=pack)] * (micro_batches - len(mbs))
         if min_chunks:
@@ -195,8 +223,9 @@ class Learner:
         batch = cut.batch.to(self.device)
         all_mbs = [mb for mbs in updates for mb in mbs]
         self.engine.eval()
-        old, ent0, dh = prepass(self.policy, cut.prepass, batch,
-                                predicted_entropy_change=cfg.diagnostics.predicted_entropy_change)
+        old, ent0, dh = prepass(
+            self.policy, cut.prepass, batch, predicted_entropy_change=cfg.diagnostics.predicted_entropy_change
+        )
         self.engine.train()
         if cut.prepared is not None:  # the prepared rows' values, computed ahead at these weights: [k, K, L]
             rows, values = (to_device(t, self.device) for t in cut.prepared)
@@ -208,7 +237,11 @@ class Learner:
         tokens = gather_step_tokens(StepTokens(old, ent0, batch.advantages, batch.token_uid, batch.mask))
         h_step = mean_entropy(tokens.entropy, tokens.mask, cfg.loss.agg_mode)  # []
         h_prepass = float(h_step)  # host sync: once per step, before the first backward
-        h_gate = self.lagged_entropy if (self.controller.cfg.entropy_source == "lagged" and self.lagged_entropy is not None) else h_prepass
+        h_gate = (
+            self.lagged_entropy
+            if (self.controller.cfg.entropy_source == "lagged" and self.lagged_entropy is not None)
+            else h_prepass
+        )
         is_stare = isinstance(cfg.loss, StareLossConfig)  # the controller steers STARE only
         # once per batch, as the reference's trainer: gate, W and M hold for every update of the batch
         gate = self.controller.begin_step(h_gate, h_prepass) if is_stare else False  # order: reference updates W/M here
@@ -223,8 +256,14 @@ class Learner:
             for j, mbs in enumerate(updates):
                 if not mbs:  # no rank has a row in this mini-batch (fewer groups than mini-batches)
                     continue
-                ctx = plan_step(update_tokens(tokens, row_update, j) if many else tokens, cfg.loss, gate=float(gate),
-                                w=w, m=m, seed=seed + len(results) * SEED_STRIDE)
+                ctx = plan_step(
+                    update_tokens(tokens, row_update, j) if many else tokens,
+                    cfg.loss,
+                    gate=float(gate),
+                    w=w,
+                    m=m,
+                    seed=seed + len(results) * SEED_STRIDE,
+                )
                 t_plan = t_plan or time.perf_counter()
                 sums, q = train_pass(self.policy, mbs, batch, old, ent0, dh, ctx, cfg.loss, h_step, self._backward)
                 if epoch == 0:
@@ -238,7 +277,7 @@ class Learner:
 
         step_metrics, totals = combine_updates(results, cfg.optim.epochs)
         step_sums = all_reduce_sum(torch.cat([quadrants.reshape(-1), corr.sums]))  # [20 + 6]
-        quadrants, corr_sums = step_sums[: quadrants.numel()].view_as(quadrants), step_sums[quadrants.numel():]
+        quadrants, corr_sums = step_sums[: quadrants.numel()].view_as(quadrants), step_sums[quadrants.numel() :]
         train_tokens = totals.pop("train_tokens")  # over every rank
         self.lagged_entropy = totals.pop("train_entropy_sum") / max(train_tokens, 1.0)
         metrics: dict[str, Any] = {
@@ -274,7 +313,7 @@ class Learner:
         quadrant_values = quadrant_metrics(quadrants)
         read = torch.cat([torch.stack(list(quadrant_values.values())), corr_sums]).tolist()  # host sync
         metrics.update(dict(zip(quadrant_values, read)))
-        metrics.update(correction_metrics(read[len(quadrant_values):]))
+        metrics.update(correction_metrics(read[len(quadrant_values) :]))
         return metrics
 
     def _reduce_update(self, sums: dict[str, torch.Tensor], ctx, epoch: int) -> dict[str, Any]:
@@ -282,9 +321,12 @@ class Learner:
         count and DeepSpeed's gradient norm of the update)."""
         names = sorted(sums)
         reduced = all_reduce_sum(torch.stack([sums[k] for k in names]))
-        return {"epoch": epoch, "totals": dict(zip(names, reduced.tolist())),  # host sync: the update's sums
-                "n_tokens": float(ctx.norm.num_tokens),  # host sync: the update's token count
-                "grad_norm": ds.grad_norm(self.engine)}  # host sync: DeepSpeed's norm of the update
+        return {
+            "epoch": epoch,
+            "totals": dict(zip(names, reduced.tolist())),  # host sync: the update's sums
+            "n_tokens": float(ctx.norm.num_tokens),  # host sync: the update's token count
+            "grad_norm": ds.grad_norm(self.engine),
+        }  # host sync: DeepSpeed's norm of the update
 
     # -- weights and checkpoints --------------------------------------------------------------
 
@@ -300,8 +342,9 @@ class Learner:
             from learner.engine.lora import merged_state_dict
 
             return merged_state_dict(self.engine.module, self.publish_from) if self.rank == 0 else {}
-        return ds.full_state_dict(self.engine, keep=self.rank == 0, where=self.publish_from,
-                                  snapshot=self.publish_snapshot)
+        return ds.full_state_dict(
+            self.engine, keep=self.rank == 0, where=self.publish_from, snapshot=self.publish_snapshot
+        )
 
     def weights_for_local_engine(self, keep: bool = True) -> Mapping[str, torch.Tensor]:
         """The whole model on THIS rank, for a rollout engine in this process (the node-colocated learner):
@@ -322,7 +365,9 @@ class Learner:
         pointed at it: a process killed anywhere in between leaves `latest` on the previous whole
         checkpoint, and a file damaged later is found by the manifest before anything loads."""
         tag = f"step_{self.step:06d}"
-        ds.save_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)  # every rank (a collective under ZeRO), then a barrier
+        ds.save_checkpoint(
+            self.engine, directory, tag, trainable_only=self.lora is not None
+        )  # every rank (a collective under ZeRO), then a barrier
         if dist.get_rank() == 0:
             state = {
                 "step": self.step,
@@ -345,16 +390,20 @@ class Learner:
         try:
             ds.load_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)
         except (RuntimeError, OSError, EOFError, ValueError, KeyError) as err:
-            raise CheckpointError(f"{directory / tag}: DeepSpeed could not load it ({type(err).__name__}: "
-                                  f"{str(err).splitlines()[0][:200]}); delete that folder to resume from an older "
-                                  f"checkpoint") from err
+            raise CheckpointError(
+                f"{directory / tag}: DeepSpeed could not load it ({type(err).__name__}: "
+                f"{str(err).splitlines()[0][:200]}); delete that folder to resume from an older "
+                f"checkpoint"
+            ) from err
         path = directory / tag / TRAINER_STATE
         try:
             state = json.loads(path.read_text(encoding="utf-8"))
             self.step, self.version = state["step"], state["version"]
         except (ValueError, KeyError, TypeError) as err:
-            raise CheckpointError(f"{path}: unreadable ({type(err).__name__}: {err}); delete {directory / tag} to "
-                                  f"resume from an older checkpoint") from None
+            raise CheckpointError(
+                f"{path}: unreadable ({type(err).__name__}: {err}); delete {directory / tag} to "
+                f"resume from an older checkpoint"
+            ) from None
         self.controller.load_state_dict(state["controller"])
         self.prepared.clear()  # other weights now
         self.lagged_entropy = state["lagged_entropy"]

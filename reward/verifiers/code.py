@@ -20,13 +20,12 @@ comparison is exact text (no float tolerance, no "any valid answer" checkers).
 
 from __future__ import annotations
 
-from reward.verifiers.registry import need, register_verifier
-
 import re
 import secrets
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from reward.verifiers.registry import need, register_verifier
 from stare.config.reward import CodeConfig
 from stare.sandbox import ProcessSandbox, Sandbox, SandboxResult
 
@@ -39,7 +38,7 @@ exec(compile(open("solution.py").read(), "solution.py", "exec"), _ns)
 _sys.stdout.flush()
 _sys.stdout.write("\\n{marker}\\n")
 """
-_RUN_TEST = ('exec(compile(open("test_{i}.py").read(), "test_{i}.py", "exec"), _ns)')
+_RUN_TEST = 'exec(compile(open("test_{i}.py").read(), "test_{i}.py", "exec"), _ns)'
 
 
 class IOTest(BaseModel):
@@ -70,8 +69,6 @@ class CodeTests(BaseModel):
     @property
     def total(self) -> int:
         return len(self.io) + len(self.asserts)
-
-
 
 
 class CodeCheck(BaseModel):
@@ -111,14 +108,13 @@ def _run_asserts(program: str, tests: tuple[AssertTest, ...], sandbox: Sandbox) 
     runs = "\n".join(_RUN_TEST.format(i=i) for i in range(len(tests)))
     result = sandbox.run(_HARNESS.format(tests=runs, marker=marker), files=files)
     if result.status == "ok" and result.stdout.rstrip("\n").rsplit("\n", 1)[-1] != marker:
-        return result.model_copy(update={"status": "error",
-                                         "stderr": result.stderr + "\n[harness] exited before "
-                                                   "the tests finished"})
+        return result.model_copy(
+            update={"status": "error", "stderr": result.stderr + "\n[harness] exited before the tests finished"}
+        )
     return result
 
 
-def run_tests(program: str, tests: CodeTests, sandbox: Sandbox,
-              config: CodeConfig | None = None) -> CodeCheck:
+def run_tests(program: str, tests: CodeTests, sandbox: Sandbox, config: CodeConfig | None = None) -> CodeCheck:
     """Run `program` against `tests` in `sandbox`; never raises for what the program does."""
     config = config or CodeConfig()
     if tests.total == 0:
@@ -129,8 +125,9 @@ def run_tests(program: str, tests: CodeTests, sandbox: Sandbox,
     def record(ok: bool, label: str, result: SandboxResult) -> CodeCheck | None:
         nonlocal passed
         if result.status == "sandbox_error":
-            return CodeCheck(passed=passed, total=tests.total, score=0.0,
-                             failures=tuple(failures), sandbox_error=result.detail)
+            return CodeCheck(
+                passed=passed, total=tests.total, score=0.0, failures=tuple(failures), sandbox_error=result.detail
+            )
         if ok:
             passed += 1
         elif len(failures) < 5:
@@ -160,8 +157,9 @@ def run_tests(program: str, tests: CodeTests, sandbox: Sandbox,
     return CodeCheck(passed=passed, total=tests.total, score=score, failures=tuple(failures))
 
 
-def check_code(response: str, tests: CodeTests, sandbox: Sandbox | None = None,
-               config: CodeConfig | None = None) -> CodeCheck:
+def check_code(
+    response: str, tests: CodeTests, sandbox: Sandbox | None = None, config: CodeConfig | None = None
+) -> CodeCheck:
     """Extract the program from `response` (see CodeConfig.extract_code) and run the tests.
 
     With `sandbox=None` a `ProcessSandbox(config.sandbox)` is built (raises SandboxUnavailable
@@ -170,13 +168,13 @@ def check_code(response: str, tests: CodeTests, sandbox: Sandbox | None = None,
     config = config or CodeConfig()
     program = extract_code(response) if config.extract_code else response
     if program is None or not program.strip():
-        return CodeCheck(passed=0, total=tests.total, score=0.0,
-                         failures=("no ```python code block in the response",))
+        return CodeCheck(passed=0, total=tests.total, score=0.0, failures=("no ```python code block in the response",))
     return run_tests(program, tests, sandbox or ProcessSandbox(config.sandbox), config)
 
 
-def code_reward(response: str, tests: CodeTests, sandbox: Sandbox | None = None,
-                config: CodeConfig | None = None) -> float:
+def code_reward(
+    response: str, tests: CodeTests, sandbox: Sandbox | None = None, config: CodeConfig | None = None
+) -> float:
     """The score of `check_code` (raises RuntimeError if the sandbox itself failed)."""
     check = check_code(response, tests, sandbox, config)
     if check.sandbox_error is not None:

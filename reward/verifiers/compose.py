@@ -21,8 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reward.verifiers.code import CodeTests
 from reward.verifiers.registry import VERIFIERS
-from stare.sandbox import Sandbox
-from stare.runtime.timeouts import VerifierTimeout, call_with_timeout
 from stare.config.reward import (  # the config half lives in the core (the run config's reward: section)
     CodeComponent,
     FormatComponent,
@@ -31,10 +29,20 @@ from stare.config.reward import (  # the config half lives in the core (the run 
     RewardComponent,
     RewardConfig,
 )
+from stare.runtime.timeouts import VerifierTimeout, call_with_timeout
+from stare.sandbox import Sandbox
 
-
-__all__ = ["CodeComponent", "FormatComponent", "MathComponent", "OverlongComponent", "RewardComponent", "RewardConfig",
-           "RewardInput", "RewardResult", "compute_reward"]
+__all__ = [
+    "CodeComponent",
+    "FormatComponent",
+    "MathComponent",
+    "OverlongComponent",
+    "RewardComponent",
+    "RewardConfig",
+    "RewardInput",
+    "RewardResult",
+    "compute_reward",
+]
 
 
 class RewardResult(BaseModel):
@@ -62,8 +70,7 @@ class RewardInput(BaseModel):
     """Tests (the code component needs them)."""
 
 
-def compute_reward(sample: RewardInput, config: RewardConfig,
-                   sandbox: Sandbox | None = None) -> RewardResult:
+def compute_reward(sample: RewardInput, config: RewardConfig, sandbox: Sandbox | None = None) -> RewardResult:
     """Score `sample` with every component of `config`; never raises (see the module docstring).
 
     `sandbox` runs code components; None builds a `ProcessSandbox` from each code component's
@@ -73,12 +80,10 @@ def compute_reward(sample: RewardInput, config: RewardConfig,
     for component in config.components:
         scorer = VERIFIERS[component.kind]
         try:
-            scores[component.key] = float(
-                call_with_timeout(scorer, config.timeout_s, component, sample, sandbox))
+            scores[component.key] = float(call_with_timeout(scorer, config.timeout_s, component, sample, sandbox))
         except VerifierTimeout as exc:
             return RewardResult(reward=0.0, components=scores, error=f"{component.key}: {exc}")
-        except Exception as exc:  # noqa: BLE001 - a verifier's crash must not stop training
-            return RewardResult(reward=0.0, components=scores,
-                                error=f"{component.key}: {type(exc).__name__}: {exc}")
+        except Exception as exc:
+            return RewardResult(reward=0.0, components=scores, error=f"{component.key}: {type(exc).__name__}: {exc}")
     reward = sum(c.weight * scores[c.key] for c in config.components)
     return RewardResult(reward=reward, components=scores)

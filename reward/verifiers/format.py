@@ -14,15 +14,10 @@ carrying tags (`<answer id=1>` does not count as `<answer>`).
 
 from __future__ import annotations
 
-from reward.verifiers.registry import register_verifier
-
 import re
 
+from reward.verifiers.registry import register_verifier
 from stare.config.reward import FormatConfig
-
-
-
-
 
 
 def _span(text: str, tag: str, exactly_once: bool) -> tuple[int, int] | None:
@@ -46,10 +41,9 @@ def format_reward(response: str, config: FormatConfig | None = None) -> float:
     checks = [span is not None for span in spans]
     found = [span for span in spans if span is not None]
     if config.in_order:
-        checks.append(len(found) == len(spans)
-                      and all(a[1] <= b[0] for a, b in zip(found, found[1:])))
+        checks.append(len(found) == len(spans) and all(a[1] <= b[0] for a, b in zip(found, found[1:])))
     if config.nothing_after:
-        checks.append(bool(found) and text[max(end for _, end in found):].strip() == "")
+        checks.append(bool(found) and text[max(end for _, end in found) :].strip() == "")
     if config.partial_credit:
         return sum(checks) / len(checks)
     return 1.0 if all(checks) else 0.0

@@ -18,11 +18,7 @@ option) is the learner's job, not a reward.
 from __future__ import annotations
 
 from reward.verifiers.registry import need, register_verifier
-
 from stare.config.reward import OverlongConfig
-
-
-
 
 
 def overlong_penalty(length: int, config: OverlongConfig | None = None) -> float:

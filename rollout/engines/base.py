@@ -75,8 +75,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-
-
 if TYPE_CHECKING:  # torch stays out of module import: configs and records are light
     import torch
 
@@ -128,8 +126,10 @@ class SamplingParams:
         if self.prompt_seeds is None:
             return None
         if len(self.prompt_seeds) != num_prompts:
-            raise ValueError(f"SamplingParams.prompt_seeds has {len(self.prompt_seeds)} seeds for {num_prompts} prompts; "
-                             "give one seed per prompt")
+            raise ValueError(
+                f"SamplingParams.prompt_seeds has {len(self.prompt_seeds)} seeds for {num_prompts} prompts; "
+                "give one seed per prompt"
+            )
         return self.prompt_seeds
 
 
@@ -199,8 +199,10 @@ class SleepingEngine(RolloutEngine, Protocol):
 def require_awake(engine: object, what: str) -> None:
     """RuntimeError naming `what` when `engine` is asleep (`SleepingEngine`)."""
     if getattr(engine, "asleep", False):
-        raise RuntimeError(f"{what} on a sleeping rollout engine: wake() it first (system.colocate: the engine "
-                           "sleeps while the learner steps)")
+        raise RuntimeError(
+            f"{what} on a sleeping rollout engine: wake() it first (system.colocate: the engine "
+            "sleeps while the learner steps)"
+        )
 
 
 @runtime_checkable

@@ -38,12 +38,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rollout.engines.base import (Completion, SamplingParams, check_prompts, prompt_seed, read_eos_token_ids,
-                                  require_awake)
+from rollout.engines.base import (
+    Completion,
+    SamplingParams,
+    check_prompts,
+    prompt_seed,
+    read_eos_token_ids,
+    require_awake,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
 
 
 def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -123,8 +128,13 @@ class HFEngine:
             chunk_gens = gens if seeds is None else gens[start : start + per_chunk]
             out.extend(self._generate_chunk(prompts[start : start + per_chunk], run, stop_ids, chunk_gens))
         if greedy:
-            out = [[dataclasses.replace(g[0], token_ids=list(g[0].token_ids), logprobs=list(g[0].logprobs))
-                    for _ in range(params.n)] for g in out]
+            out = [
+                [
+                    dataclasses.replace(g[0], token_ids=list(g[0].token_ids), logprobs=list(g[0].logprobs))
+                    for _ in range(params.n)
+                ]
+                for g in out
+            ]
         return out
 
     @torch.inference_mode()
@@ -150,8 +160,12 @@ class HFEngine:
 
         cache = DynamicCache(config=self.model.config)
         logits = self.model(
-            input_ids=input_ids, attention_mask=attn, position_ids=position_ids,
-            use_cache=True, logits_to_keep=1, **{self._cache_kw: cache},
+            input_ids=input_ids,
+            attention_mask=attn,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kw: cache},
         ).logits[:, -1]  # [P, V]
         # Prefill once per prompt, then n copies of its cache.
         logits = logits.repeat_interleave(n, dim=0)  # [R, V]
@@ -186,8 +200,11 @@ class HFEngine:
                 break
             attn = torch.cat([attn, ones], dim=1)  # [R, L + t + 1]
             logits = self.model(
-                input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos,
-                use_cache=True, **{self._cache_kw: cache},
+                input_ids=tok[:, None],
+                attention_mask=attn,
+                position_ids=next_pos,
+                use_cache=True,
+                **{self._cache_kw: cache},
             ).logits[:, -1]  # [R, V]
             next_pos = next_pos + 1
 
@@ -230,8 +247,9 @@ class HFEngine:
             by_setting.setdefault(setting, []).append((prompt, secrets.randbits(62) if seed is None else seed, key))
         out: list[tuple[object, list[Completion]]] = []
         for setting, items in by_setting.items():
-            groups = self.generate([p for p, _, _ in items],
-                                   dataclasses.replace(setting, prompt_seeds=tuple(s for _, s, _ in items)))
+            groups = self.generate(
+                [p for p, _, _ in items], dataclasses.replace(setting, prompt_seeds=tuple(s for _, s, _ in items))
+            )
             out.extend((key, group) for (_, _, key), group in zip(items, groups))
         for _, group in out:
             for c in group:
@@ -251,8 +269,10 @@ class HFEngine:
         """
         require_awake(self, "update_weights()")
         if self._queue:
-            raise RuntimeError(f"update_weights with {len(self._queue)} prompts queued for streaming; step() them first "
-                               "(they were added for the current weights)")
+            raise RuntimeError(
+                f"update_weights with {len(self._queue)} prompts queued for streaming; step() them first "
+                "(they were added for the current weights)"
+            )
         params = dict(self.model.named_parameters())
         unknown = sorted(set(state_dict) - set(self.model.state_dict()))
         missing = sorted(set(params) - set(state_dict) - self._tied_names)
@@ -264,7 +284,9 @@ class HFEngine:
         own = self.model.state_dict()
         for name, value in state_dict.items():
             if own[name].shape != value.shape:
-                raise ValueError(f"update_weights: {name} has shape {tuple(value.shape)}, model has {tuple(own[name].shape)}")
+                raise ValueError(
+                    f"update_weights: {name} has shape {tuple(value.shape)}, model has {tuple(own[name].shape)}"
+                )
         for name, value in state_dict.items():
             own[name].copy_(value)  # state_dict tensors alias the parameters: in place
         self.weight_version = version

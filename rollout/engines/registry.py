@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
-from stare.config import HfEngineSection, VllmEngineSection
 from rollout.engines.base import RolloutEngine
+from stare.config import HfEngineSection, VllmEngineSection
 
 # --- configs ---------------------------------------------------------------------------------
 
@@ -51,15 +51,23 @@ class VLLMEngineConfig(VllmEngineSection):
         "float32", description="Model dtype. bf16 log-probs differ from an fp32 recompute by up to ~0.1."
     )
     seed: int = Field(0, ge=0, description="Engine seed (used for requests without their own seed).")
-    sleep_mode: bool = Field(False, description="Build with vLLM's enable_sleep_mode (CUDA only), so the engine can "
-                             "sleep while a learner in the same process steps (`stare train`, system.colocate).")
-    inflight_updates: bool = Field(False, description="Take new weights between engine steps with requests in flight "
-                                   "(system.inflight_weight_updates; rollout.engines.base, 'In-flight weight updates').")
-    external_launcher: bool = Field(False, description="This process is one rank of a torch.distributed world formed "
-                                    "already (the node-colocated learner): vLLM joins it as one engine per rank, each an "
-                                    "independent replica on the rank's LOCAL_RANK GPU (distributed_executor_backend "
-                                    "external_launcher), instead of forming a one-process group of its own.")
-
+    sleep_mode: bool = Field(
+        False,
+        description="Build with vLLM's enable_sleep_mode (CUDA only), so the engine can "
+        "sleep while a learner in the same process steps (`stare train`, system.colocate).",
+    )
+    inflight_updates: bool = Field(
+        False,
+        description="Take new weights between engine steps with requests in flight "
+        "(system.inflight_weight_updates; rollout.engines.base, 'In-flight weight updates').",
+    )
+    external_launcher: bool = Field(
+        False,
+        description="This process is one rank of a torch.distributed world formed "
+        "already (the node-colocated learner): vLLM joins it as one engine per rank, each an "
+        "independent replica on the rank's LOCAL_RANK GPU (distributed_executor_backend "
+        "external_launcher), instead of forming a one-process group of its own.",
+    )
 
 
 # --- registry --------------------------------------------------------------------------------
@@ -68,19 +76,24 @@ class VLLMEngineConfig(VllmEngineSection):
 def _build_hf(config: HFEngineConfig) -> RolloutEngine:
     from rollout.engines.hf_engine import HFEngine
 
-    return HFEngine(config.model_path, dtype=config.dtype, device=config.device,
-                    max_batch_size=config.max_batch_size)
+    return HFEngine(config.model_path, dtype=config.dtype, device=config.device, max_batch_size=config.max_batch_size)
 
 
 def _build_vllm(config: VLLMEngineConfig) -> RolloutEngine:
     from rollout.engines.vllm_args import engine_args
     from rollout.engines.vllm_engine import VLLMEngine
 
-    return VLLMEngine(config.model_path, dtype=config.dtype, seed=config.seed,
-                      cpu_kvcache_space_gib=config.cpu_kvcache_space_gib, sleep_mode=config.sleep_mode,
-                      inflight_updates=config.inflight_updates, **engine_args(config),
-                      # a rank of the learner's world: vLLM's ExternalDP layout, one independent engine per rank
-                      **({"distributed_executor_backend": "external_launcher"} if config.external_launcher else {}))
+    return VLLMEngine(
+        config.model_path,
+        dtype=config.dtype,
+        seed=config.seed,
+        cpu_kvcache_space_gib=config.cpu_kvcache_space_gib,
+        sleep_mode=config.sleep_mode,
+        inflight_updates=config.inflight_updates,
+        **engine_args(config),
+        # a rank of the learner's world: vLLM's ExternalDP layout, one independent engine per rank
+        **({"distributed_executor_backend": "external_launcher"} if config.external_launcher else {}),
+    )
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,15 @@ def checkpoint_parameter_names(model_path: str | Path) -> set[str]:
     return names
 
 
-ENGINE_ARGS = ("tensor_parallel_size", "gpu_memory_utilization", "enforce_eager", "max_num_seqs",
-               "max_num_batched_tokens", "max_model_len", "enable_prefix_caching")
+ENGINE_ARGS = (
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "enable_prefix_caching",
+)
 """Fields of the `rollout.engine` vllm section passed to vLLM's `LLM(...)` under the same names."""
 
 
@@ -55,7 +62,7 @@ def engine_args(section: Any, cuda_available: bool | None = None) -> dict[str, A
     args = {k: v for k in ENGINE_ARGS if (v := getattr(section, k)) is not None}
     if cuda_available is None:
         cuda_available = torch.cuda.is_available()
-    args["enforce_eager"] = resolve_enforce_eager(getattr(section, "enforce_eager"), cuda_available)
+    args["enforce_eager"] = resolve_enforce_eager(section.enforce_eager, cuda_available)
     return args
 
 

@@ -97,8 +97,16 @@ from typing import Any
 
 import torch
 
-from rollout.engines.base import (Completion, SampleLengths, SamplingParams, check_prompts, prompt_seed,
-                                  read_eos_token_ids, require_awake, streaming_capacity)
+from rollout.engines.base import (
+    Completion,
+    SampleLengths,
+    SamplingParams,
+    check_prompts,
+    prompt_seed,
+    read_eos_token_ids,
+    require_awake,
+    streaming_capacity,
+)
 from rollout.engines.vllm_args import checkpoint_parameter_names, request_seed, section_defaults
 
 
@@ -160,7 +168,9 @@ class VLLMEngine:
         )
         self.sleep_mode = sleep_mode
         self.asleep = False
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        )
         self.max_model_len: int = self.llm.llm_engine.model_config.max_model_len
         self.weight_version = 0
         self.inflight_updates = inflight_updates  # update_weights with streamed requests in flight
@@ -175,8 +185,10 @@ class VLLMEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         require_awake(self, "generate()")
         if self._requests:
-            raise RuntimeError(f"generate() with {len(self._requests)} streaming prompts in the engine: it would "
-                               "swallow their outputs; step() them first")
+            raise RuntimeError(
+                f"generate() with {len(self._requests)} streaming prompts in the engine: it would "
+                "swallow their outputs; step() them first"
+            )
         check_prompts(prompts, params, self.vocab_size, self.max_model_len)
         seeds = params.seeds_for(len(prompts))
         sampling = [self._sampling(params, i, seeds) for i in range(len(prompts))]
@@ -224,8 +236,15 @@ class VLLMEngine:
             runs = version_runs(c.weight_versions) if versions else []
             group.append(Completion(token_ids, logprobs, c.finish_reason, runs))
         if len(group) < n:  # greedy
-            group = [dataclasses.replace(group[0], token_ids=list(group[0].token_ids), logprobs=list(group[0].logprobs),
-                                         versions=list(group[0].versions)) for _ in range(n)]
+            group = [
+                dataclasses.replace(
+                    group[0],
+                    token_ids=list(group[0].token_ids),
+                    logprobs=list(group[0].logprobs),
+                    versions=list(group[0].versions),
+                )
+                for _ in range(n)
+            ]
         return group
 
     # --- streaming (StreamingEngine): requests into vLLM's engine, one engine step at a time ----
@@ -238,8 +257,9 @@ class VLLMEngine:
         blocks, block_size = vc.cache_config.num_gpu_blocks, vc.cache_config.block_size
         if not blocks:
             return vc.scheduler_config.max_num_seqs
-        return streaming_capacity(blocks * block_size, vc.scheduler_config.max_num_seqs,
-                                  self._lengths.reserve(self.max_model_len))
+        return streaming_capacity(
+            blocks * block_size, vc.scheduler_config.max_num_seqs, self._lengths.reserve(self.max_model_len)
+        )
 
     def add(self, prompt: list[int], params: SamplingParams, key: object) -> None:
         """Queue one prompt's n samples with the seed `generate([prompt], params)` would give it."""
@@ -286,9 +306,11 @@ class VLLMEngine:
         unknown = sorted(set(state_dict) - self._checkpoint_names - self._optional_names)
         missing = sorted(self._checkpoint_names - set(state_dict) - self._optional_names)
         if self._requests and not self.inflight_updates:
-            raise RuntimeError(f"update_weights with {len(self._requests)} streaming prompts in the engine; step() "
-                               "them to the end first (they were added for the current weights; an engine built "
-                               "with inflight_updates takes weights with prompts in flight)")
+            raise RuntimeError(
+                f"update_weights with {len(self._requests)} streaming prompts in the engine; step() "
+                "them to the end first (they were added for the current weights; an engine built "
+                "with inflight_updates takes weights with prompts in flight)"
+            )
         if unknown or missing:
             raise KeyError(
                 f"update_weights: state dict does not match the checkpoint: unknown {unknown[:5]}"
@@ -326,8 +348,10 @@ class VLLMEngine:
             if not core.batch_queue:
                 return
             self._drained.extend(out for out in self.llm.llm_engine.step() if out.finished)
-        raise RuntimeError(f"vLLM's batch queue still holds {len(core.batch_queue)} batches after "
-                           f"{2 * core.batch_queue_size + 2} paused steps; the weights were not updated")
+        raise RuntimeError(
+            f"vLLM's batch queue still holds {len(core.batch_queue)} batches after "
+            f"{2 * core.batch_queue_size + 2} paused steps; the weights were not updated"
+        )
 
     # --- sleeping (SleepingEngine): vLLM's sleep mode, level 1 ----------------------------------
 
@@ -336,15 +360,18 @@ class VLLMEngine:
         if self.asleep:
             return
         if not self.sleep_mode:
-            raise RuntimeError("sleep(): this vLLM engine was built without enable_sleep_mode (build it with "
-                               "sleep_mode=True; stare train does so when system.colocate is on)")
+            raise RuntimeError(
+                "sleep(): this vLLM engine was built without enable_sleep_mode (build it with "
+                "sleep_mode=True; stare train does so when system.colocate is on)"
+            )
         if self._requests:
             raise RuntimeError(f"sleep() with {len(self._requests)} streaming prompts in the engine; step() them first")
         # level 1 discards the KV cache's contents: a prefix-cache entry kept through the sleep would point at
         # garbage after the wake (prefix caching on: wrong samples, silently), so the reset must succeed
         if not self.llm.reset_prefix_cache():
-            raise RuntimeError("sleep(): vLLM refused to reset its prefix cache (requests still running?); the engine "
-                               "stays awake")
+            raise RuntimeError(
+                "sleep(): vLLM refused to reset its prefix cache (requests still running?); the engine stays awake"
+            )
         self.llm.sleep(level=1)
         self.asleep = True
 

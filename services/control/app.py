@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
 from services.control import openapi, security
 from services.control.auth import ReadAuth, policy_from, resolve_token
 from services.control.limits import BodyLimit
@@ -29,7 +30,6 @@ from services.control.routes import (
     run,
     status,
 )
-
 from stare.config import ControlPlaneSection
 from stare.runstate.base import EntropyChangeError, RunState, RunStateUnavailable
 
@@ -56,10 +56,17 @@ async def _http_error(request: Request, exc: StarletteHTTPException):
     those of the first route that matched, e.g. GET of /v1/entropy and not its PUT and PATCH)."""
     if exc.status_code != 405:
         return await http_exception_handler(request, exc)
-    methods = {m for r in request.app.routes if isinstance(r, APIRoute) and r.path_regex.match(request.url.path)
-               for m in r.methods}
-    return JSONResponse({"detail": f"method {request.method} not allowed; allowed: {', '.join(sorted(methods))}"},
-                        status_code=405, headers={"Allow": ", ".join(sorted(methods))})
+    methods = {
+        m
+        for r in request.app.routes
+        if isinstance(r, APIRoute) and r.path_regex.match(request.url.path)
+        for m in r.methods
+    }
+    return JSONResponse(
+        {"detail": f"method {request.method} not allowed; allowed: {', '.join(sorted(methods))}"},
+        status_code=405,
+        headers={"Allow": ", ".join(sorted(methods))},
+    )
 
 
 async def _unavailable(request: Request, exc: RunStateUnavailable) -> JSONResponse:
@@ -68,9 +75,13 @@ async def _unavailable(request: Request, exc: RunStateUnavailable) -> JSONRespon
 
 def create_app(state: RunState, settings: ControlPlaneSection, run_id: str, *, token: str | None = None) -> FastAPI:
     """The API. `token`: the bearer token (None: STARE_API_TOKEN, else control_plane.token_file; "": none)."""
-    app = FastAPI(title="stare control plane", version=API_VERSION,
-                  description="Run status, the entropy controller, metrics and run commands of one stare run.",
-                  docs_url="/docs" if settings.docs else None, redoc_url=None)
+    app = FastAPI(
+        title="stare control plane",
+        version=API_VERSION,
+        description="Run status, the entropy controller, metrics and run commands of one stare run.",
+        docs_url="/docs" if settings.docs else None,
+        redoc_url=None,
+    )
     app.state.run_state, app.state.run_id, app.state.settings = state, run_id, settings
     app.state.auth = policy_from(settings, token if token is not None else resolve_token(settings))
     app.add_exception_handler(RequestValidationError, _validation_error)

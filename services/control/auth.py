@@ -21,7 +21,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from stare.config import ConfigError, ControlPlaneSection
 
 TOKEN_ENV = "STARE_API_TOKEN"
-_bearer = HTTPBearer(auto_error=False, description=f"The control plane's API token ({TOKEN_ENV} or control_plane.token_file).")
+_bearer = HTTPBearer(
+    auto_error=False, description=f"The control plane's API token ({TOKEN_ENV} or control_plane.token_file)."
+)
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,9 @@ def resolve_token(settings: ControlPlaneSection, environ: dict[str, str] | None 
     if settings.token_file is not None:
         path = Path(settings.token_file)
         if not path.is_file():
-            raise ConfigError(f"control_plane.token_file: {path} does not exist; point it at a file holding the API token")
+            raise ConfigError(
+                f"control_plane.token_file: {path} does not exist; point it at a file holding the API token"
+            )
         token = path.read_text().strip()
         if not token:
             raise ConfigError(f"control_plane.token_file: {path} is empty; write the API token into it")
@@ -51,7 +55,9 @@ def resolve_token(settings: ControlPlaneSection, environ: dict[str, str] | None 
 
 
 def policy_from(settings: ControlPlaneSection, token: str | None) -> AuthPolicy:
-    return AuthPolicy(token=token or None, auth_reads=settings.auth_reads, allow_unauthenticated=settings.allow_unauthenticated)
+    return AuthPolicy(
+        token=token or None, auth_reads=settings.auth_reads, allow_unauthenticated=settings.allow_unauthenticated
+    )
 
 
 def _check(policy: AuthPolicy, creds: HTTPAuthorizationCredentials | None) -> None:
@@ -62,8 +68,11 @@ def _check(policy: AuthPolicy, creds: HTTPAuthorizationCredentials | None) -> No
             "control_plane.token_file) where the control plane runs, or control_plane.allow_unauthenticated=true for local experiments",
         )
     if creds is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token: send 'Authorization: Bearer <token>'",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED,
+            "missing bearer token: send 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     if not hmac.compare_digest(creds.credentials.encode(), policy.token.encode()):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "wrong API token")
 

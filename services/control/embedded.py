@@ -13,7 +13,6 @@ from typing import Self
 from services.control.app import create_app
 from services.control.auth import resolve_token
 from services.control.server import BackgroundServer
-
 from stare.config import TrainConfig
 from stare.runstate.base import RunState
 
@@ -22,12 +21,16 @@ class EmbeddedControlPlane:
     def __init__(self, cfg: TrainConfig, state: RunState, log: Callable[[str], None]):
         settings = cfg.control_plane
         token = resolve_token(settings)
-        self.server = BackgroundServer(create_app(state, settings, cfg.run.name, token=token), settings.host, settings.port)
+        self.server = BackgroundServer(
+            create_app(state, settings, cfg.run.name, token=token), settings.host, settings.port
+        )
         self.info_path = Path(cfg.run_dir) / "control.json"
         self.log = log
         if token is None and not settings.allow_unauthenticated:
-            auth = ("read-only: set STARE_API_TOKEN (or --set control_plane.token_file=PATH) to change the target, or "
-                    "--set control_plane.allow_unauthenticated=true")
+            auth = (
+                "read-only: set STARE_API_TOKEN (or --set control_plane.token_file=PATH) to change the target, or "
+                "--set control_plane.allow_unauthenticated=true"
+            )
         else:
             auth = "token required for changes" if token else "changes allowed without a token"
         self.auth_note = auth

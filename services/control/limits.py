@@ -38,9 +38,17 @@ class _TooSlow(HTTPException):
 
 async def _reply(send, status: int, detail: str) -> None:
     body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -52,8 +60,10 @@ class BodyLimit:
         self._too_slow = f"request body not received within {body_timeout_s}s (control_plane.body_timeout_s)"
 
     def _too_large(self, size: str) -> str:
-        return (f"request body {size} exceeds the limit of {self.max_bytes} bytes (control_plane.max_body_bytes); "
-                "the API's bodies are small JSON objects")
+        return (
+            f"request body {size} exceeds the limit of {self.max_bytes} bytes (control_plane.max_body_bytes); "
+            "the API's bodies are small JSON objects"
+        )
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -125,10 +135,15 @@ class GuardedH11Protocol(H11Protocol):
 
     def _header_timeout(self) -> None:
         # their_state leaves IDLE once a request's headers are complete
-        if not self.transport.is_closing() and self.conn.their_state in (h11.IDLE, h11.DONE) \
-                and (self.cycle is None or self.cycle.response_complete):
-            log.info("control plane: closing a connection without complete request headers after %.1fs",
-                     self.header_timeout_s)
+        if (
+            not self.transport.is_closing()
+            and self.conn.their_state in (h11.IDLE, h11.DONE)
+            and (self.cycle is None or self.cycle.response_complete)
+        ):
+            log.info(
+                "control plane: closing a connection without complete request headers after %.1fs",
+                self.header_timeout_s,
+            )
             self.transport.close()
 
 

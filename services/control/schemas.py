@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic_core import PydanticUndefined
-from stare.config.algo import ControllerConfig
 
+from stare.config.algo import ControllerConfig
 from stare.runstate.base import AuditEntry, RoleHealth
 
 _BODY = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -43,11 +43,14 @@ def _optional_fields(required: tuple[str, ...] = ()) -> dict[str, Any]:
 
 
 EntropyPatch = create_model(
-    "EntropyPatch", __config__=_BODY, __doc__="Change only the fields given (band: null removes the band).",
+    "EntropyPatch",
+    __config__=_BODY,
+    __doc__="Change only the fields given (band: null removes the band).",
     **_optional_fields(),
 )
 EntropyPut = create_model(
-    "EntropyPut", __config__=_BODY,
+    "EntropyPut",
+    __config__=_BODY,
     __doc__="Set the target; band is set to the given value or removed when absent; other fields change only if given.",
     **_optional_fields(required=("target",)),
 )
@@ -58,14 +61,18 @@ class _ControllerState(BaseModel):
     last_entropy: float | None
     step: int | None = Field(description="The learner step this state was published after.")
     updated_at: float | None
-    max_entropy: float | None = Field(None, description="ln V of the model's vocabulary: the largest target or "
-                                      "band edge the learner accepts (null: only the config bound applies).")
+    max_entropy: float | None = Field(
+        None,
+        description="ln V of the model's vocabulary: the largest target or "
+        "band edge the learner accepts (null: only the config bound applies).",
+    )
     pending: list[AuditEntry]
 
 
 # The controller's config fields (whatever ControllerConfig has) plus its state and pending changes.
 EntropyView = create_model(
-    "EntropyView", __base__=_ControllerState,
+    "EntropyView",
+    __base__=_ControllerState,
     __doc__="The controller as the learner last published it, plus the changes waiting for its next step.",
     **{name: (info.annotation, copy.copy(info)) for name, info in ControllerConfig.model_fields.items()},
 )

@@ -24,11 +24,17 @@ from stare.config import ControlPlaneSection
 
 _SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
-       "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
-_HEADERS = [(b"content-security-policy", CSP.encode()), (b"x-frame-options", b"DENY"),
-            (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"),
-            (b"cross-origin-opener-policy", b"same-origin")]
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
+_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
 
 
 def trusted_hosts(settings: ControlPlaneSection) -> list[str]:
@@ -60,8 +66,13 @@ def _origin_of(url: str) -> tuple[str, str, int | None] | None:
 
 async def _forbid(send, detail: str) -> None:
     body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": 403,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 403,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -82,14 +93,20 @@ class SameOrigin:
             return
         site, origin = _header(scope, b"sec-fetch-site"), _header(scope, b"origin")
         if site == "cross-site":
-            await _forbid(send, "cross-site request refused: changes are accepted from this API's own pages and "
-                                "from non-browser clients only (control_plane.allowed_origins lists other origins)")
+            await _forbid(
+                send,
+                "cross-site request refused: changes are accepted from this API's own pages and "
+                "from non-browser clients only (control_plane.allowed_origins lists other origins)",
+            )
             return
         if origin is not None:
             parsed = _origin_of(origin)
             if parsed is None or (parsed != self._own_origin(scope) and parsed not in self.allowed):
-                await _forbid(send, f"Origin {origin[:100]!r} is not this API's origin nor in control_plane.allowed_origins; "
-                                    "cross-site changes are refused")
+                await _forbid(
+                    send,
+                    f"Origin {origin[:100]!r} is not this API's origin nor in control_plane.allowed_origins; "
+                    "cross-site changes are refused",
+                )
                 return
         await self.app(scope, receive, send)
 
@@ -111,8 +128,10 @@ class SecurityHeaders:
         async def with_headers(message):
             if message["type"] == "http.response.start":
                 present = {k.lower() for k, _ in message.get("headers", [])}
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  *((k, v) for k, v in headers if k not in present)]}
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), *((k, v) for k, v in headers if k not in present)],
+                }
             await send(message)
 
         await self.app(scope, receive, with_headers)
@@ -127,7 +146,9 @@ def install(app, settings: ControlPlaneSection) -> None:
 def install_headers(app, settings: ControlPlaneSection) -> None:
     """Add the security headers; app.py calls it last, so that they wrap every other layer (the
     Host check's 400, the Origin check's 403, the body limit's 413 and 408 carry them too)."""
-    docs_csp = ("default-src 'none'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
-                "style-src 'self' https://cdn.jsdelivr.net; img-src 'self' data: https://fastapi.tiangolo.com; "
-                "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'")  # Swagger UI (control_plane.docs only)
+    docs_csp = (
+        "default-src 'none'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
+        "style-src 'self' https://cdn.jsdelivr.net; img-src 'self' data: https://fastapi.tiangolo.com; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'"
+    )  # Swagger UI (control_plane.docs only)
     app.add_middleware(SecurityHeaders, relaxed_paths=("/docs",) if settings.docs else (), relaxed_csp=docs_csp)

@@ -51,14 +51,24 @@ def url_of(sock: socket.socket) -> str:
 
 def _config(app, sock: socket.socket):
     import uvicorn
+
     from services.control.limits import guarded_protocol
 
     limits: ControlPlaneSection = getattr(app.state, "settings", None) or ControlPlaneSection()  # create_app sets it
     host, port = sock.getsockname()[:2]
-    return uvicorn.Config(app, host=host, port=port, access_log=False, log_level="warning", lifespan="off",
-                          timeout_graceful_shutdown=2, http=guarded_protocol(limits.header_timeout_s),
-                          timeout_keep_alive=limits.keepalive_timeout_s, limit_concurrency=limits.max_connections,
-                          h11_max_incomplete_event_size=16 * 1024)
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        access_log=False,
+        log_level="warning",
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+        http=guarded_protocol(limits.header_timeout_s),
+        timeout_keep_alive=limits.keepalive_timeout_s,
+        limit_concurrency=limits.max_connections,
+        h11_max_incomplete_event_size=16 * 1024,
+    )
 
 
 def serve_forever(app, host: str, port: int) -> None:
@@ -79,8 +89,9 @@ class BackgroundServer:
         self.sock = bind(host, port)
         self.url = url_of(self.sock)
         self.server = uvicorn.Server(_config(app, self.sock))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       name="stare-control", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, name="stare-control", daemon=True
+        )
 
     def start(self, timeout_s: float = 10.0) -> BackgroundServer:
         self.thread.start()

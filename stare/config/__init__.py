@@ -8,16 +8,49 @@ loading), `docs` (the generated docs/config.md). Import the public names from he
 """
 
 from stare.config.base import ConfigError
-from stare.config.sections import (ENGINE_SECTIONS, DataSection, DiagnosticsSection, EngineSection, EvalSource,
-                                   HfEngineSection, ModelSection, OptimSection, RolloutSection, RunSection, TaskSection,
-                                   ToolUseSection, VllmEngineSection)
+from stare.config.sections import (
+    ENGINE_SECTIONS,
+    DataSection,
+    DiagnosticsSection,
+    EngineSection,
+    EvalSource,
+    HfEngineSection,
+    ModelSection,
+    OptimSection,
+    RolloutSection,
+    RunSection,
+    TaskSection,
+    ToolUseSection,
+    VllmEngineSection,
+)
 from stare.config.staleness import Staleness, staleness
 from stare.config.system import ControlPlaneSection, LoggingSection, SystemSection, WandbSection
 from stare.config.train import ALGO_PRESETS, TrainConfig, build_config, load_config, parse_override
 
 __all__ = [
-    "ALGO_PRESETS", "ENGINE_SECTIONS", "ConfigError", "ControlPlaneSection", "DataSection", "DiagnosticsSection",
-    "EngineSection", "EvalSource", "HfEngineSection", "LoggingSection", "ModelSection", "OptimSection",
-    "RolloutSection", "RunSection", "Staleness", "SystemSection", "TaskSection", "ToolUseSection", "TrainConfig",
-    "VllmEngineSection", "WandbSection", "build_config", "load_config", "parse_override", "staleness",
+    "ALGO_PRESETS",
+    "ENGINE_SECTIONS",
+    "ConfigError",
+    "ControlPlaneSection",
+    "DataSection",
+    "DiagnosticsSection",
+    "EngineSection",
+    "EvalSource",
+    "HfEngineSection",
+    "LoggingSection",
+    "ModelSection",
+    "OptimSection",
+    "RolloutSection",
+    "RunSection",
+    "Staleness",
+    "SystemSection",
+    "TaskSection",
+    "ToolUseSection",
+    "TrainConfig",
+    "VllmEngineSection",
+    "WandbSection",
+    "build_config",
+    "load_config",
+    "parse_override",
+    "staleness",
 ]

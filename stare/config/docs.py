@@ -9,9 +9,8 @@ import typing
 
 from pydantic import BaseModel
 
-from stare.config import ALGO_PRESETS, TrainConfig
+from stare.config import ALGO_PRESETS, ENGINE_SECTIONS, TrainConfig
 from stare.config.algo import LOSS_CONFIGS, GrpoLossConfig
-from stare.config import ENGINE_SECTIONS
 
 
 def _bounds(field) -> str:
@@ -39,7 +38,11 @@ def _table(model: type[BaseModel], prefix: str, skip: set[str] = frozenset()) ->
             rows += _table(field.annotation, f"{prefix}{name}.")[2:]
             continue
         values = typing.get_args(field.annotation)
-        if typing.get_origin(field.annotation) is dict and isinstance(values[-1], type) and issubclass(values[-1], BaseModel):
+        if (
+            typing.get_origin(field.annotation) is dict
+            and isinstance(values[-1], type)
+            and issubclass(values[-1], BaseModel)
+        ):
             # a mapping of sections (e.g. task.eval_sources): its row, then one row per leaf of one entry
             desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
             default = repr(field.get_default(call_default_factory=True))
@@ -82,10 +85,18 @@ def render() -> str:
         if isinstance(section, type) and issubclass(section, BaseModel):
             out += [f"## {name}", "", *_table(section, f"{name}."), ""]
             if name == "rollout":  # the engine union: one table per engine
-                out += ["A discriminated union on `rollout.engine.name` (`rollout.engine: vllm` is short for "
-                        "`rollout.engine: {name: vllm}`).", ""]
+                out += [
+                    "A discriminated union on `rollout.engine.name` (`rollout.engine: vllm` is short for "
+                    "`rollout.engine: {name: vllm}`).",
+                    "",
+                ]
                 for engine_name, cls in ENGINE_SECTIONS.items():
-                    out += [f"### rollout.engine.name: {engine_name}", "", *_table(cls, "rollout.engine.", skip={"name"}), ""]
+                    out += [
+                        f"### rollout.engine.name: {engine_name}",
+                        "",
+                        *_table(cls, "rollout.engine.", skip={"name"}),
+                        "",
+                    ]
         else:
             out += [f"## {name}", "", field.description or "", ""]
     return "\n".join(out)

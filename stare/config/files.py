@@ -55,6 +55,7 @@ def read_yaml_mapping(path: Path, what: str = "config file") -> dict:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise FileInputError(f"{path}: a {what} must hold a YAML mapping (key: value lines) at the top level, "
-                             f"not a {type(raw).__name__}")
+        raise FileInputError(
+            f"{path}: a {what} must hold a YAML mapping (key: value lines) at the top level, not a {type(raw).__name__}"
+        )
     return raw

@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from stare.sandbox import SandboxConfig
 
-
 _TAG_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
 
@@ -24,8 +23,7 @@ class MathConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    extract_from: tuple[AnswerSource, ...] = Field(("boxed", "answer_tag", "answer_line"),
-                                                   min_length=1)
+    extract_from: tuple[AnswerSource, ...] = Field(("boxed", "answer_tag", "answer_line"), min_length=1)
     """Where the final answer may be, tried in order; "anywhere" lets math-verify search the
     whole response (lenient: it may pick an intermediate number)."""
     timeout_s: float = Field(5.0, gt=0, le=300)
@@ -80,10 +78,11 @@ class OverlongConfig(BaseModel):
     """Scale of the penalty (the paper uses 1)."""
 
     @model_validator(mode="after")
-    def _cache_fits(self) -> "OverlongConfig":
+    def _cache_fits(self) -> OverlongConfig:
         if self.cache_length > self.max_length:
-            raise ValueError(f"cache_length ({self.cache_length}) must be <= max_length "
-                             f"({self.max_length}); lower cache_length")
+            raise ValueError(
+                f"cache_length ({self.cache_length}) must be <= max_length ({self.max_length}); lower cache_length"
+            )
         return self
 
 
@@ -157,10 +156,11 @@ class RewardConfig(BaseModel):
     """Seconds per component (in-thread; see the module docstring)."""
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "RewardConfig":
+    def _unique_names(self) -> RewardConfig:
         keys = [c.key for c in self.components]
         duplicates = sorted({k for k in keys if keys.count(k) > 1})
         if duplicates:
-            raise ValueError(f"components: names {duplicates} repeat; give each component of "
-                             "the same kind its own `name`")
+            raise ValueError(
+                f"components: names {duplicates} repeat; give each component of the same kind its own `name`"
+            )
         return self

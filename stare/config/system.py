@@ -21,7 +21,8 @@ class SystemSection(_Section):
     one GPU in the embedded `stare train`, which ignores the rest, or every learner rank's)."""
 
     colocate: Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)] = Field(
-        "auto", description="The rollout engine in the learner's process, asleep while the learner steps (vLLM: "
+        "auto",
+        description="The rollout engine in the learner's process, asleep while the learner steps (vLLM: "
         "built with enable_sleep_mode, LLM.sleep(level=1): weights to host memory, KV cache freed; hf: weights to host "
         "memory), woken to sample with the learner's newest weights, taken in place. `stare train` (one process): "
         "auto: on when the learner and the engine use the same CUDA device; on: always (vllm needs CUDA for it; on "
@@ -33,7 +34,8 @@ class SystemSection(_Section):
         "memory split by rollout.engine.gpu_memory_utilization). docs/deploy.md, 'One GPU' and 'A colocated node'.",
     )
     colocate_offload: Literal["auto", "none", "optimizer"] = Field(
-        "auto", description="Colocated: what of the learner leaves the GPU while the engine samples. optimizer: its "
+        "auto",
+        description="Colocated: what of the learner leaves the GPU while the engine samples. optimizer: its "
         "optimizer state (fp32 master weights, Adam moments) and gradient partitions go to pinned host memory and "
         "come back as the engine sleeps again (DeepSpeed's offload_states/reload_states; ZeRO-0: the torch "
         "optimizer's moments, the fp16/bf16 wrapper's fp32 master copy stays); costs two host copies of that state "
@@ -43,43 +45,55 @@ class SystemSection(_Section):
     )
 
     redis_url: str = Field(
-        "redis://127.0.0.1:6379/0", pattern=r"^rediss?://",
+        "redis://127.0.0.1:6379/0",
+        pattern=r"^rediss?://",
         description="Redis URL of the run's streams and state (the STARE_REDIS_URL environment variable and "
         "--redis-url override it).",
     )
     max_staleness: int = Field(
-        1, ge=0, description="Largest weight-version lag the learner trains on; 0 is strictly on-policy. The learner "
+        1,
+        ge=0,
+        description="Largest weight-version lag the learner trains on; 0 is strictly on-policy. The learner "
         "keeps prompts_per_step x (1 + max_staleness) groups in flight and stamps each prompt with its weight "
         "version; rollout waits for that version before sampling it.",
     )
     learner_ranks: int = Field(
-        1, ge=1, le=64, description="Processes of the learner (DeepSpeed data-parallel ranks, one per learner GPU, ZeRO "
+        1,
+        ge=1,
+        le=64,
+        description="Processes of the learner (DeepSpeed data-parallel ranks, one per learner GPU, ZeRO "
         "shards across them). Rank 0 owns the Redis side and hands each rank whole groups of every step; `stare "
         "learner` starts the other ranks itself on its node (an external launcher such as torchrun that sets "
         "WORLD_SIZE overrides this). `stare up --learner-ranks` sets it.",
     )
     stale_policy: Literal["drop", "importance"] = Field(
-        "drop", description="Trajectories older than max_staleness: drop (counted) or train them with truncated "
+        "drop",
+        description="Trajectories older than max_staleness: drop (counted) or train them with truncated "
         "importance correction against the rollout log-probs (loss.rollout_correction must be set).",
     )
     weight_sync: Literal["broadcast", "filesystem"] = Field(
-        "broadcast", description="broadcast: a point-to-point group (gloo or NCCL: weight_sync_communicator) formed "
+        "broadcast",
+        description="broadcast: a point-to-point group (gloo or NCCL: weight_sync_communicator) formed "
         "at run time through a TCPStore the learner hosts; filesystem: safetensors under weight_dir with the version "
         "pointer in Redis. With max_staleness >= 1 the learner publishes in the background (it does not wait for "
         "the sync; at most one version in flight, a newer one replaces a waiting one).",
     )
     weight_sync_communicator: Literal["auto", "gloo", "nccl"] = Field(
-        "auto", description="Communicator of the broadcast: nccl sends from the learner's GPU to each vLLM worker's "
+        "auto",
+        description="Communicator of the broadcast: nccl sends from the learner's GPU to each vLLM worker's "
         "GPU; gloo goes through host memory and TCP; auto: nccl for a group whose learner and every worker have NCCL on "
         "a GPU of their own (NCCL refuses two ranks on one GPU), else gloo. nccl in a process without CUDA refuses to "
         "start; workers sharing a GPU with another member stay out of an nccl group.",
     )
     weight_sync_bucket_mb: int = Field(
-        256, ge=1, description="Broadcast bucket size in MiB: small tensors are packed into two buckets of this size "
+        256,
+        ge=1,
+        description="Broadcast bucket size in MiB: small tensors are packed into two buckets of this size "
         "on the learner (on the GPU with nccl); larger tensors are sent in chunks of this size from their own memory.",
     )
     weight_sync_publish_from: Literal["auto", "host", "device"] = Field(
-        "auto", description="Where the learner's published weights are read from. device: from GPU memory, sent by "
+        "auto",
+        description="Where the learner's published weights are read from. device: from GPU memory, sent by "
         "NCCL with no host round trip (ZeRO 0-2: the parameters themselves when the publish is synchronous, one device "
         "copy when it runs in the background; ZeRO-3: each parameter gathered and copied on the GPU); host: a copy in "
         "pinned host memory made on a side stream (what gloo and the filesystem backend send); auto: device when the "
@@ -90,53 +104,71 @@ class SystemSection(_Section):
         "the GPU).",
     )
     weight_dir: Path | None = Field(
-        None, description="Shared folder of the filesystem weight backend (None: <run dir>/weights).",
+        None,
+        description="Shared folder of the filesystem weight backend (None: <run dir>/weights).",
     )
     broadcast_host: str = Field("127.0.0.1", description="Address the learner's TCPStore listens on / workers dial.")
     broadcast_port: int = Field(29650, ge=1, le=65535, description="Port of the learner's TCPStore rendezvous.")
     broadcast_timeout_s: float = Field(
-        30.0, gt=0, description="Timeout of a weight broadcast and of joining it; a worker slower than this is "
+        30.0,
+        gt=0,
+        description="Timeout of a weight broadcast and of joining it; a worker slower than this is "
         "dropped from the group and rejoins later.",
     )
     heartbeat_s: float = Field(2.0, gt=0, description="Seconds between a role's heartbeats in Redis.")
     stall_s: float = Field(
-        120.0, gt=0, description="A role whose main loop has not ticked for this long is unhealthy (GET /healthz "
+        120.0,
+        gt=0,
+        description="A role whose main loop has not ticked for this long is unhealthy (GET /healthz "
         "503; the compose healthcheck and Kubernetes liveness probe restart it). Long work inside RoleRuntime.busy "
         "(evaluation, a training step) counts as ticking while its thread uses CPU; a hung thread does not.",
     )
     dead_after_s: float = Field(
-        15.0, gt=0, description="A role whose last heartbeat is older than this is reported dead.",
+        15.0,
+        gt=0,
+        description="A role whose last heartbeat is older than this is reported dead.",
     )
     forget_after_s: float = Field(
-        300.0, gt=0, description="A role that is not alive (stopped cleanly: 'gone'; or dead) stays in /v1/status "
+        300.0,
+        gt=0,
+        description="A role that is not alive (stopped cleanly: 'gone'; or dead) stays in /v1/status "
         "and stare_role_up for this long after its last heartbeat, then it is no longer listed (redeploys leave "
         "no ghost workers).",
     )
     claim_idle_s: float = Field(
-        30.0, gt=0, description="A stream entry pending this long on one consumer (a dead one) is reclaimed by "
-        "another.",
+        30.0,
+        gt=0,
+        description="A stream entry pending this long on one consumer (a dead one) is reclaimed by another.",
     )
     max_backlog: int = Field(
-        2048, ge=1, description="Bound of each stream's unacknowledged entries; producers wait (backpressure). "
+        2048,
+        ge=1,
+        description="Bound of each stream's unacknowledged entries; producers wait (backpressure). "
         "The roles add room for what the learner holds until its next checkpoint: "
         "(run.checkpoint_every + max_staleness + 2) x prompts_per_step x samples_per_prompt.",
     )
     max_deliveries: int = Field(
-        5, ge=2, description="A stream entry delivered more than this many times without an ack (it keeps failing or "
+        5,
+        ge=2,
+        description="A stream entry delivered more than this many times without an ack (it keeps failing or "
         "killing its consumer) goes to the run's dead-letter stream with its last error.",
     )
     rollout_batch_prompts: int = Field(
-        8, ge=1, description="Prompts a rollout worker samples per batch (each gives samples_per_prompt trajectories).",
+        8,
+        ge=1,
+        description="Prompts a rollout worker samples per batch (each gives samples_per_prompt trajectories).",
     )
     rollout_streaming: bool | None = Field(
-        None, description="Feed the rollout engine continuously (rollout/streaming.py): the worker keeps as many "
+        None,
+        description="Feed the rollout engine continuously (rollout/streaming.py): the worker keeps as many "
         "prompts in the engine as its KV cache holds at max_model_len (capacity / samples_per_prompt), adds one as "
         "soon as a group finishes and publishes each group when its last sample ends (rollout_batch_prompts is then "
         "unused for sampling). Off: one blocking batch of rollout_batch_prompts at a time. None: on for the vllm "
         "engine, off for hf (whose batch loop it reproduces exactly); the tool loop always samples in batches.",
     )
     inflight_weight_updates: bool = Field(
-        False, description="A streaming rollout engine takes each new weight version between two decode steps, with "
+        False,
+        description="A streaming rollout engine takes each new weight version between two decode steps, with "
         "sequences in flight (PipelineRL's semantics: they go on with the KV cache computed so far, their later tokens "
         "from the new weights), instead of draining first. Every record carries the version of each token "
         "(Trajectory.version_starts) and the learner bounds staleness per token: a token more than max_staleness "
@@ -146,7 +178,10 @@ class SystemSection(_Section):
         "changes only with nothing in flight. docs/distributed.md, 'In-flight weight updates'.",
     )
     health_port: int = Field(
-        0, ge=0, le=65535, description="Port of each role's HTTP liveness endpoint GET /healthz (0: off; the "
+        0,
+        ge=0,
+        le=65535,
+        description="Port of each role's HTTP liveness endpoint GET /healthz (0: off; the "
         "STARE_HEALTH_PORT environment variable overrides it). The control plane has its own /v1/health.",
     )
 
@@ -158,33 +193,55 @@ class ControlPlaneSection(_Section):
     port: int = Field(8321, ge=0, le=65535, description="API port (0: any free port).")
     serve_in_train: bool = Field(True, description="`stare train` serves the API and dashboard on localhost.")
     token_file: Path | None = Field(
-        None, description="File holding the bearer token for mutating endpoints (STARE_API_TOKEN in the "
+        None,
+        description="File holding the bearer token for mutating endpoints (STARE_API_TOKEN in the "
         "environment takes precedence). No token: mutating endpoints are refused unless allow_unauthenticated.",
     )
     auth_reads: bool = Field(False, description="Require the token on read endpoints too.")
     allow_unauthenticated: bool = Field(
-        False, description="Allow mutating calls without any token configured (local experiments only).",
+        False,
+        description="Allow mutating calls without any token configured (local experiments only).",
     )
     trusted_hosts: list[str] | None = Field(
-        None, description="Host header values the API answers (others: 400; stops DNS rebinding), e.g. "
+        None,
+        description="Host header values the API answers (others: 400; stops DNS rebinding), e.g. "
         "['stare-control', 'stare.example.org']; '*' allows any. None: the loopback names when host is a loopback "
         "address, else any host.",
     )
     allowed_origins: list[str] = Field(
-        default_factory=list, description="Browser origins besides the API's own allowed to make changes "
+        default_factory=list,
+        description="Browser origins besides the API's own allowed to make changes "
         "(e.g. ['https://dash.example.org']); other cross-site changes are refused with 403 in every auth mode.",
     )
-    docs: bool = Field(False, description="Serve Swagger UI at /docs (it loads its scripts from a CDN); "
-                       "/openapi.json is always served.")
-    max_body_bytes: int = Field(65536, ge=1024, le=16 * 1024 * 1024, description="Largest request body "
-                                "accepted (413 above it, checked before the body is read or the token checked).")
-    body_timeout_s: float = Field(10.0, gt=0.0, le=300.0, description="A request body that stops arriving for "
-                                  "this long is answered 408.")
-    header_timeout_s: float = Field(10.0, gt=0.0, le=300.0, description="A connection whose request headers are "
-                                    "not complete this long after it opened (or after its previous response) is closed.")
+    docs: bool = Field(
+        False,
+        description="Serve Swagger UI at /docs (it loads its scripts from a CDN); /openapi.json is always served.",
+    )
+    max_body_bytes: int = Field(
+        65536,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Largest request body "
+        "accepted (413 above it, checked before the body is read or the token checked).",
+    )
+    body_timeout_s: float = Field(
+        10.0, gt=0.0, le=300.0, description="A request body that stops arriving for this long is answered 408."
+    )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=300.0,
+        description="A connection whose request headers are "
+        "not complete this long after it opened (or after its previous response) is closed.",
+    )
     keepalive_timeout_s: int = Field(5, ge=1, le=300, description="Idle keep-alive connections close after this long.")
-    max_connections: int = Field(512, ge=8, le=100_000, description="Connections (and requests) served at once; "
-                                 "above it new requests get 503. Each open SSE stream holds one.")
+    max_connections: int = Field(
+        512,
+        ge=8,
+        le=100_000,
+        description="Connections (and requests) served at once; "
+        "above it new requests get 503. Each open SSE stream holds one.",
+    )
 
 
 class WandbSection(_Section):
@@ -192,28 +249,35 @@ class WandbSection(_Section):
     step, each held-out evaluation, and the report's figures at the end."""
 
     project: str = Field(min_length=1, max_length=128, description="W&B project the run is logged to.")
-    entity: str | None = Field(None, min_length=1, max_length=128,
-                               description="W&B team or user (None: the API key's default entity).")
+    entity: str | None = Field(
+        None, min_length=1, max_length=128, description="W&B team or user (None: the API key's default entity)."
+    )
     mode: Literal["online", "offline", "disabled"] = Field(
-        "online", description="online: stream to the W&B server (needs WANDB_API_KEY); offline: write the run under "
+        "online",
+        description="online: stream to the W&B server (needs WANDB_API_KEY); offline: write the run under "
         "WANDB_DIR (default: the run folder) for a later `wandb sync`; disabled: no-op.",
     )
-    tags: list[str] = Field(default_factory=list, max_length=64, description="Tags of the W&B run (the algo is always added).")
+    tags: list[str] = Field(
+        default_factory=list, max_length=64, description="Tags of the W&B run (the algo is always added)."
+    )
 
 
 class LoggingSection(_Section):
     """Console logs and optional experiment trackers (TensorBoard events are always written)."""
 
     every_n_steps: int = Field(
-        1, ge=1, description="When the log stream is not a terminal (a file, a container, CI), `stare train` prints "
+        1,
+        ge=1,
+        description="When the log stream is not a terminal (a file, a container, CI), `stare train` prints "
         "one line per N steps (step, reward, entropy/target, gate, W/M, tokens/s, step time); on a terminal the "
         "progress bar shows them. The distributed learner logs every N-th step the same way.",
     )
     format: Literal["text", "json"] = Field(
-        "text", description="text: human-readable lines; json: one JSON object per line for log shippers "
+        "text",
+        description="text: human-readable lines; json: one JSON object per line for log shippers "
         "(also --log-format json on `stare train` and the role commands).",
     )
     wandb: WandbSection | None = Field(
-        None, description="Log the run to Weights & Biases (None: off). Fields below as logging.wandb.FIELD.",
+        None,
+        description="Log the run to Weights & Biases (None: off). Fields below as logging.wandb.FIELD.",
     )
-

@@ -17,8 +17,15 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from stare.config.algo import LOSS_CONFIGS, ControllerConfig, GrpoLossConfig, LossConfig, StareLossConfig
 from stare.config.base import ConfigError, _Section
 from stare.config.reward import RewardConfig
-from stare.config.sections import (DataSection, DiagnosticsSection, ModelSection, OptimSection, RolloutSection,
-                                   RunSection, TaskSection)
+from stare.config.sections import (
+    DataSection,
+    DiagnosticsSection,
+    ModelSection,
+    OptimSection,
+    RolloutSection,
+    RunSection,
+    TaskSection,
+)
 from stare.config.system import ControlPlaneSection, LoggingSection, SystemSection
 
 
@@ -37,7 +44,8 @@ class TrainConfig(_Section):
     loss: LossConfig = Field(default_factory=StareLossConfig)
     controller: ControllerConfig = ControllerConfig()
     reward: RewardConfig | None = Field(
-        None, description="The reward as a weighted composition of verifiers (components: math, format, overlong, "
+        None,
+        description="The reward as a weighted composition of verifiers (components: math, format, overlong, "
         "code; see docs/reward.md), applied by every reward worker. None: the task's own verifier (task.reward).",
     )
     diagnostics: DiagnosticsSection = DiagnosticsSection()
@@ -54,16 +62,22 @@ class TrainConfig(_Section):
             return data
         if "control_plane" in data:
             raise ValueError("both control (the old name) and control_plane are set: keep control_plane only")
-        warnings.warn("the config section `control` is now `control_plane` (the control plane's API settings); "
-                      "read as control_plane, rename it", FutureWarning, stacklevel=2)
+        warnings.warn(
+            "the config section `control` is now `control_plane` (the control plane's API settings); "
+            "read as control_plane, rename it",
+            FutureWarning,
+            stacklevel=2,
+        )
         return {("control_plane" if k == "control" else k): v for k, v in data.items()}
 
     @model_validator(mode="after")
     def _importance_needs_tis(self):
         if self.system.stale_policy == "importance" and not self.loss.rollout_correction.enabled:
-            raise ValueError("system.stale_policy=importance needs loss.rollout_correction (e.g. is_level: token, "
-                             "is_cap: 2.0): the truncated importance "
-                             "weight is what corrects a stale trajectory")
+            raise ValueError(
+                "system.stale_policy=importance needs loss.rollout_correction (e.g. is_level: token, "
+                "is_cap: 2.0): the truncated importance "
+                "weight is what corrects a stale trajectory"
+            )
         return self
 
     @model_validator(mode="after")
@@ -72,60 +86,77 @@ class TrainConfig(_Section):
         if not s.inflight_weight_updates:
             return self
         if s.max_staleness < 1:
-            raise ValueError("system.inflight_weight_updates needs system.max_staleness >= 1: a sequence that takes a new "
-                             "version mid-way has tokens one version old (on-policy every token must come from the "
-                             "version the learner trains); set max_staleness: 1, or inflight_weight_updates: false")
+            raise ValueError(
+                "system.inflight_weight_updates needs system.max_staleness >= 1: a sequence that takes a new "
+                "version mid-way has tokens one version old (on-policy every token must come from the "
+                "version the learner trains); set max_staleness: 1, or inflight_weight_updates: false"
+            )
         if s.rollout_streaming is False or self.rollout.tool_use.enabled:
-            raise ValueError("system.inflight_weight_updates needs the streaming rollout loop (weights change between "
-                             "its engine steps): set system.rollout_streaming to true or null and rollout.tool_use."
-                             "enabled to false, or inflight_weight_updates: false")
+            raise ValueError(
+                "system.inflight_weight_updates needs the streaming rollout loop (weights change between "
+                "its engine steps): set system.rollout_streaming to true or null and rollout.tool_use."
+                "enabled to false, or inflight_weight_updates: false"
+            )
         return self
 
     @model_validator(mode="after")
     def _lora_without_zero3(self):
         if self.model.lora is not None and self.optim.zero_stage == 3:
-            raise ValueError("model.lora with optim.zero_stage=3 is not supported (the adapters are merged from whole "
-                             "weights): use zero_stage 0-2; the frozen base is not sharded, only adapter states are")
+            raise ValueError(
+                "model.lora with optim.zero_stage=3 is not supported (the adapters are merged from whole "
+                "weights): use zero_stage 0-2; the frozen base is not sharded, only adapter states are"
+            )
         return self
 
     @model_validator(mode="after")
     def _colocate_offload_needs_colocation(self):
         s = self.system
         if s.colocate_offload == "optimizer" and s.colocate == "off":
-            raise ValueError("system.colocate_offload: optimizer moves the learner's state aside while a colocated "
-                             "engine samples, but system.colocate is off: set system.colocate to auto or on, or "
-                             "colocate_offload to none")
+            raise ValueError(
+                "system.colocate_offload: optimizer moves the learner's state aside while a colocated "
+                "engine samples, but system.colocate is off: set system.colocate to auto or on, or "
+                "colocate_offload to none"
+            )
         if s.colocate_offload == "optimizer" and self.optim.zero_stage == 3:
-            raise ValueError("system.colocate_offload: optimizer needs optim.zero_stage 0-2 (DeepSpeed moves ZeRO-3's "
-                             "optimizer state to the host only for its own FusedAdam; on one GPU ZeRO-3 shards "
-                             "nothing): set optim.zero_stage=1, or colocate_offload to none")
+            raise ValueError(
+                "system.colocate_offload: optimizer needs optim.zero_stage 0-2 (DeepSpeed moves ZeRO-3's "
+                "optimizer state to the host only for its own FusedAdam; on one GPU ZeRO-3 shards "
+                "nothing): set optim.zero_stage=1, or colocate_offload to none"
+            )
         return self
 
     @model_validator(mode="after")
     def _mini_batches_hold_groups(self):
         if self.optim.mini_batches > self.rollout.prompts_per_step:
-            raise ValueError(f"optim.mini_batches ({self.optim.mini_batches}) is more than rollout.prompts_per_step "
-                             f"({self.rollout.prompts_per_step}): a mini-batch holds whole groups; lower it")
+            raise ValueError(
+                f"optim.mini_batches ({self.optim.mini_batches}) is more than rollout.prompts_per_step "
+                f"({self.rollout.prompts_per_step}): a mini-batch holds whole groups; lower it"
+            )
         return self
 
     @model_validator(mode="after")
     def _reward_fits_the_rollout(self):
         for c in self.reward.components if self.reward is not None else ():
             if c.kind == "code":
-                raise ValueError("reward.components: kind code needs tests that trajectories do not carry yet; "
-                                 "score code tasks with the task's own verifier (leave reward unset)")
+                raise ValueError(
+                    "reward.components: kind code needs tests that trajectories do not carry yet; "
+                    "score code tasks with the task's own verifier (leave reward unset)"
+                )
             if c.kind == "overlong" and c.config.max_length - c.config.cache_length >= self.rollout.max_new_tokens:
                 raise ValueError(
                     f"reward.components: the overlong penalty starts at max_length - cache_length = "
                     f"{c.config.max_length - c.config.cache_length} tokens, which rollout.max_new_tokens "
-                    f"({self.rollout.max_new_tokens}) never reaches: set max_length to the response limit")
+                    f"({self.rollout.max_new_tokens}) never reaches: set max_length to the response limit"
+                )
         return self
 
     @model_validator(mode="after")
     def _dataset_needs_a_model(self):
         if self.task.name in ("dataset", "chat-arithmetic") and self.model.path is None and self.model.source == "tiny":
-            raise ValueError(f"task.name={self.task.name} needs model.path (or model.source=smollm2): the bundled "
-                             "tiny model is built for the bundled arithmetic tasks")
+            raise ValueError(
+                f"task.name={self.task.name} needs model.path (or model.source=smollm2): the bundled "
+                "tiny model is built for the bundled arithmetic tasks"
+            )
         return self
 
     @property
@@ -211,7 +242,9 @@ def build_config(raw: dict, *, algo: str | None = None, overrides: list[str] | t
         raise ConfigError(_describe(err)) from None
 
 
-def load_config(path: Path | None, *, algo: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+def load_config(
+    path: Path | None, *, algo: str | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> TrainConfig:
     raw: dict = {}
     if path is not None:
         path = Path(path)

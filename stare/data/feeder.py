@@ -9,24 +9,40 @@ length policy (stare.data.prompt_policy) once, when the feeder is built.
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from stare.data.prompt_policy import Overflow, fit_prompts, prompt_ids
-from stare.transport.records import PromptTask
 from stare.data.tasks.base import Problem, Task
+from stare.transport.records import PromptTask
 
 
 class PromptFeeder:
-    def __init__(self, task: Task, tokenizer, *, run_id: str, group_size: int, seed: int, pool_size: int = 20_000,
-                 max_prompt_len: int | None = None, prompt_overflow: Overflow = "truncate_left",
-                 log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        task: Task,
+        tokenizer,
+        *,
+        run_id: str,
+        group_size: int,
+        seed: int,
+        pool_size: int = 20_000,
+        max_prompt_len: int | None = None,
+        prompt_overflow: Overflow = "truncate_left",
+        log: Callable[[str], None] = print,
+    ):
         self.task = task
         self.tokenizer = tokenizer
         self.run_id = run_id
         self.group_size = group_size
         self.seed = seed
-        self.pool: list[Problem] = fit_prompts(task.problems("train", pool_size, seed), tokenizer, max_prompt_len,
-                                               prompt_overflow, what="training prompts", log=log)
+        self.pool: list[Problem] = fit_prompts(
+            task.problems("train", pool_size, seed),
+            tokenizer,
+            max_prompt_len,
+            prompt_overflow,
+            what="training prompts",
+            log=log,
+        )
         self.cursor = 0
         self._order_epoch = -1
         self._order: list[int] = []
@@ -43,18 +59,20 @@ class PromptFeeder:
         out = []
         for _ in range(n):
             problem = self.pool[self._index(self.cursor)]
-            out.append(PromptTask(
-                run_id=self.run_id,
-                group_id=f"g{self.cursor:09d}",
-                prompt=problem.prompt,
-                prompt_token_ids=prompt_ids(problem, self.tokenizer),
-                answer=problem.answer,
-                problem_id=problem.problem_id,
-                data_source=problem.data_source,
-                group_size=self.group_size,
-                level=problem.level,
-                cursor=self.cursor,
-            ))
+            out.append(
+                PromptTask(
+                    run_id=self.run_id,
+                    group_id=f"g{self.cursor:09d}",
+                    prompt=problem.prompt,
+                    prompt_token_ids=prompt_ids(problem, self.tokenizer),
+                    answer=problem.answer,
+                    problem_id=problem.problem_id,
+                    data_source=problem.data_source,
+                    group_size=self.group_size,
+                    level=problem.level,
+                    cursor=self.cursor,
+                )
+            )
             self.cursor += 1
         return out
 
@@ -67,13 +85,21 @@ class PromptFeeder:
 
 def build_feeder(cfg, task: Task, tokenizer, log: Callable[[str], None] = print) -> PromptFeeder:
     """The run's feeder from its config (`cfg`: a stare.config.TrainConfig)."""
-    return PromptFeeder(task, tokenizer, run_id=cfg.run.name, group_size=cfg.rollout.samples_per_prompt,
-                        seed=cfg.run.seed, max_prompt_len=cfg.data.max_prompt_len,
-                        prompt_overflow=cfg.data.prompt_overflow, log=log)
+    return PromptFeeder(
+        task,
+        tokenizer,
+        run_id=cfg.run.name,
+        group_size=cfg.rollout.samples_per_prompt,
+        seed=cfg.run.seed,
+        max_prompt_len=cfg.data.max_prompt_len,
+        prompt_overflow=cfg.data.prompt_overflow,
+        log=log,
+    )
 
 
-def eval_problems(cfg, task: Task, tokenizer, log: Callable[[str], None] = print,
-                  max_model_len: int | None = None) -> list[Problem]:
+def eval_problems(
+    cfg, task: Task, tokenizer, log: Callable[[str], None] = print, max_model_len: int | None = None
+) -> list[Problem]:
     """The run's held-out problems, through the same prompt length policy as training (with the
     engine's `max_model_len`: also its limit, what it leaves after rollout.max_new_tokens)."""
     seed = cfg.run.seed if cfg.task.eval_seed is None else cfg.task.eval_seed
@@ -81,5 +107,12 @@ def eval_problems(cfg, task: Task, tokenizer, log: Callable[[str], None] = print
     if max_model_len is not None and (limit is None or max_model_len - cfg.rollout.max_new_tokens < limit):
         limit = max_model_len - cfg.rollout.max_new_tokens
         name = "the engine's max_model_len minus rollout.max_new_tokens"
-    return fit_prompts(task.problems("test", cfg.task.eval_problems, seed), tokenizer, limit,
-                       cfg.data.prompt_overflow, what="held-out prompts", log=log, limit_name=name)
+    return fit_prompts(
+        task.problems("test", cfg.task.eval_problems, seed),
+        tokenizer,
+        limit,
+        cfg.data.prompt_overflow,
+        what="held-out prompts",
+        log=log,
+        limit_name=name,
+    )

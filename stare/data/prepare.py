@@ -26,7 +26,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stare.data.tasks.dataset import DatasetError, _prompt_key, ground_truth, located_rows, problem_from_row, prompt_messages
+from stare.data.tasks.dataset import (
+    DatasetError,
+    _prompt_key,
+    ground_truth,
+    located_rows,
+    problem_from_row,
+    prompt_messages,
+)
 
 INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 QUESTION_KEYS = ("problem", "Problem", "question", "prompt")
@@ -79,15 +86,20 @@ def convert_row(row: dict[str, Any], *, data_source: str, split: str, index: int
         extra = dict(row.get("extra_info") or {})
         extra.setdefault("index", index)
         extra["split"] = split
-        return {"data_source": row.get("data_source") or data_source, "prompt": prompt_messages(row, where),
-                "ability": row.get("ability") or "math",
-                "reward_model": {**row["reward_model"], "ground_truth": ground_truth(row, where)},
-                "extra_info": extra}
+        return {
+            "data_source": row.get("data_source") or data_source,
+            "prompt": prompt_messages(row, where),
+            "ability": row.get("ability") or "math",
+            "reward_model": {**row["reward_model"], "ground_truth": ground_truth(row, where)},
+            "extra_info": extra,
+        }
     qkey, akey = _first(row, QUESTION_KEYS), _first(row, ANSWER_KEYS)
     if qkey is None or akey is None:
-        raise DatasetError(f"{where}: neither a verl row (reward_model.ground_truth) nor a question/answer row "
-                           f"(a question under one of {QUESTION_KEYS} and an answer under one of {ANSWER_KEYS}); "
-                           f"it has {sorted(row)}")
+        raise DatasetError(
+            f"{where}: neither a verl row (reward_model.ground_truth) nor a question/answer row "
+            f"(a question under one of {QUESTION_KEYS} and an answer under one of {ANSWER_KEYS}); "
+            f"it has {sorted(row)}"
+        )
     question = row[qkey]
     if not isinstance(question, str) or not question.strip():
         raise DatasetError(f"{where}: field {qkey!r} must be a non-empty string")
@@ -98,9 +110,13 @@ def convert_row(row: dict[str, Any], *, data_source: str, split: str, index: int
         level = level.removeprefix("Level ")
     if isinstance(level, (int, str)) and str(level).isdigit() and int(level) >= 1:
         extra["level"] = int(level)
-    return {"data_source": data_source, "prompt": [{"role": "user", "content": question.strip() + INSTRUCTION}],
-            "ability": "math", "reward_model": {"style": "rule", "ground_truth": _answer_text(row[akey], f"{where} {akey!r}")},
-            "extra_info": extra}
+    return {
+        "data_source": data_source,
+        "prompt": [{"role": "user", "content": question.strip() + INSTRUCTION}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": _answer_text(row[akey], f"{where} {akey!r}")},
+        "extra_info": extra,
+    }
 
 
 def convert_file(src: Path | str, out: Path | str, *, data_source: str, split: str, dedupe: bool) -> dict[str, int]:

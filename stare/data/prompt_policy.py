@@ -10,7 +10,8 @@ prompt over the cap and never re-tokenizes it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from stare.data.tasks.base import Problem
 
@@ -29,8 +30,14 @@ def prompt_ids(problem: Problem, tokenizer) -> list[int]:
 
 
 def fit_prompts(
-    problems: list[Problem], tokenizer, max_len: int | None, overflow: Overflow, *, what: str,
-    log: Callable[[str], None] = print, limit_name: str = "data.max_prompt_len",
+    problems: list[Problem],
+    tokenizer,
+    max_len: int | None,
+    overflow: Overflow,
+    *,
+    what: str,
+    log: Callable[[str], None] = print,
+    limit_name: str = "data.max_prompt_len",
 ) -> list[Problem]:
     """`problems` with their prompt tokens set and cut (or dropped) to `max_len`; None: unchanged."""
     if max_len is None or not problems:
@@ -49,14 +56,16 @@ def fit_prompts(
         out.append(dataclasses.replace(problem, prompt_token_ids=tuple(ids)))
     if over:
         longest = max(n for _, n in over)
-        action = ("truncated on the left (kept the last tokens)" if overflow == "truncate_left"
-                  else "rejected (dropped)")
+        action = "truncated on the left (kept the last tokens)" if overflow == "truncate_left" else "rejected (dropped)"
         sample = ", ".join(pid for pid, _ in over[:3]) + (", ..." if len(over) > 3 else "")
-        log(f"{what}: {len(over)} of {len(problems)} prompts are longer than {limit_name}={max_len} tokens "
-            f"(longest {longest}): {action} by data.prompt_overflow={overflow} ({sample})")
+        log(
+            f"{what}: {len(over)} of {len(problems)} prompts are longer than {limit_name}={max_len} tokens "
+            f"(longest {longest}): {action} by data.prompt_overflow={overflow} ({sample})"
+        )
     if not out:
         raise PromptPolicyError(
             f"{what}: every prompt is longer than {limit_name}={max_len} tokens and "
             f"data.prompt_overflow=reject dropped them all; raise {limit_name.split(' minus')[0]} or set "
-            f"data.prompt_overflow=truncate_left")
+            f"data.prompt_overflow=truncate_left"
+        )
     return out

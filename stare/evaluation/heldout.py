@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from stare.transport.records import EvalTask
 from stare.data.tasks.base import Problem
+from stare.transport.records import EvalTask
 
 KINDS = ("greedy", "sampled")
 
@@ -38,9 +39,12 @@ def eval_settings(cfg, final: bool = False) -> dict[str, Any]:
     last evaluation, with `task.final_eval_k` samples when set."""
     t = cfg.task
     return {
-        "k": t.final_eval_k if final and t.final_eval_k is not None else t.eval_k, "temperature": t.eval_temperature, "top_p": t.eval_top_p,
+        "k": t.final_eval_k if final and t.final_eval_k is not None else t.eval_k,
+        "temperature": t.eval_temperature,
+        "top_p": t.eval_top_p,
         "per_source": {src: SourceSampling(s.n, s.temperature, s.top_p) for src, s in t.eval_sources.items()},
-        "max_new_tokens": cfg.rollout.max_new_tokens, "seed": cfg.run.seed * 7 + 1,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "seed": cfg.run.seed * 7 + 1,
     }
 
 
@@ -50,8 +54,9 @@ def problem_seed(seed: int, index: int) -> int:
     return int.from_bytes(digest, "little") >> 2
 
 
-def sampling_of(problem: Problem, k: int, temperature: float, top_p: float,
-                per_source: Mapping[str, SourceSampling]) -> SourceSampling:
+def sampling_of(
+    problem: Problem, k: int, temperature: float, top_p: float, per_source: Mapping[str, SourceSampling]
+) -> SourceSampling:
     return per_source.get(problem.data_source, SourceSampling(k, temperature, top_p))
 
 
@@ -68,18 +73,43 @@ def parse_task_id(value: str) -> tuple[str, int, str] | None:
     return parts[0], int(parts[1]), parts[2]
 
 
-def eval_tasks(problems: Sequence[Problem], prompts: Sequence[list[int]], *, run_id: str, eval_id: str,
-               version: int, k: int, temperature: float, top_p: float, per_source: Mapping[str, SourceSampling],
-               max_new_tokens: int, seed: int) -> list[EvalTask]:
+def eval_tasks(
+    problems: Sequence[Problem],
+    prompts: Sequence[list[int]],
+    *,
+    run_id: str,
+    eval_id: str,
+    version: int,
+    k: int,
+    temperature: float,
+    top_p: float,
+    per_source: Mapping[str, SourceSampling],
+    max_new_tokens: int,
+    seed: int,
+) -> list[EvalTask]:
     """The evaluation as tasks for the rollout workers: per problem a greedy one and a sampled one."""
     out = []
     for i, (problem, prompt) in enumerate(zip(problems, prompts)):
         s = sampling_of(problem, k, temperature, top_p, per_source)
         for kind, (n, temp, p) in (("greedy", (1, 0.0, 1.0)), ("sampled", (s.n, s.temperature, s.top_p))):
-            out.append(EvalTask(run_id=run_id, eval_id=eval_id, task_id=task_id(eval_id, i, kind),
-                                prompt_token_ids=list(prompt), answer=problem.answer, problem_id=problem.problem_id,
-                                data_source=problem.data_source, level=problem.level, n=n, temperature=temp, top_p=p,
-                                max_new_tokens=max_new_tokens, seed=problem_seed(seed, i), min_weight_version=version))
+            out.append(
+                EvalTask(
+                    run_id=run_id,
+                    eval_id=eval_id,
+                    task_id=task_id(eval_id, i, kind),
+                    prompt_token_ids=list(prompt),
+                    answer=problem.answer,
+                    problem_id=problem.problem_id,
+                    data_source=problem.data_source,
+                    level=problem.level,
+                    n=n,
+                    temperature=temp,
+                    top_p=p,
+                    max_new_tokens=max_new_tokens,
+                    seed=problem_seed(seed, i),
+                    min_weight_version=version,
+                )
+            )
     return out
 
 
@@ -93,8 +123,15 @@ class Outcome:
     turns: list[int] | None = None
 
 
-def summarize(problems: Sequence[Problem], outcomes: Sequence[Outcome], *, k: int, temperature: float = 1.0,
-              top_p: float = 1.0, per_source: Mapping[str, SourceSampling] | None = None) -> dict[str, Any]:
+def summarize(
+    problems: Sequence[Problem],
+    outcomes: Sequence[Outcome],
+    *,
+    k: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    per_source: Mapping[str, SourceSampling] | None = None,
+) -> dict[str, Any]:
     """The evaluation's result dict (eval.jsonl): greedy accuracy, pass@k and avg@k overall, per level
     and per data source."""
     per_source = dict(per_source or {})
@@ -115,8 +152,15 @@ def summarize(problems: Sequence[Problem], outcomes: Sequence[Outcome], *, k: in
     sources = {}
     for name, v in sorted(by_source.items()):
         s = per_source.get(name, SourceSampling(k, temperature, top_p))
-        sources[name] = {"problems": len(v["pass"]), "n": s.n, "temperature": s.temperature, "top_p": s.top_p,
-                         "greedy_accuracy": mean(v["greedy"]), "avg_at_n": mean(v["avg"]), "pass_at_n": mean(v["pass"])}
+        sources[name] = {
+            "problems": len(v["pass"]),
+            "n": s.n,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "greedy_accuracy": mean(v["greedy"]),
+            "avg_at_n": mean(v["avg"]),
+            "pass_at_n": mean(v["pass"]),
+        }
     result = {
         "greedy_accuracy": mean(greedy_scores),
         "pass_at_k": mean(pass_k),

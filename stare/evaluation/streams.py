@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from stare.config import TrainConfig
 
-from stare.transport.records import EvalTask, Trajectory
 from stare.transport.base import RecordStream
 from stare.transport.in_memory import MemoryStream
+from stare.transport.records import EvalTask, Trajectory
 
-STREAMS = (("tasks", "eval_prompts", EvalTask, "rollout"), ("raw", "eval_raw", Trajectory, "reward"),
-           ("scored", "eval_scored", Trajectory, "learner"))
+STREAMS = (
+    ("tasks", "eval_prompts", EvalTask, "rollout"),
+    ("raw", "eval_raw", Trajectory, "reward"),
+    ("scored", "eval_scored", Trajectory, "learner"),
+)
 
 
 @dataclass
@@ -40,8 +42,12 @@ def redis_eval_streams(client, run_id: str, **stream_options: Any) -> EvalStream
     """The run's evaluation streams on `client` (options: see RedisStream)."""
     from stare.transport.redis_streams import RedisStream
 
-    return EvalStreams(**{attr: RedisStream(client, run_id, name, codec, group=group, **stream_options)
-                          for attr, name, codec, group in STREAMS})
+    return EvalStreams(
+        **{
+            attr: RedisStream(client, run_id, name, codec, group=group, **stream_options)
+            for attr, name, codec, group in STREAMS
+        }
+    )
 
 
 def memory_eval_streams() -> EvalStreams:
@@ -118,8 +124,11 @@ class RedisEvalIndex:
         from stare.transport.redis_client import retrying
 
         entries = retrying(lambda: self.client.hgetall(self.key), "HGETALL evaluations")
-        return sorted(k.decode() if isinstance(k, bytes) else k for k, v in entries.items()
-                      if json.loads(v).get("state") == "open")
+        return sorted(
+            k.decode() if isinstance(k, bytes) else k
+            for k, v in entries.items()
+            if json.loads(v).get("state") == "open"
+        )
 
 
 def connect_eval_streams(cfg: TrainConfig, client):
@@ -128,6 +137,13 @@ def connect_eval_streams(cfg: TrainConfig, client):
     t, s = cfg.task, cfg.system
     samples = t.eval_problems * (1 + max([t.eval_k, *(e.n for e in t.eval_sources.values())]))
     backlog = max(s.max_backlog, samples)
-    return redis_eval_streams(client, cfg.run.name, max_backlog=backlog, maxlen=2 * backlog,
-                              claim_idle_ms=int(s.claim_idle_s * 1000), block_ms=1000, publish_timeout_s=5.0,
-                              max_deliveries=s.max_deliveries)
+    return redis_eval_streams(
+        client,
+        cfg.run.name,
+        max_backlog=backlog,
+        maxlen=2 * backlog,
+        claim_idle_ms=int(s.claim_idle_s * 1000),
+        block_ms=1000,
+        publish_timeout_s=5.0,
+        max_deliveries=s.max_deliveries,
+    )

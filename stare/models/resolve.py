@@ -8,9 +8,10 @@ its stop ids and the run's task. Every role and application calls these (core: i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from stare.config import ConfigError, TrainConfig
 
@@ -49,8 +50,10 @@ def _json_file(path: Path) -> Any:
     except FileInputError as err:
         raise ConfigError(f"model.path: {err}") from None
     except json.JSONDecodeError as err:
-        raise ConfigError(f"model.path: {path} line {err.lineno} column {err.colno}: not valid JSON ({err.msg}); "
-                          f"restore the file from the model's source") from None
+        raise ConfigError(
+            f"model.path: {path} line {err.lineno} column {err.colno}: not valid JSON ({err.msg}); "
+            f"restore the file from the model's source"
+        ) from None
 
 
 def _check_safetensors(path: Path) -> None:

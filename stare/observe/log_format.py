@@ -20,9 +20,18 @@ from typing import Any
 
 STEP_LOGGER = "stare.steps"
 # step record field -> metrics.jsonl key
-STEP_FIELDS = {"reward": "reward_mean", "entropy": "entropy", "target": "target", "gate": "gate", "w": "w", "m": "m",
-               "tokens_per_s": "tokens_per_s", "step_time_s": "time_step_s", "staleness_max": "staleness_max",
-               "wait_data_s": "time_wait_data_s"}
+STEP_FIELDS = {
+    "reward": "reward_mean",
+    "entropy": "entropy",
+    "target": "target",
+    "gate": "gate",
+    "w": "w",
+    "m": "m",
+    "tokens_per_s": "tokens_per_s",
+    "step_time_s": "time_step_s",
+    "staleness_max": "staleness_max",
+    "wait_data_s": "time_wait_data_s",
+}
 
 
 def _finite(value: Any) -> Any:
@@ -46,9 +55,11 @@ def _num(value: Any, spec: str) -> str:
 def format_step(r: dict[str, Any]) -> str:
     """One compact text line of a step record."""
     gate = "-" if r["gate"] is None else ("on" if r["gate"] else "off")
-    line = (f"step {r['step']}/{r['steps']} reward {_num(r['reward'], '.3f')} entropy {_num(r['entropy'], '.3f')}/"
-            f"{_num(r['target'], '.3f')} gate {gate} W {_num(r['w'], '.2f')} M {_num(r['m'], '.2f')} "
-            f"tok/s {_num(r['tokens_per_s'], '.0f')} step {_num(r['step_time_s'], '.2f')}s")
+    line = (
+        f"step {r['step']}/{r['steps']} reward {_num(r['reward'], '.3f')} entropy {_num(r['entropy'], '.3f')}/"
+        f"{_num(r['target'], '.3f')} gate {gate} W {_num(r['w'], '.2f')} M {_num(r['m'], '.2f')} "
+        f"tok/s {_num(r['tokens_per_s'], '.0f')} step {_num(r['step_time_s'], '.2f')}s"
+    )
     if r.get("staleness_max") is not None:
         line += f" staleness {r['staleness_max']}"
     if r.get("wait_data_s") is not None:
@@ -65,8 +76,13 @@ class JsonFormatter(logging.Formatter):
         self.static = static or {}
 
     def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname.lower(),
-                               "logger": record.name, **self.static, "message": record.getMessage()}
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            **self.static,
+            "message": record.getMessage(),
+        }
         out.update(getattr(record, "fields", None) or {})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
@@ -88,7 +104,9 @@ def train_logger(fmt: str, run_name: str) -> logging.Logger:
         logger.removeHandler(old)
     handler = logging.StreamHandler(sys.stderr)
     handler.stare_train = True
-    handler.setFormatter(JsonFormatter({"run": run_name}) if fmt == "json" else logging.Formatter("%(asctime)s %(message)s"))
+    handler.setFormatter(
+        JsonFormatter({"run": run_name}) if fmt == "json" else logging.Formatter("%(asctime)s %(message)s")
+    )
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False

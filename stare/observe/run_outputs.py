@@ -48,7 +48,8 @@ def batch_metrics(trajectories, elapsed_s: float) -> dict[str, float]:
     return {
         "reward_mean": sum(rewards) / len(rewards),
         # the scorer's verdict (with a composed reward, its math component), else reward >= 1
-        "accuracy": sum(bool((t.reward_info or {}).get("correct", t.reward >= 1.0)) for t in trajectories) / len(rewards),
+        "accuracy": sum(bool((t.reward_info or {}).get("correct", t.reward >= 1.0)) for t in trajectories)
+        / len(rewards),
         "response_length_mean": sum(lengths) / len(lengths),
         "tokens_per_s": sum(lengths) / max(elapsed_s, 1e-9),
         "time_step_s": elapsed_s,

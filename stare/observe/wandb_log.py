@@ -38,8 +38,10 @@ def _import_wandb():
     try:
         import wandb
     except ImportError:
-        raise ConfigError("logging.wandb is set but wandb is not installed: pip install 'stare[wandb]' "
-                          "(or remove logging.wandb from the config)") from None
+        raise ConfigError(
+            "logging.wandb is set but wandb is not installed: pip install 'stare[wandb]' "
+            "(or remove logging.wandb from the config)"
+        ) from None
     return wandb
 
 
@@ -61,9 +63,16 @@ class WandbLogger:
             run_id = uuid.uuid4().hex[:16]  # W&B run ids: [a-z0-9], unique per project
             id_file.write_text(run_id + "\n")
         run = wandb.init(
-            project=section.project, entity=section.entity, mode=section.mode, id=run_id, name=cfg.run.name,
-            resume="allow", dir=os.environ.get("WANDB_DIR") or str(cfg.run_dir), tags=[cfg.algo, *section.tags],
-            config=cfg.model_dump(mode="json"), settings=wandb.Settings(init_timeout=INIT_TIMEOUT_S, console="off"),
+            project=section.project,
+            entity=section.entity,
+            mode=section.mode,
+            id=run_id,
+            name=cfg.run.name,
+            resume="allow",
+            dir=os.environ.get("WANDB_DIR") or str(cfg.run_dir),
+            tags=[cfg.algo, *section.tags],
+            config=cfg.model_dump(mode="json"),
+            settings=wandb.Settings(init_timeout=INIT_TIMEOUT_S, console="off"),
             reinit="create_new",
         )
         return cls(run, wandb)
@@ -91,7 +100,11 @@ def log_report(cfg: TrainConfig, report_dir: Path) -> None:
     """Add the report of a finished run to its W&B run (continued by id); nothing without logging.wandb."""
     logger = WandbLogger.open(cfg, new=False)
     if logger is not None:
-        lines = (cfg.run_dir / "metrics.jsonl").read_text().splitlines() if (cfg.run_dir / "metrics.jsonl").is_file() else []
+        lines = (
+            (cfg.run_dir / "metrics.jsonl").read_text().splitlines()
+            if (cfg.run_dir / "metrics.jsonl").is_file()
+            else []
+        )
         step = int(json.loads(lines[-1])["step"]) if lines else 0  # the run's last step (a continued run counts from 0)
         try:
             logger.log_report(report_dir, step)

@@ -4,8 +4,8 @@ same plan as `stare plan`)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from stare.config import ConfigError, TrainConfig
 from stare.plan.gpu_memory import GIB, HEADROOM, Plan, build_plan
@@ -13,8 +13,13 @@ from stare.plan.render import render
 from stare.plan.sizes import load_model_shape
 
 
-def check_fits(cfg: TrainConfig, model_path: Path | str | None, *, roles: tuple[str, ...] = ("learner",),
-               log: Callable[[str], None] = print) -> Plan | None:
+def check_fits(
+    cfg: TrainConfig,
+    model_path: Path | str | None,
+    *,
+    roles: tuple[str, ...] = ("learner",),
+    log: Callable[[str], None] = print,
+) -> Plan | None:
     """Refuse (ConfigError naming the field) a config whose roles cannot fit this machine's GPU.
 
     Learner ranks: an external launcher's WORLD_SIZE, else system.learner_ranks; each role is checked
@@ -41,8 +46,12 @@ def check_fits(cfg: TrainConfig, model_path: Path | str | None, *, roles: tuple[
         if not r.fits:
             raise ConfigError(
                 f"the {r.role} needs {r.total / GIB:.1f} GiB per GPU, {r.usable / GIB:.1f} GiB usable on this "
-                f"{mem / GIB:.0f} GiB GPU ({r.gpus} rank(s)); change: " + "; ".join(map(str, r.fixes))
-                + f"\n{render(plan)}")
-    log(f"memory plan: {', '.join(f'{r.role} {r.total / GIB:.1f} GiB' for r in plan.roles)} of "
-        f"{HEADROOM * mem / GIB:.1f} GiB usable per GPU: fits")
+                f"{mem / GIB:.0f} GiB GPU ({r.gpus} rank(s)); change: "
+                + "; ".join(map(str, r.fixes))
+                + f"\n{render(plan)}"
+            )
+    log(
+        f"memory plan: {', '.join(f'{r.role} {r.total / GIB:.1f} GiB' for r in plan.roles)} of "
+        f"{HEADROOM * mem / GIB:.1f} GiB usable per GPU: fits"
+    )
     return plan

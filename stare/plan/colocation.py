@@ -36,8 +36,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stare.config import ConfigError, TrainConfig
-from stare.plan.gpu_memory import (GIB, HEADROOM, VLLM_PROFILE_TOKENS, Fix, Item, Plan, RolePlan, _prompt_tokens,
-                               _whole_plan, plan_learner)
+from stare.plan.gpu_memory import (
+    GIB,
+    HEADROOM,
+    VLLM_PROFILE_TOKENS,
+    Fix,
+    Item,
+    Plan,
+    RolePlan,
+    _prompt_tokens,
+    _whole_plan,
+    plan_learner,
+)
 from stare.plan.sizes import DTYPE_BYTES, ModelShape, kv_bytes_per_token, load_model_shape, lora_params
 
 SLEEP_RESIDUAL = 1 * GIB  # vLLM asleep (level 1): what it keeps on the GPU; estimated, not measured
@@ -56,8 +66,15 @@ class OneGpuPlan:
         return self.step.fits and self.sampling.fits
 
 
-def build_one_gpu_plan(cfg: TrainConfig, *, gpu_mem_gib: float, shape: ModelShape | None = None,
-                       prompt_tokens: int | None = None, config_name: str = "", gpus: int = 1) -> Plan:
+def build_one_gpu_plan(
+    cfg: TrainConfig,
+    *,
+    gpu_mem_gib: float,
+    shape: ModelShape | None = None,
+    prompt_tokens: int | None = None,
+    config_name: str = "",
+    gpus: int = 1,
+) -> Plan:
     """`stare plan --gpus 1`: the memory plan of `cfg` as a colocated `stare train` on one GPU of
     `gpu_mem_gib` GiB: roles [the learner step, sampling], `how` says what sleeps and moves when."""
     if gpus != 1:
@@ -70,19 +87,28 @@ def build_one_gpu_plan(cfg: TrainConfig, *, gpu_mem_gib: float, shape: ModelShap
     return _whole_plan(cfg, shape, prompt, source, [one.step, one.sampling], one.stages, config_name, one.how)
 
 
-def build_node_plan(cfg: TrainConfig, *, gpus: int, gpu_mem_gib: float, shape: ModelShape | None = None,
-                    prompt_tokens: int | None = None, config_name: str = "") -> Plan:
+def build_node_plan(
+    cfg: TrainConfig,
+    *,
+    gpus: int,
+    gpu_mem_gib: float,
+    shape: ModelShape | None = None,
+    prompt_tokens: int | None = None,
+    config_name: str = "",
+) -> Plan:
     """`stare plan --gpus N` of a node-colocated config (system.colocate on): per GPU, the learner step with the
     engine asleep, then sampling with it awake beside the rank's resident learner (see the module docstring)."""
     if gpus < 2:
-        return build_one_gpu_plan(cfg, gpu_mem_gib=gpu_mem_gib, shape=shape, prompt_tokens=prompt_tokens,
-                                  config_name=config_name)
+        return build_one_gpu_plan(
+            cfg, gpu_mem_gib=gpu_mem_gib, shape=shape, prompt_tokens=prompt_tokens, config_name=config_name
+        )
     if gpu_mem_gib <= 0:
         raise ConfigError(f"--gpu-mem-gib must be > 0, got {gpu_mem_gib}")
     shape = shape or load_model_shape(cfg)
     prompt, source = _prompt_tokens(cfg, shape, prompt_tokens)
-    node = plan_one_gpu(cfg, shape, gpu_mem_bytes=int(gpu_mem_gib * GIB), seq_tokens=prompt + cfg.rollout.max_new_tokens,
-                        gpus=gpus)
+    node = plan_one_gpu(
+        cfg, shape, gpu_mem_bytes=int(gpu_mem_gib * GIB), seq_tokens=prompt + cfg.rollout.max_new_tokens, gpus=gpus
+    )
     return _whole_plan(cfg, shape, prompt, source, [node.step, node.sampling], node.stages, config_name, node.how)
 
 
@@ -96,8 +122,9 @@ def embedded_view(cfg: TrainConfig) -> TrainConfig:
     return c
 
 
-def _engine_phases(cfg: TrainConfig, shape: ModelShape, mem: int, seq: int,
-                   gpus: int = 1) -> tuple[list[Item], int, dict[str, Any]]:
+def _engine_phases(
+    cfg: TrainConfig, shape: ModelShape, mem: int, seq: int, gpus: int = 1
+) -> tuple[list[Item], int, dict[str, Any]]:
     """The engine's items awake, its bytes asleep, and facts for the fixes (`gpus` engines share a step)."""
     b = DTYPE_BYTES[cfg.model.dtype]
     weights, per_token = b * shape.params, kv_bytes_per_token(shape, b)
@@ -105,21 +132,51 @@ def _engine_phases(cfg: TrainConfig, shape: ModelShape, mem: int, seq: int,
     rows = math.ceil(r.prompts_per_step * r.samples_per_prompt / gpus)  # one engine's share of a step's samples
     if engine.name == "hf":
         held = min(rows, engine.max_batch_size)
-        return ([Item("engine weights", weights, f"hf: {shape.params:,} params in {cfg.model.dtype}"),
-                 Item("engine KV cache", held * seq * per_token, f"{held} rows x {seq:,} tokens x {per_token:,} B "
-                      "(one call's cache, freed after it)")], 0,
-                {"name": "hf", "weights": weights, "per_row": seq * per_token, "rows": rows})
+        return (
+            [
+                Item("engine weights", weights, f"hf: {shape.params:,} params in {cfg.model.dtype}"),
+                Item(
+                    "engine KV cache",
+                    held * seq * per_token,
+                    f"{held} rows x {seq:,} tokens x {per_token:,} B (one call's cache, freed after it)",
+                ),
+            ],
+            0,
+            {"name": "hf", "weights": weights, "per_row": seq * per_token, "rows": rows},
+        )
     share = int(engine.gpu_memory_utilization * mem)
-    reserve = 4 * engine.max_num_seqs * shape.vocab + VLLM_PROFILE_TOKENS * b * (4 * shape.hidden + 2 * shape.intermediate)
+    reserve = 4 * engine.max_num_seqs * shape.vocab + VLLM_PROFILE_TOKENS * b * (
+        4 * shape.hidden + 2 * shape.intermediate
+    )
     kv = max(share - weights - reserve, 0)
     seqs = kv // (per_token * seq)
-    items = [Item("engine weights", weights, f"vLLM: {shape.params:,} params in {cfg.model.dtype}"),
-             Item("forward reserve", reserve, f"[{engine.max_num_seqs}, {shape.vocab:,}] fp32 logits + one layer "
-                  f"over {VLLM_PROFILE_TOKENS:,} tokens"),
-             Item("KV cache", kv, f"{per_token:,} B/token: {seqs:,} sequences of {seq:,} tokens ("
-                  + (f"a step samples {rows})" if gpus == 1 else f"its share of a step: {rows})"))]
-    return items, SLEEP_RESIDUAL, {"name": "vllm", "weights": weights, "reserve": reserve, "per_seq": per_token * seq,
-                                   "seqs": seqs, "rows": rows, "share": share}
+    items = [
+        Item("engine weights", weights, f"vLLM: {shape.params:,} params in {cfg.model.dtype}"),
+        Item(
+            "forward reserve",
+            reserve,
+            f"[{engine.max_num_seqs}, {shape.vocab:,}] fp32 logits + one layer over {VLLM_PROFILE_TOKENS:,} tokens",
+        ),
+        Item(
+            "KV cache",
+            kv,
+            f"{per_token:,} B/token: {seqs:,} sequences of {seq:,} tokens ("
+            + (f"a step samples {rows})" if gpus == 1 else f"its share of a step: {rows})"),
+        ),
+    ]
+    return (
+        items,
+        SLEEP_RESIDUAL,
+        {
+            "name": "vllm",
+            "weights": weights,
+            "reserve": reserve,
+            "per_seq": per_token * seq,
+            "seqs": seqs,
+            "rows": rows,
+            "share": share,
+        },
+    )
 
 
 def _resident(cfg: TrainConfig, shape: ModelShape, states: int) -> tuple[int, str]:
@@ -136,25 +193,47 @@ def _resident(cfg: TrainConfig, shape: ModelShape, states: int) -> tuple[int, st
     return min(b * shape.params, states), f"the weights in {cfg.model.dtype}"
 
 
-def plan_one_gpu(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq_tokens: int,
-                 gpus: int = 1) -> OneGpuPlan:
+def plan_one_gpu(
+    cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq_tokens: int, gpus: int = 1
+) -> OneGpuPlan:
     """The two phases on one GPU (`gpus` > 1: on each GPU of the node-colocated learner)."""
     mem, seq, node = gpu_mem_bytes, seq_tokens, gpus > 1
     usable = int(HEADROOM * mem)
     engine_items, asleep, e = _engine_phases(cfg, shape, mem, seq, gpus)
-    asleep_note = ("vLLM sleep level 1: weights in pinned host memory, KV cache freed; kept: its buffers and CUDA "
-                   "graphs (estimate)" if e["name"] == "vllm" else "hf: weights in host memory, no cache held")
-    step, stages = plan_learner(embedded_view(cfg), shape, gpus=gpus, gpu_mem_bytes=mem, seq_tokens=seq,
-                                beside=(Item("engine asleep", asleep, asleep_note),))
+    asleep_note = (
+        "vLLM sleep level 1: weights in pinned host memory, KV cache freed; kept: its buffers and CUDA "
+        "graphs (estimate)"
+        if e["name"] == "vllm"
+        else "hf: weights in host memory, no cache held"
+    )
+    step, stages = plan_learner(
+        embedded_view(cfg),
+        shape,
+        gpus=gpus,
+        gpu_mem_bytes=mem,
+        seq_tokens=seq,
+        beside=(Item("engine asleep", asleep, asleep_note),),
+    )
     step.title = f"learner step, the engine asleep ({gpus} x {mem / GIB:.0f} GiB GPU)"
     more = [f for f in step.fixes if f.field == "learner GPUs"]
     if more and not node:  # more learner GPUs is no change to a one-GPU plan: say what is (adapters, or the roles)
         step.fixes = [f for f in step.fixes if f.field != "learner GPUs"]
         if cfg.model.lora is None:
-            step.fixes.append(Fix("model.lora", None, "train adapters: the learner's states shrink to the frozen "
-                                  "base and the adapters' optimizer state"))
-        step.fixes.append(Fix("system.colocate", "off", f"the learner on GPUs of its own ({more[0].relation} "
-                              f"{more[0].value} learner GPUs: stare plan --gpus N), the rollout engine on others"))
+            step.fixes.append(
+                Fix(
+                    "model.lora",
+                    None,
+                    "train adapters: the learner's states shrink to the frozen base and the adapters' optimizer state",
+                )
+            )
+        step.fixes.append(
+            Fix(
+                "system.colocate",
+                "off",
+                f"the learner on GPUs of its own ({more[0].relation} "
+                f"{more[0].value} learner GPUs: stare plan --gpus N), the rollout engine on others",
+            )
+        )
     stage = cfg.optim.zero_stage
     states = stages[stage]["bytes"]
     weights_only, what = _resident(cfg, shape, states)
@@ -163,9 +242,14 @@ def plan_one_gpu(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
         setting = "none"
     if node and (stage == 3 or cfg.model.lora is not None) and cfg.system.weight_sync_publish_from != "host":
         what = "ZeRO-3: the model gathered" if cfg.model.lora is None else "LoRA: the merged model"
-        engine_items.append(Item("gathered weights", DTYPE_BYTES[cfg.model.dtype] * shape.params,
-                                 f"{what} on every rank in {cfg.model.dtype} while the engine wakes, until it has "
-                                 "loaded it (system.weight_sync_publish_from host: through host memory)"))
+        engine_items.append(
+            Item(
+                "gathered weights",
+                DTYPE_BYTES[cfg.model.dtype] * shape.params,
+                f"{what} on every rank in {cfg.model.dtype} while the engine wakes, until it has "
+                "loaded it (system.weight_sync_publish_from host: through host memory)",
+            )
+        )
     engine_total = sum(i.bytes for i in engine_items)
     fits_with = lambda resident: resident + engine_total <= usable  # noqa: E731
     can_offload = stage < 3
@@ -176,41 +260,82 @@ def plan_one_gpu(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
     else:  # auto: only when it is needed and enough
         offload = not fits_with(states) and fits_with(weights_only)
     resident = weights_only if offload else states
-    learner_item = (Item("learner resident", resident, f"{what}; optimizer state and gradients in host memory "
-                         f"({(states - weights_only) / GIB:.2f} GiB moved each way per step)") if offload else
-                    Item("learner resident", resident, f"its model states (ZeRO-{stage}: {stages[stage]['source']})"))
+    learner_item = (
+        Item(
+            "learner resident",
+            resident,
+            f"{what}; optimizer state and gradients in host memory "
+            f"({(states - weights_only) / GIB:.2f} GiB moved each way per step)",
+        )
+        if offload
+        else Item("learner resident", resident, f"its model states (ZeRO-{stage}: {stages[stage]['source']})")
+    )
     items = [learner_item, *engine_items]
-    sampling = RolePlan("sampling", gpus, mem, items, fits_with(resident),
-                        title=f"sampling, the engine awake ({gpus} x {mem / GIB:.0f} GiB GPU)",
-                        extra={"engine": e["name"], "offload": offload, "engine_asleep_bytes": asleep,
-                               "learner_states_bytes": states, "learner_weights_bytes": weights_only})
+    sampling = RolePlan(
+        "sampling",
+        gpus,
+        mem,
+        items,
+        fits_with(resident),
+        title=f"sampling, the engine awake ({gpus} x {mem / GIB:.0f} GiB GPU)",
+        extra={
+            "engine": e["name"],
+            "offload": offload,
+            "engine_asleep_bytes": asleep,
+            "learner_states_bytes": states,
+            "learner_weights_bytes": weights_only,
+        },
+    )
     if not sampling.fits:
         gathered = sum(i.bytes for i in engine_items if i.name == "gathered weights")  # outside vLLM's share
-        sampling.fixes = _sampling_fixes(cfg, e, mem, usable - gathered, states,
-                                         weights_only if can_offload else states, offload, setting)
+        sampling.fixes = _sampling_fixes(
+            cfg, e, mem, usable - gathered, states, weights_only if can_offload else states, offload, setting
+        )
         if gathered:
-            sampling.fixes.insert(0, Fix("system.weight_sync_publish_from", "host", "each rank's gathered weights "
-                                         "through pinned host memory: no whole copy beside the waking engine"))
+            sampling.fixes.insert(
+                0,
+                Fix(
+                    "system.weight_sync_publish_from",
+                    "host",
+                    "each rank's gathered weights through pinned host memory: no whole copy beside the waking engine",
+                ),
+            )
     elif e["name"] == "vllm" and e["seqs"] < e["rows"]:
-        sampling.notes.append(f"the KV cache holds {e['seqs']} of {'an engine' if node else 'a step'}'s {e['rows']} "
-                              "sequences: vLLM decodes the rest as sequences finish (slower, not wrong)")
-    how = ([f"stare up, system.colocate on: {gpus} learner ranks, each hosting a {e['name']} engine on its GPU; the "
+        sampling.notes.append(
+            f"the KV cache holds {e['seqs']} of {'an engine' if node else 'a step'}'s {e['rows']} "
+            "sequences: vLLM decodes the rest as sequences finish (slower, not wrong)"
+        )
+    how = (
+        [
+            f"stare up, system.colocate on: {gpus} learner ranks, each hosting a {e['name']} engine on its GPU; the "
             f"engines sleep while the learner steps ({_gib(asleep)} kept) and wake to sample each round (rank 0's also "
-            "to evaluate)", "each engine takes its own rank's weights in process at its wake ("
+            "to evaluate)",
+            "each engine takes its own rank's weights in process at its wake ("
             + ("ZeRO-3: gathered on every rank, " if stage == 3 else "ZeRO 0-2: the parameters themselves, ")
             + f"{'through host memory' if cfg.system.weight_sync_publish_from == 'host' else 'on the GPU'}; "
-            "update_weights: vLLM's reload_weights, then reset_prefix_cache)"] if node else
-           [f"stare train, system.colocate {cfg.system.colocate}: the learner and the {e['name']} engine share the GPU; "
+            "update_weights: vLLM's reload_weights, then reset_prefix_cache)",
+        ]
+        if node
+        else [
+            f"stare train, system.colocate {cfg.system.colocate}: the learner and the {e['name']} engine share the GPU; "
             f"the engine sleeps while the learner steps ({_gib(asleep)} kept) and wakes to sample and evaluate",
             "the new weights go to host memory after each step and into the woken engine in place (update_weights; "
-            "vLLM: reload_weights, then reset_prefix_cache)"]) + [
-           (f"the learner's optimizer state ({_gib(states - weights_only)}) waits in pinned host memory while the engine "
-            f"samples (system.colocate_offload {setting})" if offload else
-            f"the learner's state stays on the GPU while the engine samples (system.colocate_offload {setting}"
-            + (": it fits beside the awake engine)" if sampling.fits and setting == "auto" else ")"))]
+            "vLLM: reload_weights, then reset_prefix_cache)",
+        ]
+    ) + [
+        (
+            f"the learner's optimizer state ({_gib(states - weights_only)}) waits in pinned host memory while the engine "
+            f"samples (system.colocate_offload {setting})"
+            if offload
+            else f"the learner's state stays on the GPU while the engine samples (system.colocate_offload {setting}"
+            + (": it fits beside the awake engine)" if sampling.fits and setting == "auto" else ")")
+        )
+    ]
     if e["name"] == "vllm":
-        how.append(f"vLLM takes rollout.engine.gpu_memory_utilization {cfg.rollout.engine.gpu_memory_utilization} "
-                   f"x {mem / GIB:.0f} GiB = {_gib(e['share'])} when awake; the learner holds {_gib(resident)} then")
+        how.append(
+            f"vLLM takes rollout.engine.gpu_memory_utilization {cfg.rollout.engine.gpu_memory_utilization} "
+            f"x {mem / GIB:.0f} GiB = {_gib(e['share'])} when awake; the learner holds {_gib(resident)} then"
+        )
     return OneGpuPlan(step, sampling, offload, stages, how)
 
 
@@ -218,32 +343,59 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def _sampling_fixes(cfg: TrainConfig, e: dict[str, Any], mem: int, usable: int, states: int, floor: int, offload: bool,
-                    setting: str) -> list[Fix]:
+def _sampling_fixes(
+    cfg: TrainConfig, e: dict[str, Any], mem: int, usable: int, states: int, floor: int, offload: bool, setting: str
+) -> list[Fix]:
     """What makes the sampling phase fit: offload the optimizer, shrink the engine's share (or batch),
     train adapters. `states`: the learner resident whole; `floor`: its least (the weights, when it may
     offload). A share is first sized beside the whole learner, else beside its weights."""
     fixes = []
     if not offload and floor < states and setting == "none":
-        fixes.append(Fix("system.colocate_offload", "optimizer", "the optimizer state waits in host memory while "
-                         "the engine samples"))
+        fixes.append(
+            Fix(
+                "system.colocate_offload",
+                "optimizer",
+                "the optimizer state waits in host memory while the engine samples",
+            )
+        )
     for resident in dict.fromkeys((states, floor) if setting != "none" else (states,)):
         room, aside = usable - resident, resident < states
         if e["name"] == "vllm":
             need = e["weights"] + e["reserve"] + e["per_seq"]
             top = math.floor(100 * room / mem) / 100
             if top * mem >= need:
-                fixes.append(Fix("rollout.engine.gpu_memory_utilization", f"{top:.2f}", "vLLM's share beside the "
-                                 "resident learner" + (" with its optimizer state offloaded (colocate_offload auto "
-                                 "does it)" if aside else "") + "; it still holds one sequence's KV cache", relation="<="))
+                fixes.append(
+                    Fix(
+                        "rollout.engine.gpu_memory_utilization",
+                        f"{top:.2f}",
+                        "vLLM's share beside the "
+                        "resident learner"
+                        + (" with its optimizer state offloaded (colocate_offload auto does it)" if aside else "")
+                        + "; it still holds one sequence's KV cache",
+                        relation="<=",
+                    )
+                )
                 break
         else:
             rows = (room - e["weights"]) // e["per_row"] if room > e["weights"] else 0
             if rows >= 1:
-                fixes.append(Fix("rollout.engine.max_batch_size", int(rows), "rows decoded at once beside the learner"
-                                 + (" with its optimizer state offloaded" if aside else "")))
+                fixes.append(
+                    Fix(
+                        "rollout.engine.max_batch_size",
+                        int(rows),
+                        "rows decoded at once beside the learner"
+                        + (" with its optimizer state offloaded" if aside else ""),
+                    )
+                )
                 break
     if not fixes or cfg.model.lora is None:
-        fixes.append(Fix("model.lora", None, "train adapters: the learner's optimizer state shrinks to the adapters'"
-                         if cfg.model.lora is None else "a smaller model or a GPU with more memory"))
+        fixes.append(
+            Fix(
+                "model.lora",
+                None,
+                "train adapters: the learner's optimizer state shrinks to the adapters'"
+                if cfg.model.lora is None
+                else "a smaller model or a GPU with more memory",
+            )
+        )
     return fixes

@@ -60,23 +60,36 @@ class GpuPlan:
         return ",".join(map(str, ids))
 
 
-def plan_gpus(gpus: int, *, tensor_parallel_size: int = 1, rollout: int | None = None,
-              learner_gpus: str | None = None, rollout_gpus: str | None = None, learner_ranks: int = 1,
-              colocated: bool = False) -> GpuPlan:
+def plan_gpus(
+    gpus: int,
+    *,
+    tensor_parallel_size: int = 1,
+    rollout: int | None = None,
+    learner_gpus: str | None = None,
+    rollout_gpus: str | None = None,
+    learner_ranks: int = 1,
+    colocated: bool = False,
+) -> GpuPlan:
     """The GPU map of one node; see the module docstring. `rollout`: the worker count asked for
     (None: as many as the rollout GPUs fill); `learner_ranks`: learner processes, one GPU each (the
     first ones unless `learner_gpus` names them); `colocated`: they host the rollout engines."""
     if colocated and (rollout_gpus is not None or rollout):
-        raise ConfigError("--rollout/--rollout-gpus given, but system.colocate is on: the learner ranks sample on "
-                          "their own GPUs and no rollout worker runs; drop them, or set system.colocate=off")
+        raise ConfigError(
+            "--rollout/--rollout-gpus given, but system.colocate is on: the learner ranks sample on "
+            "their own GPUs and no rollout worker runs; drop them, or set system.colocate=off"
+        )
     if gpus == 0:
         if learner_gpus or rollout_gpus:
-            raise ConfigError("--learner-gpus/--rollout-gpus given, but this node has no GPU (--gpus N to plan for one)")
+            raise ConfigError(
+                "--learner-gpus/--rollout-gpus given, but this node has no GPU (--gpus N to plan for one)"
+            )
         return GpuPlan(0, colocated=colocated)
     learner = parse_gpus(learner_gpus, "--learner-gpus") if learner_gpus is not None else list(range(learner_ranks))
     if len(learner) != learner_ranks:
-        raise ConfigError(f"--learner-gpus {learner_gpus} names {len(learner)} GPUs for {learner_ranks} learner ranks "
-                          "(system.learner_ranks, --learner-ranks): give one GPU per rank")
+        raise ConfigError(
+            f"--learner-gpus {learner_gpus} names {len(learner)} GPUs for {learner_ranks} learner ranks "
+            "(system.learner_ranks, --learner-ranks): give one GPU per rank"
+        )
     if colocated:
         if bad := [g for g in learner if g >= gpus]:
             raise ConfigError(f"--learner-gpus: GPU {bad[0]} does not exist; this node has {gpus} (0-{gpus - 1})")
@@ -94,12 +107,16 @@ def plan_gpus(gpus: int, *, tensor_parallel_size: int = 1, rollout: int | None =
     tp = tensor_parallel_size
     fits = len(pool) // tp
     if fits == 0:
-        raise ConfigError(f"no rollout worker fits: {len(pool)} rollout GPUs {pool}, and each worker needs "
-                          f"rollout.engine.tensor_parallel_size={tp}; free GPUs with --learner-gpus/--rollout-gpus")
+        raise ConfigError(
+            f"no rollout worker fits: {len(pool)} rollout GPUs {pool}, and each worker needs "
+            f"rollout.engine.tensor_parallel_size={tp}; free GPUs with --learner-gpus/--rollout-gpus"
+        )
     if rollout is not None and rollout > fits:
-        raise ConfigError(f"--rollout {rollout}: the rollout GPUs {pool} fit {fits} workers of "
-                          f"tensor_parallel_size={tp}; lower --rollout or give more GPUs with --rollout-gpus")
+        raise ConfigError(
+            f"--rollout {rollout}: the rollout GPUs {pool} fit {fits} workers of "
+            f"tensor_parallel_size={tp}; lower --rollout or give more GPUs with --rollout-gpus"
+        )
     workers = fits if rollout is None else rollout
-    groups = [pool[i * tp:(i + 1) * tp] for i in range(workers)]
+    groups = [pool[i * tp : (i + 1) * tp] for i in range(workers)]
     used = set(learner) | {g for grp in groups for g in grp}
     return GpuPlan(gpus, learner, groups, [g for g in range(gpus) if g not in used], sharing)

@@ -56,14 +56,28 @@ allocator fragmentation). These are estimates of the large terms, good to a few 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from stare.config import ConfigError, TrainConfig
-from stare.plan.sizes import (CHUNK_TENSORS, DTYPE_BYTES, ModelShape, activation_bytes, kv_bytes_per_token,
-                              load_model_shape, lora_params, model_state_bytes)
-from stare.plan.weights import (_publish_from, checkpoint_disk, weight_receive_bytes,
-                                weight_send_bytes, weight_snapshot_bytes)
+from stare.plan.sizes import (
+    CHUNK_TENSORS,
+    DTYPE_BYTES,
+    ModelShape,
+    activation_bytes,
+    kv_bytes_per_token,
+    load_model_shape,
+    lora_params,
+    model_state_bytes,
+)
+from stare.plan.weights import (
+    _publish_from,
+    checkpoint_disk,
+    weight_receive_bytes,
+    weight_send_bytes,
+    weight_snapshot_bytes,
+)
 from stare.weight_sync.factory import receive_buffer_sets
 
 GIB = 1 << 30
@@ -93,13 +107,21 @@ class Fix:
     relation: str = "="  # "=", ">=" or "<="
 
     def __str__(self) -> str:
-        head = self.field if self.value is None else f"{self.field}{f' {self.relation} ' if self.relation != '=' else '='}{self.value}"
+        head = (
+            self.field
+            if self.value is None
+            else f"{self.field}{f' {self.relation} ' if self.relation != '=' else '='}{self.value}"
+        )
         return f"{head} ({self.why})" if self.why else head
 
     @property
     def override(self) -> str | None:
         """The `--set` override for this fix, when it is one config field set to one value."""
-        return f"{self.field}={self.value}" if self.value is not None and self.relation == "=" and " " not in self.field else None
+        return (
+            f"{self.field}={self.value}"
+            if self.value is not None and self.relation == "=" and " " not in self.field
+            else None
+        )
 
 
 @dataclass
@@ -135,7 +157,9 @@ class Plan:
     roles: list[RolePlan]
     zero_stages: dict[int, dict[str, Any]]  # learner model states per stage
     checkpoint: dict[str, Any] = field(default_factory=dict)  # checkpoint_disk()
-    how: list[str] = field(default_factory=list)  # one GPU, colocated: what sleeps and moves when (stare.plan.colocation)
+    how: list[str] = field(
+        default_factory=list
+    )  # one GPU, colocated: what sleeps and moves when (stare.plan.colocation)
 
     @property
     def fits(self) -> bool:
@@ -144,8 +168,11 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         for role, plan in zip(out["roles"], self.roles):
-            role.update(total_bytes=plan.total, usable_bytes=plan.usable,
-                        fixes=[{**asdict(f), "text": str(f)} for f in plan.fixes])
+            role.update(
+                total_bytes=plan.total,
+                usable_bytes=plan.usable,
+                fixes=[{**asdict(f), "text": str(f)} for f in plan.fixes],
+            )
         out["fits"] = self.fits
         return out
 
@@ -160,19 +187,34 @@ def _prompt_tokens(cfg: TrainConfig, shape: ModelShape, prompt_tokens: int | Non
     return min(DEFAULT_PROMPT_TOKENS, room), "assumed: set data.max_prompt_len or pass --prompt-tokens"
 
 
-def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_bytes: int, seq_tokens: int,
-                 beside: tuple[Item, ...] = ()) -> tuple[RolePlan, dict]:
+def plan_learner(
+    cfg: TrainConfig,
+    shape: ModelShape,
+    *,
+    gpus: int,
+    gpu_mem_bytes: int,
+    seq_tokens: int,
+    beside: tuple[Item, ...] = (),
+) -> tuple[RolePlan, dict]:
     """`beside`: what else holds memory on the learner's GPU while it steps (a sleeping engine)."""
     o = cfg.optim
     b = DTYPE_BYTES[cfg.model.dtype]
     stages = {}
     for stage in (0, 1, 2, 3):
-        value, source = model_state_bytes(shape.params, shape.largest_layer_params, stage=stage, gpus=gpus, dtype_bytes=b)
+        value, source = model_state_bytes(
+            shape.params, shape.largest_layer_params, stage=stage, gpus=gpus, dtype_bytes=b
+        )
         stages[stage] = {"bytes": value, "source": source}
     if (lora := cfg.model.lora) is not None:  # frozen base whole on every GPU; weights, grads, Adam of the adapters
         t = lora_params(shape, lora.target_modules, lora.r)
-        stages = {stage: {"bytes": b * shape.params + 16 * t, "source": f"LoRA r={lora.r}: frozen base {b}P + "
-                          f"16 B x {t:,} adapter parameters (weights, grads, fp32 Adam)"} for stage in stages}
+        stages = {
+            stage: {
+                "bytes": b * shape.params + 16 * t,
+                "source": f"LoRA r={lora.r}: frozen base {b}P + "
+                f"16 B x {t:,} adapter parameters (weights, grads, fp32 Adam)",
+            }
+            for stage in stages
+        }
     rows = math.ceil(cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt / gpus)
     budget = getattr(o, "max_tokens_per_micro_batch", None)
     micro_rows = min(o.micro_batch, rows)
@@ -188,12 +230,18 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
     def items_for(stage: int, checkpointing: bool, t: int, ch: int, diag_on: bool, snap: bool = True) -> list[Item]:
         out = [
             Item("model states", stages[stage]["bytes"], f"ZeRO-{stage} over {gpus} GPU(s): {stages[stage]['source']}"),
-            Item("activations", activation_bytes(shape, b, t, checkpointing=checkpointing),
-                 f"{t:,} tokens per micro-batch, gradient checkpointing {'on' if checkpointing else 'off'}"),
+            Item(
+                "activations",
+                activation_bytes(shape, b, t, checkpointing=checkpointing),
+                f"{t:,} tokens per micro-batch, gradient checkpointing {'on' if checkpointing else 'off'}",
+            ),
             Item("logits + grad", 2 * b * t * shape.vocab, f"[{t:,}, {shape.vocab:,}] in {cfg.model.dtype}, twice"),
-            Item("log-prob chunk", 4 * CHUNK_TENSORS[stage == 3] * ch * shape.vocab,
-                 f"{CHUNK_TENSORS[stage == 3]} x fp32 [{ch:,}, {shape.vocab:,}]"
-                 + (" (ZeRO-3: the head gathered once per micro-batch)" if stage == 3 else "")),
+            Item(
+                "log-prob chunk",
+                4 * CHUNK_TENSORS[stage == 3] * ch * shape.vocab,
+                f"{CHUNK_TENSORS[stage == 3]} x fp32 [{ch:,}, {shape.vocab:,}]"
+                + (" (ZeRO-3: the head gathered once per micro-batch)" if stage == 3 else ""),
+            ),
         ]
         if diag_on:
             r = t * response // seq_tokens  # response tokens of the micro-batch
@@ -201,8 +249,15 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
         from_host = not snap or _publish_from(cfg) == "host"  # snap False: the publish_from=host fix applied
         sent = weight_send_bytes(cfg, shape, b, "host" if from_host else "device")
         if sent:
-            out.append(Item("weight send", sent, f"NCCL weight sync on rank 0: 2 buckets of "
-                            f"{cfg.system.weight_sync_bucket_mb} MiB" + (" + the 2 largest tensors in flight" if from_host else "")))
+            out.append(
+                Item(
+                    "weight send",
+                    sent,
+                    f"NCCL weight sync on rank 0: 2 buckets of "
+                    f"{cfg.system.weight_sync_bucket_mb} MiB"
+                    + (" + the 2 largest tensors in flight" if from_host else ""),
+                )
+            )
         held, why = weight_snapshot_bytes(cfg, shape, b, stage)
         if held and snap:
             out.append(Item("weight snapshot", held, why))
@@ -211,10 +266,22 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
     usable = int(HEADROOM * gpu_mem_bytes)
     fits = lambda items: sum(i.bytes for i in items) <= usable  # noqa: E731
     items = items_for(o.zero_stage, ckpt, tokens, chunk, diag)
-    plan = RolePlan("learner", gpus, gpu_mem_bytes, items, fits(items),
-                    extra={"tokens_per_micro_batch": tokens, "rows_per_rank": rows, "micro_batch_rows": micro_rows,
-                           "activations_no_checkpointing": act[False], "activations_checkpointing": act[True],
-                           "gradient_checkpointing": ckpt, "logits_chunk_tokens": chunk})
+    plan = RolePlan(
+        "learner",
+        gpus,
+        gpu_mem_bytes,
+        items,
+        fits(items),
+        extra={
+            "tokens_per_micro_batch": tokens,
+            "rows_per_rank": rows,
+            "micro_batch_rows": micro_rows,
+            "activations_no_checkpointing": act[False],
+            "activations_checkpointing": act[True],
+            "gradient_checkpointing": ckpt,
+            "logits_chunk_tokens": chunk,
+        },
+    )
     if plan.fits:
         return plan, stages
     # What to change: first what the model states need, then the cheapest changes that make the rest
@@ -230,14 +297,18 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
             need = _gpus_for_states(shape, b, usable - rest)
             if snapshot:  # not sharded: the GPU count holds the rest only without it
                 fixes.append(Fix("system.weight_sync_publish_from", "host", _SNAPSHOT_FIX))
-            why = (f"model states alone need {stages[stage]['bytes'] / GIB:.1f} GiB per GPU of {usable / GIB:.1f} usable; "
-                   f"{need or 'no number of'} GPUs at optim.zero_stage=3 with gradient checkpointing and one sequence "
-                   "per micro-batch hold them (--gpus, learner ranks); or a smaller model (model.path)")
+            why = (
+                f"model states alone need {stages[stage]['bytes'] / GIB:.1f} GiB per GPU of {usable / GIB:.1f} usable; "
+                f"{need or 'no number of'} GPUs at optim.zero_stage=3 with gradient checkpointing and one sequence "
+                "per micro-batch hold them (--gpus, learner ranks); or a smaller model (model.path)"
+            )
             fixes.append(Fix("learner GPUs", need, why, relation=">="))
             return plan, stages
-    steps = [("c", True, Fix("optim.gradient_checkpointing", "true")),
-             ("d", False, Fix("diagnostics.predicted_entropy_change", "false", "its fp32 [tokens, vocab] pre-pass tensors")),
-             ("ch", min(1024, chunk), Fix("optim.logits_chunk_tokens", min(1024, chunk)))]
+    steps = [
+        ("c", True, Fix("optim.gradient_checkpointing", "true")),
+        ("d", False, Fix("diagnostics.predicted_entropy_change", "false", "its fp32 [tokens, vocab] pre-pass tensors")),
+        ("ch", min(1024, chunk), Fix("optim.logits_chunk_tokens", min(1024, chunk))),
+    ]
     if gpus > 1:
         steps.append(("stage", 3, Fix("optim.zero_stage", 3)))
     if snapshot:
@@ -260,13 +331,25 @@ def plan_learner(cfg: TrainConfig, shape: ModelShape, *, gpus: int, gpu_mem_byte
         best = _largest_tokens(lambda n: state_fits(state, n), t)
         if best >= seq_tokens:
             rows_fit = best // seq_tokens
-            fixes.append(Fix("optim.max_tokens_per_micro_batch", best,
-                             f"or optim.micro_batch={rows_fit} rows of {seq_tokens:,} tokens"
-                             if tokens_field == "optim.micro_batch" else ""))
+            fixes.append(
+                Fix(
+                    "optim.max_tokens_per_micro_batch",
+                    best,
+                    f"or optim.micro_batch={rows_fit} rows of {seq_tokens:,} tokens"
+                    if tokens_field == "optim.micro_batch"
+                    else "",
+                )
+            )
         else:
-            fixes.append(Fix("rollout.max_new_tokens", None, f"one {seq_tokens:,}-token sequence does not fit next to "
-                             "the model states: shorten it or the prompt (data.max_prompt_len), or shard more "
-                             "(optim.zero_stage=3, more learner GPUs)"))
+            fixes.append(
+                Fix(
+                    "rollout.max_new_tokens",
+                    None,
+                    f"one {seq_tokens:,}-token sequence does not fit next to "
+                    "the model states: shorten it or the prompt (data.max_prompt_len), or shard more "
+                    "(optim.zero_stage=3, more learner GPUs)",
+                )
+            )
     plan.fixes = fixes
     return plan, stages
 
@@ -277,7 +360,10 @@ _SNAPSHOT_FIX = "publish a pinned host copy instead of the model's copy on rank 
 def _gpus_for_states(shape: ModelShape, dtype_bytes: int, room: int) -> int | None:
     """The fewest ZeRO-3 ranks whose model states per GPU fit in `room` bytes (None: not up to 4,096)."""
     for n in range(1, 4097):
-        if model_state_bytes(shape.params, shape.largest_layer_params, stage=3, gpus=n, dtype_bytes=dtype_bytes)[0] <= room:
+        if (
+            model_state_bytes(shape.params, shape.largest_layer_params, stage=3, gpus=n, dtype_bytes=dtype_bytes)[0]
+            <= room
+        ):
             return n
     return None
 
@@ -292,9 +378,13 @@ def _largest_tokens(fits: Callable[[int], bool], upper: int) -> int:
 
 
 def _receive_items(recv: int, sets: int) -> list[Item]:
-    what = ("2 whole-model buffer sets of the NCCL weight sync (one loading into the engine, one receiving the "
-            "next version)" if sets == 2 else "1 whole-model buffer set of the NCCL weight sync (in-flight weight "
-            "updates: the engine takes each version within a step)")
+    what = (
+        "2 whole-model buffer sets of the NCCL weight sync (one loading into the engine, one receiving the "
+        "next version)"
+        if sets == 2
+        else "1 whole-model buffer set of the NCCL weight sync (in-flight weight "
+        "updates: the engine takes each version within a step)"
+    )
     return [Item("weight receive", recv, what)] if recv else []
 
 
@@ -308,15 +398,28 @@ def plan_rollout(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
     per_seq = per_token * seq_tokens
     engine = cfg.rollout.engine
     if engine.name == "hf":
-        items = [Item("weights", weights, f"{shape.params:,} params in {cfg.model.dtype}"),
-                 Item("KV cache", per_seq * batch_seqs, f"{batch_seqs} sequences x {seq_tokens:,} tokens x {per_token:,} B"),
-                 *_receive_items(recv, receive_buffer_sets(cfg))]
-        plan = RolePlan("rollout", 1, gpu_mem_bytes, items, sum(i.bytes for i in items) <= HEADROOM * gpu_mem_bytes,
-                        extra={"engine": "hf", "kv_bytes_per_token": per_token, "weight_receive_bytes": recv})
+        items = [
+            Item("weights", weights, f"{shape.params:,} params in {cfg.model.dtype}"),
+            Item("KV cache", per_seq * batch_seqs, f"{batch_seqs} sequences x {seq_tokens:,} tokens x {per_token:,} B"),
+            *_receive_items(recv, receive_buffer_sets(cfg)),
+        ]
+        plan = RolePlan(
+            "rollout",
+            1,
+            gpu_mem_bytes,
+            items,
+            sum(i.bytes for i in items) <= HEADROOM * gpu_mem_bytes,
+            extra={"engine": "hf", "kv_bytes_per_token": per_token, "weight_receive_bytes": recv},
+        )
         if not plan.fits:
             prompts = (plan.usable - weights - recv) // (per_seq * cfg.rollout.samples_per_prompt)
-            plan.fixes = [Fix("system.rollout_batch_prompts", int(prompts))] if prompts >= 1 else \
-                [Fix("rollout.engine", "vllm", "it pages its KV cache; or shorter sequences: rollout.max_new_tokens")]
+            plan.fixes = (
+                [Fix("system.rollout_batch_prompts", int(prompts))]
+                if prompts >= 1
+                else [
+                    Fix("rollout.engine", "vllm", "it pages its KV cache; or shorter sequences: rollout.max_new_tokens")
+                ]
+            )
             if recv:
                 plan.fixes.append(gloo)
         return plan
@@ -326,42 +429,86 @@ def plan_rollout(cfg: TrainConfig, shape: ModelShape, *, gpu_mem_bytes: int, seq
     reserve = 4 * max_num_seqs * shape.vocab + VLLM_PROFILE_TOKENS * b * (4 * shape.hidden + 2 * shape.intermediate)
     kv = budget - weights - reserve
     seqs = max(kv, 0) // per_seq
-    items = [Item("weights", weights, f"{shape.params:,} params in {cfg.model.dtype}"),
-             Item("forward reserve", reserve, f"[{max_num_seqs}, {shape.vocab:,}] fp32 logits + one layer over "
-                  f"{VLLM_PROFILE_TOKENS:,} tokens"),
-             Item("KV cache", max(kv, 0), f"{per_token:,} B/token: {seqs:,} sequences of {seq_tokens:,} tokens "
-                  f"(a rollout batch is {batch_seqs})"),
-             *_receive_items(recv, receive_buffer_sets(cfg))]
+    items = [
+        Item("weights", weights, f"{shape.params:,} params in {cfg.model.dtype}"),
+        Item(
+            "forward reserve",
+            reserve,
+            f"[{max_num_seqs}, {shape.vocab:,}] fp32 logits + one layer over {VLLM_PROFILE_TOKENS:,} tokens",
+        ),
+        Item(
+            "KV cache",
+            max(kv, 0),
+            f"{per_token:,} B/token: {seqs:,} sequences of {seq_tokens:,} tokens (a rollout batch is {batch_seqs})",
+        ),
+        *_receive_items(recv, receive_buffer_sets(cfg)),
+    ]
     beside = gpu_mem_bytes - RECEIVE_RESERVE  # vLLM's share and the receive buffers must fit in this
     room = not recv or budget + recv <= beside
-    plan = RolePlan("rollout", 1, gpu_mem_bytes, items, seqs >= 1 and room,
-                    extra={"engine": "vllm", "gpu_memory_utilization": gpu_memory_utilization,
-                           "kv_bytes_per_token": per_token, "kv_cache_bytes": max(kv, 0), "sequences_fit": seqs,
-                           "rollout_batch_sequences": batch_seqs, "weight_receive_bytes": recv},
-                    usable_bytes=max(beside, budget) if recv else budget)
+    plan = RolePlan(
+        "rollout",
+        1,
+        gpu_mem_bytes,
+        items,
+        seqs >= 1 and room,
+        extra={
+            "engine": "vllm",
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "kv_bytes_per_token": per_token,
+            "kv_cache_bytes": max(kv, 0),
+            "sequences_fit": seqs,
+            "rollout_batch_sequences": batch_seqs,
+            "weight_receive_bytes": recv,
+        },
+        usable_bytes=max(beside, budget) if recv else budget,
+    )
     need = weights + reserve + per_seq * batch_seqs
     if seqs < 1:
-        plan.fixes = [Fix(util_field, f"{math.ceil(100 * (weights + reserve + per_seq) / gpu_mem_bytes) / 100:.2f}",
-                          f"vLLM refuses a KV cache smaller than one {seq_tokens:,}-token sequence; or shorter sequences: "
-                          "rollout.max_new_tokens, data.max_prompt_len", relation=">=")]
+        plan.fixes = [
+            Fix(
+                util_field,
+                f"{math.ceil(100 * (weights + reserve + per_seq) / gpu_mem_bytes) / 100:.2f}",
+                f"vLLM refuses a KV cache smaller than one {seq_tokens:,}-token sequence; or shorter sequences: "
+                "rollout.max_new_tokens, data.max_prompt_len",
+                relation=">=",
+            )
+        ]
     if not room:
         top = math.floor(100 * (beside - recv) / gpu_mem_bytes) / 100
         if top * gpu_mem_bytes >= weights + reserve + per_seq:
-            plan.fixes.append(Fix(util_field, f"{top:.2f}", f"the NCCL weight sync receives {recv / GIB:.1f} GiB "
-                                  "beside vLLM's share of the GPU; a smaller KV cache", relation="<="))
+            plan.fixes.append(
+                Fix(
+                    util_field,
+                    f"{top:.2f}",
+                    f"the NCCL weight sync receives {recv / GIB:.1f} GiB "
+                    "beside vLLM's share of the GPU; a smaller KV cache",
+                    relation="<=",
+                )
+            )
         else:
-            plan.notes.append(f"the NCCL weight sync's {recv / GIB:.1f} GiB of receive buffers leave vLLM too little "
-                              "of this GPU for one sequence: receive over gloo, or use a GPU with more memory")
+            plan.notes.append(
+                f"the NCCL weight sync's {recv / GIB:.1f} GiB of receive buffers leave vLLM too little "
+                "of this GPU for one sequence: receive over gloo, or use a GPU with more memory"
+            )
         plan.fixes.append(gloo)
     elif seqs < batch_seqs:
-        plan.notes.append(f"the KV cache holds {seqs} of a rollout batch's {batch_seqs} sequences: vLLM decodes the "
-                          f"rest later (slower); {util_field} >= {min(need / gpu_mem_bytes, 1.0):.2f} holds them all")
+        plan.notes.append(
+            f"the KV cache holds {seqs} of a rollout batch's {batch_seqs} sequences: vLLM decodes the "
+            f"rest later (slower); {util_field} >= {min(need / gpu_mem_bytes, 1.0):.2f} holds them all"
+        )
     return plan
 
 
-def build_plan(cfg: TrainConfig, *, gpus: int, gpu_mem_gib: float, shape: ModelShape | None = None,
-               prompt_tokens: int | None = None, roles: tuple[str, ...] = ("learner", "rollout"),
-               config_name: str = "") -> Plan:
+def build_plan(
+    cfg: TrainConfig,
+    *,
+    gpus: int,
+    gpu_mem_gib: float,
+    shape: ModelShape | None = None,
+    prompt_tokens: int | None = None,
+    roles: tuple[str, ...] = ("learner", "rollout"),
+    config_name: str = "",
+) -> Plan:
     """The memory plan of `cfg` with the learner on `gpus` GPUs and each rollout worker on one, of
     `gpu_mem_gib` GiB each (one GPU shared by both, `stare train` colocated: stare.plan.colocation)."""
     if gpus < 1:
@@ -381,12 +528,29 @@ def build_plan(cfg: TrainConfig, *, gpus: int, gpu_mem_gib: float, shape: ModelS
     return _whole_plan(cfg, shape, prompt, source, out, stages, config_name)
 
 
-def _whole_plan(cfg: TrainConfig, shape: ModelShape, prompt: int, source: str, roles: list[RolePlan],
-                stages: dict, config_name: str, how: list[str] = ()) -> Plan:
+def _whole_plan(
+    cfg: TrainConfig,
+    shape: ModelShape,
+    prompt: int,
+    source: str,
+    roles: list[RolePlan],
+    stages: dict,
+    config_name: str,
+    how: list[str] = (),
+) -> Plan:
     seq = prompt + cfg.rollout.max_new_tokens
     if seq > shape.max_positions:
         for r in roles:
             r.notes.append(f"prompt + response = {seq:,} tokens exceeds the model's {shape.max_positions:,} positions")
-    return Plan(config=config_name, model=shape, dtype=cfg.model.dtype, seq_tokens=seq, prompt_tokens=prompt,
-                prompt_source=source, roles=roles, zero_stages=stages, checkpoint=checkpoint_disk(cfg, shape),
-                how=list(how))
+    return Plan(
+        config=config_name,
+        model=shape,
+        dtype=cfg.model.dtype,
+        seq_tokens=seq,
+        prompt_tokens=prompt,
+        prompt_source=source,
+        roles=roles,
+        zero_stages=stages,
+        checkpoint=checkpoint_disk(cfg, shape),
+        how=list(how),
+    )

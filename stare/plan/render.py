@@ -8,7 +8,9 @@ from stare.plan.gpu_memory import GIB, Plan
 
 
 def _count(n: int) -> str:
-    return next(f"{n / div:.3g}{unit}" for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1, "")) if n >= div or div == 1)
+    return next(
+        f"{n / div:.3g}{unit}" for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1, "")) if n >= div or div == 1
+    )
 
 
 def _gib(n: int) -> str:
@@ -25,28 +27,43 @@ def render(plan: Plan) -> str:
     ]
     if plan.checkpoint:
         c = plan.checkpoint
-        lines.append(f"checkpoints: {c['bytes'] / 1e9:,.1f} GB each (fp32 master + Adam moments), every {c['every']} "
-                     f"steps, {c['keep']} kept: {c['peak_bytes'] / 1e9:,.0f} GB on disk while the next is written, "
-                     f"{c['written_bytes'] / 1e12:,.1f} TB written over the run")
+        lines.append(
+            f"checkpoints: {c['bytes'] / 1e9:,.1f} GB each (fp32 master + Adam moments), every {c['every']} "
+            f"steps, {c['keep']} kept: {c['peak_bytes'] / 1e9:,.0f} GB on disk while the next is written, "
+            f"{c['written_bytes'] / 1e12:,.1f} TB written over the run"
+        )
     gpus = plan.roles[0].gpus if plan.roles else 1
     scope = "one GPU" if gpus == 1 else f"each of {gpus} GPUs"
     if plan.how:
-        lines += ["", "one GPU, colocated (stare train):" if gpus == 1 else
-                  f"{gpus} GPUs, each a learner rank hosting a rollout engine (stare up, system.colocate on):"]
+        lines += [
+            "",
+            "one GPU, colocated (stare train):"
+            if gpus == 1
+            else f"{gpus} GPUs, each a learner rank hosting a rollout engine (stare up, system.colocate on):",
+        ]
     for r in plan.roles:
-        where = f"{r.gpus} x {r.gpu_mem_bytes / GIB:.0f} GiB GPU" + ("s" if r.gpus > 1 else "") if r.role == "learner" \
+        where = (
+            f"{r.gpus} x {r.gpu_mem_bytes / GIB:.0f} GiB GPU" + ("s" if r.gpus > 1 else "")
+            if r.role == "learner"
             else f"1 x {r.gpu_mem_bytes / GIB:.0f} GiB GPU per worker ({r.extra['engine']})"
+        )
         lines += ["", f"{r.title}, per GPU:" if r.title else f"{r.role} ({where}), per GPU:"]
         lines += [f"  {i.name:<16}{_gib(i.bytes)}   {i.note}" for i in r.items]
         verdict = "fits" if r.fits else "DOES NOT FIT"
-        lines.append(f"  {'total':<16}{_gib(r.total)}   of {_gib(r.usable).strip()} usable "
-                     f"({r.usable / r.gpu_mem_bytes:.0%} of {r.gpu_mem_bytes / GIB:.0f} GiB): {verdict}")
+        lines.append(
+            f"  {'total':<16}{_gib(r.total)}   of {_gib(r.usable).strip()} usable "
+            f"({r.usable / r.gpu_mem_bytes:.0%} of {r.gpu_mem_bytes / GIB:.0f} GiB): {verdict}"
+        )
         if r.role == "learner":
             x = r.extra
-            lines.append(f"  activations: {_gib(x['activations_no_checkpointing']).strip()} without gradient "
-                         f"checkpointing, {_gib(x['activations_checkpointing']).strip()} with it")
-            lines.append("  model states per ZeRO stage: " + ", ".join(
-                f"{s}: {v['bytes'] / GIB:.1f} GiB" for s, v in plan.zero_stages.items()))
+            lines.append(
+                f"  activations: {_gib(x['activations_no_checkpointing']).strip()} without gradient "
+                f"checkpointing, {_gib(x['activations_checkpointing']).strip()} with it"
+            )
+            lines.append(
+                "  model states per ZeRO stage: "
+                + ", ".join(f"{s}: {v['bytes'] / GIB:.1f} GiB" for s, v in plan.zero_stages.items())
+            )
         lines += [f"  note: {n}" for n in r.notes]
         lines += [f"  change: {f}" for f in r.fixes]
     if plan.how:

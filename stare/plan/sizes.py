@@ -53,10 +53,17 @@ def shape_from_hf_config(hf_config, source: str) -> ModelShape:
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     return ModelShape(
-        params=params, largest_layer_params=largest, hidden=text.hidden_size, layers=text.num_hidden_layers,
-        heads=heads, kv_heads=getattr(text, "num_key_value_heads", None) or heads, head_dim=head_dim,
-        intermediate=text.intermediate_size, vocab=text.vocab_size,
-        max_positions=getattr(text, "max_position_embeddings", 1 << 20), source=source,
+        params=params,
+        largest_layer_params=largest,
+        hidden=text.hidden_size,
+        layers=text.num_hidden_layers,
+        heads=heads,
+        kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        intermediate=text.intermediate_size,
+        vocab=text.vocab_size,
+        max_positions=getattr(text, "max_position_embeddings", 1 << 20),
+        source=source,
     )
 
 
@@ -71,8 +78,10 @@ def load_model_shape(cfg: TrainConfig, model_config: Path | None = None) -> Mode
         file = path / "config.json" if path.is_dir() else path
         if not file.is_file():
             field_name = "--model-config" if model_config is not None else "model.path"
-            raise ConfigError(f"{field_name}: {file} does not exist; point it at a Hugging Face model folder or "
-                              "its config.json (stare plan --model-config FILE plans without the weights)")
+            raise ConfigError(
+                f"{field_name}: {file} does not exist; point it at a Hugging Face model folder or "
+                "its config.json (stare plan --model-config FILE plans without the weights)"
+            )
         return shape_from_hf_config(AutoConfig.from_pretrained(file), str(file))
     from stare.models.tiny.spec import TinyModelSpec, default_model_dir
 
@@ -83,14 +92,22 @@ def load_model_shape(cfg: TrainConfig, model_config: Path | None = None) -> Mode
     built = default_model_dir(spec) / "config.json"
     if built.is_file():
         return shape_from_hf_config(AutoConfig.from_pretrained(built), str(built))
-    hf = Qwen2Config(vocab_size=256, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
-                     num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-                     intermediate_size=spec.intermediate_size, max_position_embeddings=spec.max_positions,
-                     tie_word_embeddings=True)
+    hf = Qwen2Config(
+        vocab_size=256,
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=True,
+    )
     return shape_from_hf_config(hf, "the tiny model's spec (not built yet: vocabulary bounded by 256)")
 
 
-def model_state_bytes(params: int, largest_layer_params: int, *, stage: int, gpus: int, dtype_bytes: int) -> tuple[int, str]:
+def model_state_bytes(
+    params: int, largest_layer_params: int, *, stage: int, gpus: int, dtype_bytes: int
+) -> tuple[int, str]:
     """Weights + gradients + optimizer state per GPU at ZeRO `stage` over `gpus` ranks, and where
     the number comes from (see the module docstring)."""
     P, N = params, gpus
@@ -102,16 +119,26 @@ def model_state_bytes(params: int, largest_layer_params: int, *, stage: int, gpu
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
         _, gpu, _ = estimate_zero3_model_states_mem_needs(
-            total_params=P, largest_layer_params=largest_layer_params, num_gpus_per_node=N, num_nodes=1,
-            cpu_offload=False, cpu_offload_params=False, zero_init=True)
+            total_params=P,
+            largest_layer_params=largest_layer_params,
+            num_gpus_per_node=N,
+            num_nodes=1,
+            cpu_offload=False,
+            cpu_offload_params=False,
+            zero_init=True,
+        )
         return gpu, "deepspeed estimate_zero3_model_states_mem_needs"
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
     if stage == 2:
-        _, gpu = estimate_zero2_model_states_mem_needs(total_params=P, num_gpus_per_node=N, num_nodes=1, cpu_offload=False)
+        _, gpu = estimate_zero2_model_states_mem_needs(
+            total_params=P, num_gpus_per_node=N, num_nodes=1, cpu_offload=False
+        )
         return gpu, "deepspeed estimate_zero2_model_states_mem_needs"
     if stage == 0:
-        _, gpu = estimate_zero2_model_states_mem_needs(total_params=P, num_gpus_per_node=1, num_nodes=1, cpu_offload=False)
+        _, gpu = estimate_zero2_model_states_mem_needs(
+            total_params=P, num_gpus_per_node=1, num_nodes=1, cpu_offload=False
+        )
         return gpu, "deepspeed estimate_zero2_model_states_mem_needs on 1 GPU (nothing sharded)"
     return 4 * P + 16 * P // N, "16-bit weights and grads whole + fp32 master and Adam sharded: 4P + 16P/N"
 
@@ -142,8 +169,15 @@ def lora_params(shape: ModelShape, target_modules: list[str] | str, r: int) -> i
     """Adapter parameters of model.lora: r x (fan-in + fan-out) per adapted linear of each layer
     (the standard attention and MLP projections; all-linear or another name counts all seven)."""
     q, kv, h, i = shape.heads * shape.head_dim, shape.kv_dim, shape.hidden, shape.intermediate
-    fans = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + i,
-            "up_proj": h + i, "down_proj": i + h}
+    fans = {
+        "q_proj": h + q,
+        "k_proj": h + kv,
+        "v_proj": h + kv,
+        "o_proj": q + h,
+        "gate_proj": h + i,
+        "up_proj": h + i,
+        "down_proj": i + h,
+    }
     names = fans if isinstance(target_modules, str) or not set(target_modules) <= set(fans) else target_modules
     return shape.layers * r * sum(fans[n] for n in names)
 

@@ -65,5 +65,10 @@ def checkpoint_disk(cfg: TrainConfig, shape: ModelShape) -> dict[str, Any]:
         trained = lora_params(shape, lora.target_modules, lora.r)
     each = per_param * trained
     r = cfg.run
-    return {"bytes": each, "every": r.checkpoint_every, "keep": r.keep_checkpoints, "peak_bytes": (r.keep_checkpoints + 1) * each,
-            "written_bytes": -(-r.steps // r.checkpoint_every) * each}
+    return {
+        "bytes": each,
+        "every": r.checkpoint_every,
+        "keep": r.keep_checkpoints,
+        "peak_bytes": (r.keep_checkpoints + 1) * each,
+        "written_bytes": -(-r.steps // r.checkpoint_every) * each,
+    }

@@ -11,10 +11,19 @@ from stare.runstate.base import (
     RunState,
     RunStateUnavailable,
 )
-from stare.runstate.steering import RunSteering, StepDirectives
 from stare.runstate.in_memory import MemoryRunState
+from stare.runstate.steering import RunSteering, StepDirectives
 
 __all__ = [
-    "AuditEntry", "EntropyChangeError", "Heartbeat", "MemoryRunState", "MetricsPage", "NoControllerError",
-    "RoleHealth", "RunSteering", "RunState", "RunStateUnavailable", "StepDirectives",
+    "AuditEntry",
+    "EntropyChangeError",
+    "Heartbeat",
+    "MemoryRunState",
+    "MetricsPage",
+    "NoControllerError",
+    "RoleHealth",
+    "RunSteering",
+    "RunState",
+    "RunStateUnavailable",
+    "StepDirectives",
 ]

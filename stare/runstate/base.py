@@ -33,8 +33,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field, ValidationError
 
-from stare.config.algo import ControllerConfig
-from stare.config.algo import merge_config
+from stare.config.algo import ControllerConfig, merge_config
 
 DEFAULT_MAX_METRICS = 10_000
 DEFAULT_MAX_AUDIT = 1_000
@@ -178,7 +177,9 @@ def merged_config(published: dict[str, Any] | None, pending: list[AuditEntry]) -
     return config
 
 
-def validate_change(current: dict[str, Any], changes: dict[str, Any], max_entropy: float | None = None) -> ControllerConfig:
+def validate_change(
+    current: dict[str, Any], changes: dict[str, Any], max_entropy: float | None = None
+) -> ControllerConfig:
     """`current` merged with `changes`, validated as a whole (bounds, strict types, target and band at
     most `max_entropy` = ln V when the learner published it); raises EntropyChangeError naming the field."""
     if not changes:
@@ -193,14 +194,22 @@ def validate_change(current: dict[str, Any], changes: dict[str, Any], max_entrop
         loc = [str(p) for p in first["loc"]]
         field = loc[0] if loc else (_FIELD_IN_MESSAGE.findall(first["msg"]) or ["body"])[0]
         message = first["msg"].removeprefix("Value error, ")
-        raise EntropyChangeError(field, f"{message} (got {({**current, **changes}).get(field)!r}); send a value that satisfies this") from None
+        raise EntropyChangeError(
+            field, f"{message} (got {({**current, **changes}).get(field)!r}); send a value that satisfies this"
+        ) from None
     except ValueError as err:  # above ln V
         field = (_FIELD_IN_MESSAGE.findall(str(err)) or ["body"])[0]
         raise EntropyChangeError(field, str(err).split(": ", 1)[-1]) from None
 
 
-def plan_change(entry_id: int, current: dict[str, Any], changes: dict[str, Any], who: str, when: float,
-                max_entropy: float | None = None) -> AuditEntry:
+def plan_change(
+    entry_id: int,
+    current: dict[str, Any],
+    changes: dict[str, Any],
+    who: str,
+    when: float,
+    max_entropy: float | None = None,
+) -> AuditEntry:
     """Validate `changes` against `current` and build its audit entry (changed fields only)."""
     config = validate_change(current, changes, max_entropy).model_dump(mode="json")
     new = {k: config[k] for k in changes}
@@ -217,8 +226,14 @@ def published_max_entropy(published: dict[str, Any] | None) -> float | None:
 def unparsable_entry(raw: Any, err: Exception) -> AuditEntry:
     """What the learner sees for a pending entry that is not an AuditEntry (written to the store by
     something other than the control plane): an entry it will reject, with the raw text kept."""
-    return AuditEntry(id=0, who="unknown (a malformed pending entry in the store)", when=time.time(), old={},
-                      new={"raw": str(raw)[:500]}, error=f"malformed: {str(err)[:300]}")
+    return AuditEntry(
+        id=0,
+        who="unknown (a malformed pending entry in the store)",
+        when=time.time(),
+        old={},
+        new={"raw": str(raw)[:500]},
+        error=f"malformed: {str(err)[:300]}",
+    )
 
 
 def rejected_entry(entry: AuditEntry, audit: list[AuditEntry], next_id: int) -> AuditEntry | None:

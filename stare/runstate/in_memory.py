@@ -19,20 +19,27 @@ from stare.runstate.base import (
     Heartbeat,
     MetricsPage,
     RoleHealth,
+    forgotten,
     json_safe,
     merged_config,
     page_bounds,
     plan_change,
     published_max_entropy,
-    forgotten,
     rejected_entry,
     role_health,
 )
 
 
 class MemoryRunState:
-    def __init__(self, run_id: str, *, dead_after_s: float = 15.0, max_metrics: int = DEFAULT_MAX_METRICS,
-                 max_audit: int = DEFAULT_MAX_AUDIT, forget_after_s: float = DEFAULT_FORGET_AFTER_S):
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        dead_after_s: float = 15.0,
+        max_metrics: int = DEFAULT_MAX_METRICS,
+        max_audit: int = DEFAULT_MAX_AUDIT,
+        forget_after_s: float = DEFAULT_FORGET_AFTER_S,
+    ):
         self.run_id, self.dead_after_s, self.forget_after_s = run_id, dead_after_s, forget_after_s
         self._names: dict[str, tuple[str, float]] = {}  # claim_name: "role/name" -> (holder, expiry)
         self._lock = threading.Lock()
@@ -96,7 +103,7 @@ class MemoryRunState:
             total, kept = self._metrics_total, list(self._metrics)
         first = total - len(kept)
         start, stop = page_bounds(first, total, offset, limit)
-        return MetricsPage(items=kept[start - first:stop - first], offset=start, next=stop, first=first, total=total)
+        return MetricsPage(items=kept[start - first : stop - first], offset=start, next=stop, first=first, total=total)
 
     def publish_controller(self, state: dict[str, Any]) -> None:
         with self._lock:
@@ -109,8 +116,9 @@ class MemoryRunState:
     def request_entropy_change(self, changes: dict[str, Any], who: str) -> AuditEntry:
         with self._lock:
             current = merged_config(self._controller, self._pending)
-            entry = plan_change(self._audit_seq + 1, current, changes, who, time.time(),
-                                published_max_entropy(self._controller))
+            entry = plan_change(
+                self._audit_seq + 1, current, changes, who, time.time(), published_max_entropy(self._controller)
+            )
             self._audit_seq += 1
             self._pending.append(entry)
             self._audit.append(entry)

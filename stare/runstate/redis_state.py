@@ -41,12 +41,12 @@ from stare.runstate.base import (
     MetricsPage,
     RoleHealth,
     RunStateUnavailable,
+    forgotten,
     json_safe,
     merged_config,
     page_bounds,
     plan_change,
     published_max_entropy,
-    forgotten,
     rejected_entry,
     role_health,
     unparsable_entry,
@@ -55,18 +55,36 @@ from stare.transport.redis_client import RETRYABLE_ERRORS, checked_key_part, con
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_HDEL_IF_SAME = "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0"
+_HDEL_IF_SAME = (
+    "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0"
+)
 
 
 class RedisRunState:
-    def __init__(self, client: redis.Redis, run_id: str, *, dead_after_s: float = 15.0,
-                 max_metrics: int = DEFAULT_MAX_METRICS, max_audit: int = DEFAULT_MAX_AUDIT,
-                 forget_after_s: float = DEFAULT_FORGET_AFTER_S, op_timeout_s: float = 20.0, retries: int = 8, backoff_s: float = 0.05, max_backoff_s: float = 2.0):
+    def __init__(
+        self,
+        client: redis.Redis,
+        run_id: str,
+        *,
+        dead_after_s: float = 15.0,
+        max_metrics: int = DEFAULT_MAX_METRICS,
+        max_audit: int = DEFAULT_MAX_AUDIT,
+        forget_after_s: float = DEFAULT_FORGET_AFTER_S,
+        op_timeout_s: float = 20.0,
+        retries: int = 8,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 2.0,
+    ):
         if client.connection_pool.connection_kwargs.get("socket_timeout") is None:
             raise ValueError("the Redis client needs a socket_timeout; build it with connect_client(url)")
         self.client, self.run_id, self.dead_after_s = client, checked_key_part(run_id, "run_id"), dead_after_s
         self.max_metrics, self.max_audit, self.forget_after_s = max_metrics, max_audit, forget_after_s
-        self.op_timeout_s, self.retries, self.backoff_s, self.max_backoff_s = op_timeout_s, retries, backoff_s, max_backoff_s
+        self.op_timeout_s, self.retries, self.backoff_s, self.max_backoff_s = (
+            op_timeout_s,
+            retries,
+            backoff_s,
+            max_backoff_s,
+        )
 
     @classmethod
     def connect(cls, url: str, run_id: str, *, socket_timeout_s: float = 5.0, **options: Any) -> RedisRunState:
@@ -80,8 +98,14 @@ class RedisRunState:
 
     def _call(self, op: Callable[[], T], what: str) -> T:
         try:
-            return retrying(op, f"run state: {what}", op_timeout_s=self.op_timeout_s, retries=self.retries,
-                            backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s)
+            return retrying(
+                op,
+                f"run state: {what}",
+                op_timeout_s=self.op_timeout_s,
+                retries=self.retries,
+                backoff_s=self.backoff_s,
+                max_backoff_s=self.max_backoff_s,
+            )
         except RETRYABLE_ERRORS as err:
             if isinstance(err, redis.AuthenticationError):  # the user's mistake, not an outage
                 raise
@@ -106,12 +130,16 @@ class RedisRunState:
     def roles(self) -> list[RoleHealth]:
         raw = self._call(lambda: self.client.hgetall(self._key("heartbeats")), "HGETALL heartbeats")
         now = time.time()
-        beats = {k: tolerant(raw[k], Heartbeat.model_validate_json, f"{self._key('heartbeats')}[{k}]") for k in sorted(raw)}
+        beats = {
+            k: tolerant(raw[k], Heartbeat.model_validate_json, f"{self._key('heartbeats')}[{k}]") for k in sorted(raw)
+        }
         health = {k: role_health(b, self.dead_after_s, now) for k, b in beats.items() if b is not None}
         for k in [k for k, h in health.items() if forgotten(h, self.forget_after_s)]:
             # only the beat read above: a worker that took the name again since keeps its fresh one
-            self._call(lambda k=k: self.client.eval(_HDEL_IF_SAME, 1, self._key("heartbeats"), k, raw[k]),
-                       "delete a forgotten heartbeat")
+            self._call(
+                lambda k=k: self.client.eval(_HDEL_IF_SAME, 1, self._key("heartbeats"), k, raw[k]),
+                "delete a forgotten heartbeat",
+            )
             del health[k]
         return list(health.values())
 
@@ -164,8 +192,10 @@ class RedisRunState:
             lo, hi = start - total, stop - total - 1
             raw = self._call(lambda: self.client.lrange(self._key("metrics"), lo, hi), "LRANGE metrics")
             # a malformed entry is skipped (and logged); `next` still moves past it
-            parsed = [tolerant(r, lambda t: _checked(json.loads(t), lambda v: isinstance(v, dict)), self._key("metrics"))
-                      for r in raw]
+            parsed = [
+                tolerant(r, lambda t: _checked(json.loads(t), lambda v: isinstance(v, dict)), self._key("metrics"))
+                for r in raw
+            ]
             items = [m for m in parsed if m is not None]
             return MetricsPage(items=items, offset=start, next=start + len(raw), first=first, total=total)
         return MetricsPage(items=items, offset=start, next=start + len(items), first=first, total=total)
@@ -186,11 +216,20 @@ class RedisRunState:
             published = pipe.get(keys[0])
             pending = _entries(pipe.lrange(keys[1], 0, -1), keys[1])
             seq = int(pipe.get(keys[2]) or 0)
-            controller = None if published is None else tolerant(
-                published, lambda r: _checked(json.loads(r), _is_controller), keys[0])
+            controller = (
+                None
+                if published is None
+                else tolerant(published, lambda r: _checked(json.loads(r), _is_controller), keys[0])
+            )
             current = merged_config(controller, pending)
-            entry = plan_change(seq + 1, current, changes, who, time.time(),  # raises before MULTI: nothing written
-                                published_max_entropy(controller))
+            entry = plan_change(
+                seq + 1,
+                current,
+                changes,
+                who,
+                time.time(),  # raises before MULTI: nothing written
+                published_max_entropy(controller),
+            )
             data = entry.model_dump_json()
             pipe.multi()
             pipe.set(keys[2], seq + 1)
@@ -230,8 +269,10 @@ class RedisRunState:
             result[:] = [entry.id if copy is None else copy.id]
             pipe.hset(self._key("entropy:applied"), str(result[0]), json.dumps({"step": step, "error": reason}))
 
-        self._call(lambda: self.client.transaction(txn, self._key("entropy:audit"), self._key("entropy:seq")),
-                   "record rejected")
+        self._call(
+            lambda: self.client.transaction(txn, self._key("entropy:audit"), self._key("entropy:seq")),
+            "record rejected",
+        )
 
     def record_applied(self, ids: list[int], step: int, error: str | None = None) -> None:
         if not ids:
@@ -252,8 +293,10 @@ class RedisRunState:
         for e, a in zip(entries, applied):
             try:
                 info = json.loads(a) if a else {"step": None, "error": None}
-                info = {"step": int(info["step"]) if info.get("step") is not None else None,
-                        "error": None if info.get("error") is None else str(info["error"])}
+                info = {
+                    "step": int(info["step"]) if info.get("step") is not None else None,
+                    "error": None if info.get("error") is None else str(info["error"]),
+                }
             except (ValueError, TypeError, KeyError, AttributeError):
                 info = {"step": None, "error": "malformed applied record in the store"}
             out.append(e.model_copy(update={"applied_step": info["step"], "error": info["error"]}))

@@ -61,20 +61,34 @@ class RunSteering:
         self._step: int | None = None
         self._replay: list[AuditEntry] = []  # applied after the resumed checkpoint, by applied step
 
-    def start(self, controller: Any, step: int = 0, status: dict[str, Any] | None = None, *,
-              resumed: bool = False) -> None:
+    def start(
+        self, controller: Any, step: int = 0, status: dict[str, Any] | None = None, *, resumed: bool = False
+    ) -> None:
         """Publish the controller (so changes can be validated) and the starting status. `resumed`:
         the learner restored step `step` from a checkpoint (changes applied after it are replayed)."""
         self._step = step
         audit = self.state.audit(DEFAULT_MAX_AUDIT) if resumed else []
-        self._replay = sorted((e for e in audit if e.error is None and e.applied_step is not None and e.applied_step > step),
-                              key=lambda e: (e.applied_step, e.id))
+        self._replay = sorted(
+            (e for e in audit if e.error is None and e.applied_step is not None and e.applied_step > step),
+            key=lambda e: (e.applied_step, e.id),
+        )
         if self._replay:
-            log.info("resumed at step %d: %d entropy change(s) applied after it will apply again at their steps (%s)",
-                     step, len(self._replay), ", ".join(f"#{e.id} at {e.applied_step}" for e in self._replay))
+            log.info(
+                "resumed at step %d: %d entropy change(s) applied after it will apply again at their steps (%s)",
+                step,
+                len(self._replay),
+                ", ".join(f"#{e.id} at {e.applied_step}" for e in self._replay),
+            )
         self.state.publish_controller(controller_state(controller, step))
-        self.state.set_status({"run_id": self.state.run_id, "phase": "training", "step": step, **(status or {}),
-                               "updated_at": time.time()})
+        self.state.set_status(
+            {
+                "run_id": self.state.run_id,
+                "phase": "training",
+                "step": step,
+                **(status or {}),
+                "updated_at": time.time(),
+            }
+        )
         self.heartbeat(force=True)
 
     def before_step(self, controller: Any) -> StepDirectives:
@@ -101,25 +115,32 @@ class RunSteering:
         if applied:
             self.state.publish_controller(controller_state(controller, self._step))
         self._applied.extend(applied)
-        return StepDirectives(paused=self.state.paused(), checkpoint=self.state.take_checkpoint_request(),
-                              applied=applied)
+        return StepDirectives(
+            paused=self.state.paused(), checkpoint=self.state.take_checkpoint_request(), applied=applied
+        )
 
     def _replayed(self, controller: Any, next_step: int) -> list[AuditEntry]:
         """Replay the changes due before `next_step` (applied step at most it); those it re-applied."""
         due = [e for e in self._replay if e.applied_step <= next_step]
-        self._replay = self._replay[len(due):]
+        self._replay = self._replay[len(due) :]
         reapplied = []
         for entry in due:
             try:
                 controller.reconfigure(**_as_config(entry.new))
             except (ValueError, TypeError) as err:  # the bounds it was applied under came from a lost change too
-                log.warning("entropy change %d (applied at step %s) not applied again on resume: %s",
-                            entry.id, entry.applied_step, _reason(err))
+                log.warning(
+                    "entropy change %d (applied at step %s) not applied again on resume: %s",
+                    entry.id,
+                    entry.applied_step,
+                    _reason(err),
+                )
                 continue
             reapplied.append(entry)
         return reapplied
 
-    def after_step(self, controller: Any, metrics: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
+    def after_step(
+        self, controller: Any, metrics: dict[str, Any], status: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Add the control fields to `metrics` (in place), publish metrics, status and controller state."""
         metrics["control_changes"] = len(self._applied)
         metrics["control_audit_ids"] = [e.id for e in self._applied]
@@ -127,10 +148,17 @@ class RunSteering:
         self._step = int(metrics.get("step", (self._step or 0) + 1))
         self.state.append_metrics(metrics)
         self.state.publish_controller(controller_state(controller, self._step))
-        self.state.set_status({"run_id": self.state.run_id, "phase": "training", "step": self._step,
-                               "weight_version": metrics.get("weight_version"),
-                               "nonfinite_steps": metrics.get("nonfinite_steps"), **(status or {}),
-                               "updated_at": time.time()})
+        self.state.set_status(
+            {
+                "run_id": self.state.run_id,
+                "phase": "training",
+                "step": self._step,
+                "weight_version": metrics.get("weight_version"),
+                "nonfinite_steps": metrics.get("nonfinite_steps"),
+                **(status or {}),
+                "updated_at": time.time(),
+            }
+        )
         self.heartbeat(info={"step": self._step})
         return metrics
 
@@ -145,8 +173,11 @@ class RunSteering:
         if not force and not gone and now - self._last_beat < self.heartbeat_s:
             return
         self._last_beat = now
-        self.state.beat(Heartbeat(role=self.role, name=self.name, pid=os.getpid(), host=socket.gethostname(),
-                                  info=info or {}, gone=gone))
+        self.state.beat(
+            Heartbeat(
+                role=self.role, name=self.name, pid=os.getpid(), host=socket.gethostname(), info=info or {}, gone=gone
+            )
+        )
 
 
 def _as_config(new: dict[str, Any]) -> dict[str, Any]:

@@ -33,8 +33,8 @@ import signal
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from stare.config import ConfigError, TrainConfig, staleness
@@ -99,17 +99,28 @@ def connect_transport(cfg: TrainConfig, url: str):
     s = cfg.system
     rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     backlog = s.max_backlog + (cfg.run.checkpoint_every + staleness(cfg).max_versions + 2) * rows
-    return RedisTransport.connect(url, cfg.run.name, max_backlog=backlog, maxlen=2 * backlog,
-                                  claim_idle_ms=int(s.claim_idle_s * 1000), block_ms=1000, publish_timeout_s=5.0,
-                                  max_deliveries=s.max_deliveries)
+    return RedisTransport.connect(
+        url,
+        cfg.run.name,
+        max_backlog=backlog,
+        maxlen=2 * backlog,
+        claim_idle_ms=int(s.claim_idle_s * 1000),
+        block_ms=1000,
+        publish_timeout_s=5.0,
+        max_deliveries=s.max_deliveries,
+    )
 
 
 def setup_logging(role: str, name: str, level: int = logging.INFO, fmt: str = "text") -> None:
     """The role process's logging on stderr: text lines, or JSON objects with role and name (fmt json)."""
     from stare.observe.log_format import setup
 
-    setup(fmt, f"%(asctime)s {role}[{name} pid=%(process)d] %(levelname)s %(name)s: %(message)s",
-          static={"role": role, "name": name}, level=level)
+    setup(
+        fmt,
+        f"%(asctime)s {role}[{name} pid=%(process)d] %(levelname)s %(name)s: %(message)s",
+        static={"role": role, "name": name},
+        level=level,
+    )
     for noisy in ("httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:  # no per-file progress bars in role logs
@@ -135,10 +146,18 @@ def _thread_cpu_s(ident: int) -> float | None:
 
 
 class RoleRuntime:
-    def __init__(self, role: str, name: str, cfg: TrainConfig, url: str, *, stall_s: float | None = None,
-                 stop: threading.Event | None = None):
-        from stare.runstate.steering import RunSteering
+    def __init__(
+        self,
+        role: str,
+        name: str,
+        cfg: TrainConfig,
+        url: str,
+        *,
+        stall_s: float | None = None,
+        stop: threading.Event | None = None,
+    ):
         from stare.runstate.redis_state import RedisRunState
+        from stare.runstate.steering import RunSteering
 
         self.role, self.name, self.cfg = role, name, cfg
         self.stop = stop or threading.Event()  # a caller's event (Ray actors, tests) or our own
@@ -147,8 +166,9 @@ class RoleRuntime:
         self.stall_s = stall_s if stall_s is not None else cfg.system.stall_s
         self._busy: tuple[str, int, float] | None = None  # (what, thread id, its CPU time when last seen)
         self._busy_lock = threading.Lock()
-        self.state = RedisRunState.connect(url, cfg.run.name, dead_after_s=cfg.system.dead_after_s,
-                                           forget_after_s=cfg.system.forget_after_s)
+        self.state = RedisRunState.connect(
+            url, cfg.run.name, dead_after_s=cfg.system.dead_after_s, forget_after_s=cfg.system.forget_after_s
+        )
         self.steering = RunSteering(self.state, role=role, name=name, heartbeat_s=cfg.system.heartbeat_s)
         self.info: dict[str, Any] = {}
         self.last_tick = time.monotonic()
@@ -252,14 +272,21 @@ class RoleRuntime:
         runtime = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 if self.path.split("?")[0] != "/healthz":
                     self.send_error(404, "only GET /healthz here")
                     return
                 ok = runtime.healthy()
-                body = json.dumps({"role": runtime.role, "name": runtime.name, "healthy": ok,
-                                   "busy": runtime.info.get("busy"), "stall_s": runtime.stall_s,
-                                   "last_tick_s": round(time.monotonic() - runtime.last_tick, 3)}).encode()
+                body = json.dumps(
+                    {
+                        "role": runtime.role,
+                        "name": runtime.name,
+                        "healthy": ok,
+                        "busy": runtime.info.get("busy"),
+                        "stall_s": runtime.stall_s,
+                        "last_tick_s": round(time.monotonic() - runtime.last_tick, 3),
+                    }
+                ).encode()
                 self.send_response(200 if ok else 503)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))

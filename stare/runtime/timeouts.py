@@ -31,14 +31,15 @@ class _Interrupt(BaseException):
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None)
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
+    )
 
 
 def call_with_timeout(fn: Callable[..., T], timeout_s: float, /, *args, **kwargs) -> T:
     """`fn(*args, **kwargs)`, or `VerifierTimeout` if it runs longer than `timeout_s` seconds."""
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    interrupt = type("_Interrupt", (_Interrupt,), {})   # one class per call: nesting is safe
+    interrupt = type("_Interrupt", (_Interrupt,), {})  # one class per call: nesting is safe
     thread_id = threading.get_ident()
     done = threading.Event()
     fired = threading.Event()
@@ -59,6 +60,6 @@ def call_with_timeout(fn: Callable[..., T], timeout_s: float, /, *args, **kwargs
             timer.cancel()
             timer.join()
             if fired.is_set():
-                _set_async_exc(thread_id, None)        # drop it if it has not landed yet
+                _set_async_exc(thread_id, None)  # drop it if it has not landed yet
     except interrupt:
         raise VerifierTimeout(f"timed out after {timeout_s:g} s") from None

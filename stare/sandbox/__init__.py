@@ -52,5 +52,17 @@ from stare.sandbox.limits import (
 )
 from stare.sandbox.process import ProcessSandbox, best_isolation, probe, unavailable_reason
 
-__all__ = ["InMemorySandbox", "Isolation", "LimitName", "ProcessSandbox", "Sandbox", "SandboxConfig", "SandboxResult",
-           "SandboxStatus", "SandboxUnavailable", "best_isolation", "probe", "unavailable_reason"]
+__all__ = [
+    "InMemorySandbox",
+    "Isolation",
+    "LimitName",
+    "ProcessSandbox",
+    "Sandbox",
+    "SandboxConfig",
+    "SandboxResult",
+    "SandboxStatus",
+    "SandboxUnavailable",
+    "best_isolation",
+    "probe",
+    "unavailable_reason",
+]

@@ -15,18 +15,17 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 Isolation = Literal["namespaces", "process", "unprivileged"]
 SandboxStatus = Literal[
-    "ok",             # exit code 0
-    "error",          # non-zero exit, no limit recognised
-    "timeout",        # cpu_s or wall_s
-    "memory",         # memory_mb (MemoryError)
+    "ok",  # exit code 0
+    "error",  # non-zero exit, no limit recognised
+    "timeout",  # cpu_s or wall_s
+    "memory",  # memory_mb (MemoryError)
     "process_limit",  # max_processes (fork/thread creation failed)
-    "file_limit",     # max_file_mb / disk_mb (EFBIG, ENOSPC)
-    "output_limit",   # max_output_bytes
-    "killed",         # ended by a signal no limit explains
+    "file_limit",  # max_file_mb / disk_mb (EFBIG, ENOSPC)
+    "output_limit",  # max_output_bytes
+    "killed",  # ended by a signal no limit explains
     "sandbox_error",  # the sandbox itself failed; the program's outcome is unknown
 ]
-LimitName = Literal["cpu_s", "wall_s", "memory_mb", "max_processes", "max_file_mb",
-                    "max_output_bytes"]
+LimitName = Literal["cpu_s", "wall_s", "memory_mb", "max_processes", "max_file_mb", "max_output_bytes"]
 
 
 class SandboxUnavailable(RuntimeError):
@@ -115,8 +114,9 @@ class SandboxResult(BaseModel):
 class Sandbox(Protocol):
     """Runs one Python program under limits; implementations never raise for what it does."""
 
-    def run(self, code: str, *, stdin: bytes | str = b"",
-            files: Mapping[str, bytes | str] | None = None) -> SandboxResult: ...
+    def run(
+        self, code: str, *, stdin: bytes | str = b"", files: Mapping[str, bytes | str] | None = None
+    ) -> SandboxResult: ...
 
 
 class InMemorySandbox:
@@ -126,6 +126,7 @@ class InMemorySandbox:
     def __init__(self, respond: Callable[[str, bytes], SandboxResult]):
         self._respond = respond
 
-    def run(self, code: str, *, stdin: bytes | str = b"",
-            files: Mapping[str, bytes | str] | None = None) -> SandboxResult:
+    def run(
+        self, code: str, *, stdin: bytes | str = b"", files: Mapping[str, bytes | str] | None = None
+    ) -> SandboxResult:
         return self._respond(code, stdin.encode() if isinstance(stdin, str) else stdin)

@@ -11,7 +11,6 @@ import subprocess
 
 from stare.sandbox.limits import LimitName, SandboxStatus
 
-
 _MEMORY = re.compile(r"^(?:[\w.]+\.)?\w*MemoryError\b", re.MULTILINE)
 _PROCESS = re.compile(r"BlockingIOError: \[Errno 11\]|can't (?:start|create) new thread")
 _FILE = re.compile(r"\[Errno 27\] File too large|\[Errno 28\] No space left on device")

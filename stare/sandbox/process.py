@@ -18,8 +18,6 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-
-from stare.sandbox.output import _Pump, _limit_from_stderr, _write_quietly
 from stare.sandbox.limits import (
     Isolation,
     LimitName,
@@ -28,6 +26,7 @@ from stare.sandbox.limits import (
     SandboxStatus,
     SandboxUnavailable,
 )
+from stare.sandbox.output import _limit_from_stderr, _Pump, _write_quietly
 
 _LAUNCHER = Path(__file__).with_name("_launcher.py")
 _LOCK_DIR = "/run/stare-sandbox"
@@ -61,7 +60,8 @@ def _process_mode_python(python: str | None) -> str:
     raise SandboxUnavailable(
         f"python_executable: {chosen!r} cannot be run by the sandbox's throwaway uid (a parent "
         'directory is not world-executable); with isolation="process" point python_executable '
-        "at a world-readable interpreter such as /usr/bin/python3")
+        "at a world-readable interpreter such as /usr/bin/python3"
+    )
 
 
 def unavailable_reason(isolation: Isolation) -> str | None:
@@ -69,8 +69,10 @@ def unavailable_reason(isolation: Isolation) -> str | None:
     if sys.platform != "linux":
         return "the sandbox needs Linux (namespaces, seccomp, prlimits)"
     if isolation in ("namespaces", "process") and os.geteuid() != 0:
-        return (f'isolation="{isolation}" needs root (to switch to a throwaway uid); run the '
-                'reward worker as root, or use isolation="unprivileged" for trusted code only')
+        return (
+            f'isolation="{isolation}" needs root (to switch to a throwaway uid); run the '
+            'reward worker as root, or use isolation="unprivileged" for trusted code only'
+        )
     return None
 
 
@@ -99,15 +101,19 @@ class ProcessSandbox:
         if result.status != "ok" or result.stdout.strip() != "ok":
             hint = ""
             if self.config.isolation == "namespaces":
-                hint = (' Fix: give the process CAP_SYS_ADMIN and allow unshare/mount (Docker: '
-                        '--cap-add SYS_ADMIN --security-opt seccomp=unconfined --security-opt '
-                        'apparmor=unconfined), or use isolation="process" where that cannot be.')
+                hint = (
+                    " Fix: give the process CAP_SYS_ADMIN and allow unshare/mount (Docker: "
+                    "--cap-add SYS_ADMIN --security-opt seccomp=unconfined --security-opt "
+                    'apparmor=unconfined), or use isolation="process" where that cannot be.'
+                )
             raise SandboxUnavailable(
                 f'isolation="{self.config.isolation}" does not work here: '
-                f"{result.detail or result.stderr.strip() or result.status}.{hint}")
+                f"{result.detail or result.stderr.strip() or result.status}.{hint}"
+            )
 
-    def run(self, code: str, *, stdin: bytes | str = b"",
-            files: Mapping[str, bytes | str] | None = None) -> SandboxResult:
+    def run(
+        self, code: str, *, stdin: bytes | str = b"", files: Mapping[str, bytes | str] | None = None
+    ) -> SandboxResult:
         """Run `code` as /work/main.py with `stdin` and extra `files` (relative paths in /work)."""
         if isinstance(stdin, str):
             stdin = stdin.encode()
@@ -145,8 +151,7 @@ class ProcessSandbox:
         rng = random.SystemRandom()
         for _ in range(4 * self.config.uid_slots):
             uid = self.config.uid_base + rng.randrange(self.config.uid_slots)
-            fd = os.open(f"{_LOCK_DIR}/uid-{uid}.lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC,
-                         0o600)
+            fd = os.open(f"{_LOCK_DIR}/uid-{uid}.lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -157,8 +162,7 @@ class ProcessSandbox:
             finally:
                 os.close(fd)
             return
-        raise SandboxUnavailable(
-            f"uid_slots: all {self.config.uid_slots} throwaway uids are in use; raise uid_slots")
+        raise SandboxUnavailable(f"uid_slots: all {self.config.uid_slots} throwaway uids are in use; raise uid_slots")
 
     def _spec(self, staging: str, uid: int | None, status_fd: int, control_fd: int) -> dict:
         cfg = self.config
@@ -171,8 +175,14 @@ class ProcessSandbox:
         else:
             work = os.path.join(staging, "work")
             env = {"HOME": work, "TMPDIR": os.path.join(work, ".tmp")}
-        env.update(PATH="/usr/local/bin:/usr/bin:/bin", LANG="C.UTF-8", LC_ALL="C.UTF-8",
-                   OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        env.update(
+            PATH="/usr/local/bin:/usr/bin:/bin",
+            LANG="C.UTF-8",
+            LC_ALL="C.UTF-8",
+            OPENBLAS_NUM_THREADS="1",
+            OMP_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",
+        )
         env.update(cfg.env)
         mib = 1 << 20
         return {
@@ -207,9 +217,13 @@ class ProcessSandbox:
             proc = subprocess.Popen(
                 [self._python, "-I", "-S", "-B", str(_LAUNCHER), json.dumps(spec)],
                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(status_w, control_r), start_new_session=True, cwd="/",
-                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(status_w, control_r),
+                start_new_session=True,
+                cwd="/",
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            )
         except BaseException:
             os.close(status_r)
             os.close(control_w)
@@ -224,7 +238,7 @@ class ProcessSandbox:
             deadline = start + cfg.wall_s + 5.0
             while io.open():
                 if io.overflowed and not io.asked_stop:
-                    _write_quietly(control_w, b"o")     # the launcher stops the run
+                    _write_quietly(control_w, b"o")  # the launcher stops the run
                     io.asked_stop = True
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -232,7 +246,7 @@ class ProcessSandbox:
                     break
                 io.pump(min(left, 1.0))
         finally:
-            os.close(control_w)                         # EOF: a live launcher stops the run
+            os.close(control_w)  # EOF: a live launcher stops the run
             _, wait_status, rusage = self._reap(proc, uid)
             io.close()
             os.close(status_r)
@@ -256,26 +270,42 @@ class ProcessSandbox:
                 pid, status, rusage = os.wait4(proc.pid, 0)
                 if uid is not None and self.config.isolation == "process":
                     # The launcher died before its own sweep: kill the uid's processes from here.
-                    subprocess.run([self._python, "-I", "-S", "-B", str(_LAUNCHER),
-                                    json.dumps({"sweep_uid": uid, "status_fd": 2})],
-                                   stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
-                                   env={"PATH": "/usr/bin:/bin"})
+                    subprocess.run(
+                        [
+                            self._python,
+                            "-I",
+                            "-S",
+                            "-B",
+                            str(_LAUNCHER),
+                            json.dumps({"sweep_uid": uid, "status_fd": 2}),
+                        ],
+                        stdin=subprocess.DEVNULL,
+                        capture_output=True,
+                        timeout=10,
+                        env={"PATH": "/usr/bin:/bin"},
+                    )
                 break
             time.sleep(0.005)
         proc.returncode = os.waitstatus_to_exitcode(status)
         return pid, status, rusage
 
-    def _verdict(self, io: "_Pump", records: dict, backstop: bool, wall: float, rusage,
-                 wait_status: int) -> SandboxResult:
+    def _verdict(
+        self, io: _Pump, records: dict, backstop: bool, wall: float, rusage, wait_status: int
+    ) -> SandboxResult:
         cfg = self.config
         stdout = io.out[1].decode("utf-8", errors="replace")
         stderr = io.out[2].decode("utf-8", errors="replace")
-        base = dict(stdout=stdout, stderr=stderr, output_truncated=io.overflowed,
-                    wall_s=round(wall, 4), cpu_s=round(rusage.ru_utime + rusage.ru_stime, 4),
-                    exit_code=records.get("exit_code"), signal=records.get("signal"))
+        base = dict(
+            stdout=stdout,
+            stderr=stderr,
+            output_truncated=io.overflowed,
+            wall_s=round(wall, 4),
+            cpu_s=round(rusage.ru_utime + rusage.ru_stime, 4),
+            exit_code=records.get("exit_code"),
+            signal=records.get("signal"),
+        )
 
-        def result(status: SandboxStatus, limit: LimitName | None = None,
-                   detail: str | None = None) -> SandboxResult:
+        def result(status: SandboxStatus, limit: LimitName | None = None, detail: str | None = None) -> SandboxResult:
             return SandboxResult(status=status, limit_fired=limit, detail=detail, **base)
 
         if "setup_error" in records:
@@ -285,8 +315,7 @@ class ProcessSandbox:
         if records.get("stopped") == "wall_s" or backstop:
             return result("timeout", "wall_s")
         if "exit_code" not in records:
-            return result("sandbox_error",
-                          detail=f"launcher ended without a verdict (wait status {wait_status})")
+            return result("sandbox_error", detail=f"launcher ended without a verdict (wait status {wait_status})")
         sig = records["signal"]
         if sig is not None:
             if sig == signal.SIGXCPU or (sig == signal.SIGKILL and records["cpu_s"] >= cfg.cpu_s):

@@ -7,8 +7,9 @@ silently.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, Sequence, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -28,7 +29,7 @@ class Codec(Protocol[T]):
 class RecordStream(Protocol[T]):
     def publish(self, records: Sequence[T]) -> list[str]: ...
 
-    def publish_and_ack(self, records: Sequence[T], source: "RecordStream | None", ids: Sequence[str]) -> list[str]:
+    def publish_and_ack(self, records: Sequence[T], source: RecordStream | None, ids: Sequence[str]) -> list[str]:
         """`publish(records)`, then `source.ack(ids)`: a worker's output and the acknowledgement of
         its input (on Redis one transaction when both streams share a client)."""
         ...

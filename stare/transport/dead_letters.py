@@ -68,13 +68,18 @@ class RedisDeadLetterFeed:
         out: list[DeadRecord] = []
         while True:
             after = self.after
-            entries = self.stream._call("XRANGE dead letters", lambda: self.stream.client.xrange(
-                self.stream.dead_key, min=after, count=self.batch))
+            entries = self.stream._call(
+                "XRANGE dead letters",
+                lambda: self.stream.client.xrange(self.stream.dead_key, min=after, count=self.batch),
+            )
             for dead_id, fields in entries:
                 f = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
                 group, trajectory = ids_of_fields({k[4:]: v for k, v in f.items() if k.startswith("raw:")})
-                out.append(DeadRecord(self.stream.name, _text(f.get("entry_id", b"")), _text(f.get("reason", b"")),
-                                      group, trajectory))
+                out.append(
+                    DeadRecord(
+                        self.stream.name, _text(f.get("entry_id", b"")), _text(f.get("reason", b"")), group, trajectory
+                    )
+                )
             if entries:
                 last = _text(entries[-1][0])
                 self.after = "(" + last
@@ -89,7 +94,7 @@ class MemoryDeadLetterFeed:
         self.stream, self.seen = stream, 0
 
     def new(self) -> list[DeadRecord]:
-        fresh, self.seen = self.stream.dead[self.seen:], len(self.stream.dead)
+        fresh, self.seen = self.stream.dead[self.seen :], len(self.stream.dead)
         return [DeadRecord(self.stream.name, entry_id, reason, *ids_of_record(raw)) for entry_id, raw, reason in fresh]
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Sequence, TypeVar
+from typing import Generic, TypeVar
 
 from stare.transport.base import Delivery, RecordStream
 
@@ -93,9 +94,13 @@ class MemoryStream(Generic[T]):
         if self.max_deliveries is None or n <= self.max_deliveries:
             return True
         error = self._errors.get(entry_id)
-        self.dead_letter(entry_id, record, f"delivered {n - 1} times without an ack (max_deliveries="
-                         f"{self.max_deliveries}); " + (f"last error: {error}" if error is not None
-                                                        else "its consumer died or stalled on it each time"))
+        self.dead_letter(
+            entry_id,
+            record,
+            f"delivered {n - 1} times without an ack (max_deliveries="
+            f"{self.max_deliveries}); "
+            + (f"last error: {error}" if error is not None else "its consumer died or stalled on it each time"),
+        )
         return False
 
     def requeue_pending(self) -> None:

@@ -52,7 +52,7 @@ class PromptTask:
         return {"json": json.dumps(asdict(self)).encode()}
 
     @classmethod
-    def from_fields(cls, data: dict[bytes | str, bytes]) -> "PromptTask":
+    def from_fields(cls, data: dict[bytes | str, bytes]) -> PromptTask:
         return _from_json_fields(cls, data)
 
 
@@ -86,7 +86,7 @@ class EvalTask:
         return {"json": json.dumps(asdict(self)).encode()}
 
     @classmethod
-    def from_fields(cls, data: dict[bytes | str, bytes]) -> "EvalTask":
+    def from_fields(cls, data: dict[bytes | str, bytes]) -> EvalTask:
         task = _from_json_fields(cls, data)
         if task.n < 1:
             raise RecordError(f"EvalTask.n must be >= 1, got {task.n}")
@@ -138,7 +138,7 @@ class Trajectory:
         """The version of the last response token (weight_version when it was sampled with one version)."""
         return self.version_starts[-1][1] if self.version_starts else self.weight_version
 
-    def validate(self) -> "Trajectory":
+    def validate(self) -> Trajectory:
         n = len(self.response_token_ids)
         for name in ("response_logprobs", "loss_mask"):
             if len(getattr(self, name)) != n:
@@ -159,9 +159,11 @@ class Trajectory:
         last_start, last_version = 0, self.weight_version
         for pair in self.version_starts:
             if len(pair) != 2 or not last_start < pair[0] < n or pair[1] <= last_version:
-                raise RecordError(f"Trajectory.version_starts must be [token index, version] pairs with indices in "
-                                  f"(0, {n}) and versions above weight_version ({self.weight_version}), both increasing; "
-                                  f"got {self.version_starts}")
+                raise RecordError(
+                    f"Trajectory.version_starts must be [token index, version] pairs with indices in "
+                    f"(0, {n}) and versions above weight_version ({self.weight_version}), both increasing; "
+                    f"got {self.version_starts}"
+                )
             last_start, last_version = pair
         if self.reward is not None and not np.isfinite(self.reward):
             raise RecordError(f"Trajectory.reward must be finite, got {self.reward}")
@@ -175,7 +177,7 @@ class Trajectory:
         return out
 
     @classmethod
-    def from_fields(cls, data: dict[bytes | str, bytes]) -> "Trajectory":
+    def from_fields(cls, data: dict[bytes | str, bytes]) -> Trajectory:
         header = _schema_checked(cls, json.loads(_get(data, "json")))
         arrays = {
             name: np.frombuffer(_get(data, name), dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype)
@@ -199,8 +201,10 @@ def _from_json_fields(cls, data: dict[bytes | str, bytes]):
 def _schema_checked(cls, header: dict) -> dict:
     """A record's JSON header read at this build's schema: a readable older schema is raised to it."""
     if header.get("schema") not in READABLE_SCHEMAS:
-        raise RecordError(f"{cls.__name__}.schema is {header.get('schema')!r}, this build reads "
-                          f"{', '.join(map(str, READABLE_SCHEMAS))}")
+        raise RecordError(
+            f"{cls.__name__}.schema is {header.get('schema')!r}, this build reads "
+            f"{', '.join(map(str, READABLE_SCHEMAS))}"
+        )
     return {**header, "schema": SCHEMA_VERSION}
 
 

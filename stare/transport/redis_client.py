@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -44,13 +45,24 @@ def connect_client(url: str, *, socket_timeout_s: float = 5.0, decode_responses:
     """A client with socket timeouts on every call and no hidden client-side retries (callers retry
     with `retrying` or RedisStream, logged): every Redis user of a run builds its client here."""
     return redis.Redis.from_url(
-        url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s, socket_keepalive=True,
-        retry=Retry(NoBackoff(), 0), decode_responses=decode_responses,
+        url,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=socket_timeout_s,
+        socket_keepalive=True,
+        retry=Retry(NoBackoff(), 0),
+        decode_responses=decode_responses,
     )
 
 
-def retrying(fn: Callable[[], R], what: str, *, op_timeout_s: float = 30.0, retries: int | None = None,
-             backoff_s: float = 0.05, max_backoff_s: float = 2.0) -> R:
+def retrying(
+    fn: Callable[[], R],
+    what: str,
+    *,
+    op_timeout_s: float = 30.0,
+    retries: int | None = None,
+    backoff_s: float = 0.05,
+    max_backoff_s: float = 2.0,
+) -> R:
     """Run one plain Redis call, retrying a lost connection with exponential backoff (logged), for
     at most `retries` attempts (None: no count limit) and op_timeout_s in all; then the last error
     propagates. For the run's keys outside the streams (weights pointer, feeder cursor, run state)."""

@@ -29,8 +29,12 @@ def raw_fields(raw: object) -> dict[str, bytes | str]:
         except Exception as err:  # an invalid record may not even encode; keep what we can
             return {"repr": repr(raw)[:100_000], "encode_error": f"{type(err).__name__}: {err}"}
     if isinstance(raw, dict):
-        return {as_str(k) if isinstance(k, (bytes, str)) else repr(k):
-                v if isinstance(v, (bytes, str, int, float)) else repr(v) for k, v in raw.items()}
+        return {
+            as_str(k) if isinstance(k, (bytes, str)) else repr(k): v
+            if isinstance(v, (bytes, str, int, float))
+            else repr(v)
+            for k, v in raw.items()
+        }
     if isinstance(raw, (bytes, str)):
         return {"raw": raw}
     return {"repr": repr(raw)[:100_000]}

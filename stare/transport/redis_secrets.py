@@ -73,8 +73,13 @@ def masked(url: str) -> str:
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
 
 
-def resolve_url(default: str, *, url: str | None = None, url_file: str | Path | None = None,
-                environ: Mapping[str, str] | None = None) -> str:
+def resolve_url(
+    default: str,
+    *,
+    url: str | None = None,
+    url_file: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> str:
     """The role's Redis URL (see the module docstring for the order)."""
     env = os.environ if environ is None else environ
     if url:
@@ -87,8 +92,7 @@ def resolve_url(default: str, *, url: str | None = None, url_file: str | Path | 
         found = env.get(URL_ENV) or default
     check_url(found)
     if not has_password(found) and env.get(PASSWORD_FILE_ENV):
-        found = with_password(found, read_secret(env[PASSWORD_FILE_ENV], PASSWORD_FILE_ENV),
-                              urlsplit(found).username)
+        found = with_password(found, read_secret(env[PASSWORD_FILE_ENV], PASSWORD_FILE_ENV), urlsplit(found).username)
     return found
 
 
@@ -101,13 +105,17 @@ def check_url(url: str) -> None:
     except ValueError as err:
         raise SecretError(f"Redis URL {masked_safely(url)}: {err}; write it as {example}") from None
     if parts.scheme not in ("redis", "rediss", "unix"):
-        raise SecretError(f"Redis URL {masked_safely(url)}: scheme {parts.scheme or '(none)'!r} is not redis, rediss "
-                          f"or unix; write it as {example}")
+        raise SecretError(
+            f"Redis URL {masked_safely(url)}: scheme {parts.scheme or '(none)'!r} is not redis, rediss "
+            f"or unix; write it as {example}"
+        )
     if parts.scheme != "unix" and not parts.hostname:
         raise SecretError(f"Redis URL {masked_safely(url)}: no host; write it as {example}")
     if parts.scheme != "unix" and parts.path not in ("", "/") and not parts.path.lstrip("/").isdigit():
-        raise SecretError(f"Redis URL {masked_safely(url)}: database {parts.path.lstrip('/')!r} is not a number; "
-                          f"write it as {example}")
+        raise SecretError(
+            f"Redis URL {masked_safely(url)}: database {parts.path.lstrip('/')!r} is not a number; "
+            f"write it as {example}"
+        )
     del port
 
 
@@ -117,4 +125,3 @@ def masked_safely(url: str) -> str:
         return masked(url)
     except (ValueError, IndexError):
         return "(unparsable, not shown: it may hold a password)"
-

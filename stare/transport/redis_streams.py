@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Generic, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
 
 import redis
 
@@ -84,14 +85,20 @@ class RedisStream(Generic[T]):
     ):
         socket_timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
         if socket_timeout is None:
-            raise ValueError("the Redis client has no socket_timeout; build it with RedisTransport.connect "
-                             "or redis.Redis(..., socket_timeout=5, socket_connect_timeout=5)")
+            raise ValueError(
+                "the Redis client has no socket_timeout; build it with RedisTransport.connect "
+                "or redis.Redis(..., socket_timeout=5, socket_connect_timeout=5)"
+            )
         if block_ms <= 0 or block_ms >= socket_timeout * 1000:
-            raise ValueError(f"block_ms={block_ms} must be in (0, socket_timeout={socket_timeout}s): a blocking read "
-                             "longer than the socket timeout would time out")
+            raise ValueError(
+                f"block_ms={block_ms} must be in (0, socket_timeout={socket_timeout}s): a blocking read "
+                "longer than the socket timeout would time out"
+            )
         if max_backlog is not None and not 1 <= max_backlog <= maxlen:
-            raise ValueError(f"max_backlog={max_backlog} must be in [1, maxlen={maxlen}], so that MAXLEN trimming "
-                             "never removes an entry that was not delivered yet")
+            raise ValueError(
+                f"max_backlog={max_backlog} must be in [1, maxlen={maxlen}], so that MAXLEN trimming "
+                "never removes an entry that was not delivered yet"
+            )
         if max_deliveries is not None and max_deliveries < 2:
             raise ValueError(f"max_deliveries={max_deliveries} must be >= 2 (or None to never give up on an entry)")
         self.client, self.codec, self.group = client, codec, checked_key_part(group, "group")
@@ -206,8 +213,10 @@ class RedisStream(Generic[T]):
         start = "0-0"
         while len(claimed) < max_count:
             count = min(100, max_count - len(claimed))
-            reply = self._call("XAUTOCLAIM", lambda: self.client.xautoclaim(
-                self.key, self.group, consumer, idle, start_id=start, count=count))
+            reply = self._call(
+                "XAUTOCLAIM",
+                lambda: self.client.xautoclaim(self.key, self.group, consumer, idle, start_id=start, count=count),
+            )
             start, entries, trimmed = as_str(reply[0]), reply[1], reply[2] if len(reply) > 2 else []
             claimed += [(as_str(i), f) for i, f in entries]
             if trimmed:
@@ -244,22 +253,27 @@ class RedisStream(Generic[T]):
         only shrink it) leaves no room; not atomic with the XADDs, so producers racing each other
         can overshoot `max_backlog` by at most one batch each."""
         if n > self.max_backlog:
-            raise ValueError(f"publishing {n} records at once can never fit max_backlog={self.max_backlog} "
-                             f"of stream {self.key}; publish in smaller batches")
+            raise ValueError(
+                f"publishing {n} records at once can never fit max_backlog={self.max_backlog} "
+                f"of stream {self.key}; publish in smaller batches"
+            )
         deadline, wait = time.monotonic() + self.publish_timeout_s, 0.01
-        while (backlog := self._call("XINFO GROUPS", lambda: self._backlog(limit=self.max_backlog + 1))) + n \
-                > self.max_backlog:
+        while (
+            backlog := self._call("XINFO GROUPS", lambda: self._backlog(limit=self.max_backlog + 1))
+        ) + n > self.max_backlog:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise BackpressureError(
                     f"stream {self.key}: backlog {backlog} + {n} new > max_backlog {self.max_backlog} (waited "
                     f"{self.publish_timeout_s}s); consumers of group {self.group!r} are behind: add consumers, "
-                    "raise max_backlog, or publish with a longer publish_timeout_s")
+                    "raise max_backlog, or publish with a longer publish_timeout_s"
+                )
             time.sleep(min(wait, left))
             wait = min(wait * 2, 0.5)
 
-    def _xadd_transaction(self, encoded: list[dict[str, bytes]], ack: tuple["RedisStream", Sequence[str]] | None
-                          ) -> list[str]:
+    def _xadd_transaction(
+        self, encoded: list[dict[str, bytes]], ack: tuple[RedisStream, Sequence[str]] | None
+    ) -> list[str]:
         # With an ack: MULTI/EXEC, so outputs and ack land together or not at all; also one AOF fsync
         # with `appendfsync always` (Redis reads a large plain pipeline over several event-loop turns
         # and fsyncs after each: 128 0.8 kB records took ~40 ms as a pipeline, ~8 ms as one
@@ -318,8 +332,14 @@ class RedisStream(Generic[T]):
         self._call("dead letter", write)
         for entry_id, _, reason in items:
             self._inflight.pop(entry_id, None)
-        log.warning("stream %s: %d entries dead-lettered to %s (first: %s: %s)",
-                    self.key, len(items), self.dead_key, items[0][0], items[0][2])
+        log.warning(
+            "stream %s: %d entries dead-lettered to %s (first: %s: %s)",
+            self.key,
+            len(items),
+            self.dead_key,
+            items[0][0],
+            items[0][2],
+        )
 
     def _drop_poison(self, claimed: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
         def counts() -> list:
@@ -333,10 +353,21 @@ class RedisStream(Generic[T]):
         if poison:
             ids = [i for i, _ in poison]
             errors = self._call("HMGET", lambda: self.client.hmget(self.failures_key, ids))
-            self._dead_letter_many([
-                (i, f, f"delivered {times[i] - 1} times without an ack (max_deliveries={self.max_deliveries}); "
-                 + (f"last error: {as_str(e)}" if e is not None else "its consumer died or stalled on it each time"))
-                for (i, f), e in zip(poison, errors)])
+            self._dead_letter_many(
+                [
+                    (
+                        i,
+                        f,
+                        f"delivered {times[i] - 1} times without an ack (max_deliveries={self.max_deliveries}); "
+                        + (
+                            f"last error: {as_str(e)}"
+                            if e is not None
+                            else "its consumer died or stalled on it each time"
+                        ),
+                    )
+                    for (i, f), e in zip(poison, errors)
+                ]
+            )
             self._call("HDEL", lambda: self.client.hdel(self.failures_key, *ids))
             self._failed.difference_update(ids)
             dropped = set(ids)
@@ -380,17 +411,28 @@ class RedisStream(Generic[T]):
                 elapsed = time.monotonic() - start
                 delay = min(self.backoff_s * 2 ** (attempt - 1), self.max_backoff_s)
                 if attempt > self.retries or elapsed + delay > self.op_timeout_s:
-                    log.error("stream %s: %s failed after %d attempts in %.1fs: %s", self.key, what, attempt, elapsed, err)
+                    log.error(
+                        "stream %s: %s failed after %d attempts in %.1fs: %s", self.key, what, attempt, elapsed, err
+                    )
                     raise
-                log.warning("stream %s: %s lost the connection (%s: %s); retry %d/%d in %.2fs",
-                            self.key, what, type(err).__name__, err, attempt, self.retries, delay)
+                log.warning(
+                    "stream %s: %s lost the connection (%s: %s); retry %d/%d in %.2fs",
+                    self.key,
+                    what,
+                    type(err).__name__,
+                    err,
+                    attempt,
+                    self.retries,
+                    delay,
+                )
                 # a lost reply may have delivered or claimed entries: replay our pending ones next read
                 self._cursor = dict.fromkeys(self._cursor, "0")
                 time.sleep(delay)
             except redis.ResponseError as err:
                 if regrouped or not ("NOGROUP" in str(err) or "no such key" in str(err)):
                     raise
-                log.warning("stream %s: consumer group %r is gone (Redis lost its data?); recreating it",
-                            self.key, self.group)
+                log.warning(
+                    "stream %s: consumer group %r is gone (Redis lost its data?); recreating it", self.key, self.group
+                )
                 regrouped = True
                 self._create_group()

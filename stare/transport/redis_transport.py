@@ -25,12 +25,14 @@ class RedisTransport:
     scored: RedisStream[Trajectory]
 
     @classmethod
-    def connect(cls, url: str, run_id: str, *, socket_timeout_s: float = 5.0, **stream_options: Any) -> "RedisTransport":
+    def connect(cls, url: str, run_id: str, *, socket_timeout_s: float = 5.0, **stream_options: Any) -> RedisTransport:
         """Connect to `url` (redis://host:port/db) with socket timeouts on every call and no hidden
         client-side retries (RedisStream retries, logged); `stream_options` go to each RedisStream."""
         client = connect_client(url, socket_timeout_s=socket_timeout_s)
-        streams = {name: RedisStream(client, run_id, name, codec, group=group, **stream_options)
-                   for name, codec, group in _STREAMS}
+        streams = {
+            name: RedisStream(client, run_id, name, codec, group=group, **stream_options)
+            for name, codec, group in _STREAMS
+        }
         return cls(client=client, **streams)
 
     def close(self) -> None:

@@ -75,8 +75,9 @@ class BackgroundPublisher:
     def wait_idle(self, timeout_s: float) -> bool:
         """Block until every handed-over version was sent (True) or timeout_s passed (False)."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._waiting is None and self._sending is None or
-                                       self._error is not None, timeout=timeout_s)
+            return self._cond.wait_for(
+                lambda: self._waiting is None and self._sending is None or self._error is not None, timeout=timeout_s
+            )
 
     def close(self) -> None:
         """Send what waits (bounded by close_timeout_s), stop the thread, close the inner publisher."""
@@ -114,7 +115,7 @@ class BackgroundPublisher:
                     self.inner.publish(version, state)
                     self.last_sync_s = time.perf_counter() - t0
                 del state
-            except BaseException as err:  # noqa: BLE001 - handed to the learner's thread
+            except BaseException as err:
                 log.error("publishing weight version %d failed: %s", version, err)
                 with self._cond:
                     self._error = err

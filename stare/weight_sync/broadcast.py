@@ -36,10 +36,16 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from stare.weight_sync.buckets import BucketPacker, Layout
 from stare.weight_sync.broadcast_recv import GENERATION_OVER, BroadcastSubscriber
-from stare.weight_sync.communicator import (Setting, build_communicator, check_setting, choose_communicator,
-                                            device_scope, nccl_gpu)
+from stare.weight_sync.buckets import BucketPacker, Layout
+from stare.weight_sync.communicator import (
+    Setting,
+    build_communicator,
+    check_setting,
+    choose_communicator,
+    device_scope,
+    nccl_gpu,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +55,23 @@ DEFAULT_BUCKET_BYTES = 256 * 2**20
 class BroadcastPublisher:
     """Learner side: hosts the rendezvous and sends each new version to the current members."""
 
-    def __init__(self, host: str, port: int, *, timeout_s: float = 30.0, communicator: Setting = "auto",
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout_s: float = 30.0,
+        communicator: Setting = "auto",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ):
         check_setting(communicator)
         self.timeout_s, self.setting, self.bucket_bytes = timeout_s, communicator, bucket_bytes
         self._gpu = nccl_gpu(communicator)
         # the learner's GPU, fixed here: `publish` may run in a thread of its own (background.py)
         self._device = torch.device("cuda", torch.cuda.current_device()) if self._gpu else None
-        self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=timeout_s), use_libuv=True)
+        self.store = dist.TCPStore(
+            host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s), use_libuv=True
+        )
         self.store.set("gen", "0")
         self.store.set("version", "-1")
         self.generation = 0
@@ -140,8 +154,11 @@ class BroadcastPublisher:
     def _form(self, members: list[str]) -> None:
         name, left_out = choose_communicator(self.setting, self._gpu, {m: self._member_gpus.get(m) for m in members})
         if left_out:
-            log.warning("weight sync is nccl; %s have no NCCL or share a GPU with another member and stay out of the "
-                        "group: give every role its own GPU, or set system.weight_sync_communicator: auto", left_out)
+            log.warning(
+                "weight sync is nccl; %s have no NCCL or share a GPU with another member and stay out of the "
+                "group: give every role its own GPU, or set system.weight_sync_communicator: auto",
+                left_out,
+            )
             members = [m for m in members if m not in left_out]
         old = (self.generation, self._seq)
         self.generation += 1
@@ -157,13 +174,20 @@ class BroadcastPublisher:
             self._pg = self._comm.group(self.store, g, 0, len(members) + 1, self.timeout_s)
         except Exception as err:  # a joiner died before connecting: drop the generation
             self.failures += 1
-            log.warning("weight group generation %d (%d workers) did not form: %s; members must rejoin", g,
-                        len(members), err)
+            log.warning(
+                "weight group generation %d (%d workers) did not form: %s; members must rejoin", g, len(members), err
+            )
             self._dissolve(f"formation failed: {err}")
             return
         self.members, self._lost = members, set()
-        log.info("weight group generation %d (%s) formed with %d workers in %.2fs: %s", g, name, len(members),
-                 time.perf_counter() - t0, members)
+        log.info(
+            "weight group generation %d (%s) formed with %d workers in %.2fs: %s",
+            g,
+            name,
+            len(members),
+            time.perf_counter() - t0,
+            members,
+        )
 
     def _layout_key(self, layout: Layout) -> int:
         """Store the version's layout if it changed; the broadcast seq it is stored under."""
@@ -187,8 +211,13 @@ class BroadcastPublisher:
         if lost:
             self.failures += 1
             self._lost.update(lost)
-            log.warning("weight version %d did not reach %s: %s; the other %d members have it", version,
-                        sorted(lost), "; ".join(lost.values()), len(self.alive_members))
+            log.warning(
+                "weight version %d did not reach %s: %s; the other %d members have it",
+                version,
+                sorted(lost),
+                "; ".join(lost.values()),
+                len(self.alive_members),
+            )
             if not self.alive_members:
                 self._dissolve(f"every member failed: {lost}")
 
@@ -218,7 +247,7 @@ def _send_all(pg, messages, ranks: dict[int, str], lost: dict[str, str]) -> None
                 continue
             try:
                 current.append((name, [pg.send([msg.payload], rank, k)], msg.payload))  # alive until awaited
-            except Exception as err:  # noqa: BLE001 - the backends raise RuntimeError subclasses
+            except Exception as err:
                 lost[name] = str(err).splitlines()[0]
         _await(previous, lost)
         previous = current
@@ -233,7 +262,8 @@ def _await(sends: list, lost: dict[str, str]) -> None:
         try:
             for work in works:
                 work.wait()
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             lost[name] = str(err).splitlines()[0]
+
 
 __all__ = ["GENERATION_OVER", "BroadcastPublisher", "BroadcastSubscriber"]  # the workers' end re-exported

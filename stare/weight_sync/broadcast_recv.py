@@ -40,8 +40,18 @@ class BroadcastSubscriber:
     """Rollout side: joins the learner's group and receives every broadcast in a background thread;
     `fetch` hands the newest received version to the rollout loop."""
 
-    def __init__(self, host: str, port: int, name: str, *, timeout_s: float = 30.0, poll_s: float = 0.05,
-                 wait_s: float = 1.0, communicator: Setting = "auto", buffer_sets: int = 2):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        name: str,
+        *,
+        timeout_s: float = 30.0,
+        poll_s: float = 0.05,
+        wait_s: float = 1.0,
+        communicator: Setting = "auto",
+        buffer_sets: int = 2,
+    ):
         check_setting(communicator)
         if buffer_sets not in (1, 2):
             raise ValueError(f"buffer_sets must be 1 or 2, got {buffer_sets}")
@@ -79,8 +89,9 @@ class BroadcastSubscriber:
     def wait_for(self, min_version: int, timeout_s: float) -> bool:
         """Block until a version >= min_version has arrived (True) or timeout_s passed (False)."""
         with self._lock:
-            return self._lock.wait_for(lambda: self._latest is not None and self._latest[0] >= min_version,
-                                       timeout=timeout_s)
+            return self._lock.wait_for(
+                lambda: self._latest is not None and self._latest[0] >= min_version, timeout=timeout_s
+            )
 
     def close(self) -> None:
         """Stop receiving; a receive in progress is abandoned (the thread is a daemon)."""
@@ -94,8 +105,9 @@ class BroadcastSubscriber:
             try:
                 # a plain connect first: fails fast (and quietly) while no learner listens
                 socket.create_connection((self.host, self.port), timeout=2.0).close()
-                store = dist.TCPStore(self.host, self.port, is_master=False, timeout=timedelta(seconds=self.timeout_s),
-                                      use_libuv=True)
+                store = dist.TCPStore(
+                    self.host, self.port, is_master=False, timeout=timedelta(seconds=self.timeout_s), use_libuv=True
+                )
                 backoff = 0.1
                 while not self._stop.is_set():
                     self._serve_one_generation(store)
@@ -125,14 +137,20 @@ class BroadcastSubscriber:
         pg = comm.group(store, g, rank, len(members) + 1, self.timeout_s)
         self.generations_joined += 1
         self.communicator = comm.name
-        log.info("weight receiver %s joined generation %d (%s) as rank %d of %d", self.name, g, comm.name, rank,
-                 len(members) + 1)
+        log.info(
+            "weight receiver %s joined generation %d (%s) as rank %d of %d",
+            self.name,
+            g,
+            comm.name,
+            rank,
+            len(members) + 1,
+        )
         seq = 0
         while not self._stop.is_set():
             key = f"gen/{g}/bcast/{seq}"
             try:  # blocks in the store (no polling traffic) until the learner announces the next one
                 store.wait([key], timedelta(seconds=self.wait_s))
-            except Exception:  # noqa: BLE001 - torch raises a timeout error of its own kind: check stop, wait again
+            except Exception:
                 if not store.check([key]):
                     continue
             announced = store.get(key).decode().split()
@@ -174,10 +192,13 @@ class BroadcastSubscriber:
         with self._lock:
             self._pool = [b for b in self._pool if b.device == device]
             if self.buffer_sets == 1 and self._pool and self._pool[0] is self._in_use:
-                if not self._lock.wait_for(lambda: self._in_use is not self._pool[0] or self._stop.is_set(),
-                                           timeout=self.timeout_s):
-                    raise RuntimeError(f"weight receiver {self.name}: the rollout loop kept the weights it took for "
-                                       f"{self.timeout_s:.0f} s (one receive buffer set: it must fetch between steps)")
+                if not self._lock.wait_for(
+                    lambda: self._in_use is not self._pool[0] or self._stop.is_set(), timeout=self.timeout_s
+                ):
+                    raise RuntimeError(
+                        f"weight receiver {self.name}: the rollout loop kept the weights it took for "
+                        f"{self.timeout_s:.0f} s (one receive buffer set: it must fetch between steps)"
+                    )
             latest = self._latest[2] if self._latest else None
             for buffers in self._pool:
                 if buffers is not self._in_use and buffers is not latest:

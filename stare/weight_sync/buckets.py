@@ -41,8 +41,21 @@ import torch
 ALIGN = 64  # bytes: any dtype can view a packed tensor at an aligned offset
 PACK_MAX_BYTES = 2**20  # larger tensors are sent from their own memory
 EMPTY = -1  # the segment of an empty tensor: it has no bytes on the wire
-DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64,
-                              torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
+DTYPES = {
+    str(d): d
+    for d in (
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    )
+}
 
 Meta = tuple[str, list[int], str]  # name, shape, dtype
 LayoutEntry = tuple[str, list[int], str, int, int]  # name, shape, dtype, segment, offset
@@ -124,7 +137,9 @@ def state_aliases(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
     return {} if hasattr(state, "meta") else tensor_aliases(state)
 
 
-def plan_layout(meta: list[Meta], bucket_bytes: int, pack_bytes: int, aliases: Mapping[str, str] | None = None) -> Layout:
+def plan_layout(
+    meta: list[Meta], bucket_bytes: int, pack_bytes: int, aliases: Mapping[str, str] | None = None
+) -> Layout:
     """The layout of a version (pure). A tensor larger than `pack_bytes` closes the open bucket and
     takes a segment of its own, so segments are in iteration order and the sender never goes back.
     `aliases` (name -> an earlier name with the same shape and dtype): the name gets its original's
@@ -140,8 +155,10 @@ def plan_layout(meta: list[Meta], bucket_bytes: int, pack_bytes: int, aliases: M
         original = placed.get((aliases or {}).get(name, ""))
         if original is not None and n > 0:
             if (original[1], original[2]) != (shape, dtype):
-                raise ValueError(f"weight {name} {shape} {dtype} is tied to {original[0]} {original[1]} {original[2]}: "
-                                 "an alias must have its original's shape and dtype")
+                raise ValueError(
+                    f"weight {name} {shape} {dtype} is tied to {original[0]} {original[1]} {original[2]}: "
+                    "an alias must have its original's shape and dtype"
+                )
             entries.append((name, shape, dtype, original[3], original[4]))
             continue
         if n == 0:
@@ -195,29 +212,31 @@ class BucketPacker:
         for name, value in state.items():  # the one pass
             entry = next(planned, None)
             if entry is None or (entry[0], entry[1], entry[2]) != (name, list(value.shape), str(value.dtype)):
-                raise ValueError(f"weight {name} {list(value.shape)} {value.dtype} is not the planned {entry}: the state "
-                                 "changed between its layout and its pass")
+                raise ValueError(
+                    f"weight {name} {list(value.shape)} {value.dtype} is not the planned {entry}: the state "
+                    "changed between its layout and its pass"
+                )
             _, shape, dtype, segment, offset = entry
             if segment == EMPTY or (segment, offset) in placed:
                 continue
             placed.add((segment, offset))
             data = as_bytes(value, self.device)
             if segment != open_seg and bucket is not None:  # the open bucket is complete
-                yield Message(open_seg, 0, bucket[:layout.segments[open_seg]])
+                yield Message(open_seg, 0, bucket[: layout.segments[open_seg]])
                 sent, bucket, open_seg = sent + 1, None, EMPTY
             n = data.numel()
             if n > self.pack_bytes:  # a segment of its own, sent from the tensor's memory
                 for start in range(0, n, self.bucket_bytes):
-                    yield Message(segment, start, data[start:start + self.bucket_bytes])
+                    yield Message(segment, start, data[start : start + self.bucket_bytes])
                     sent += 1
                 continue
             if bucket is None:
                 open_seg, bucket = segment, self._bucket(sent)
-            bucket[offset:offset + n].copy_(data)
+            bucket[offset : offset + n].copy_(data)
         if next(planned, None) is not None:
             raise ValueError("the state has fewer tensors than its layout: it changed between its layout and its pass")
         if bucket is not None:
-            yield Message(open_seg, 0, bucket[:layout.segments[open_seg]])
+            yield Message(open_seg, 0, bucket[: layout.segments[open_seg]])
 
 
 class Segments:
@@ -238,8 +257,8 @@ class Segments:
                 self.buffers[k] = buffer
             else:
                 self.buffers.append(buffer)
-        del self.buffers[len(layout.segments):]
-        return [self.buffers[s][start:start + n] for s, start, n in layout.messages()]
+        del self.buffers[len(layout.segments) :]
+        return [self.buffers[s][start : start + n] for s, start, n in layout.messages()]
 
     def tensors(self, layout: Layout) -> dict[str, torch.Tensor]:
         """name -> view of the received bytes, with the sender's shape and dtype."""
@@ -250,5 +269,5 @@ class Segments:
                 out[name] = torch.empty(shape, dtype=dt, device=self.device)
                 continue
             n = dt.itemsize * _numel(shape)
-            out[name] = self.buffers[segment][offset:offset + n].view(dt).view(shape)
+            out[name] = self.buffers[segment][offset : offset + n].view(dt).view(shape)
         return out

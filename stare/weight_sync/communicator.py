@@ -40,8 +40,12 @@ CommunicatorName = Literal["gloo", "nccl"]
 # learner's DeepSpeed group, dump and then abort the whole learner because one rollout worker died.
 # ENABLE_MONITORING 0: where this group is a process's first NCCL group (a rollout worker), no
 # heartbeat monitor of its own either. Checked from torch's ProcessGroupNCCL source, not on a GPU.
-NCCL_GROUP_ENV = {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
-                  "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_ENABLE_MONITORING": "0"}
+NCCL_GROUP_ENV = {
+    "TORCH_NCCL_BLOCKING_WAIT": "1",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+    "TORCH_NCCL_ENABLE_MONITORING": "0",
+}
 Setting = Literal["auto", "gloo", "nccl"]
 
 
@@ -71,8 +75,10 @@ class NcclCommunicator:
     def __init__(self, device: torch.device | None = None) -> None:
         problem = nccl_problem()
         if problem:
-            raise RuntimeError(f"NCCL weight sync is not possible here: {problem}; set "
-                               "system.weight_sync_communicator: gloo (or auto, which picks gloo without CUDA)")
+            raise RuntimeError(
+                f"NCCL weight sync is not possible here: {problem}; set "
+                "system.weight_sync_communicator: gloo (or auto, which picks gloo without CUDA)"
+            )
         self.device = device or torch.device("cuda", torch.cuda.current_device())
 
     def group(self, store, generation: int, rank: int, size: int, timeout_s: float):
@@ -123,8 +129,9 @@ def nccl_device_id() -> str | None:
     return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
 
 
-def choose_communicator(setting: Setting, learner_gpu: str | None, member_gpus: dict[str, str | None]
-                        ) -> tuple[CommunicatorName, list[str]]:
+def choose_communicator(
+    setting: Setting, learner_gpu: str | None, member_gpus: dict[str, str | None]
+) -> tuple[CommunicatorName, list[str]]:
     """The communicator of a generation and the members it leaves out (pure). `learner_gpu` and
     `member_gpus`: each end's `nccl_device_id()` (None: no NCCL).
 
@@ -137,7 +144,9 @@ def choose_communicator(setting: Setting, learner_gpu: str | None, member_gpus: 
     if setting not in ("auto", "nccl"):
         raise ValueError(f"system.weight_sync_communicator must be auto, gloo or nccl, got {setting!r}")
     if learner_gpu is None and setting == "nccl":
-        raise ValueError("system.weight_sync_communicator is nccl but the learner has no CUDA/NCCL: set it to auto or gloo")
+        raise ValueError(
+            "system.weight_sync_communicator is nccl but the learner has no CUDA/NCCL: set it to auto or gloo"
+        )
     taken, left_out = {learner_gpu}, []
     for name, gpu in member_gpus.items():
         if gpu is None or gpu in taken:

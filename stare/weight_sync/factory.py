@@ -26,8 +26,10 @@ def communicator_setting(cfg: TrainConfig, *, rollout_end: bool) -> str:
     setting = cfg.system.weight_sync_communicator
     tp = getattr(cfg.rollout.engine, "tensor_parallel_size", 1)
     if tp > 1 and setting == "nccl":
-        raise ValueError(f"system.weight_sync_communicator: nccl needs rollout.engine.tensor_parallel_size 1 (got {tp}): "
-                         "set the communicator to auto or gloo")
+        raise ValueError(
+            f"system.weight_sync_communicator: nccl needs rollout.engine.tensor_parallel_size 1 (got {tp}): "
+            "set the communicator to auto or gloo"
+        )
     return "gloo" if tp > 1 and rollout_end else setting
 
 
@@ -49,10 +51,13 @@ def build_publisher(cfg: TrainConfig, client, *, background: bool | None = None)
     if s.weight_sync == "broadcast":
         from stare.weight_sync.broadcast import BroadcastPublisher
 
-        publisher = BroadcastPublisher(broadcast_bind_host(s.broadcast_host), s.broadcast_port,
-                                       timeout_s=s.broadcast_timeout_s,
-                                       communicator=communicator_setting(cfg, rollout_end=False),
-                                       bucket_bytes=s.weight_sync_bucket_mb * 2**20)
+        publisher = BroadcastPublisher(
+            broadcast_bind_host(s.broadcast_host),
+            s.broadcast_port,
+            timeout_s=s.broadcast_timeout_s,
+            communicator=communicator_setting(cfg, rollout_end=False),
+            bucket_bytes=s.weight_sync_bucket_mb * 2**20,
+        )
     else:
         from stare.weight_sync.filesystem import FilesystemPublisher
 
@@ -77,9 +82,14 @@ def build_subscriber(cfg: TrainConfig, name: str, client) -> WeightSubscriber:
     if s.weight_sync == "broadcast":
         from stare.weight_sync.broadcast import BroadcastSubscriber
 
-        return BroadcastSubscriber(s.broadcast_host, s.broadcast_port, name, timeout_s=s.broadcast_timeout_s,
-                                   communicator=communicator_setting(cfg, rollout_end=True),
-                                   buffer_sets=receive_buffer_sets(cfg))
+        return BroadcastSubscriber(
+            s.broadcast_host,
+            s.broadcast_port,
+            name,
+            timeout_s=s.broadcast_timeout_s,
+            communicator=communicator_setting(cfg, rollout_end=True),
+            buffer_sets=receive_buffer_sets(cfg),
+        )
     from stare.weight_sync.filesystem import FilesystemSubscriber
 
     return FilesystemSubscriber(client, cfg.run.name)

@@ -61,8 +61,10 @@ class FilesystemPublisher:
         save_file(_unshared(state_dict), str(tmp / FILE), metadata={"version": str(version)})
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        retrying(lambda: self.client.hset(self.key, mapping={"version": version, "path": str(final / FILE)}),
-                 f"HSET {self.key}")
+        retrying(
+            lambda: self.client.hset(self.key, mapping={"version": version, "path": str(final / FILE)}),
+            f"HSET {self.key}",
+        )
         self.version = version
         self._prune()
 

@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from learner.engine.checkpoints import CheckpointError
-from stare.config import build_config
 from stare.app.launch.embedded import prepare_run, run_training
+from stare.config import build_config
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,14 @@ def test_help_lists_the_commands_without_heavy_imports():
     out = subprocess.run([sys.executable, "-m", "stare.app.cli", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "train" in out.stdout and "compare" in out.stdout
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys, stare.app.cli; stare.app.cli.build_parser(); print('torch' in sys.modules)"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-c",
+            "import sys, stare.app.cli; stare.app.cli.build_parser(); print('torch' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert probe.stdout.strip() == "False"  # no heavy import before a subcommand runs
 

@@ -22,8 +22,11 @@ DATA_ROW = {"data_source": "d", "prompt": "1+1=", "reward_model": {"ground_truth
 def _snapshot(folder: Path) -> dict[str, str]:
     if not folder.exists():
         return {}
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 def _write(path: Path, data: bytes | str) -> Path:
@@ -46,8 +49,10 @@ def _truncate(path: Path, keep: int = 100) -> None:
 def _fake_run(root: Path, tiny: Path, damage=None, config: str | None = None) -> Path:
     """A run folder as `stare train` leaves it (config.yaml, a checkpoint with its manifest)."""
     run = root / "runs" / "old"
-    _write(run / "config.yaml", config if config is not None else
-           f"run:\n  name: old\n  output_dir: {root / 'runs'}\nmodel:\n  path: {tiny}\n")
+    _write(
+        run / "config.yaml",
+        config if config is not None else f"run:\n  name: old\n  output_dir: {root / 'runs'}\nmodel:\n  path: {tiny}\n",
+    )
     _write(run / "metrics.jsonl", '{"step": 1}\n')
     step = run / "checkpoints" / "step_000001"
     _write(step / "mp_rank_00_model_states.pt", b"w" * 1000)
@@ -62,95 +67,220 @@ def _fake_run(root: Path, tiny: Path, damage=None, config: str | None = None) ->
 # (id, argv builder(root, tiny) -> (argv, run folder to watch), text the message must hold)
 CASES = [
     # --- configs
-    ("yaml-syntax", lambda r, t: (["train", "--config", _write(r / "c.yaml", "run:\n  name: x\n steps: [\n")], None),
-     ["c.yaml line 3 column 2: invalid YAML"]),
-    ("yaml-not-utf8", lambda r, t: (["train", "--config", _write(r / "c.yaml", b"run:\n  name: \xff\n")], None),
-     ["c.yaml line 2 column 9: not UTF-8 (byte 0xff)"]),
-    ("yaml-top-level-list", lambda r, t: (["train", "--config", _write(r / "c.yaml", "- a\n- b\n")], None),
-     ["c.yaml: a config file must hold a YAML mapping"]),
+    (
+        "yaml-syntax",
+        lambda r, t: (["train", "--config", _write(r / "c.yaml", "run:\n  name: x\n steps: [\n")], None),
+        ["c.yaml line 3 column 2: invalid YAML"],
+    ),
+    (
+        "yaml-not-utf8",
+        lambda r, t: (["train", "--config", _write(r / "c.yaml", b"run:\n  name: \xff\n")], None),
+        ["c.yaml line 2 column 9: not UTF-8 (byte 0xff)"],
+    ),
+    (
+        "yaml-top-level-list",
+        lambda r, t: (["train", "--config", _write(r / "c.yaml", "- a\n- b\n")], None),
+        ["c.yaml: a config file must hold a YAML mapping"],
+    ),
     ("config-missing", lambda r, t: (["train", "--config", r / "nope.yaml"], None), ["nope.yaml does not exist"]),
     ("unknown-key", lambda r, t: (["train", "--set", "optim.lrr=1"], None), ["optim.lrr: Extra inputs"]),
     ("out-of-bounds", lambda r, t: (["train", "--set", "run.steps=0"], None), ["run.steps: Input should be greater"]),
-    ("wrong-type", lambda r, t: (["train", "--set", "run.steps=many"], None), ["run.steps: Input should be a valid int"]),
+    (
+        "wrong-type",
+        lambda r, t: (["train", "--set", "run.steps=many"], None),
+        ["run.steps: Input should be a valid int"],
+    ),
     ("set-without-equals", lambda r, t: (["train", "--set", "run.steps"], None), ["--set expects KEY=VALUE"]),
     ("unknown-algo", lambda r, t: (["train", "--algo", "ppo2"], None), ["--algo 'ppo2' is not a known algorithm"]),
-    ("set-into-a-value", lambda r, t: (["train", "--set", "run.name.x=1"], None), ["run.name: Input should be a valid string"]),
+    (
+        "set-into-a-value",
+        lambda r, t: (["train", "--set", "run.name.x=1"], None),
+        ["run.name: Input should be a valid string"],
+    ),
     # --- model directories
-    ("model-not-a-folder", lambda r, t: (["train", "--set", f"model.path={r / 'nothing'}", "--set",
-                                          f"run.output_dir={r / 'runs'}"], r / "runs" / "tiny-stare"),
-     ["model.path: ", "nothing is not a folder"]),
-    ("model-no-config", lambda r, t: _model_args(r, t, lambda m: (m / "config.json").unlink()),
-     ["model.path: ", "(no config.json)"]),
-    ("model-config-corrupt", lambda r, t: _model_args(r, t, lambda m: _write(m / "config.json", BAD_JSON)),
-     ["config.json line 3 column 1: not valid JSON"]),
-    ("model-weights-truncated", lambda r, t: _model_args(r, t, lambda m: _truncate(m / "model.safetensors", 5000)),
-     ["model.safetensors: 5000 bytes, its header declares"]),
-    ("model-weights-garbage", lambda r, t: _model_args(r, t, lambda m: _write(m / "model.safetensors", b"nope")),
-     ["model.safetensors: not a safetensors file"]),
-    ("model-no-weights", lambda r, t: _model_args(r, t, lambda m: (m / "model.safetensors").unlink()),
-     ["has no weights"]),
-    ("model-tokenizer-corrupt", lambda r, t: _model_args(r, t, lambda m: _truncate(m / "tokenizer.json", 50)),
-     ["tokenizer.json line 4 column 3: not valid JSON"]),
+    (
+        "model-not-a-folder",
+        lambda r, t: (
+            ["train", "--set", f"model.path={r / 'nothing'}", "--set", f"run.output_dir={r / 'runs'}"],
+            r / "runs" / "tiny-stare",
+        ),
+        ["model.path: ", "nothing is not a folder"],
+    ),
+    (
+        "model-no-config",
+        lambda r, t: _model_args(r, t, lambda m: (m / "config.json").unlink()),
+        ["model.path: ", "(no config.json)"],
+    ),
+    (
+        "model-config-corrupt",
+        lambda r, t: _model_args(r, t, lambda m: _write(m / "config.json", BAD_JSON)),
+        ["config.json line 3 column 1: not valid JSON"],
+    ),
+    (
+        "model-weights-truncated",
+        lambda r, t: _model_args(r, t, lambda m: _truncate(m / "model.safetensors", 5000)),
+        ["model.safetensors: 5000 bytes, its header declares"],
+    ),
+    (
+        "model-weights-garbage",
+        lambda r, t: _model_args(r, t, lambda m: _write(m / "model.safetensors", b"nope")),
+        ["model.safetensors: not a safetensors file"],
+    ),
+    (
+        "model-no-weights",
+        lambda r, t: _model_args(r, t, lambda m: (m / "model.safetensors").unlink()),
+        ["has no weights"],
+    ),
+    (
+        "model-tokenizer-corrupt",
+        lambda r, t: _model_args(r, t, lambda m: _truncate(m / "tokenizer.json", 50)),
+        ["tokenizer.json line 4 column 3: not valid JSON"],
+    ),
     # --- datasets (a new run: the run folder must not be left behind)
     ("data-missing", lambda r, t: (_data_args(r, t, None), r / "runs" / "d"), ["data.jsonl: no such file"]),
-    ("data-bad-json", lambda r, t: (_data_args(r, t, json.dumps(DATA_ROW) + "\n{oops\n"), r / "runs" / "d"),
-     ["data.jsonl line 2: not valid JSON"]),
-    ("data-missing-field", lambda r, t: (_data_args(r, t, "\n" + json.dumps({"data_source": "d", "prompt": "x"}) + "\n"),
-                                         r / "runs" / "d"), ["data.jsonl line 2: missing field 'reward_model.ground_truth'"]),
-    ("data-not-utf8", lambda r, t: (_data_args(r, t, json.dumps(DATA_ROW).encode() + b"\n\xfe\n"), r / "runs" / "d"),
-     ["data.jsonl line 2: not UTF-8 (byte 0xfe"]),
+    (
+        "data-bad-json",
+        lambda r, t: (_data_args(r, t, json.dumps(DATA_ROW) + "\n{oops\n"), r / "runs" / "d"),
+        ["data.jsonl line 2: not valid JSON"],
+    ),
+    (
+        "data-missing-field",
+        lambda r, t: (
+            _data_args(r, t, "\n" + json.dumps({"data_source": "d", "prompt": "x"}) + "\n"),
+            r / "runs" / "d",
+        ),
+        ["data.jsonl line 2: missing field 'reward_model.ground_truth'"],
+    ),
+    (
+        "data-not-utf8",
+        lambda r, t: (_data_args(r, t, json.dumps(DATA_ROW).encode() + b"\n\xfe\n"), r / "runs" / "d"),
+        ["data.jsonl line 2: not UTF-8 (byte 0xfe"],
+    ),
     ("data-empty", lambda r, t: (_data_args(r, t, ""), r / "runs" / "d"), ["data.jsonl: no rows"]),
-    ("data-wrong-answer-type", lambda r, t: (_data_args(r, t, json.dumps({**DATA_ROW, "reward_model": {"ground_truth": [2]}})),
-                                             r / "runs" / "d"), ["data.jsonl line 1: field 'reward_model.ground_truth'"]),
-    ("data-unknown-suffix", lambda r, t: (_data_args(r, t, json.dumps(DATA_ROW), name="data.csv"), r / "runs" / "d"),
-     ["data.csv: unknown file type"]),
+    (
+        "data-wrong-answer-type",
+        lambda r, t: (
+            _data_args(r, t, json.dumps({**DATA_ROW, "reward_model": {"ground_truth": [2]}})),
+            r / "runs" / "d",
+        ),
+        ["data.jsonl line 1: field 'reward_model.ground_truth'"],
+    ),
+    (
+        "data-unknown-suffix",
+        lambda r, t: (_data_args(r, t, json.dumps(DATA_ROW), name="data.csv"), r / "runs" / "d"),
+        ["data.csv: unknown file type"],
+    ),
     # --- resume and checkpoints (the run folder must stay byte-identical)
-    ("resume-no-config", lambda r, t: (["train", "--resume", _write(r / "empty" / "x", "").parent], None),
-     ["no config.yaml there"]),
-    ("resume-no-checkpoint", lambda r, t: _resume(r, t, lambda run: shutil.rmtree(run / "checkpoints")),
-     ["holds no checkpoint"]),
-    ("resume-truncated-checkpoint", lambda r, t: _resume(r, t, lambda run: _truncate(
-        run / "checkpoints" / "step_000001" / "mp_rank_00_model_states.pt")),
-     ["step_000001/mp_rank_00_model_states.pt: 100 bytes, the manifest says 1000"]),
-    ("resume-broken-manifest", lambda r, t: _resume(r, t, lambda run: _write(
-        run / "checkpoints" / "step_000001" / "manifest.json", "{")), ["manifest.json: unreadable"]),
-    ("resume-broken-latest-only-checkpoint-cut", lambda r, t: _resume(r, t, lambda run: (
-        _write(run / "checkpoints" / "latest", b"\x00"), (run / "checkpoints" / "step_000001" / "trainer_state.json").unlink())),
-     ["latest: names", "no other complete checkpoint"]),
-    ("resume-config-yaml-broken", lambda r, t: _resume(r, t, lambda run: _write(run / "config.yaml", "run: [\n")),
-     ["config.yaml line 2 column 1: invalid YAML"]),
-    ("resume-config-bad-field", lambda r, t: _resume(r, t, lambda run: _write(run / "config.yaml", "run:\n  stepz: 3\n")),
-     ["run.stepz: Extra inputs"]),
-    ("resume-finished-run", lambda r, t: _resume(r, t, lambda run: _write(run / "config.yaml", "run:\n  steps: 1\n")),
-     ["the run has trained its 1 steps (run.steps=1); continue it with --set run.steps=N"]),
-    ("resume-with-config-flag", lambda r, t: (["train", "--config", r / "c.yaml", "--resume", _fake_run(r, t)],
-                                              r / "runs" / "old"), ["--resume continues a run with its saved config"]),
+    (
+        "resume-no-config",
+        lambda r, t: (["train", "--resume", _write(r / "empty" / "x", "").parent], None),
+        ["no config.yaml there"],
+    ),
+    (
+        "resume-no-checkpoint",
+        lambda r, t: _resume(r, t, lambda run: shutil.rmtree(run / "checkpoints")),
+        ["holds no checkpoint"],
+    ),
+    (
+        "resume-truncated-checkpoint",
+        lambda r, t: _resume(
+            r, t, lambda run: _truncate(run / "checkpoints" / "step_000001" / "mp_rank_00_model_states.pt")
+        ),
+        ["step_000001/mp_rank_00_model_states.pt: 100 bytes, the manifest says 1000"],
+    ),
+    (
+        "resume-broken-manifest",
+        lambda r, t: _resume(r, t, lambda run: _write(run / "checkpoints" / "step_000001" / "manifest.json", "{")),
+        ["manifest.json: unreadable"],
+    ),
+    (
+        "resume-broken-latest-only-checkpoint-cut",
+        lambda r, t: _resume(
+            r,
+            t,
+            lambda run: (
+                _write(run / "checkpoints" / "latest", b"\x00"),
+                (run / "checkpoints" / "step_000001" / "trainer_state.json").unlink(),
+            ),
+        ),
+        ["latest: names", "no other complete checkpoint"],
+    ),
+    (
+        "resume-config-yaml-broken",
+        lambda r, t: _resume(r, t, lambda run: _write(run / "config.yaml", "run: [\n")),
+        ["config.yaml line 2 column 1: invalid YAML"],
+    ),
+    (
+        "resume-config-bad-field",
+        lambda r, t: _resume(r, t, lambda run: _write(run / "config.yaml", "run:\n  stepz: 3\n")),
+        ["run.stepz: Extra inputs"],
+    ),
+    (
+        "resume-finished-run",
+        lambda r, t: _resume(r, t, lambda run: _write(run / "config.yaml", "run:\n  steps: 1\n")),
+        ["the run has trained its 1 steps (run.steps=1); continue it with --set run.steps=N"],
+    ),
+    (
+        "resume-with-config-flag",
+        lambda r, t: (["train", "--config", r / "c.yaml", "--resume", _fake_run(r, t)], r / "runs" / "old"),
+        ["--resume continues a run with its saved config"],
+    ),
     # --- Redis URLs and secrets
-    ("redis-url-scheme", lambda r, t: (["control", "--redis-url", "http://localhost:6379"], None),
-     ["scheme 'http' is not redis"]),
-    ("redis-url-port", lambda r, t: (["control", "--redis-url", "redis://:pw@localhost:99999/0"], None),
-     ["Port out of range", "redis://:***@localhost:99999/0"]),
-    ("redis-url-database", lambda r, t: (["control", "--redis-url", "redis://localhost:6379/zero"], None),
-     ["database 'zero' is not a number"]),
-    ("redis-url-file-missing", lambda r, t: (["control", "--redis-url-file", r / "url.secret"], None),
-     ["--redis-url-file: cannot read", "url.secret"]),
-    ("redis-url-file-empty", lambda r, t: (["control", "--redis-url-file", _write(r / "url.secret", "\n")], None),
-     ["url.secret is empty"]),
+    (
+        "redis-url-scheme",
+        lambda r, t: (["control", "--redis-url", "http://localhost:6379"], None),
+        ["scheme 'http' is not redis"],
+    ),
+    (
+        "redis-url-port",
+        lambda r, t: (["control", "--redis-url", "redis://:pw@localhost:99999/0"], None),
+        ["Port out of range", "redis://:***@localhost:99999/0"],
+    ),
+    (
+        "redis-url-database",
+        lambda r, t: (["control", "--redis-url", "redis://localhost:6379/zero"], None),
+        ["database 'zero' is not a number"],
+    ),
+    (
+        "redis-url-file-missing",
+        lambda r, t: (["control", "--redis-url-file", r / "url.secret"], None),
+        ["--redis-url-file: cannot read", "url.secret"],
+    ),
+    (
+        "redis-url-file-empty",
+        lambda r, t: (["control", "--redis-url-file", _write(r / "url.secret", "\n")], None),
+        ["url.secret is empty"],
+    ),
 ]
 
 
 def _model_args(root: Path, tiny: Path, change) -> tuple[list, None]:
-    return (["train", "--set", f"model.path={_model(tiny, root, change)}", "--set", f"run.output_dir={root / 'runs'}"],
-            root / "runs" / "tiny-stare")
+    return (
+        ["train", "--set", f"model.path={_model(tiny, root, change)}", "--set", f"run.output_dir={root / 'runs'}"],
+        root / "runs" / "tiny-stare",
+    )
 
 
 def _data_args(root: Path, tiny: Path, content, name: str = "data.jsonl") -> list:
     path = root / name
     if content is not None:
         _write(path, content)
-    return ["train", "--no-progress", "--set", "task.name=dataset", "--set", f"task.path={path}",
-            "--set", f"model.path={tiny}", "--set", f"run.output_dir={root / 'runs'}", "--set", "run.name=d",
-            "--set", "control_plane.serve_in_train=false"]
+    return [
+        "train",
+        "--no-progress",
+        "--set",
+        "task.name=dataset",
+        "--set",
+        f"task.path={path}",
+        "--set",
+        f"model.path={tiny}",
+        "--set",
+        f"run.output_dir={root / 'runs'}",
+        "--set",
+        "run.name=d",
+        "--set",
+        "control_plane.serve_in_train=false",
+    ]
 
 
 def _resume(root: Path, tiny: Path, damage) -> tuple[list, Path]:
@@ -201,6 +331,7 @@ def _parser_with(build, fn):
         for action in parser._subparsers._group_actions:
             action.choices["train"].set_defaults(fn=fn)
         return parser
+
     return build_with
 
 
@@ -214,7 +345,10 @@ def test_a_run_that_trained_nothing_exits_3_with_its_reason_and_no_traceback(mon
     monkeypatch.setattr(stare.app.cli.parser, "build_parser", _parser_with(stare.app.cli.parser.build_parser, nothing))
     assert main(["train"]) == 3
     err = capsys.readouterr().err
-    assert err == "stare: the run trained nothing useful: runs/x: no input to train on: all 4 groups ... were dead-lettered\n"
+    assert (
+        err
+        == "stare: the run trained nothing useful: runs/x: no input to train on: all 4 groups ... were dead-lettered\n"
+    )
 
 
 @pytest.mark.redis

@@ -16,8 +16,19 @@ from stare.config import build_config
 
 pytestmark = pytest.mark.slow
 
-COMPARED = ("loss", "entropy", "reward_mean", "gate", "w", "m", "clip_fraction", "grad_norm", "response_length_mean",
-            "weight_version", "train_tokens")
+COMPARED = (
+    "loss",
+    "entropy",
+    "reward_mean",
+    "gate",
+    "w",
+    "m",
+    "clip_fraction",
+    "grad_norm",
+    "response_length_mean",
+    "weight_version",
+    "train_tokens",
+)
 
 
 class Recording:
@@ -58,9 +69,9 @@ def _offloaded() -> frozenset:
 @pytest.fixture
 def recorded(monkeypatch):
     """Every engine call and learner step of the runs in the test, in order."""
-    import stare.app.launch.embedded as embedded
     import learner.step.trainer as trainer
     import rollout.stack as stack
+    import stare.app.launch.embedded as embedded
 
     class Wired(embedded.EmbeddedRun):  # the learner sees the engine it shares the GPU with (for the log)
         def __init__(self, *args, **kwargs):
@@ -137,5 +148,6 @@ def test_colocation_does_not_change_the_numbers(fast_overrides, recorded):
             assert mb[key] == ma[key], (ma["step"], key)  # exactly: sleeping keeps every bit
     ea, eb = _lines(plain / "eval.jsonl"), _lines(colo / "eval.jsonl")
     drop = ("time_s", "time_unix")
-    assert [{k: v for k, v in e.items() if k not in drop} for e in ea] == \
-        [{k: v for k, v in e.items() if k not in drop} for e in eb]
+    assert [{k: v for k, v in e.items() if k not in drop} for e in ea] == [
+        {k: v for k, v in e.items() if k not in drop} for e in eb
+    ]

@@ -46,9 +46,11 @@ def _run(pending: int, colocated: bool) -> list:
     prompts = Prompts(pending)
     run = types.SimpleNamespace(
         cfg=types.SimpleNamespace(rollout=types.SimpleNamespace(prompts_per_step=4)),
-        transport=types.SimpleNamespace(prompts=prompts), rollout=Rollout(prompts, log),
+        transport=types.SimpleNamespace(prompts=prompts),
+        rollout=Rollout(prompts, log),
         reward=types.SimpleNamespace(run_once=lambda: log.append("score")),
-        colocation=Colocation(log) if colocated else None)
+        colocation=Colocation(log) if colocated else None,
+    )
     EmbeddedRun._pump(run, 1)
     return log
 
@@ -74,6 +76,8 @@ def test_a_batch_that_takes_nothing_ends_the_wake():
         cfg=types.SimpleNamespace(rollout=types.SimpleNamespace(prompts_per_step=4)),
         transport=types.SimpleNamespace(prompts=prompts),
         rollout=types.SimpleNamespace(run_once=lambda max_prompts: log.append("sample") or 0),
-        reward=types.SimpleNamespace(run_once=lambda: log.append("score")), colocation=Colocation(log))
+        reward=types.SimpleNamespace(run_once=lambda: log.append("score")),
+        colocation=Colocation(log),
+    )
     EmbeddedRun._pump(run, 1)
     assert log == ["wake", "sample", "sleep", "score"]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stare.config import build_config
-from stare.app.launch.embedded import prepare_run, run_training
 from learner.engine.deepspeed_engine import child_env
+from stare.app.launch.embedded import prepare_run, run_training
+from stare.config import build_config
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +28,20 @@ def test_train_writes_metrics_eval_checkpoint_tensorboard_and_report(fast_overri
     run_dir = run_training(prepare_run(cfg, None), progress=False)
     metrics = _lines(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
-    for key in ("reward_mean", "accuracy", "entropy", "target", "gate", "w", "m", "response_length_mean",
-                "tokens_per_s", "time_step_s", "weight_version", "quadrant/pos_high/fraction"):
+    for key in (
+        "reward_mean",
+        "accuracy",
+        "entropy",
+        "target",
+        "gate",
+        "w",
+        "m",
+        "response_length_mean",
+        "tokens_per_s",
+        "time_step_s",
+        "weight_version",
+        "quadrant/pos_high/fraction",
+    ):
         assert key in metrics[-1], key
     assert metrics[-1]["weight_version"] == 2
     evals = _lines(run_dir / "eval.jsonl")
@@ -41,9 +53,18 @@ def test_train_writes_metrics_eval_checkpoint_tensorboard_and_report(fast_overri
 
 
 def test_resumed_run_reproduces_the_uninterrupted_run(fast_overrides, tmp_path):
-    common = fast_overrides + ["run.steps=3", "controller.adaptive=true", "controller.alpha=0.1", "controller.target=5.0"]
-    straight = run_training(prepare_run(build_config({}, overrides=common + ["run.name=straight"]), None), progress=False)
-    first = run_training(prepare_run(build_config({}, overrides=common + ["run.name=split", "run.steps=1"]), None), progress=False)
+    common = fast_overrides + [
+        "run.steps=3",
+        "controller.adaptive=true",
+        "controller.alpha=0.1",
+        "controller.target=5.0",
+    ]
+    straight = run_training(
+        prepare_run(build_config({}, overrides=common + ["run.name=straight"]), None), progress=False
+    )
+    first = run_training(
+        prepare_run(build_config({}, overrides=common + ["run.name=split", "run.steps=1"]), None), progress=False
+    )
     run_training(prepare_run(None, first, ["run.steps=3"]), resume=True, progress=False)
     # checkpoint_every=1 and keep_checkpoints=2: only the two newest survive
     assert sorted(p.name for p in (straight / "checkpoints").glob("step_*")) == ["step_000002", "step_000003"]
@@ -59,7 +80,9 @@ def test_sigint_stops_after_the_step_and_leaves_a_resumable_checkpoint(fast_over
     args = [sys.executable, "-m", "stare.app.cli", "train", "--no-progress"]
     for o in fast_overrides + ["run.steps=200", "run.checkpoint_every=1000", "run.name=sig"]:
         args += ["--set", o]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env=child_env())
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env=child_env()
+    )
     run_dir = Path([o for o in fast_overrides if o.startswith("run.output_dir=")][0].split("=", 1)[1]) / "sig"
     deadline = time.monotonic() + 300
     while not _lines(run_dir / "metrics.jsonl"):
@@ -132,9 +155,14 @@ def test_a_stop_during_a_sampling_round_takes_effect_between_steps_and_the_run_r
 
     # 2 samples a group: about half the groups have equal rewards and are filtered, so a step's first
     # round rarely fills it
-    overrides = fast_overrides + ["run.name=midstep", "run.steps=3", "data.dynamic_sampling=true",
-                                  "data.max_sampling_rounds=3", "rollout.prompts_per_step=4",
-                                  "rollout.samples_per_prompt=2"]
+    overrides = fast_overrides + [
+        "run.name=midstep",
+        "run.steps=3",
+        "data.dynamic_sampling=true",
+        "data.max_sampling_rounds=3",
+        "rollout.prompts_per_step=4",
+        "rollout.samples_per_prompt=2",
+    ]
     cfg = prepare_run(build_config({}, overrides=overrides), None)
     run = EmbeddedRun(cfg, resume=False, log=lambda *_: None)
     stop, pumps = StopFlag(), []
@@ -145,6 +173,7 @@ def test_a_stop_during_a_sampling_round_takes_effect_between_steps_and_the_run_r
         pumps.append((run.learner.step, fill_round))
         if run.learner.step == 1:
             stop.requested = True  # in the first round of step 2: step 2 still completes
+
     run.session.seams.pump = pump_then_stop
     try:
         run.train(stop)

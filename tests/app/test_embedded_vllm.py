@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from stare.config import build_config  # noqa: E402
-from stare.app.launch.embedded import prepare_run, run_training  # noqa: E402
+from stare.app.launch.embedded import prepare_run, run_training
+from stare.config import build_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -15,8 +15,12 @@ from stare.plan.gpu_map import parse_gpus, plan_gpus
 
 
 def _print_plan(*args: str) -> dict[str, str]:
-    out = subprocess.run([sys.executable, "-m", "stare.app.cli", "up", "--print-plan", "--set", "rollout.engine.name=vllm",
-                          *args], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "stare.app.cli", "up", "--print-plan", "--set", "rollout.engine.name=vllm", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     roles = re.findall(r"^(\S+):\n  command: (.+)\n  env: (.*)\n", out.stdout, flags=re.M)
     for name, command, _ in roles:
@@ -57,13 +61,16 @@ def test_without_gpus_nothing_is_pinned():
     assert devices["learner"] is None and devices["rollout-0"] is None
 
 
-@pytest.mark.parametrize("kwargs, flag", [
-    ({"learner_gpus": "0", "rollout_gpus": "0-3"}, "share GPU"),
-    ({"rollout_gpus": "8"}, "--rollout-gpus: GPU 8 does not exist"),
-    ({"learner_gpus": "x"}, "--learner-gpus 'x'"),
-    ({"rollout": 8}, "--rollout 8"),
-    ({"tensor_parallel_size": 8}, "tensor_parallel_size=8"),
-])
+@pytest.mark.parametrize(
+    "kwargs, flag",
+    [
+        ({"learner_gpus": "0", "rollout_gpus": "0-3"}, "share GPU"),
+        ({"rollout_gpus": "8"}, "--rollout-gpus: GPU 8 does not exist"),
+        ({"learner_gpus": "x"}, "--learner-gpus 'x'"),
+        ({"rollout": 8}, "--rollout 8"),
+        ({"tensor_parallel_size": 8}, "tensor_parallel_size=8"),
+    ],
+)
 def test_bad_gpu_flags_name_the_flag(kwargs, flag):
     with pytest.raises(ConfigError, match=re.escape(flag)):
         plan_gpus(8, **kwargs)

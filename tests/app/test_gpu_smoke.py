@@ -26,8 +26,13 @@ FLOPS_PER_TOKEN = 8 * TINY_PARAMS + 8 * 2 * 64 * SEQ  # 8 N + 8 layers x hidden 
 def run_smoke(out: Path, *extra: str) -> dict:
     from learner.engine.deepspeed_engine import child_env
 
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu-tiny", "--out", str(out), *extra],
-                          capture_output=True, text=True, timeout=540, env=child_env())
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu-tiny", "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env=child_env(),
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "tokens/s:" in proc.stdout and "peak memory:" in proc.stdout
     return json.loads((out / "gpu_smoke.json").read_text())

@@ -57,8 +57,7 @@ def test_the_compose_target_starts_watches_the_learner_and_stops(tmp_path, monke
     docker, log = _fake_docker(tmp_path, "exited", 0, running_polls=2)
     compose = tmp_path / "docker-compose.yml"
     compose.write_text("services: {}\n")
-    launcher = ComposeLauncher(build_config({}), compose_file=compose, profile="cpu", docker=str(docker),
-                               grace_s=7)
+    launcher = ComposeLauncher(build_config({}), compose_file=compose, profile="cpu", docker=str(docker), grace_s=7)
     code = run_until_done(_Quick(launcher))
     assert code == 0
     calls = _calls(log)
@@ -109,5 +108,3 @@ class _Quick:
 
     def supervise(self, until=lambda: False, poll_s: float = 0.01) -> int:
         return self.inner.supervise(until, poll_s)
-
-

@@ -15,13 +15,25 @@ import pytest
 from stare.app.cli import _load, _overrides, parse_args
 from stare.observe.log_format import JsonFormatter, StepLines, format_step, step_record
 
-METRICS = {"step": 12, "reward_mean": 0.4375, "entropy": 0.41234, "target": 0.3, "gate": True, "w": 1.2, "m": 0.8,
-           "tokens_per_s": 912.4, "time_step_s": 1.234, "loss": 0.1}
+METRICS = {
+    "step": 12,
+    "reward_mean": 0.4375,
+    "entropy": 0.41234,
+    "target": 0.3,
+    "gate": True,
+    "w": 1.2,
+    "m": 0.8,
+    "tokens_per_s": 912.4,
+    "time_step_s": 1.234,
+    "loss": 0.1,
+}
 
 
 def test_text_line_has_the_issues_fields():
-    assert format_step(step_record(METRICS, 150)) == \
-        "step 12/150 reward 0.438 entropy 0.412/0.300 gate on W 1.20 M 0.80 tok/s 912 step 1.23s"
+    assert (
+        format_step(step_record(METRICS, 150))
+        == "step 12/150 reward 0.438 entropy 0.412/0.300 gate on W 1.20 M 0.80 tok/s 912 step 1.23s"
+    )
 
 
 def test_missing_fields_print_as_dashes_and_non_finite_as_null():
@@ -64,7 +76,13 @@ def test_json_lines_carry_the_step_fields():
     StepLines(every_n=1, total_steps=150, logger=logger)(dict(METRICS))
     (obj,) = [json.loads(line) for line in lines]
     assert obj["event"] == "step" and obj["role"] == "learner" and obj["level"] == "info"
-    assert (obj["step"], obj["reward"], obj["gate"], obj["tokens_per_s"], obj["step_time_s"]) == (12, 0.4375, 1, 912.4, 1.234)
+    assert (obj["step"], obj["reward"], obj["gate"], obj["tokens_per_s"], obj["step_time_s"]) == (
+        12,
+        0.4375,
+        1,
+        912.4,
+        1.234,
+    )
     assert obj["message"] == format_step(step_record(METRICS, 150))
 
 
@@ -87,8 +105,12 @@ def _train(fast_overrides, name: str, *extra: str) -> tuple[str, list[dict]]:
     from learner.engine.deepspeed_engine import child_env
 
     args = [sys.executable, "-m", "stare.app.cli", "train", *extra]
-    for o in fast_overrides + ["run.steps=3", "logging.every_n_steps=2", f"run.name={name}",
-                               "control_plane.serve_in_train=false"]:
+    for o in fast_overrides + [
+        "run.steps=3",
+        "logging.every_n_steps=2",
+        f"run.name={name}",
+        "control_plane.serve_in_train=false",
+    ]:
         args += ["--set", o]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, env=child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -115,7 +137,12 @@ def test_json_log_format_prints_parseable_step_objects(fast_overrides):
     assert [o["step"] for o in steps] == [2, 3]
     for o in steps:
         m = metrics[o["step"] - 1]
-        assert (o["reward"], o["entropy"], o["step_time_s"], o["run"]) == (m["reward_mean"], m["entropy"], m["time_step_s"], "json-log")
+        assert (o["reward"], o["entropy"], o["step_time_s"], o["run"]) == (
+            m["reward_mean"],
+            m["entropy"],
+            m["time_step_s"],
+            "json-log",
+        )
     assert any("checkpoint" in o["message"] for o in objects)
     assert not [line for line in err.splitlines() if "step 2/3" in line and not line.startswith("{")]
 
@@ -132,9 +159,26 @@ def test_a_role_started_with_log_format_json_logs_json_objects_with_its_name(tmp
     from learner.engine.deepspeed_engine import child_env
 
     with redis_server(tmp_path / "redis") as server:
-        proc = subprocess.Popen([sys.executable, "-m", "stare.app.cli", "reward", "--log-format", "json", "--redis-url",
-                                 server.url, "--name", "reward-json", "--set", f"run.output_dir={tmp_path}"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "stare.app.cli",
+                "reward",
+                "--log-format",
+                "json",
+                "--redis-url",
+                server.url,
+                "--name",
+                "reward-json",
+                "--set",
+                f"run.output_dir={tmp_path}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
         try:
             first = proc.stderr.readline()  # the role logs its start before it waits for work
             proc.send_signal(signal.SIGTERM)

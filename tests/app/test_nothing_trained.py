@@ -3,8 +3,8 @@ success with zero steps (the issue's 640 dead letters, then "solved or unsolvabl
 
 import pytest
 
-from stare.config import build_config
 from stare.app.launch.embedded import EmbeddedRun, StopFlag, prepare_run
+from stare.config import build_config
 
 pytestmark = pytest.mark.slow
 
@@ -20,6 +20,8 @@ def test_all_prompts_refused_by_the_worker_ends_no_input_after_one_step_of_round
         run.close()
     assert outcome.outcome == "no_input" and outcome.failed and outcome.trained_steps == 0
     # 2 prompts a round, data.max_sampling_rounds=2: 4 groups refused, then the run stops
-    assert "all 4 groups of the last 1 step(s) were dead-lettered (4 entries refused; 4 by: prompt has" in outcome.message
+    assert (
+        "all 4 groups of the last 1 step(s) were dead-lettered (4 entries refused; 4 by: prompt has" in outcome.message
+    )
     assert "admit it with data.prompt_overflow=truncate_left" in outcome.message
     assert not list((cfg.run_dir / "checkpoints").glob("step_*"))  # nothing trained, nothing saved

@@ -193,8 +193,10 @@ def test_write_comparison_writes_figure_and_table(tmp_path):
     md = (out / "compare.md").read_text()
     # two seeds: the bootstrap means are the two values and their mean (1/4, 1/2, 1/4), so the 95%
     # interval's bounds are the two values; one seed: a zero-width interval
-    assert ("| stare | 2 | 0.3300 [0.3100, 0.3500] | 0.6000 [0.5000, 0.7000] | 100.0 [100.0, 100.0] "
-            "| n/a | n/a | n/a | 0h 00m 40s (40.0 s) |") in md
+    assert (
+        "| stare | 2 | 0.3300 [0.3100, 0.3500] | 0.6000 [0.5000, 0.7000] | 100.0 [100.0, 100.0] "
+        "| n/a | n/a | n/a | 0h 00m 40s (40.0 s) |"
+    ) in md
     assert "| grpo | 1 | 0.1100 [0.1100, 0.1100] | 0.4000 [0.4000, 0.4000] | 90.0 [90.0, 90.0] |" in md
 
 

@@ -67,10 +67,29 @@ def _run(root, name, *, steps=4, last_eval_step=4, w=(1.0, 3.0, 2.0, 2.0), count
     d = root / name
     d.mkdir()
     (d / "config.yaml").write_text(f"run:\n  steps: {steps}\n")
-    metrics = [{"step": i + 1, "algo": "stare", "entropy": 0.2, "band_low": 0.1, "band_high": 0.3, "target": 0.2,
-                "w": w[i], "gate": 1, "time_step_s": 1.5} for i in range(steps)]
-    evals = [{"step": 0, "greedy_accuracy": 0.3, "correct_counts": [[4, 1]]},
-             {"step": last_eval_step, "greedy_accuracy": 0.5, "avg_at_k": 0.125, "correct_counts": [list(c) for c in counts]}]
+    metrics = [
+        {
+            "step": i + 1,
+            "algo": "stare",
+            "entropy": 0.2,
+            "band_low": 0.1,
+            "band_high": 0.3,
+            "target": 0.2,
+            "w": w[i],
+            "gate": 1,
+            "time_step_s": 1.5,
+        }
+        for i in range(steps)
+    ]
+    evals = [
+        {"step": 0, "greedy_accuracy": 0.3, "correct_counts": [[4, 1]]},
+        {
+            "step": last_eval_step,
+            "greedy_accuracy": 0.5,
+            "avg_at_k": 0.125,
+            "correct_counts": [list(c) for c in counts],
+        },
+    ]
     (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     (d / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
     return d
@@ -114,9 +133,13 @@ def test_docs_results_is_what_the_committed_records_give():
 
     repo = Path(__file__).parents[2]
     data = collect(repo / RECORDS_DIR)
-    long, mb, real = (collect(repo / d) if (repo / d).is_dir() else {}
-                      for d in (HORIZON_RECORDS, MINI_BATCH_RECORDS, SMOLLM2_RECORDS))
+    long, mb, real = (
+        collect(repo / d) if (repo / d).is_dir() else {} for d in (HORIZON_RECORDS, MINI_BATCH_RECORDS, SMOLLM2_RECORDS)
+    )
     notes = (repo / "docs" / "results-notes.md").read_text()
-    assert render(data, "results", notes, long, "images/horizon.png", mb, "images/minibatch.png", real,
-                  "images/smollm2.png") == (repo / "docs" / "results.md").read_text(), \
-        "regenerate docs/results.md: scripts/results.sh report"
+    assert (
+        render(
+            data, "results", notes, long, "images/horizon.png", mb, "images/minibatch.png", real, "images/smollm2.png"
+        )
+        == (repo / "docs" / "results.md").read_text()
+    ), "regenerate docs/results.md: scripts/results.sh report"

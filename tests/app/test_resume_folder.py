@@ -8,15 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from stare.config import build_config
 from stare.app.launch.embedded import prepare_run, run_training
+from stare.config import build_config
 
 COMPARED = ("loss", "entropy", "reward_mean", "gate", "w", "m", "clip_fraction", "grad_norm", "response_length_mean")
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _lines(path: Path) -> list[dict]:
@@ -26,14 +29,17 @@ def _lines(path: Path) -> list[dict]:
 @pytest.mark.slow
 def test_resuming_a_moved_copy_from_another_directory_continues_the_copy_only(fast_overrides, tmp_path, monkeypatch):
     common = fast_overrides + ["run.steps=3"]
-    straight = run_training(prepare_run(build_config({}, overrides=common + ["run.name=straight"]), None),
-                            progress=False)
+    straight = run_training(
+        prepare_run(build_config({}, overrides=common + ["run.name=straight"]), None), progress=False
+    )
     started_in, elsewhere = tmp_path / "started", tmp_path / "elsewhere"
     started_in.mkdir()
     elsewhere.mkdir()
     monkeypatch.chdir(started_in)
-    first = run_training(prepare_run(build_config({}, overrides=common + ["run.output_dir=runs", "run.name=a",
-                                                                          "run.steps=1"]), None), progress=False)
+    first = run_training(
+        prepare_run(build_config({}, overrides=common + ["run.output_dir=runs", "run.name=a", "run.steps=1"]), None),
+        progress=False,
+    )
     assert first == Path("runs/a")  # relative: the default output_dir
     original = started_in / first
     copy = tmp_path / "backup" / "a-copy"  # moved and renamed

@@ -12,8 +12,19 @@ from stare.app.sim.costs import GPUS, ModelCosts, NodeCosts, fit_lognormal
 from stare.plan.sizes import ModelShape
 
 # Qwen2.5-Math-7B (configs/models/qwen2.5-math-7b.json; params counted by stare plan)
-QWEN7B = ModelShape(params=7_615_616_512, largest_layer_params=0, hidden=3584, layers=28, heads=28, kv_heads=4,
-                    head_dim=128, intermediate=18944, vocab=152064, max_positions=4096, source="test")
+QWEN7B = ModelShape(
+    params=7_615_616_512,
+    largest_layer_params=0,
+    hidden=3584,
+    layers=28,
+    heads=28,
+    kv_heads=4,
+    head_dim=128,
+    intermediate=18944,
+    vocab=152064,
+    max_positions=4096,
+    source="test",
+)
 
 
 def test_kv_bytes_per_token_of_qwen_7b():
@@ -62,7 +73,7 @@ def test_kv_capacity_and_checkpoint_size():
 def test_fit_lognormal_recovers_its_parameters():
     import numpy as np
 
-    x = np.random.default_rng(0).lognormal(math.log(500) - 0.5 ** 2 / 2, 0.5, 200_000)
+    x = np.random.default_rng(0).lognormal(math.log(500) - 0.5**2 / 2, 0.5, 200_000)
     mean, sigma = fit_lognormal(x)
     assert mean == pytest.approx(500, rel=0.01)
     assert sigma == pytest.approx(0.5, rel=0.01)
@@ -72,16 +83,38 @@ def _tiny(overrides=()):
     from stare.app.sim.design import split_overrides
     from stare.config import load_config
 
-    passed, sim = split_overrides(None, ["rollout.prompts_per_step=16", "system.rollout_batch_prompts=16",
-                                         "rollout.samples_per_prompt=8", "rollout.max_new_tokens=40",
-                                         "data.dynamic_sampling=false", "system.max_staleness=0",
-                                         "run.checkpoint_every=1000", "sim.response_mean=30", "sim.response_sigma=0",
-                                         "sim.prompt_tokens=1", *overrides])
+    passed, sim = split_overrides(
+        None,
+        [
+            "rollout.prompts_per_step=16",
+            "system.rollout_batch_prompts=16",
+            "rollout.samples_per_prompt=8",
+            "rollout.max_new_tokens=40",
+            "data.dynamic_sampling=false",
+            "system.max_staleness=0",
+            "run.checkpoint_every=1000",
+            "sim.response_mean=30",
+            "sim.response_sigma=0",
+            "sim.prompt_tokens=1",
+            *overrides,
+        ],
+    )
     return load_config(Path("configs/tiny-cpu.yaml"), overrides=passed), sim
 
 
-TINY = ModelShape(params=10_000_000, largest_layer_params=0, hidden=256, layers=4, heads=4, kv_heads=2,
-                  head_dim=64, intermediate=512, vocab=1000, max_positions=512, source="test")
+TINY = ModelShape(
+    params=10_000_000,
+    largest_layer_params=0,
+    hidden=256,
+    layers=4,
+    heads=4,
+    kv_heads=2,
+    head_dim=64,
+    intermediate=512,
+    vocab=1000,
+    max_positions=512,
+    source="test",
+)
 
 
 class _T30:  # a trajectory of 1 prompt + 30 response tokens
@@ -104,8 +137,14 @@ def test_on_policy_step_is_the_sum_of_its_pieces():
     synchronous broadcast + prefill of 16 one-token prompts + 30 decode steps of 128 sequences (+ its
     share of a checkpoint every 1,000 steps)."""
     costs, summary, nc = _one_learner_one_engine()
-    expected = (costs.train_s([_T30] * 128) + costs.gather_s + max(costs.send_s, costs.recv_s) + nc.prefill_s(16)
-                + nc.decode_span_s(30, 128, 128) + costs.checkpoint_s / 1000)  # a checkpoint's share
+    expected = (
+        costs.train_s([_T30] * 128)
+        + costs.gather_s
+        + max(costs.send_s, costs.recv_s)
+        + nc.prefill_s(16)
+        + nc.decode_span_s(30, 128, 128)
+        + costs.checkpoint_s / 1000
+    )  # a checkpoint's share
     assert summary["s_per_step"] == pytest.approx(expected, rel=1e-6)
     assert summary["tokens_per_step"] == 128 * 31
 
@@ -115,15 +154,22 @@ def test_the_pre_pass_of_groups_ready_early_leaves_the_step(early):
     """On-policy, two blocking batches of 8 prompts a step: the first batch's 64 trajectories are ready
     while the second decodes, so the learner pre-passes them then (optim.prepass_early) and the step's
     train time is the whole step's less their pre-pass; off, the step is the sum of its pieces."""
-    costs, summary, nc = _one_learner_one_engine(["system.rollout_batch_prompts=8",
-                                                  f"optim.prepass_early={str(early).lower()}"])
+    costs, summary, nc = _one_learner_one_engine(
+        ["system.rollout_batch_prompts=8", f"optim.prepass_early={str(early).lower()}"]
+    )
     batch = nc.prefill_s(8) + nc.decode_span_s(30, 64, 64)
     # 64 x 31 tokens through 2N per token + attention's forward at a 15.5-token mean context, at 35% MFU
     prepass = 64 * 31 * (2 * TINY.params + 4 * 4 * 4 * 64 * 15.5) / (989e12 * 0.35)
     assert (costs.prepass_s is not None) == early and 0 < prepass < batch  # it fits inside the second batch
     ahead = prepass if early else 0.0
-    expected = (2 * batch + costs.train_s([_T30] * 128) - ahead + costs.gather_s + max(costs.send_s, costs.recv_s)
-                + costs.checkpoint_s / 1000)
+    expected = (
+        2 * batch
+        + costs.train_s([_T30] * 128)
+        - ahead
+        + costs.gather_s
+        + max(costs.send_s, costs.recv_s)
+        + costs.checkpoint_s / 1000
+    )
     assert summary["s_per_step"] == pytest.approx(expected, rel=1e-6)
 
 
@@ -149,9 +195,27 @@ def test_cli_writes_the_gantt_and_prints_the_fields(tmp_path, capsys):
 
     parser = argparse.ArgumentParser()
     command.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["sim", "--config", "configs/tiny-cpu.yaml", "--gpus", "2", "--learner-gpus", "1",
-                              "--steps", "2", "--warmup", "1", "--gantt", str(tmp_path / "g.png"),
-                              "--set", "sim.response_mean=20", "--set", "sim.prompt_tokens=8"])
+    args = parser.parse_args(
+        [
+            "sim",
+            "--config",
+            "configs/tiny-cpu.yaml",
+            "--gpus",
+            "2",
+            "--learner-gpus",
+            "1",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--gantt",
+            str(tmp_path / "g.png"),
+            "--set",
+            "sim.response_mean=20",
+            "--set",
+            "sim.prompt_tokens=8",
+        ]
+    )
     assert args.fn(args) == 0
     text = capsys.readouterr().out
     for field in ("tokens/s/GPU", "s/step", "rollout decoding", "learner busy", "bottleneck", "busy per GPU"):
@@ -165,8 +229,11 @@ def test_placement_follows_the_bottleneck(case, best):
     hundredfold forward cost wants the most learner GPUs."""
     from stare.app.sim.placement import search
 
-    extra = ["sim.response_mean=38", "sim.extra_forward=0"] if case == "decode-bound" else \
-        ["sim.response_mean=5", "sim.extra_forward=200000"]
+    extra = (
+        ["sim.response_mean=38", "sim.extra_forward=0"]
+        if case == "decode-bound"
+        else ["sim.response_mean=5", "sim.extra_forward=200000"]
+    )
     cfg, sim = _tiny(["rollout.prompts_per_step=32", "system.rollout_batch_prompts=8", *extra])
     cands = search(cfg, sim, gpus=4, gpu="h100-80gb", shape=TINY, fits=lambda n: True, steps=2, warmup=1)
     assert cands[0].learner_gpus == best
@@ -176,14 +243,26 @@ def test_design_knobs_are_config_fields_and_sim_settings_have_defaults():
     from stare.app.sim.design import build_design, split_overrides
     from stare.config import load_config
 
-    passed, sim = split_overrides(None, ["system.inflight_weight_updates=true", "system.rollout_streaming=true",
-                                         "optim.lr=1e-5", "sim.response_mean=7"])
+    passed, sim = split_overrides(
+        None,
+        [
+            "system.inflight_weight_updates=true",
+            "system.rollout_streaming=true",
+            "optim.lr=1e-5",
+            "sim.response_mean=7",
+        ],
+    )
     assert passed == ["system.inflight_weight_updates=true", "system.rollout_streaming=true", "optim.lr=1e-5"]
     assert sim.knobs == {"sim.response_mean": 7}  # real fields go to the config, sim.* stay the sim's
     cfg = load_config(Path("configs/tiny-cpu.yaml"), overrides=passed)
     on = build_design(cfg, sim, gpus=2, learner_gpus=1, colocated=False)
-    off = build_design(load_config(Path("configs/tiny-cpu.yaml")), split_overrides(None, [])[1], gpus=2,
-                       learner_gpus=1, colocated=False)
+    off = build_design(
+        load_config(Path("configs/tiny-cpu.yaml")),
+        split_overrides(None, [])[1],
+        gpus=2,
+        learner_gpus=1,
+        colocated=False,
+    )
     assert (on.streaming, off.streaming) == (True, False)  # None: off for the tiny config's hf engine
     assert (on.inflight, off.inflight) == (True, False)  # default off
     assert not on.eager  # the hf section has no enforce_eager: auto, and a simulated GPU has CUDA
@@ -210,8 +289,14 @@ def test_an_oversampled_on_policy_round_is_one_round_of_whole_groups_and_its_sur
 
     out = {}
     for over in (1.0, 2.0):
-        cfg, sim = _tiny(["data.dynamic_sampling=true", "data.max_sampling_rounds=10", f"data.oversample={over}",
-                          "sim.response_sigma=0.5"])
+        cfg, sim = _tiny(
+            [
+                "data.dynamic_sampling=true",
+                "data.max_sampling_rounds=10",
+                f"data.oversample={over}",
+                "sim.response_sigma=0.5",
+            ]
+        )
         design = build_design(cfg, sim, gpus=2, learner_gpus=1, colocated=False)
         costs = gpu_costs(cfg, sim, design, TINY, "h100-80gb")
         run, summary = simulate(cfg, sim, design, costs, lengths_of(cfg, sim), steps=4, warmup=1)

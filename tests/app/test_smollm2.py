@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stare.config import load_config
 from stare.app.launch.embedded import prepare_run, run_training
+from stare.config import load_config
 
 pytestmark = pytest.mark.slow
 
@@ -36,12 +36,23 @@ def test_prepared_model_is_a_chat_llama_with_the_smollm2_vocabulary(smollm2_dir)
 def test_two_steps_of_the_smollm2_config_train_report_and_export(smollm2_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    cfg = load_config(CONFIG, overrides=[
-        f"run.output_dir={tmp_path}", "run.steps=2", "run.checkpoint_every=2", "task.eval_every=2",
-        "task.eval_problems=2", "task.eval_sources={stare/chat-arithmetic: {n: 2, top_p: 0.7}}",
-        "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=12",
-        "data.dynamic_sampling=false", "optim.micro_batch=4", "control_plane.serve_in_train=false",
-    ])
+    cfg = load_config(
+        CONFIG,
+        overrides=[
+            f"run.output_dir={tmp_path}",
+            "run.steps=2",
+            "run.checkpoint_every=2",
+            "task.eval_every=2",
+            "task.eval_problems=2",
+            "task.eval_sources={stare/chat-arithmetic: {n: 2, top_p: 0.7}}",
+            "rollout.prompts_per_step=2",
+            "rollout.samples_per_prompt=2",
+            "rollout.max_new_tokens=12",
+            "data.dynamic_sampling=false",
+            "optim.micro_batch=4",
+            "control_plane.serve_in_train=false",
+        ],
+    )
     run_dir = run_training(prepare_run(cfg, None), progress=False)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
@@ -69,8 +80,16 @@ def test_exported_smollm2_gives_the_learners_logits(smollm2_dir, tmp_path):
     from learner.engine.export import export_checkpoint
     from learner.step.trainer import Learner
 
-    cfg = load_config(CONFIG, overrides=[f"run.output_dir={tmp_path}", "rollout.prompts_per_step=2",
-                                         "rollout.samples_per_prompt=2", "optim.micro_batch=4", "optim.lr=1e-4"])
+    cfg = load_config(
+        CONFIG,
+        overrides=[
+            f"run.output_dir={tmp_path}",
+            "rollout.prompts_per_step=2",
+            "rollout.samples_per_prompt=2",
+            "optim.micro_batch=4",
+            "optim.lr=1e-4",
+        ],
+    )
     learner = Learner(cfg, smollm2_dir, pad_id=2)
     assert learner.train_step(_trajectories(49_152))["grad_norm"] > 0
     (tmp_path / "checkpoints").mkdir()

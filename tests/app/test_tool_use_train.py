@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stare.config import build_config
-from stare.app.launch.embedded import EmbeddedRun, prepare_run, run_training
 from rollout.agent_loop import parse_tool_call
+from stare.app.launch.embedded import EmbeddedRun, prepare_run, run_training
+from stare.config import build_config
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +25,13 @@ def tool_model_dir(tmp_path_factory):
     from stare.models.tiny import build_tiny_model
 
     return build_tiny_model(
-        tmp_path_factory.mktemp("models") / "tiny-tool-test", task_name="tool-arithmetic", sft_max_steps=80,
-        sft_target_accuracy=2.0, sft_check_every=1000, n_val=8, n_eval=16,
+        tmp_path_factory.mktemp("models") / "tiny-tool-test",
+        task_name="tool-arithmetic",
+        sft_max_steps=80,
+        sft_target_accuracy=2.0,
+        sft_check_every=1000,
+        n_val=8,
+        n_eval=16,
     )
 
 
@@ -86,7 +91,7 @@ def test_rollouts_use_the_tool_and_mask_the_observations(tool_overrides):
         # The observation is what the sandbox printed for the code the model wrote.
         code, error = parse_tool_call(before)
         if code is not None and re.fullmatch(r"print\(\d{1,9}\*\d{1,9}\)", code):
-            a, b = code[len("print("):-1].split("*")
+            a, b = code[len("print(") : -1].split("*")
             assert span == f"{OBS_OPEN}{int(a) * int(b)}{OBS_CLOSE}"
         elif code is None:
             body = tok.decode(tok.encode(f"error: {error}", add_special_tokens=False)[:14])  # 16 - 2 tag tokens

@@ -8,6 +8,7 @@ import torch
 from bench_helpers import check_rows
 from redis_fixtures import have_redis_server
 
+
 def needs_redis(test):
     """A real redis-server on a free port: marked `redis`, skipped without one on PATH."""
     return pytest.mark.redis(pytest.mark.skipif(not have_redis_server(), reason="needs redis-server on PATH")(test))
@@ -45,8 +46,13 @@ def test_broadcast_compares_the_publisher_with_a_raw_gloo_loop():
 def test_overlap_runs_both_arms_of_stare_up(tiny_model_dir):
     from stare.app.bench.bench_overlap import measure
 
-    extra = [f"model.path={tiny_model_dir}", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
-             "rollout.max_new_tokens=16", "optim.micro_batch=4"]
+    extra = [
+        f"model.path={tiny_model_dir}",
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=4",
+        "rollout.max_new_tokens=16",
+        "optim.micro_batch=4",
+    ]
     (r,) = check_rows(measure(steps=4, warmup=2, repeats=1, extra=extra, arm_timeout_s=200), ["overlap"]).values()
     assert r["unit"] == "steps/min" and r["target"] == 1.5
 
@@ -57,8 +63,14 @@ def test_the_overlaps_ideal_is_between_1_and_2(tiny_model_dir):
     larger of the two, so stare sim's ideal ratio lies in [1, (R + L) / max(R, L)] within [1, 2]."""
     from stare.app.bench.bench_overlap import sim_ideal
 
-    extra = [f"model.path={tiny_model_dir}", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
-             "rollout.max_new_tokens=16", "optim.micro_batch=4", "system.rollout_batch_prompts=1"]
+    extra = [
+        f"model.path={tiny_model_dir}",
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=4",
+        "rollout.max_new_tokens=16",
+        "optim.micro_batch=4",
+        "system.rollout_batch_prompts=1",
+    ]
     assert 1.0 <= sim_ideal(extra, timeout_s=300) <= 2.0
 
 
@@ -79,8 +91,13 @@ def test_rollout_worker_and_bare_engine_sample_the_same_tokens(tiny_model_dir):
 def test_learner_and_plain_loop_take_the_same_first_step(tiny_model_dir):
     from stare.app.bench.bench_learner import measure
 
-    overrides = [f"model.path={tiny_model_dir}", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
-                 "rollout.max_new_tokens=16", "optim.micro_batch=4"]  # 2 micro-batches: accumulation too
+    overrides = [
+        f"model.path={tiny_model_dir}",
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=4",
+        "rollout.max_new_tokens=16",
+        "optim.micro_batch=4",
+    ]  # 2 micro-batches: accumulation too
     (r,) = check_rows(measure(repeats=2, overrides=overrides), ["learner"]).values()
     assert 0 < r["first_step_update"] and r["first_step_weight_drift"] <= 0.05 * r["first_step_update"]
     assert r["unit"] == "tokens/s" and r["target"] == 0.9
@@ -100,8 +117,14 @@ def test_synthetic_groups_are_whole_groups_with_mixed_rewards():
 def test_step_breakdown_partitions_the_step_time(tiny_model_dir):
     from stare.app.bench.bench_step import measure
 
-    overrides = [f"model.path={tiny_model_dir}", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
-                 "rollout.max_new_tokens=16", "optim.micro_batch=4", "task.eval_k=2"]
+    overrides = [
+        f"model.path={tiny_model_dir}",
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=4",
+        "rollout.max_new_tokens=16",
+        "optim.micro_batch=4",
+        "task.eval_k=2",
+    ]
     rows = measure(steps=3, overrides=overrides)
     names = ["step/rollout", "step/weights in", "step/reward", "step/learn", "step/publish", "step/other"]
     check_rows(rows, names)
@@ -114,20 +137,32 @@ def test_gpu_benchmarks_run_their_code_on_the_cpu_at_a_tiny_size():
     from stare.app.bench import bench_gpu as g
 
     tiny = dict(hidden=32, layers=2, heads=4, kv_heads=2, ffn=64, vocab=97)
-    learner = g.measure_learner(device="cpu", shape=tiny, groups=2, group_size=4, max_response=12, prompt_len=6,
-                                micro_batch=4, repeats=1, dtype=torch.float32, matmul_n=128)
+    learner = g.measure_learner(
+        device="cpu",
+        shape=tiny,
+        groups=2,
+        group_size=4,
+        max_response=12,
+        prompt_len=6,
+        micro_batch=4,
+        repeats=1,
+        dtype=torch.float32,
+        matmul_n=128,
+    )
     memory = g.measure_logprob_memory(device="cpu", tokens=16, hidden_size=8, vocab=97, repeats=1, dtype=torch.float32)
-    generate = g.measure_generate(device="cpu", shape=tiny, prompts=2, samples=2, prompt_len=4, max_new_tokens=6,
-                                  repeats=1, dtype="float32")
-    rows = check_rows(learner + memory + generate,
-                      ["gpu-learner", "gpu-logprob-memory", "gpu-logprob-time", "gpu-generate"])
+    generate = g.measure_generate(
+        device="cpu", shape=tiny, prompts=2, samples=2, prompt_len=4, max_new_tokens=6, repeats=1, dtype="float32"
+    )
+    rows = check_rows(
+        learner + memory + generate, ["gpu-learner", "gpu-logprob-memory", "gpu-logprob-time", "gpu-generate"]
+    )
     assert rows["gpu-logprob-memory"]["skipped"] == "peak memory is measured on CUDA only"
     assert rows["gpu-learner"]["achieved_tflops"] > 0
 
 
 def test_full_logprobs_reference_matches_the_learners_chunked_function():
-    from stare.app.bench.bench_gpu import full_logprobs_entropy
     from learner.step.logprobs import chunked_logprobs_and_entropy
+    from stare.app.bench.bench_gpu import full_logprobs_entropy
 
     g = torch.Generator().manual_seed(0)
     head = torch.nn.Linear(8, 40, bias=False)

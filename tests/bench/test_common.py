@@ -51,8 +51,11 @@ def test_interleave_rotates_which_arm_goes_first_after_the_warmup():
 
 
 def test_table_shows_each_row_and_says_why_one_was_skipped_or_failed():
-    rows = [row("fast", "w", ours=2.0, baseline=1.0, unit="x", target=1.5),
-            skipped("gpu", "w", "no CUDA device"), failed("broken", "w", "RuntimeError: boom")]
+    rows = [
+        row("fast", "w", ours=2.0, baseline=1.0, unit="x", target=1.5),
+        skipped("gpu", "w", "no CUDA device"),
+        failed("broken", "w", "RuntimeError: boom"),
+    ]
     table = format_table(rows)
     lines = table.splitlines()
     assert lines[2].startswith("| fast |") and lines[2].endswith("| >= 1.5 | yes |")
@@ -78,14 +81,15 @@ def test_batch_pairs_row_ratio_is_the_median_over_every_pair_of_calls():
     from stare.app.bench.bench_transport import batch_pairs_row
 
     # two rounds of (records, seconds) calls: ours then raw; per-pair ratios 1.0, 0.5, 2.0 | 0.8, 1.0
-    rounds = [([(10, 1.0), (10, 2.0), (10, 1.0)], [(10, 1.0), (10, 1.0), (10, 2.0)]),
-              ([(10, 1.25), (8, 1.0)], [(10, 1.0), (8, 1.0)])]
+    rounds = [
+        ([(10, 1.0), (10, 2.0), (10, 1.0)], [(10, 1.0), (10, 1.0), (10, 2.0)]),
+        ([(10, 1.25), (8, 1.0)], [(10, 1.0), (8, 1.0)]),
+    ]
     r = batch_pairs_row("t", "w", rounds)
     assert r["ratio"] == pytest.approx(1.0)  # median of [1.0, 0.5, 2.0, 0.8, 1.0]
     assert r["spread"] == pytest.approx([0.9, 1.0])  # the rounds' medians: 1.0 and (0.8 + 1.0) / 2
     assert r["ours"] == pytest.approx(8.0) and r["baseline"] == pytest.approx(10.0)  # median records/s per call
     assert r["pairs"] == 5 and r["repeats"] == 2 and r["ratio_of"] == "call pairs"
-
 
 
 def test_overlap_steps_per_min_is_60_over_the_median_step_time_after_the_warmup():

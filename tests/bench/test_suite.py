@@ -12,8 +12,9 @@ from stare.app.cli import main
 def test_help_lists_every_benchmark_and_bench_is_a_command():
     top = subprocess.run([sys.executable, "-m", "stare.app.cli", "--help"], capture_output=True, text=True, timeout=60)
     assert "bench" in top.stdout
-    out = subprocess.run([sys.executable, "-m", "stare.app.cli", "bench", "--help"], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "stare.app.cli", "bench", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0
     for name in BENCHMARKS:
         assert f"  {name} " in out.stdout

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from redis_fixtures import have_redis_server, redis_server
-from stare.config.algo import ControllerConfig
-from learner.algorithm.entropy_controller import EntropyController
 
+from learner.algorithm.entropy_controller import EntropyController
+from stare.config.algo import ControllerConfig
 from stare.runstate import MemoryRunState
 
 

@@ -18,8 +18,8 @@ def started(state, controller) -> RunSteering:
 
 def client(state, token: str | None = TOKEN, **settings):
     from fastapi.testclient import TestClient
+
     from services.control.app import create_app
 
     settings.setdefault("trusted_hosts", ["testserver"])  # TestClient's Host
     return TestClient(create_app(state, ControlPlaneSection(**settings), state.run_id, token=token))
-

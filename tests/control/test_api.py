@@ -29,8 +29,9 @@ def test_ready_is_200_when_the_store_answers_and_503_when_redis_is_down(state):
 
 
 def test_a_store_outage_answers_503_with_the_reason():
-    down = RedisRunState.connect(f"redis://127.0.0.1:{free_port()}/0", "run", socket_timeout_s=0.2, retries=2,
-                                 op_timeout_s=1.0)
+    down = RedisRunState.connect(
+        f"redis://127.0.0.1:{free_port()}/0", "run", socket_timeout_s=0.2, retries=2, op_timeout_s=1.0
+    )
     r = client(down).get("/v1/status")
     assert r.status_code == 503 and "unavailable" in r.json()["detail"]
 
@@ -42,8 +43,11 @@ def test_status_before_any_learner_says_waiting(state):
 
 def test_status_shows_the_learner_s_fields_and_role_liveness(state, controller):
     control = started(state, controller)
-    control.after_step(controller, {"step": 1, "weight_version": 1},
-                       {"tokens_per_s": 50.0, "queue_depths": {"raw": 3}, "staleness": {"max": 1, "counts": {"0": 6, "1": 2}}})
+    control.after_step(
+        controller,
+        {"step": 1, "weight_version": 1},
+        {"tokens_per_s": 50.0, "queue_depths": {"raw": 3}, "staleness": {"max": 1, "counts": {"0": 6, "1": 2}}},
+    )
     state.beat(Heartbeat(role="rollout", name="r0", pid=5, host="h", at=time.time() - 60))  # dead, not yet forgotten
     body = client(state).get("/v1/status").json()
     assert (body["phase"], body["step"], body["weight_version"], body["tokens_per_s"]) == ("training", 1, 1, 50.0)
@@ -61,7 +65,14 @@ def test_entropy_shows_the_controller_and_the_pending_changes(state, controller)
     api = client(state)
     assert api.patch("/v1/entropy", json={"target": 0.4}, headers=AUTH).status_code == 202
     body = api.get("/v1/entropy").json()
-    assert (body["target"], body["band"], body["gate"], body["w"], body["m"], body["adaptive"]) == (0.3, None, False, 1.1, 0.9, False)
+    assert (body["target"], body["band"], body["gate"], body["w"], body["m"], body["adaptive"]) == (
+        0.3,
+        None,
+        False,
+        1.1,
+        0.9,
+        False,
+    )
     assert [p["new"] for p in body["pending"]] == [{"target": 0.4}]
 
 
@@ -70,7 +81,10 @@ def test_put_sets_target_and_removes_the_band_when_absent(state, controller):
     started(state, controller)
     r = client(state).put("/v1/entropy", json={"target": 0.35}, headers=AUTH)
     assert r.status_code == 202
-    assert (r.json()["audit"]["old"], r.json()["audit"]["new"]) == ({"target": 0.3, "band": [0.2, 0.4]}, {"target": 0.35, "band": None})
+    assert (r.json()["audit"]["old"], r.json()["audit"]["new"]) == (
+        {"target": 0.3, "band": [0.2, 0.4]},
+        {"target": 0.35, "band": None},
+    )
 
 
 def test_patch_changes_only_the_given_fields(state, controller):
@@ -103,8 +117,9 @@ def test_history_pages_by_index(state):
 def test_stream_sends_each_entry_after_the_last_event_id(state):
     for s in range(1, 4):
         state.append_metrics({"step": s})
-    with client(state).stream("GET", "/v1/metrics/stream", params={"limit_s": 0.3},
-                              headers={"Last-Event-ID": "0"}) as r:
+    with client(state).stream(
+        "GET", "/v1/metrics/stream", params={"limit_s": 0.3}, headers={"Last-Event-ID": "0"}
+    ) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [e for e in r.read().decode().split("\n\n") if e.startswith("id:")]
     parsed = [(int(e.split("\n")[0][4:]), json.loads(e.split("\n")[2][6:])["step"]) for e in events]
@@ -128,18 +143,37 @@ def test_prometheus_exposes_the_last_step_queues_and_roles(state, controller):
     from prometheus_client.parser import text_string_to_metric_families
 
     control = started(state, controller)
-    control.after_step(controller, {"step": 4, "weight_version": 4, "entropy": 0.25, "target": 0.3, "gate": 1,
-                                    "reward_mean": 0.5, "time_step_s": 1.5}, {"queue_depths": {"scored": 7}})
+    control.after_step(
+        controller,
+        {
+            "step": 4,
+            "weight_version": 4,
+            "entropy": 0.25,
+            "target": 0.3,
+            "gate": 1,
+            "reward_mean": 0.5,
+            "time_step_s": 1.5,
+        },
+        {"queue_depths": {"scored": 7}},
+    )
     r = client(state).get("/metrics")
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(r.text) for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(r.text)
+        for s in f.samples
+    }
     run = (("run_id", "run"),)
-    for (name, labels), value in {("stare_entropy", ()): 0.25, ("stare_entropy_target", ()): 0.3,
-                                  ("stare_gate", ()): 1.0, ("stare_reward_mean", ()): 0.5,
-                                  ("stare_step_time_seconds", ()): 1.5, ("stare_weight_version", ()): 4.0,
-                                  ("stare_queue_depth", (("queue", "scored"),)): 7.0,
-                                  ("stare_role_up", (("name", "learner-0"), ("role", "learner"))): 1.0}.items():
+    for (name, labels), value in {
+        ("stare_entropy", ()): 0.25,
+        ("stare_entropy_target", ()): 0.3,
+        ("stare_gate", ()): 1.0,
+        ("stare_reward_mean", ()): 0.5,
+        ("stare_step_time_seconds", ()): 1.5,
+        ("stare_weight_version", ()): 4.0,
+        ("stare_queue_depth", (("queue", "scored"),)): 7.0,
+        ("stare_role_up", (("name", "learner-0"), ("role", "learner"))): 1.0,
+    }.items():
         assert samples[(name, tuple(sorted(run + labels)))] == value, name
 
 
@@ -156,5 +190,16 @@ def test_dashboard_page_and_assets_are_served_without_external_urls(state):
 
 def test_openapi_documents_every_v1_endpoint(state):
     paths = set(client(state).get("/openapi.json").json()["paths"])
-    assert paths == {"/v1/health", "/v1/ready", "/v1/status", "/v1/entropy", "/v1/entropy/audit", "/v1/metrics/history",
-                     "/v1/metrics/stream", "/v1/run/pause", "/v1/run/resume", "/v1/run/checkpoint", "/metrics"}
+    assert paths == {
+        "/v1/health",
+        "/v1/ready",
+        "/v1/status",
+        "/v1/entropy",
+        "/v1/entropy/audit",
+        "/v1/metrics/history",
+        "/v1/metrics/stream",
+        "/v1/run/pause",
+        "/v1/run/resume",
+        "/v1/run/checkpoint",
+        "/metrics",
+    }

@@ -7,13 +7,18 @@ import logging
 
 import pytest
 from control_helpers import AUTH, TOKEN, client, started
-from services.control.auth import resolve_token
 
+from services.control.auth import resolve_token
 from stare.config import ConfigError, ControlPlaneSection
 from stare.runstate import MemoryRunState
 
-MUTATING = [("post", "/v1/run/pause", None), ("post", "/v1/run/resume", None), ("post", "/v1/run/checkpoint", None),
-            ("put", "/v1/entropy", {"target": 0.4}), ("patch", "/v1/entropy", {"target": 0.4})]
+MUTATING = [
+    ("post", "/v1/run/pause", None),
+    ("post", "/v1/run/resume", None),
+    ("post", "/v1/run/checkpoint", None),
+    ("put", "/v1/entropy", {"target": 0.4}),
+    ("patch", "/v1/entropy", {"target": 0.4}),
+]
 READS = ["/v1/status", "/v1/entropy", "/v1/entropy/audit", "/v1/metrics/history", "/metrics"]
 
 
@@ -89,7 +94,9 @@ def test_a_missing_token_file_is_a_config_error_naming_the_field(tmp_path):
 def test_the_token_is_never_logged_or_echoed(state, caplog):
     caplog.set_level(logging.DEBUG)
     api = client(state)
-    responses = [api.post("/v1/run/pause", headers={"Authorization": f"Bearer {TOKEN}x"}),
-                 api.post("/v1/run/pause", headers=AUTH)]
+    responses = [
+        api.post("/v1/run/pause", headers={"Authorization": f"Bearer {TOKEN}x"}),
+        api.post("/v1/run/pause", headers=AUTH),
+    ]
     assert all(TOKEN not in r.text for r in responses)
     assert TOKEN not in caplog.text and TOKEN not in repr(api.app.state.auth)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import httpx
 import pytest
 from control_helpers import AUTH, TOKEN, started
+
 from services.control.app import create_app
 from services.control.server import BackgroundServer
-
 from stare.config import ControlPlaneSection
 from stare.runstate import MemoryRunState
 
@@ -22,17 +22,22 @@ def served(request, controller):
     token = options.pop("token")
     state = MemoryRunState("run")
     started(state, controller)
-    server = BackgroundServer(create_app(state, ControlPlaneSection(**options), "run", token=token), "127.0.0.1", 0).start()
+    server = BackgroundServer(
+        create_app(state, ControlPlaneSection(**options), "run", token=token), "127.0.0.1", 0
+    ).start()
     yield state, server.url, (AUTH if token else {})
     server.stop()
 
 
-@pytest.mark.parametrize("headers", [
-    {"Origin": "http://evil.example", "Content-Type": "text/plain"},  # a simple cross-site form/fetch
-    {"Origin": "null"},  # sandboxed iframe, file://
-    {"Sec-Fetch-Site": "cross-site"},
-    {"Origin": "http://127.0.0.1:1"},  # another local port is another origin
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Origin": "http://evil.example", "Content-Type": "text/plain"},  # a simple cross-site form/fetch
+        {"Origin": "null"},  # sandboxed iframe, file://
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Origin": "http://127.0.0.1:1"},  # another local port is another origin
+    ],
+)
 def test_a_cross_site_mutation_is_refused_in_both_auth_modes(served, headers):
     state, url, auth = served
     r = httpx.post(url + "/v1/run/pause", headers={**auth, **headers}, content=b"x", timeout=5)
@@ -65,8 +70,9 @@ def test_trusted_hosts_and_allowed_origins_come_from_the_config(controller):
     try:
         host = {"Host": "stare.example.org"}
         assert httpx.get(server.url + "/v1/status", timeout=5).status_code == 400  # 127.0.0.1 is not listed
-        r = httpx.post(server.url + "/v1/run/pause", headers={**host, **AUTH, "Origin": "https://dash.example.org"},
-                       timeout=5)
+        r = httpx.post(
+            server.url + "/v1/run/pause", headers={**host, **AUTH, "Origin": "https://dash.example.org"}, timeout=5
+        )
         assert r.status_code == 202
     finally:
         server.stop()
@@ -86,7 +92,6 @@ def test_the_dashboard_has_security_headers_and_docs_are_off(served):
 @pytest.mark.parametrize("header", [b"\xb2", b"1\xb2", b"-1", b"12a"])
 def test_a_non_ascii_digit_last_event_id_is_ignored(served, header):
     _, url, _ = served
-    with httpx.stream("GET", url + "/v1/metrics/stream?limit_s=0.2", headers={"Last-Event-ID": header},
-                      timeout=5) as r:
+    with httpx.stream("GET", url + "/v1/metrics/stream?limit_s=0.2", headers={"Last-Event-ID": header}, timeout=5) as r:
         assert r.status_code == 200
         r.read()

@@ -10,23 +10,44 @@ import math
 import httpx
 import pytest
 from control_helpers import AUTH, TOKEN, client, started
-from stare.config.algo import ControllerConfig
+
 from learner.algorithm.entropy_controller import EntropyController
 from learner.step.trainer import nonfinite_step
 from services.control.app import create_app
 from services.control.server import BackgroundServer
-
 from stare.config import ConfigError, ControlPlaneSection, build_config
+from stare.config.algo import ControllerConfig
 from stare.runstate import MemoryRunState, RunSteering
 
 LN_V = 4.0  # the max_entropy the fake learner publishes
 
 BAD_BODIES = [
-    {"target": 1e308}, {"target": True}, {"target": "0.3"}, {"target": 0}, {"target": -1.0}, {"target": LN_V + 0.1},
-    {"w": 1e308}, {"w": 0.5}, {"w": "1.2"}, {"w_max": 11}, {"w": 1.4, "w_max": 1.2}, {"m": 0}, {"m": 1.5},
-    {"m_min": 0}, {"alpha": 2.0}, {"alpha": -0.1}, {"gain": 1e6}, {"gain": False},
-    {"band": [0.1, 1e308]}, {"band": [0.1, True]}, {"band": [0.5, 0.2]}, {"band": [0.1, LN_V + 1]}, {"band": 5},
-    {"adaptive": "true"}, {"adaptive": 1}, {"schedule": "pid"},
+    {"target": 1e308},
+    {"target": True},
+    {"target": "0.3"},
+    {"target": 0},
+    {"target": -1.0},
+    {"target": LN_V + 0.1},
+    {"w": 1e308},
+    {"w": 0.5},
+    {"w": "1.2"},
+    {"w_max": 11},
+    {"w": 1.4, "w_max": 1.2},
+    {"m": 0},
+    {"m": 1.5},
+    {"m_min": 0},
+    {"alpha": 2.0},
+    {"alpha": -0.1},
+    {"gain": 1e6},
+    {"gain": False},
+    {"band": [0.1, 1e308]},
+    {"band": [0.1, True]},
+    {"band": [0.5, 0.2]},
+    {"band": [0.1, LN_V + 1]},
+    {"band": 5},
+    {"adaptive": "true"},
+    {"adaptive": 1},
+    {"schedule": "pid"},
 ]
 RAW_BODIES = [b'{"target": NaN}', b'{"target": Infinity}', b'{"w": -Infinity}', b'{"band": [0.1, Infinity]}']
 
@@ -132,16 +153,19 @@ def test_a_starting_target_above_ln_v_is_lowered_to_it():
     assert controller.target == controller.band[1] == pytest.approx(math.log(19)) and controller.band[0] == 1.0
 
 
-@pytest.mark.parametrize("override", ["controller.w=1e308", "controller.alpha=5", "controller.target=.nan",
-                                      "controller.adaptive=maybe"])
+@pytest.mark.parametrize(
+    "override", ["controller.w=1e308", "controller.alpha=5", "controller.target=.nan", "controller.adaptive=maybe"]
+)
 def test_the_config_refuses_values_outside_the_ranges(override):
     with pytest.raises(ConfigError, match=override.split("=")[0].split(".")[1]):
         build_config({}, overrides=[override])
 
 
 def test_non_finite_steps_are_counted_and_shown_in_status_metrics_and_prometheus():
-    assert [nonfinite_step(*args, step=1) for args in [(0.5, 1.0), (math.nan, 1.0), (0.5, math.inf), (0.5, None),
-                                                       (-math.inf, None)]] == [0, 1, 1, 0, 1]
+    assert [
+        nonfinite_step(*args, step=1)
+        for args in [(0.5, 1.0), (math.nan, 1.0), (0.5, math.inf), (0.5, None), (-math.inf, None)]
+    ] == [0, 1, 1, 0, 1]
     state = MemoryRunState("run")
     controller = EntropyController(ControllerConfig())
     control = started(state, controller)

@@ -4,9 +4,9 @@ step's metrics, and a change that no longer validates is recorded, not raised.""
 from __future__ import annotations
 
 from control_helpers import started
-from stare.config.algo import ControllerConfig
-from learner.algorithm.entropy_controller import EntropyController
 
+from learner.algorithm.entropy_controller import EntropyController
+from stare.config.algo import ControllerConfig
 from stare.runstate import MemoryRunState, RunSteering
 
 

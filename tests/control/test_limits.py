@@ -16,6 +16,7 @@ import psutil
 import pytest
 from control_helpers import TOKEN
 from redis_fixtures import free_port
+
 from learner.engine.deepspeed_engine import child_env
 from services.control.server import BackgroundServer, bind
 
@@ -30,10 +31,29 @@ def server(redis_url, tmp_path_factory):
     url_file = write_secret(tmp_path_factory.mktemp("secrets") / "redis.url", redis_url)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stare.app.cli", "control", "--redis-url-file", str(url_file), "--port", str(port),
-         "--set", "run.name=limits", "--set", f"control_plane.max_body_bytes={LIMIT}", "--set", "control_plane.header_timeout_s=1",
-         "--set", "control_plane.body_timeout_s=1"],
-        env={**child_env(), "STARE_API_TOKEN": TOKEN}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "stare.app.cli",
+            "control",
+            "--redis-url-file",
+            str(url_file),
+            "--port",
+            str(port),
+            "--set",
+            "run.name=limits",
+            "--set",
+            f"control_plane.max_body_bytes={LIMIT}",
+            "--set",
+            "control_plane.header_timeout_s=1",
+            "--set",
+            "control_plane.body_timeout_s=1",
+        ],
+        env={**child_env(), "STARE_API_TOKEN": TOKEN},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -134,8 +154,9 @@ def test_a_100_mb_body_without_a_token_is_refused_before_it_is_read(server, fram
     if framing == "content-length":
         reply, sent = _upload(port, head + b"Content-Length: %d\r\n\r\n" % (100 * MB), body(lambda b: b))
     else:
-        reply, sent = _upload(port, head + b"Transfer-Encoding: chunked\r\n\r\n",
-                              body(lambda b: b"%x\r\n%s\r\n" % (len(b), b)))
+        reply, sent = _upload(
+            port, head + b"Transfer-Encoding: chunked\r\n\r\n", body(lambda b: b"%x\r\n%s\r\n" % (len(b), b))
+        )
     grown = (_rss(proc) - before) / MB
     live.stop.set()
     live.join(10)
@@ -143,8 +164,10 @@ def test_a_100_mb_body_without_a_token_is_refused_before_it_is_read(server, fram
     assert sent < 100 * MB  # cut off: the server did not read the rest
     assert grown < 50, f"the server grew by {grown:.1f} MB"
     slowest = max([live.slowest, *probes])
-    print(f"{framing}: body sent {sent / MB:.0f} MB before the server closed, RSS +{grown:.1f} MB, "
-          f"slowest /v1/health {slowest * 1000:.0f} ms ({live.count} probes)")
+    print(
+        f"{framing}: body sent {sent / MB:.0f} MB before the server closed, RSS +{grown:.1f} MB, "
+        f"slowest /v1/health {slowest * 1000:.0f} ms ({live.count} probes)"
+    )
     assert slowest < 0.5, f"/v1/health took {slowest:.3f}s"
     ok = httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=5)
     assert ok.status_code == 200  # and it still serves
@@ -154,8 +177,9 @@ def test_a_body_at_the_limit_passes_on_to_auth(server):
     _, port = server
     body = b'{"target": 0.3' + b" " * (LIMIT - 15) + b"}"
     assert len(body) == LIMIT
-    r = httpx.patch(f"http://127.0.0.1:{port}/v1/entropy", content=body, timeout=5,
-                    headers={"Content-Type": "application/json"})
+    r = httpx.patch(
+        f"http://127.0.0.1:{port}/v1/entropy", content=body, timeout=5, headers={"Content-Type": "application/json"}
+    )
     assert r.status_code == 401  # read, then refused for the missing token
 
 
@@ -171,8 +195,10 @@ def test_a_connection_without_complete_headers_is_closed(server):
 def test_a_stalled_body_is_answered_408(server):
     _, port = server
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(b"PATCH /v1/entropy HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100\r\n\r\n{\"target\"")
+        sock.sendall(
+            b"PATCH /v1/entropy HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"target"'
+        )
         reply = _read_until_closed(sock)
     assert _status(reply) == 408 and b"control_plane.body_timeout_s" in reply
 
@@ -183,8 +209,13 @@ def test_accepted_sockets_get_tcp_nodelay():
 
     async def main() -> None:
         sock = bind("127.0.0.1", 0)
-        server = await asyncio.start_server(lambda r, w: (seen.append(
-            w.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)), w.close()), sock=sock)
+        server = await asyncio.start_server(
+            lambda r, w: (
+                seen.append(w.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)),
+                w.close(),
+            ),
+            sock=sock,
+        )
         port = sock.getsockname()[1]
         _, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(100):
@@ -200,10 +231,11 @@ def test_accepted_sockets_get_tcp_nodelay():
 
 def _in_thread_server(state, **settings):
     from services.control.app import create_app
-
     from stare.config import ControlPlaneSection
 
-    return BackgroundServer(create_app(state, ControlPlaneSection(**settings), "run", token=TOKEN), "127.0.0.1", 0).start()
+    return BackgroundServer(
+        create_app(state, ControlPlaneSection(**settings), "run", token=TOKEN), "127.0.0.1", 0
+    ).start()
 
 
 def test_connections_past_the_cap_get_503():
@@ -223,8 +255,9 @@ def test_connections_past_the_cap_get_503():
 
 def test_a_client_leaving_an_sse_stream_mid_backlog_is_logged_once(caplog):
     from control_helpers import started
-    from stare.config.algo import ControllerConfig
+
     from learner.algorithm.entropy_controller import EntropyController
+    from stare.config.algo import ControllerConfig
     from stare.runstate import MemoryRunState
 
     state = MemoryRunState("run")

@@ -13,22 +13,48 @@ from control_helpers import TOKEN, started
 from prometheus_client import REGISTRY
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
+
 from services.control.app import create_app
 from services.control.prometheus import LEGACY_NAMES, STEP_TIME_BUCKETS, SYNC_TIME_BUCKETS
 from services.control.server import BackgroundServer
-
 from stare.config import ControlPlaneSection
 from stare.runstate.base import Heartbeat
 
-FULL_STEP = {"step": 1, "weight_version": 1, "entropy": 0.41, "target": 0.3, "band_low": 0.2, "band_high": 0.5,
-             "gate": 0, "w": 1.5, "m": 0.8, "reward_mean": 0.25, "accuracy": 0.25, "response_length_mean": 12.5,
-             "time_step_s": 0.7, "tokens_per_s": 900.0, "staleness_max": 1, "staleness_mean": 0.5,
-             "time_learn_s": 0.4, "time_plan_s": 0.01, "time_wait_data_s": 0.2, "time_publish_s": 0.03,
-             "eval_greedy_accuracy": 0.375, "clip_fraction_low": 0.01, "clip_fraction_high": 0.02,
-             "approx_kl": 0.003, "rollout_mismatch_k1": -0.002, "rollout_mismatch_k3": 0.004,
-             "rollout_masked_fraction": 0.05, "rollout_truncated_fraction": 0.06}
-FULL_STATUS = {"queue_depths": {"prompts": 3, "raw": 2, "scored": 5}, "dead_letters": {"raw": 4, "scored": 0},
-               "staleness": {"max": 1, "counts": {"0": 6, "1": 2}}}
+FULL_STEP = {
+    "step": 1,
+    "weight_version": 1,
+    "entropy": 0.41,
+    "target": 0.3,
+    "band_low": 0.2,
+    "band_high": 0.5,
+    "gate": 0,
+    "w": 1.5,
+    "m": 0.8,
+    "reward_mean": 0.25,
+    "accuracy": 0.25,
+    "response_length_mean": 12.5,
+    "time_step_s": 0.7,
+    "tokens_per_s": 900.0,
+    "staleness_max": 1,
+    "staleness_mean": 0.5,
+    "time_learn_s": 0.4,
+    "time_plan_s": 0.01,
+    "time_wait_data_s": 0.2,
+    "time_publish_s": 0.03,
+    "eval_greedy_accuracy": 0.375,
+    "clip_fraction_low": 0.01,
+    "clip_fraction_high": 0.02,
+    "approx_kl": 0.003,
+    "rollout_mismatch_k1": -0.002,
+    "rollout_mismatch_k3": 0.004,
+    "rollout_masked_fraction": 0.05,
+    "rollout_truncated_fraction": 0.06,
+}
+FULL_STATUS = {
+    "queue_depths": {"prompts": 3, "raw": 2, "scored": 5},
+    "dead_letters": {"raw": 4, "scored": 0},
+    "staleness": {"max": 1, "counts": {"0": 6, "1": 2}},
+}
 
 
 @pytest.fixture
@@ -75,14 +101,21 @@ def test_the_last_steps_gauges_are_its_metrics(state, controller, serve):
     control = started(state, controller)
     control.after_step(controller, {k: v for k, v in FULL_STEP.items() if k != "time_plan_s"}, FULL_STATUS)
     got = samples(scrape(serve(state)).text)
-    for key, name in [("entropy", "stare_entropy"), ("target", "stare_entropy_target"), ("w", "stare_w"),
-                      ("band_low", "stare_entropy_band_low"), ("tokens_per_s", "stare_tokens_per_second"),
-                      ("response_length_mean", "stare_response_length_mean"), ("staleness_max", "stare_staleness_max"),
-                      ("clip_fraction_low", "stare_clip_fraction_low"), ("approx_kl", "stare_approx_kl"),
-                      ("rollout_mismatch_k1", "stare_rollout_mismatch_k1"),
-                      ("rollout_mismatch_k3", "stare_rollout_mismatch_k3"),
-                      ("rollout_masked_fraction", "stare_rollout_masked_fraction"),
-                      ("rollout_truncated_fraction", "stare_rollout_truncated_fraction")]:
+    for key, name in [
+        ("entropy", "stare_entropy"),
+        ("target", "stare_entropy_target"),
+        ("w", "stare_w"),
+        ("band_low", "stare_entropy_band_low"),
+        ("tokens_per_s", "stare_tokens_per_second"),
+        ("response_length_mean", "stare_response_length_mean"),
+        ("staleness_max", "stare_staleness_max"),
+        ("clip_fraction_low", "stare_clip_fraction_low"),
+        ("approx_kl", "stare_approx_kl"),
+        ("rollout_mismatch_k1", "stare_rollout_mismatch_k1"),
+        ("rollout_mismatch_k3", "stare_rollout_mismatch_k3"),
+        ("rollout_masked_fraction", "stare_rollout_masked_fraction"),
+        ("rollout_truncated_fraction", "stare_rollout_truncated_fraction"),
+    ]:
         assert got[(name, ())] == FULL_STEP[key], name
     assert got[("stare_step_phase_seconds", (("phase", "learn"),))] == 0.4
     assert got[("stare_step_phase_seconds", (("phase", "wait_data"),))] == 0.2
@@ -98,7 +131,7 @@ def test_every_name_of_the_hand_written_exposition_is_still_exported(state, cont
     control = started(state, controller)
     control.after_step(controller, dict(FULL_STEP), FULL_STATUS)
     text = scrape(serve(state)).text
-    assert {n: types(text).get(n) for n in LEGACY_NAMES} == {n: "gauge" for n in LEGACY_NAMES}
+    assert {n: types(text).get(n) for n in LEGACY_NAMES} == dict.fromkeys(LEGACY_NAMES, "gauge")
     help_of = {f.name: f.documentation for f in text_string_to_metric_families(text)}
     assert help_of["stare_entropy"] == "Batch-mean token entropy of the last step (nats)"
     assert help_of["stare_queue_depth"] == "Entries published and not yet acknowledged, per stream"
@@ -176,7 +209,9 @@ def test_openmetrics_is_served_when_the_scraper_asks(state, controller, serve):
 
 
 def test_metrics_need_the_token_when_reads_are_authenticated(state, serve):
-    server = BackgroundServer(create_app(state, ControlPlaneSection(auth_reads=True), "run", token=TOKEN), "127.0.0.1", 0)
+    server = BackgroundServer(
+        create_app(state, ControlPlaneSection(auth_reads=True), "run", token=TOKEN), "127.0.0.1", 0
+    )
     server.start()
     try:
         assert httpx.get(server.url + "/metrics", timeout=10).status_code == 401

@@ -64,15 +64,18 @@ def test_an_entropy_change_needs_a_published_controller(make_state):
         make_state().request_entropy_change({"target": 0.4}, "me")
 
 
-@pytest.mark.parametrize("changes, field", [
-    ({"target": 0.0}, "target"),
-    ({"band": [0.5, 0.2]}, "band"),  # low > high
-    ({"band": [0.35, 0.5]}, "band"),  # target 0.3 outside the band
-    ({"w": 2.0}, "w"),  # above w_max 1.5
-    ({"m": 0.1}, "m"),  # below m_min 0.5
-    ({"bogus": 1.0}, "bogus"),  # not a controller field
-    ({}, "body"),
-])
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"target": 0.0}, "target"),
+        ({"band": [0.5, 0.2]}, "band"),  # low > high
+        ({"band": [0.35, 0.5]}, "band"),  # target 0.3 outside the band
+        ({"w": 2.0}, "w"),  # above w_max 1.5
+        ({"m": 0.1}, "m"),  # below m_min 0.5
+        ({"bogus": 1.0}, "bogus"),  # not a controller field
+        ({}, "body"),
+    ],
+)
 def test_an_invalid_change_names_its_field_and_is_not_queued(make_state, controller, changes, field):
     state = make_state()
     started(state, controller)
@@ -124,8 +127,10 @@ def test_concurrent_changes_get_distinct_ids(make_state, controller):
     state = make_state()
     started(state, controller)
     ids: list[int] = []
-    threads = [threading.Thread(target=lambda t=t: ids.append(state.request_entropy_change({"target": t}, "x").id))
-               for t in (0.31, 0.32, 0.33, 0.34)]
+    threads = [
+        threading.Thread(target=lambda t=t: ids.append(state.request_entropy_change({"target": t}, "x").id))
+        for t in (0.31, 0.32, 0.33, 0.34)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -134,8 +139,8 @@ def test_concurrent_changes_get_distinct_ids(make_state, controller):
 
 
 def test_w_and_m_not_given_are_clipped_into_bounds_as_reconfigure_does(make_state):
-    from stare.config.algo import ControllerConfig
     from learner.algorithm.entropy_controller import EntropyController
+    from stare.config.algo import ControllerConfig
 
     controller = EntropyController(ControllerConfig(m_min=0.1, m=0.1))
     controller.m = 1 - 1 * (1 - 0.1)  # 0.09999999999999998: a schedule's float error below m_min

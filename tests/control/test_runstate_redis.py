@@ -35,8 +35,9 @@ def test_a_call_during_a_redis_restart_is_retried_and_succeeds(tmp_path):
 
 
 def test_an_unreachable_redis_raises_run_state_unavailable_within_the_budget():
-    state = RedisRunState.connect(f"redis://127.0.0.1:{free_port()}/0", "run", socket_timeout_s=0.5,
-                                  retries=3, op_timeout_s=2.0)
+    state = RedisRunState.connect(
+        f"redis://127.0.0.1:{free_port()}/0", "run", socket_timeout_s=0.5, retries=3, op_timeout_s=2.0
+    )
     t0 = time.monotonic()
     with pytest.raises(RunStateUnavailable, match="unavailable during GET status"):
         state.status()

@@ -17,11 +17,11 @@ from control_helpers import TOKEN, started
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import positive_data_acceptance
 from schemathesis.openapi.checks import RejectedPositiveData
-from stare.config.algo import ControllerConfig
+
 from learner.algorithm.entropy_controller import EntropyController
 from services.control.app import create_app
-
 from stare.config import ControlPlaneSection
+from stare.config.algo import ControllerConfig
 from stare.runstate import MemoryRunState
 
 
@@ -32,10 +32,12 @@ def _app(token: str, **settings_):
     return create_app(state, ControlPlaneSection(trusted_hosts=["*"], **settings_), "run", token=token)
 
 
-open_schema = schemathesis.openapi.from_asgi("/openapi.json", _app("", allow_unauthenticated=True)) \
-    .exclude(path="/v1/metrics/stream")
-token_schema = schemathesis.openapi.from_asgi("/openapi.json", _app(TOKEN, auth_reads=True)) \
-    .exclude(path="/v1/metrics/stream")
+open_schema = schemathesis.openapi.from_asgi("/openapi.json", _app("", allow_unauthenticated=True)).exclude(
+    path="/v1/metrics/stream"
+)
+token_schema = schemathesis.openapi.from_asgi("/openapi.json", _app(TOKEN, auth_reads=True)).exclude(
+    path="/v1/metrics/stream"
+)
 
 
 def cross_field_422_only(ctx, response, case):

@@ -11,12 +11,12 @@ import time
 
 import httpx
 import pytest
-from learner.engine.deepspeed_engine import child_env
 from control_helpers import TOKEN, started
 from redis_fixtures import free_port
+
+from learner.engine.deepspeed_engine import child_env
 from services.control.app import create_app
 from services.control.server import BackgroundServer
-
 from stare.app.cli import main
 from stare.config import ControlPlaneSection
 from stare.runstate import MemoryRunState
@@ -36,7 +36,9 @@ def test_a_taken_port_falls_back_to_a_free_one_and_stop_frees_it(controller):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        server = BackgroundServer(create_app(MemoryRunState("run"), ControlPlaneSection(), "run", token=""), "127.0.0.1", port)
+        server = BackgroundServer(
+            create_app(MemoryRunState("run"), ControlPlaneSection(), "run", token=""), "127.0.0.1", port
+        )
         server.start()
         assert not server.url.endswith(f":{port}")
         assert httpx.get(server.url + "/v1/health", timeout=5).json() == {"status": "ok"}
@@ -48,7 +50,9 @@ def test_a_taken_port_falls_back_to_a_free_one_and_stop_frees_it(controller):
 
 def test_ctl_entropy_changes_the_target_and_prints_the_audit_entry(served, capsys):
     server, state = served
-    assert main(["ctl", "--url", server.url, "--token", TOKEN, "entropy", "--target", "0.35", "--band", "0.3", "0.4"]) == 0
+    assert (
+        main(["ctl", "--url", server.url, "--token", TOKEN, "entropy", "--target", "0.35", "--band", "0.3", "0.4"]) == 0
+    )
     assert json.loads(capsys.readouterr().out)["audit"]["new"] == {"target": 0.35, "band": [0.3, 0.4]}
     assert state.pending_entropy_changes()[0].who.endswith("(stare ctl) (127.0.0.1)")
 
@@ -88,9 +92,24 @@ def test_stare_control_serves_the_redis_run_state(redis_url, controller):
     learner_side = RedisRunState.connect(redis_url, "ctl-run")
     started(learner_side, controller)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "stare.app.cli", "control", "--redis-url", redis_url, "--port", str(port),
-                             "--set", "run.name=ctl-run"], env={**child_env(), "STARE_API_TOKEN": TOKEN},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stare.app.cli",
+            "control",
+            "--redis-url",
+            redis_url,
+            "--port",
+            str(port),
+            "--set",
+            "run.name=ctl-run",
+        ],
+        env={**child_env(), "STARE_API_TOKEN": TOKEN},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -102,7 +121,9 @@ def test_stare_control_serves_the_redis_run_state(redis_url, controller):
                 pass
             assert proc.poll() is None and time.monotonic() < deadline, "stare control did not become ready"
             time.sleep(0.2)
-        r = httpx.patch(url + "/v1/entropy", json={"target": 0.4}, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
+        r = httpx.patch(
+            url + "/v1/entropy", json={"target": 0.4}, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5
+        )
         assert r.status_code == 202
         assert [e.new for e in learner_side.take_entropy_changes()] == [{"target": 0.4}]  # what the learner will take
     finally:

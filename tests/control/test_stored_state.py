@@ -22,8 +22,9 @@ def _push(state, name: str, raw: str) -> str:
 
 
 @pytest.mark.parametrize("raw", ["{not json", '{"id": "x"}', "[]", "null"])
-def test_a_malformed_pending_change_gives_200_on_get_and_patch_and_a_warning(redis_state_factory, controller, raw,
-                                                                              caplog):
+def test_a_malformed_pending_change_gives_200_on_get_and_patch_and_a_warning(
+    redis_state_factory, controller, raw, caplog
+):
     state = redis_state_factory()
     started(state, controller)
     key = _push(state, "entropy:pending", raw)
@@ -59,8 +60,11 @@ def test_malformed_heartbeat_metrics_and_controller_are_skipped(redis_state_fact
 
 
 def _has_headers(reply) -> bool:
-    return (reply.headers.get("content-security-policy") == CSP and reply.headers.get("x-frame-options") == "DENY"
-            and reply.headers.get("x-content-type-options") == "nosniff")
+    return (
+        reply.headers.get("content-security-policy") == CSP
+        and reply.headers.get("x-frame-options") == "DENY"
+        and reply.headers.get("x-content-type-options") == "nosniff"
+    )
 
 
 def test_the_outer_layers_replies_carry_the_security_headers(redis_state_factory):

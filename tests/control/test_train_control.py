@@ -19,8 +19,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from learner.engine.deepspeed_engine import child_env
 from train_helpers import fast_override_list
+
+from learner.engine.deepspeed_engine import child_env
 
 pytestmark = pytest.mark.slow
 TOKEN = "e2e-token"
@@ -73,9 +74,14 @@ def run(tiny_model_dir, tmp_path_factory):
     overrides = fast_override_list(tiny_model_dir, out / "runs") + [
         # far more steps than the module needs: the run must outlive every test on a fast machine (60
         # steps once ended before the dashboard test opened the page); teardown stops it with SIGINT
-        "run.steps=100000", "run.checkpoint_every=100000", "task.eval_every=2", "control_plane.port=0",
+        "run.steps=100000",
+        "run.checkpoint_every=100000",
+        "task.eval_every=2",
+        "control_plane.port=0",
     ]
-    cmd = [sys.executable, "-m", "stare.app.cli", "train", "--no-progress"] + [a for o in overrides for a in ("--set", o)]
+    cmd = [sys.executable, "-m", "stare.app.cli", "train", "--no-progress"] + [
+        a for o in overrides for a in ("--set", o)
+    ]
     env = {**child_env(), "STARE_API_TOKEN": TOKEN}  # not a process group this pytest process formed
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run_dir = out / "runs" / "t"
@@ -115,10 +121,14 @@ def test_a_target_change_applies_at_the_next_step_and_the_gate_follows(run):
 def test_stare_ctl_changes_the_target_and_the_gate_turns_off(run):
     ctl = [sys.executable, "-m", "stare.app.cli", "ctl", "--url", run.url, "--token", TOKEN]
     with run.paused() as paused_at:
-        out = subprocess.run(ctl + ["entropy", "--target", "0.001", "--no-band"], capture_output=True, text=True, timeout=60, check=False)
+        out = subprocess.run(
+            ctl + ["entropy", "--target", "0.001", "--no-band"], capture_output=True, text=True, timeout=60, check=False
+        )
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["audit"]["new"] == {"target": 0.001, "band": None}
-        bad = subprocess.run(ctl + ["entropy", "--band", "0.5", "0.1"], capture_output=True, text=True, timeout=60, check=False)
+        bad = subprocess.run(
+            ctl + ["entropy", "--band", "0.5", "0.1"], capture_output=True, text=True, timeout=60, check=False
+        )
         assert bad.returncode == 1 and "band" in bad.stderr and "422" in bad.stderr
         subprocess.run(ctl + ["resume"], check=True, capture_output=True, timeout=60)
     after = run.step_metrics(paused_at + 1)
@@ -175,8 +185,11 @@ def test_the_dashboard_draws_curves_and_its_form_changes_the_target(run):
         assert (after["target"], after["band_low"], after["band_high"], after["control_changes"]) == (0.42, 0.3, 0.6, 1)
         run.wait(lambda: run.status()["step"] >= paused_at + 3, "more steps for the picture")
         page.wait_for_timeout(1500)  # a poll or two
-        shot = DOCS_SCREENSHOT if os.environ.get("STARE_UPDATE_SCREENSHOT") == "1" else \
-            Path(tempfile.gettempdir()) / "stare-dashboard.png"
+        shot = (
+            DOCS_SCREENSHOT
+            if os.environ.get("STARE_UPDATE_SCREENSHOT") == "1"
+            else Path(tempfile.gettempdir()) / "stare-dashboard.png"
+        )
         shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot), full_page=True)
         browser.close()

@@ -9,10 +9,10 @@ import time
 
 from fastapi.testclient import TestClient
 
+from services.control.app import create_app
 from stare.config import ControlPlaneSection
 from stare.runstate import Heartbeat, MemoryRunState
 from stare.runtime.process import claim_slot
-from services.control.app import create_app
 
 
 def beat(state, name: str, *, age_s: float = 0.0, gone: bool = False, host: str = "h1", role: str = "rollout"):
@@ -25,15 +25,15 @@ def listed(state) -> dict[str, bool]:
 
 def test_a_gone_worker_is_listed_not_alive_until_the_grace_then_forgotten(make_state):
     state = make_state(dead_after_s=15.0, forget_after_s=300.0)
-    beat(state, "fresh-gone", age_s=1.0, gone=True)      # stopped 1 s ago: listed, not alive
-    beat(state, "old-gone", age_s=301.0, gone=True)      # stopped 301 s ago: past the grace
+    beat(state, "fresh-gone", age_s=1.0, gone=True)  # stopped 1 s ago: listed, not alive
+    beat(state, "old-gone", age_s=301.0, gone=True)  # stopped 301 s ago: past the grace
     beat(state, "alive", age_s=1.0)
     assert listed(state) == {"fresh-gone": False, "alive": True}
 
 
 def test_a_dead_worker_is_forgotten_after_the_grace_too(make_state):
     state = make_state(dead_after_s=15.0, forget_after_s=100.0)
-    beat(state, "dead-recently", age_s=60.0)   # no beat for 60 s: dead, still within 100 s
+    beat(state, "dead-recently", age_s=60.0)  # no beat for 60 s: dead, still within 100 s
     beat(state, "dead-long-ago", age_s=120.0)
     assert listed(state) == {"dead-recently": False}
 
@@ -54,7 +54,7 @@ def test_replicas_starting_together_take_slots_one_and_two(make_state):
 
 def test_a_redeployed_replica_takes_its_predecessors_name(make_state):
     state = make_state(dead_after_s=15.0)
-    beat(state, "rollout-cpu-1", gone=True, host="old-1")   # `docker compose down`: both left
+    beat(state, "rollout-cpu-1", gone=True, host="old-1")  # `docker compose down`: both left
     beat(state, "rollout-cpu-2", gone=True, host="old-2")
     names = [claim_slot(state, "rollout", "rollout-cpu-{slot}", host=h, ttl_s=15.0) for h in ("new-a", "new-b")]
     assert names == ["rollout-cpu-1", "rollout-cpu-2"]
@@ -70,7 +70,7 @@ def test_a_live_worker_keeps_its_slot_and_a_restarted_container_gets_its_own_bac
 
 def test_status_and_role_up_drop_a_worker_after_the_grace():
     state = MemoryRunState("run", dead_after_s=15.0, forget_after_s=300.0)
-    beat(state, "rollout-old", age_s=400.0)          # a redeploy's predecessor, long gone
+    beat(state, "rollout-old", age_s=400.0)  # a redeploy's predecessor, long gone
     beat(state, "rollout-now", age_s=1.0)
     beat(state, "rollout-left", age_s=5.0, gone=True)
     app = create_app(state, ControlPlaneSection(trusted_hosts=["testserver"]), "run", token="t")
@@ -78,7 +78,10 @@ def test_status_and_role_up_drop_a_worker_after_the_grace():
     roles = {r["name"]: (r["alive"], r["gone"]) for r in client.get("/v1/status").json()["roles"]}
     assert roles == {"rollout-now": (True, False), "rollout-left": (False, True)}
     up = [line for line in client.get("/metrics").text.splitlines() if line.startswith("stare_role_up{")]
-    assert sorted(('name="rollout-now"' in line, line.endswith(" 1.0")) for line in up) == [(False, False), (True, True)]
+    assert sorted(('name="rollout-now"' in line, line.endswith(" 1.0")) for line in up) == [
+        (False, False),
+        (True, True),
+    ]
     assert not any("rollout-old" in line for line in up)
 
 

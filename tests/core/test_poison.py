@@ -9,18 +9,26 @@ from pathlib import Path
 import pytest
 from redis_fixtures import have_redis_server, redis_server
 
-from stare.transport.records import PromptTask
 from rollout.prompt_guard import fit_prompt, prompt_limit
 from stare.transport.guard import process_guarded
 from stare.transport.in_memory import MemoryStream
+from stare.transport.records import PromptTask
 from stare.transport.redis_transport import RedisTransport
 
 MAX = 3
 
 
 def _prompt(i: int, n_tokens: int = 3) -> PromptTask:
-    return PromptTask(run_id="p", group_id=f"g{i}", prompt="x", prompt_token_ids=list(range(1, n_tokens + 1)),
-                      answer="1", problem_id=f"p{i}", data_source="t", group_size=2)
+    return PromptTask(
+        run_id="p",
+        group_id=f"g{i}",
+        prompt="x",
+        prompt_token_ids=list(range(1, n_tokens + 1)),
+        answer="1",
+        problem_id=f"p{i}",
+        data_source="t",
+        group_size=2,
+    )
 
 
 def test_the_prompt_limit_is_the_smaller_of_the_config_and_what_the_engine_leaves():
@@ -45,6 +53,7 @@ def _failing_on(bad: set[str], calls: list[str]):
         if any(d.record.group_id in bad for d in deliveries):
             raise RuntimeError("verifier exploded")
         return len(deliveries)
+
     return handle
 
 
@@ -60,6 +69,7 @@ def _ack_after(stream):
         n = handle(deliveries)
         stream.ack([d.id for d in deliveries])
         return n
+
     return acker
 
 
@@ -70,7 +80,11 @@ def test_memory_stream_a_failing_entry_is_dead_lettered_with_its_last_error_and_
     assert done == 3 and stream.backlog() == 0
     assert calls.count("g2") == 1 + MAX  # once in the failed batch, then alone on each of its MAX deliveries
     assert [(r.group_id, reason) for _, r, reason in stream.dead] == [
-        ("g2", f"delivered {MAX} times without an ack (max_deliveries={MAX}); last error: RuntimeError: verifier exploded")]
+        (
+            "g2",
+            f"delivered {MAX} times without an ack (max_deliveries={MAX}); last error: RuntimeError: verifier exploded",
+        )
+    ]
 
 
 def test_memory_stream_an_entry_whose_consumer_keeps_dying_is_dead_lettered():
@@ -98,8 +112,9 @@ def test_redis_stream_a_failing_entry_is_dead_lettered_with_its_last_error_and_s
     assert done == 3 and backlog == 0 and leftover == 0
     assert calls.count("g2") == 1 + MAX
     assert len(dead) == 1 and PromptTask.from_fields({k.encode(): v for k, v in dead[0].raw.items()}).group_id == "g2"
-    assert dead[0].reason == (f"delivered {MAX} times without an ack (max_deliveries={MAX}); "
-                              "last error: RuntimeError: verifier exploded")
+    assert dead[0].reason == (
+        f"delivered {MAX} times without an ack (max_deliveries={MAX}); last error: RuntimeError: verifier exploded"
+    )
 
 
 @pytest.mark.redis
@@ -117,6 +132,7 @@ def test_redis_stream_an_entry_that_kills_each_restarted_consumer_is_dead_letter
         after = [d.record.group_id for d in t.prompts.consume("rollout-0", 4)]
         t.close()
     assert held == [["g0"]] * MAX + [["g1"]]  # the (MAX+1)th delivery of g0 parks it, g1 comes next
-    assert [d.reason for d in dead] == [f"delivered {MAX} times without an ack (max_deliveries={MAX}); its consumer "
-                                        "died or stalled on it each time"]
+    assert [d.reason for d in dead] == [
+        f"delivered {MAX} times without an ack (max_deliveries={MAX}); its consumer died or stalled on it each time"
+    ]
     assert after == ["g1"]

@@ -29,8 +29,10 @@ def test_truncate_left_keeps_the_last_tokens_and_logs_the_count():
     logs = []
     out = fit_prompts(_problems("abc", "abcdefgh"), TOK, 4, "truncate_left", what="training prompts", log=logs.append)
     assert [TOK.decode(list(p.prompt_token_ids)) for p in out] == ["abc", "efgh"]
-    assert logs == ["training prompts: 1 of 2 prompts are longer than data.max_prompt_len=4 tokens (longest 8): "
-                    "truncated on the left (kept the last tokens) by data.prompt_overflow=truncate_left (p1)"]
+    assert logs == [
+        "training prompts: 1 of 2 prompts are longer than data.max_prompt_len=4 tokens (longest 8): "
+        "truncated on the left (kept the last tokens) by data.prompt_overflow=truncate_left (p1)"
+    ]
 
 
 def test_reject_drops_the_long_prompts_and_names_them():
@@ -53,8 +55,9 @@ def test_without_a_cap_problems_pass_unchanged_and_are_encoded_at_rollout():
 
 
 def test_feeder_and_eval_set_follow_the_config():
-    cfg = build_config({}, overrides=["data.max_prompt_len=3", "data.prompt_overflow=truncate_left",
-                                      "task.eval_problems=2"])
+    cfg = build_config(
+        {}, overrides=["data.max_prompt_len=3", "data.prompt_overflow=truncate_left", "task.eval_problems=2"]
+    )
     task = ListTask(_problems("abcdef", "ab"))
     feeder = build_feeder(cfg, task, TOK, log=lambda _: None)
     assert [TOK.decode(t.prompt_token_ids) for t in feeder.next_tasks(2)] in (["def", "ab"], ["ab", "def"])

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from record_helpers import make_trajectory
 
-from stare.transport.records import SCHEMA_VERSION, PromptTask, RecordError, Trajectory
 from reward.worker import RewardWorker
 from stare.data.tasks.registry import build_task
 from stare.transport.in_memory import MemoryStream
+from stare.transport.records import SCHEMA_VERSION, PromptTask, RecordError, Trajectory
 
 
 def test_trajectory_round_trips_through_packed_fields():
@@ -38,8 +38,13 @@ def test_wrong_schema_version_is_rejected():
 
 
 def test_per_token_versions_round_trip_and_expand():
-    t = make_trajectory(response_token_ids=np.arange(5, dtype=np.int32), response_logprobs=np.full(5, -1.0, np.float32),
-                        loss_mask=np.ones(5, np.uint8), weight_version=2, version_starts=[[1, 3], [4, 5]])
+    t = make_trajectory(
+        response_token_ids=np.arange(5, dtype=np.int32),
+        response_logprobs=np.full(5, -1.0, np.float32),
+        loss_mask=np.ones(5, np.uint8),
+        weight_version=2,
+        version_starts=[[1, 3], [4, 5]],
+    )
     back = Trajectory.from_fields(t.to_fields())
     assert back.version_starts == [[1, 3], [4, 5]] and back.newest_version == 5
     assert back.token_versions().tolist() == [2, 3, 3, 3, 5]
@@ -63,14 +68,31 @@ def test_a_schema_2_trajectory_still_reads_with_one_version():
 
 
 def test_prompt_task_round_trips():
-    p = PromptTask(run_id="r", group_id="g", prompt="1+2=", prompt_token_ids=[1, 2], answer="3", problem_id="x",
-                   data_source="d", group_size=4)
+    p = PromptTask(
+        run_id="r",
+        group_id="g",
+        prompt="1+2=",
+        prompt_token_ids=[1, 2],
+        answer="3",
+        problem_id="x",
+        data_source="d",
+        group_size=4,
+    )
     assert PromptTask.from_fields(p.to_fields()) == p
 
 
 def test_prompt_task_keeps_its_minimum_weight_version_and_refuses_unknown_fields():
-    p = PromptTask(run_id="r", group_id="g", prompt="1+2=", prompt_token_ids=[1, 2], answer="3", problem_id="x",
-                   data_source="d", group_size=4, min_weight_version=3)
+    p = PromptTask(
+        run_id="r",
+        group_id="g",
+        prompt="1+2=",
+        prompt_token_ids=[1, 2],
+        answer="3",
+        problem_id="x",
+        data_source="d",
+        group_size=4,
+        min_weight_version=3,
+    )
     assert PromptTask.from_fields(p.to_fields()).min_weight_version == 3
     fields = json.loads(p.to_fields()["json"])
     with pytest.raises(RecordError, match="PromptTask fields do not match schema"):

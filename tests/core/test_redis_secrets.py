@@ -14,6 +14,7 @@ from stare.config import ConfigError, build_config
 from stare.runtime.process import redis_url
 from stare.transport.redis_secrets import masked, resolve_url, with_password, write_secret
 
+
 def needs_redis(test):
     return pytest.mark.redis(pytest.mark.skipif(not have_redis_server(), reason="redis-server is not on PATH")(test))
 

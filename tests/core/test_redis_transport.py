@@ -36,13 +36,22 @@ def make_stream(client, *, run_id="r", name="scored", codec=Trajectory, **option
 def traj(i: int, n: int = 16, seed: int = 0) -> Trajectory:
     rng = np.random.default_rng(seed + i)
     return Trajectory(
-        run_id="r", trajectory_id=f"t{i}", group_id=f"g{i // 4}", group_size=4, weight_version=i,
+        run_id="r",
+        trajectory_id=f"t{i}",
+        group_id=f"g{i // 4}",
+        group_size=4,
+        weight_version=i,
         prompt_token_ids=rng.integers(0, 150_000, 7, dtype=np.int32),
         response_token_ids=rng.integers(0, 150_000, n, dtype=np.int32),
         response_logprobs=-rng.exponential(1.0, n).astype(np.float32),
         loss_mask=(rng.random(n) > 0.2).astype(np.uint8),
-        finish_reason="stop", answer="42", problem_id=f"p{i}", data_source="d", response_text="héllo",
-        reward=0.5, reward_info={"correct": False, "why": [1, 2]},
+        finish_reason="stop",
+        answer="42",
+        problem_id=f"p{i}",
+        data_source="d",
+        response_text="héllo",
+        reward=0.5,
+        reward_info={"correct": False, "why": [1, 2]},
     )
 
 
@@ -60,8 +69,13 @@ def test_trajectories_round_trip_with_exact_arrays(client):
         for name in ("prompt_token_ids", "response_token_ids", "response_logprobs", "loss_mask"):
             x, y = getattr(a, name), getattr(b, name)
             assert y.dtype == x.dtype and np.array_equal(x, y), name  # bit-exact, float32 included
-        assert (b.trajectory_id, b.weight_version, b.reward, b.reward_info, b.response_text) == \
-               (a.trajectory_id, a.weight_version, a.reward, a.reward_info, a.response_text)
+        assert (b.trajectory_id, b.weight_version, b.reward, b.reward_info, b.response_text) == (
+            a.trajectory_id,
+            a.weight_version,
+            a.reward,
+            a.reward_info,
+            a.response_text,
+        )
 
 
 def test_unacked_entry_is_redelivered_to_the_same_consumer_after_restart(client):
@@ -117,7 +131,7 @@ def test_publish_and_ack_lands_outputs_and_acks_inputs_in_one_transaction(server
         while not seen or seen[-1] != "EXEC":
             seen.append(monitor.next_command()["command"].split()[0].upper())
     watcher.close()
-    assert seen[seen.index("MULTI"):] == ["MULTI", "XADD", "XADD", "XINFO", "XACK", "EXEC"]  # one transaction
+    assert seen[seen.index("MULTI") :] == ["MULTI", "XADD", "XADD", "XINFO", "XACK", "EXEC"]  # one transaction
     assert ids_of(raw.consume("l", 10)) == ["t10", "t11"] and len(ids) == 2
     assert prompts.backlog() == 0  # every input acknowledged
 
@@ -198,8 +212,16 @@ def test_blocking_publish_waits_for_consumers_to_ack(client):
 def test_keys_are_run_scoped(server):
     a = RedisTransport.connect(server.url, "run-a", block_ms=100)
     b = RedisTransport.connect(server.url, "run-b", block_ms=100)
-    task = PromptTask(run_id="run-a", group_id="g", prompt="1+1=", prompt_token_ids=[1], answer="2", problem_id="p",
-                      data_source="d", group_size=4)
+    task = PromptTask(
+        run_id="run-a",
+        group_id="g",
+        prompt="1+1=",
+        prompt_token_ids=[1],
+        answer="2",
+        problem_id="p",
+        data_source="d",
+        group_size=4,
+    )
     a.prompts.publish([task])
     assert a.prompts.key == "stare:run-a:stream:prompts" and a.raw.dead_key == "stare:run-a:dead:raw"
     assert b.prompts.consume("w", 10) == [] and b.prompts.backlog() == 0

@@ -16,8 +16,17 @@ from stare.data.tasks.arithmetic import ALPHABET, ArithmeticTask
 # A build small enough for unit tests (a few seconds on one core): it exercises every step of the
 # builder but learns next to nothing.
 SMALL = dict(
-    hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64,
-    sft_max_steps=6, sft_batch_size=16, sft_check_every=3, sft_target_accuracy=2.0, n_val=8, n_eval=16,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=64,
+    sft_max_steps=6,
+    sft_batch_size=16,
+    sft_check_every=3,
+    sft_target_accuracy=2.0,
+    n_val=8,
+    n_eval=16,
 )
 
 

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from stare.sandbox import ProcessSandbox, SandboxConfig, best_isolation
 from rollout.agent_loop import parse_tool_call, render_result
 from stare.data.tasks import build_task
 from stare.data.tasks.tool_arithmetic import RESPONSE_CLOSE, RESPONSE_OPEN, ToolArithmeticTask, simulate_product_program
+from stare.sandbox import ProcessSandbox, SandboxConfig, best_isolation
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,10 @@ def test_problems_are_products_with_disjoint_seeded_splits(task):
     assert task.problems("train", 400, 0) == train and task.problems("train", 400, 1) != train
     for p in train[:8]:
         a, b = p.prompt.removesuffix("=").split("*")
-        assert p.answer == str(int(a) * int(b)) and (len(a), len(b)) == {1: (3, 2), 2: (3, 3), 3: (4, 3), 4: (4, 4)}[p.level]
+        assert (
+            p.answer == str(int(a) * int(b))
+            and (len(a), len(b)) == {1: (3, 2), 2: (3, 3), 3: (4, 3), 4: (4, 4)}[p.level]
+        )
 
 
 def test_reference_solution_calls_the_tool_and_is_right(task):
@@ -70,8 +73,8 @@ def test_warm_start_sandbox_refuses_other_programs(code):
 
 
 def test_sft_masks_the_observation_and_keeps_answer_and_eos(task):
-    from stare.models.tiny import _sft_batch, build_tokenizer
     from stare.data.tasks.tool_arithmetic import ALPHABET
+    from stare.models.tiny import _sft_batch, build_tokenizer
 
     tok = build_tokenizer([ALPHABET], whole_tokens=task.whole_tokens)
     p = task.problems("train", 1, 0)[0]
@@ -81,7 +84,9 @@ def test_sft_masks_the_observation_and_keeps_answer_and_eos(task):
     assert ids[0].tolist() == prompt + call + obs + answer + [tok.eos_token_id]
     expected = [-100] * len(prompt) + call + [-100] * len(obs) + answer + [tok.eos_token_id]
     assert labels[0].tolist() == expected and mask[0].tolist() == [1] * len(expected)
-    assert tok.decode(call + obs + answer, skip_special_tokens=True) == task.solution(p)  # whole tokens decode as written
+    assert tok.decode(call + obs + answer, skip_special_tokens=True) == task.solution(
+        p
+    )  # whole tokens decode as written
     assert len(call) == 1 + 1 + len(f"print({p.prompt[:-1]})") + 3 + 1  # tags and JSON head are one token each
 
 

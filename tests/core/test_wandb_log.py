@@ -16,25 +16,56 @@ from stare.observe.run_outputs import RunOutputs
 from stare.observe.wandb_log import ID_FILE, flatten
 
 STEPS = [
-    {"step": 1, "algo": "stare", "entropy": 0.5, "target": 0.3, "gate": True, "w": 1.25, "reward_mean": 0.25,
-     "staleness_hist": {"0": 6, "1": 2}, "staleness_mean": None, "control_audit_ids": [3], "time_step_s": 0.7},
-    {"step": 2, "algo": "stare", "entropy": 0.375, "target": 0.3, "gate": False, "w": 1.0, "reward_mean": 0.5,
-     "staleness_hist": {"0": 8}, "staleness_mean": 0.0, "control_audit_ids": [], "time_step_s": 0.6},
+    {
+        "step": 1,
+        "algo": "stare",
+        "entropy": 0.5,
+        "target": 0.3,
+        "gate": True,
+        "w": 1.25,
+        "reward_mean": 0.25,
+        "staleness_hist": {"0": 6, "1": 2},
+        "staleness_mean": None,
+        "control_audit_ids": [3],
+        "time_step_s": 0.7,
+    },
+    {
+        "step": 2,
+        "algo": "stare",
+        "entropy": 0.375,
+        "target": 0.3,
+        "gate": False,
+        "w": 1.0,
+        "reward_mean": 0.5,
+        "staleness_hist": {"0": 8},
+        "staleness_mean": 0.0,
+        "control_audit_ids": [],
+        "time_step_s": 0.6,
+    },
 ]
 EVAL = {"step": 2, "greedy_accuracy": 0.625, "pass_at_k": 0.75, "avg_at_k": 0.5, "k": 4, "n": 16}
 
 
 def config(tmp_path, **wandb):
-    return build_config({"run": {"name": "wb", "output_dir": str(tmp_path / "runs")},
-                         "logging": {"wandb": {"project": "stare-tests", "mode": "offline", **wandb}}})
+    return build_config(
+        {
+            "run": {"name": "wb", "output_dir": str(tmp_path / "runs")},
+            "logging": {"wandb": {"project": "stare-tests", "mode": "offline", **wandb}},
+        }
+    )
 
 
 @pytest.fixture
 def offline(tmp_path, monkeypatch):
     wandb_dir = tmp_path / "wandb-dir"
     wandb_dir.mkdir()
-    for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true",
-                       "WANDB_DISABLE_GIT": "true", "WANDB_API_KEY": ""}.items():
+    for key, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(wandb_dir),
+        "WANDB_SILENT": "true",
+        "WANDB_DISABLE_GIT": "true",
+        "WANDB_API_KEY": "",
+    }.items():
         monkeypatch.setenv(key, value)
     return wandb_dir
 

@@ -69,11 +69,13 @@ def control_plane_status(path: str) -> int:
     404 means the app does not serve the path."""
     from fastapi.testclient import TestClient
 
+    from services.control.app import create_app
     from stare.config import ControlPlaneSection
     from stare.runstate.in_memory import MemoryRunState
-    from services.control.app import create_app
 
-    app = create_app(MemoryRunState("probe"), ControlPlaneSection(trusted_hosts=["testserver"]), "probe", token="probe-token")
+    app = create_app(
+        MemoryRunState("probe"), ControlPlaneSection(trusted_hosts=["testserver"]), "probe", token="probe-token"
+    )
     return TestClient(app).get(path).status_code
 
 

@@ -25,14 +25,35 @@ from typing import Any
 import yaml
 
 SUPPORTED_FIELDS = {
-    "apiVersion", "kind", "resources", "namespace", "labels", "configMapGenerator", "secretGenerator",
-    "generatorOptions", "images", "replicas", "patches",
+    "apiVersion",
+    "kind",
+    "resources",
+    "namespace",
+    "labels",
+    "configMapGenerator",
+    "secretGenerator",
+    "generatorOptions",
+    "images",
+    "replicas",
+    "patches",
 }
 # Strategic-merge keys of the lists we patch (from the Kubernetes API's patchMergeKey markers).
-MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name", "volumeMounts": "mountPath"}
+MERGE_KEYS = {
+    "containers": "name",
+    "initContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+}
 POD_OWNERS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass",
-                  "CustomResourceDefinition"}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "PersistentVolume",
+    "StorageClass",
+    "CustomResourceDefinition",
+}
 
 Resource = dict[str, Any]
 
@@ -148,8 +169,9 @@ def _generate(resources: list[Resource], directory: Path, spec: dict, kind: str,
     for entry in spec.get("literals", []):
         key, _, value = entry.partition("=")
         data[key] = value
-    unknown = (set(spec) - {"name", "files", "literals", "behavior", "type", "options"}) | \
-        {f"options.{k}" for k in set(spec.get("options") or {}) - {"labels"}}
+    unknown = (set(spec) - {"name", "files", "literals", "behavior", "type", "options"}) | {
+        f"options.{k}" for k in set(spec.get("options") or {}) - {"labels"}
+    }
     if unknown:
         raise KustomizeError(f"{kind} generator {spec['name']}: fields not covered: {sorted(unknown)}")
     labels = (spec.get("options") or {}).get("labels")
@@ -203,9 +225,13 @@ def _apply_hash_names(resources: list[Resource]) -> None:
     for spec in _pod_specs(resources):
         for vol in spec.get("volumes", []):
             if "configMap" in vol:
-                vol["configMap"]["name"] = renamed.get(("ConfigMap", vol["configMap"]["name"]), vol["configMap"]["name"])
+                vol["configMap"]["name"] = renamed.get(
+                    ("ConfigMap", vol["configMap"]["name"]), vol["configMap"]["name"]
+                )
             if "secret" in vol:
-                vol["secret"]["secretName"] = renamed.get(("Secret", vol["secret"]["secretName"]), vol["secret"]["secretName"])
+                vol["secret"]["secretName"] = renamed.get(
+                    ("Secret", vol["secret"]["secretName"]), vol["secret"]["secretName"]
+                )
         for c in spec.get("containers", []) + spec.get("initContainers", []):
             for env in c.get("env", []):
                 ref = env.get("valueFrom", {})

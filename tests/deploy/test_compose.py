@@ -17,8 +17,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-
 from deploy_helpers import REPO, check_env_name, check_stare_argv, control_plane_status, role_health_path_served
+
 from stare.config import load_config
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -55,8 +55,11 @@ def interpolate(value, env: dict[str, str]):
 def compose_files() -> list[Path]:
     """The files `docker compose` reads here: .env's COMPOSE_FILE (docker-compose.yml plus the
     generated GPU services, stare/app/launch/compose.py)."""
-    env = dict(line.split("=", 1) for line in (REPO / ".env").read_text().splitlines()
-               if line.strip() and not line.startswith("#"))
+    env = dict(
+        line.split("=", 1)
+        for line in (REPO / ".env").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    )
     return [REPO / f for f in env.get("COMPOSE_FILE", COMPOSE_FILE.name).split(":")]
 
 
@@ -111,8 +114,15 @@ def mounts(service: dict) -> list[dict]:
         source, target, *mode = v.split(":")
         modes = mode[0].split(",") if mode else []
         kind = "bind" if source.startswith((".", "/", "$")) else "volume"
-        out.append({"type": kind, "source": source, "target": target, "read_only": "ro" in modes,
-                    "volume": {"nocopy": True} if "nocopy" in modes else {}})
+        out.append(
+            {
+                "type": kind,
+                "source": source,
+                "target": target,
+                "read_only": "ro" in modes,
+                "volume": {"nocopy": True} if "nocopy" in modes else {},
+            }
+        )
     return out
 
 
@@ -136,19 +146,30 @@ def test_vendored_schema_is_the_recorded_file():
     assert hashlib.sha256(SCHEMA_FILE.read_bytes()).hexdigest() == SCHEMA_SHA256
 
 
-@pytest.mark.parametrize("env", [{}, {"STARE_REWARD_REPLICAS": "4", "STARE_GPU_IMAGE": "reg.example/stare-gpu:1"}],
-                         ids=["defaults", "overridden"])
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"STARE_REWARD_REPLICAS": "4", "STARE_GPU_IMAGE": "reg.example/stare-gpu:1"}],
+    ids=["defaults", "overridden"],
+)
 def test_compose_file_is_valid_under_the_compose_spec(env):
     assert schema_errors(load_compose(env)) == []
 
 
-@pytest.mark.parametrize("breakage, path", [
-    (lambda d: d["services"]["learner"].update(gpus_please=True), "services/learner"),
-    (lambda d: d["services"]["redis"]["healthcheck"].update(interval=5), "services/redis/healthcheck/interval"),
-    (lambda d: d["services"]["learner"]["deploy"]["resources"]["reservations"]["devices"][0].update(capabilities="gpu"),
-     "services/learner/deploy/resources/reservations/devices/0/capabilities"),
-    (lambda d: d["volumes"].update({"bad name!": None}), "volumes"),
-], ids=["unknown-key", "wrong-type", "capabilities-not-a-list", "bad-volume-name"])
+@pytest.mark.parametrize(
+    "breakage, path",
+    [
+        (lambda d: d["services"]["learner"].update(gpus_please=True), "services/learner"),
+        (lambda d: d["services"]["redis"]["healthcheck"].update(interval=5), "services/redis/healthcheck/interval"),
+        (
+            lambda d: d["services"]["learner"]["deploy"]["resources"]["reservations"]["devices"][0].update(
+                capabilities="gpu"
+            ),
+            "services/learner/deploy/resources/reservations/devices/0/capabilities",
+        ),
+        (lambda d: d["volumes"].update({"bad name!": None}), "volumes"),
+    ],
+    ids=["unknown-key", "wrong-type", "capabilities-not-a-list", "bad-volume-name"],
+)
 def test_a_broken_compose_file_fails_the_schema(breakage, path):
     doc = copy.deepcopy(load_compose())
     breakage(doc)
@@ -175,7 +196,9 @@ def _env_names() -> list[str]:
     for dockerfile in (REPO / "deploy" / "docker").glob("Dockerfile.*"):
         for block in re.findall(r"^ENV ((?:.*\\\n)*.*)$", dockerfile.read_text(), re.M):
             names |= {m for m in re.findall(r"([A-Z][A-Z0-9_]*)=", block)}
-    return sorted(names - {"PATH", "DEBIAN_FRONTEND", "PYTHONUNBUFFERED", "PIP_NO_CACHE_DIR", "PIP_DISABLE_PIP_VERSION_CHECK"})
+    return sorted(
+        names - {"PATH", "DEBIAN_FRONTEND", "PYTHONUNBUFFERED", "PIP_NO_CACHE_DIR", "PIP_DISABLE_PIP_VERSION_CHECK"}
+    )
 
 
 @pytest.mark.parametrize("name", _env_names())
@@ -204,8 +227,13 @@ def test_one_config_per_profile_and_its_addresses_resolve(profile):
     configs = {config_of(s) for s in services.values() if role_of(s)}
     assert len(configs) == 1, f"every role of a profile reads the same config: {configs}"
     cfg = load_config(configs.pop())
-    names = set(services) | {a for s in services.values() if isinstance(s.get("networks"), dict)
-                             for net in s["networks"].values() for a in (net or {}).get("aliases", [])}
+    names = set(services) | {
+        a
+        for s in services.values()
+        if isinstance(s.get("networks"), dict)
+        for net in s["networks"].values()
+        for a in (net or {}).get("aliases", [])
+    }
     redis_host = re.match(r"rediss?://([^:/]+)", cfg.system.redis_url).group(1)
     assert redis_host in names and cfg.system.broadcast_host in names
     for s in services.values():
@@ -334,10 +362,13 @@ def test_health_checks_are_derived_from_stall_s(profile):
 
 # ---- the monitoring profile: Prometheus and Grafana (deploy/monitoring; docs/observability.md) ----
 
+
 def enabled(doc: dict, profiles: list[str]) -> dict:
     """What `docker compose --profile P1 --profile P2 config` resolves: the enabled services only."""
     out = dict(doc)
-    out["services"] = {n: s for n, s in doc["services"].items() if not s.get("profiles") or set(s["profiles"]) & set(profiles)}
+    out["services"] = {
+        n: s for n, s in doc["services"].items() if not s.get("profiles") or set(s["profiles"]) & set(profiles)
+    }
     return out
 
 

@@ -13,9 +13,9 @@ import shlex
 
 import pytest
 import yaml
+from deploy_helpers import REPO, check_stare_argv
 from test_compose import compose_files, merge, role_of, schema_errors
 
-from deploy_helpers import REPO, check_stare_argv
 from stare.app.cli import main
 
 GPU_CONFIG = "configs/gpu-node.yaml"
@@ -100,8 +100,7 @@ def test_a_multi_gpu_learner_gets_all_its_gpus_and_one_rank_each():
     assert gpus_of(learner) == {0, 1, 2, 3}
     command = learner["command"]
     assert command[command.index("--set") + 1] == "system.learner_ranks=4"
-    assert [gpus_of(s) for n, s in generated["services"].items() if n.startswith("rollout-")] == \
-        [{4}, {5}, {6}, {7}]
+    assert [gpus_of(s) for n, s in generated["services"].items() if n.startswith("rollout-")] == [{4}, {5}, {6}, {7}]
 
 
 def test_the_shipped_gpu_services_are_what_their_header_command_prints():
@@ -121,6 +120,7 @@ def test_print_compose_without_gpus_says_to_give_gpus():
 
 
 def test_print_compose_names_a_missing_base_file(tmp_path):
-    code, _, err = _stare("up", "--config", GPU_CONFIG, "--gpus", "2", "--print-compose",
-                          "--compose-base", str(tmp_path / "nope.yml"))
+    code, _, err = _stare(
+        "up", "--config", GPU_CONFIG, "--gpus", "2", "--print-compose", "--compose-base", str(tmp_path / "nope.yml")
+    )
     assert code == 2 and "--compose-base" in err

@@ -15,11 +15,11 @@ import sys
 
 import pytest
 import yaml
-
 from deploy_helpers import REPO
-from stare.config import ControlPlaneSection
-from services.control.security import trusted_hosts
 from test_compose import config_of, load_compose, mounts, role_of, services_of
+
+from services.control.security import trusted_hosts
+from stare.config import ControlPlaneSection
 
 PROFILES = ["gpu", "cpu"]
 MAKE_SECRETS = "scripts/make_secrets.sh"
@@ -27,8 +27,9 @@ HOST_CORES = 2  # the smallest machine the defaults must start on (a 2-core lapt
 
 
 def run_make_secrets(directory) -> str:
-    return subprocess.run(["sh", str(REPO / MAKE_SECRETS), str(directory)], capture_output=True, text=True,
-                          timeout=30, check=True).stdout
+    return subprocess.run(
+        ["sh", str(REPO / MAKE_SECRETS), str(directory)], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
 
 
 def test_every_secret_compose_mounts_is_made_by_the_documented_command(tmp_path):
@@ -82,7 +83,9 @@ def test_the_reward_cpu_limit_is_a_variable():
 @pytest.mark.parametrize("profile", PROFILES)
 def test_stare_roles_restart_on_failure_only(profile):
     """A finished run exits 0; `unless-stopped`/`always` would start the learner again forever."""
-    roles = {n: s for n, s in services_of(load_compose(), profile).items() if role_of(s) in ("learner", "rollout", "reward")}
+    roles = {
+        n: s for n, s in services_of(load_compose(), profile).items() if role_of(s) in ("learner", "rollout", "reward")
+    }
     assert any(role_of(s) == "learner" for s in roles.values())
     for name, s in roles.items():
         assert s.get("restart") == "on-failure", f"{name}: restart {s.get('restart')!r}"
@@ -118,8 +121,10 @@ def test_the_run_volume_is_populated_by_the_learner():
         assert [role_of(services[n]) for n, nocopy in users if not nocopy] == ["learner"], (profile, users)
 
 
-@pytest.mark.parametrize("service, slot_name", [("rollout-cpu", "rollout-cpu-{slot}"), ("reward-cpu", "reward-cpu-{slot}"),
-                                                ("reward", "reward-{slot}")])
+@pytest.mark.parametrize(
+    "service, slot_name",
+    [("rollout-cpu", "rollout-cpu-{slot}"), ("reward-cpu", "reward-cpu-{slot}"), ("reward", "reward-{slot}")],
+)
 def test_replicated_workers_get_stable_slot_names(service, slot_name):
     s = load_compose()["services"][service]
     assert s["environment"]["STARE_WORKER_NAME"] == slot_name
@@ -138,8 +143,23 @@ def test_every_gpu_service_shares_the_host_ipc_and_one_nccl_host_id():
 
 
 def test_the_generated_gpu_services_share_it_for_any_gpu_count():
-    out = subprocess.run([sys.executable, "-m", "stare.app.cli", "up", "--config", "configs/gpu-node.yaml", "--gpus", "8",
-                          "--print-compose"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stare.app.cli",
+            "up",
+            "--config",
+            "configs/gpu-node.yaml",
+            "--gpus",
+            "8",
+            "--print-compose",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     services = yaml.safe_load(out.stdout)["services"]
     gpu = {n: s for n, s in services.items() if n == "learner" or n.startswith("rollout-")}
@@ -153,7 +173,11 @@ def test_the_generated_gpu_services_share_it_for_any_gpu_count():
 
 def _control_hosts(service: dict) -> list[str]:
     command = service["command"]
-    sets = [command[i + 1] for i, w in enumerate(command) if w == "--set" and command[i + 1].startswith("control_plane.trusted_hosts=")]
+    sets = [
+        command[i + 1]
+        for i, w in enumerate(command)
+        if w == "--set" and command[i + 1].startswith("control_plane.trusted_hosts=")
+    ]
     assert len(sets) == 1, command
     hosts = yaml.safe_load(sets[0].split("=", 1)[1])
     return trusted_hosts(ControlPlaneSection(trusted_hosts=hosts))
@@ -166,7 +190,9 @@ def test_the_control_plane_trusts_its_service_names_and_localhost_only(service):
     assert "*" not in hosts
     aliases = s["networks"]["public"]["aliases"]
     prometheus = yaml.safe_load((REPO / "deploy/monitoring/prometheus.yml").read_text())
-    scraped = {t.split(":")[0] for c in prometheus["scrape_configs"] for sc in c["static_configs"] for t in sc["targets"]}
+    scraped = {
+        t.split(":")[0] for c in prometheus["scrape_configs"] for sc in c["static_configs"] for t in sc["targets"]
+    }
     health_host = re.search(r"//([^:/]+)", " ".join(s["healthcheck"]["test"])).group(1)
     assert set(hosts) == {*aliases, "control", "control-cpu", "localhost", "127.0.0.1"}
     assert scraped <= set(hosts) and health_host in hosts

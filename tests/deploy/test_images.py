@@ -12,7 +12,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from deploy_helpers import REPO
 
 DOCKER = REPO / "deploy" / "docker"
@@ -22,8 +21,11 @@ healthcheck = runpy.run_path(str(DOCKER / "healthcheck.py"))
 
 def instructions(path: Path) -> list[tuple[str, str]]:
     text = re.sub(r"\\\n", " ", path.read_text())
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in text.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1])
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
@@ -97,7 +99,7 @@ def test_healthcheck_reads_the_role_from_pid1_and_picks_the_endpoint(monkeypatch
 @pytest.mark.parametrize("status, expected", [(200, 0), (503, 1)])
 def test_healthcheck_exit_code_follows_the_endpoint(status, expected):
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(status if self.path == "/healthz" else 404)
             self.end_headers()
 

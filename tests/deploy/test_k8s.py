@@ -17,9 +17,9 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-
 from deploy_helpers import REPO, check_env_name, check_stare_argv, control_plane_status, role_health_path_served
 from kustomize_lite import KustomizeError, render, strategic_merge
+
 from stare.config import build_config, load_config
 
 K8S = REPO / "deploy" / "k8s"
@@ -62,8 +62,13 @@ def containers(obj):
 
 def stare_containers(rendered, target):
     """(workload, container) for every container that runs a stare role."""
-    return [(w, c) for w in objects(rendered, target) if w["kind"] in WORKLOADS for c in containers(w)
-            if c["image"].split(":")[0].split("/")[-1].startswith("stare-")]
+    return [
+        (w, c)
+        for w in objects(rendered, target)
+        if w["kind"] in WORKLOADS
+        for c in containers(w)
+        if c["image"].split(":")[0].split("/")[-1].startswith("stare-")
+    ]
 
 
 def validation_error(obj, version) -> str | None:
@@ -82,12 +87,16 @@ def test_every_rendered_object_is_valid_kubernetes(rendered, target, version):
     assert {k: e for k, e in errors.items() if e} == {}
 
 
-@pytest.mark.parametrize("breakage", [
-    lambda d: containers(d)[0].update(livenessProbes={}),
-    lambda d: containers(d)[0]["resources"]["limits"].update(memory={"gi": 4}),
-    lambda d: d["spec"].update(replicas="two"),
-    lambda d: containers(d)[0]["ports"][0].update(containerPort="http"),
-], ids=["unknown-field", "quantity-not-a-string", "replicas-not-an-int", "port-not-an-int"])
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        lambda d: containers(d)[0].update(livenessProbes={}),
+        lambda d: containers(d)[0]["resources"]["limits"].update(memory={"gi": 4}),
+        lambda d: d["spec"].update(replicas="two"),
+        lambda d: containers(d)[0]["ports"][0].update(containerPort="http"),
+    ],
+    ids=["unknown-field", "quantity-not-a-string", "replicas-not-an-int", "port-not-an-int"],
+)
 def test_a_broken_manifest_fails_validation(rendered, breakage):
     deployment = copy.deepcopy(named(rendered, "base", "Deployment", "stare-control"))
     assert validation_error(deployment, "1.30") is None
@@ -114,9 +123,17 @@ def test_renderer_refuses_what_it_does_not_cover(tmp_path):
 
 
 def test_strategic_merge_of_the_cases_we_use():
-    base = {"containers": [{"name": "a", "image": "x", "resources": {"limits": {"cpu": "1", "nvidia.com/gpu": 1}}},
-                           {"name": "b", "image": "y"}], "tolerations": [{"key": "k"}]}
-    patch = {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": None}}}], "tolerations": [{"key": "z"}]}
+    base = {
+        "containers": [
+            {"name": "a", "image": "x", "resources": {"limits": {"cpu": "1", "nvidia.com/gpu": 1}}},
+            {"name": "b", "image": "y"},
+        ],
+        "tolerations": [{"key": "k"}],
+    }
+    patch = {
+        "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": None}}}],
+        "tolerations": [{"key": "z"}],
+    }
     assert strategic_merge(base, patch) == {
         "containers": [{"name": "a", "image": "x", "resources": {"limits": {"cpu": "1"}}}, {"name": "b", "image": "y"}],
         "tolerations": [{"key": "z"}],  # no merge key: replaced
@@ -135,10 +152,16 @@ def test_redis_is_closed_to_everything_but_the_runs_pods(rendered, target):
     assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
     secret_of = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in redis["env"]}
     assert set(secret_of) == {"REDIS_PASSWORD", "REDISCLI_AUTH"}
-    secret = next(o for o in rendered[target] if o["kind"] == "Secret" and o["metadata"]["name"].startswith("stare-redis"))
+    secret = next(
+        o for o in rendered[target] if o["kind"] == "Secret" and o["metadata"]["name"].startswith("stare-redis")
+    )
     assert set(secret_of.values()) == {secret["metadata"]["name"]}
-    for pod_labels, c in ((o["spec"]["template"]["metadata"]["labels"], c) for o in rendered[target]
-                          if o["kind"] in ROLE_KINDS for c in containers(o)):
+    for pod_labels, c in (
+        (o["spec"]["template"]["metadata"]["labels"], c)
+        for o in rendered[target]
+        if o["kind"] in ROLE_KINDS
+        for c in containers(o)
+    ):
         env = {e["name"]: e.get("value") for e in c.get("env", [])}
         (mount,) = [m["mountPath"] for m in c["volumeMounts"] if m["name"] == "redis-password"]
         assert env["STARE_REDIS_PASSWORD_FILE"] == f"{mount}/password", pod_labels
@@ -147,8 +170,11 @@ def test_redis_is_closed_to_everything_but_the_runs_pods(rendered, target):
     (rule,) = policy["spec"]["ingress"]
     (allowed,) = rule["from"][0]["podSelector"]["matchExpressions"]
     assert rule["from"][1]["podSelector"]["matchLabels"] == {"ray.io/cluster": "stare"}  # deploy/ray's cluster
-    role_pods = {o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
-                 for o in rendered[target] if o["kind"] in ROLE_KINDS}
+    role_pods = {
+        o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+        for o in rendered[target]
+        if o["kind"] in ROLE_KINDS
+    }
     assert set(allowed["values"]) == role_pods and rule["ports"] == [{"protocol": "TCP", "port": 6379}]
 
 
@@ -174,9 +200,13 @@ def _env_names():
     names = set()
     for d in docs:
         pod = d["spec"].get("template", {}).get("spec", {})
-        names |= {e["name"] for c in pod.get("containers", []) for e in c.get("env", [])
-                  # redis' own are redis' business; a patch's container (no image) patches a stare one
-                  if c.get("image", "stare-").split(":")[0].split("/")[-1].startswith("stare-")}
+        names |= {
+            e["name"]
+            for c in pod.get("containers", [])
+            for e in c.get("env", [])
+            # redis' own are redis' business; a patch's container (no image) patches a stare one
+            if c.get("image", "stare-").split(":")[0].split("/")[-1].startswith("stare-")
+        }
     return sorted(names)
 
 
@@ -194,8 +224,11 @@ def test_probes_hit_the_endpoints_the_code_serves(rendered, target):
         role = c["args"][0]
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         env = {e["name"]: e.get("value") for e in c.get("env", [])}
-        expected = ({"livenessProbe": "/v1/health", "readinessProbe": "/v1/ready"} if role == "control"
-                    else {"livenessProbe": "/healthz", "readinessProbe": "/healthz"})
+        expected = (
+            {"livenessProbe": "/v1/health", "readinessProbe": "/v1/ready"}
+            if role == "control"
+            else {"livenessProbe": "/healthz", "readinessProbe": "/healthz"}
+        )
         for probe, path in expected.items():
             get = c[probe]["httpGet"]
             assert get["path"] == path, (w["metadata"]["name"], probe)
@@ -214,7 +247,9 @@ def test_resources_and_non_root(rendered, target):
         pod = w["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0
         for c in pod["containers"]:
-            assert {"cpu", "memory"} <= set(c["resources"]["requests"]) and {"cpu", "memory"} <= set(c["resources"]["limits"])
+            assert {"cpu", "memory"} <= set(c["resources"]["requests"]) and {"cpu", "memory"} <= set(
+                c["resources"]["limits"]
+            )
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
 
 
@@ -237,8 +272,9 @@ def test_pod_gpu_requests_follow_the_gpu_plan(rendered, target):
     from stare.plan.gpu_map import plan_gpus
 
     cfg = _config(rendered, target)
-    plan = plan_gpus(8, tensor_parallel_size=cfg.rollout.engine.tensor_parallel_size,
-                     learner_ranks=cfg.system.learner_ranks)
+    plan = plan_gpus(
+        8, tensor_parallel_size=cfg.rollout.engine.tensor_parallel_size, learner_ranks=cfg.system.learner_ranks
+    )
     wants = {"learner": len(plan.learner), "rollout": len(plan.rollout[0])}
     for w, c in stare_containers(rendered, target):
         if c["args"][0] in wants:
@@ -267,8 +303,12 @@ def test_references_resolve(rendered, target):
         declared |= {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
         assert mounts <= declared, w["metadata"]["name"]
     for svc in objects(rendered, target, "Service"):
-        matches = [w for w in objects(rendered, target) if w["kind"] in WORKLOADS
-                   and svc["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items()]
+        matches = [
+            w
+            for w in objects(rendered, target)
+            if w["kind"] in WORKLOADS
+            and svc["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]
         assert len(matches) == 1, svc["metadata"]["name"]
         port_names = {p["name"] for c in containers(matches[0]) for p in c["ports"]}
         assert {p["targetPort"] for p in svc["spec"]["ports"]} <= port_names
@@ -290,16 +330,21 @@ def test_config_parses_and_addresses_the_services(rendered, target, engine):
     assert [p["port"] for p in learner["spec"]["ports"]] == [cfg.system.broadcast_port]
     assert cfg.control_plane.token_file == Path("/run/secrets/stare_api_token")
     control = named(rendered, target, "Deployment", "stare-control")
-    (item,) = next(v for v in control["spec"]["template"]["spec"]["volumes"] if v["name"] == "api-token")["secret"]["items"]
+    (item,) = next(v for v in control["spec"]["template"]["spec"]["volumes"] if v["name"] == "api-token")["secret"][
+        "items"
+    ]
     mount = next(m for m in containers(control)[0]["volumeMounts"] if m["name"] == "api-token")
     assert Path(mount["mountPath"]) / item["path"] == cfg.control_plane.token_file
     assert str(cfg.run.output_dir).startswith("/data") and str(cfg.system.weight_dir).startswith("/data")
 
 
-@pytest.mark.parametrize("k8s_config, compose_config", [
-    ("base/config/stare.yaml", "configs/gpu-node.yaml"),
-    ("overlays/cpu-dev/config/stare.yaml", "configs/compose-cpu.yaml"),
-])
+@pytest.mark.parametrize(
+    "k8s_config, compose_config",
+    [
+        ("base/config/stare.yaml", "configs/gpu-node.yaml"),
+        ("overlays/cpu-dev/config/stare.yaml", "configs/compose-cpu.yaml"),
+    ],
+)
 def test_k8s_configs_differ_from_the_compose_ones_only_in_addresses(k8s_config, compose_config):
     ours = load_config(K8S / k8s_config).model_dump()
     theirs = load_config(REPO / compose_config).model_dump()
@@ -318,8 +363,16 @@ def test_control_plane_trusts_only_its_service_names_and_localhost(rendered, tar
     service = named(rendered, target, "Service", "stare-control")["metadata"]
     assert service["namespace"] == namespace
     name = service["name"]
-    assert sorted(hosts) == sorted([name, f"{name}.{namespace}", f"{name}.{namespace}.svc",
-                                    f"{name}.{namespace}.svc.cluster.local", "localhost", "127.0.0.1"])
+    assert sorted(hosts) == sorted(
+        [
+            name,
+            f"{name}.{namespace}",
+            f"{name}.{namespace}.svc",
+            f"{name}.{namespace}.svc.cluster.local",
+            "localhost",
+            "127.0.0.1",
+        ]
+    )
     control = next(c for w, c in stare_containers(rendered, target) if c["args"][0] == "control")
     for probe in ("livenessProbe", "readinessProbe"):
         assert {"name": "Host", "value": "localhost"} in control[probe]["httpGet"]["httpHeaders"], probe
@@ -371,19 +424,31 @@ def test_the_learner_is_a_job_that_restarts_only_on_failure(rendered, target):
 
 def _shipped_pod_owners():
     """(file, document) for every shipped manifest under deploy/ with a pod template, overlays' patches included."""
-    return [(p.relative_to(REPO).as_posix(), d) for p in sorted((REPO / "deploy").rglob("*.yaml"))
-            for d in yaml.safe_load_all(p.read_text()) if isinstance(d, dict) and "template" in d.get("spec", {})]
+    return [
+        (p.relative_to(REPO).as_posix(), d)
+        for p in sorted((REPO / "deploy").rglob("*.yaml"))
+        for d in yaml.safe_load_all(p.read_text())
+        if isinstance(d, dict) and "template" in d.get("spec", {})
+    ]
 
 
 def test_no_shipped_manifest_restarts_the_learner_after_a_clean_exit():
     """Every manifest (base, overlay patch, any other) that runs or patches the learner's pod is a Job
     with restartPolicy OnFailure or Never: a Deployment's or StatefulSet's pods restart Always, so
     Kubernetes would start a finished run's learner again, and a patch of another kind fails to apply."""
-    learners = [(f, d) for f, d in _shipped_pod_owners()
-                if d["metadata"]["name"] == "stare-learner"
-                or any(c.get("args", [None])[0] == "learner" for c in d["spec"]["template"].get("spec", {}).get("containers", []))]
-    assert {f for f, _ in learners} >= {"deploy/k8s/base/learner.yaml", "deploy/k8s/overlays/gpu/gpu-nodes.yaml",
-                                        "deploy/k8s/overlays/cpu-dev/cpu-resources.yaml"}
+    learners = [
+        (f, d)
+        for f, d in _shipped_pod_owners()
+        if d["metadata"]["name"] == "stare-learner"
+        or any(
+            c.get("args", [None])[0] == "learner" for c in d["spec"]["template"].get("spec", {}).get("containers", [])
+        )
+    ]
+    assert {f for f, _ in learners} >= {
+        "deploy/k8s/base/learner.yaml",
+        "deploy/k8s/overlays/gpu/gpu-nodes.yaml",
+        "deploy/k8s/overlays/cpu-dev/cpu-resources.yaml",
+    }
     for f, d in learners:
         assert (d["apiVersion"], d["kind"]) == ("batch/v1", "Job"), f
         assert d["spec"]["template"]["spec"].get("restartPolicy", "OnFailure") in {"OnFailure", "Never"}, f

@@ -12,19 +12,25 @@ import re
 from collections import defaultdict
 
 import pytest
-
 from deploy_helpers import REPO, control_plane_status
 from kustomize_lite import render
 
 DASHBOARD = REPO / "deploy" / "monitoring" / "grafana" / "dashboards" / "stare.json"
 # the panels issue 17 asks for (title -> a metric it must query)
 REQUIRED_PANELS = {
-    "Entropy, target and band": "stare_entropy_band_low", "Gate": "stare_gate", "W and M": "stare_m",
-    "Reward": "stare_reward_mean", "Held-out accuracy": "stare_eval_greedy_accuracy",
-    "Response length": "stare_response_length_mean", "Step-time breakdown": "stare_step_phase_seconds",
-    "Tokens per second": "stare_tokens_per_second", "Staleness": "stare_staleness_max",
-    "Queue depths": "stare_queue_depth", "Dead letters": "stare_dead_letters",
-    "Weight-sync time": "stare_weight_sync_duration_seconds_bucket", "Role health": "stare_role_up",
+    "Entropy, target and band": "stare_entropy_band_low",
+    "Gate": "stare_gate",
+    "W and M": "stare_m",
+    "Reward": "stare_reward_mean",
+    "Held-out accuracy": "stare_eval_greedy_accuracy",
+    "Response length": "stare_response_length_mean",
+    "Step-time breakdown": "stare_step_phase_seconds",
+    "Tokens per second": "stare_tokens_per_second",
+    "Staleness": "stare_staleness_max",
+    "Queue depths": "stare_queue_depth",
+    "Dead letters": "stare_dead_letters",
+    "Weight-sync time": "stare_weight_sync_duration_seconds_bucket",
+    "Role health": "stare_role_up",
 }
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset", "and", "or", "unless"}
 
@@ -34,23 +40,30 @@ def exported() -> dict[str, set[str]]:
     from fastapi.testclient import TestClient
     from prometheus_client.parser import text_string_to_metric_families
 
-    from stare.config import ControlPlaneSection
-    from stare.config.algo import ControllerConfig
     from learner.algorithm.entropy_controller import EntropyController
-    from stare.runstate import MemoryRunState, RunSteering
-    from stare.runstate.base import Heartbeat
     from services.control.app import create_app
     from services.control.prometheus import STEP_GAUGES, STEP_PHASES
+    from stare.config import ControlPlaneSection
+    from stare.config.algo import ControllerConfig
+    from stare.runstate import MemoryRunState, RunSteering
+    from stare.runstate.base import Heartbeat
 
     state = MemoryRunState("run")
     controller = EntropyController(ControllerConfig(target=0.3))
     control = RunSteering(state)
     control.start(controller)
-    step = {key: 0.5 for key, _ in STEP_GAUGES.values()} | {key: 0.1 for key in STEP_PHASES.values()}
-    control.after_step(controller, {**step, "step": 1, "weight_version": 1, "eval_greedy_accuracy": 0.5},
-                       {"queue_depths": {"raw": 1}, "dead_letters": {"raw": 0}, "staleness": {"counts": {"0": 4}}})
+    step = {key: 0.5 for key, _ in STEP_GAUGES.values()} | dict.fromkeys(STEP_PHASES.values(), 0.1)
+    control.after_step(
+        controller,
+        {**step, "step": 1, "weight_version": 1, "eval_greedy_accuracy": 0.5},
+        {"queue_depths": {"raw": 1}, "dead_letters": {"raw": 0}, "staleness": {"counts": {"0": 4}}},
+    )
     state.beat(Heartbeat(role="rollout", name="rollout-0", pid=1, host="h", info={"redelivered": 2}))
-    text = TestClient(create_app(state, ControlPlaneSection(trusted_hosts=["testserver"]), "run", token="t")).get("/metrics").text
+    text = (
+        TestClient(create_app(state, ControlPlaneSection(trusted_hosts=["testserver"]), "run", token="t"))
+        .get("/metrics")
+        .text
+    )
     names: dict[str, set[str]] = defaultdict(set)
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -71,7 +84,9 @@ def selectors(expr: str) -> list[tuple[str, set[str]]]:
     for m in re.finditer(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\{[^}]*\})?(?!\s*\()", expr):
         name, matchers = m.group(1), m.group(2) or ""
         if name.startswith("stare_"):
-            out.append((name, set(re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)", matchers)) | grouping - {""}))
+            out.append(
+                (name, set(re.findall(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)", matchers)) | grouping - {""})
+            )
     return out
 
 
@@ -117,7 +132,9 @@ def test_kubernetes_ships_the_dashboard_configmap_and_scrape_annotations(tmp_pat
     (tmp_path / "k8s" / "base" / "secrets" / "redis-password").write_text("p")
     for target in ("base", "overlays/gpu", "overlays/cpu-dev"):
         objs = render(tmp_path / "k8s" / target)
-        (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("stare-grafana-dashboard")]
+        (cm,) = [
+            o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("stare-grafana-dashboard")
+        ]
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert json.loads(cm["data"]["stare.json"]) == json.loads(DASHBOARD.read_text())
         (control,) = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "stare-control"]

@@ -11,7 +11,6 @@ import re
 import kubernetes_validate
 import pytest
 import yaml
-
 from deploy_helpers import REPO, check_env_name
 
 RAY_FILE = REPO / "deploy" / "ray" / "raycluster.yaml"
@@ -29,7 +28,9 @@ def structure_errors(cluster: dict) -> list[str]:
         errors.append("apiVersion/kind must be ray.io/v1 RayCluster")
     spec = cluster.get("spec", {})
     if set(spec) - {"rayVersion", "enableInTreeAutoscaling", "headGroupSpec", "workerGroupSpecs"}:
-        errors.append(f"unknown spec fields {sorted(set(spec) - {'rayVersion', 'enableInTreeAutoscaling', 'headGroupSpec', 'workerGroupSpecs'})}")
+        errors.append(
+            f"unknown spec fields {sorted(set(spec) - {'rayVersion', 'enableInTreeAutoscaling', 'headGroupSpec', 'workerGroupSpecs'})}"
+        )
     head = spec.get("headGroupSpec", {})
     for field in ("rayStartParams", "template"):
         if field not in head:
@@ -38,7 +39,9 @@ def structure_errors(cluster: dict) -> list[str]:
     if len(set(names)) != len(names) or not all(names):
         errors.append("worker groups need unique groupName")
     for g in spec.get("workerGroupSpecs", []):
-        if not isinstance(g.get("replicas"), int) or not g.get("minReplicas", 0) <= g["replicas"] <= g.get("maxReplicas", 2**31):
+        if not isinstance(g.get("replicas"), int) or not g.get("minReplicas", 0) <= g["replicas"] <= g.get(
+            "maxReplicas", 2**31
+        ):
             errors.append(f"group {g.get('groupName')}: need minReplicas <= replicas <= maxReplicas")
         if "template" not in g or "rayStartParams" not in g:
             errors.append(f"group {g.get('groupName')}: template and rayStartParams are required")
@@ -49,19 +52,25 @@ def structure_errors(cluster: dict) -> list[str]:
 
 def templates(cluster: dict) -> list[tuple[str, dict]]:
     spec = cluster["spec"]
-    return [("head", spec["headGroupSpec"]["template"])] + [(g["groupName"], g["template"]) for g in spec["workerGroupSpecs"]]
+    return [("head", spec["headGroupSpec"]["template"])] + [
+        (g["groupName"], g["template"]) for g in spec["workerGroupSpecs"]
+    ]
 
 
 def test_raycluster_structure():
     assert structure_errors(load()) == []
 
 
-@pytest.mark.parametrize("breakage", [
-    lambda c: c["spec"]["workerGroupSpecs"][0].update(replicas=99),
-    lambda c: c["spec"]["workerGroupSpecs"][1].update(groupName="gpu"),
-    lambda c: c["spec"]["headGroupSpec"].pop("rayStartParams"),
-    lambda c: c["spec"]["workerGroupSpecs"][1]["rayStartParams"].update({"num-gpus": 0}),
-], ids=["replicas-above-max", "duplicate-group", "no-head-params", "param-not-a-string"])
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        lambda c: c["spec"]["workerGroupSpecs"][0].update(replicas=99),
+        lambda c: c["spec"]["workerGroupSpecs"][1].update(groupName="gpu"),
+        lambda c: c["spec"]["headGroupSpec"].pop("rayStartParams"),
+        lambda c: c["spec"]["workerGroupSpecs"][1]["rayStartParams"].update({"num-gpus": 0}),
+    ],
+    ids=["replicas-above-max", "duplicate-group", "no-head-params", "param-not-a-string"],
+)
 def test_a_broken_raycluster_fails(breakage):
     cluster = copy.deepcopy(load())
     breakage(cluster)
@@ -71,7 +80,12 @@ def test_a_broken_raycluster_fails(breakage):
 @pytest.mark.parametrize("group", ["head", "gpu", "cpu"])
 def test_pod_templates_are_valid_kubernetes(group):
     template = dict(templates(load()))[group]
-    pod_template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"ray-{group}"}, "template": template}
+    pod_template = {
+        "apiVersion": "v1",
+        "kind": "PodTemplate",
+        "metadata": {"name": f"ray-{group}"},
+        "template": template,
+    }
     kubernetes_validate.validate(pod_template, "1.30", strict=True)
     broken = copy.deepcopy(pod_template)
     broken["template"]["spec"]["containers"][0]["resourcez"] = {}

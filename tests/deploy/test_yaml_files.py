@@ -5,17 +5,26 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from deploy_helpers import REPO
 
-YAML_FILES = sorted({*REPO.glob("configs/**/*.yaml"), *REPO.glob("deploy/**/*.yaml"), *REPO.glob("deploy/**/*.yml"),
-                     REPO / "docker-compose.yml"})
+YAML_FILES = sorted(
+    {
+        *REPO.glob("configs/**/*.yaml"),
+        *REPO.glob("deploy/**/*.yaml"),
+        *REPO.glob("deploy/**/*.yml"),
+        REPO / "docker-compose.yml",
+    }
+)
 
 
 def test_the_deployment_files_are_found():
     names = {p.relative_to(REPO).as_posix() for p in YAML_FILES}
-    assert {"docker-compose.yml", "configs/gpu-node.yaml", "deploy/k8s/base/kustomization.yaml",
-            "deploy/ray/raycluster.yaml"} <= names
+    assert {
+        "docker-compose.yml",
+        "configs/gpu-node.yaml",
+        "deploy/k8s/base/kustomization.yaml",
+        "deploy/ray/raycluster.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", YAML_FILES, ids=lambda p: p.relative_to(REPO).as_posix())

@@ -1,7 +1,12 @@
 import pytest
 import torch
-
 from algo_helpers import loss_and_grad, random_step, step_tokens
+
+from learner.algorithm.losses import LossInputs, policy_loss
+from learner.algorithm.losses.covariance import centered_covariance, clip_cov_candidates
+from learner.algorithm.losses.high_entropy import high_entropy_mask
+from learner.algorithm.selection import hash_uniform, in_topk
+from learner.algorithm.step_plan import plan_step
 from stare.config.algo import (
     ClipCovLossConfig,
     EntropyBonusLossConfig,
@@ -9,11 +14,6 @@ from stare.config.algo import (
     HighEntropyLossConfig,
     KLCovLossConfig,
 )
-from learner.algorithm.losses import LossInputs, policy_loss
-from learner.algorithm.losses.covariance import centered_covariance, clip_cov_candidates
-from learner.algorithm.losses.high_entropy import high_entropy_mask
-from learner.algorithm.selection import hash_uniform, in_topk
-from learner.algorithm.step_plan import plan_step
 
 D = torch.float64
 
@@ -26,7 +26,9 @@ def _big_step(seed=0, rows=64, length=64):
 
 
 def _x(s):
-    return LossInputs(s["logp"], s["old"], s["adv"], s["mask"], s["uid"], entropy=s["entropy"], step_entropy=s["entropy"])
+    return LossInputs(
+        s["logp"], s["old"], s["adv"], s["mask"], s["uid"], entropy=s["entropy"], step_entropy=s["entropy"]
+    )
 
 
 @pytest.mark.parametrize("ratio", [2e-4, 0.01, 0.05])
@@ -135,7 +137,9 @@ def test_baseline_plan_and_loss_have_no_host_sync_on_meta_tensors(cfg):
     meta = {k: v.to("meta") for k, v in s.items()}
     ctx = plan_step(step_tokens(meta), cfg, gate=0.0, w=1.0, m=1.0)
     logp = meta["logp"].requires_grad_(True)
-    x = LossInputs(logp, meta["old"], meta["adv"], meta["mask"], meta["uid"], entropy=meta["entropy"], step_entropy=meta["entropy"])
+    x = LossInputs(
+        logp, meta["old"], meta["adv"], meta["mask"], meta["uid"], entropy=meta["entropy"], step_entropy=meta["entropy"]
+    )
     policy_loss(x, ctx, cfg).loss.backward()
     assert logp.grad.device.type == "meta"
 

@@ -91,8 +91,10 @@ def test_no_whole_checkpoint_is_an_error_naming_the_damaged_file(tmp_path):
     _tag(tmp_path, "step_000010")
     (tmp_path / "latest").write_text("step_000010")
     (tmp_path / "step_000010" / "trainer_state.json").unlink()
-    with pytest.raises(CheckpointError, match=f"{tmp_path / 'step_000010' / 'trainer_state.json'}: missing; no other "
-                                              "complete checkpoint"):
+    with pytest.raises(
+        CheckpointError,
+        match=f"{tmp_path / 'step_000010' / 'trainer_state.json'}: missing; no other complete checkpoint",
+    ):
         _choose(tmp_path)
 
 

@@ -2,7 +2,6 @@
 so the step's selection counts k tokens whatever the ranks' tokens look like (2 gloo processes)."""
 
 import torch
-
 from learner_helpers import collate_rank_worker
 from rank_helpers import spawn_ranks
 

@@ -33,15 +33,29 @@ class Ranks:
         version, share, _ = args
         taken = min(share, self.prompts.waiting) if self.take else 0
         self.prompts.waiting -= taken
-        return [{"rank": r, "prompts": taken if r == 0 else 0,
-                 "engine_version": version - 1 if r in self.behind else version} for r in range(self.world)]
+        return [
+            {
+                "rank": r,
+                "prompts": taken if r == 0 else 0,
+                "engine_version": version - 1 if r in self.behind else version,
+            }
+            for r in range(self.world)
+        ]
 
 
 def _pump(world=4, waiting=10, collective=True, retry_s=60.0):
     prompts = Prompts(waiting)
     ranks = Ranks(world, prompts)
-    pump = SamplePump(ranks, rollout=None, prompts=prompts, world=world, collective=collective,
-                      busy=lambda what: contextlib.nullcontext(), retry_s=retry_s, say=lambda line: None)
+    pump = SamplePump(
+        ranks,
+        rollout=None,
+        prompts=prompts,
+        world=world,
+        collective=collective,
+        busy=lambda what: contextlib.nullcontext(),
+        retry_s=retry_s,
+        say=lambda line: None,
+    )
     return pump, ranks, prompts
 
 

@@ -1,8 +1,8 @@
 import pytest
 from pydantic import ValidationError
 
-from stare.config.algo import ControllerConfig
 from learner.algorithm.entropy_controller import EntropyController
+from stare.config.algo import ControllerConfig
 
 
 def test_threshold_gate_is_entropy_below_target():
@@ -14,7 +14,14 @@ def test_band_gate_has_hysteresis():
     c = EntropyController(ControllerConfig(target=0.3, band=(0.25, 0.35)))
     # starts off; 0.3 inside the band keeps off; 0.2 < low turns on; 0.3 keeps on; 0.4 > high turns off
     assert [c.decide(h) for h in (0.3, 0.2, 0.3, 0.34, 0.4, 0.3, 0.26, 0.24)] == [
-        False, True, True, True, False, False, False, True,
+        False,
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+        True,
     ]
 
 
@@ -124,8 +131,17 @@ def test_a_saturated_proportional_schedule_stays_inside_its_bounds_and_its_state
 @pytest.mark.parametrize("order", ["reference", "lagged"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_a_non_finite_entropy_skips_the_step_and_keeps_gate_w_and_m(schedule, order, bad):
-    cfg = ControllerConfig(target=0.3, band=(0.2, 0.4), adaptive=True, schedule=schedule, order=order,
-                           alpha=0.1, gain=10.0, w_max=5.0, m_min=0.2)
+    cfg = ControllerConfig(
+        target=0.3,
+        band=(0.2, 0.4),
+        adaptive=True,
+        schedule=schedule,
+        order=order,
+        alpha=0.1,
+        gain=10.0,
+        w_max=5.0,
+        m_min=0.2,
+    )
     c = EntropyController(cfg)
     c.begin_step(0.1, 0.1)  # below the band: gate on, W and M tilted
     c.end_step(0.1)
@@ -162,8 +178,7 @@ def test_reference_order_is_the_default():
 
 
 def test_ema_smooths_the_entropy_the_schedule_reads_and_survives_a_checkpoint():
-    cfg = ControllerConfig(target=0.3, adaptive=True, schedule="proportional", gain=10.0, w_max=5.0, m_min=0.2,
-                           ema=0.5)
+    cfg = ControllerConfig(target=0.3, adaptive=True, schedule="proportional", gain=10.0, w_max=5.0, m_min=0.2, ema=0.5)
     c = EntropyController(cfg)
     trace = []
     for h in (0.2, 0.3, 0.1):

@@ -6,28 +6,50 @@ import pytest
 from record_helpers import make_trajectory
 from redis_fixtures import have_redis_server, redis_server
 
-from learner.loop.group_collector import GroupCollector
-from learner.loop.group_collector import RedisDecisionLog
-from stare.transport.records import PromptTask
+from learner.loop.group_collector import GroupCollector, RedisDecisionLog
 from stare.transport.dead_letters import training_dead_letters
+from stare.transport.records import PromptTask
 from stare.transport.redis_transport import RedisTransport
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="needs redis-server on PATH")]
 
 
 def _prompt(group_id: str) -> PromptTask:
-    return PromptTask(run_id="r", group_id=group_id, prompt="1+1", prompt_token_ids=[5, 6], answer="2",
-                      problem_id="p", data_source="s", group_size=2)
+    return PromptTask(
+        run_id="r",
+        group_id=group_id,
+        prompt="1+1",
+        prompt_token_ids=[5, 6],
+        answer="2",
+        problem_id="p",
+        data_source="s",
+        group_size=2,
+    )
 
 
 def _group(group_id: str) -> list:
-    return [make_trajectory(run_id="r", trajectory_id=f"{group_id}:{j}", group_id=group_id, group_size=2,
-                            reward=float(j), weight_version=0) for j in range(2)]
+    return [
+        make_trajectory(
+            run_id="r",
+            trajectory_id=f"{group_id}:{j}",
+            group_id=group_id,
+            group_size=2,
+            reward=float(j),
+            weight_version=0,
+        )
+        for j in range(2)
+    ]
 
 
 def _collector(transport) -> GroupCollector:
-    return GroupCollector(transport.scored, name="learner", dynamic_sampling=False, max_staleness=0,
-                          decisions=RedisDecisionLog(transport.client, "r"), dead_letters=training_dead_letters(transport))
+    return GroupCollector(
+        transport.scored,
+        name="learner",
+        dynamic_sampling=False,
+        max_staleness=0,
+        decisions=RedisDecisionLog(transport.client, "r"),
+        dead_letters=training_dead_letters(transport),
+    )
 
 
 def test_dead_lettered_prompt_and_trajectory_close_their_groups_once(tmp_path):

@@ -39,7 +39,10 @@ def test_quadrant_statistics_by_hand():
     m = quadrant_metrics(quadrant_sums(adv, surprisal, mask, torch.tensor(0.5, dtype=D)))
     # 6 tokens: pos_high {0.9}, pos_low {0.1, 0.2}, neg_high {0.8}, neg_low {0.05}, one zero-advantage token
     assert [float(m[f"quadrant/{q}/fraction"]) for q in ("pos_high", "pos_low", "neg_high", "neg_low")] == [
-        pytest.approx(1 / 6), pytest.approx(2 / 6), pytest.approx(1 / 6), pytest.approx(1 / 6),
+        pytest.approx(1 / 6),
+        pytest.approx(2 / 6),
+        pytest.approx(1 / 6),
+        pytest.approx(1 / 6),
     ]
     assert float(m["quadrant/pos_low/mean_surprisal"]) == pytest.approx(0.15)
     assert float(m["quadrant/neg_high/mean_advantage"]) == pytest.approx(-2.0)

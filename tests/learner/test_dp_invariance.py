@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-
-from rank_helpers import spawn_ranks
 from algo_helpers import dp_worker, inputs, loss_and_grad, random_step
-from stare.config.algo import ClipCovLossConfig, StareLossConfig
+from rank_helpers import spawn_ranks
+
 from learner.algorithm.losses import policy_loss
+from stare.config.algo import ClipCovLossConfig, StareLossConfig
 
 
 def _run_dp(cfg, step, tmp_path, world=2):
@@ -16,8 +16,11 @@ def _run_dp(cfg, step, tmp_path, world=2):
 
 @pytest.mark.parametrize(
     "cfg",
-    [StareLossConfig(variant="C2", top_fraction=0.2), StareLossConfig(variant="C2", agg_mode="seq-mean-token-mean"),
-     ClipCovLossConfig(clip_ratio=0.05, cov_lb=0.1)],
+    [
+        StareLossConfig(variant="C2", top_fraction=0.2),
+        StareLossConfig(variant="C2", agg_mode="seq-mean-token-mean"),
+        ClipCovLossConfig(clip_ratio=0.05, cov_lb=0.1),
+    ],
 )
 def test_two_rank_gloo_group_matches_one_process(cfg, tmp_path):
     step = random_step(11, rows=8, length=10)

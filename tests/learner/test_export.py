@@ -4,10 +4,10 @@ import json
 
 import pytest
 import torch
-
-from stare.config import build_config
-from learner.engine.export import ExportError, checkpoint_tag, export_checkpoint
 from train_helpers import step_trajectories as _trajectories
+
+from learner.engine.export import ExportError, checkpoint_tag, export_checkpoint
+from stare.config import build_config
 
 
 @pytest.fixture
@@ -17,11 +17,19 @@ def trained(tiny_model_dir, tmp_path, request):
 
     from learner.step.trainer import Learner
 
-    cfg = build_config({}, overrides=[
-        f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path}", "rollout.prompts_per_step=2",
-        "rollout.samples_per_prompt=2", "optim.micro_batch=4", "optim.lr=1e-2", f"optim.zero_stage={request.param}",
-        "diagnostics.predicted_entropy_change=false",
-    ])
+    cfg = build_config(
+        {},
+        overrides=[
+            f"model.path={tiny_model_dir}",
+            f"run.output_dir={tmp_path}",
+            "rollout.prompts_per_step=2",
+            "rollout.samples_per_prompt=2",
+            "optim.micro_batch=4",
+            "optim.lr=1e-2",
+            f"optim.zero_stage={request.param}",
+            "diagnostics.predicted_entropy_change=false",
+        ],
+    )
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     learner = Learner(cfg, tiny_model_dir, pad_id=tok.pad_token_id or 0)
     metrics = learner.train_step(_trajectories(len(tok)))
@@ -39,7 +47,8 @@ def test_exported_model_gives_the_learners_logits(trained, tiny_model_dir, tmp_p
     learner, ckpt = trained
     out = export_checkpoint(ckpt, tmp_path / "hf", model_path=tiny_model_dir)
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer_config.json"} <= {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
     assert json.loads((out / "export_info.json").read_text())["step"] == 1
     exported = AutoModelForCausalLM.from_pretrained(out).eval()
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()

@@ -17,7 +17,7 @@ def _hf_logprobs(model_dir, prompt: list[int], tokens: list[int]) -> torch.Tenso
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = torch.tensor([prompt + tokens])
     with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1:-1].float(), dim=-1)
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float(), dim=-1)
     return logp.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 
 
@@ -36,13 +36,21 @@ def test_vllm_generates_from_the_exported_tiny_model(tiny_model_dir, tmp_path):
     from train_helpers import step_trajectories as _trajectories
     from transformers import AutoTokenizer
 
-    from stare.config import build_config
     from learner.engine.export import export_checkpoint
     from learner.step.trainer import Learner
+    from stare.config import build_config
 
-    cfg = build_config({}, overrides=[f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path}",
-                                      "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
-                                      "optim.micro_batch=4", "optim.lr=1e-2"])
+    cfg = build_config(
+        {},
+        overrides=[
+            f"model.path={tiny_model_dir}",
+            f"run.output_dir={tmp_path}",
+            "rollout.prompts_per_step=2",
+            "rollout.samples_per_prompt=2",
+            "optim.micro_batch=4",
+            "optim.lr=1e-2",
+        ],
+    )
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     learner = Learner(cfg, tiny_model_dir, pad_id=tok.pad_token_id or 0)
     learner.train_step(_trajectories(len(tok)))

@@ -6,12 +6,18 @@ optimizer, its loss scaler and our step then run for real on CPU, as they would 
 
 import pytest
 import torch
-
 from learner_helpers import save_random_qwen2, trajectories
+
 from stare.config import ConfigError, build_config
 
-COMMON = ["rollout.prompts_per_step=3", "rollout.samples_per_prompt=4", "optim.micro_batch=12", "optim.lr=1e-3",
-          "optim.grad_clip=1000", "controller.target=10"]
+COMMON = [
+    "rollout.prompts_per_step=3",
+    "rollout.samples_per_prompt=4",
+    "optim.micro_batch=12",
+    "optim.lr=1e-3",
+    "optim.grad_clip=1000",
+    "controller.target=10",
+]
 
 
 @pytest.fixture(scope="module")

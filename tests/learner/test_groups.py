@@ -1,15 +1,19 @@
 import numpy as np
 import pytest
-from redis_fixtures import have_redis_server, redis_server
 from record_helpers import make_trajectory
+from redis_fixtures import have_redis_server, redis_server
 
 from learner.loop.group_collector import GroupCollector, MemoryDecisionLog
 from stare.transport.in_memory import MemoryStream
 
 
 def _group(gid, rewards, version=0, prefix="t"):
-    return [make_trajectory(trajectory_id=f"{prefix}{gid}-{i}", group_id=gid, group_size=len(rewards),
-                            reward=r, weight_version=version) for i, r in enumerate(rewards)]
+    return [
+        make_trajectory(
+            trajectory_id=f"{prefix}{gid}-{i}", group_id=gid, group_size=len(rewards), reward=r, weight_version=version
+        )
+        for i, r in enumerate(rewards)
+    ]
 
 
 def test_group_is_ready_only_when_complete():
@@ -90,8 +94,12 @@ def test_memory_stream_refuses_to_grow_past_maxlen_and_keeps_what_it_has():
 
 def _feeder_group(ordinal, rewards=(1.0, 0.0), version=0):
     gid = f"g{ordinal:09d}"
-    return [make_trajectory(trajectory_id=f"{gid}:{i}", group_id=gid, group_size=len(rewards), reward=r,
-                            weight_version=version) for i, r in enumerate(rewards)]
+    return [
+        make_trajectory(
+            trajectory_id=f"{gid}:{i}", group_id=gid, group_size=len(rewards), reward=r, weight_version=version
+        )
+        for i, r in enumerate(rewards)
+    ]
 
 
 def test_trained_entries_stay_pending_until_ack_trained():
@@ -223,8 +231,19 @@ def _redis_log(tmp_path):
         yield RedisDecisionLog(redis.Redis.from_url(server.url, socket_timeout=10), "run")
 
 
-@pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=[pytest.mark.redis, pytest.mark.skipif(
-    not have_redis_server(), reason="redis-server is not on PATH")])])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "memory",
+        pytest.param(
+            "redis",
+            marks=[
+                pytest.mark.redis,
+                pytest.mark.skipif(not have_redis_server(), reason="redis-server is not on PATH"),
+            ],
+        ),
+    ],
+)
 def test_a_group_filtered_after_the_checkpoint_is_still_finished_after_a_restart(backend, tmp_path):
     logs = _memory_log() if backend == "memory" else _redis_log(tmp_path)
     log = next(logs)
@@ -274,8 +293,9 @@ def test_upcoming_names_the_groups_take_hands_out_and_leaves_them_ready(in_publi
     assert len(c.ready) == 4  # nothing taken
     trajectories, _ = c.take(2, in_publish_order=in_publish_order)
     assert [t for g in upcoming for t in g] == trajectories
-    assert [g[0].group_id for g in upcoming] == (["g000000000", "g000000001"] if in_publish_order
-                                                 else ["g000000003", "g000000001"])
+    assert [g[0].group_id for g in upcoming] == (
+        ["g000000000", "g000000001"] if in_publish_order else ["g000000003", "g000000001"]
+    )
 
 
 def test_take_in_publish_order_then_drop_ready_counts_the_surplus():

@@ -6,14 +6,14 @@ allocated without the device) raises, and so does any read-back to the host insi
 """
 
 import torch
+from learner_helpers import VOCAB, trajectories
 from torch import nn
 
-from learner_helpers import VOCAB, trajectories
-from learner.step.batch import collate
-from stare.config.algo import StareLossConfig
-from learner.step.micro_batches import build_micro_batch, filler_micro_batch, plan_rows
-from learner.step.forward_passes import Policy, prepass, train_pass
 from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
+from learner.step.batch import collate
+from learner.step.forward_passes import Policy, prepass, train_pass
+from learner.step.micro_batches import build_micro_batch, filler_micro_batch, plan_rows
+from stare.config.algo import StareLossConfig
 
 META = torch.device("meta")
 
@@ -54,8 +54,9 @@ def test_prepass_plan_and_train_pass_run_entirely_on_the_model_device():
         ctx = plan_step(tokens, cfg, gate=1.0, w=1.2, m=0.8)
         h = mean_entropy(ent, batch.mask, cfg.agg_mode)
         losses = []
-        sums, quadrants = train_pass(policy, mbs, batch, old, ent, dh, ctx, cfg, h,
-                                     lambda loss, last: (losses.append(loss), loss.backward()))
+        sums, quadrants = train_pass(
+            policy, mbs, batch, old, ent, dh, ctx, cfg, h, lambda loss, last: (losses.append(loss), loss.backward())
+        )
         assert len(losses) == len(mbs) and {loss.device for loss in losses} == {META}
         assert {t.device for t in sums.values()} == {META} and quadrants.device == META
         assert model.lm_head.weight.grad.device == META

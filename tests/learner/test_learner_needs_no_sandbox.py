@@ -37,8 +37,13 @@ print(json.dumps({"remote": evaluator.remote, "problems": len(evaluator.problems
 
 def test_the_learners_evaluator_with_tool_use_builds_no_sandbox_and_imports_no_rollout(tiny_model_dir, tmp_path):
     with redis_server(tmp_path / "redis") as server:
-        out = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model_dir), server.url], env=child_env(),
-                             capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", SCRIPT, str(tiny_model_dir), server.url],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"remote": True, "problems": 4, "sandboxes": 0, "imported": []}, got

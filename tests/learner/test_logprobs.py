@@ -3,13 +3,13 @@ no vocabulary-sized activation for the backward."""
 
 import pytest
 import torch
-
 from learner_helpers import random_qwen2, trajectories
-from learner.step.batch import collate, token_logprobs_and_entropy
+
 from learner.algorithm.quadrants import predicted_entropy_change
+from learner.step.batch import collate, token_logprobs_and_entropy
+from learner.step.forward_passes import Policy, hidden_state_fn, response_stats
 from learner.step.logprobs import ChunkedHead, chunked_logprobs_and_entropy
 from learner.step.micro_batches import build_micro_batch
-from learner.step.forward_passes import Policy, hidden_state_fn, response_stats
 
 
 def _full(lm_head, hidden, targets):  # the unchunked reference: [N, V] log-softmax at once
@@ -166,6 +166,7 @@ def test_stare_plan_counts_the_vocabulary_sized_tensors_each_head_path_holds():
     linear, hidden, targets = _case(torch.float32, n=64, h=8, v=1000)
     chunk = 16
     for head, zero3 in ((linear, False), (ChunkedHead(linear, chunk), True)):  # fused; the learner's (ZeRO-3) head
+
         def forward_backward():
             if zero3:
                 logp, ent, _ = head(hidden, targets)  # one module call over every chunk
@@ -184,10 +185,17 @@ def test_response_stats_of_a_real_model_equal_the_full_logits_path(pack):
     batch = collate(trajs, pad_id=0, rows=len(trajs))
     with torch.no_grad():
         ref_logp, ref_ent = token_logprobs_and_entropy(
-            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids).logits,
-            batch)  # [S, L] each, from the whole step's [S, P + L, V] logits
-        policy = Policy(hidden=hidden_state_fn(model, model, torch.device("cpu")), lm_head=model.lm_head,
-                        device=torch.device("cpu"), chunk_tokens=5)
+            model(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+            ).logits,
+            batch,
+        )  # [S, L] each, from the whole step's [S, P + L, V] logits
+        policy = Policy(
+            hidden=hidden_state_fn(model, model, torch.device("cpu")),
+            lm_head=model.lm_head,
+            device=torch.device("cpu"),
+            chunk_tokens=5,
+        )
         rows = [0, 3, 4, 7]
         mb = build_micro_batch(rows, batch.prompts, batch.responses, pad_id=0, pack=pack)
         logp, ent, _ = response_stats(policy, mb)  # [4, length]

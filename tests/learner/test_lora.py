@@ -11,13 +11,20 @@ import torch
 
 pytest.importorskip("peft")
 
-from learner_helpers import save_random_qwen2, trajectories  # noqa: E402
-from stare.config import ConfigError, build_config  # noqa: E402
-from learner.engine.lora import merged_state_dict  # noqa: E402
+from learner_helpers import save_random_qwen2, trajectories
+
+from learner.engine.lora import merged_state_dict
+from stare.config import ConfigError, build_config
 
 LORA = ["model.lora.r=4", "model.lora.alpha=8"]
-COMMON = ["rollout.prompts_per_step=3", "rollout.samples_per_prompt=4", "optim.micro_batch=12", "optim.lr=1e-2",
-          "optim.zero_stage=0", "loss.name=grpo"] + LORA
+COMMON = [
+    "rollout.prompts_per_step=3",
+    "rollout.samples_per_prompt=4",
+    "optim.micro_batch=12",
+    "optim.lr=1e-2",
+    "optim.zero_stage=0",
+    "loss.name=grpo",
+] + LORA
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +70,9 @@ def test_merged_weights_are_base_plus_scaled_adapter_and_give_the_peft_forward(t
     a, b = params[f"{prefix}.lora_A.default.weight"], params[f"{prefix}.lora_B.default.weight"]  # [r, in], [out, r]
     by_hand = base.state_dict()["model.layers.0.self_attn.q_proj.weight"] + (8 / 4) * b.detach() @ a.detach()
     torch.testing.assert_close(merged["model.layers.0.self_attn.q_proj.weight"], by_hand, rtol=0, atol=1e-6)
-    torch.testing.assert_close(merged["model.embed_tokens.weight"], base.state_dict()["model.embed_tokens.weight"],
-                               rtol=0, atol=0)  # no adapter there: the base weight
+    torch.testing.assert_close(
+        merged["model.embed_tokens.weight"], base.state_dict()["model.embed_tokens.weight"], rtol=0, atol=0
+    )  # no adapter there: the base weight
     base.load_state_dict(merged)
     ids = torch.tensor([[5, 9, 17, 3, 44, 12, 70]])
     learner.engine.module.eval()
@@ -87,7 +95,7 @@ def test_after_a_sync_the_hf_engine_samples_from_the_merged_policy(trained, mode
         for c in samples:
             ids = torch.tensor([prompt + c.token_ids])
             logp = torch.log_softmax(learner.engine.module(input_ids=ids).logits[0].double(), -1)
-            mine = logp[len(prompt) - 1: -1].gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+            mine = logp[len(prompt) - 1 : -1].gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
             gaps.append((mine - torch.tensor(c.logprobs, dtype=torch.float64)).abs().max())
     assert max(gaps) < 1e-3
     base = HFEngine(str(model_dir))  # the test can tell: the base policy's log-probs are farther off
@@ -95,7 +103,7 @@ def test_after_a_sync_the_hf_engine_samples_from_the_merged_policy(trained, mode
     with torch.no_grad():
         ids = torch.tensor([prompt + base_samples[0].token_ids])
         logp = torch.log_softmax(learner.engine.module(input_ids=ids).logits[0].double(), -1)
-        mine = logp[len(prompt) - 1: -1].gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+        mine = logp[len(prompt) - 1 : -1].gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
     assert (mine - torch.tensor(base_samples[0].logprobs, dtype=torch.float64)).abs().max() > 1e-2
 
 
@@ -127,13 +135,16 @@ def test_an_embedded_run_with_lora_trains_and_exports(tmp_path, export):
 
     from stare.app.launch.embedded import prepare_run, run_training
 
-    cfg = build_config({"run": {"name": "lora", "output_dir": str(tmp_path), "steps": 2, "checkpoint_every": 10,
-                                "threads": 1},
-                        "rollout": {"prompts_per_step": 4, "samples_per_prompt": 4, "max_new_tokens": 8},
-                        "task": {"eval_problems": 2, "eval_every": 1000},
-                        "optim": {"lr": 1e-2, "micro_batch": 16},
-                        "model": {"lora": {"r": 4, "alpha": 8, "export": export}},
-                        "control_plane": {"serve_in_train": False}})
+    cfg = build_config(
+        {
+            "run": {"name": "lora", "output_dir": str(tmp_path), "steps": 2, "checkpoint_every": 10, "threads": 1},
+            "rollout": {"prompts_per_step": 4, "samples_per_prompt": 4, "max_new_tokens": 8},
+            "task": {"eval_problems": 2, "eval_every": 1000},
+            "optim": {"lr": 1e-2, "micro_batch": 16},
+            "model": {"lora": {"r": 4, "alpha": 8, "export": export}},
+            "control_plane": {"serve_in_train": False},
+        }
+    )
     run = prepare_run(cfg, None)
     run_dir = run_training(run, progress=False)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -3,13 +3,13 @@ fixed padded micro-batches (the normalisers are step-global)."""
 
 import pytest
 import torch
-
 from learner_helpers import random_qwen2, trajectories
-from learner.step.batch import collate
-from stare.config.algo import GrpoLossConfig, StareLossConfig
-from learner.step.micro_batches import build_micro_batch, plan_rows
-from learner.step.forward_passes import Policy, hidden_state_fn, prepass, train_pass
+
 from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
+from learner.step.batch import collate
+from learner.step.forward_passes import Policy, hidden_state_fn, prepass, train_pass
+from learner.step.micro_batches import build_micro_batch, plan_rows
+from stare.config.algo import GrpoLossConfig, StareLossConfig
 
 PROMPTS = [3, 1, 5, 2, 4, 1, 2, 6]
 RESPONSES = [10, 2, 30, 1, 7, 7, 3, 12]
@@ -63,8 +63,12 @@ def _step(cfg, cut, seed=3):
     pack = cut.get("pack", False)
     groups = plan_rows(*lens, micro_batch=cut.get("micro_batch", 4), max_tokens=cut.get("max_tokens"), pack=pack)
     mbs = [build_micro_batch(g, batch.prompts, batch.responses, pad_id=0, pack=pack) for g in groups]
-    policy = Policy(hidden=hidden_state_fn(model, model, torch.device("cpu")), lm_head=model.lm_head,
-                    device=torch.device("cpu"), chunk_tokens=cut.get("chunk", 8))
+    policy = Policy(
+        hidden=hidden_state_fn(model, model, torch.device("cpu")),
+        lm_head=model.lm_head,
+        device=torch.device("cpu"),
+        chunk_tokens=cut.get("chunk", 8),
+    )
     model.eval()
     old, ent, dh = prepass(policy, mbs, batch, predicted_entropy_change=True)
     old = old + 0.05 * torch.sin(torch.arange(old.numel(), dtype=old.dtype)).view_as(old)  # off-policy ratios
@@ -76,12 +80,18 @@ def _step(cfg, cut, seed=3):
     return sums, quadrants, grads, len(mbs), (old, ent, dh)
 
 
-CUTS = [dict(micro_batch=1), dict(micro_batch=5, chunk=3), dict(max_tokens=30, pack=False),
-        dict(max_tokens=30, pack=True), dict(max_tokens=64, pack=True, chunk=1000)]
+CUTS = [
+    dict(micro_batch=1),
+    dict(micro_batch=5, chunk=3),
+    dict(max_tokens=30, pack=False),
+    dict(max_tokens=30, pack=True),
+    dict(max_tokens=64, pack=True, chunk=1000),
+]
 
 
-@pytest.mark.parametrize("cfg", [StareLossConfig(variant="C2", top_fraction=0.3),
-                                 GrpoLossConfig(agg_mode="seq-mean-token-mean")])
+@pytest.mark.parametrize(
+    "cfg", [StareLossConfig(variant="C2", top_fraction=0.3), GrpoLossConfig(agg_mode="seq-mean-token-mean")]
+)
 def test_loss_gradients_and_metrics_do_not_depend_on_the_cut(cfg):
     base_sums, base_q, base_grads, base_n, base_pre = _step(cfg, dict(micro_batch=16))  # one padded micro-batch
     assert base_n == 1

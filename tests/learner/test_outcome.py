@@ -3,8 +3,10 @@ the measured fraction of equal-reward groups."""
 
 from learner.loop.run_outcome import MAX_EMPTY_STEPS, EmptySteps, RunOutcome, rule_of
 
-REASON = ("prompt has 40 tokens, over the limit of 3 (data.max_prompt_len, ...); data.prompt_overflow=reject parks "
-          "it here (admit it with data.prompt_overflow=truncate_left, or raise that limit)")
+REASON = (
+    "prompt has 40 tokens, over the limit of 3 (data.max_prompt_len, ...); data.prompt_overflow=reject parks "
+    "it here (admit it with data.prompt_overflow=truncate_left, or raise that limit)"
+)
 
 
 def test_a_step_whose_groups_were_all_dead_lettered_stops_at_once_naming_the_rule():
@@ -25,5 +27,10 @@ def test_no_signal_names_the_measured_fraction_of_equal_reward_groups_after_the_
 
 
 def test_only_the_two_empty_outcomes_are_failures():
-    assert [RunOutcome(o, 0).failed for o in ("finished", "stopped", "no_input", "no_signal")] == [False, False, True, True]
+    assert [RunOutcome(o, 0).failed for o in ("finished", "stopped", "no_input", "no_signal")] == [
+        False,
+        False,
+        True,
+        True,
+    ]
     assert rule_of("over 40 of 3") == "over N of N"

@@ -15,11 +15,11 @@ import sys
 import numpy as np
 import pytest
 
+from learner.loop.group_collector import GroupCollector, MemoryDecisionLog
+from learner.loop.session import MemoryCursor, SessionSeams, TrainingSession
 from stare.app.sim.standins import SimTask, SimTokenizer
 from stare.config import build_config
 from stare.data.feeder import PromptFeeder
-from learner.loop.group_collector import GroupCollector, MemoryDecisionLog
-from learner.loop.session import MemoryCursor, SessionSeams, TrainingSession
 from stare.runstate import MemoryRunState, RunSteering
 from stare.transport.in_memory import MemoryTransport
 from stare.transport.records import Trajectory
@@ -42,8 +42,17 @@ class FakeLearner:
         self.step += 1
         self.version += 1
         c = self.controller
-        return {"step": self.step, "weight_version": self.version, "loss": 0.0, "entropy": 0.0, "gate": False,
-                "w": c.w, "m": c.m, "target": c.target, "grad_norm": 0.0}
+        return {
+            "step": self.step,
+            "weight_version": self.version,
+            "loss": 0.0,
+            "entropy": 0.0,
+            "gate": False,
+            "w": c.w,
+            "m": c.m,
+            "target": c.target,
+            "grad_norm": 0.0,
+        }
 
     def prepare(self, trajectories):
         self.prepared.append((self.version, list(dict.fromkeys(t.group_id for t in trajectories))))
@@ -56,15 +65,28 @@ class FakeLearner:
 
 
 def _session(tmp_path, *, oversample: float, max_staleness: int = 0, steps: int = 2, extra=()):
-    cfg = build_config({}, overrides=[*extra, 
-        f"run.output_dir={tmp_path}", f"run.steps={steps}", "run.checkpoint_every=1000",
-        "rollout.prompts_per_step=4", "rollout.samples_per_prompt=2", "data.dynamic_sampling=true",
-        f"data.oversample={oversample}", f"system.max_staleness={max_staleness}", "task.eval_every=1000"])
+    cfg = build_config(
+        {},
+        overrides=[
+            *extra,
+            f"run.output_dir={tmp_path}",
+            f"run.steps={steps}",
+            "run.checkpoint_every=1000",
+            "rollout.prompts_per_step=4",
+            "rollout.samples_per_prompt=2",
+            "data.dynamic_sampling=true",
+            f"data.oversample={oversample}",
+            f"system.max_staleness={max_staleness}",
+            "task.eval_every=1000",
+        ],
+    )
     t, learner = MemoryTransport(), FakeLearner(cfg)
-    feeder = PromptFeeder(SimTask(4, (1.0, 1.0), 0), SimTokenizer(), run_id="r", group_size=2, seed=0, pool_size=64,
-                          log=lambda s: None)
-    collector = GroupCollector(t.scored, name="learner", dynamic_sampling=True, max_staleness=max_staleness,
-                               decisions=MemoryDecisionLog())
+    feeder = PromptFeeder(
+        SimTask(4, (1.0, 1.0), 0), SimTokenizer(), run_id="r", group_size=2, seed=0, pool_size=64, log=lambda s: None
+    )
+    collector = GroupCollector(
+        t.scored, name="learner", dynamic_sampling=True, max_staleness=max_staleness, decisions=MemoryDecisionLog()
+    )
     rounds: list[int] = []  # prompts each pump found published
 
     def pump(_round: int) -> None:
@@ -76,20 +98,42 @@ def _session(tmp_path, *, oversample: float, max_staleness: int = 0, steps: int 
         for d in reversed(deliveries):  # the last published finishes first
             n = int(d.record.group_id[1:])
             rewards = [1.0, 1.0] if n in FILTERED else [1.0, 0.0]
-            records += [Trajectory(run_id="r", trajectory_id=f"{d.record.group_id}:{j}", group_id=d.record.group_id,
-                                   group_size=2, weight_version=learner.version,
-                                   prompt_token_ids=np.array([1], np.int32), response_token_ids=np.array([1], np.int32),
-                                   response_logprobs=np.zeros(1, np.float32), loss_mask=np.ones(1, np.uint8),
-                                   finish_reason="stop", answer="", problem_id="p", data_source="sim",
-                                   response_text="", reward=r) for j, r in enumerate(rewards)]
+            records += [
+                Trajectory(
+                    run_id="r",
+                    trajectory_id=f"{d.record.group_id}:{j}",
+                    group_id=d.record.group_id,
+                    group_size=2,
+                    weight_version=learner.version,
+                    prompt_token_ids=np.array([1], np.int32),
+                    response_token_ids=np.array([1], np.int32),
+                    response_logprobs=np.zeros(1, np.float32),
+                    loss_mask=np.ones(1, np.uint8),
+                    finish_reason="stop",
+                    answer="",
+                    problem_id="p",
+                    data_source="sim",
+                    response_text="",
+                    reward=r,
+                )
+                for j, r in enumerate(rewards)
+            ]
         t.scored.publish(records)
         t.prompts.ack([d.id for d in deliveries])
 
-    seams = SessionSeams(transport=t, publisher=MemoryWeightBoard(), steering=RunSteering(MemoryRunState("r")),
-                         cursor=MemoryCursor(), evaluator=None, should_stop=lambda: False, wait=lambda s: None,
-                         pump=pump)
-    session = TrainingSession(cfg, learner, feeder, collector, seams, max_staleness=max_staleness, resume=False,
-                              say=lambda s: None)
+    seams = SessionSeams(
+        transport=t,
+        publisher=MemoryWeightBoard(),
+        steering=RunSteering(MemoryRunState("r")),
+        cursor=MemoryCursor(),
+        evaluator=None,
+        should_stop=lambda: False,
+        wait=lambda s: None,
+        pump=pump,
+    )
+    session = TrainingSession(
+        cfg, learner, feeder, collector, seams, max_staleness=max_staleness, resume=False, say=lambda s: None
+    )
     return session, learner, collector, t, rounds
 
 
@@ -102,8 +146,10 @@ def test_an_oversampled_round_trains_exactly_the_steps_groups_first_published_an
     # all trained. Step 2: g6-g11, none filtered: the first four published (g6-g9) trained although
     # g11, g10 finished first; g10, g11 dropped as surplus
     assert rounds == [6, 6]
-    assert learner.batches == [["g000000000", "g000000001", "g000000003", "g000000004"],
-                               ["g000000006", "g000000007", "g000000008", "g000000009"]]
+    assert learner.batches == [
+        ["g000000000", "g000000001", "g000000003", "g000000004"],
+        ["g000000006", "g000000007", "g000000008", "g000000009"],
+    ]
     assert [m["surplus_groups"] for m in metrics] == [0, 2] and metrics[-1]["surplus_groups_total"] == 2
     assert collector.stats.surplus_groups == 2 and collector.ready == [] and not collector.closed
     # every published group is trained, filtered or dropped: none left in flight, no scored entry pending
@@ -118,8 +164,10 @@ def test_without_oversampling_each_round_asks_for_exactly_the_missing_groups(tmp
     session.close()
     # step 1: g0-g3, g2 filtered; round 2 asks for the 1 missing (g4); step 2: g5-g8, g5 filtered; then g9
     assert rounds == [4, 1, 4, 1]
-    assert learner.batches == [["g000000003", "g000000001", "g000000000", "g000000004"],  # completion order
-                               ["g000000008", "g000000007", "g000000006", "g000000009"]]
+    assert learner.batches == [
+        ["g000000003", "g000000001", "g000000000", "g000000004"],  # completion order
+        ["g000000008", "g000000007", "g000000006", "g000000009"],
+    ]
     assert [m["surplus_groups"] for m in metrics] == [0, 0] and collector.stats.surplus_groups == 0
 
 
@@ -132,8 +180,11 @@ def test_while_a_step_waits_the_session_prepares_the_ready_groups_it_will_take(t
     metrics = []
     session.run(on_step=metrics.append)
     session.close()
-    assert learner.prepared == ([(0, ["g000000003", "g000000001", "g000000000"]),
-                                 (1, ["g000000008", "g000000007", "g000000006"])] if early else [])
+    assert learner.prepared == (
+        [(0, ["g000000003", "g000000001", "g000000000"]), (1, ["g000000008", "g000000007", "g000000006"])]
+        if early
+        else []
+    )
     assert [m["prepared_groups"] for m in metrics] == ([3, 3] if early else [0, 0])
 
 

@@ -5,16 +5,33 @@ values prepared at older weights are never used. Real DeepSpeed on CPU, fp32, Ze
 
 import pytest
 import torch
-
 from learner_helpers import prepare_rank_worker, save_random_qwen2, trajectories
 from rank_helpers import spawn_ranks
+
 from stare.config import build_config
 
-COMMON = ["rollout.prompts_per_step=3", "rollout.samples_per_prompt=4", "optim.micro_batch=5", "optim.lr=1e-3",
-          "optim.grad_clip=1000", "optim.zero_stage=0", "diagnostics.predicted_entropy_change=true",
-          "controller.target=10"]
-COMPARED = ("loss", "entropy", "gate", "clip_fraction", "omega_sum", "rollout_logprob_gap",
-            "train_tokens", "quadrant/pos_high/fraction", "quadrant/neg_low/predicted_dH", "rollout_mismatch_k3")
+COMMON = [
+    "rollout.prompts_per_step=3",
+    "rollout.samples_per_prompt=4",
+    "optim.micro_batch=5",
+    "optim.lr=1e-3",
+    "optim.grad_clip=1000",
+    "optim.zero_stage=0",
+    "diagnostics.predicted_entropy_change=true",
+    "controller.target=10",
+]
+COMPARED = (
+    "loss",
+    "entropy",
+    "gate",
+    "clip_fraction",
+    "omega_sum",
+    "rollout_logprob_gap",
+    "train_tokens",
+    "quadrant/pos_high/fraction",
+    "quadrant/neg_low/predicted_dH",
+    "rollout_mismatch_k3",
+)
 
 
 @pytest.fixture(scope="module")
@@ -129,9 +146,16 @@ def test_the_session_prepares_while_it_waits_and_the_run_is_unchanged(fast_overr
     from stare.app.launch.embedded import prepare_run, run_training
 
     common = fast_overrides + ["run.steps=3", "data.oversample=2.0", "controller.target=5.0"]
-    runs = {on: run_training(prepare_run(build_config({}, overrides=common + [
-        f"run.name=early-{on}", f"optim.prepass_early={str(on).lower()}"]), None), progress=False)
-        for on in (True, False)}
+    runs = {
+        on: run_training(
+            prepare_run(
+                build_config({}, overrides=common + [f"run.name=early-{on}", f"optim.prepass_early={str(on).lower()}"]),
+                None,
+            ),
+            progress=False,
+        )
+        for on in (True, False)
+    }
     lines = {on: [json.loads(s) for s in (d / "metrics.jsonl").read_text().splitlines()] for on, d in runs.items()}
     trained = {on: (d / "trained.jsonl").read_text() for on, d in runs.items()}
     assert [m["prepared_groups"] for m in lines[True]] == [2, 2, 2]
@@ -142,6 +166,17 @@ def test_the_session_prepares_while_it_waits_and_the_run_is_unchanged(fast_overr
     assert trained[True] == trained[False]  # the same trajectories, step by step
     for on, off in zip(lines[True], lines[False]):
         assert on["gate"] == 1
-        for key in ("loss", "entropy", "reward_mean", "gate", "w", "m", "clip_fraction", "grad_norm",
-                    "response_length_mean", "train_tokens", "quadrant/pos_high/fraction"):
+        for key in (
+            "loss",
+            "entropy",
+            "reward_mean",
+            "gate",
+            "w",
+            "m",
+            "clip_fraction",
+            "grad_norm",
+            "response_length_mean",
+            "train_tokens",
+            "quadrant/pos_high/fraction",
+        ):
             assert on[key] == pytest.approx(off[key], rel=1e-5, abs=1e-7), (on["step"], key)

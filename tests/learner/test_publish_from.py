@@ -5,17 +5,22 @@ write (a TorchDispatchMode on the learner's thread), not by timing."""
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
 from broadcast_helpers import await_join_request, subscriber
 from learner_helpers import save_random_qwen2, trajectories
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from stare.config import build_config
 from stare.runtime.net import free_port
 from stare.weight_sync.broadcast import BroadcastPublisher
 from stare.weight_sync.factory import publish_from
 
-OVERRIDES = ["rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "optim.micro_batch=4",
-             "optim.zero_stage=1", "system.max_staleness=0"]  # a synchronous publish: no snapshot
+OVERRIDES = [
+    "rollout.prompts_per_step=2",
+    "rollout.samples_per_prompt=2",
+    "optim.micro_batch=4",
+    "optim.zero_stage=1",
+    "system.max_staleness=0",
+]  # a synchronous publish: no snapshot
 COPY_OPS = ("aten.copy_", "aten._to_copy", "aten.clone")
 BUCKET = 4096  # bytes: the tiny model's larger matrices (8-12 KB) are sent from their own memory
 
@@ -34,18 +39,27 @@ class _CopiedBytes(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("setting, weight_sync, communicator, cuda, expected", [
-    ("auto", "broadcast", "auto", True, "device"),
-    ("auto", "broadcast", "nccl", True, "device"),
-    ("auto", "broadcast", "gloo", True, "host"),  # gloo sends from host memory
-    ("auto", "filesystem", "auto", True, "host"),  # safetensors files are written from host memory
-    ("auto", "broadcast", "auto", False, "host"),  # no GPU: nothing to keep on one
-    ("device", "filesystem", "auto", False, "device"),  # an explicit setting is taken as it is
-    ("host", "broadcast", "nccl", True, "host"),
-])
+@pytest.mark.parametrize(
+    "setting, weight_sync, communicator, cuda, expected",
+    [
+        ("auto", "broadcast", "auto", True, "device"),
+        ("auto", "broadcast", "nccl", True, "device"),
+        ("auto", "broadcast", "gloo", True, "host"),  # gloo sends from host memory
+        ("auto", "filesystem", "auto", True, "host"),  # safetensors files are written from host memory
+        ("auto", "broadcast", "auto", False, "host"),  # no GPU: nothing to keep on one
+        ("device", "filesystem", "auto", False, "device"),  # an explicit setting is taken as it is
+        ("host", "broadcast", "nccl", True, "host"),
+    ],
+)
 def test_auto_publishes_from_the_device_only_where_nccl_may_send(setting, weight_sync, communicator, cuda, expected):
-    cfg = build_config({}, overrides=[f"system.weight_sync_publish_from={setting}", f"system.weight_sync={weight_sync}",
-                                      f"system.weight_sync_communicator={communicator}"])
+    cfg = build_config(
+        {},
+        overrides=[
+            f"system.weight_sync_publish_from={setting}",
+            f"system.weight_sync={weight_sync}",
+            f"system.weight_sync_communicator={communicator}",
+        ],
+    )
     assert publish_from(cfg, cuda=cuda) == expected
 
 
@@ -56,8 +70,9 @@ def learners(tmp_path_factory):
     model_dir = save_random_qwen2(tmp_path_factory.mktemp("model") / "m")
     out = {}
     for where in ("device", "host"):
-        learner = Learner(build_config({}, overrides=OVERRIDES + [f"system.weight_sync_publish_from={where}"]),
-                          model_dir, pad_id=0)
+        learner = Learner(
+            build_config({}, overrides=OVERRIDES + [f"system.weight_sync_publish_from={where}"]), model_dir, pad_id=0
+        )
         learner.train_step(trajectories(0, groups=2, group_size=2))
         out[where] = learner
     return out
@@ -65,8 +80,7 @@ def learners(tmp_path_factory):
 
 def _publish_counting(learner) -> tuple[dict, int, dict]:
     """state_dict_for_rollout + a gloo broadcast to one real worker; (state, bytes copied, received)."""
-    pub = BroadcastPublisher("127.0.0.1", free_port(), timeout_s=5.0, communicator="gloo",
-                             bucket_bytes=BUCKET)
+    pub = BroadcastPublisher("127.0.0.1", free_port(), timeout_s=5.0, communicator="gloo", bucket_bytes=BUCKET)
     sub = subscriber(pub, "w0")
     try:
         await_join_request(pub, 1)

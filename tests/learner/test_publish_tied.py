@@ -7,16 +7,21 @@ import json
 
 import pytest
 import torch
-
 from broadcast_helpers import await_join_request, subscriber
+
 from stare.config import build_config
 from stare.runtime.net import free_port
 from stare.weight_sync import broadcast
 from stare.weight_sync.broadcast import BroadcastPublisher
 from stare.weight_sync.buckets import BucketPacker, Segments
 
-OVERRIDES = ["rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "optim.micro_batch=4",
-             "optim.zero_stage=1", "system.max_staleness=0"]
+OVERRIDES = [
+    "rollout.prompts_per_step=2",
+    "rollout.samples_per_prompt=2",
+    "optim.micro_batch=4",
+    "optim.zero_stage=1",
+    "system.max_staleness=0",
+]
 TIED = ("lm_head.weight", "model.embed_tokens.weight")
 BUCKET = 4096  # bytes: the embedding (vocab x hidden fp32) is larger, sent from its own memory in chunks
 
@@ -33,8 +38,14 @@ def test_the_tiny_model_ties_its_embeddings(tiny_model_dir):
 def learners(tiny_model_dir):
     from learner.step.trainer import Learner
 
-    return {where: Learner(build_config({}, overrides=OVERRIDES + [f"system.weight_sync_publish_from={where}"]),
-                           tiny_model_dir, pad_id=0) for where in ("device", "host")}
+    return {
+        where: Learner(
+            build_config({}, overrides=OVERRIDES + [f"system.weight_sync_publish_from={where}"]),
+            tiny_model_dir,
+            pad_id=0,
+        )
+        for where in ("device", "host")
+    }
 
 
 def _publish_counting_sent_bytes(state, monkeypatch) -> tuple[int, dict]:
@@ -47,6 +58,7 @@ def _publish_counting_sent_bytes(state, monkeypatch) -> tuple[int, dict]:
             for msg in messages:
                 sent.append(msg.payload.numel())  # uint8: bytes
                 yield msg
+
         return original(pg, counted(), ranks, lost)
 
     monkeypatch.setattr(broadcast, "_send_all", counting)

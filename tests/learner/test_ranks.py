@@ -3,15 +3,22 @@
 
 import pytest
 import torch
-
 from learner_helpers import leader_follower_worker, save_random_qwen2, trajectories
 from rank_helpers import spawn_ranks
-from stare.config import build_config
-from learner.process.ranks import split_groups
 
-COMMON = ["rollout.prompts_per_step=3", "rollout.samples_per_prompt=4", "optim.micro_batch=12", "optim.lr=1e-3",
-          "optim.grad_clip=1000", "controller.target=10", "optim.logits_chunk_tokens=4",
-          "optim.max_tokens_per_micro_batch=24"]
+from learner.process.ranks import split_groups
+from stare.config import build_config
+
+COMMON = [
+    "rollout.prompts_per_step=3",
+    "rollout.samples_per_prompt=4",
+    "optim.micro_batch=12",
+    "optim.lr=1e-3",
+    "optim.grad_clip=1000",
+    "controller.target=10",
+    "optim.logits_chunk_tokens=4",
+    "optim.max_tokens_per_micro_batch=24",
+]
 COMPARED = ("loss", "entropy", "grad_norm", "clip_fraction", "omega_sum", "train_tokens", "w", "gate")
 
 

@@ -16,10 +16,10 @@ import random
 
 import pytest
 import torch
-
 from algo_helpers import loss_and_grad, random_step
-from stare.config.algo import ControllerConfig, StareLossConfig
+
 from learner.algorithm.entropy_controller import EntropyController
+from stare.config.algo import ControllerConfig, StareLossConfig
 
 D = torch.float64
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -73,13 +73,19 @@ def test_weights_loss_and_gradients_equal_the_reference_on_random_micro_batches(
         s = random_step(seed, rows=8, length=12, tie_decimals=None)
         top = (0.05, 0.1, 0.25, 0.5)[seed % 4]
         w, m = 1.0 + 0.1 * (seed % 7), 1.0 - 0.1 * (seed % 5)
-        cfg = StareLossConfig(top_fraction=top, variant=variant, agg_mode=mode, dual_clip_c=3.0,
-                              norm_length=12 if mode == "seq-mean-token-sum-norm" else None)
+        cfg = StareLossConfig(
+            top_fraction=top,
+            variant=variant,
+            agg_mode=mode,
+            dual_clip_c=3.0,
+            norm_length=12 if mode == "seq-mean-token-sum-norm" else None,
+        )
         loss, grad, _ = loss_and_grad(s, cfg, gate=float(gate), w=w, m=m)
         weights = _reference_weights(s["old"], s["adv"], s["mask"], top=top, variant=variant, gate=gate, w=w, m=m)
         logp = s["logp"].clone().requires_grad_(True)
-        ref = _reference_loss(logp, s["old"], s["adv"], s["mask"], weights, eps_low=cfg.eps_low,
-                              eps_high=cfg.eps_high, c=3.0, mode=mode)
+        ref = _reference_loss(
+            logp, s["old"], s["adv"], s["mask"], weights, eps_low=cfg.eps_low, eps_high=cfg.eps_high, c=3.0, mode=mode
+        )
         if mode == "seq-mean-token-sum-norm":  # the reference: sum / L; here sum / (sequences x L) (documented)
             ref = ref / int(s["mask"].any(-1).sum())
         ref.backward()
@@ -118,8 +124,12 @@ def test_controller_sequences_equal_the_reference_in_its_order(seed):
     ref = _ReferenceController(**args)
     ours = EntropyController(ControllerConfig(**args))  # defaults: order reference, sign, no band, no EMA
     first = rng.uniform(0.0, 0.6)  # a finite first entropy: before it the two start gates differ (documented)
-    entropies = [first] + [rng.choice([rng.uniform(0.0, 0.6), target, float("nan"), float("inf")])
-                           if rng.random() < 0.15 else rng.uniform(0.0, 0.6) for _ in range(200)]
+    entropies = [first] + [
+        rng.choice([rng.uniform(0.0, 0.6), target, float("nan"), float("inf")])
+        if rng.random() < 0.15
+        else rng.uniform(0.0, 0.6)
+        for _ in range(200)
+    ]
     for k, h in enumerate(entropies):
         ref.update(h)
         gate = ours.begin_step(h, h)

@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from learner_helpers import save_random_qwen2, trajectories
-from stare.config.algo import GrpoLossConfig, RolloutCorrectionConfig
-from stare.config import ConfigError, build_config
+
 from learner.algorithm.rollout_correction import METRIC_SUMS, correction_metrics, rollout_correction
+from stare.config import ConfigError, build_config
+from stare.config.algo import GrpoLossConfig, RolloutCorrectionConfig
 
 D = torch.float64
 # rho = pi_learner / pi_rollout per token; row 1's last token is not a loss token (its rho 4 is ignored)
@@ -43,7 +43,9 @@ def test_sequence_tis_weights_every_token_by_the_capped_product():
     torch.testing.assert_close(corr.weight[MASK], torch.tensor([1.0, 1.0, 1.0, 1.5, 1.5], dtype=D), rtol=0, atol=1e-12)
     assert _sums(corr)["truncated_tokens"] == 0
     capped = _run(is_level="sequence", is_cap=1.2)
-    torch.testing.assert_close(capped.weight[MASK], torch.tensor([1.0, 1.0, 1.0, 1.2, 1.2], dtype=D), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        capped.weight[MASK], torch.tensor([1.0, 1.0, 1.0, 1.2, 1.2], dtype=D), rtol=0, atol=1e-12
+    )
     assert _sums(capped)["truncated_tokens"] == 2  # both tokens of row 1
 
 
@@ -76,7 +78,9 @@ def test_mask_and_truncation_compose():
     assert torch.equal(corr.keep, torch.tensor([[True, False, True], [True, True, False]]))
     m = correction_metrics(corr.sums.tolist())
     assert m["rollout_is_weight_mean"] == pytest.approx((1.8 + 1.0 + 1.5 + 1.0) / 4, abs=1e-12)  # the kept tokens
-    assert m["rollout_masked_fraction"] == pytest.approx(1 / 5) and m["rollout_truncated_fraction"] == pytest.approx(1 / 5)
+    assert m["rollout_masked_fraction"] == pytest.approx(1 / 5) and m["rollout_truncated_fraction"] == pytest.approx(
+        1 / 5
+    )
 
 
 def test_mismatch_kls_k1_and_k3():
@@ -98,13 +102,19 @@ def test_legacy_tis_cap_reads_as_token_tis_with_a_warning():
         cfg = GrpoLossConfig(tis_cap=1.5)
     assert cfg.rollout_correction == RolloutCorrectionConfig(is_level="token", is_cap=1.5)
     with pytest.warns(FutureWarning):
-        assert build_config({"loss": {"name": "stare", "tis_cap": 2.0}}, algo="grpo").loss.rollout_correction.is_cap == 2.0
+        assert (
+            build_config({"loss": {"name": "stare", "tis_cap": 2.0}}, algo="grpo").loss.rollout_correction.is_cap == 2.0
+        )
     with pytest.raises(ConfigError, match="tis_cap"):
         build_config({"loss": {"tis_cap": 2.0, "rollout_correction": {"is_level": "sequence"}}})
     with pytest.raises(ConfigError, match="rollout_correction"):
         build_config({"system": {"stale_policy": "importance"}})
-    assert build_config({"system": {"stale_policy": "importance"},
-                         "loss": {"rollout_correction": {"mask_level": "geometric", "mask_high": 1.01}}})
+    assert build_config(
+        {
+            "system": {"stale_policy": "importance"},
+            "loss": {"rollout_correction": {"mask_level": "geometric", "mask_high": 1.01}},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +133,7 @@ def _learner_logprobs(model_dir, trajs):
             ids = torch.tensor(np.concatenate([t.prompt_token_ids, t.response_token_ids]), dtype=torch.long)[None]
             logp = torch.log_softmax(model(ids).logits[0].double(), -1)
             p = len(t.prompt_token_ids)
-            out.append(logp[p - 1: -1].gather(-1, ids[0, p:, None]).squeeze(-1))
+            out.append(logp[p - 1 : -1].gather(-1, ids[0, p:, None]).squeeze(-1))
     return out
 
 
@@ -139,9 +149,21 @@ def test_the_learner_step_masks_and_reports_the_mismatch(model_dir):
     loss_tokens = [np.flatnonzero(t.loss_mask) for t in trajs]
     n = sum(len(k) for k in loss_tokens)
     n_off = sum(int((k % 3 == 0).sum()) for k in loss_tokens)
-    learner = Learner(build_config({}, overrides=[
-        "rollout.prompts_per_step=3", "rollout.samples_per_prompt=4", "optim.micro_batch=12", "loss.name=grpo",
-        "loss.rollout_correction.mask_level=token", "loss.rollout_correction.mask_high=1.2"]), model_dir, pad_id=0)
+    learner = Learner(
+        build_config(
+            {},
+            overrides=[
+                "rollout.prompts_per_step=3",
+                "rollout.samples_per_prompt=4",
+                "optim.micro_batch=12",
+                "loss.name=grpo",
+                "loss.rollout_correction.mask_level=token",
+                "loss.rollout_correction.mask_high=1.2",
+            ],
+        ),
+        model_dir,
+        pad_id=0,
+    )
     m = learner.train_step(trajs)
     assert m["rollout_masked_fraction"] == pytest.approx(n_off / n, abs=1e-9)
     assert m["train_tokens"] == n - n_off  # the masked tokens leave the loss and its token count

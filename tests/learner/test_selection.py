@@ -1,10 +1,10 @@
 import pytest
 import torch
-
 from algo_helpers import random_step, step_tokens
-from stare.config.algo import StareLossConfig
+
 from learner.algorithm.selection import hash_uniform, in_topk, topk_count, topk_threshold
 from learner.algorithm.step_plan import plan_step
+from stare.config.algo import StareLossConfig
 
 
 @pytest.mark.parametrize(
@@ -46,7 +46,9 @@ def test_empty_subset_selects_nothing():
 
 
 def test_empty_step_selects_nothing():
-    thr = topk_threshold(torch.empty(0), torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.bool), torch.tensor(0))
+    thr = topk_threshold(
+        torch.empty(0), torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.bool), torch.tensor(0)
+    )
     assert torch.isinf(thr.key) and int(thr.uid) == -1
 
 
@@ -76,8 +78,12 @@ def test_selection_is_the_same_whatever_the_row_order_of_the_gathered_step():
     shuffled = type(tokens)(*(getattr(tokens, f)[perm] for f in tokens.__dataclass_fields__))
     a = plan_step(tokens, cfg, gate=1.0, w=1.1, m=0.9)
     b = plan_step(shuffled, cfg, gate=1.0, w=1.1, m=0.9)
-    assert torch.equal(a.pos_threshold.key, b.pos_threshold.key) and torch.equal(a.pos_threshold.uid, b.pos_threshold.uid)
-    assert torch.equal(a.neg_threshold.key, b.neg_threshold.key) and torch.equal(a.neg_threshold.uid, b.neg_threshold.uid)
+    assert torch.equal(a.pos_threshold.key, b.pos_threshold.key) and torch.equal(
+        a.pos_threshold.uid, b.pos_threshold.uid
+    )
+    assert torch.equal(a.neg_threshold.key, b.neg_threshold.key) and torch.equal(
+        a.neg_threshold.uid, b.neg_threshold.uid
+    )
 
 
 def test_hash_uniform_matches_reference_splitmix64():

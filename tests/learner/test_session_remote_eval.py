@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from stare.config import build_config
 from stare.app.launch.embedded import EmbeddedRun
+from stare.config import build_config
 
 pytestmark = pytest.mark.slow
 
@@ -25,12 +25,15 @@ class RecordingRemoteEvaluator:
 
     def __call__(self, version, weights, final=False):
         trained = self.run_dir / "trained.jsonl"
-        self.calls.append({
-            "version": version,
-            "checkpoints": sorted(p.name for p in (self.run_dir / "checkpoints").glob("step_*")),
-            "trained_steps": [json.loads(line)["step"] for line in trained.read_text().splitlines()]
-            if trained.exists() else [],
-        })
+        self.calls.append(
+            {
+                "version": version,
+                "checkpoints": sorted(p.name for p in (self.run_dir / "checkpoints").glob("step_*")),
+                "trained_steps": [json.loads(line)["step"] for line in trained.read_text().splitlines()]
+                if trained.exists()
+                else [],
+            }
+        )
         return {"greedy_accuracy": 0.25, "pass_at_k": 0.5, "avg_at_k": 0.375, "k": 2}
 
 

@@ -2,12 +2,12 @@ import math
 
 import pytest
 import torch
-
 from algo_helpers import context, loss_and_grad, random_step, step_tokens, uids_for
-from stare.config.algo import GrpoLossConfig, StareLossConfig
+
 from learner.algorithm.losses import LossInputs, policy_loss
 from learner.algorithm.rollout_correction import rollout_correction
 from learner.algorithm.step_plan import plan_step
+from stare.config.algo import GrpoLossConfig, StareLossConfig
 
 D = torch.float64
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -130,7 +130,9 @@ def test_loss_path_has_no_host_sync_on_meta_tensors():
     meta_ctx = context(
         ctx,
         norm=type(ctx.norm)(to_meta(ctx.norm.num_tokens), to_meta(ctx.norm.num_seqs), ctx.norm.norm_length),
-        gate=to_meta(ctx.gate), w=to_meta(ctx.w), m=to_meta(ctx.m),
+        gate=to_meta(ctx.gate),
+        w=to_meta(ctx.w),
+        m=to_meta(ctx.m),
         pos_threshold=type(ctx.pos_threshold)(*map(to_meta, ctx.pos_threshold)),
         neg_threshold=type(ctx.neg_threshold)(*map(to_meta, ctx.neg_threshold)),
     )

@@ -13,31 +13,41 @@ import pytest
 import torch
 from redis_fixtures import have_redis_server, redis_server
 
-from stare.config import build_config
 from learner.loop.stream_evaluator import StreamEvaluator
 from reward.worker import RewardWorker
 from rollout.evaluation import EvalSampler
 from rollout.stack import StackEvaluator, build_rollout_stack
 from rollout.worker import RolloutWorker
-from stare.evaluation.streams import connect_eval_streams
-from stare.evaluation.streams import RedisEvalIndex
+from stare.config import build_config
+from stare.evaluation.streams import RedisEvalIndex, connect_eval_streams
 from stare.transport.redis_client import connect_client
 from stare.weight_sync.in_memory import MemoryWeightBoard
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="needs redis-server on PATH")]
 
-COMPARED = ("greedy_accuracy", "pass_at_k", "avg_at_k", "k", "problems", "per_level", "per_source",
-            "pass_at_k_per_source", "avg_at_k_per_source")
+COMPARED = (
+    "greedy_accuracy",
+    "pass_at_k",
+    "avg_at_k",
+    "k",
+    "problems",
+    "per_level",
+    "per_source",
+    "pass_at_k_per_source",
+    "avg_at_k_per_source",
+)
 
 
 def _config(model_dir, tmp_path):
-    return build_config({
-        "run": {"name": "ev", "output_dir": str(tmp_path / "runs"), "threads": 1},
-        "model": {"path": str(model_dir)},
-        "task": {"eval_problems": 6, "eval_k": 2, "eval_sources": {"stare/arithmetic": {"n": 3, "top_p": 0.9}}},
-        "rollout": {"max_new_tokens": 12},
-        "system": {"rollout_batch_prompts": 2},  # other batches than the in-process evaluator's single call
-    })
+    return build_config(
+        {
+            "run": {"name": "ev", "output_dir": str(tmp_path / "runs"), "threads": 1},
+            "model": {"path": str(model_dir)},
+            "task": {"eval_problems": 6, "eval_k": 2, "eval_sources": {"stare/arithmetic": {"n": 3, "top_p": 0.9}}},
+            "rollout": {"max_new_tokens": 12},
+            "system": {"rollout_batch_prompts": 2},  # other batches than the in-process evaluator's single call
+        }
+    )
 
 
 class ParityScored:
@@ -67,8 +77,10 @@ def _stack(cfg):
 def _version_1(stack) -> dict[str, torch.Tensor]:
     """Weights other than the model file's: what the learner would publish after a step."""
     gen = torch.Generator().manual_seed(1)
-    return {k: v + 0.02 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
-            for k, v in stack.engine.model.state_dict().items()}
+    return {
+        k: v + 0.02 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
+        for k, v in stack.engine.model.state_dict().items()
+    }
 
 
 class Workers:
@@ -94,9 +106,19 @@ class Workers:
     def _rollout(self):
         client = connect_client(self.url)
         evals, s = connect_eval_streams(self.cfg, client), self.stack.setup
-        worker = RolloutWorker(self.stack.engine, s.tokenizer, evals.tasks, evals.raw, self.board, name="rollout-0",
-                               max_new_tokens=12, temperature=1.0, top_p=1.0, stop_token_ids=s.stop_ids,
-                               should_stop=self.stop.is_set)
+        worker = RolloutWorker(
+            self.stack.engine,
+            s.tokenizer,
+            evals.tasks,
+            evals.raw,
+            self.board,
+            name="rollout-0",
+            max_new_tokens=12,
+            temperature=1.0,
+            top_p=1.0,
+            stop_token_ids=s.stop_ids,
+            should_stop=self.stop.is_set,
+        )
         sampler = EvalSampler(worker, evals.tasks, evals.raw, is_open=RedisEvalIndex(client, "ev").is_open)
         while not self.stop.is_set():
             sampler.run_once(2, block_s=0.2)
@@ -105,8 +127,9 @@ class Workers:
     def _reward(self):
         client = connect_client(self.url)
         evals = connect_eval_streams(self.cfg, client)
-        worker = RewardWorker(self.stack.setup.task, evals.raw, evals.scored, name="reward-0",
-                              reward_config=None)  # the task's own verifier: ParityScored
+        worker = RewardWorker(
+            self.stack.setup.task, evals.raw, evals.scored, name="reward-0", reward_config=None
+        )  # the task's own verifier: ParityScored
         while not self.stop.is_set():
             worker.run_once(64, block_s=0.2)
         client.close()
@@ -114,8 +137,14 @@ class Workers:
 
 def _evaluator(cfg, url: str, stack, **kw) -> StreamEvaluator:
     client = connect_client(url)
-    return StreamEvaluator(cfg, stack.setup.task, stack.setup.tokenizer, connect_eval_streams(cfg, client),
-                           RedisEvalIndex(client, cfg.run.name), **kw)
+    return StreamEvaluator(
+        cfg,
+        stack.setup.task,
+        stack.setup.tokenizer,
+        connect_eval_streams(cfg, client),
+        RedisEvalIndex(client, cfg.run.name),
+        **kw,
+    )
 
 
 def test_stream_evaluation_equals_the_in_process_one_for_the_same_weights(tiny_model_dir, tmp_path):
@@ -139,7 +168,7 @@ def test_stream_evaluation_equals_the_in_process_one_for_the_same_weights(tiny_m
 def test_a_restarted_learner_collects_its_published_evaluation_once(tiny_model_dir, tmp_path):
     cfg = _config(tiny_model_dir, tmp_path)
     local = _stack(cfg)
-    expected = StackEvaluator(local, cfg)(0, lambda: {})
+    expected = StackEvaluator(local, cfg)(0, dict)
     board = MemoryWeightBoard()
     with redis_server(tmp_path / "redis") as server:
         dead = _evaluator(cfg, server.url, local)
@@ -174,12 +203,14 @@ def test_a_wait_for_samples_nobody_produces_ends_at_the_timeout_and_says_what_is
     assert any("24 of 24 samples missing" in s and "tasks 12 not sampled" in s for s in said), said
 
 
-def test_samples_dead_lettered_on_the_way_count_as_incorrect_with_their_reason_and_nothing_waits(tiny_model_dir,
-                                                                                                 tmp_path):
+def test_samples_dead_lettered_on_the_way_count_as_incorrect_with_their_reason_and_nothing_waits(
+    tiny_model_dir, tmp_path
+):
     # 128 positions - 121 new tokens leave room for 7-token prompts: the rollout worker parks the
     # longer held-out prompts (4 to 9 tokens here) in the eval_prompts dead-letter stream
-    cfg = build_config({**_config(tiny_model_dir, tmp_path).model_dump(mode="json"),
-                        "rollout": {"max_new_tokens": 121}})
+    cfg = build_config(
+        {**_config(tiny_model_dir, tmp_path).model_dump(mode="json"), "rollout": {"max_new_tokens": 121}}
+    )
     local = _stack(cfg)
     board = MemoryWeightBoard()
     with redis_server(tmp_path / "redis") as server, Workers(cfg, server.url, board):

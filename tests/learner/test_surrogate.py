@@ -11,8 +11,12 @@ D = torch.float64
 def _surrogate(ratio: float, adv: float, dual_clip_c=10.0):
     logp = torch.tensor([[math.log(ratio)]], dtype=D, requires_grad=True)
     loss, clipped = clipped_surrogate(
-        logp, torch.zeros(1, 1, dtype=D), torch.tensor([[adv]], dtype=D),
-        eps_low=0.2, eps_high=0.28, dual_clip_c=dual_clip_c,
+        logp,
+        torch.zeros(1, 1, dtype=D),
+        torch.tensor([[adv]], dtype=D),
+        eps_low=0.2,
+        eps_high=0.28,
+        dual_clip_c=dual_clip_c,
     )
     loss.sum().backward()
     return float(loss), float(logp.grad), bool(clipped)

@@ -7,17 +7,25 @@ import math
 
 import pytest
 import torch
-
 from learner_helpers import save_random_qwen2, trajectories
-from stare.config import ConfigError, build_config
+
+from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
 from learner.engine import deepspeed_engine as ds
 from learner.engine.collectives import all_reduce_sum, gather_step_tokens
 from learner.step.forward_passes import prepass, train_pass
-from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
 from learner.step.ppo_updates import mini_batch_rows
+from stare.config import ConfigError, build_config
 
-COMMON = ["rollout.prompts_per_step=4", "rollout.samples_per_prompt=4", "optim.micro_batch=5", "optim.lr=1e-3",
-          "optim.grad_clip=1000", "controller.target=10", "optim.zero_stage=0", "optim.logits_chunk_tokens=7"]
+COMMON = [
+    "rollout.prompts_per_step=4",
+    "rollout.samples_per_prompt=4",
+    "optim.micro_batch=5",
+    "optim.lr=1e-3",
+    "optim.grad_clip=1000",
+    "controller.target=10",
+    "optim.zero_stage=0",
+    "optim.logits_chunk_tokens=7",
+]
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +67,26 @@ def _before_mini_batches(learner, trajs):
     tokens = gather_step_tokens(StepTokens(old, ent0, batch.advantages, batch.token_uid, batch.mask))
     h_step = mean_entropy(tokens.entropy, tokens.mask, cfg.loss.agg_mode)
     gate = learner.controller.begin_step(float(h_step), float(h_step))
-    ctx = plan_step(tokens, cfg.loss, gate=float(gate), w=learner.controller.w, m=learner.controller.m,
-                    seed=cfg.run.seed * 1_000_003 + learner.step)
+    ctx = plan_step(
+        tokens,
+        cfg.loss,
+        gate=float(gate),
+        w=learner.controller.w,
+        m=learner.controller.m,
+        seed=cfg.run.seed * 1_000_003 + learner.step,
+    )
     sums, _ = train_pass(learner.policy, mbs, batch, old, ent0, dh, ctx, cfg.loss, h_step, learner._backward)
     totals = {k: float(all_reduce_sum(v)) for k, v in sums.items()}
     return totals, totals["clipped_tokens"] / float(ctx.norm.num_tokens), float(h_step)
 
 
-@pytest.mark.parametrize("loss", [["loss.name=stare", "loss.variant=C2", "loss.top_fraction=0.3"],
-                                  ["loss.name=clip-cov", "loss.clip_ratio=0.2", "loss.cov_lb=-10", "loss.cov_ub=10"]])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        ["loss.name=stare", "loss.variant=C2", "loss.top_fraction=0.3"],
+        ["loss.name=clip-cov", "loss.clip_ratio=0.2", "loss.cov_lb=-10", "loss.cov_ub=10"],
+    ],
+)
 def test_one_mini_batch_one_epoch_is_the_step_before_mini_batches(model_dir, loss):
     trajs = trajectories(0, groups=4)
     new, new_grads = _learner(model_dir, loss)
@@ -120,8 +139,11 @@ def test_four_mini_batches_move_the_ratio_and_clip_both_ways(model_dir):
 
 def test_with_four_mini_batches_kl_cov_clip_cov_and_grpo_are_different_updates(model_dir):
     trajs = trajectories(0, groups=4)
-    losses = {"grpo": ["loss.name=grpo"], "kl-cov": ["loss.name=kl-cov", "loss.kl_ratio=0.2"],
-              "clip-cov": ["loss.name=clip-cov", "loss.clip_ratio=0.2", "loss.cov_lb=-10", "loss.cov_ub=10"]}
+    losses = {
+        "grpo": ["loss.name=grpo"],
+        "kl-cov": ["loss.name=kl-cov", "loss.kl_ratio=0.2"],
+        "clip-cov": ["loss.name=clip-cov", "loss.clip_ratio=0.2", "loss.cov_lb=-10", "loss.cov_ub=10"],
+    }
     weights = {}
     for mini in (1, 4):
         for name, extra in losses.items():
@@ -137,8 +159,9 @@ def test_with_four_mini_batches_kl_cov_clip_cov_and_grpo_are_different_updates(m
 def test_stare_selects_the_top_fraction_of_each_update(model_dir):
     # P = 0.1 inside each update's A > 0 tokens: sum over updates of ceil(0.1 n_u), not ceil(0.1 n)
     trajs = trajectories(0, groups=4)
-    learner, _ = _learner(model_dir, ["optim.mini_batches=4", "optim.epochs=2", "loss.name=stare",
-                                      "loss.top_fraction=0.1"])
+    learner, _ = _learner(
+        model_dir, ["optim.mini_batches=4", "optim.epochs=2", "loss.name=stare", "loss.top_fraction=0.1"]
+    )
     m = learner.train_step(trajs)
     assert m["updates"] == 8 and m["epochs"] == 2
     adv_pos = []
@@ -164,8 +187,13 @@ def test_two_ranks_with_a_mini_batch_empty_on_one_rank_step_together(model_dir, 
     from learner_helpers import learner_rank_worker
     from rank_helpers import spawn_ranks
 
-    overrides = COMMON + ["rollout.prompts_per_step=3", "optim.mini_batches=2", "optim.zero_stage=1",
-                          "loss.name=stare", "loss.top_fraction=0.3"]
+    overrides = COMMON + [
+        "rollout.prompts_per_step=3",
+        "optim.mini_batches=2",
+        "optim.zero_stage=1",
+        "loss.name=stare",
+        "loss.top_fraction=0.3",
+    ]
     spawn_ranks(learner_rank_worker, 2, str(model_dir), str(tmp_path), overrides, timeout_s=300)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert results[0]["metrics"]["updates"] == 2

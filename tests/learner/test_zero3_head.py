@@ -4,13 +4,20 @@ same losses, gradients and weights as ZeRO-1 (one rank, gloo, CPU)."""
 
 import pytest
 import torch
-
 from learner_helpers import save_random_qwen2, trajectories
+
 from stare.config import build_config
 
 # chunk 4 with responses of up to 20 tokens: several chunks per micro-batch, differing between them
-OVERRIDES = ["rollout.prompts_per_step=3", "rollout.samples_per_prompt=4", "optim.micro_batch=4", "optim.lr=1e-3",
-             "optim.grad_clip=1000", "controller.target=10", "optim.logits_chunk_tokens=4"]
+OVERRIDES = [
+    "rollout.prompts_per_step=3",
+    "rollout.samples_per_prompt=4",
+    "optim.micro_batch=4",
+    "optim.lr=1e-3",
+    "optim.grad_clip=1000",
+    "controller.target=10",
+    "optim.logits_chunk_tokens=4",
+]
 COMPARED = ("loss", "entropy", "grad_norm", "clip_fraction", "train_tokens")
 
 
@@ -65,8 +72,9 @@ def test_zero3_gathers_the_head_once_per_micro_batch_and_every_forward_calls_the
 
     def eager_release(**kwargs):  # as a 7B model runs: no parameter persists, none is kept for reuse
         config = real_config(**kwargs)
-        config["zero_optimization"].update(stage3_param_persistence_threshold=0, stage3_max_reuse_distance=0,
-                                           stage3_prefetch_bucket_size=0)
+        config["zero_optimization"].update(
+            stage3_param_persistence_threshold=0, stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=0
+        )
         return config
 
     monkeypatch.setattr(ds, "deepspeed_config", eager_release)

@@ -1,19 +1,33 @@
 """Code verifier: programs against stdin/stdout and assert tests, in the real sandbox."""
 
-
 import pytest
 
-from reward.verifiers.code import (AssertTest, CodeConfig, CodeTests, IOTest, check_code, code_reward,
-                               extract_code, run_tests)
-from stare.sandbox import (InMemorySandbox, ProcessSandbox, SandboxConfig, SandboxResult,
-                                  probe)
+from reward.verifiers.code import (
+    AssertTest,
+    CodeConfig,
+    CodeTests,
+    IOTest,
+    check_code,
+    code_reward,
+    extract_code,
+    run_tests,
+)
+from stare.sandbox import InMemorySandbox, ProcessSandbox, SandboxConfig, SandboxResult, probe
 
-ADD_IO = CodeTests(io=(IOTest(stdin="2 3\n", expected_stdout="5\n"),
-                       IOTest(stdin="10 -4\n", expected_stdout="6"),
-                       IOTest(stdin="0 0\n", expected_stdout="0\n")))
-ADD_ASSERTS = CodeTests(asserts=(AssertTest(code="assert add(2, 3) == 5"),
-                                 AssertTest(code="assert add(-1, 1) == 0"),
-                                 AssertTest(code="assert add(0, 0) == 0")))
+ADD_IO = CodeTests(
+    io=(
+        IOTest(stdin="2 3\n", expected_stdout="5\n"),
+        IOTest(stdin="10 -4\n", expected_stdout="6"),
+        IOTest(stdin="0 0\n", expected_stdout="0\n"),
+    )
+)
+ADD_ASSERTS = CodeTests(
+    asserts=(
+        AssertTest(code="assert add(2, 3) == 5"),
+        AssertTest(code="assert add(-1, 1) == 0"),
+        AssertTest(code="assert add(0, 0) == 0"),
+    )
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +62,7 @@ def test_correct_function_passes_assert_tests(sandbox):
 
 def test_all_mode_runs_assert_tests_together(sandbox):
     config = CodeConfig(mode="all")
-    assert code_reward(_fenced("def add(a, b):\n    return a + b"), ADD_ASSERTS, sandbox,
-                       config) == 1.0
+    assert code_reward(_fenced("def add(a, b):\n    return a + b"), ADD_ASSERTS, sandbox, config) == 1.0
 
 
 def test_exiting_early_does_not_pass_assert_tests(sandbox):
@@ -64,10 +77,8 @@ def test_main_block_of_the_program_does_not_run_under_assert_tests(sandbox):
 
 def test_program_that_hangs_fails_its_test_not_the_verifier(sandbox):
     tests = CodeTests(io=(IOTest(stdin="", expected_stdout="1"),))
-    config = CodeConfig(sandbox=SandboxConfig(isolation=sandbox.config.isolation, cpu_s=1,
-                                              wall_s=1.0))
-    check = check_code(_fenced("import time\ntime.sleep(60)"), tests,
-                       ProcessSandbox(config.sandbox), config)
+    config = CodeConfig(sandbox=SandboxConfig(isolation=sandbox.config.isolation, cpu_s=1, wall_s=1.0))
+    check = check_code(_fenced("import time\ntime.sleep(60)"), tests, ProcessSandbox(config.sandbox), config)
     assert (check.score, check.failures) == (0.0, ("io[0]: timeout (wall_s)",))
 
 
@@ -77,8 +88,11 @@ def test_missing_code_block_scores_zero_with_a_reason():
 
 
 def test_sandbox_failure_is_reported_not_scored():
-    broken = InMemorySandbox(lambda code, stdin: SandboxResult(
-        status="sandbox_error", exit_code=None, detail="unshare: Operation not permitted"))
+    broken = InMemorySandbox(
+        lambda code, stdin: SandboxResult(
+            status="sandbox_error", exit_code=None, detail="unshare: Operation not permitted"
+        )
+    )
     check = run_tests("print(5)", ADD_IO, broken)
     assert check.sandbox_error == "unshare: Operation not permitted"
 

@@ -12,14 +12,18 @@ def test_well_formed_response_scores_one():
     assert format_reward(GOOD) == 1.0
 
 
-@pytest.mark.parametrize("response", [
-    "<think>reasoning</think>",                                   # answer missing
-    "<think>reasoning</think><answer>42",                         # answer not closed
-    "<answer>42</answer><think>reasoning</think>",                # wrong order
-    "<think>a</think><answer>1</answer><answer>2</answer>",       # answer twice
-    "<think>a <answer>1</answer></think>",                        # overlapping
-    "</answer>42<answer><think>a</think>",                        # closed before opened
-], ids=["missing", "unclosed", "order", "twice", "overlap", "reversed"])
+@pytest.mark.parametrize(
+    "response",
+    [
+        "<think>reasoning</think>",  # answer missing
+        "<think>reasoning</think><answer>42",  # answer not closed
+        "<answer>42</answer><think>reasoning</think>",  # wrong order
+        "<think>a</think><answer>1</answer><answer>2</answer>",  # answer twice
+        "<think>a <answer>1</answer></think>",  # overlapping
+        "</answer>42<answer><think>a</think>",  # closed before opened
+    ],
+    ids=["missing", "unclosed", "order", "twice", "overlap", "reversed"],
+)
 def test_malformed_response_scores_zero(response):
     assert format_reward(response) == 0.0
 

@@ -7,38 +7,46 @@ import pytest
 from stare.data.tasks.math_verify import MathConfig, VerifierTimeout, check_math, extract_answer, math_reward
 
 
-@pytest.mark.parametrize("response,gold", [
-    (r"So the answer is \boxed{\frac{1}{2}}.", "0.5"),
-    (r"\boxed{0.5}", r"\frac{1}{2}"),
-    (r"\boxed{\dfrac{1}{2}}", r"\frac12"),
-    (r"<answer>x=3</answer>", "3"),
-    ("Answer: 1,000", "1000"),
-    (r"\boxed{1{,}000}", "1000"),
-    (r"\boxed{[1,2)}", "[1,2)"),
-    (r"\boxed{(-\infty, 2]}", r"(-\infty,2]"),
-    (r"\boxed{\{2,1\}}", r"\{1,2\}"),
-    (r"\boxed{3, 2}", "2, 3"),
-    (r"Answer: $\frac{\sqrt{2}}{2}$", r"\frac{1}{\sqrt2}"),
-    (r"\boxed{50\%}", "0.5"),
-    (r"\boxed{12.0}", "12"),
-    (r"\boxed{x^2+2x+1}", "(x+1)^2"),
-    (r"\boxed{\text{(B)}}", "B"),
-    ("<answer>The answer is 5 apples</answer>", "5"),
-    (r"\boxed{2^{2^{3}}}", "256"),
-], ids=lambda v: v if len(v) < 30 else v[:30])
+@pytest.mark.parametrize(
+    "response,gold",
+    [
+        (r"So the answer is \boxed{\frac{1}{2}}.", "0.5"),
+        (r"\boxed{0.5}", r"\frac{1}{2}"),
+        (r"\boxed{\dfrac{1}{2}}", r"\frac12"),
+        (r"<answer>x=3</answer>", "3"),
+        ("Answer: 1,000", "1000"),
+        (r"\boxed{1{,}000}", "1000"),
+        (r"\boxed{[1,2)}", "[1,2)"),
+        (r"\boxed{(-\infty, 2]}", r"(-\infty,2]"),
+        (r"\boxed{\{2,1\}}", r"\{1,2\}"),
+        (r"\boxed{3, 2}", "2, 3"),
+        (r"Answer: $\frac{\sqrt{2}}{2}$", r"\frac{1}{\sqrt2}"),
+        (r"\boxed{50\%}", "0.5"),
+        (r"\boxed{12.0}", "12"),
+        (r"\boxed{x^2+2x+1}", "(x+1)^2"),
+        (r"\boxed{\text{(B)}}", "B"),
+        ("<answer>The answer is 5 apples</answer>", "5"),
+        (r"\boxed{2^{2^{3}}}", "256"),
+    ],
+    ids=lambda v: v if len(v) < 30 else v[:30],
+)
 def test_equivalent_answers_are_correct(response, gold):
     assert math_reward(response, gold) == 1.0
 
 
-@pytest.mark.parametrize("response,gold", [
-    (r"\boxed{-3}", "3"),                       # wrong sign
-    (r"\boxed{(1,2]}", "[1,2)"),                # other interval ends
-    (r"\boxed{1/3}", "0.333"),                  # rounded too early
-    (r"\boxed{y^2+2y+1}", "(x+1)^2"),           # other variable (strict mode)
-    (r"\boxed{\{1,2,3\}}", r"\{1,2\}"),         # extra element
-    (r"\boxed{100}", "1000"),
-    (r"\boxed{\frac{2}{1}}", r"\frac{1}{2}"),   # inverted
-], ids=lambda v: v if len(v) < 30 else v[:30])
+@pytest.mark.parametrize(
+    "response,gold",
+    [
+        (r"\boxed{-3}", "3"),  # wrong sign
+        (r"\boxed{(1,2]}", "[1,2)"),  # other interval ends
+        (r"\boxed{1/3}", "0.333"),  # rounded too early
+        (r"\boxed{y^2+2y+1}", "(x+1)^2"),  # other variable (strict mode)
+        (r"\boxed{\{1,2,3\}}", r"\{1,2\}"),  # extra element
+        (r"\boxed{100}", "1000"),
+        (r"\boxed{\frac{2}{1}}", r"\frac{1}{2}"),  # inverted
+    ],
+    ids=lambda v: v if len(v) < 30 else v[:30],
+)
 def test_different_answers_are_wrong(response, gold):
     assert math_reward(response, gold) == 0.0
 

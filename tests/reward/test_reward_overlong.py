@@ -9,14 +9,17 @@ from reward.verifiers.overlong import OverlongConfig, overlong_penalty
 CONFIG = OverlongConfig(max_length=100, cache_length=20)
 
 
-@pytest.mark.parametrize("length,expected", [
-    (0, 0.0),
-    (80, 0.0),        # exactly L_max - L_cache
-    (81, -0.05),      # (80 - 81) / 20
-    (90, -0.5),       # (80 - 90) / 20
-    (100, -1.0),      # exactly L_max
-    (101, -1.0),      # beyond L_max
-])
+@pytest.mark.parametrize(
+    "length,expected",
+    [
+        (0, 0.0),
+        (80, 0.0),  # exactly L_max - L_cache
+        (81, -0.05),  # (80 - 81) / 20
+        (90, -0.5),  # (80 - 90) / 20
+        (100, -1.0),  # exactly L_max
+        (101, -1.0),  # beyond L_max
+    ],
+)
 def test_penalty_follows_the_dapo_formula(length, expected):
     assert overlong_penalty(length, CONFIG) == pytest.approx(expected, abs=1e-12)
 

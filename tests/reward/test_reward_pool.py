@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from reward.verifiers.compose import RewardResult
 from reward.scoring_pool import ScoringPool, ScoringPoolConfig
+from reward.verifiers.compose import RewardResult
 
 
 def double(x: float) -> float:
@@ -97,7 +97,9 @@ def test_concurrent_items_beyond_the_worker_count_all_score():
     async def body(pool):
         return await asyncio.gather(*(pool.score(double, float(i)) for i in range(6)))
 
-    results = _run(body, )
+    results = _run(
+        body,
+    )
     assert [r.reward for r in results] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
 
 

@@ -6,8 +6,7 @@ import signal
 import pytest
 from pydantic import ValidationError
 
-from stare.sandbox import (InMemorySandbox, ProcessSandbox, SandboxConfig, SandboxResult,
-                           SandboxUnavailable, probe)
+from stare.sandbox import InMemorySandbox, ProcessSandbox, SandboxConfig, SandboxResult, SandboxUnavailable, probe
 from stare.sandbox.output import _limit_from_stderr
 
 
@@ -66,16 +65,25 @@ def test_check_passes_where_the_isolation_works():
 def test_no_staging_directory_is_left_behind(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     import tempfile
+
     monkeypatch.setattr(tempfile, "tempdir", None)
     _sandbox().run("open('x', 'w').write('y')")
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("field,value", [
-    ("cpu_s", 0), ("wall_s", -1.0), ("memory_mb", 8), ("max_processes", 0),
-    ("max_output_bytes", 10), ("readonly_paths", ("relative/path",)),
-    ("env", {"BAD NAME": "x"}), ("unknown_field", 1),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("cpu_s", 0),
+        ("wall_s", -1.0),
+        ("memory_mb", 8),
+        ("max_processes", 0),
+        ("max_output_bytes", 10),
+        ("readonly_paths", ("relative/path",)),
+        ("env", {"BAD NAME": "x"}),
+        ("unknown_field", 1),
+    ],
+)
 def test_out_of_bounds_config_is_rejected_naming_the_field(field, value):
     with pytest.raises(ValidationError, match=field):
         SandboxConfig(**{field: value})
@@ -87,24 +95,24 @@ def test_root_isolation_without_root_names_the_fix(monkeypatch):
         ProcessSandbox(SandboxConfig(isolation="namespaces"))
 
 
-@pytest.mark.parametrize("stderr,expected", [
-    ("Traceback...\nMemoryError\n", ("memory", "memory_mb")),
-    ("numpy.core._exceptions._ArrayMemoryError: Unable to allocate", ("memory", "memory_mb")),
-    ("BlockingIOError: [Errno 11] Resource temporarily unavailable", ("process_limit",
-                                                                     "max_processes")),
-    ("RuntimeError: can't start new thread", ("process_limit", "max_processes")),
-    ("OSError: [Errno 27] File too large", ("file_limit", "max_file_mb")),
-    ("ValueError: nope", ("error", None)),
-])
+@pytest.mark.parametrize(
+    "stderr,expected",
+    [
+        ("Traceback...\nMemoryError\n", ("memory", "memory_mb")),
+        ("numpy.core._exceptions._ArrayMemoryError: Unable to allocate", ("memory", "memory_mb")),
+        ("BlockingIOError: [Errno 11] Resource temporarily unavailable", ("process_limit", "max_processes")),
+        ("RuntimeError: can't start new thread", ("process_limit", "max_processes")),
+        ("OSError: [Errno 27] File too large", ("file_limit", "max_file_mb")),
+        ("ValueError: nope", ("error", None)),
+    ],
+)
 def test_failed_calls_are_attributed_to_their_limit(stderr, expected):
     assert _limit_from_stderr(stderr) == expected
 
 
 def test_in_memory_sandbox_answers_from_its_function():
-    fake = InMemorySandbox(lambda code, stdin: SandboxResult(status="ok", exit_code=0,
-                                                             stdout=code + stdin.decode()))
+    fake = InMemorySandbox(lambda code, stdin: SandboxResult(status="ok", exit_code=0, stdout=code + stdin.decode()))
     assert fake.run("a", stdin="b").stdout == "ab"
-
 
 
 def test_concurrent_runs_from_threads_each_get_their_own_output():
@@ -112,8 +120,7 @@ def test_concurrent_runs_from_threads_each_get_their_own_output():
 
     sandbox = _sandbox()
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda i: sandbox.run("print(input())", stdin=f"{i}\n"),
-                                range(4)))
+        results = list(pool.map(lambda i: sandbox.run("print(input())", stdin=f"{i}\n"), range(4)))
     assert [r.stdout for r in results] == ["0\n", "1\n", "2\n", "3\n"]
 
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from stare.sandbox import probe
 from reward.sandbox_cli import excerpt, main
+from stare.sandbox import probe
 
 
 @pytest.fixture
@@ -24,8 +24,7 @@ def test_ok_program_prints_an_ok_verdict(tmp_path, capsys, isolation):
     program.write_text("print('hi')")
     code = main(["run", str(program), "--isolation", isolation])
     verdict = json.loads(capsys.readouterr().out)
-    assert (code, verdict["status"], verdict["stdout"], verdict["limit_fired"]) == (
-        0, "ok", "hi\n", None)
+    assert (code, verdict["status"], verdict["stdout"], verdict["limit_fired"]) == (0, "ok", "hi\n", None)
 
 
 def test_cpu_hog_reports_the_limit_that_fired(tmp_path, capsys, isolation):
@@ -59,8 +58,12 @@ def test_invalid_limit_is_a_usage_error_naming_it(tmp_path, capsys):
 def test_module_entry_point_prints_the_verdict(tmp_path, isolation):
     program = tmp_path / "p.py"
     program.write_text("import sys\nsys.exit(4)")
-    proc = subprocess.run([sys.executable, "-m", "reward.sandbox_cli", "run", str(program),
-                           "--isolation", isolation], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "reward.sandbox_cli", "run", str(program), "--isolation", isolation],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     verdict = json.loads(proc.stdout)
     assert (proc.returncode, verdict["status"], verdict["exit_code"]) == (1, "error", 4)
 

@@ -30,8 +30,9 @@ def _sandbox(isolation: str, **limits) -> ProcessSandbox:
             pytest.fail(f"sandbox isolation {isolation!r} unavailable on CI: {reason}")
         pytest.skip(reason)
     # wall_s is generous: the machine is shared, and a loaded core must not flip a verdict.
-    defaults = dict(cpu_s=5, wall_s=10.0, memory_mb=256, max_processes=8,
-                    max_output_bytes=64 * 1024, max_file_mb=4, disk_mb=16)
+    defaults = dict(
+        cpu_s=5, wall_s=10.0, memory_mb=256, max_processes=8, max_output_bytes=64 * 1024, max_file_mb=4, disk_mb=16
+    )
     return ProcessSandbox(SandboxConfig(isolation=isolation, **{**defaults, **limits}))
 
 
@@ -56,14 +57,14 @@ def _uids_alive(first: int, count: int) -> list[int]:
                 status = Path(f"/proc/{entry}/status").read_text()
             except OSError:
                 continue
-            uid = int(next(line for line in status.splitlines() if line.startswith("Uid:"))
-                      .split()[1])
+            uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
             if first <= uid < first + count:
                 pids.append(int(entry))
     return pids
 
 
 # --- time ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("isolation", BOTH)
 def test_infinite_loop_is_stopped_by_the_cpu_limit(isolation):
@@ -83,6 +84,7 @@ def test_sleep_forever_is_stopped_by_the_wall_limit(isolation):
 
 # --- processes -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("isolation", BOTH)
 def test_fork_bomb_is_stopped_by_the_process_limit_and_leaves_nothing(isolation):
     base = 1_700_000  # a uid range of its own, so leftovers are attributable to this test
@@ -94,13 +96,15 @@ def test_fork_bomb_is_stopped_by_the_process_limit_and_leaves_nothing(isolation)
 
 @pytest.mark.parametrize("isolation", BOTH)
 def test_thread_bomb_hits_the_process_limit(isolation):
-    code = ("import threading\n"
-            "ev = threading.Event()\n"
-            "ts = [threading.Thread(target=ev.wait) for _ in range(100)]\n"
-            "try:\n"
-            "    [t.start() for t in ts]\n"
-            "finally:\n"
-            "    ev.set()\n")
+    code = (
+        "import threading\n"
+        "ev = threading.Event()\n"
+        "ts = [threading.Thread(target=ev.wait) for _ in range(100)]\n"
+        "try:\n"
+        "    [t.start() for t in ts]\n"
+        "finally:\n"
+        "    ev.set()\n"
+    )
     result = _sandbox(isolation, max_processes=8).run(code)
     assert (result.status, result.limit_fired) == ("process_limit", "max_processes")
 
@@ -149,11 +153,7 @@ for pid in (os.getppid(), {os.getpid()}):
 def test_kill_everything_reaches_no_host_process(isolation):
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        code = ("import os, signal\n"
-                "try:\n"
-                "    os.kill(-1, signal.SIGKILL)\n"
-                "except ProcessLookupError:\n"
-                "    pass\n")
+        code = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept ProcessLookupError:\n    pass\n"
         result = _sandbox(isolation).run(code)
         assert result.status == "ok"
         assert bystander.poll() is None
@@ -170,9 +170,11 @@ def test_host_processes_are_invisible():
 
 @pytest.mark.parametrize("isolation", BOTH)
 def test_creating_a_user_namespace_is_refused(isolation):
-    code = ("import ctypes, os\n"
-            "libc = ctypes.CDLL(None, use_errno=True)\n"
-            "print(libc.unshare(0x10000000), os.strerror(ctypes.get_errno()))\n")
+    code = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.unshare(0x10000000), os.strerror(ctypes.get_errno()))\n"
+    )
     result = _sandbox(isolation).run(code)
     assert result.stdout == "-1 Operation not permitted\n"
 
@@ -180,20 +182,27 @@ def test_creating_a_user_namespace_is_refused(isolation):
 @pytest.mark.parametrize("isolation", BOTH)
 def test_setuid_binaries_cannot_raise_privileges(isolation):
     # no_new_privs makes the kernel ignore setuid bits and file capabilities on exec.
-    code = ("flags = dict(line.split(':\\t') for line in open('/proc/self/status').read().splitlines()"
-            " if ':\\t' in line)\n"
-            "print(flags['NoNewPrivs'].strip(), flags['Seccomp'].strip())\n")
+    code = (
+        "flags = dict(line.split(':\\t') for line in open('/proc/self/status').read().splitlines()"
+        " if ':\\t' in line)\n"
+        "print(flags['NoNewPrivs'].strip(), flags['Seccomp'].strip())\n"
+    )
     result = _sandbox(isolation).run(code)
     assert result.stdout == "1 2\n"  # no_new_privs on; seccomp in filter mode
 
 
 # --- memory, output, files ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("isolation", BOTH)
-@pytest.mark.parametrize("code", [
-    "x = bytearray(1 << 30)\n",
-    "chunks = []\nwhile True:\n    chunks.append(' ' * 10**6)\n",
-], ids=["one-allocation", "growing-list"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "x = bytearray(1 << 30)\n",
+        "chunks = []\nwhile True:\n    chunks.append(' ' * 10**6)\n",
+    ],
+    ids=["one-allocation", "growing-list"],
+)
 def test_memory_bomb_is_stopped_by_the_memory_limit(isolation, code):
     result = _sandbox(isolation, memory_mb=256).run(code)
     assert (result.status, result.limit_fired) == ("memory", "memory_mb")
@@ -215,16 +224,14 @@ def test_big_file_is_stopped_by_the_file_size_limit(isolation):
 
 
 def test_many_files_fill_only_the_runs_own_tmpfs():
-    code = ("i = 0\n"
-            "while True:\n"
-            "    open(f'f{i}', 'wb').write(b'x' * (1 << 20))\n"
-            "    i += 1\n")
+    code = "i = 0\nwhile True:\n    open(f'f{i}', 'wb').write(b'x' * (1 << 20))\n    i += 1\n"
     result = _sandbox("namespaces", disk_mb=8, max_file_mb=4).run(code)
     assert (result.status, result.limit_fired) == ("file_limit", "max_file_mb")
     assert "No space left on device" in result.stderr
 
 
 # --- network -------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def listener():
@@ -296,9 +303,15 @@ def test_network_namespace_has_only_a_down_loopback():
 
 # --- host files and environment -----------------------------------------------------------------
 
-@pytest.mark.parametrize("isolation,mode", [
-    ("namespaces", 0o600), ("namespaces", 0o644), ("process", 0o600),
-])
+
+@pytest.mark.parametrize(
+    "isolation,mode",
+    [
+        ("namespaces", 0o600),
+        ("namespaces", 0o644),
+        ("process", 0o600),
+    ],
+)
 @pytest.mark.parametrize("where", ["tmp", "repo"])
 def test_host_secret_file_cannot_be_read(isolation, mode, where, tmp_path):
     secret = uuid.uuid4().hex
@@ -344,15 +357,21 @@ for entry in os.listdir("/proc"):
     assert "STARE_TEST_SECRET" not in result.stdout and secret not in result.stdout
 
 
-@pytest.mark.parametrize("isolation,target", [
-    ("namespaces", "{tmp}/escape"), ("process", "{tmp}/escape"),
-    ("namespaces", "{repo}/escape"), ("process", "{repo}/escape"),
-    ("namespaces", "/usr/escape"), ("process", "/usr/escape"),
-    ("namespaces", "/etc/escape"), ("process", "/etc/escape"),
-    ("namespaces", "/tmp/{name}"),  # the program's /tmp is its own ("process" shares the host's)
-])
-def test_writing_outside_the_work_directory_leaves_the_host_untouched(isolation, target,
-                                                                       tmp_path):
+@pytest.mark.parametrize(
+    "isolation,target",
+    [
+        ("namespaces", "{tmp}/escape"),
+        ("process", "{tmp}/escape"),
+        ("namespaces", "{repo}/escape"),
+        ("process", "{repo}/escape"),
+        ("namespaces", "/usr/escape"),
+        ("process", "/usr/escape"),
+        ("namespaces", "/etc/escape"),
+        ("process", "/etc/escape"),
+        ("namespaces", "/tmp/{name}"),  # the program's /tmp is its own ("process" shares the host's)
+    ],
+)
+def test_writing_outside_the_work_directory_leaves_the_host_untouched(isolation, target, tmp_path):
     name = f"stare-escape-{uuid.uuid4().hex}"
     path = Path(target.format(tmp=tmp_path, repo=REPO, name=name))
     if path.name == "escape":
@@ -401,8 +420,10 @@ def test_stopping_mid_run_kills_the_program(monkeypatch):
     signal.setitimer(signal.ITIMER_REAL, 0.6)
     try:
         with pytest.raises(Abandoned):
-            sandbox.run(f"import os, sys\nos.execv(sys.executable, [sys.executable, '-c', "
-                        f"'import time; time.sleep(60)', '{marker}'])\n")
+            sandbox.run(
+                f"import os, sys\nos.execv(sys.executable, [sys.executable, '-c', "
+                f"'import time; time.sleep(60)', '{marker}'])\n"
+            )
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)

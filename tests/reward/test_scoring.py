@@ -7,33 +7,45 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stare.config import build_config
-from stare.transport.records import Trajectory
 from reward.role import PoolScorer
 from reward.worker import score_trajectory
+from stare.config import build_config
 from stare.data.tasks.registry import build_task
+from stare.transport.records import Trajectory
 
-REWARD = {"components": [
-    {"kind": "math", "weight": 1.0},
-    # DAPO overlong shaping: no penalty up to 8 - 4 = 4 tokens, then a ramp to -0.5 at 8 tokens
-    {"kind": "overlong", "weight": 1.0, "config": {"max_length": 8, "cache_length": 4, "penalty_factor": 0.5}},
-]}
+REWARD = {
+    "components": [
+        {"kind": "math", "weight": 1.0},
+        # DAPO overlong shaping: no penalty up to 8 - 4 = 4 tokens, then a ramp to -0.5 at 8 tokens
+        {"kind": "overlong", "weight": 1.0, "config": {"max_length": 8, "cache_length": 4, "penalty_factor": 0.5}},
+    ]
+}
 
 
 def _trajectory(text: str, answer: str, n_tokens: int, i: int = 0) -> Trajectory:
     return Trajectory(
-        run_id="r", trajectory_id=f"g{i}:0", group_id=f"g{i}", group_size=2, weight_version=0,
+        run_id="r",
+        trajectory_id=f"g{i}:0",
+        group_id=f"g{i}",
+        group_size=2,
+        weight_version=0,
         prompt_token_ids=np.asarray([1, 2], dtype=np.int32),
         response_token_ids=np.arange(3, 3 + n_tokens, dtype=np.int32),
-        response_logprobs=np.full(n_tokens, -0.5, dtype=np.float32), loss_mask=np.ones(n_tokens, dtype=np.uint8),
-        finish_reason="stop", answer=answer, problem_id=f"p{i}", data_source="test", response_text=text, level=1,
+        response_logprobs=np.full(n_tokens, -0.5, dtype=np.float32),
+        loss_mask=np.ones(n_tokens, dtype=np.uint8),
+        finish_reason="stop",
+        answer=answer,
+        problem_id=f"p{i}",
+        data_source="test",
+        response_text=text,
+        level=1,
     )
 
 
 CASES = [  # (response, answer, tokens, expected reward by hand)
-    (r"so \boxed{12}", "12", 3, 1.0),          # right, short: 1 + 0
-    (r"so \boxed{12}", "12", 6, 1.0 - 0.25),   # right, 2 tokens into the 4-token ramp: 1 - 0.5 * 2/4
-    (r"so \boxed{13}", "12", 9, 0.0 - 0.5),    # wrong and past max_length: 0 - 0.5
+    (r"so \boxed{12}", "12", 3, 1.0),  # right, short: 1 + 0
+    (r"so \boxed{12}", "12", 6, 1.0 - 0.25),  # right, 2 tokens into the 4-token ramp: 1 - 0.5 * 2/4
+    (r"so \boxed{13}", "12", 9, 0.0 - 0.5),  # wrong and past max_length: 0 - 0.5
 ]
 
 
@@ -57,8 +69,9 @@ def test_a_reward_section_composes_its_verifiers(text, answer, tokens, expected)
 
 def test_the_process_pool_scores_exactly_as_the_in_process_worker():
     config = build_config({"reward": REWARD}).reward
-    in_process = [score_trajectory(build_task("arithmetic"), _trajectory(*c[:3], i=i), config)
-                  for i, c in enumerate(CASES)]
+    in_process = [
+        score_trajectory(build_task("arithmetic"), _trajectory(*c[:3], i=i), config) for i, c in enumerate(CASES)
+    ]
     pooled = [_trajectory(*c[:3], i=i) for i, c in enumerate(CASES)]
     scorer = PoolScorer("arithmetic", {}, workers=1, timeout_s=60.0, reward_config=config)
     try:
@@ -86,6 +99,8 @@ def test_a_code_component_is_refused_until_trajectories_carry_tests():
 def test_an_overlong_penalty_the_responses_can_never_reach_is_refused():
     from stare.config import ConfigError
 
-    never = {"components": [{"kind": "math"}, {"kind": "overlong", "config": {"max_length": 4096, "cache_length": 512}}]}
+    never = {
+        "components": [{"kind": "math"}, {"kind": "overlong", "config": {"max_length": 4096, "cache_length": 512}}]
+    }
     with pytest.raises(ConfigError, match="rollout.max_new_tokens"):
         build_config({"reward": never, "rollout": {"max_new_tokens": 1024}})

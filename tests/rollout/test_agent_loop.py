@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from stare.sandbox import InMemorySandbox, SandboxResult
 from rollout.agent_loop import AgentCompletion, ToolAgent, parse_tool_call, render_result
 from rollout.engines.base import Completion, SamplingParams
 from stare.models.tiny import build_tokenizer
+from stare.sandbox import InMemorySandbox, SandboxResult
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 R_OPEN, R_CLOSE = "<tool_response>", "</tool_response>"
@@ -76,7 +76,11 @@ def python_sandbox(code: str, stdin: bytes) -> SandboxResult:
         return SandboxResult(status="timeout", exit_code=None, limit_fired="cpu_s")
     if code == "print('x' * 500)":
         return SandboxResult(status="ok", exit_code=0, stdout="x" * 500 + "\n")
-    return SandboxResult(status="error", exit_code=1, stderr="Traceback (most recent call last):\nNameError: name 'oops' is not defined\n")
+    return SandboxResult(
+        status="error",
+        exit_code=1,
+        stderr="Traceback (most recent call last):\nNameError: name 'oops' is not defined\n",
+    )
 
 
 class CountingSandbox(InMemorySandbox):
@@ -137,8 +141,9 @@ def test_one_token_close_tag_is_a_stop_token_on_every_turn(tok):
 def test_multi_token_close_tag_is_cut_after_the_tag(tok):
     # "END" is three tokens here: no stop id, the turn is cut post hoc right after the tag.
     text = 'x <tool_call>{"name": "code_interpreter", "arguments": {"code": "print(2*3)"}}END trailing'
-    ag, engine, _ = agent(tok, {"Q:": [text], "Q:" + text[: text.index("END") + 3] + f"{R_OPEN}6{R_CLOSE}": ["#6"]},
-                          tool_call_close="END")
+    ag, engine, _ = agent(
+        tok, {"Q:": [text], "Q:" + text[: text.index("END") + 3] + f"{R_OPEN}6{R_CLOSE}": ["#6"]}, tool_call_close="END"
+    )
     [[c]] = ag.generate([encode(tok, "Q:")], params())
     assert engine.calls[0][1].stop_token_ids == ()
     assert tok.decode(c.token_ids) == text[: text.index("END") + 3] + f"{R_OPEN}6{R_CLOSE}#6<eos>"
@@ -207,8 +212,9 @@ def test_row_that_cannot_fit_another_turn_ends_with_length(tok):
 def test_malformed_call_gets_an_error_observation(tok, text, error):
     code, why = parse_tool_call(text)
     assert code is None and error in why
-    ag, engine, sandbox = agent(tok, {"Q:": [text], "Q:" + text + f"{R_OPEN}error: {why}{R_CLOSE}": ["#0"]},
-                                max_observation_tokens=500)
+    ag, engine, sandbox = agent(
+        tok, {"Q:": [text], "Q:" + text + f"{R_OPEN}error: {why}{R_CLOSE}": ["#0"]}, max_observation_tokens=500
+    )
     [[c]] = ag.generate([encode(tok, "Q:")], params())
     assert sandbox.codes == [] and c.turns == 2 and c.finish_reason == "stop"
     assert f"{R_OPEN}error: {why}{R_CLOSE}" in tok.decode(c.token_ids)
@@ -295,17 +301,26 @@ def test_real_tiny_model_with_the_process_sandbox(tmp_path):
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from stare.sandbox import ProcessSandbox, SandboxConfig, best_isolation
     from rollout.engines.hf_engine import HFEngine
     from stare.data.tasks.tool_arithmetic import ALPHABET, ToolArithmeticTask
+    from stare.sandbox import ProcessSandbox, SandboxConfig, best_isolation
 
     task = ToolArithmeticTask()
     tok = build_tokenizer([ALPHABET], whole_tokens=task.whole_tokens)
     path = tmp_path / "m"
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, intermediate_size=64, max_position_embeddings=256,
-                         tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(path)
     GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id).save_pretrained(path)

@@ -11,23 +11,29 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import torch
-
-from stare.runtime.net import free_port
-from rollout.engines.base import SamplingParams
-from stare.weight_sync.broadcast import BroadcastPublisher, BroadcastSubscriber
-
 from test_rollout_engines import (  # noqa: F401 (fixtures; pytest puts this folder on sys.path)
-    ATOL, LONG_PROMPT, PROMPTS, _close_vllm_engines, _make_engine, kind, model_dir, perturbed_state_dict,
+    ATOL,
+    LONG_PROMPT,
+    PROMPTS,
+    _close_vllm_engines,
+    _make_engine,
+    kind,
+    model_dir,
+    perturbed_state_dict,
     recompute_logprobs,
 )
+
+from rollout.engines.base import SamplingParams
+from stare.runtime.net import free_port
+from stare.weight_sync.broadcast import BroadcastPublisher, BroadcastSubscriber
 
 
 def test_weights_received_in_small_buckets_load_into_the_engine_and_give_the_new_policy(kind, model_dir):
     engine = _make_engine(kind, model_dir)
-    pub = BroadcastPublisher("127.0.0.1", free_port(), timeout_s=5.0, communicator="gloo",
-                             bucket_bytes=1024)  # the 16 KiB embedding spans 16 messages
+    pub = BroadcastPublisher(
+        "127.0.0.1", free_port(), timeout_s=5.0, communicator="gloo", bucket_bytes=1024
+    )  # the 16 KiB embedding spans 16 messages
     sub = BroadcastSubscriber("127.0.0.1", pub.store.port, "w0", timeout_s=5.0, poll_s=0.01)
     prompts = PROMPTS + [LONG_PROMPT]
     params = SamplingParams(n=1, max_new_tokens=12, temperature=0.0)
@@ -51,8 +57,12 @@ def test_weights_received_in_small_buckets_load_into_the_engine_and_give_the_new
         reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         reference.load_state_dict(sent, strict=False)
         for prompt, group in zip(prompts, after):
-            torch.testing.assert_close(torch.tensor(group[0].logprobs),
-                                       recompute_logprobs(reference, prompt, group[0].token_ids), atol=ATOL[kind], rtol=0)
+            torch.testing.assert_close(
+                torch.tensor(group[0].logprobs),
+                recompute_logprobs(reference, prompt, group[0].token_ids),
+                atol=ATOL[kind],
+                rtol=0,
+            )
         assert [g[0].token_ids for g in after] != [g[0].token_ids for g in before]
     finally:
         sub.close()

@@ -2,9 +2,9 @@
 
 import pytest
 
-from stare.config import build_config
-from rollout.evaluation import SourceSampling, eval_settings, evaluate
 from rollout.engines.base import Completion
+from rollout.evaluation import SourceSampling, eval_settings, evaluate
+from stare.config import build_config
 from stare.data.tasks.base import Problem
 from stare.models.tiny import build_tokenizer
 
@@ -29,17 +29,33 @@ class RecordingEngine:
         out = []
         for p in prompts:
             k = self.right[TOK.decode(p)] if params.temperature > 0 else 1
-            out.append([Completion(TOK.encode("1" if j < k else "0", add_special_tokens=False), [-1.0], "stop")
-                        for j in range(params.n)])
+            out.append(
+                [
+                    Completion(TOK.encode("1" if j < k else "0", add_special_tokens=False), [-1.0], "stop")
+                    for j in range(params.n)
+                ]
+            )
         return out
 
 
 def test_each_source_is_sampled_with_its_own_n_temperature_and_top_p():
-    problems = [Problem("aa", "1", "a1", 1, "aime24"), Problem("bb", "1", "b1", 1, "aime24"),
-                Problem("cc", "1", "c1", 1, "math500")]
+    problems = [
+        Problem("aa", "1", "a1", 1, "aime24"),
+        Problem("bb", "1", "b1", 1, "aime24"),
+        Problem("cc", "1", "c1", 1, "math500"),
+    ]
     engine = RecordingEngine({"aa": 8, "bb": 0, "cc": 1})
-    result = evaluate(engine, TOK, ExactTask(), problems, k=4, max_new_tokens=4, stop_token_ids=(), seed=0,
-                      per_source={"aime24": SourceSampling(32, 1.0, 0.7)})
+    result = evaluate(
+        engine,
+        TOK,
+        ExactTask(),
+        problems,
+        k=4,
+        max_new_tokens=4,
+        stop_token_ids=(),
+        seed=0,
+        per_source={"aime24": SourceSampling(32, 1.0, 0.7)},
+    )
     sampled = [(prompts, (p.n, p.temperature, p.top_p)) for prompts, p in engine.calls if p.temperature > 0]
     assert sampled == [(["aa", "bb"], (32, 1.0, 0.7)), (["cc"], (4, 1.0, 1.0))]
     aime = result["per_source"]["aime24"]
@@ -49,8 +65,9 @@ def test_each_source_is_sampled_with_its_own_n_temperature_and_top_p():
 
 
 def test_eval_settings_come_from_the_task_section():
-    cfg = build_config({}, overrides=["task.eval_k=2", "task.eval_top_p=0.9",
-                                      "task.eval_sources={aime24: {n: 32, top_p: 0.7}}"])
+    cfg = build_config(
+        {}, overrides=["task.eval_k=2", "task.eval_top_p=0.9", "task.eval_sources={aime24: {n: 32, top_p: 0.7}}"]
+    )
     s = eval_settings(cfg)
     assert (s["k"], s["top_p"], s["per_source"]) == (2, 0.9, {"aime24": SourceSampling(32, 1.0, 0.7)})
 
@@ -58,8 +75,17 @@ def test_eval_settings_come_from_the_task_section():
 def test_each_problem_reports_its_samples_and_correct_ones_for_pass_at_k():
     problems = [Problem("aa", "1", "a1", 1, "x"), Problem("bb", "1", "b1", 1, "x"), Problem("cc", "1", "c1", 1, "y")]
     engine = RecordingEngine({"aa": 3, "bb": 0, "cc": 1})
-    result = evaluate(engine, TOK, ExactTask(), problems, k=4, max_new_tokens=4, stop_token_ids=(), seed=0,
-                      per_source={"y": SourceSampling(2, 1.0, 1.0)})
+    result = evaluate(
+        engine,
+        TOK,
+        ExactTask(),
+        problems,
+        k=4,
+        max_new_tokens=4,
+        stop_token_ids=(),
+        seed=0,
+        per_source={"y": SourceSampling(2, 1.0, 1.0)},
+    )
     assert result["correct_counts"] == [[4, 3], [4, 0], [2, 1]]
 
 

@@ -63,9 +63,18 @@ def build_tiny_model(path: Path, *, tie_word_embeddings: bool, seed: int = 0) ->
 
     # head_dim = 64 / 2 = 32: vLLM's CPU attention supports head sizes 32, 64, 80, ... (not 16).
     config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-        intermediate_size=128, max_position_embeddings=256, tie_word_embeddings=tie_word_embeddings,
-        initializer_range=0.1, eos_token_id=EOS, pad_token_id=PAD, bos_token_id=None,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie_word_embeddings,
+        initializer_range=0.1,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        bos_token_id=None,
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).float()
@@ -399,16 +408,23 @@ def test_sampling_params_validation():
         SamplingParams(n=0, max_new_tokens=4)
 
 
-VLLM_SECTION = {"name": "vllm", "tensor_parallel_size": 1, "max_num_seqs": 7, "max_num_batched_tokens": 512,
-                "enable_prefix_caching": False, "max_model_len": 256, "enforce_eager": True,
-                "gpu_memory_utilization": 0.3}
+VLLM_SECTION = {
+    "name": "vllm",
+    "tensor_parallel_size": 1,
+    "max_num_seqs": 7,
+    "max_num_batched_tokens": 512,
+    "enable_prefix_caching": False,
+    "max_model_len": 256,
+    "enforce_eager": True,
+    "gpu_memory_utilization": 0.3,
+}
 
 
 def test_the_vllm_section_becomes_the_engine_arguments_without_importing_vllm(model_dir):
-    from stare.config import build_config
     from rollout.engines.registry import VLLMEngineConfig
-    from rollout.stack import engine_config
     from rollout.engines.vllm_args import engine_args
+    from rollout.stack import engine_config
+    from stare.config import build_config
 
     cfg = build_config({"model": {"path": str(model_dir)}, "rollout": {"engine": VLLM_SECTION}})
     config = VLLMEngineConfig.model_validate(engine_config(cfg, model_dir))
@@ -417,18 +433,19 @@ def test_the_vllm_section_becomes_the_engine_arguments_without_importing_vllm(mo
     assert "max_num_batched_tokens" not in engine_args(build_config({"rollout": {"engine": "vllm"}}).rollout.engine)
 
 
-@pytest.mark.parametrize("value,cuda,expected", [(None, False, True), (None, True, False),
-                                                  (True, True, True), (False, False, False)])
+@pytest.mark.parametrize(
+    "value,cuda,expected", [(None, False, True), (None, True, False), (True, True, True), (False, False, False)]
+)
 def test_enforce_eager_auto_means_cuda_graphs_where_cuda_is_present_and_explicit_values_stay(value, cuda, expected):
-    from stare.config import VllmEngineSection
     from rollout.engines.vllm_args import engine_args
+    from stare.config import VllmEngineSection
 
     assert engine_args(VllmEngineSection(enforce_eager=value), cuda_available=cuda)["enforce_eager"] is expected
 
 
 def test_enforce_eager_defaults_to_eager_on_this_cpu_machine():
-    from stare.config import VllmEngineSection
     from rollout.engines.vllm_args import engine_args
+    from stare.config import VllmEngineSection
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine: the CPU resolution is checked where there is none")
@@ -436,12 +453,19 @@ def test_enforce_eager_defaults_to_eager_on_this_cpu_machine():
     assert engine_args(VllmEngineSection())["enforce_eager"] is True
 
 
-@pytest.mark.parametrize("config", ["paper/short-cot-qwen2.5-math-7b-stare.yaml", "paper/short-cot-qwen2.5-math-7b-grpo-ds.yaml",
-                                    "paper/long-cot-r1-distill-qwen-7b-stare.yaml",
-                                    "paper/tool-use-qwen2.5-7b-instruct-stare.yaml", "gpu-node.yaml"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        "paper/short-cot-qwen2.5-math-7b-stare.yaml",
+        "paper/short-cot-qwen2.5-math-7b-grpo-ds.yaml",
+        "paper/long-cot-r1-distill-qwen-7b-stare.yaml",
+        "paper/tool-use-qwen2.5-7b-instruct-stare.yaml",
+        "gpu-node.yaml",
+    ],
+)
 def test_the_gpu_configs_decode_with_cuda_graphs_where_cuda_is_present(config):
-    from stare.config import load_config
     from rollout.engines.vllm_args import engine_args
+    from stare.config import load_config
 
     cfg = load_config(Path(__file__).parents[2] / "configs" / config)
     assert cfg.rollout.engine.name == "vllm"
@@ -453,21 +477,43 @@ def test_the_streaming_worker_publishes_what_the_batch_worker_publishes(kind, mo
     loop (every prompt in the engine at once, refilled as groups end) sample the same trajectories."""
     from transformers import AutoTokenizer
 
-    from stare.transport.records import PromptTask
     from rollout.streaming import StreamingLoop
     from rollout.worker import RolloutWorker
     from stare.transport.in_memory import MemoryTransport
+    from stare.transport.records import PromptTask
     from stare.weight_sync.in_memory import MemoryWeightBoard
 
     engine, tokenizer = _make_engine(kind, model_dir), AutoTokenizer.from_pretrained(model_dir)
-    tasks = [PromptTask(run_id="r", group_id=f"g{i}", prompt="", prompt_token_ids=p, answer="", problem_id=str(i),
-                        data_source="d", group_size=3) for i, p in enumerate(PROMPTS + [LONG_PROMPT[:30], [9, 8]])]
+    tasks = [
+        PromptTask(
+            run_id="r",
+            group_id=f"g{i}",
+            prompt="",
+            prompt_token_ids=p,
+            answer="",
+            problem_id=str(i),
+            data_source="d",
+            group_size=3,
+        )
+        for i, p in enumerate(PROMPTS + [LONG_PROMPT[:30], [9, 8]])
+    ]
     out = {}
     for mode in ("batch", "stream"):
         t = MemoryTransport()
         t.prompts.publish(tasks)
-        worker = RolloutWorker(engine, tokenizer, t.prompts, t.raw, MemoryWeightBoard(), name="w", max_new_tokens=24,
-                               temperature=1.0, top_p=1.0, stop_token_ids=(), seed=5)
+        worker = RolloutWorker(
+            engine,
+            tokenizer,
+            t.prompts,
+            t.raw,
+            MemoryWeightBoard(),
+            name="w",
+            max_new_tokens=24,
+            temperature=1.0,
+            top_p=1.0,
+            stop_token_ids=(),
+            seed=5,
+        )
         loop = StreamingLoop(worker, engine)
         while t.prompts.backlog():
             worker.run_once(max_prompts=2) if mode == "batch" else loop.run_once()
@@ -476,8 +522,9 @@ def test_the_streaming_worker_publishes_what_the_batch_worker_publishes(kind, mo
     for tid, want in out["batch"].items():
         got = out["stream"][tid]
         assert got.response_token_ids.tolist() == want.response_token_ids.tolist(), tid
-        torch.testing.assert_close(torch.from_numpy(got.response_logprobs), torch.from_numpy(want.response_logprobs),
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            torch.from_numpy(got.response_logprobs), torch.from_numpy(want.response_logprobs), rtol=0, atol=1e-5
+        )
 
 
 # Before the test below: it builds and closes an engine of its own, which tears down vLLM's in-process
@@ -485,19 +532,22 @@ def test_the_streaming_worker_publishes_what_the_batch_worker_publishes(kind, mo
 @pytest.mark.vllm
 def test_a_vllm_engine_is_built_with_the_sections_arguments(model_dir):
     pytest.importorskip("vllm")
-    from stare.config import build_config
     from rollout.stack import engine_config
+    from stare.config import build_config
 
     cfg = build_config({"model": {"path": str(model_dir)}, "rollout": {"engine": VLLM_SECTION}})
     engine = build_engine(engine_config(cfg, model_dir))
     try:
         vc = engine.llm.llm_engine.vllm_config
-        seen = {"tensor_parallel_size": vc.parallel_config.tensor_parallel_size,
-                "max_num_seqs": vc.scheduler_config.max_num_seqs,
-                "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,
-                "enable_prefix_caching": vc.cache_config.enable_prefix_caching,
-                "max_model_len": vc.model_config.max_model_len, "enforce_eager": vc.model_config.enforce_eager,
-                "gpu_memory_utilization": vc.cache_config.gpu_memory_utilization}
+        seen = {
+            "tensor_parallel_size": vc.parallel_config.tensor_parallel_size,
+            "max_num_seqs": vc.scheduler_config.max_num_seqs,
+            "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,
+            "enable_prefix_caching": vc.cache_config.enable_prefix_caching,
+            "max_model_len": vc.model_config.max_model_len,
+            "enforce_eager": vc.model_config.enforce_eager,
+            "gpu_memory_utilization": vc.cache_config.gpu_memory_utilization,
+        }
         assert seen == {k: v for k, v in VLLM_SECTION.items() if k != "name"}
         groups = engine.generate(PROMPTS[:1], SamplingParams(n=2, max_new_tokens=4, seed=0))
         assert len(groups[0]) == 2

@@ -18,25 +18,46 @@ import pytest
 import torch
 from redis_fixtures import have_redis_server, redis_server
 
-from stare.transport.records import EvalTask, PromptTask, Trajectory
 from rollout.engines.base import Completion, SamplingParams, StreamingEngine, derive_seed, prompt_seed
 from rollout.evaluation import EvalSampler
 from rollout.streaming import StreamingLoop, streaming_enabled
 from rollout.worker import RolloutWorker
 from stare.transport.in_memory import MemoryStream, MemoryTransport
+from stare.transport.records import EvalTask, PromptTask, Trajectory
 from stare.weight_sync.in_memory import MemoryWeightBoard
 
 MAX_NEW = 10
 
 
 def _task(i: int, prompt: list[int], group_size: int = 4, min_version: int = 0) -> PromptTask:
-    return PromptTask(run_id="r", group_id=f"g{i}", prompt="", prompt_token_ids=prompt, answer="1", problem_id=f"p{i}",
-                      data_source="stare/arithmetic", group_size=group_size, min_weight_version=min_version)
+    return PromptTask(
+        run_id="r",
+        group_id=f"g{i}",
+        prompt="",
+        prompt_token_ids=prompt,
+        answer="1",
+        problem_id=f"p{i}",
+        data_source="stare/arithmetic",
+        group_size=group_size,
+        min_weight_version=min_version,
+    )
 
 
 def _worker(engine, tokenizer, transport, board, **kw) -> RolloutWorker:
-    return RolloutWorker(engine, tokenizer, transport.prompts, transport.raw, board, name="rollout-0",
-                         max_new_tokens=MAX_NEW, temperature=1.0, top_p=1.0, stop_token_ids=(), seed=7, **kw)
+    return RolloutWorker(
+        engine,
+        tokenizer,
+        transport.prompts,
+        transport.raw,
+        board,
+        name="rollout-0",
+        max_new_tokens=MAX_NEW,
+        temperature=1.0,
+        top_p=1.0,
+        stop_token_ids=(),
+        seed=7,
+        **kw,
+    )
 
 
 def _published(stream) -> dict[str, Trajectory]:
@@ -62,8 +83,10 @@ def test_the_hf_engine_streams(hf_stack):
 
 def test_streaming_over_the_hf_engine_publishes_the_batch_loops_trajectories(hf_stack):
     engine, tokenizer = hf_stack
-    prompts = [tokenizer.encode(f"{a}+{b}=", add_special_tokens=False) for a, b in
-               [(1, 2), (13, 4), (7, 77), (2, 5), (40, 41), (9, 9), (123, 4)]]
+    prompts = [
+        tokenizer.encode(f"{a}+{b}=", add_special_tokens=False)
+        for a, b in [(1, 2), (13, 4), (7, 77), (2, 5), (40, 41), (9, 9), (123, 4)]
+    ]
     batch, stream = MemoryTransport(), MemoryTransport()
     for t in (batch, stream):
         t.prompts.publish([_task(i, p) for i, p in enumerate(prompts)])
@@ -83,7 +106,11 @@ def test_streaming_over_the_hf_engine_publishes_the_batch_loops_trajectories(hf_
         g = got[tid]
         assert np.array_equal(g.response_token_ids, w.response_token_ids), tid
         np.testing.assert_allclose(g.response_logprobs, w.response_logprobs, atol=1e-5, rtol=0)
-        assert (g.weight_version, g.finish_reason, g.response_text) == (w.weight_version, w.finish_reason, w.response_text)
+        assert (g.weight_version, g.finish_reason, g.response_text) == (
+            w.weight_version,
+            w.finish_reason,
+            w.response_text,
+        )
 
 
 class ScriptedEngine:
@@ -191,9 +218,26 @@ def test_evaluation_tasks_share_the_engine_without_stalling_training():
     engine, transport = ScriptedEngine(capacity=5), MemoryTransport()
     evals = MemoryTransport()  # its prompts/raw streams stand for eval_prompts/eval_raw
     transport.prompts.publish([_task(i, [1, i], group_size=2) for i in range(4)])
-    evals.prompts.publish([EvalTask(run_id="r", eval_id="e1", task_id="e1/0/sampled", prompt_token_ids=[4, 100],
-                                    answer="1", problem_id="q", data_source="stare/arithmetic", level=0, n=3,
-                                    temperature=1.0, top_p=1.0, max_new_tokens=MAX_NEW, seed=99, min_weight_version=0)])
+    evals.prompts.publish(
+        [
+            EvalTask(
+                run_id="r",
+                eval_id="e1",
+                task_id="e1/0/sampled",
+                prompt_token_ids=[4, 100],
+                answer="1",
+                problem_id="q",
+                data_source="stare/arithmetic",
+                level=0,
+                n=3,
+                temperature=1.0,
+                top_p=1.0,
+                max_new_tokens=MAX_NEW,
+                seed=99,
+                min_weight_version=0,
+            )
+        ]
+    )
     worker = _worker(engine, Decoder(), transport, MemoryWeightBoard())
     sampler = EvalSampler(worker, evals.prompts, evals.raw)
     loop = StreamingLoop(worker, engine, sampler)
@@ -225,8 +269,9 @@ def test_a_new_weight_version_waits_until_the_engine_has_drained():
 def test_an_ended_sample_frees_its_room_while_its_groups_others_still_run():
     engine, transport = ScriptedEngine(capacity=5), MemoryTransport()
     # P0's samples end after 1 and 6 steps, P1's both after 3, P2's after 1 (groups of 2)
-    transport.prompts.publish([_task(0, [1, 0, 5], group_size=2), _task(1, [3, 1], group_size=2),
-                               _task(2, [1, 2], group_size=2)])
+    transport.prompts.publish(
+        [_task(0, [1, 0, 5], group_size=2), _task(1, [3, 1], group_size=2), _task(2, [1, 2], group_size=2)]
+    )
     loop = StreamingLoop(_worker(engine, Decoder(), transport, MemoryWeightBoard()), engine)
     _rounds(loop, lambda: not transport.prompts.backlog())
     # step 0: P0 + P1 = 4 samples, P2's 2 more do not fit 5; after step 1 P0's first sample has ended:
@@ -338,16 +383,19 @@ def test_capacity_reserves_max_model_len_until_the_warm_up_then_the_mean_sample_
     assert SampleLengths(count=100, total=100 * 5000).reserve(4096) == 4096.0  # never past max_model_len
 
 
-@pytest.mark.parametrize("overrides, positions, want", [
-    ({}, 4096, 1024 + 3072),  # the run's prompt + response
-    ({}, 131072, 1024 + 3072),  # not a long-context model's 131k: a handful of samples would fill the KV cache
-    ({}, 2048, 2048),  # within the model's positions
-    ({"rollout": {"tool_use": {"enabled": True}}}, 131072, None),  # the tool loop's turns grow the context
-    ({"data": {"max_prompt_len": None}}, 4096, None),  # no prompt limit: the model's own
-])
+@pytest.mark.parametrize(
+    "overrides, positions, want",
+    [
+        ({}, 4096, 1024 + 3072),  # the run's prompt + response
+        ({}, 131072, 1024 + 3072),  # not a long-context model's 131k: a handful of samples would fill the KV cache
+        ({}, 2048, 2048),  # within the model's positions
+        ({"rollout": {"tool_use": {"enabled": True}}}, 131072, None),  # the tool loop's turns grow the context
+        ({"data": {"max_prompt_len": None}}, 4096, None),  # no prompt limit: the model's own
+    ],
+)
 def test_a_vllm_engine_gets_the_runs_context_as_max_model_len(overrides, positions, want):
-    from stare.config import build_config
     from rollout.stack import run_max_model_len
+    from stare.config import build_config
 
     base = {"data": {"max_prompt_len": 1024}, "rollout": {"max_new_tokens": 3072}}
     for k, v in overrides.items():

@@ -23,16 +23,23 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from rollout.engines.base import SamplingParams
-
 from test_rollout_engines import (  # noqa: F401 (fixtures; pytest puts this folder on sys.path)
-    ATOL, LONG_PROMPT, PROMPTS, _close_vllm_engines, _make_engine, perturbed_state_dict, recompute_logprobs,
+    ATOL,
+    LONG_PROMPT,
+    PROMPTS,
+    _close_vllm_engines,
+    _make_engine,
+    perturbed_state_dict,
+    recompute_logprobs,
     untied_model_dir,
 )
 
-pytestmark = [pytest.mark.vllm,
-              pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")]
+from rollout.engines.base import SamplingParams
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed"),
+]
 
 UPDATE_AFTER = 3  # steps before the update: every sample still running then has this many tokens
 CERTAIN = 42  # the token the "certain" weights always sample (not EOS)
@@ -80,8 +87,7 @@ def _inflight_engine(mode: str, path: Path):
         from rollout.engines.vllm_engine import VLLMEngine
 
         with _async_scheduling_on_cpu() if mode == "async" else contextlib.nullcontext():
-            engine = VLLMEngine(str(path), max_model_len=256, inflight_updates=True,
-                                async_scheduling=mode == "async")
+            engine = VLLMEngine(str(path), max_model_len=256, inflight_updates=True, async_scheduling=mode == "async")
         core = engine.llm.llm_engine.engine_core.engine_core
         assert (core.batch_queue is not None) == (mode == "async"), "the engine does not schedule as its mode says"
         _ENGINES[mode] = engine
@@ -130,8 +136,9 @@ def _stream(engine, jobs: dict, update: tuple | None = None, max_steps: int = 30
 
 
 def _jobs(n: int = 3) -> dict:
-    return {i: (p, SamplingParams(n=n, max_new_tokens=MAX_NEW, prompt_seeds=(100 + i,)))
-            for i, p in enumerate(PROMPTS[:2])}
+    return {
+        i: (p, SamplingParams(n=n, max_new_tokens=MAX_NEW, prompt_seeds=(100 + i,))) for i, p in enumerate(PROMPTS[:2])
+    }
 
 
 def certain_token_state(path: Path, token: int) -> dict[str, torch.Tensor]:
@@ -164,8 +171,9 @@ def _boundary(versions: list[tuple[int, int]], before: int, after: int, length: 
 # --- tests -----------------------------------------------------------------------------------
 
 
-def test_an_update_to_the_same_weights_mid_stream_changes_no_sample_and_marks_the_step_it_came(engine,
-                                                                                                untied_model_dir):
+def test_an_update_to_the_same_weights_mid_stream_changes_no_sample_and_marks_the_step_it_came(
+    engine, untied_model_dir
+):
     """Same weights under a new version, taken after UPDATE_AFTER steps: every sample is the one the
     stream without the update gives (tokens and log-probs, to the bit), and its versions switch at token
     UPDATE_AFTER (one token per step), the same for all samples of a prompt."""
@@ -205,8 +213,9 @@ def test_after_an_update_mid_stream_every_token_comes_from_the_new_weights(engin
     assert crossed >= 4, "too few samples ran past the update"
 
 
-def test_a_prompt_added_after_an_update_in_flight_reuses_no_prefix_cached_under_the_old_weights(engine,
-                                                                                                untied_model_dir):
+def test_a_prompt_added_after_an_update_in_flight_reuses_no_prefix_cached_under_the_old_weights(
+    engine, untied_model_dir
+):
     """LONG_PROMPT (longer than one 128-token KV block) runs with the old weights, so its first block is in
     the prefix cache; an update in flight cannot drop the cache (the running request holds blocks). The
     same prompt added after the update is sampled from the new weights only: its log-probs are an HF
@@ -230,8 +239,9 @@ def test_a_prompt_added_after_an_update_in_flight_reuses_no_prefix_cached_under_
     reference.load_state_dict(new_state)
     for c in done["new"]:
         assert c.versions == [(0, v)]
-        torch.testing.assert_close(torch.tensor(c.logprobs), recompute_logprobs(reference, LONG_PROMPT, c.token_ids),
-                                   atol=ATOL["vllm"], rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(c.logprobs), recompute_logprobs(reference, LONG_PROMPT, c.token_ids), atol=ATOL["vllm"], rtol=0
+        )
 
 
 def test_sequences_drop_as_samples_end_while_pending_counts_the_prompt(sync_engine):

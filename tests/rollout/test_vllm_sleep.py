@@ -19,8 +19,9 @@ class FakeLLM:
     def __init__(self, **kwargs):
         FakeLLM.calls.append(("init", kwargs))
         config = types.SimpleNamespace(max_model_len=256)
-        self.llm_engine = types.SimpleNamespace(model_config=config,
-                                                engine_core=types.SimpleNamespace(shutdown=lambda: None))
+        self.llm_engine = types.SimpleNamespace(
+            model_config=config, engine_core=types.SimpleNamespace(shutdown=lambda: None)
+        )
 
     def sleep(self, level):
         FakeLLM.calls.append(("sleep", level))
@@ -92,9 +93,9 @@ def test_sleep_without_sleep_mode_says_how_to_build_it(fake_vllm, tiny_model_dir
 
 
 def test_the_run_config_builds_vllm_able_to_sleep_only_when_asked(tiny_model_dir):
-    from stare.config import build_config
     from rollout.engines.registry import VLLMEngineConfig
     from rollout.stack import engine_config
+    from stare.config import build_config
 
     cfg = build_config({}, overrides=["rollout.engine=vllm"])
     assert VLLMEngineConfig.model_validate(engine_config(cfg, tiny_model_dir, sleep_mode=True)).sleep_mode is True
@@ -114,9 +115,9 @@ def test_sleep_refuses_when_the_prefix_cache_cannot_be_reset(fake_vllm, tiny_mod
 def test_in_a_learner_rank_of_several_vllm_joins_the_learners_world_as_an_external_launcher(fake_vllm, tiny_model_dir):
     # the node-colocated learner (system.colocate on, several ranks): vLLM's own executor would form a
     # one-process default group, which DeepSpeed would then train in alone
-    from stare.config import build_config
     from rollout.engines.registry import VLLMEngineConfig, build_engine
     from rollout.stack import engine_config
+    from stare.config import build_config
 
     cfg = build_config({}, overrides=["rollout.engine=vllm"])
     build_engine(engine_config(cfg, tiny_model_dir, sleep_mode=True, external_launcher=True))

@@ -19,9 +19,9 @@ import pytest
 import yaml
 from redis_fixtures import free_port, have_redis_server, redis_server
 
+from learner.engine.deepspeed_engine import child_env
 from stare.config import build_config
 from stare.runtime.process import RoleRuntime
-from learner.engine.deepspeed_engine import child_env
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
 
@@ -44,19 +44,24 @@ def _burn_cpu(seconds: float) -> None:
         x += sum(range(1000))
 
 
-@pytest.mark.parametrize("work, healthy", [(_burn_cpu, True), (lambda s: threading.Event().wait(s), False)],
-                         ids=["alive-evaluation", "hung-evaluation"])
-def test_a_busy_role_is_healthy_while_its_thread_progresses_and_reported_when_it_hangs(tmp_path: Path, work,
-                                                                                        healthy):
+@pytest.mark.parametrize(
+    "work, healthy",
+    [(_burn_cpu, True), (lambda s: threading.Event().wait(s), False)],
+    ids=["alive-evaluation", "hung-evaluation"],
+)
+def test_a_busy_role_is_healthy_while_its_thread_progresses_and_reported_when_it_hangs(tmp_path: Path, work, healthy):
     port = free_port()
-    cfg = build_config({"run": {"name": "health"},
-                        "system": {"stall_s": STALL_S, "heartbeat_s": 0.2, "health_port": port}})
+    cfg = build_config(
+        {"run": {"name": "health"}, "system": {"stall_s": STALL_S, "heartbeat_s": 0.2, "health_port": port}}
+    )
     seen = []
     with redis_server(tmp_path) as server, RoleRuntime("learner", "learner", cfg, server.url) as rt:
+
         def probe():
             while not done.is_set():
                 seen.append(_health(port))
                 time.sleep(0.2)
+
         done = threading.Event()
         prober = threading.Thread(target=probe)
         prober.start()
@@ -66,29 +71,43 @@ def test_a_busy_role_is_healthy_while_its_thread_progresses_and_reported_when_it
         after = _health(port)
         done.set()
         prober.join(timeout=10)
-    late = seen[during // 2:during]  # well past stall_s into the work
+    late = seen[during // 2 : during]  # well past stall_s into the work
     assert late and all(body["busy"] == "evaluating" for _, body in late)
     assert all(code == (200 if healthy else 503) for code, _ in late), seen
     assert after[0] == 200 and after[1]["busy"] is None  # done: the loop ticks again
 
 
 @pytest.mark.slow
-def test_a_learner_process_stays_healthy_while_it_waits_for_an_evaluation_longer_than_stall_s(tiny_model_dir, tmp_path: Path):
+def test_a_learner_process_stays_healthy_while_it_waits_for_an_evaluation_longer_than_stall_s(
+    tiny_model_dir, tmp_path: Path
+):
     port = free_port()
-    cfg = {"run": {"name": "health", "output_dir": str(tmp_path / "runs"), "threads": 1},
-           "model": {"path": str(tiny_model_dir)},
-           "task": {"eval_problems": 4, "eval_k": 2, "eval_timeout_s": 8 * LEARNER_STALL_S},
-           "rollout": {"max_new_tokens": 32},
-           "system": {"stall_s": LEARNER_STALL_S, "heartbeat_s": 0.1, "health_port": port,
-                      "broadcast_port": free_port()}}
+    cfg = {
+        "run": {"name": "health", "output_dir": str(tmp_path / "runs"), "threads": 1},
+        "model": {"path": str(tiny_model_dir)},
+        "task": {"eval_problems": 4, "eval_k": 2, "eval_timeout_s": 8 * LEARNER_STALL_S},
+        "rollout": {"max_new_tokens": 32},
+        "system": {"stall_s": LEARNER_STALL_S, "heartbeat_s": 0.1, "health_port": port, "broadcast_port": free_port()},
+    }
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     eval_file = tmp_path / "runs" / "health" / "eval.jsonl"
     with redis_server(tmp_path / "redis") as server:
         # without this process's process-group variables (an in-process run earlier holds its MASTER_PORT)
         env = {**child_env(), "STARE_REDIS_URL": server.url, "TORCH_CPP_LOG_LEVEL": "ERROR"}
-        proc = subprocess.Popen([sys.executable, "-c", "from stare.app.cli import main; main()", "learner", "--config",
-                                 str(tmp_path / "cfg.yaml")], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from stare.app.cli import main; main()",
+                "learner",
+                "--config",
+                str(tmp_path / "cfg.yaml"),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         seen, evaluating_since, deadline = [], None, time.monotonic() + 300
         try:
             while not eval_file.exists():

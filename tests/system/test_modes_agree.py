@@ -20,39 +20,74 @@ import threading
 from pathlib import Path
 
 import pytest
-import torch
 from redis_fixtures import have_redis_server
-
 from safetensors.torch import load_file
 
-from stare.config import build_config
 from stare.app.launch.embedded import prepare_run, run_training
 from stare.app.launch.processes import ProcessLauncher as Launcher
+from stare.config import build_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis,
-              pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.redis,
+    pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed"),
+]
 
 STEPS = 3
-COMPARED = ("entropy", "loss", "reward_mean", "gate", "w", "m", "clip_fraction", "response_length_mean",
-            "train_tokens", "groups")
+COMPARED = (
+    "entropy",
+    "loss",
+    "reward_mean",
+    "gate",
+    "w",
+    "m",
+    "clip_fraction",
+    "response_length_mean",
+    "train_tokens",
+    "groups",
+)
 EVAL_COMPARED = ("greedy_accuracy", "pass_at_k", "avg_at_k", "per_level", "per_source")
 
 
-def _config(model_dir: Path, out: Path, name: str, *, learner_ranks: int = 1, zero_stage: int = 1,
-            streaming: bool = False, colocate: str = "auto"):
-    return build_config({
-        "run": {"name": name, "output_dir": str(out), "steps": STEPS, "checkpoint_every": 10, "threads": 1},
-        "model": {"path": str(model_dir)},
-        "task": {"eval_problems": 4, "eval_every": 1000, "eval_k": 2},
-        "rollout": {"prompts_per_step": 3, "samples_per_prompt": 4, "max_new_tokens": 12},
-        "data": {"dynamic_sampling": True, "max_sampling_rounds": 10},
-        "optim": {"lr": 3e-4, "micro_batch": 6, "zero_stage": zero_stage},
-        # the gate on (target above any entropy here) and the sign schedule moving W and M every step
-        "controller": {"target": 5.0, "schedule": "sign", "alpha": 0.5, "w_max": 10.0, "m_min": 0.1, "adaptive": True},
-        "system": {"max_staleness": 0, "rollout_batch_prompts": 3, "heartbeat_s": 0.5, "learner_ranks": learner_ranks,
-                   "broadcast_timeout_s": 20.0, "rollout_streaming": streaming, "colocate": colocate},
-        "control_plane": {"port": 0, "allow_unauthenticated": True, "serve_in_train": False},
-    })
+def _config(
+    model_dir: Path,
+    out: Path,
+    name: str,
+    *,
+    learner_ranks: int = 1,
+    zero_stage: int = 1,
+    streaming: bool = False,
+    colocate: str = "auto",
+):
+    return build_config(
+        {
+            "run": {"name": name, "output_dir": str(out), "steps": STEPS, "checkpoint_every": 10, "threads": 1},
+            "model": {"path": str(model_dir)},
+            "task": {"eval_problems": 4, "eval_every": 1000, "eval_k": 2},
+            "rollout": {"prompts_per_step": 3, "samples_per_prompt": 4, "max_new_tokens": 12},
+            "data": {"dynamic_sampling": True, "max_sampling_rounds": 10},
+            "optim": {"lr": 3e-4, "micro_batch": 6, "zero_stage": zero_stage},
+            # the gate on (target above any entropy here) and the sign schedule moving W and M every step
+            "controller": {
+                "target": 5.0,
+                "schedule": "sign",
+                "alpha": 0.5,
+                "w_max": 10.0,
+                "m_min": 0.1,
+                "adaptive": True,
+            },
+            "system": {
+                "max_staleness": 0,
+                "rollout_batch_prompts": 3,
+                "heartbeat_s": 0.5,
+                "learner_ranks": learner_ranks,
+                "broadcast_timeout_s": 20.0,
+                "rollout_streaming": streaming,
+                "colocate": colocate,
+            },
+            "control_plane": {"port": 0, "allow_unauthenticated": True, "serve_in_train": False},
+        }
+    )
 
 
 def _lines(path: Path) -> list[dict]:
@@ -61,8 +96,9 @@ def _lines(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def embedded_run(tiny_model_dir, tmp_path_factory) -> Path:
-    return run_training(prepare_run(_config(tiny_model_dir, tmp_path_factory.mktemp("embedded"), "embedded"), None),
-                        progress=False)
+    return run_training(
+        prepare_run(_config(tiny_model_dir, tmp_path_factory.mktemp("embedded"), "embedded"), None), progress=False
+    )
 
 
 def _weights(run_dir: Path) -> dict:
@@ -75,13 +111,24 @@ def _assert_every_rank_sampled_and_slept_while_stepping(log: str, ranks: int) ->
     rank checks it before each, `TrainsAsleep`) and was asleep at all of its STEPS steps."""
     import re
 
-    taken = [[int(n) for n in m.group(1).split(",")] for m in re.finditer(r"waiting prompts at version \d+ in "
-                                                                         r"[\d.]+ s \(by rank: \[([\d, ]+)\]\)", log)]
+    taken = [
+        [int(n) for n in m.group(1).split(",")]
+        for m in re.finditer(
+            r"waiting prompts at version \d+ in "
+            r"[\d.]+ s \(by rank: \[([\d, ]+)\]\)",
+            log,
+        )
+    ]
     assert taken and all(len(t) == ranks for t in taken)
     assert all(sum(t[r] for t in taken) > 0 for r in range(ranks)), taken
-    ends = {int(m.group(1)): (int(m.group(2)), int(m.group(3)), int(m.group(4))) for m in re.finditer(
-        r"learner rank (\d+): colocated engine: (\d+) wakes, (\d+) sleeps;.*?; (\d+) learner steps, the engine "
-        r"asleep at each", log)}
+    ends = {
+        int(m.group(1)): (int(m.group(2)), int(m.group(3)), int(m.group(4)))
+        for m in re.finditer(
+            r"learner rank (\d+): colocated engine: (\d+) wakes, (\d+) sleeps;.*?; (\d+) learner steps, the engine "
+            r"asleep at each",
+            log,
+        )
+    }
     assert sorted(ends) == list(range(ranks)), log[-3000:]
     for rank, (wakes, sleeps, steps) in ends.items():
         assert wakes == sleeps >= 1 and steps == STEPS, (rank, wakes, sleeps, steps)
@@ -107,14 +154,24 @@ def _assert_same_weights(got: dict, want: dict, *, start: dict) -> None:
     assert off <= total // 10_000, f"{off} of {total} elements more than 1e-5 apart"
 
 
-@pytest.mark.parametrize("learner_ranks,zero_stage,streaming,colocate",
-                         [(1, 1, False, "auto"), (2, 3, False, "auto"), (1, 1, True, "auto"), (2, 3, False, "on")],
-                         ids=["1-rank", "2-ranks-zero3", "1-rank-rollout-streaming", "2-ranks-zero3-colocated"])
+@pytest.mark.parametrize(
+    "learner_ranks,zero_stage,streaming,colocate",
+    [(1, 1, False, "auto"), (2, 3, False, "auto"), (1, 1, True, "auto"), (2, 3, False, "on")],
+    ids=["1-rank", "2-ranks-zero3", "1-rank-rollout-streaming", "2-ranks-zero3-colocated"],
+)
 def test_stare_up_trains_the_same_trajectories_with_the_same_metrics_and_weights_as_stare_train(
-        embedded_run, tiny_model_dir, tmp_path, learner_ranks, zero_stage, streaming, colocate):
+    embedded_run, tiny_model_dir, tmp_path, learner_ranks, zero_stage, streaming, colocate
+):
     embedded = embedded_run
-    cfg = _config(tiny_model_dir, tmp_path, "distributed", learner_ranks=learner_ranks, zero_stage=zero_stage,
-                  streaming=streaming, colocate=colocate)
+    cfg = _config(
+        tiny_model_dir,
+        tmp_path,
+        "distributed",
+        learner_ranks=learner_ranks,
+        zero_stage=zero_stage,
+        streaming=streaming,
+        colocate=colocate,
+    )
     log = io.StringIO()
     colocated = colocate == "on"  # no rollout worker: the learner ranks sample
     launcher = Launcher(cfg, rollout=0 if colocated else 1, reward=1, out=log, color=False, grace_s=30, control=False)

@@ -25,7 +25,9 @@ from test_up import _assert_nothing_lost_or_trained_twice, _config
 pytestmark = [
     pytest.mark.redis,
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install 'stare[ray]')"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install 'stare[ray]')"
+    ),
     pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed"),
 ]
 
@@ -37,8 +39,12 @@ def local_ray(monkeypatch):
     """Environment for a local Ray cluster on loopback with its files in a short temporary folder
     (Ray's socket paths must stay under 108 characters); yields ray.init's arguments."""
     tmp = tempfile.mkdtemp(prefix="stare-ray-", dir="/tmp")
-    for key, value in {"RAY_TMPDIR": tmp, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
-                       "RAY_USAGE_STATS_ENABLED": "0"}.items():
+    for key, value in {
+        "RAY_TMPDIR": tmp,
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }.items():
         monkeypatch.setenv(key, value)
     import ray
 
@@ -62,8 +68,17 @@ def test_ray_launch_trains_and_survives_a_killed_rollout_actor(tiny_model_dir, t
 
     cfg = _config(tiny_model_dir, tmp_path, STEPS, run__name="ray")
     out = io.StringIO()
-    launcher = RayLauncher(cfg, rollout=2, reward=1, max_restarts=3, grace_s=30, start_timeout_s=300,
-                           call_timeout_s=30, init_kwargs=local_ray, out=out)
+    launcher = RayLauncher(
+        cfg,
+        rollout=2,
+        reward=1,
+        max_restarts=3,
+        grace_s=30,
+        start_timeout_s=300,
+        call_timeout_s=30,
+        init_kwargs=local_ray,
+        out=out,
+    )
     result: dict[str, int] = {}
 
     def tail() -> str:
@@ -99,4 +114,3 @@ def test_ray_launch_trains_and_survives_a_killed_rollout_actor(tiny_model_dir, t
     assert not ray.is_initialized(), "the launcher started Ray, so it shuts it down"
     assert launcher.redis.proc.poll() is not None, "our redis-server is stopped"
     _assert_nothing_lost_or_trained_twice(cfg.run_dir, STEPS, launcher.redis)
-

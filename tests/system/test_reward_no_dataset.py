@@ -14,10 +14,10 @@ import pytest
 import yaml
 from redis_fixtures import have_redis_server, redis_server
 
-from stare.transport.records import Trajectory
-from stare.data.tasks.registry import build_verifier
-from stare.transport.redis_transport import RedisTransport
 from learner.engine.deepspeed_engine import child_env
+from stare.data.tasks.registry import build_verifier
+from stare.transport.records import Trajectory
+from stare.transport.redis_transport import RedisTransport
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
 
@@ -31,11 +31,21 @@ CASES = [  # (response, ground truth, reward by hand)
 
 def _trajectory(i: int, text: str, answer: str) -> Trajectory:
     return Trajectory(
-        run_id="nodata", trajectory_id=f"g{i}:0", group_id=f"g{i}", group_size=2, weight_version=0,
-        prompt_token_ids=np.asarray([1, 2], dtype=np.int32), response_token_ids=np.asarray([3, 4, 5], dtype=np.int32),
-        response_logprobs=np.full(3, -0.5, dtype=np.float32), loss_mask=np.ones(3, dtype=np.uint8),
-        finish_reason="stop", answer=answer, problem_id=f"math_dapo-{i}", data_source="math_dapo",
-        response_text=text, level=1,
+        run_id="nodata",
+        trajectory_id=f"g{i}:0",
+        group_id=f"g{i}",
+        group_size=2,
+        weight_version=0,
+        prompt_token_ids=np.asarray([1, 2], dtype=np.int32),
+        response_token_ids=np.asarray([3, 4, 5], dtype=np.int32),
+        response_logprobs=np.full(3, -0.5, dtype=np.float32),
+        loss_mask=np.ones(3, dtype=np.uint8),
+        finish_reason="stop",
+        answer=answer,
+        problem_id=f"math_dapo-{i}",
+        data_source="math_dapo",
+        response_text=text,
+        level=1,
     )
 
 
@@ -51,17 +61,34 @@ def test_the_dataset_verifier_opens_no_file_and_scores_by_hand():
 
 def test_a_reward_process_scores_dataset_trajectories_without_the_dataset(tmp_path: Path):
     missing = tmp_path / "not-mounted"
-    cfg = {"run": {"name": "nodata", "output_dir": str(tmp_path / "runs")},
-           "model": {"path": str(missing / "model")},
-           "task": {"name": "dataset", "path": str(missing / "train.parquet")},
-           "system": {"heartbeat_s": 0.5}}
+    cfg = {
+        "run": {"name": "nodata", "output_dir": str(tmp_path / "runs")},
+        "model": {"path": str(missing / "model")},
+        "task": {"name": "dataset", "path": str(missing / "train.parquet")},
+        "system": {"heartbeat_s": 0.5},
+    }
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     assert not missing.exists()
     with redis_server(tmp_path / "redis") as server:
         env = {**child_env(), "STARE_REDIS_URL": server.url}
-        proc = subprocess.Popen([sys.executable, "-c", "from stare.app.cli import main; main()", "reward", "--config",
-                                 str(tmp_path / "cfg.yaml"), "--name", "reward-0", "--workers", "1"],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from stare.app.cli import main; main()",
+                "reward",
+                "--config",
+                str(tmp_path / "cfg.yaml"),
+                "--name",
+                "reward-0",
+                "--workers",
+                "1",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         transport = RedisTransport.connect(server.url, "nodata", block_ms=500)
         try:
             transport.raw.publish([_trajectory(i, text, answer) for i, (text, answer, _) in enumerate(CASES)])

@@ -23,11 +23,15 @@ import pytest
 import redis
 from redis_fixtures import have_redis_server
 
-from stare.config import build_config
 from stare.app.launch.processes import ProcessLauncher as Launcher
+from stare.config import build_config
 from stare.runstate.redis_state import RedisRunState
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.redis,
+    pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed"),
+]
 
 PROMPTS, SAMPLES, STALENESS = 4, 4, 1
 WINDOW = PROMPTS * (1 + STALENESS)
@@ -42,8 +46,14 @@ def _config(model_dir: Path, out: Path, steps: int, **extra):
         "data": {"dynamic_sampling": False},
         "optim": {"lr": 1e-4, "micro_batch": 16},
         "loss": {"name": "stare", "tis_cap": 2.0},
-        "system": {"max_staleness": STALENESS, "stale_policy": "importance", "claim_idle_s": 3.0,
-                   "heartbeat_s": 0.5, "rollout_batch_prompts": 2, "broadcast_timeout_s": 10.0},
+        "system": {
+            "max_staleness": STALENESS,
+            "stale_policy": "importance",
+            "claim_idle_s": 3.0,
+            "heartbeat_s": 0.5,
+            "rollout_batch_prompts": 2,
+            "broadcast_timeout_s": 10.0,
+        },
         "control_plane": {"port": 0, "allow_unauthenticated": True},
     }
     for key, value in extra.items():
@@ -57,8 +67,9 @@ class Run:
 
     def __init__(self, cfg, *, rollout: int, reward: int, control: bool = True):
         self.log = io.StringIO()
-        self.launcher = Launcher(cfg, rollout=rollout, reward=reward, out=self.log, color=False, grace_s=30,
-                                 control=control)
+        self.launcher = Launcher(
+            cfg, rollout=rollout, reward=reward, out=self.log, color=False, grace_s=30, control=control
+        )
         self.dir = cfg.run_dir
         self.code: int | None = None
 
@@ -122,7 +133,9 @@ def _groups_still_in_redis(server, run_id: str) -> set[int]:
     return out
 
 
-def _assert_nothing_lost_or_trained_twice(run_dir: Path, steps: int, server, late_allowed: int = WINDOW * SAMPLES) -> None:
+def _assert_nothing_lost_or_trained_twice(
+    run_dir: Path, steps: int, server, late_allowed: int = WINDOW * SAMPLES
+) -> None:
     """Exact accounting once the run has stopped: every group the learner published (its cursor in
     Redis) was trained exactly once or is still in flight in a stream; no trajectory twice."""
     per_step = _trained(run_dir)
@@ -143,8 +156,10 @@ def _assert_nothing_lost_or_trained_twice(run_dir: Path, steps: int, server, lat
     assert lost == [], f"groups neither trained nor in a stream: {lost}\n{log[-20000:]}"
     assert trained | in_flight <= set(range(published))
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    print(f"lineage: published {published} groups, trained {len(trained)} ({len(ids)} trajectories, all distinct), "
-          f"in flight at the end {len(in_flight)}, lost 0; duplicates dropped {metrics[-1]['duplicates_total']}")
+    print(
+        f"lineage: published {published} groups, trained {len(trained)} ({len(ids)} trajectories, all distinct), "
+        f"in flight at the end {len(in_flight)}, lost 0; duplicates dropped {metrics[-1]['duplicates_total']}"
+    )
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
     # only what was in flight when a worker died comes back later than the window (reclaimed)
     late = sum(n for m in metrics for lag, n in m["staleness_hist"].items() if int(lag) > STALENESS)
@@ -158,23 +173,31 @@ def _assert_prometheus_counts_every_step(server, run_id: str, steps: int) -> Non
     from fastapi.testclient import TestClient
     from prometheus_client.parser import text_string_to_metric_families
 
-    from stare.config import ControlPlaneSection
     from services.control.app import create_app
+    from stare.config import ControlPlaneSection
 
     server.start()
     try:
         state = RedisRunState.connect(server.url, run_id)
-        text = TestClient(create_app(state, ControlPlaneSection(trusted_hosts=["testserver"]), run_id, token="t")).get("/metrics").text
+        text = (
+            TestClient(create_app(state, ControlPlaneSection(trusted_hosts=["testserver"]), run_id, token="t"))
+            .get("/metrics")
+            .text
+        )
         state.close()
     finally:
         server.kill()
-    samples = {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "run_id"))): s.value
-               for f in text_string_to_metric_families(text) for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "run_id"))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
     assert samples[("stare_step", ())] == samples[("stare_weight_version", ())] == steps
     assert samples[("stare_step_duration_seconds_count", ())] == steps
     assert samples[("stare_weight_sync_duration_seconds_count", ())] == steps
-    assert {labels for name, labels in samples if name == "stare_dead_letters"} == \
-        {(("stream", s),) for s in ("prompts", "raw", "scored")}
+    assert {labels for name, labels in samples if name == "stare_dead_letters"} == {
+        (("stream", s),) for s in ("prompts", "raw", "scored")
+    }
 
 
 def test_up_trains_across_processes_and_survives_sigkilled_workers(tiny_model_dir, tmp_path):
@@ -240,8 +263,9 @@ def test_every_role_reconnects_after_redis_restarts(tiny_model_dir, tmp_path):
     _assert_nothing_lost_or_trained_twice(tmp_path / "up", steps, run.launcher.redis)
 
 
-def test_strictly_on_policy_with_the_filesystem_backend_samples_with_the_learners_exact_weights(tiny_model_dir,
-                                                                                                 tmp_path):
+def test_strictly_on_policy_with_the_filesystem_backend_samples_with_the_learners_exact_weights(
+    tiny_model_dir, tmp_path
+):
     steps = 6
     cfg = _config(tiny_model_dir, tmp_path, steps, system__max_staleness=0, system__weight_sync="filesystem")
     with Run(cfg, rollout=1, reward=1) as run:
@@ -256,8 +280,9 @@ def test_strictly_on_policy_with_the_filesystem_backend_samples_with_the_learner
     assert sorted(p.name for p in (tmp_path / "up" / "weights").iterdir())[-1] == f"v{steps:08d}"
 
 
-def test_strictly_on_policy_with_the_broadcast_backend_samples_with_the_learners_exact_weights(tiny_model_dir,
-                                                                                                tmp_path):
+def test_strictly_on_policy_with_the_broadcast_backend_samples_with_the_learners_exact_weights(
+    tiny_model_dir, tmp_path
+):
     steps = 6
     with Run(_config(tiny_model_dir, tmp_path, steps, system__max_staleness=0), rollout=2, reward=1) as run:
         run.wait_finished()
@@ -300,9 +325,14 @@ def _start_up_in_a_terminal_group(tiny_model_dir, tmp_path):
 
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(_config(tiny_model_dir, tmp_path, 200).model_dump(mode="json")))
-    proc = subprocess.Popen([sys.executable, "-m", "stare.app.cli", "up", "--config", str(config), "--no-control"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stare.app.cli", "up", "--config", str(config), "--no-control"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=child_env(),
+        start_new_session=True,
+    )
     metrics = tmp_path / "up" / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):

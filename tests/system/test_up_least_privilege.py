@@ -7,8 +7,8 @@ import io
 import sys
 import time
 
-from stare.config import build_config
 from stare.app.launch.processes import ProcessLauncher as Launcher
+from stare.config import build_config
 from stare.transport.redis_secrets import write_secret
 
 PRINT_TOKEN = "import os; print('token=' + os.environ.get('STARE_API_TOKEN', '<none>'))"
@@ -30,5 +30,8 @@ def test_only_the_control_plane_process_gets_the_api_token(tiny_model_dir, tmp_p
         time.sleep(0.05)
     lines = dict(line.split(" | ") for line in out.getvalue().splitlines() if "token=" in line)
     assert {k.strip(): v for k, v in lines.items()} == {
-        "control": "token=secret-token-0123456789", "learner": "token=<none>", "rollout-0": "token=<none>",
-        "reward-0": "token=<none>"}
+        "control": "token=secret-token-0123456789",
+        "learner": "token=<none>",
+        "rollout-0": "token=<none>",
+        "reward-0": "token=<none>",
+    }

@@ -7,11 +7,15 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from redis_fixtures import have_redis_server  # noqa: E402
-from test_up import Run, _config  # noqa: E402
+from redis_fixtures import have_redis_server
+from test_up import Run, _config
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis,
-              pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    pytest.mark.redis,
+    pytest.mark.skipif(not have_redis_server(), reason="redis-server is not installed"),
+]
 
 
 def test_vllm_rollout_workers_sample_with_the_broadcast_weights(tiny_model_dir, tmp_path):

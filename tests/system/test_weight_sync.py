@@ -7,15 +7,14 @@ import time
 import pytest
 import redis
 import torch
-from redis_fixtures import have_redis_server, redis_server
-
 from broadcast_helpers import TIMEOUT_S
 from broadcast_helpers import await_join_request as _await_join_request
 from broadcast_helpers import subscriber as _subscriber
+from redis_fixtures import have_redis_server, redis_server
+
 from stare.runtime.net import free_port
 from stare.weight_sync.broadcast import BroadcastPublisher
 from stare.weight_sync.filesystem import FilesystemPublisher, FilesystemSubscriber
-
 
 
 def _state(shift: float) -> dict[str, torch.Tensor]:

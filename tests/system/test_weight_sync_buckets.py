@@ -9,17 +9,16 @@ from collections.abc import Mapping
 
 import pytest
 import torch
-
 from broadcast_helpers import TIMEOUT_S
 from broadcast_helpers import await_join_request as _await_join_request
 from broadcast_helpers import subscriber as _subscriber
+
 from stare.runtime.net import free_port
 from stare.weight_sync.background import BackgroundPublisher
 from stare.weight_sync.broadcast import BroadcastPublisher, BroadcastSubscriber
 from stare.weight_sync.buckets import BucketPacker, Segments
 from stare.weight_sync.communicator import NcclCommunicator, choose_communicator, has_nccl
 from stare.weight_sync.in_memory import MemoryWeightBoard
-
 
 
 def _state(shift: float) -> dict[str, torch.Tensor]:
@@ -39,7 +38,8 @@ def _state(shift: float) -> dict[str, torch.Tensor]:
 
 def _same(a: Mapping, b: Mapping) -> bool:
     return list(a) == list(b) and all(
-        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(a[k], b[k]) for k in a)
+        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(a[k], b[k]) for k in a
+    )
 
 
 class OnePassOnly(Mapping):
@@ -68,8 +68,9 @@ class OnePassOnly(Mapping):
 
 
 def _publisher(bucket_bytes: int) -> BroadcastPublisher:
-    return BroadcastPublisher("127.0.0.1", free_port(), timeout_s=TIMEOUT_S, communicator="gloo",
-                              bucket_bytes=bucket_bytes)
+    return BroadcastPublisher(
+        "127.0.0.1", free_port(), timeout_s=TIMEOUT_S, communicator="gloo", bucket_bytes=bucket_bytes
+    )
 
 
 @pytest.mark.parametrize("bucket_bytes", [64, 256, 1024, 1 << 20])
@@ -249,16 +250,24 @@ def test_background_publish_raises_a_sender_error_on_the_next_call():
     pub.close()
 
 
-@pytest.mark.parametrize("setting, learner, members, expected", [
-    ("auto", "G0", {"a": "G1", "b": "G2"}, ("nccl", [])),
-    ("auto", "G0", {"a": "G1", "b": None}, ("gloo", [])),  # one CPU worker: gloo for everyone
-    ("auto", "G0", {"a": "G0"}, ("gloo", [])),  # one GPU for learner and worker: NCCL would refuse
-    ("auto", "G0", {"a": "G1", "b": "G1"}, ("gloo", [])),
-    ("auto", None, {"a": "G1"}, ("gloo", [])),
-    ("auto", "G0", {}, ("gloo", [])),
-    ("gloo", "G0", {"a": "G1"}, ("gloo", [])),
-    ("nccl", "G0", {"a": "G1", "b": None, "c": "G0", "d": "G1"}, ("nccl", ["b", "c", "d"])),  # forced: they stay out
-])
+@pytest.mark.parametrize(
+    "setting, learner, members, expected",
+    [
+        ("auto", "G0", {"a": "G1", "b": "G2"}, ("nccl", [])),
+        ("auto", "G0", {"a": "G1", "b": None}, ("gloo", [])),  # one CPU worker: gloo for everyone
+        ("auto", "G0", {"a": "G0"}, ("gloo", [])),  # one GPU for learner and worker: NCCL would refuse
+        ("auto", "G0", {"a": "G1", "b": "G1"}, ("gloo", [])),
+        ("auto", None, {"a": "G1"}, ("gloo", [])),
+        ("auto", "G0", {}, ("gloo", [])),
+        ("gloo", "G0", {"a": "G1"}, ("gloo", [])),
+        (
+            "nccl",
+            "G0",
+            {"a": "G1", "b": None, "c": "G0", "d": "G1"},
+            ("nccl", ["b", "c", "d"]),
+        ),  # forced: they stay out
+    ],
+)
 def test_the_communicator_is_nccl_only_when_every_end_has_a_gpu_of_its_own(setting, learner, members, expected):
     assert choose_communicator(setting, learner, members) == expected
 
@@ -294,8 +303,14 @@ def test_a_tensor_parallel_vllm_worker_takes_gloo_under_auto_and_nccl_is_refused
     from stare.weight_sync.factory import communicator_setting
 
     def cfg(tp, setting):
-        return load_config(None, overrides=["rollout.engine.name=vllm", f"rollout.engine.tensor_parallel_size={tp}",
-                                            f"system.weight_sync_communicator={setting}"])
+        return load_config(
+            None,
+            overrides=[
+                "rollout.engine.name=vllm",
+                f"rollout.engine.tensor_parallel_size={tp}",
+                f"system.weight_sync_communicator={setting}",
+            ],
+        )
 
     assert communicator_setting(cfg(1, "auto"), rollout_end=True) == "auto"
     assert communicator_setting(cfg(2, "auto"), rollout_end=True) == "gloo"
@@ -314,6 +329,7 @@ def test_a_version_reads_nothing_back_on_the_receiver_its_layout_comes_from_the_
         def read(self, *args):
             reads[name] += 1
             return real(self, *args)
+
         return read
 
     pub = _publisher(64)  # many messages per version
@@ -363,6 +379,11 @@ def test_the_nccl_group_is_built_with_its_error_handling_env_and_the_process_env
     monkeypatch.delenv("TORCH_NCCL_DUMP_ON_TIMEOUT", raising=False)
     store = dist.HashStore()
     comm.NcclCommunicator(torch.device("cpu")).group(store, generation=1, rank=0, size=2, timeout_s=7.0)
-    assert seen == {"TORCH_NCCL_BLOCKING_WAIT": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
-                    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_ENABLE_MONITORING": "0", "timeout": 7.0}
+    assert seen == {
+        "TORCH_NCCL_BLOCKING_WAIT": "1",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "2",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+        "TORCH_NCCL_ENABLE_MONITORING": "0",
+        "timeout": 7.0,
+    }
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and "TORCH_NCCL_DUMP_ON_TIMEOUT" not in os.environ

@@ -9,5 +9,14 @@ from learner.algorithm.losses import covariance, entropy_bonus, grpo, high_entro
 from learner.algorithm.losses.base import LossInputs, LossOutputs, StepContext, StepTokens
 from learner.algorithm.losses.registry import LOSSES, LossSpec, loss_spec, policy_loss, register_loss
 
-__all__ = ["LOSSES", "LossInputs", "LossOutputs", "LossSpec", "StepContext", "StepTokens", "loss_spec",
-           "policy_loss", "register_loss"]
+__all__ = [
+    "LOSSES",
+    "LossInputs",
+    "LossOutputs",
+    "LossSpec",
+    "StepContext",
+    "StepTokens",
+    "loss_spec",
+    "policy_loss",
+    "register_loss",
+]

@@ -29,7 +29,7 @@ class StepTokens:
     mask: Tensor  # [S, L] bool
 
     @staticmethod
-    def cat(parts: list["StepTokens"]) -> "StepTokens":
+    def cat(parts: list[StepTokens]) -> StepTokens:
         return StepTokens(*(torch.cat([getattr(p, f) for p in parts]) for f in StepTokens.__dataclass_fields__))
 
 
@@ -45,7 +45,9 @@ class LossInputs:
     entropy: Tensor | None = None  # [B, L] entropy of pi_theta(.|context), with grad (entropy bonus)
     step_entropy: Tensor | None = None  # [B, L] entropy at the start of the step, detached (80/20 selection)
     rollout_logprobs: Tensor | None = None  # [B, L] the rollout engine's log-probs
-    is_weight: Tensor | None = None  # [B, L] rollout-correction IS weight (learner/algorithm/rollout_correction.py), detached
+    is_weight: Tensor | None = (
+        None  # [B, L] rollout-correction IS weight (learner/algorithm/rollout_correction.py), detached
+    )
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,12 @@ def weighted_surrogate(
     """Clipped surrogate x omega x TIS weight, aggregated; plus clip and TIS metrics."""
     mask = x.mask if mask is None else mask
     per_token, was_clipped = clipped_surrogate(
-        x.logprobs, x.old_logprobs, x.advantages,
-        eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c,
+        x.logprobs,
+        x.old_logprobs,
+        x.advantages,
+        eps_low=cfg.eps_low,
+        eps_high=cfg.eps_high,
+        dual_clip_c=cfg.dual_clip_c,
     )  # [B, L]
     if omega is not None:
         per_token = per_token * omega
@@ -101,5 +107,3 @@ def corrected_aggregate(
     if x.is_weight is not None:
         per_token = per_token * x.is_weight
     return aggregate(per_token, mask, cfg.agg_mode, ctx.norm)
-
-

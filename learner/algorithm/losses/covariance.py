@@ -7,15 +7,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from learner.algorithm.losses.base import LossInputs, LossOutputs, StepContext, StepTokens, corrected_aggregate, weighted_surrogate
+from learner.algorithm.losses.base import (
+    LossInputs,
+    LossOutputs,
+    StepContext,
+    StepTokens,
+    corrected_aggregate,
+    weighted_surrogate,
+)
 from learner.algorithm.losses.registry import register_loss
 from learner.algorithm.selection import hash_uniform, in_topk, topk_count, topk_threshold
 from learner.algorithm.surrogate import importance_ratio
 from stare.config.algo import ClipCovLossConfig, KLCovLossConfig
 
+
 def select_cov(tokens: StepTokens, cfg: ClipCovLossConfig | KLCovLossConfig, seed: int) -> tuple[dict, Tensor]:
     """Clip-Cov / KL-Cov: the covariance means, and the step's high-covariance selection."""
-    flat, mask = (lambda t: t.reshape(-1)), tokens.mask  # noqa: E731
+    flat, mask = (lambda t: t.reshape(-1)), tokens.mask
     uid, n, m_f = flat(tokens.token_uid), mask.sum(), mask.to(tokens.old_logprobs.dtype)
     adv_mean = (tokens.advantages * m_f).sum() / n.clamp(min=1)
     logp_mean = (tokens.old_logprobs * m_f).sum() / n.clamp(min=1)
@@ -65,5 +73,3 @@ def kl_cov_loss(x: LossInputs, ctx: StepContext, cfg: KLCovLossConfig) -> LossOu
     per_token = per_token + selected.to(per_token.dtype) * cfg.kl_coef * kl
     metrics: dict[str, Tensor] = {"cov_selected_tokens": selected.sum()}
     return LossOutputs(corrected_aggregate(per_token, x, ctx, cfg, x.mask, metrics), metrics)
-
-

@@ -7,6 +7,7 @@ from learner.algorithm.losses.registry import register_loss
 from learner.algorithm.surrogate import aggregate
 from stare.config.algo import EntropyBonusLossConfig
 
+
 @register_loss("entropy-bonus")
 def entropy_bonus_loss(x: LossInputs, ctx: StepContext, cfg: EntropyBonusLossConfig) -> LossOutputs:
     assert x.entropy is not None, "the entropy-bonus loss needs the training forward's entropy"
@@ -14,5 +15,3 @@ def entropy_bonus_loss(x: LossInputs, ctx: StepContext, cfg: EntropyBonusLossCon
     bonus = aggregate(x.entropy, x.mask, cfg.agg_mode, ctx.norm)
     metrics["entropy_bonus"] = bonus.detach()
     return LossOutputs(pg - cfg.coef * bonus, metrics)
-
-

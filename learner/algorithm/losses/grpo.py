@@ -6,9 +6,8 @@ from learner.algorithm.losses.base import LossInputs, LossOutputs, StepContext, 
 from learner.algorithm.losses.registry import register_loss
 from stare.config.algo import GrpoLossConfig
 
+
 @register_loss("grpo")
 def grpo_loss(x: LossInputs, ctx: StepContext, cfg: GrpoLossConfig) -> LossOutputs:
     loss, metrics = weighted_surrogate(x, ctx, cfg, omega=None)
     return LossOutputs(loss, metrics)
-
-

@@ -10,9 +10,10 @@ from learner.algorithm.losses.registry import register_loss
 from learner.algorithm.selection import in_topk, topk_count, topk_threshold
 from stare.config.algo import HighEntropyLossConfig
 
+
 def select_high_entropy(tokens: StepTokens, cfg: HighEntropyLossConfig, seed: int) -> tuple[dict, Tensor]:
     """80/20: only the step's top-fraction highest-entropy tokens train (and normalise the loss)."""
-    flat, mask = (lambda t: t.reshape(-1)), tokens.mask  # noqa: E731
+    flat, mask = (lambda t: t.reshape(-1)), tokens.mask
     k = topk_count(mask.sum(), cfg.top_fraction)
     threshold = topk_threshold(flat(tokens.entropy), flat(tokens.token_uid), flat(mask), k)
     return {"select_threshold": threshold}, in_topk(tokens.entropy, tokens.token_uid, mask, threshold)
@@ -32,5 +33,3 @@ def high_entropy_loss(x: LossInputs, ctx: StepContext, cfg: HighEntropyLossConfi
     loss, metrics = weighted_surrogate(x, ctx, cfg, omega=None, mask=selected)
     metrics["entropy_selected_tokens"] = selected.sum()
     return LossOutputs(loss, metrics)
-
-

@@ -58,6 +58,7 @@ def loss_spec(name: str | None) -> LossSpec:
 def policy_loss(x: LossInputs, ctx: StepContext, cfg: SurrogateConfig) -> LossOutputs:
     """The configured loss on one micro-batch, plus the ratio's statistics every loss reports."""
     out = loss_spec(getattr(cfg, "name", None)).loss(x, ctx, cfg)
-    out.metrics.update(ratio_stats(x.logprobs, x.old_logprobs, x.advantages, x.mask,
-                                   eps_low=cfg.eps_low, eps_high=cfg.eps_high))
+    out.metrics.update(
+        ratio_stats(x.logprobs, x.old_logprobs, x.advantages, x.mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high)
+    )
     return out

@@ -11,9 +11,10 @@ from learner.algorithm.losses.registry import register_loss
 from learner.algorithm.selection import in_topk, topk_count, topk_thresholds
 from stare.config.algo import StareLossConfig
 
+
 def select_stare(tokens: StepTokens, cfg: StareLossConfig, seed: int) -> tuple[dict, Tensor]:
     """STARE: the top-P surprisal thresholds inside each advantage sign, over the whole step."""
-    flat, mask = (lambda t: t.reshape(-1)), tokens.mask  # noqa: E731
+    flat, mask = (lambda t: t.reshape(-1)), tokens.mask
     members = [flat(mask & (tokens.advantages > 0)), flat(mask & (tokens.advantages < 0))]
     ks = [topk_count(member.sum(), cfg.top_fraction) for member in members]
     pos, neg = topk_thresholds(flat(-tokens.old_logprobs), flat(tokens.token_uid), members, ks)
@@ -52,5 +53,3 @@ def stare_loss(x: LossInputs, ctx: StepContext, cfg: StareLossConfig) -> LossOut
     metrics["critical_neg_tokens"] = neg.sum()
     metrics["omega_sum"] = (omega * x.mask).sum()
     return LossOutputs(loss, metrics)
-
-

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, status
-from stare.config.algo import ControllerConfig
+
 from services.control.auth import WriteAuth
 from services.control.deps import ActorDep, StateDep
 from services.control.schemas import (
@@ -15,15 +15,19 @@ from services.control.schemas import (
     EntropyPut,
     EntropyView,
 )
-
+from stare.config.algo import ControllerConfig
 from stare.runstate.base import AuditEntry, NoControllerError, published_max_entropy
 
 router = APIRouter(prefix="/entropy", tags=["entropy"])
 _NO_CONTROLLER = {409: {"description": "No learner has published the controller yet"}}
 
 
-@router.get("", response_model=EntropyView, responses={404: {"description": "No controller state yet"}},
-            summary="Target, band, gate, W, M, adaptive schedule, last entropy, pending changes")
+@router.get(
+    "",
+    response_model=EntropyView,
+    responses={404: {"description": "No controller state yet"}},
+    summary="Target, band, gate, W, M, adaptive schedule, last entropy, pending changes",
+)
 def get_entropy(state: StateDep) -> EntropyView:
     published = state.controller()
     if published is None:
@@ -31,8 +35,12 @@ def get_entropy(state: StateDep) -> EntropyView:
     config = published["config"]
     return EntropyView(
         **{k: config[k] for k in ControllerConfig.model_fields if k in config},
-        gate=published["gate"], last_entropy=published.get("last_entropy"), step=published.get("step"),
-        updated_at=published.get("updated_at"), max_entropy=published_max_entropy(published), pending=state.pending_entropy_changes(),
+        gate=published["gate"],
+        last_entropy=published.get("last_entropy"),
+        step=published.get("step"),
+        updated_at=published.get("updated_at"),
+        max_entropy=published_max_entropy(published),
+        pending=state.pending_entropy_changes(),
     )
 
 
@@ -44,20 +52,34 @@ def _request(state, changes: dict[str, Any], who: str) -> EntropyAccepted:
     return EntropyAccepted(audit=entry, pending=state.pending_entropy_changes())
 
 
-@router.put("", response_model=EntropyAccepted, status_code=202, dependencies=[WriteAuth], responses=_NO_CONTROLLER,
-            summary="Set the target and band (absent band: none); other fields change only if given")
+@router.put(
+    "",
+    response_model=EntropyAccepted,
+    status_code=202,
+    dependencies=[WriteAuth],
+    responses=_NO_CONTROLLER,
+    summary="Set the target and band (absent band: none); other fields change only if given",
+)
 def put_entropy(body: EntropyPut, state: StateDep, who: ActorDep) -> EntropyAccepted:
     changes = body.model_dump(mode="json", exclude_unset=True)
     changes.setdefault("band", None)
     return _request(state, changes, who)
 
 
-@router.patch("", response_model=EntropyAccepted, status_code=202, dependencies=[WriteAuth], responses=_NO_CONTROLLER,
-              summary="Change only the given fields")
+@router.patch(
+    "",
+    response_model=EntropyAccepted,
+    status_code=202,
+    dependencies=[WriteAuth],
+    responses=_NO_CONTROLLER,
+    summary="Change only the given fields",
+)
 def patch_entropy(body: EntropyPatch, state: StateDep, who: ActorDep) -> EntropyAccepted:
     return _request(state, body.model_dump(mode="json", exclude_unset=True), who)
 
 
-@router.get("/audit", response_model=list[AuditEntry], summary="Every change: who, when, old -> new, the step it applied at")
+@router.get(
+    "/audit", response_model=list[AuditEntry], summary="Every change: who, when, old -> new, the step it applied at"
+)
 def get_audit(state: StateDep, limit: int = Query(100, ge=1, le=1000)) -> list[AuditEntry]:
     return state.audit(limit)

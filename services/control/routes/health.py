@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+
 from services.control.deps import StateDep
 from services.control.schemas import Health
 
@@ -15,8 +16,12 @@ async def health() -> Health:  # async: answered on the event loop, never queued
     return Health(status="ok")
 
 
-@router.get("/ready", response_model=Health, responses={503: {"model": Health}},
-            summary="Readiness: the run state store (Redis) answers PING")
+@router.get(
+    "/ready",
+    response_model=Health,
+    responses={503: {"model": Health}},
+    summary="Readiness: the run state store (Redis) answers PING",
+)
 def ready(state: StateDep):
     if state.ping():
         return Health(status="ready")

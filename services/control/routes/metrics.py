@@ -19,8 +19,8 @@ from typing import Annotated
 from anyio import to_thread
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
-from services.control.deps import StateDep
 
+from services.control.deps import StateDep
 from stare.runstate.base import MetricsPage
 
 log = logging.getLogger(__name__)
@@ -31,9 +31,11 @@ KEEPALIVE_S = 15.0
 
 
 @router.get("/history", response_model=MetricsPage, summary="Step metrics, paged by absolute index")
-def history(state: StateDep,
-            offset: int = Query(0, ge=-1_000_000, le=1_000_000_000, description="First index; negative: from the end"),
-            limit: int = Query(100, ge=1, le=1000)) -> MetricsPage:
+def history(
+    state: StateDep,
+    offset: int = Query(0, ge=-1_000_000, le=1_000_000_000, description="First index; negative: from the end"),
+    limit: int = Query(100, ge=1, le=1000),
+) -> MetricsPage:
     return state.metrics_page(offset, limit)
 
 
@@ -46,8 +48,10 @@ async def _events(request: Request, state, after: int, limit_s: float) -> AsyncI
         while time.monotonic() < deadline and not await request.is_disconnected():
             page = await to_thread.run_sync(state.metrics_page, next_index, 100)
             if page.items:  # one write per page: a client that leaves mid-backlog costs one failed send
-                yield "".join(f"id: {page.offset + i}\nevent: metrics\ndata: {json.dumps(item)}\n\n"
-                              for i, item in enumerate(page.items))
+                yield "".join(
+                    f"id: {page.offset + i}\nevent: metrics\ndata: {json.dumps(item)}\n\n"
+                    for i, item in enumerate(page.items)
+                )
                 sent += len(page.items)
                 last_sent = time.monotonic()
             elif time.monotonic() - last_sent > KEEPALIVE_S:
@@ -57,8 +61,12 @@ async def _events(request: Request, state, after: int, limit_s: float) -> AsyncI
             if not page.items:
                 await asyncio.sleep(POLL_S)
     finally:  # once per stream, however it ended
-        log.info("metrics stream to %s ended after %d events (%s)", client, sent,
-                 "time limit" if time.monotonic() >= deadline else "client left")
+        log.info(
+            "metrics stream to %s ended after %d events (%s)",
+            client,
+            sent,
+            "time limit" if time.monotonic() >= deadline else "client left",
+        )
 
 
 def last_event_index(header: str | None) -> int | None:
@@ -68,13 +76,22 @@ def last_event_index(header: str | None) -> int | None:
     return int(header.strip())
 
 
-@router.get("/stream", summary="Server-sent events: each new step's metrics",
-            responses={200: {"content": {"text/event-stream": {}}, "description": "An event stream"}})
-def stream(request: Request, state: StateDep,
-           after: int = Query(-1, ge=-1, le=1_000_000_000, description="Send entries after this index (-1: all kept)"),
-           limit_s: float = Query(300.0, gt=0, le=3600, description="Close the stream after this many seconds"),
-           last_event_id: Annotated[str | None, Header(max_length=32)] = None) -> StreamingResponse:
+@router.get(
+    "/stream",
+    summary="Server-sent events: each new step's metrics",
+    responses={200: {"content": {"text/event-stream": {}}, "description": "An event stream"}},
+)
+def stream(
+    request: Request,
+    state: StateDep,
+    after: int = Query(-1, ge=-1, le=1_000_000_000, description="Send entries after this index (-1: all kept)"),
+    limit_s: float = Query(300.0, gt=0, le=3600, description="Close the stream after this many seconds"),
+    last_event_id: Annotated[str | None, Header(max_length=32)] = None,
+) -> StreamingResponse:
     if (index := last_event_index(last_event_id)) is not None:
         after = max(after, index)
-    return StreamingResponse(_events(request, state, after, limit_s), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        _events(request, state, after, limit_s),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

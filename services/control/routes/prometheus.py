@@ -8,6 +8,7 @@ import threading
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client.exposition import choose_encoder
+
 from services.control.auth import ReadAuth
 from services.control.deps import StateDep
 from services.control.prometheus import registry_for

@@ -4,6 +4,7 @@ boundary, also while paused)."""
 from __future__ import annotations
 
 from fastapi import APIRouter
+
 from services.control.auth import WriteAuth
 from services.control.deps import StateDep
 from services.control.schemas import RunCommandResult
@@ -27,8 +28,12 @@ def resume(state: StateDep) -> RunCommandResult:
     return _result(state, "the learner resumes")
 
 
-@router.post("/checkpoint", response_model=RunCommandResult, status_code=202,
-             summary="Save a checkpoint at the next step boundary")
+@router.post(
+    "/checkpoint",
+    response_model=RunCommandResult,
+    status_code=202,
+    summary="Save a checkpoint at the next step boundary",
+)
 def checkpoint(state: StateDep) -> RunCommandResult:
     state.request_checkpoint()
     return _result(state, "the learner saves a checkpoint at its next step boundary")

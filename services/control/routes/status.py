@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+
 from services.control.deps import StateDep
 from services.control.schemas import StatusView
 
@@ -14,5 +15,10 @@ _LEARNER_FIELDS = tuple(set(StatusView.model_fields) - {"run_id", "paused", "che
 def get_status(state: StateDep, request: Request) -> StatusView:
     written = state.status() or {"phase": "waiting"}  # the learner's fields; the rest is read here
     fields = {k: written[k] for k in _LEARNER_FIELDS if written.get(k) is not None}
-    return StatusView(run_id=request.app.state.run_id, **fields, paused=state.paused(),
-                      checkpoint_requested=state.checkpoint_requested(), roles=state.roles())
+    return StatusView(
+        run_id=request.app.state.run_id,
+        **fields,
+        paused=state.paused(),
+        checkpoint_requested=state.checkpoint_requested(),
+        roles=state.roles(),
+    )

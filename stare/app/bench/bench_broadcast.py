@@ -73,8 +73,9 @@ def _quiet() -> None:
 def _ack_store(port: int, master: bool):
     import torch.distributed as dist
 
-    return dist.TCPStore("127.0.0.1", port, is_master=master, wait_for_workers=False,
-                         timeout=timedelta(seconds=TIMEOUT_S))
+    return dist.TCPStore(
+        "127.0.0.1", port, is_master=master, wait_for_workers=False, timeout=timedelta(seconds=TIMEOUT_S)
+    )
 
 
 def _await_acks(acks, mode: str, r: int, world: int) -> None:
@@ -91,8 +92,9 @@ def raw_sender(world: int, pg_port: int, ack_port: int, params_m: float, rounds:
     torch.set_num_threads(1)
     state = make_state(params_m)
     acks = _ack_store(ack_port, False)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{pg_port}", rank=0, world_size=world,
-                            timeout=timedelta(seconds=TIMEOUT_S))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{pg_port}", rank=0, world_size=world, timeout=timedelta(seconds=TIMEOUT_S)
+    )
     for r in range(rounds + 1):
         acks.wait([f"go/raw/{r}"], timedelta(seconds=TIMEOUT_S))
         t0 = time.perf_counter()
@@ -110,8 +112,13 @@ def raw_receiver(rank: int, world: int, pg_port: int, ack_port: int, params_m: f
 
     torch.set_num_threads(1)
     buffers = {k: torch.empty_like(v) for k, v in make_state(params_m).items()}
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{pg_port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=TIMEOUT_S))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{pg_port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=TIMEOUT_S),
+    )
     acks = _ack_store(ack_port, False)
     for r in range(rounds + 1):
         for t in buffers.values():
@@ -159,11 +166,15 @@ def bench_interleaved(state, receivers: int, rounds: int, params_m: float) -> di
     acks = _ack_store(ack_port, True)
     pub = BroadcastPublisher("127.0.0.1", pub_port, timeout_s=TIMEOUT_S)
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=raw_receiver, args=(rank, world, pg_port, ack_port, params_m, rounds))
-             for rank in range(1, world)]
+    procs = [
+        ctx.Process(target=raw_receiver, args=(rank, world, pg_port, ack_port, params_m, rounds))
+        for rank in range(1, world)
+    ]
     procs.append(ctx.Process(target=raw_sender, args=(world, pg_port, ack_port, params_m, rounds)))
-    procs += [ctx.Process(target=stare_receiver, args=(rank, world, pub_port, ack_port, params_m, rounds))
-              for rank in range(1, world)]
+    procs += [
+        ctx.Process(target=stare_receiver, args=(rank, world, pub_port, ack_port, params_m, rounds))
+        for rank in range(1, world)
+    ]
     for p in procs:
         p.start()
 
@@ -212,10 +223,18 @@ def measure(*, params_m: float, receivers: int, rounds: int) -> list[dict[str, A
     n_params = sum(t.numel() for t in state.values())
     times = bench_interleaved(state, receivers, rounds, params_m)
     ours, raw = times["stare"], times["raw"]
-    return [paired_row("broadcast", f"BroadcastPublisher vs raw gloo dist.broadcast loop, {n_params / 1e6:.0f}M fp32 "
-                       f"params ({n_bytes / 2**20:.0f} MiB) to {receivers} receiver(s), rounds interleaved",
-                       [n_bytes / t / 1e9 for t in ours], [n_bytes / t / 1e9 for t in raw], unit="GB/s",
-                       target=TARGET, seconds={"ours_s": ours, "baseline_s": raw})]
+    return [
+        paired_row(
+            "broadcast",
+            f"BroadcastPublisher vs raw gloo dist.broadcast loop, {n_params / 1e6:.0f}M fp32 "
+            f"params ({n_bytes / 2**20:.0f} MiB) to {receivers} receiver(s), rounds interleaved",
+            [n_bytes / t / 1e9 for t in ours],
+            [n_bytes / t / 1e9 for t in raw],
+            unit="GB/s",
+            target=TARGET,
+            seconds={"ours_s": ours, "baseline_s": raw},
+        )
+    ]
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
@@ -229,8 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params-m", type=float, default=100.0)
     args = parser.parse_args(argv)
     rows = measure(params_m=args.params_m, receivers=args.receivers, rounds=args.rounds)
-    print(f"{args.rounds} interleaved rounds of each mode after 1 warm-up each; ours = BroadcastPublisher, "
-          f"baseline = raw loop; ratio = median of the per-round throughput ratios")
+    print(
+        f"{args.rounds} interleaved rounds of each mode after 1 warm-up each; ours = BroadcastPublisher, "
+        f"baseline = raw loop; ratio = median of the per-round throughput ratios"
+    )
     print(format_table(rows))
     print("seconds per round: " + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in rows[0]["seconds"].items()))
     return 0

@@ -27,8 +27,9 @@ import dataclasses
 import math
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -60,11 +61,19 @@ def build_model(shape: dict[str, int], device: torch.device, dtype: torch.dtype,
     """A Qwen2 causal LM with random weights of the given shape."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    config = Qwen2Config(hidden_size=shape["hidden"], intermediate_size=shape["ffn"],
-                         num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
-                         num_key_value_heads=shape["kv_heads"], vocab_size=shape["vocab"],
-                         max_position_embeddings=8192, tie_word_embeddings=True, eos_token_id=shape["vocab"] - 1,
-                         bos_token_id=shape["vocab"] - 1, pad_token_id=0)
+    config = Qwen2Config(
+        hidden_size=shape["hidden"],
+        intermediate_size=shape["ffn"],
+        num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv_heads"],
+        vocab_size=shape["vocab"],
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        eos_token_id=shape["vocab"] - 1,
+        bos_token_id=shape["vocab"] - 1,
+        pad_token_id=0,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, dtype=dtype).to(device)
 
@@ -79,8 +88,11 @@ def matmul_flops(device: torch.device, dtype: torch.dtype, n: int = 8192, iters:
 
 def _to(batch, device: torch.device):
     """The TrainBatch with its tensors on `device` (moved once per step)."""
-    moved = {f.name: getattr(batch, f.name).to(device) for f in dataclasses.fields(batch)
-             if isinstance(getattr(batch, f.name), torch.Tensor)}
+    moved = {
+        f.name: getattr(batch, f.name).to(device)
+        for f in dataclasses.fields(batch)
+        if isinstance(getattr(batch, f.name), torch.Tensor)
+    }
     return dataclasses.replace(batch, **moved)
 
 
@@ -92,9 +104,19 @@ def compute_params(model) -> int:
     return n + (emb.numel() if model.config.get_text_config().tie_word_embeddings else 0)
 
 
-def measure_learner(*, device: str, shape: dict[str, int], groups: int, group_size: int, max_response: int,
-                    prompt_len: int, micro_batch: int, repeats: int, dtype: torch.dtype = torch.bfloat16,
-                    matmul_n: int = 8192) -> list[dict[str, Any]]:
+def measure_learner(
+    *,
+    device: str,
+    shape: dict[str, int],
+    groups: int,
+    group_size: int,
+    max_response: int,
+    prompt_len: int,
+    micro_batch: int,
+    repeats: int,
+    dtype: torch.dtype = torch.bfloat16,
+    matmul_n: int = 8192,
+) -> list[dict[str, Any]]:
     """One row: tokens/s of the learner's step (prompt + response tokens through the pre-pass and
     the training pass), against the tokens/s a dense matmul at this device's measured rate would
     give for the same FLOPs (ratio = MFU vs the measured peak)."""
@@ -112,8 +134,7 @@ def measure_learner(*, device: str, shape: dict[str, int], groups: int, group_si
     n_mb = math.ceil(rows / micro_batch)
 
     def step(k: int) -> tuple[float, float]:
-        trajectories = synthetic_groups(groups, group_size, shape["vocab"], max_response, prompt_len=prompt_len,
-                                        step=k)
+        trajectories = synthetic_groups(groups, group_size, shape["vocab"], max_response, prompt_len=prompt_len, step=k)
         t0 = time.perf_counter()
         batch = _to(collate(trajectories, pad_id=0, rows=n_mb * micro_batch), dev)
         S, L = batch.mask.shape
@@ -124,8 +145,9 @@ def measure_learner(*, device: str, shape: dict[str, int], groups: int, group_si
         model.eval()
         with torch.no_grad():
             for sl, mb in mbs:
-                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                               position_ids=mb.position_ids).logits
+                logits = model(
+                    input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids
+                ).logits
                 lp, e = token_logprobs_and_entropy(logits, mb)
                 old[sl, : lp.shape[1]], ent[sl, : lp.shape[1]] = lp, e
                 del logits
@@ -134,13 +156,21 @@ def measure_learner(*, device: str, shape: dict[str, int], groups: int, group_si
         h = float(mean_entropy(ent, batch.mask, cfg.agg_mode))  # host sync: once per step (the gate)
         ctx = plan_step(tokens, cfg, gate=float(h < 0.3), w=1.1, m=0.9, seed=k)
         for sl, mb in mbs:
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                           position_ids=mb.position_ids).logits
+            logits = model(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids
+            ).logits
             lp, e = token_logprobs_and_entropy(logits, mb)
             n = lp.shape[1]
-            x = LossInputs(logprobs=lp, old_logprobs=old[sl, :n], advantages=mb.advantages, mask=mb.mask,
-                           token_uid=mb.token_uid, entropy=e, step_entropy=ent[sl, :n],
-                           rollout_logprobs=mb.rollout_logprobs)
+            x = LossInputs(
+                logprobs=lp,
+                old_logprobs=old[sl, :n],
+                advantages=mb.advantages,
+                mask=mb.mask,
+                token_uid=mb.token_uid,
+                entropy=e,
+                step_entropy=ent[sl, :n],
+                rollout_logprobs=mb.rollout_logprobs,
+            )
             policy_loss(x, ctx, cfg).loss.backward()
             del logits
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -157,12 +187,21 @@ def measure_learner(*, device: str, shape: dict[str, int], groups: int, group_si
     ours = [tok / t for tok, t in samples]
     at_peak = peak / flops_per_token
     dtype_name = str(dtype).removeprefix("torch.")
-    return [row("gpu-learner", f"learner step on {_device_name(dev)}: tokens/s ({compute_params(model) / 1e6:.0f}M "
-                f"compute params, {rows} seqs, prompt <= {prompt_len}, response <= {max_response}, micro-batch "
-                f"{micro_batch}, {dtype_name}) vs a dense matmul's rate (ratio = MFU)",
-                ours=median(ours), baseline=at_peak, unit="tokens/s",
-                spread=[min(ours) / at_peak, max(ours) / at_peak], repeats=repeats,
-                matmul_tflops=peak / 1e12, achieved_tflops=median(ours) * flops_per_token / 1e12)]
+    return [
+        row(
+            "gpu-learner",
+            f"learner step on {_device_name(dev)}: tokens/s ({compute_params(model) / 1e6:.0f}M "
+            f"compute params, {rows} seqs, prompt <= {prompt_len}, response <= {max_response}, micro-batch "
+            f"{micro_batch}, {dtype_name}) vs a dense matmul's rate (ratio = MFU)",
+            ours=median(ours),
+            baseline=at_peak,
+            unit="tokens/s",
+            spread=[min(ours) / at_peak, max(ours) / at_peak],
+            repeats=repeats,
+            matmul_tflops=peak / 1e12,
+            achieved_tflops=median(ours) * flops_per_token / 1e12,
+        )
+    ]
 
 
 def _device_name(dev: torch.device) -> str:
@@ -190,8 +229,9 @@ def full_logprobs_entropy(head: torch.nn.Module, hidden: torch.Tensor, targets: 
     return logprobs, entropy
 
 
-def measure_logprob_memory(*, device: str, tokens: int, hidden_size: int, vocab: int, repeats: int,
-                           dtype: torch.dtype = torch.bfloat16) -> list[dict[str, Any]]:
+def measure_logprob_memory(
+    *, device: str, tokens: int, hidden_size: int, vocab: int, repeats: int, dtype: torch.dtype = torch.bfloat16
+) -> list[dict[str, Any]]:
     """Rows gpu-logprob-memory (peak bytes above the inputs, CUDA only) and gpu-logprob-time: the
     learner's `chunked_logprobs_and_entropy` (chunks of tokens/8) + backward vs the full fp32
     log-softmax, on the same hidden states and output head."""
@@ -218,20 +258,45 @@ def measure_logprob_memory(*, device: str, tokens: int, hidden_size: int, vocab:
     mem = {k: _peak_bytes(lambda k=k: run(k), dev) for k in arms}  # also the warm-up
     times: dict[str, list[float]] = {"ours": [], "baseline": []}
     for r in range(repeats):
-        for k in (("ours", "baseline") if r % 2 == 0 else ("baseline", "ours")):
+        for k in ("ours", "baseline") if r % 2 == 0 else ("baseline", "ours"):
             times[k].append(_clock(lambda: run(k), dev))
     size = f"{tokens:,} tokens, hidden {hidden_size}, vocab {vocab:,}, {str(dtype).removeprefix('torch.')}, chunks of {chunk}"
     what = "learner chunked log-prob/entropy + backward vs full fp32 log-softmax"
     out = []
     if mem["ours"] is None:
-        out.append(skipped("gpu-logprob-memory", f"{what}: peak memory ({size})",
-                           "peak memory is measured on CUDA only", unit="GiB", target=0.25, higher_is_better=False))
+        out.append(
+            skipped(
+                "gpu-logprob-memory",
+                f"{what}: peak memory ({size})",
+                "peak memory is measured on CUDA only",
+                unit="GiB",
+                target=0.25,
+                higher_is_better=False,
+            )
+        )
     else:
-        out.append(row("gpu-logprob-memory", f"{what}: peak memory above the inputs ({size})",
-                       ours=mem["ours"] / 2**30, baseline=mem["baseline"] / 2**30, unit="GiB", target=0.25,
-                       higher_is_better=False))
-    out.append(paired_row("gpu-logprob-time", f"{what}: time ({size})", times["ours"], times["baseline"],
-                          unit="s", target=1.15, higher_is_better=False))
+        out.append(
+            row(
+                "gpu-logprob-memory",
+                f"{what}: peak memory above the inputs ({size})",
+                ours=mem["ours"] / 2**30,
+                baseline=mem["baseline"] / 2**30,
+                unit="GiB",
+                target=0.25,
+                higher_is_better=False,
+            )
+        )
+    out.append(
+        paired_row(
+            "gpu-logprob-time",
+            f"{what}: time ({size})",
+            times["ours"],
+            times["baseline"],
+            unit="s",
+            target=1.15,
+            higher_is_better=False,
+        )
+    )
     return out
 
 
@@ -244,8 +309,17 @@ def save_model(model, path: Path) -> Path:
     return path
 
 
-def measure_generate(*, device: str, shape: dict[str, int], prompts: int, samples: int, prompt_len: int,
-                     max_new_tokens: int, repeats: int, dtype: str = "bfloat16") -> list[dict[str, Any]]:
+def measure_generate(
+    *,
+    device: str,
+    shape: dict[str, int],
+    prompts: int,
+    samples: int,
+    prompt_len: int,
+    max_new_tokens: int,
+    repeats: int,
+    dtype: str = "bfloat16",
+) -> list[dict[str, Any]]:
     """One row: HFEngine tokens/s vs model.generate(output_scores=True), same prompts, interleaved."""
     from rollout.engines.base import SamplingParams
     from rollout.engines.hf_engine import HFEngine
@@ -266,9 +340,20 @@ def measure_generate(*, device: str, shape: dict[str, int], prompts: int, sample
 
     def baseline() -> int:
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                                 top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, num_return_sequences=samples,
-                                 output_scores=True, return_dict_in_generate=True, eos_token_id=eos, pad_token_id=0)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_new_tokens,
+                num_return_sequences=samples,
+                output_scores=True,
+                return_dict_in_generate=True,
+                eos_token_id=eos,
+                pad_token_id=0,
+            )
         new = out.sequences[:, prompt_len:]  # [P x n, T]
         hit = (new == eos).int()  # tokens up to and including the first EOS count
         after = hit.cumsum(-1) - hit  # [P x n, T] EOS seen before this position
@@ -277,36 +362,69 @@ def measure_generate(*, device: str, shape: dict[str, int], prompts: int, sample
     ours(), baseline()  # warm-up
     rates: dict[str, list[float]] = {"ours": [], "baseline": []}
     for r in range(repeats):
-        for name, fn in ((("ours", ours), ("baseline", baseline)) if r % 2 == 0 else
-                         (("baseline", baseline), ("ours", ours))):
+        for name, fn in (
+            (("ours", ours), ("baseline", baseline)) if r % 2 == 0 else (("baseline", baseline), ("ours", ours))
+        ):
             n = [0]
             t = _clock(lambda: n.__setitem__(0, fn()), dev)
             rates[name].append(n[0] / t)
     engine.close()
-    return [paired_row("gpu-generate", f"HF engine vs transformers generate(output_scores) on {_device_name(dev)} "
-                       f"({prompts} prompts x {samples}, {prompt_len} + <= {max_new_tokens} tokens, {dtype})",
-                       rates["ours"], rates["baseline"], unit="tokens/s")]
+    return [
+        paired_row(
+            "gpu-generate",
+            f"HF engine vs transformers generate(output_scores) on {_device_name(dev)} "
+            f"({prompts} prompts x {samples}, {prompt_len} + <= {max_new_tokens} tokens, {dtype})",
+            rates["ours"],
+            rates["baseline"],
+            unit="tokens/s",
+        )
+    ]
 
 
 # --- the registry's entries ---------------------------------------------------------------------
 
+
 def run_learner(quick: bool) -> list[dict[str, Any]]:
     if not _cuda():
         return [skipped("gpu-learner", "learner tokens/s and MFU on a GPU", NO_CUDA, unit="tokens/s")]
-    return measure_learner(device="cuda", shape=QWEN_0_5B, groups=8, group_size=8, max_response=1024 if quick else 2048,
-                           prompt_len=256, micro_batch=8, repeats=3 if quick else 7)
+    return measure_learner(
+        device="cuda",
+        shape=QWEN_0_5B,
+        groups=8,
+        group_size=8,
+        max_response=1024 if quick else 2048,
+        prompt_len=256,
+        micro_batch=8,
+        repeats=3 if quick else 7,
+    )
 
 
 def run_logprob_memory(quick: bool) -> list[dict[str, Any]]:
     if not _cuda():
-        return [skipped("gpu-logprob-memory", "log-prob/entropy peak memory at vocab 151,936 on a GPU", NO_CUDA,
-                        unit="GiB", target=0.25, higher_is_better=False)]
-    return measure_logprob_memory(device="cuda", tokens=8192 if quick else 16384, hidden_size=1536, vocab=VOCAB_QWEN,
-                                  repeats=3 if quick else 7)
+        return [
+            skipped(
+                "gpu-logprob-memory",
+                "log-prob/entropy peak memory at vocab 151,936 on a GPU",
+                NO_CUDA,
+                unit="GiB",
+                target=0.25,
+                higher_is_better=False,
+            )
+        ]
+    return measure_logprob_memory(
+        device="cuda", tokens=8192 if quick else 16384, hidden_size=1536, vocab=VOCAB_QWEN, repeats=3 if quick else 7
+    )
 
 
 def run_generate(quick: bool) -> list[dict[str, Any]]:
     if not _cuda():
         return [skipped("gpu-generate", "HF engine generation tokens/s on a GPU", NO_CUDA, unit="tokens/s")]
-    return measure_generate(device="cuda", shape=QWEN_0_5B, prompts=32, samples=8, prompt_len=256,
-                            max_new_tokens=256 if quick else 1024, repeats=3 if quick else 5)
+    return measure_generate(
+        device="cuda",
+        shape=QWEN_0_5B,
+        prompts=32,
+        samples=8,
+        prompt_len=256,
+        max_new_tokens=256 if quick else 1024,
+        repeats=3 if quick else 5,
+    )

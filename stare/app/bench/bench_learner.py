@@ -37,8 +37,9 @@ QUICK = dict(repeats=5)
 FULL = dict(repeats=11)
 
 
-def synthetic_groups(n_groups: int, group_size: int, vocab: int, max_response: int, *, prompt_len: int = 12,
-                     seed: int = 0, step: int = 0) -> list:
+def synthetic_groups(
+    n_groups: int, group_size: int, vocab: int, max_response: int, *, prompt_len: int = 12, seed: int = 0, step: int = 0
+) -> list:
     """Scored trajectories: whole groups with mixed 0/1 rewards, response lengths long-tailed in
     [1, max_response] (most short, a few at the limit, like sampled answers)."""
     from stare.transport.records import Trajectory
@@ -50,13 +51,25 @@ def synthetic_groups(n_groups: int, group_size: int, vocab: int, max_response: i
         rewards = rng.permutation([1.0] * (group_size // 2) + [0.0] * (group_size - group_size // 2))
         for j in range(group_size):
             n = int(min(max_response, max(1, rng.geometric(4.0 / max_response))))
-            out.append(Trajectory(
-                run_id="bench", trajectory_id=f"s{step}g{g}:{j}", group_id=f"s{step}g{g}", group_size=group_size,
-                weight_version=0, prompt_token_ids=prompt, response_token_ids=rng.integers(0, vocab, n, dtype=np.int32),
-                response_logprobs=-rng.exponential(1.0, n).astype(np.float32), loss_mask=np.ones(n, dtype=np.uint8),
-                finish_reason="stop" if n < max_response else "length", answer="0", problem_id=f"p{g}",
-                data_source="bench", response_text="", reward=float(rewards[j]),
-            ))
+            out.append(
+                Trajectory(
+                    run_id="bench",
+                    trajectory_id=f"s{step}g{g}:{j}",
+                    group_id=f"s{step}g{g}",
+                    group_size=group_size,
+                    weight_version=0,
+                    prompt_token_ids=prompt,
+                    response_token_ids=rng.integers(0, vocab, n, dtype=np.int32),
+                    response_logprobs=-rng.exponential(1.0, n).astype(np.float32),
+                    loss_mask=np.ones(n, dtype=np.uint8),
+                    finish_reason="stop" if n < max_response else "length",
+                    answer="0",
+                    problem_id=f"p{g}",
+                    data_source="bench",
+                    response_text="",
+                    reward=float(rewards[j]),
+                )
+            )
     return out
 
 
@@ -72,7 +85,9 @@ class PlainLoop:
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         o = cfg.optim
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        )
         rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
         self.micro = min(o.micro_batch, rows)
         self.grad_accum = math.ceil(rows / self.micro)
@@ -112,9 +127,16 @@ class PlainLoop:
         for sl, mb in micro:
             logp, entropy = token_logprobs_and_entropy(self._forward(mb), mb)
             n = logp.shape[1]
-            x = LossInputs(logprobs=logp, old_logprobs=old[sl, :n], advantages=mb.advantages, mask=mb.mask,
-                           token_uid=mb.token_uid, entropy=entropy, step_entropy=ent[sl, :n],
-                           rollout_logprobs=mb.rollout_logprobs)
+            x = LossInputs(
+                logprobs=logp,
+                old_logprobs=old[sl, :n],
+                advantages=mb.advantages,
+                mask=mb.mask,
+                token_uid=mb.token_uid,
+                entropy=entropy,
+                step_entropy=ent[sl, :n],
+                rollout_logprobs=mb.rollout_logprobs,
+            )
             out = policy_loss(x, ctx, cfg.loss)
             out.loss.backward()
             total += out.loss.detach().double()
@@ -158,14 +180,19 @@ def measure(*, repeats: int, overrides: list[str] = ()) -> list[dict[str, Any]]:
         if not math.isclose(ours_loss, plain_loss, rel_tol=1e-5, abs_tol=1e-7):
             raise AssertionError(f"the plain loop's loss {plain_loss!r} differs from the Learner's {ours_loss!r}")
         updated = ours.state_dict_for_rollout()
-        drift = max((updated[k].float() - v.detach().float()).abs().max().item()
-                    for k, v in plain.model.state_dict().items() if k in updated)
+        drift = max(
+            (updated[k].float() - v.detach().float()).abs().max().item()
+            for k, v in plain.model.state_dict().items()
+            if k in updated
+        )
         moved = max((updated[k].float() - v.float()).abs().max().item() for k, v in init.items() if k in updated)
         # Adam's first step is lr x g / (|g| + eps): where a gradient is ~0, float-order differences
         # (chunked vs whole log-softmax, another reduction order) move a weight by a visible part of lr
         if moved == 0 or drift > DRIFT_OF_UPDATE * moved:
-            raise AssertionError(f"after one step the plain loop's weights differ from the Learner's by {drift:.2e} "
-                                 f"(the step moved them by up to {moved:.2e})")
+            raise AssertionError(
+                f"after one step the plain loop's weights differ from the Learner's by {drift:.2e} "
+                f"(the step moved them by up to {moved:.2e})"
+            )
 
         times: dict[str, list[float]] = {"ours": [], "baseline": []}
         n_tokens: list[float] = []
@@ -173,15 +200,25 @@ def measure(*, repeats: int, overrides: list[str] = ()) -> list[dict[str, Any]]:
             trajectories = batch(k + 1)
             n_tokens.append(float(sum(len(t.response_token_ids) for t in trajectories)))
             arms = (("ours", lambda: ours.train_step(trajectories)), ("baseline", lambda: plain.step(trajectories)))
-            for name, fn in (arms if k % 2 == 0 else arms[::-1]):
+            for name, fn in arms if k % 2 == 0 else arms[::-1]:
                 times[name].append(timed(fn))
-    size = (f"{r.prompts_per_step} x {r.samples_per_prompt} trajectories, <= {r.max_new_tokens} tokens, "
-            f"micro-batch {cfg.optim.micro_batch}, ZeRO {cfg.optim.zero_stage}, {cfg.model.dtype}")
-    return [paired_row("learner", f"Learner.train_step (DeepSpeed) vs a plain torch loop, same loss ({size})",
-                       [n / t for n, t in zip(n_tokens, times["ours"])],
-                       [n / t for n, t in zip(n_tokens, times["baseline"])], unit="tokens/s", target=TARGET,
-                       first_step_loss=ours_loss, first_step_weight_drift=drift,
-                       first_step_update=moved)]
+    size = (
+        f"{r.prompts_per_step} x {r.samples_per_prompt} trajectories, <= {r.max_new_tokens} tokens, "
+        f"micro-batch {cfg.optim.micro_batch}, ZeRO {cfg.optim.zero_stage}, {cfg.model.dtype}"
+    )
+    return [
+        paired_row(
+            "learner",
+            f"Learner.train_step (DeepSpeed) vs a plain torch loop, same loss ({size})",
+            [n / t for n, t in zip(n_tokens, times["ours"])],
+            [n / t for n, t in zip(n_tokens, times["baseline"])],
+            unit="tokens/s",
+            target=TARGET,
+            first_step_loss=ours_loss,
+            first_step_weight_drift=drift,
+            first_step_update=moved,
+        )
+    ]
 
 
 def run(quick: bool) -> list[dict[str, Any]]:

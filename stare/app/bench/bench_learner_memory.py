@@ -88,7 +88,10 @@ def _measure_peak(variant: str, n: int, hidden: int, chunk: int) -> int:
 def _peak_in_subprocess(variant: str, n: int, hidden: int, chunk: int) -> int:
     out = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--peak", variant, str(n), str(hidden), str(chunk)],
-        capture_output=True, text=True, timeout=600, check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
     )
     return int(out.stdout.strip().splitlines()[-1])
 
@@ -133,23 +136,46 @@ def _packing_tokens_per_s(quick: bool) -> tuple[dict[str, list[float]], dict]:
     micro = 4
     budget = micro * (prompt + longest)  # the padded micro-batch's worst case: same peak memory bound
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=4096, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=768, max_position_embeddings=2048,
-                         attn_implementation="sdpa")
+    config = Qwen2Config(
+        vocab_size=4096,
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=768,
+        max_position_embeddings=2048,
+        attn_implementation="sdpa",
+    )
     model = Qwen2ForCausalLM(config)
     rng = np.random.default_rng(1)
     trajs = []
     for i, n in enumerate(_lengths(rows, longest)):
-        trajs.append(Trajectory(
-            run_id="b", trajectory_id=str(i), group_id=str(i // 8), group_size=8, weight_version=0,
-            prompt_token_ids=rng.integers(2, 4096, prompt).astype(np.int32),
-            response_token_ids=rng.integers(2, 4096, n).astype(np.int32),
-            response_logprobs=-rng.random(n).astype(np.float32), loss_mask=np.ones(n, dtype=np.uint8),
-            finish_reason="stop", answer="", problem_id=str(i // 8), data_source="b", reward=float(i % 2)))
+        trajs.append(
+            Trajectory(
+                run_id="b",
+                trajectory_id=str(i),
+                group_id=str(i // 8),
+                group_size=8,
+                weight_version=0,
+                prompt_token_ids=rng.integers(2, 4096, prompt).astype(np.int32),
+                response_token_ids=rng.integers(2, 4096, n).astype(np.int32),
+                response_logprobs=-rng.random(n).astype(np.float32),
+                loss_mask=np.ones(n, dtype=np.uint8),
+                finish_reason="stop",
+                answer="",
+                problem_id=str(i // 8),
+                data_source="b",
+                reward=float(i % 2),
+            )
+        )
     batch = collate(trajs, pad_id=0, rows=rows)
     real_tokens = sum(prompt + len(t.response_token_ids) for t in trajs)
-    policy = Policy(hidden=hidden_state_fn(model, model, torch.device("cpu")), lm_head=model.lm_head,
-                    device=torch.device("cpu"), chunk_tokens=2048)
+    policy = Policy(
+        hidden=hidden_state_fn(model, model, torch.device("cpu")),
+        lm_head=model.lm_head,
+        device=torch.device("cpu"),
+        chunk_tokens=2048,
+    )
     cfg = StareLossConfig(variant="C2")
     lens = [len(p) for p in batch.prompts], [len(r) for r in batch.responses]
 
@@ -160,9 +186,21 @@ def _packing_tokens_per_s(quick: bool) -> tuple[dict[str, list[float]], dict]:
         model.eval()
         old, ent, dh = prepass(policy, mbs, batch, predicted_entropy_change=False)
         model.train()
-        ctx = plan_step(StepTokens(old, ent, batch.advantages, batch.token_uid, batch.mask), cfg, gate=1.0, w=1.1, m=0.9)
-        train_pass(policy, mbs, batch, old, ent, dh, ctx, cfg, mean_entropy(ent, batch.mask, cfg.agg_mode),
-                   lambda loss, last: loss.backward())
+        ctx = plan_step(
+            StepTokens(old, ent, batch.advantages, batch.token_uid, batch.mask), cfg, gate=1.0, w=1.1, m=0.9
+        )
+        train_pass(
+            policy,
+            mbs,
+            batch,
+            old,
+            ent,
+            dh,
+            ctx,
+            cfg,
+            mean_entropy(ent, batch.mask, cfg.agg_mode),
+            lambda loss, last: loss.backward(),
+        )
         model.zero_grad(set_to_none=True)
         return time.process_time() - t0, sum(mb.model_tokens for mb in mbs)
 
@@ -175,16 +213,31 @@ def _packing_tokens_per_s(quick: bool) -> tuple[dict[str, list[float]], dict]:
         for name in rotated(list(cuts), r):
             t, model_tokens[name] = one_step(*cuts[name])
             tokens_per_s[name].append(real_tokens / t)
-    info = {"rows": rows, "longest": longest, "real_tokens": real_tokens, "budget": budget, "micro_batch": micro,
-            **{f"model_tokens_{k}": v for k, v in model_tokens.items()}}
+    info = {
+        "rows": rows,
+        "longest": longest,
+        "real_tokens": real_tokens,
+        "budget": budget,
+        "micro_batch": micro,
+        **{f"model_tokens_{k}": v for k, v in model_tokens.items()},
+    }
     return tokens_per_s, info
 
 
 def _row(name, what, ours, baseline, unit, target, higher_is_better) -> dict:
     ratio = ours / baseline if baseline else float("inf")
     ok = ratio >= target if higher_is_better else ratio <= target
-    return {"name": name, "what": what, "ours": ours, "baseline": baseline, "unit": unit, "ratio": ratio,
-            "target": target, "higher_is_better": higher_is_better, "pass": bool(ok)}
+    return {
+        "name": name,
+        "what": what,
+        "ours": ours,
+        "baseline": baseline,
+        "unit": unit,
+        "ratio": ratio,
+        "target": target,
+        "higher_is_better": higher_is_better,
+        "pass": bool(ok),
+    }
 
 
 def run(quick: bool = False) -> list[dict]:
@@ -204,19 +257,43 @@ def run(quick: bool = False) -> list[dict]:
     torch.set_num_threads(threads)
     case = f"{n} tokens x vocab {VOCAB}, hidden {hidden}, chunks of {chunk}"
     return [
-        _row("logprob_peak_memory", f"peak RSS of log-prob+entropy fwd+bwd, {case}: chunked vs full [N, V] fp32",
-             peak_ours / 2**20, peak_base / 2**20, "MiB", 0.25, False),
-        paired_row("logprob_time", f"CPU time of log-prob+entropy fwd+bwd, {case}: chunked vs full", t_ours, t_base,
-                   unit="s", target=1.15, higher_is_better=False),
-        paired_row("packing_tokens_per_s",
-                   f"learner step tokens per CPU-second, {info['rows']} rows long-tailed to {info['longest']}: token "
-                   f"budget {info['budget']} packed ({info['model_tokens_packed']} model tokens) vs "
-                   f"{info['micro_batch']}-row padded micro-batches ({info['model_tokens_padded']})",
-                   tps["packed"], tps["padded"], unit="tokens/s", target=1.3),
-        paired_row("binning_tokens_per_s",
-                   f"the same with token-budget micro-batches padded, not packed (pack_sequences=false; "
-                   f"{info['model_tokens_binned']} model tokens; informational, target: no slower)", tps["binned"],
-                   tps["padded"], unit="tokens/s", target=1.0),
+        _row(
+            "logprob_peak_memory",
+            f"peak RSS of log-prob+entropy fwd+bwd, {case}: chunked vs full [N, V] fp32",
+            peak_ours / 2**20,
+            peak_base / 2**20,
+            "MiB",
+            0.25,
+            False,
+        ),
+        paired_row(
+            "logprob_time",
+            f"CPU time of log-prob+entropy fwd+bwd, {case}: chunked vs full",
+            t_ours,
+            t_base,
+            unit="s",
+            target=1.15,
+            higher_is_better=False,
+        ),
+        paired_row(
+            "packing_tokens_per_s",
+            f"learner step tokens per CPU-second, {info['rows']} rows long-tailed to {info['longest']}: token "
+            f"budget {info['budget']} packed ({info['model_tokens_packed']} model tokens) vs "
+            f"{info['micro_batch']}-row padded micro-batches ({info['model_tokens_padded']})",
+            tps["packed"],
+            tps["padded"],
+            unit="tokens/s",
+            target=1.3,
+        ),
+        paired_row(
+            "binning_tokens_per_s",
+            f"the same with token-budget micro-batches padded, not packed (pack_sequences=false; "
+            f"{info['model_tokens_binned']} model tokens; informational, target: no slower)",
+            tps["binned"],
+            tps["padded"],
+            unit="tokens/s",
+            target=1.0,
+        ),
     ]
 
 
@@ -234,9 +311,11 @@ def main(argv=None) -> None:
         print(json.dumps(rows, indent=1))
         return
     for r in rows:
-        print(f"{r['name']:<22} ours {r['ours']:>12.4g} {r['unit']:<9} baseline {r['baseline']:>12.4g}  "
-              f"ratio {r['ratio']:.3f} (target {'>=' if r['higher_is_better'] else '<='} {r['target']}) "
-              f"{'PASS' if r['pass'] else 'FAIL'}\n    {r['what']}")
+        print(
+            f"{r['name']:<22} ours {r['ours']:>12.4g} {r['unit']:<9} baseline {r['baseline']:>12.4g}  "
+            f"ratio {r['ratio']:.3f} (target {'>=' if r['higher_is_better'] else '<='} {r['target']}) "
+            f"{'PASS' if r['pass'] else 'FAIL'}\n    {r['what']}"
+        )
 
 
 if __name__ == "__main__":

@@ -52,8 +52,16 @@ def token_logprobs_entropy(logits: torch.Tensor, tokens: torch.Tensor):
     return logp, entropy
 
 
-def micro_batch_call(cfg, ctx, step, logits_mb: list[torch.Tensor] | None, old_logp: torch.Tensor,
-                     entropy0: torch.Tensor, mb: int, i: int) -> None:
+def micro_batch_call(
+    cfg,
+    ctx,
+    step,
+    logits_mb: list[torch.Tensor] | None,
+    old_logp: torch.Tensor,
+    entropy0: torch.Tensor,
+    mb: int,
+    i: int,
+) -> None:
     """Forward and backward of micro-batch i: log-probs and entropy from its logits (or, with no
     logits, the log-probs as leaves), then the policy loss."""
     rows = slice(i * mb, (i + 1) * mb)
@@ -98,8 +106,10 @@ def measure(*, seqs: int, length: int, vocab: int, micro_batch: int, repeats: in
     step = make_step(seqs, length, vocab)
     logits = [torch.randn(min(micro_batch, seqs - a), length, vocab) for a in range(0, seqs, micro_batch)]
     with torch.no_grad():
-        parts = [token_logprobs_entropy(lg, step["tokens"][a : a + micro_batch])
-                 for lg, a in zip(logits, range(0, seqs, micro_batch))]
+        parts = [
+            token_logprobs_entropy(lg, step["tokens"][a : a + micro_batch])
+            for lg, a in zip(logits, range(0, seqs, micro_batch))
+        ]
     old_logp = torch.cat([p[0] for p in parts])  # [S, L]
     entropy0 = torch.cat([p[1] for p in parts])  # [S, L]
     cfgs = {"grpo": GrpoLossConfig(), "stare": StareLossConfig(variant="C2")}
@@ -112,8 +122,19 @@ def measure(*, seqs: int, length: int, vocab: int, micro_batch: int, repeats: in
         ):
             paired_step(cfgs, step, lg, old_logp, entropy0, micro_batch, 0)  # warm-up
             t = [paired_step(cfgs, step, lg, old_logp, entropy0, micro_batch, r) for r in range(repeats)]
-            rows.append(paired_row(name, what, [x["stare"] for x in t], [x["grpo"] for x in t], unit="s", target=target,
-                                   higher_is_better=False, threads=torch.get_num_threads(), allocator_keeps_memory=kept))
+            rows.append(
+                paired_row(
+                    name,
+                    what,
+                    [x["stare"] for x in t],
+                    [x["grpo"] for x in t],
+                    unit="s",
+                    target=target,
+                    higher_is_better=False,
+                    threads=torch.get_num_threads(),
+                    allocator_keeps_memory=kept,
+                )
+            )
     return rows
 
 
@@ -129,8 +150,9 @@ def main(argv=None) -> None:
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--repeats", type=int, default=FULL["repeats"])
     args = p.parse_args(argv)
-    rows = measure(seqs=args.seqs, length=args.length, vocab=args.vocab, micro_batch=args.micro_batch,
-                   repeats=args.repeats)
+    rows = measure(
+        seqs=args.seqs, length=args.length, vocab=args.vocab, micro_batch=args.micro_batch, repeats=args.repeats
+    )
     print(f"threads {torch.get_num_threads()}; ours = STARE, baseline = GRPO, median of {args.repeats} paired ratios")
     print(format_table(rows))
 

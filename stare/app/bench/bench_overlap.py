@@ -34,15 +34,24 @@ QUICK = dict(steps=24, warmup=3, repeats=1)
 FULL = dict(steps=40, warmup=5, repeats=2)
 
 
-def run_arm(staleness: int, steps: int, rollout: int, reward: int, out: Path, extra: list[str],
-            timeout_s: float = ARM_TIMEOUT_S) -> list[float]:
+def run_arm(
+    staleness: int, steps: int, rollout: int, reward: int, out: Path, extra: list[str], timeout_s: float = ARM_TIMEOUT_S
+) -> list[float]:
     """Run `stare up` to `steps` steps; the learner's end-of-step clock readings (unix seconds)."""
     from stare.app.bench.common import tiny_config
     from stare.app.launch.processes import ProcessLauncher as Launcher
 
-    overrides = [f"run.output_dir={out}", f"run.name=overlap-s{staleness}", f"run.steps={steps}",
-                 f"run.checkpoint_every={steps}", f"task.eval_every={10 * steps}", "task.eval_problems=8",
-                 f"system.max_staleness={staleness}", "control_plane.port=0", *extra]
+    overrides = [
+        f"run.output_dir={out}",
+        f"run.name=overlap-s{staleness}",
+        f"run.steps={steps}",
+        f"run.checkpoint_every={steps}",
+        f"task.eval_every={10 * steps}",
+        "task.eval_problems=8",
+        f"system.max_staleness={staleness}",
+        "control_plane.port=0",
+        *extra,
+    ]
     cfg = tiny_config(overrides)
     log = io.StringIO()
     launcher = Launcher(cfg, rollout=rollout, reward=reward, control=False, out=log, color=False)
@@ -54,8 +63,10 @@ def run_arm(staleness: int, steps: int, rollout: int, reward: int, out: Path, ex
         launcher.stop()
     if time.monotonic() > deadline:
         print(log.getvalue()[-20000:], file=sys.stderr)  # every role's log lines, for the suite's error report
-        raise TimeoutError(f"max_staleness={staleness}: stare up did not finish {steps} steps within {timeout_s:.0f}s "
-                           "(its log is above)")
+        raise TimeoutError(
+            f"max_staleness={staleness}: stare up did not finish {steps} steps within {timeout_s:.0f}s "
+            "(its log is above)"
+        )
     if code != 0:
         print(log.getvalue()[-20000:], file=sys.stderr)  # every role's log lines, for the suite's error report
         raise RuntimeError(f"max_staleness={staleness}: stare up exited with {code} (its log is above)")
@@ -68,7 +79,7 @@ def steps_per_min(times: list[float], warmup: int) -> float:
     GC pause or a scheduling hiccup on a shared machine, cannot move a median)."""
     if len(times) <= warmup:
         raise ValueError(f"{len(times)} steps logged: need more than warmup={warmup}")
-    ends = times[warmup - 1:]
+    ends = times[warmup - 1 :]
     return 60.0 / median([b - a for a, b in zip(ends, ends[1:])])
 
 
@@ -92,29 +103,64 @@ def sim_ideal(extra: list[str] = (), timeout_s: float = SIM_TIMEOUT_S) -> float:
     with tempfile.TemporaryDirectory(prefix="stare-bench-sim-") as tmp:
         profile = Path(tmp) / "cpu.json"
         run(["--calibrate", str(profile)])
-        s_per_step = {staleness: json.loads(run(["--gpu", "cpu", "--profile", str(profile), "--gpus", "2",
-                                                 "--learner-gpus", "1", "--set", f"system.max_staleness={staleness}",
-                                                 "--steps", "20", "--warmup", "3", "--json"]))["s_per_step"]
-                      for staleness in (0, 1)}
+        s_per_step = {
+            staleness: json.loads(
+                run(
+                    [
+                        "--gpu",
+                        "cpu",
+                        "--profile",
+                        str(profile),
+                        "--gpus",
+                        "2",
+                        "--learner-gpus",
+                        "1",
+                        "--set",
+                        f"system.max_staleness={staleness}",
+                        "--steps",
+                        "20",
+                        "--warmup",
+                        "3",
+                        "--json",
+                    ]
+                )
+            )["s_per_step"]
+            for staleness in (0, 1)
+        }
     return s_per_step[0] / s_per_step[1]
 
 
-def measure(*, steps: int, warmup: int, repeats: int, rollout: int = 1, reward: int = 1,
-            extra: list[str] = (), log=lambda s: None, arm_timeout_s: float = ARM_TIMEOUT_S,
-            ideal: bool = False) -> list[dict[str, Any]]:
+def measure(
+    *,
+    steps: int,
+    warmup: int,
+    repeats: int,
+    rollout: int = 1,
+    reward: int = 1,
+    extra: list[str] = (),
+    log=lambda s: None,
+    arm_timeout_s: float = ARM_TIMEOUT_S,
+    ideal: bool = False,
+) -> list[dict[str, Any]]:
     """One row: overlapped steps/min over synchronous, medians over `repeats` pairs of runs. `ideal`:
     also `stare sim`'s compute-only ideal of that ratio on this machine (`sim_ideal`, measured right
     after the runs), in the row as `ideal` and `of_ideal` (the pass criterion stays TARGET)."""
     results: dict[int, list[float]] = {0: [], 1: []}
     with tempfile.TemporaryDirectory(prefix="stare-bench-overlap-") as tmp:
         for r in range(repeats):
-            for staleness in ((0, 1) if r % 2 == 0 else (1, 0)):
+            for staleness in (0, 1) if r % 2 == 0 else (1, 0):
                 times = run_arm(staleness, steps, rollout, reward, Path(tmp) / f"r{r}", list(extra), arm_timeout_s)
                 results[staleness].append(steps_per_min(times, warmup))
                 log(f"repeat {r}: max_staleness={staleness}: {results[staleness][-1]:.1f} steps/min")
-    row = paired_row("overlap", f"stare up steps/min, max_staleness 1 vs 0 ({rollout} rollout, {reward} reward "
-                     f"worker(s), steps {warmup + 1}-{steps} of the tiny config)",
-                     results[1], results[0], unit="steps/min", target=TARGET)
+    row = paired_row(
+        "overlap",
+        f"stare up steps/min, max_staleness 1 vs 0 ({rollout} rollout, {reward} reward "
+        f"worker(s), steps {warmup + 1}-{steps} of the tiny config)",
+        results[1],
+        results[0],
+        unit="steps/min",
+        target=TARGET,
+    )
     if ideal:
         row["ideal"] = sim_ideal(list(extra))
         row["of_ideal"] = row["ratio"] / row["ideal"]
@@ -137,9 +183,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--no-ideal", action="store_true", help="skip stare sim's compute-only ideal")
     args = parser.parse_args(argv)
-    rows = measure(steps=args.steps, warmup=args.warmup, repeats=args.repeats, rollout=args.rollout,
-                   reward=args.reward, extra=args.overrides, log=lambda s: print(s, flush=True),
-                   ideal=not args.no_ideal)
+    rows = measure(
+        steps=args.steps,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        rollout=args.rollout,
+        reward=args.reward,
+        extra=args.overrides,
+        log=lambda s: print(s, flush=True),
+        ideal=not args.no_ideal,
+    )
     print("ours = overlapped (max_staleness 1), baseline = synchronous (max_staleness 0)")
     print(format_table(rows))
     return 0

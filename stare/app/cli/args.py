@@ -14,17 +14,29 @@ def default_config_path() -> Path:
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, default=None,
-                   help="YAML config (default: the bundled configs/tiny-cpu.yaml)")
-    p.add_argument("--algo", default=None,
-                   help="algorithm preset: stare, grpo, grpo-ds, dapo, entropy-bonus, clip-cov, kl-cov, 80-20")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field, e.g. --set optim.lr=1e-5 (repeatable)")
+    p.add_argument("--config", type=Path, default=None, help="YAML config (default: the bundled configs/tiny-cpu.yaml)")
+    p.add_argument(
+        "--algo",
+        default=None,
+        help="algorithm preset: stare, grpo, grpo-ds, dapo, entropy-bonus, clip-cov, kl-cov, 80-20",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set optim.lr=1e-5 (repeatable)",
+    )
 
 
 def _log_format_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-format", choices=["text", "json"], default=None,
-                   help="log lines as text or one JSON object per line for log shippers (default: logging.format)")
+    p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=None,
+        help="log lines as text or one JSON object per line for log shippers (default: logging.format)",
+    )
 
 
 def _overrides(args) -> list[str]:
@@ -41,11 +53,18 @@ def _load(args):
 
 def _role_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
-    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL_FILE's content, else "
-                   "STARE_REDIS_URL, else system.redis_url; STARE_REDIS_PASSWORD_FILE adds a password). Visible in ps: "
-                   "prefer --redis-url-file")
+    p.add_argument(
+        "--redis-url",
+        default=None,
+        help="Redis URL (default: STARE_REDIS_URL_FILE's content, else "
+        "STARE_REDIS_URL, else system.redis_url; STARE_REDIS_PASSWORD_FILE adds a password). Visible in ps: "
+        "prefer --redis-url-file",
+    )
     p.add_argument("--redis-url-file", default=None, help="file holding the Redis URL with its password (a secret)")
-    p.add_argument("--name", default=None,
-                   help="worker name, also its stream consumer name (default: STARE_WORKER_NAME, else ROLE-HOST-PID); "
-                   "'{slot}' in it takes the lowest free replica slot (stare/runtime/process.py)")
+    p.add_argument(
+        "--name",
+        default=None,
+        help="worker name, also its stream consumer name (default: STARE_WORKER_NAME, else ROLE-HOST-PID); "
+        "'{slot}' in it takes the lowest free replica slot (stare/runtime/process.py)",
+    )
     _log_format_arg(p)

@@ -18,8 +18,10 @@ def cmd_train(args) -> int:
 
     if args.resume is not None:
         if args.config is not None or args.algo is not None:
-            raise ConfigError("--resume continues a run with its saved config (--config and --algo do not apply); "
-                              "use --set to change fields")
+            raise ConfigError(
+                "--resume continues a run with its saved config (--config and --algo do not apply); "
+                "use --set to change fields"
+            )
         cfg = prepare_run(None, args.resume, _overrides(args))
         run_training(cfg, resume=True, progress=not args.no_progress)
     else:
@@ -72,8 +74,9 @@ def cmd_export(args) -> int:
     cfg = prepare_run(None, args.run)
     out = args.out or args.run / ("hf" if args.step is None else f"hf-step-{args.step:06d}")
     try:
-        export_checkpoint(args.run / "checkpoints", out, model_path=resolve_model(cfg, print), step=args.step,
-                          dtype=cfg.model.dtype)
+        export_checkpoint(
+            args.run / "checkpoints", out, model_path=resolve_model(cfg, print), step=args.step, dtype=cfg.model.dtype
+        )
     except ExportError as err:
         print(f"stare export: {err}", file=sys.stderr)
         return 1
@@ -101,8 +104,12 @@ def cmd_control(args) -> int:
     from stare.runtime.process import redis_url
 
     cfg = _load(args)
-    state = RedisRunState.connect(redis_url(cfg, args.redis_url, args.redis_url_file), cfg.run.name,
-                                  dead_after_s=cfg.system.dead_after_s, forget_after_s=cfg.system.forget_after_s)
+    state = RedisRunState.connect(
+        redis_url(cfg, args.redis_url, args.redis_url_file),
+        cfg.run.name,
+        dead_after_s=cfg.system.dead_after_s,
+        forget_after_s=cfg.system.forget_after_s,
+    )
     app = create_app(state, cfg.control_plane, cfg.run.name)
     serve_forever(app, args.host or cfg.control_plane.host, cfg.control_plane.port if args.port is None else args.port)
     return 0
@@ -151,10 +158,16 @@ def cmd_role(args) -> int:
 
 def _up_command(args) -> str:
     """The `stare up ... --print-compose` line that reproduces a generated file (its header)."""
-    flags = [("--config", args.config), ("--algo", args.algo), ("--gpus", args.gpus),
-             ("--learner-gpus", args.learner_gpus), ("--learner-ranks", args.learner_ranks),
-             ("--rollout-gpus", args.rollout_gpus),
-             ("--rollout", args.rollout), ("--reward", args.reward)]
+    flags = [
+        ("--config", args.config),
+        ("--algo", args.algo),
+        ("--gpus", args.gpus),
+        ("--learner-gpus", args.learner_gpus),
+        ("--learner-ranks", args.learner_ranks),
+        ("--rollout-gpus", args.rollout_gpus),
+        ("--rollout", args.rollout),
+        ("--reward", args.reward),
+    ]
     words = ["stare", "up"] + [w for flag, v in flags if v is not None for w in (flag, str(v))]
     words += [w for o in args.overrides for w in ("--set", o)]
     if args.compose_base != Path("docker-compose.yml"):
@@ -178,8 +191,10 @@ def _gpu_count(value: str | float | None, flag: str) -> float | None:
     try:
         return float(value)
     except ValueError:
-        raise ConfigError(f"{flag} {value!r}: with --target ray it is the number of GPUs an actor requests "
-                          "(e.g. 1 or 0.5), not GPU ids") from None
+        raise ConfigError(
+            f"{flag} {value!r}: with --target ray it is the number of GPUs an actor requests "
+            "(e.g. 1 or 0.5), not GPU ids"
+        ) from None
 
 
 def cmd_up(args) -> int:
@@ -189,11 +204,21 @@ def cmd_up(args) -> int:
         return _up_compose(args)
     from stare.app.launch.up import up
 
-    return up(_load(args), rollout=args.rollout, reward=args.reward, redis_url=_redis_url(args),
-              control=not args.no_control, gpus=args.gpus, learner_gpus=args.learner_gpus,
-              rollout_gpus=args.rollout_gpus, learner_ranks=args.learner_ranks, print_plan=args.print_plan,
-              print_compose=args.compose_base if args.print_compose else None, max_restarts=args.max_restarts,
-              command=_up_command(args))
+    return up(
+        _load(args),
+        rollout=args.rollout,
+        reward=args.reward,
+        redis_url=_redis_url(args),
+        control=not args.no_control,
+        gpus=args.gpus,
+        learner_gpus=args.learner_gpus,
+        rollout_gpus=args.rollout_gpus,
+        learner_ranks=args.learner_ranks,
+        print_plan=args.print_plan,
+        print_compose=args.compose_base if args.print_compose else None,
+        max_restarts=args.max_restarts,
+        command=_up_command(args),
+    )
 
 
 def _up_compose(args) -> int:
@@ -202,22 +227,32 @@ def _up_compose(args) -> int:
     from stare.plan.gpu_map import node_gpu_count
 
     if args.config is not None or args.overrides or args.algo is not None:
-        raise ConfigError("--target compose runs the services with the config docker-compose.yml mounts "
-                          "(configs/gpu-node.yaml, configs/compose-cpu.yaml): edit that file instead of --config / "
-                          "--set / --algo, or use --target processes")
+        raise ConfigError(
+            "--target compose runs the services with the config docker-compose.yml mounts "
+            "(configs/gpu-node.yaml, configs/compose-cpu.yaml): edit that file instead of --config / "
+            "--set / --algo, or use --target processes"
+        )
     gpus = node_gpu_count() if args.gpus is None else args.gpus
-    return run_until_done(ComposeLauncher(_load(args), compose_file=args.compose_base,
-                                          profile="gpu" if gpus else "cpu"))
+    return run_until_done(
+        ComposeLauncher(_load(args), compose_file=args.compose_base, profile="gpu" if gpus else "cpu")
+    )
 
 
 def _up_ray(args, *, rollout: int) -> int:
     from stare.app.launch.ray import launch_ray
 
-    return launch_ray(_load(args), address=args.address, rollout=rollout, reward=args.reward,
-                      redis_url=_redis_url(args), control=not args.no_control,
-                      learner_gpus=_gpu_count(args.learner_gpus, "--learner-gpus"),
-                      rollout_gpus=_gpu_count(args.rollout_gpus, "--rollout-gpus"), max_restarts=args.max_restarts,
-                      start_timeout_s=args.start_timeout_s)
+    return launch_ray(
+        _load(args),
+        address=args.address,
+        rollout=rollout,
+        reward=args.reward,
+        redis_url=_redis_url(args),
+        control=not args.no_control,
+        learner_gpus=_gpu_count(args.learner_gpus, "--learner-gpus"),
+        rollout_gpus=_gpu_count(args.rollout_gpus, "--rollout-gpus"),
+        max_restarts=args.max_restarts,
+        start_timeout_s=args.start_timeout_s,
+    )
 
 
 def cmd_plan(args) -> int:
@@ -239,16 +274,19 @@ def cmd_plan(args) -> int:
     if args.gpus == 1 and cfg.system.colocate != "off":  # one GPU: stare train's colocated loop
         from stare.plan.colocation import build_one_gpu_plan
 
-        plan = build_one_gpu_plan(cfg, gpu_mem_gib=gpu_mem, shape=plan_shape, prompt_tokens=args.prompt_tokens,
-                                  config_name=name)
+        plan = build_one_gpu_plan(
+            cfg, gpu_mem_gib=gpu_mem, shape=plan_shape, prompt_tokens=args.prompt_tokens, config_name=name
+        )
     elif node_colocated(cfg) and gpus > 1:  # every learner rank hosts an engine (stare up, system.colocate on)
         from stare.plan.colocation import build_node_plan
 
-        plan = build_node_plan(cfg, gpus=gpus, gpu_mem_gib=gpu_mem, shape=plan_shape, prompt_tokens=args.prompt_tokens,
-                               config_name=name)
+        plan = build_node_plan(
+            cfg, gpus=gpus, gpu_mem_gib=gpu_mem, shape=plan_shape, prompt_tokens=args.prompt_tokens, config_name=name
+        )
     else:
-        plan = build_plan(cfg, gpus=gpus, gpu_mem_gib=gpu_mem, shape=plan_shape, prompt_tokens=args.prompt_tokens,
-                          config_name=name)
+        plan = build_plan(
+            cfg, gpus=gpus, gpu_mem_gib=gpu_mem, shape=plan_shape, prompt_tokens=args.prompt_tokens, config_name=name
+        )
     print(render_json(plan) if args.json else render(plan))
     if args.node_gpus is not None:  # the placement and throughput stare sim models (stare/app/sim/placement.py)
         from stare.app.sim.placement import plan_text

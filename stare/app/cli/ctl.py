@@ -29,8 +29,11 @@ class CtlError(Exception):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=os.environ.get("STARE_CONTROL_URL", DEFAULT_URL),
-                   help=f"control plane URL (default: STARE_CONTROL_URL or {DEFAULT_URL})")
+    p.add_argument(
+        "--url",
+        default=os.environ.get("STARE_CONTROL_URL", DEFAULT_URL),
+        help=f"control plane URL (default: STARE_CONTROL_URL or {DEFAULT_URL})",
+    )
     p.add_argument("--token", default=None, help="API token (default: STARE_API_TOKEN)")
     p.add_argument("--timeout-s", type=float, default=10.0, help="timeout of each HTTP call")
     sub = p.add_subparsers(dest="ctl_command", required=True)
@@ -81,7 +84,9 @@ def _call(args: argparse.Namespace, method: str, path: str, body: dict[str, Any]
     try:
         response = httpx.request(method, url, json=body, headers=headers, timeout=args.timeout_s)
     except httpx.HTTPError as err:
-        raise CtlError(f"cannot reach the control plane at {args.url}: {err}; check --url and that it runs", 2) from None
+        raise CtlError(
+            f"cannot reach the control plane at {args.url}: {err}; check --url and that it runs", 2
+        ) from None
     try:
         data = response.json()
     except ValueError:

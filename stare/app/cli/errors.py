@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 USER_ERROR = 2
 NOTHING_TRAINED = 3
@@ -50,13 +50,24 @@ def _known() -> list[tuple[type[BaseException], int, Callable[[BaseException], s
         (CheckpointError, USER_ERROR, same),
         (ExportError, USER_ERROR, same),
         (NothingTrained, NOTHING_TRAINED, lambda e: f"the run trained nothing useful: {e}"),
-        (rx.AuthenticationError, USER_ERROR,
-         lambda e: f"Redis refused the password ({e}); put the right one in the Redis URL (--redis-url-file, "
-                   f"STARE_REDIS_PASSWORD_FILE or system.redis_url)"),
-        (rx.AuthorizationError, USER_ERROR,
-         lambda e: f"Redis refused the command ({e}); the Redis user needs stream, list and hash commands"),
-        (rx.ConnectionError, USER_ERROR,
-         lambda e: f"cannot reach Redis ({e}); start redis-server or fix the URL (--redis-url, system.redis_url)"),
+        (
+            rx.AuthenticationError,
+            USER_ERROR,
+            lambda e: (
+                f"Redis refused the password ({e}); put the right one in the Redis URL (--redis-url-file, "
+                f"STARE_REDIS_PASSWORD_FILE or system.redis_url)"
+            ),
+        ),
+        (
+            rx.AuthorizationError,
+            USER_ERROR,
+            lambda e: f"Redis refused the command ({e}); the Redis user needs stream, list and hash commands",
+        ),
+        (
+            rx.ConnectionError,
+            USER_ERROR,
+            lambda e: f"cannot reach Redis ({e}); start redis-server or fix the URL (--redis-url, system.redis_url)",
+        ),
         (RunStateUnavailable, USER_ERROR, lambda e: f"{e}; check that Redis runs and the URL is right"),
     ]
 

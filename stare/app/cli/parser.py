@@ -29,26 +29,42 @@ def _bench_epilog() -> str:
 
     lines = ["benchmarks (each against a baseline measured in the same run; docs/performance.md):"]
     lines += [f"  {name:<20}{b.summary}" for name, b in BENCHMARKS.items()]
-    lines += ["sections: " + "; ".join(f"{s} = {' '.join(names)}" for s, names in SECTIONS.items()),
-              "The GPU benchmarks print a row saying 'skipped' where CUDA is absent."]
+    lines += [
+        "sections: " + "; ".join(f"{s} = {' '.join(names)}" for s, names in SECTIONS.items()),
+        "The GPU benchmarks print a row saying 'skipped' where CUDA is absent.",
+    ]
     return "\n".join(lines)
 
 
 def _ray_args(p) -> None:
-    p.add_argument("--address", default=None,
-                   help="--target ray: HOST:6379, ray://HOST:10001, or auto for the one `ray start --head` started on "
-                   "this machine (default: RAY_ADDRESS, else a new local Ray instance for this run)")
-    p.add_argument("--max-restarts", type=int, default=5,
-                   help="restarts of each crashed role (processes) or actor (ray) (default 5)")
-    p.add_argument("--start-timeout-s", type=float, default=600.0,
-                   help="--target ray: limit for the whole start: actors placed (e.g. waiting for GPUs) and answering")
+    p.add_argument(
+        "--address",
+        default=None,
+        help="--target ray: HOST:6379, ray://HOST:10001, or auto for the one `ray start --head` started on "
+        "this machine (default: RAY_ADDRESS, else a new local Ray instance for this run)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="restarts of each crashed role (processes) or actor (ray) (default 5)",
+    )
+    p.add_argument(
+        "--start-timeout-s",
+        type=float,
+        default=600.0,
+        help="--target ray: limit for the whole start: actors placed (e.g. waiting for GPUs) and answering",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stare", description="RL post-training of LLMs with STARE.",
-                                     epilog="A mistake in a config, dataset, model folder, checkpoint or Redis URL is "
-                                     "one line (exit 2); --debug anywhere (or STARE_DEBUG=1) shows its traceback. "
-                                     "docs/troubleshooting.md lists each error and its fix.")
+    parser = argparse.ArgumentParser(
+        prog="stare",
+        description="RL post-training of LLMs with STARE.",
+        epilog="A mistake in a config, dataset, model folder, checkpoint or Redis URL is "
+        "one line (exit 2); --debug anywhere (or STARE_DEBUG=1) shows its traceback. "
+        "docs/troubleshooting.md lists each error and its fix.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train in one process (embedded mode: CPU, bundled tiny model and task)")
@@ -67,40 +83,81 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=float, default=6 * 3600, help="limit per training run")
     p.set_defaults(fn=cmd_compare)
 
-    p = sub.add_parser("up", help="run the distributed system on a target: redis, control, learner, N rollout and M "
-                       "reward workers as processes of this machine (default), Docker Compose services, or Ray actors")
+    p = sub.add_parser(
+        "up",
+        help="run the distributed system on a target: redis, control, learner, N rollout and M "
+        "reward workers as processes of this machine (default), Docker Compose services, or Ray actors",
+    )
     _config_args(p)
-    p.add_argument("--target", choices=("processes", "compose", "ray"), default="processes",
-                   help="where the roles run: processes of this machine (default), the services of "
-                   "docker-compose.yml on this machine (profile gpu with GPUs, else cpu; their config is the one "
-                   "the compose file mounts), or actors of a Ray cluster (--address)")
-    p.add_argument("--rollout", type=int, default=None, help="rollout worker processes (default: one per "
-                   "rollout.engine.tensor_parallel_size rollout GPUs; 1 without GPUs)")
+    p.add_argument(
+        "--target",
+        choices=("processes", "compose", "ray"),
+        default="processes",
+        help="where the roles run: processes of this machine (default), the services of "
+        "docker-compose.yml on this machine (profile gpu with GPUs, else cpu; their config is the one "
+        "the compose file mounts), or actors of a Ray cluster (--address)",
+    )
+    p.add_argument(
+        "--rollout",
+        type=int,
+        default=None,
+        help="rollout worker processes (default: one per "
+        "rollout.engine.tensor_parallel_size rollout GPUs; 1 without GPUs)",
+    )
     p.add_argument("--reward", type=int, default=1, help="reward worker processes (default 1)")
     p.add_argument("--redis-url", default=None, help="use this Redis instead of starting a redis-server")
     p.add_argument("--redis-url-file", default=None, help="file holding that Redis URL with its password (a secret)")
     p.add_argument("--no-control", action="store_true", help="do not start the control plane")
     _ray_args(p)
-    p.add_argument("--learner-ranks", type=int, default=None, metavar="N",
-                   help="learner processes (DeepSpeed data-parallel ranks, one GPU each; default: "
-                   "system.learner_ranks, or one per --learner-gpus GPU)")
-    p.add_argument("--learner-gpus", default=None, metavar="IDS",
-                   help="GPUs of the learner, one per rank, e.g. 0 or 0-3 (default: the first learner_ranks GPUs); "
-                   "--target ray: the number of GPUs the learner actor requests")
-    p.add_argument("--rollout-gpus", default=None, metavar="IDS",
-                   help="GPUs of the rollout workers, e.g. 1-7 (default: every GPU the learner does not use); "
-                   "--target ray: the number of GPUs each rollout actor requests")
-    p.add_argument("--gpus", type=int, default=None, metavar="N",
-                   help="plan for N GPUs instead of the ones this machine shows (with --print-plan)")
-    p.add_argument("--print-plan", action="store_true",
-                   help="print every role's command, environment (CUDA_VISIBLE_DEVICES) and ports; start nothing")
-    p.add_argument("--print-compose", action="store_true",
-                   help="print the GPU services of docker-compose.yml for this plan (learner, one rollout service "
-                   "per GPU set, reward replicas) as a Compose file; redirect it to docker-compose.gpus.yml "
-                   "(docs/deploy.md); start nothing")
-    p.add_argument("--compose-base", type=Path, default=Path("docker-compose.yml"), metavar="FILE",
-                   help="the docker-compose.yml whose x-learner-gpu/x-rollout-gpu templates --print-compose fills "
-                   "(default: ./docker-compose.yml)")
+    p.add_argument(
+        "--learner-ranks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="learner processes (DeepSpeed data-parallel ranks, one GPU each; default: "
+        "system.learner_ranks, or one per --learner-gpus GPU)",
+    )
+    p.add_argument(
+        "--learner-gpus",
+        default=None,
+        metavar="IDS",
+        help="GPUs of the learner, one per rank, e.g. 0 or 0-3 (default: the first learner_ranks GPUs); "
+        "--target ray: the number of GPUs the learner actor requests",
+    )
+    p.add_argument(
+        "--rollout-gpus",
+        default=None,
+        metavar="IDS",
+        help="GPUs of the rollout workers, e.g. 1-7 (default: every GPU the learner does not use); "
+        "--target ray: the number of GPUs each rollout actor requests",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="plan for N GPUs instead of the ones this machine shows (with --print-plan)",
+    )
+    p.add_argument(
+        "--print-plan",
+        action="store_true",
+        help="print every role's command, environment (CUDA_VISIBLE_DEVICES) and ports; start nothing",
+    )
+    p.add_argument(
+        "--print-compose",
+        action="store_true",
+        help="print the GPU services of docker-compose.yml for this plan (learner, one rollout service "
+        "per GPU set, reward replicas) as a Compose file; redirect it to docker-compose.gpus.yml "
+        "(docs/deploy.md); start nothing",
+    )
+    p.add_argument(
+        "--compose-base",
+        type=Path,
+        default=Path("docker-compose.yml"),
+        metavar="FILE",
+        help="the docker-compose.yml whose x-learner-gpu/x-rollout-gpu templates --print-compose fills "
+        "(default: ./docker-compose.yml)",
+    )
     p.set_defaults(fn=cmd_up)
 
     p = sub.add_parser("launch", help="deprecated: `stare up --target ray` (the same options)")
@@ -116,24 +173,48 @@ def build_parser() -> argparse.ArgumentParser:
     _ray_args(p)
     p.set_defaults(fn=cmd_launch)
 
-    p = sub.add_parser("plan", help="the GPU memory a config needs per role (weights, gradients, optimizer state "
-                       "per ZeRO stage, activations, logits, vLLM's KV cache), whether it fits, and what to change; "
-                       "exit status 1 when a role does not fit")
+    p = sub.add_parser(
+        "plan",
+        help="the GPU memory a config needs per role (weights, gradients, optimizer state "
+        "per ZeRO stage, activations, logits, vLLM's KV cache), whether it fits, and what to change; "
+        "exit status 1 when a role does not fit",
+    )
     _config_args(p)
-    p.add_argument("--gpus", type=int, default=None,
-                   help="learner GPUs (ZeRO data-parallel ranks; default: system.learner_ranks, rollout on GPUs of its own); "
-                   "--gpus 1: one GPU shared by the learner and the rollout engine of `stare train`, the engine asleep "
-                   "while the learner steps (system.colocate; off: the two-GPU plan)")
-    p.add_argument("--gpu-mem-gib", type=float, default=None,
-                   help="memory of each GPU in GiB (default: this machine's first CUDA device, else 80)")
-    p.add_argument("--model-config", type=Path, default=None,
-                   help="a Hugging Face config.json (or its folder) to plan with instead of model.path's, e.g. "
-                   "configs/models/qwen2.5-math-7b.json; no weights are read")
-    p.add_argument("--prompt-tokens", type=int, default=None,
-                   help="prompt length to plan for (default: data.max_prompt_len where the config has it, else 1024)")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="learner GPUs (ZeRO data-parallel ranks; default: system.learner_ranks, rollout on GPUs of its own); "
+        "--gpus 1: one GPU shared by the learner and the rollout engine of `stare train`, the engine asleep "
+        "while the learner steps (system.colocate; off: the two-GPU plan)",
+    )
+    p.add_argument(
+        "--gpu-mem-gib",
+        type=float,
+        default=None,
+        help="memory of each GPU in GiB (default: this machine's first CUDA device, else 80)",
+    )
+    p.add_argument(
+        "--model-config",
+        type=Path,
+        default=None,
+        help="a Hugging Face config.json (or its folder) to plan with instead of model.path's, e.g. "
+        "configs/models/qwen2.5-math-7b.json; no weights are read",
+    )
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        help="prompt length to plan for (default: data.max_prompt_len where the config has it, else 1024)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--node-gpus", type=int, default=None, help="GPUs of the node: also recommend the learner/rollout "
-                   "split and max_staleness that maximise modelled tokens/s/GPU (stare sim), with the predicted throughput")
+    p.add_argument(
+        "--node-gpus",
+        type=int,
+        default=None,
+        help="GPUs of the node: also recommend the learner/rollout "
+        "split and max_staleness that maximise modelled tokens/s/GPU (stare sim), with the predicted throughput",
+    )
     p.add_argument("--gpu", default="h100-80gb", help="GPU kind for --node-gpus (h100-80gb, h200, a100-80gb, l40s)")
     p.set_defaults(fn=cmd_plan)
 
@@ -152,9 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("control", help="serve the control plane (API + dashboard) over the run's Redis state")
     _config_args(p)
-    p.add_argument("--redis-url", default=None, help="Redis URL (default: STARE_REDIS_URL_FILE's content, else "
-                   "STARE_REDIS_URL, else system.redis_url; STARE_REDIS_PASSWORD_FILE adds a password). Visible in ps: "
-                   "prefer --redis-url-file")
+    p.add_argument(
+        "--redis-url",
+        default=None,
+        help="Redis URL (default: STARE_REDIS_URL_FILE's content, else "
+        "STARE_REDIS_URL, else system.redis_url; STARE_REDIS_PASSWORD_FILE adds a password). Visible in ps: "
+        "prefer --redis-url-file",
+    )
     p.add_argument("--redis-url-file", default=None, help="file holding the Redis URL with its password (a secret)")
     p.add_argument("--host", default=None, help="listen address (default: control_plane.host)")
     p.add_argument("--port", type=int, default=None, help="listen port (default: control_plane.port)")
@@ -162,16 +247,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     from stare.app.cli.ctl import add_arguments
 
-    p = sub.add_parser("ctl", help="talk to a running control plane: status, entropy, pause, resume, checkpoint, history")
+    p = sub.add_parser(
+        "ctl", help="talk to a running control plane: status, entropy, pause, resume, checkpoint, history"
+    )
     add_arguments(p)
     p.set_defaults(fn=cmd_ctl)
 
-    p = sub.add_parser("bench", help="performance suite: each benchmark against a same-run baseline, one table",
-                       epilog=_bench_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "bench",
+        help="performance suite: each benchmark against a same-run baseline, one table",
+        epilog=_bench_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks or sections to run (default: all)")
     p.add_argument("--quick", action="store_true", help="small sizes: the whole suite in under 5 minutes on 2 cores")
-    p.add_argument("--json", type=Path, default=None, metavar="FILE",
-                   help="also write the results and the machine's description to FILE")
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the results and the machine's description to FILE",
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed (always: when one fails)")
     p.set_defaults(fn=cmd_bench)
 
@@ -179,19 +275,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", type=Path, nargs="+")
     p.set_defaults(fn=cmd_report)
 
-    p = sub.add_parser("export", help="write a run's checkpoint as a Hugging Face model directory (safetensors, "
-                       "config, tokenizer, generation config) that transformers and vLLM load")
+    p = sub.add_parser(
+        "export",
+        help="write a run's checkpoint as a Hugging Face model directory (safetensors, "
+        "config, tokenizer, generation config) that transformers and vLLM load",
+    )
     p.add_argument("run", type=Path, metavar="RUN_DIR", help="a run folder written by stare train / the learner")
     p.add_argument("--step", type=int, default=None, help="the checkpoint of this step (default: the latest)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="output folder (default: RUN_DIR/hf, or RUN_DIR/hf-step-NNNNNN with --step)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default: RUN_DIR/hf, or RUN_DIR/hf-step-NNNNNN with --step)",
+    )
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("build-model", help="build the bundled tiny tokenizer and model", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_build_model)
 
-    p = sub.add_parser("sandbox", help="run untrusted Python under the sandbox: stare sandbox run FILE.py", add_help=False)
+    p = sub.add_parser(
+        "sandbox", help="run untrusted Python under the sandbox: stare sandbox run FILE.py", add_help=False
+    )
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(fn=cmd_sandbox)
     from stare.app.sim.command import add_parser as add_sim_parser  # light: heavy imports in its run()

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from stare.config import TrainConfig
 
@@ -41,8 +42,10 @@ class RankWeights:
         return None
 
     def wait_for(self, min_version: int, timeout_s: float) -> bool:
-        raise RuntimeError(f"a prompt asks for weights of version {min_version}, but this learner rank's engine took "
-                           f"version {self.engine.weight_version} at its wake, its learner's newest")
+        raise RuntimeError(
+            f"a prompt asks for weights of version {min_version}, but this learner rank's engine took "
+            f"version {self.engine.weight_version} at its wake, its learner's newest"
+        )
 
     def close(self) -> None:
         pass
@@ -69,8 +72,9 @@ class NodeRollout:
         if vllm:
             check_alloc_conf()
         self.rank = rank
-        self.stack = build_rollout_stack(self.cfg, self.say, model_path=model_path, sleep_mode=vllm,
-                                         external_launcher=vllm and world > 1)
+        self.stack = build_rollout_stack(
+            self.cfg, self.say, model_path=model_path, sleep_mode=vllm, external_launcher=vllm and world > 1
+        )
         self.stack.engine.sleep()  # before the learner takes its memory
 
     def attach(self, learner) -> None:
@@ -84,15 +88,26 @@ class NodeRollout:
         self.transport = connect_transport(cfg, self.redis_url)
         r = cfg.rollout
         self.worker = RolloutWorker(
-            engine, setup.tokenizer, self.transport.prompts, self.transport.raw, RankWeights(engine),
-            name=f"{self.name}-rollout-{self.rank}", max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-            top_p=r.top_p, stop_token_ids=setup.stop_ids, agent=None, seed=cfg.run.seed,
-            max_prompt_len=cfg.data.max_prompt_len, prompt_overflow=cfg.data.prompt_overflow,
+            engine,
+            setup.tokenizer,
+            self.transport.prompts,
+            self.transport.raw,
+            RankWeights(engine),
+            name=f"{self.name}-rollout-{self.rank}",
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            stop_token_ids=setup.stop_ids,
+            agent=None,
+            seed=cfg.run.seed,
+            max_prompt_len=cfg.data.max_prompt_len,
+            prompt_overflow=cfg.data.prompt_overflow,
         )
         self.stream = StreamingLoop(self.worker, engine) if streaming_enabled(cfg, engine) else None
         # the weights come per wake (sample's sync); an evaluation's wake takes what the session hands it
-        self.colocation = Colocation(engine, lambda: None, learner_engine=learner.engine,
-                                     offload=cfg.system.colocate_offload == "optimizer")
+        self.colocation = Colocation(
+            engine, lambda: None, learner_engine=learner.engine, offload=cfg.system.colocate_offload == "optimizer"
+        )
 
     @property
     def engine(self):
@@ -108,14 +123,17 @@ class NodeRollout:
         taken = self._take(share)
         need = bool(taken) and self.engine.weight_version < version
         if self.collective and need and not gather:
-            raise RuntimeError(f"learner rank {self.rank}: its engine has version {self.engine.weight_version}, the op "
-                               f"samples version {version}, and rank 0 asked for no gather (under ZeRO-3 a rank cannot "
-                               "gather alone)")
+            raise RuntimeError(
+                f"learner rank {self.rank}: its engine has version {self.engine.weight_version}, the op "
+                f"samples version {version}, and rank 0 asked for no gather (under ZeRO-3 a rank cannot "
+                "gather alone)"
+            )
         box: list = []
         if gather or (need and not self.collective):  # ZeRO-3: every rank takes part, keeping it only if it needs it
             box.append(self.learner.weights_for_local_engine(keep=need))
         sampled = 0
         if taken:
+
             def load() -> None:
                 state = box.pop() if box else None
                 if need:
@@ -124,8 +142,14 @@ class NodeRollout:
             with self.colocation.awake(sync=load):
                 sampled = self._sample(taken, share)
         box.clear()
-        return {"rank": self.rank, "prompts": len(taken), "groups": sampled, "engine_version": self.engine.weight_version,
-                "asleep": self.asleep(), "seconds": time.perf_counter() - t0}
+        return {
+            "rank": self.rank,
+            "prompts": len(taken),
+            "groups": sampled,
+            "engine_version": self.engine.weight_version,
+            "asleep": self.asleep(),
+            "seconds": time.perf_counter() - t0,
+        }
 
     def _take(self, share: int) -> list:
         """Up to `share` prompts for this rank: entries a consumer that is gone left pending (idle longer than
@@ -159,8 +183,10 @@ class NodeRollout:
 
     def summary(self) -> str:
         e = self.colocation.events if self.colocation is not None else {}
-        return (f"colocated engine: {e.get('wakes', 0):.0f} wakes, {e.get('sleeps', 0):.0f} sleeps; wake + weights "
-                f"{e.get('wake_s', 0.0):.1f} s, sleep {e.get('sleep_s', 0.0):.1f} s in all")
+        return (
+            f"colocated engine: {e.get('wakes', 0):.0f} wakes, {e.get('sleeps', 0):.0f} sleeps; wake + weights "
+            f"{e.get('wake_s', 0.0):.1f} s, sleep {e.get('sleep_s', 0.0):.1f} s in all"
+        )
 
     def close(self) -> None:
         if self.transport is not None:

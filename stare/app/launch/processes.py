@@ -92,8 +92,12 @@ def start_redis(dir, say: Callable[[str], None]):
 
 # ---------------------------------------------------------------- GPU assignment (stare.plan.gpu_map)
 def role_names(rollout: int, reward: int, control: bool) -> list[str]:
-    return (["control"] if control else []) + ["learner"] + [f"rollout-{i}" for i in range(rollout)] + \
-        [f"reward-{i}" for i in range(reward)]
+    return (
+        (["control"] if control else [])
+        + ["learner"]
+        + [f"rollout-{i}" for i in range(rollout)]
+        + [f"reward-{i}" for i in range(reward)]
+    )
 
 
 def role_argv(name: str, config_path: Path) -> list[str]:
@@ -110,18 +114,32 @@ def gpu_env(plan: GpuPlan | None, name: str) -> dict[str, str]:
 class ProcessLauncher:
     """Every role a process of this machine (the module docstring); a stare.app.launch.base.Launcher."""
 
-    def __init__(self, cfg: TrainConfig, *, rollout: int = 1, reward: int = 1, redis_url: str | None = None,
-                 control: bool = True, max_restarts: int = 5, grace_s: float = 60.0,
-                 out: TextIO | None = None, color: bool | None = None, gpu_plan: GpuPlan | None = None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        rollout: int = 1,
+        reward: int = 1,
+        redis_url: str | None = None,
+        control: bool = True,
+        max_restarts: int = 5,
+        grace_s: float = 60.0,
+        out: TextIO | None = None,
+        color: bool | None = None,
+        gpu_plan: GpuPlan | None = None,
+    ):
         colocated = node_colocated(cfg)
         if colocated:
             check_node_colocation(cfg)
         if (rollout < 1 and not colocated) or reward < 1:
-            raise ConfigError(f"--rollout ({rollout}) and --reward ({reward}) must be >= 1: the run needs at least "
-                              "one worker of each")
+            raise ConfigError(
+                f"--rollout ({rollout}) and --reward ({reward}) must be >= 1: the run needs at least one worker of each"
+            )
         if colocated and rollout:
-            raise ConfigError(f"--rollout {rollout} with system.colocate on: the learner ranks sample, no rollout worker "
-                              "runs; drop --rollout, or set system.colocate=off")
+            raise ConfigError(
+                f"--rollout {rollout} with system.colocate on: the learner ranks sample, no rollout worker "
+                "runs; drop --rollout, or set system.colocate=off"
+            )
         self.redis = None
         self.out = out or sys.stdout
         self.color = self.out.isatty() if color is None else color
@@ -139,8 +157,9 @@ class ProcessLauncher:
         if control and (cfg.control_plane.port == 0 or not port_free(cfg.control_plane.host, cfg.control_plane.port)):
             overrides["control_plane.port"] = free_port(cfg.control_plane.host)
         self.cfg = with_overrides(cfg, overrides)
-        check_fits(self.cfg, self.cfg.model.path, roles=("learner",) if colocated else ("learner", "rollout"),
-                   log=self.say)
+        check_fits(
+            self.cfg, self.cfg.model.path, roles=("learner",) if colocated else ("learner", "rollout"), log=self.say
+        )
         self.dir = self.cfg.run_dir / "up"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.dir / "config.yaml"
@@ -183,12 +202,21 @@ class ProcessLauncher:
     def _spawn(self, role: Role) -> None:
         from learner.engine.deepspeed_engine import child_env
 
-        env = role_env(role.name, child_env(), {
-            URL_FILE_ENV: str(self.redis_url_file), "PYTHONUNBUFFERED": "1", "STARE_WORKER_NAME": role.name,
-            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),  # c10d's reconnect chatter
-            "HF_HUB_OFFLINE": "1", **gpu_env(self.gpu_plan, role.name)})
-        role.proc = subprocess.Popen(role.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     start_new_session=True)
+        env = role_env(
+            role.name,
+            child_env(),
+            {
+                URL_FILE_ENV: str(self.redis_url_file),
+                "PYTHONUNBUFFERED": "1",
+                "STARE_WORKER_NAME": role.name,
+                "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),  # c10d's reconnect chatter
+                "HF_HUB_OFFLINE": "1",
+                **gpu_env(self.gpu_plan, role.name),
+            },
+        )
+        role.proc = subprocess.Popen(
+            role.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
         threading.Thread(target=self._pump, args=(role, role.proc.stdout), daemon=True).start()
         self.say(f"started {role.name} (pid {role.proc.pid})")
 
@@ -224,8 +252,9 @@ class ProcessLauncher:
     def stop(self) -> None:
         """SIGTERM every role, wait up to grace_s, SIGKILL the rest, then stop our Redis."""
         self.stopping = True
-        order = [r for r in self.roles.values() if r.kind in ("rollout", "reward")] + \
-            [r for r in self.roles.values() if r.kind in ("learner", "control")]
+        order = [r for r in self.roles.values() if r.kind in ("rollout", "reward")] + [
+            r for r in self.roles.values() if r.kind in ("learner", "control")
+        ]
         for role in order:
             if role.alive():
                 os.killpg(role.proc.pid, signal.SIGTERM)
@@ -243,5 +272,3 @@ class ProcessLauncher:
         if self.redis is not None:
             self.redis.stop()
         self.say("stopped")
-
-

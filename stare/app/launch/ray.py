@@ -46,17 +46,32 @@ from stare.config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
 
+
 class RayLauncher:
     """Starts, supervises and stops the roles as Ray actors (see the module docstring).
 
     `init_kwargs` go to `ray.init` when this process is not connected to Ray yet (tests: a local
     cluster with `num_cpus`, `_temp_dir`); a Ray this launcher started is shut down by `stop()`."""
 
-    def __init__(self, cfg: TrainConfig, *, rollout: int = 1, reward: int = 1, redis_url: str | None = None,
-                 control: bool = True, address: str | None = None, learner_gpus: float | None = None,
-                 rollout_gpus: float | None = None, cpus_per_role: float = 1.0, max_restarts: int = 5,
-                 grace_s: float = 60.0, start_timeout_s: float = 600.0, call_timeout_s: float = 60.0,
-                 init_kwargs: dict | None = None, out: TextIO | None = None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        rollout: int = 1,
+        reward: int = 1,
+        redis_url: str | None = None,
+        control: bool = True,
+        address: str | None = None,
+        learner_gpus: float | None = None,
+        rollout_gpus: float | None = None,
+        cpus_per_role: float = 1.0,
+        max_restarts: int = 5,
+        grace_s: float = 60.0,
+        start_timeout_s: float = 600.0,
+        call_timeout_s: float = 60.0,
+        init_kwargs: dict | None = None,
+        out: TextIO | None = None,
+    ):
         if rollout < 1 or reward < 1:
             raise ConfigError(f"--rollout ({rollout}) and --reward ({reward}) must be >= 1")
         for flag, value in (("--learner-gpus", learner_gpus), ("--rollout-gpus", rollout_gpus)):
@@ -77,8 +92,12 @@ class RayLauncher:
         self.cfg = cfg
         self.dir = cfg.run_dir / "ray"
         self.redis_url, self.redis = redis_url, None
-        self.names = (["control"] if control else []) + ["learner"] + [f"rollout-{i}" for i in range(rollout)] + \
-            [f"reward-{i}" for i in range(reward)]
+        self.names = (
+            (["control"] if control else [])
+            + ["learner"]
+            + [f"rollout-{i}" for i in range(rollout)]
+            + [f"reward-{i}" for i in range(reward)]
+        )
         self.actors: dict[str, Any] = {}
         self.pids: dict[str, int] = {}
         self.restarts: dict[str, int] = dict.fromkeys(self.names, 0)
@@ -120,17 +139,23 @@ class RayLauncher:
         rollout_gpus = self.rollout_gpus if self.rollout_gpus is not None else (1 if gpus else 0)
         n_rollout = sum(n.startswith("rollout") for n in self.names)
         if len(self.names) * self.cpus_per_role > resources.get("CPU", 0):
-            self.say(f"warning: the roles ask for {len(self.names) * self.cpus_per_role:g} CPUs, the cluster has "
-                     f"{resources.get('CPU', 0):g}: actors wait for CPUs until --start-timeout-s")
+            self.say(
+                f"warning: the roles ask for {len(self.names) * self.cpus_per_role:g} CPUs, the cluster has "
+                f"{resources.get('CPU', 0):g}: actors wait for CPUs until --start-timeout-s"
+            )
         if learner_gpus + n_rollout * rollout_gpus > gpus:
-            self.say(f"warning: the roles ask for {learner_gpus + n_rollout * rollout_gpus:g} GPUs, the cluster has "
-                     f"{gpus:g}: actors wait for GPUs until --start-timeout-s (or set --learner-gpus/--rollout-gpus)")
+            self.say(
+                f"warning: the roles ask for {learner_gpus + n_rollout * rollout_gpus:g} GPUs, the cluster has "
+                f"{gpus:g}: actors wait for GPUs until --start-timeout-s (or set --learner-gpus/--rollout-gpus)"
+            )
         if self.redis_url is None:
             client = ray.util.client.ray.is_connected()
             if len(nodes) > 1 or client:
-                raise SystemExit(f"the Ray cluster has {len(nodes)} node(s){' and this is a ray:// client' * client}: "
-                                 "a redis-server started here listens on 127.0.0.1 only; pass --redis-url with a "
-                                 "Redis every node reaches (e.g. redis://stare-redis:6379/0)")
+                raise SystemExit(
+                    f"the Ray cluster has {len(nodes)} node(s){' and this is a ray:// client' * client}: "
+                    "a redis-server started here listens on 127.0.0.1 only; pass --redis-url with a "
+                    "Redis every node reaches (e.g. redis://stare-redis:6379/0)"
+                )
             self.dir.mkdir(parents=True, exist_ok=True)
             self.redis = start_redis(self.dir / "redis", self.say)
             self.redis_url = self.redis.url
@@ -139,17 +164,22 @@ class RayLauncher:
 
         def create(name: str, num_gpus: float, **kwargs):
             kind = name.split("-")[0]
-            options = {"name": self._actor_name(name), "num_cpus": self.cpus_per_role,
-                       "num_gpus": num_gpus, "max_restarts": self.max_restarts, "max_task_retries": 0,
-                       "max_concurrency": 4}  # status and stop answer while another call waits
-            self.actors[name] = Actor.options(**options).remote(kind, name, raw, self.redis_url,
-                                                                call_timeout_s=self.call_timeout_s, **kwargs)
+            options = {
+                "name": self._actor_name(name),
+                "num_cpus": self.cpus_per_role,
+                "num_gpus": num_gpus,
+                "max_restarts": self.max_restarts,
+                "max_task_retries": 0,
+                "max_concurrency": 4,
+            }  # status and stop answer while another call waits
+            self.actors[name] = Actor.options(**options).remote(
+                kind, name, raw, self.redis_url, call_timeout_s=self.call_timeout_s, **kwargs
+            )
 
         if "control" in self.names:
             create("control", 0)
         create("learner", learner_gpus)
-        self.endpoint = _call(ray, self.actors["learner"], "endpoint", timeout_s=left(),
-                              what="learner actor start")
+        self.endpoint = _call(ray, self.actors["learner"], "endpoint", timeout_s=left(), what="learner actor start")
         for name in self.names:
             if name.startswith("rollout"):
                 create(name, rollout_gpus, learner=self._actor_name("learner"))
@@ -161,11 +191,13 @@ class RayLauncher:
             self.say(f"started {name} on {st['host']} (pid {st['pid']})")
         if "control" in self.actors:
             wait_s = left()
-            self.control_url = _call(ray, self.actors["control"], "control_url", wait_s,
-                                     timeout_s=wait_s + 5, what="control plane start")
+            self.control_url = _call(
+                ray, self.actors["control"], "control_url", wait_s, timeout_s=wait_s + 5, what="control plane start"
+            )
             if self.control_url is None:
-                raise RuntimeError(f"the control plane did not answer within {self.start_timeout_s}s "
-                                   "(--start-timeout-s; see its log)")
+                raise RuntimeError(
+                    f"the control plane did not answer within {self.start_timeout_s}s (--start-timeout-s; see its log)"
+                )
             self.say(f"API {self.control_url}/v1/status  dashboard {self.control_url}/")
         if self.cfg.system.weight_sync == "broadcast":
             self.say(f"weight broadcast rendezvous at {self.endpoint[0]}:{self.endpoint[1]}")
@@ -188,15 +220,19 @@ class RayLauncher:
                 except ray.exceptions.ActorDiedError as err:
                     if self.stopping:
                         return 0
-                    self.say(f"{name} is dead and Ray will not restart it (max_restarts {self.max_restarts}): "
-                             f"{str(err).splitlines()[0]}")
+                    self.say(
+                        f"{name} is dead and Ray will not restart it (max_restarts {self.max_restarts}): "
+                        f"{str(err).splitlines()[0]}"
+                    )
                     return 1
                 except ray.exceptions.RayActorError:
                     continue  # died during this call; Ray restarts it
                 if st["pid"] != self.pids[name]:
                     self.restarts[name] += 1
-                    self.say(f"{name} was restarted by Ray on {st['host']} (pid {self.pids[name]} -> {st['pid']}; "
-                             f"{self.restarts[name]}/{self.max_restarts})")
+                    self.say(
+                        f"{name} was restarted by Ray on {st['host']} (pid {self.pids[name]} -> {st['pid']}; "
+                        f"{self.restarts[name]}/{self.max_restarts})"
+                    )
                     self.pids[name] = st["pid"]
                 if name == "learner":
                     if st["finished"]:
@@ -227,8 +263,9 @@ class RayLauncher:
         our Redis and, if this launcher started Ray, shut it down."""
         ray = _ray()
         self.stopping = True
-        order = [n for n in self.actors if n.startswith(("rollout", "reward"))] + \
-            [n for n in self.actors if n in ("learner", "control")]
+        order = [n for n in self.actors if n.startswith(("rollout", "reward"))] + [
+            n for n in self.actors if n in ("learner", "control")
+        ]
         refs = {}
         for name in order:
             refs[name] = self.actors[name].stop.remote(self.grace_s)
@@ -251,15 +288,36 @@ class RayLauncher:
         self.say("stopped")
 
 
-def launch_ray(cfg: TrainConfig, *, address: str | None, rollout: int, reward: int, redis_url: str | None,
-               control: bool = True, learner_gpus: float | None = None, rollout_gpus: float | None = None,
-               max_restarts: int = 5, start_timeout_s: float = 600.0) -> int:
+def launch_ray(
+    cfg: TrainConfig,
+    *,
+    address: str | None,
+    rollout: int,
+    reward: int,
+    redis_url: str | None,
+    control: bool = True,
+    learner_gpus: float | None = None,
+    rollout_gpus: float | None = None,
+    max_restarts: int = 5,
+    start_timeout_s: float = 600.0,
+) -> int:
     from stare.config.colocation import node_colocated
 
     if node_colocated(cfg):
-        raise ConfigError("stare launch --ray does not run the node-colocated learner (system.colocate on) yet: run it "
-                          "with `stare up` on one node, or set system.colocate=off for rollout actors of their own")
-    launcher = RayLauncher(cfg, rollout=rollout, reward=reward, redis_url=redis_url, control=control, address=address,
-                           learner_gpus=learner_gpus, rollout_gpus=rollout_gpus, max_restarts=max_restarts,
-                           start_timeout_s=start_timeout_s)
+        raise ConfigError(
+            "stare launch --ray does not run the node-colocated learner (system.colocate on) yet: run it "
+            "with `stare up` on one node, or set system.colocate=off for rollout actors of their own"
+        )
+    launcher = RayLauncher(
+        cfg,
+        rollout=rollout,
+        reward=reward,
+        redis_url=redis_url,
+        control=control,
+        address=address,
+        learner_gpus=learner_gpus,
+        rollout_gpus=rollout_gpus,
+        max_restarts=max_restarts,
+        start_timeout_s=start_timeout_s,
+    )
     return run_until_done(launcher)

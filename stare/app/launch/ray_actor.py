@@ -19,8 +19,11 @@ from stare.weight_sync.factory import broadcast_bind_host
 log = logging.getLogger(__name__)
 
 # what every role actor's process gets in its environment (as `stare up` sets for its children)
-ACTOR_ENV = {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-             "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}  # c10d's reconnect chatter
+ACTOR_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "PYTHONUNBUFFERED": "1",
+    "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
+}  # c10d's reconnect chatter
 
 
 def _ray():
@@ -38,8 +41,15 @@ class RoleActor:
     being stopped, ends the actor's process so that Ray restarts it. A finished learner stays up,
     reporting `finished`, until the launcher stops every actor."""
 
-    def __init__(self, kind: str, name: str, cfg_raw: dict, redis_url: str, learner: str | None = None,
-                 call_timeout_s: float = 60.0):
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        cfg_raw: dict,
+        redis_url: str,
+        learner: str | None = None,
+        call_timeout_s: float = 60.0,
+    ):
         ray = _ray()
         from stare.config import build_config
 
@@ -65,8 +75,13 @@ class RoleActor:
         elif s.weight_sync == "broadcast" and kind == "rollout" and learner is not None:
             # the learner actor by name, not a handle in the arguments: Ray keeps only inline
             # arguments for an actor's restart (ray-project/ray#53727)
-            host, port = _call(ray, ray.get_actor(learner), "endpoint", timeout_s=call_timeout_s,
-                               what="the learner's broadcast address")
+            host, port = _call(
+                ray,
+                ray.get_actor(learner),
+                "endpoint",
+                timeout_s=call_timeout_s,
+                what="the learner's broadcast address",
+            )
             overrides.update({"system.broadcast_host": host, "system.broadcast_port": port})
         self.cfg = with_overrides(cfg, overrides)
         self.thread = threading.Thread(target=self._main, name=f"stare-{name}", daemon=True)
@@ -92,7 +107,7 @@ class RoleActor:
                 from stare.app.launch.role_entry import run_role
 
                 run_role(self.kind, self.cfg, redis_url=self.redis_url, name=self.name, stop=self.stop_event)
-        except Exception:  # noqa: BLE001 (fault tolerance: the actor ends so that Ray restarts it)
+        except Exception:
             self.error = traceback.format_exc()
             log.error("%s failed:\n%s", self.name, self.error)
             if not self.stop_requested:
@@ -119,10 +134,14 @@ class RoleActor:
 
         cfg = self.cfg
         state = RedisRunState.connect(self.redis_url, cfg.run.name, dead_after_s=cfg.system.dead_after_s)
-        server = BackgroundServer(create_app(state, cfg.control_plane, cfg.run.name), cfg.control_plane.host, cfg.control_plane.port)
+        server = BackgroundServer(
+            create_app(state, cfg.control_plane, cfg.run.name), cfg.control_plane.host, cfg.control_plane.port
+        )
         server.start()
         port = server.sock.getsockname()[1]
-        self.url = f"http://{self.host if cfg.control_plane.host in ('0.0.0.0', '::') else cfg.control_plane.host}:{port}"
+        self.url = (
+            f"http://{self.host if cfg.control_plane.host in ('0.0.0.0', '::') else cfg.control_plane.host}:{port}"
+        )
         self.serving.set()
         try:
             self.stop_event.wait()
@@ -141,9 +160,17 @@ class RoleActor:
         return self.url
 
     def status(self) -> dict[str, Any]:
-        return {"name": self.name, "pid": self.pid, "host": self.host, "reconstructed": self.reconstructed,
-                "running": self.thread.is_alive(), "finished": self.finished, "error": self.error,
-                "endpoint": self.endpoint() if self.kind == "learner" else None, "url": self.url}
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "host": self.host,
+            "reconstructed": self.reconstructed,
+            "running": self.thread.is_alive(),
+            "finished": self.finished,
+            "error": self.error,
+            "endpoint": self.endpoint() if self.kind == "learner" else None,
+            "url": self.url,
+        }
 
     def stop(self, timeout_s: float) -> dict[str, Any]:
         """Set the role's stop Event (it finishes its batch; the learner checkpoints) and wait."""

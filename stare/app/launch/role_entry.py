@@ -20,8 +20,14 @@ def learner_evaluator(cfg: TrainConfig, setup, transport, tick):
     from learner.loop.stream_evaluator import StreamEvaluator
     from stare.evaluation.streams import RedisEvalIndex, connect_eval_streams
 
-    return StreamEvaluator(cfg, setup.task, setup.tokenizer, connect_eval_streams(cfg, transport.client),
-                           RedisEvalIndex(transport.client, cfg.run.name), tick=tick)
+    return StreamEvaluator(
+        cfg,
+        setup.task,
+        setup.tokenizer,
+        connect_eval_streams(cfg, transport.client),
+        RedisEvalIndex(transport.client, cfg.run.name),
+        tick=tick,
+    )
 
 
 def _role_module(kind: str):
@@ -52,6 +58,8 @@ def run_role(kind: str, cfg: TrainConfig, *, redis_url: str, name: str, stop=Non
         from stare.config.colocation import node_colocated
 
         if node_colocated(cfg):
-            raise ConfigError("system.colocate: on puts rollout inside the learner's ranks; a `stare rollout` worker "
-                              "has nothing to do there: do not start one, or set system.colocate=off")
+            raise ConfigError(
+                "system.colocate: on puts rollout inside the learner's ranks; a `stare rollout` worker "
+                "has nothing to do there: do not start one, or set system.colocate=off"
+            )
     module.run(cfg, redis_url=redis_url, name=name, stop=stop, **extra)

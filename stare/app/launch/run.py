@@ -41,6 +41,8 @@ def run_until_done(launcher: Launcher) -> int:
             signal.signal(s, handler)
     stop = flags["stop"]
     if stop:
-        launcher.say(f"stopped by signal; continue with the same command (the learner resumes from "
-                     f"{launcher.cfg.run_dir / 'checkpoints'})")
+        launcher.say(
+            f"stopped by signal; continue with the same command (the learner resumes from "
+            f"{launcher.cfg.run_dir / 'checkpoints'})"
+        )
     return code

@@ -178,5 +178,3 @@ def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
     fig.savefig(out_dir / "compare.png", dpi=100)
     (out_dir / "compare.md").write_text(_compare_markdown(rows))
     return out_dir
-
-

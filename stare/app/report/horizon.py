@@ -10,8 +10,9 @@ turns and stays non-negative, and where its interval first lies above zero).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from stare.app.report.stats import bootstrap_ci, pass_at_k_curve
 
@@ -28,8 +29,13 @@ def eval_curve(evals: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if not e.get("correct_counts"):
             continue
         curve = pass_at_k_curve(e["correct_counts"], CURVE_KS)
-        out.append({"step": int(e["step"]), "greedy": e.get("greedy_accuracy"),
-                    **{f"pass@{k}": None if v is None else round(v, 6) for k, v in zip(CURVE_KS, curve)}})
+        out.append(
+            {
+                "step": int(e["step"]),
+                "greedy": e.get("greedy_accuracy"),
+                **{f"pass@{k}": None if v is None else round(v, 6) for k, v in zip(CURVE_KS, curve)},
+            }
+        )
     return out
 
 
@@ -97,8 +103,13 @@ def figure(data: dict[str, dict[int, dict[str, Any]]], path: Path, labels: Seque
         ci = [bootstrap_ci(col) for col in smooth.T[::5]]  # every 5th step: the band, not a per-step loop cost
         axes[2].plot(x[::5], [c[0] for c in ci], label=label)
         axes[2].fill_between(x[::5], [c[1] for c in ci], [c[2] for c in ci], alpha=0.15)
-    finish_figure(fig, axes, ("held-out pass@1 (avg@n)", "held-out pass@64", "batch entropy (nats), 25-step mean"),
-                  "Longer horizon: mean over seeds and 95% bootstrap band", path)
+    finish_figure(
+        fig,
+        axes,
+        ("held-out pass@1 (avg@n)", "held-out pass@64", "batch entropy (nats), 25-step mean"),
+        "Longer horizon: mean over seeds and 95% bootstrap band",
+        path,
+    )
 
 
 def finish_figure(fig, axes, titles, suptitle: str, path: Path, legend_size: int = 7) -> None:

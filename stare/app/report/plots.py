@@ -176,5 +176,3 @@ def write_report(run_dir: Path) -> Path:
         fig.savefig(out / f"{name}.png", dpi=100)
     (out / "summary.md").write_text(_summary_markdown(summary))
     return out
-
-

@@ -60,11 +60,17 @@ def update_numbers(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
     spread over every update's tokens, approx-KL of each batch's last update alone, and the tokens a
     covariance rule (Clip-Cov, KL-Cov) selected per step. None for a key the run did not log (records
     of runs made before mini-batches existed)."""
+
     def mean_of(key: str) -> float | None:
         return _mean([float(r[key]) for r in metrics if r.get(key) is not None])
 
-    last = [float(r["per_update"][max(r["per_update"], key=int)]["approx_kl"]) if r.get("per_update")
-            else float(r["approx_kl"]) for r in metrics if r.get("approx_kl") is not None]
+    last = [
+        float(r["per_update"][max(r["per_update"], key=int)]["approx_kl"])
+        if r.get("per_update")
+        else float(r["approx_kl"])
+        for r in metrics
+        if r.get("approx_kl") is not None
+    ]
     return {
         "updates": mean_of("updates"),
         "clip_low": mean_of("clip_fraction_low"),
@@ -83,8 +89,11 @@ def run_numbers(run_dir: Path) -> dict[str, Any]:
     s = summarize(run_dir)
     entropy = [float(r["entropy"]) for r in metrics if r.get("entropy") is not None]
     w = [float(r["w"]) for r in metrics if r.get("w") is not None]
-    inside = [r["band_low"] <= r["entropy"] <= r["band_high"] for r in metrics[-LAST_STEPS:]
-              if r.get("band_low") is not None and r.get("entropy") is not None]
+    inside = [
+        r["band_low"] <= r["entropy"] <= r["band_high"]
+        for r in metrics[-LAST_STEPS:]
+        if r.get("band_low") is not None and r.get("entropy") is not None
+    ]
     counts = final["correct_counts"] if final else []
     curve = pass_at_k_curve(counts, PASS_KS)
     load = None
@@ -108,7 +117,9 @@ def run_numbers(run_dir: Path) -> dict[str, Any]:
         "model_sha256": ((s.get("machine") or {}).get("model") or {}).get("sha256"),
         "cpu_capability": ((s.get("machine") or {}).get("torch") or {}).get("cpu_capability"),
         "entropy_curve": ([int(r["step"]) for r in metrics], [round(float(r["entropy"]), 5) for r in metrics]),
-        "band": (metrics[-1].get("band_low"), metrics[-1].get("band_high"), metrics[-1].get("target")) if metrics else None,
+        "band": (metrics[-1].get("band_low"), metrics[-1].get("band_high"), metrics[-1].get("target"))
+        if metrics
+        else None,
         "eval_curve": horizon.eval_curve(load_jsonl(run_dir / EVAL_FILE)),
         **update_numbers(metrics),
     }
@@ -120,8 +131,14 @@ def record(run_dir: Path) -> dict[str, Any] | None:
     if m is None or not run_dir.is_dir() or _final_eval(run_dir) is None:
         return None
     numbers = run_numbers(run_dir)
-    return {"record": RECORD_VERSION, "name": run_dir.name, "label": m.group(2), "seed": int(m.group(1)),
-            "machine": fingerprint(numbers), **numbers}
+    return {
+        "record": RECORD_VERSION,
+        "name": run_dir.name,
+        "label": m.group(2),
+        "seed": int(m.group(1)),
+        "machine": fingerprint(numbers),
+        **numbers,
+    }
 
 
 def fingerprint(numbers: dict[str, Any]) -> str:
@@ -133,8 +150,10 @@ def fingerprint(numbers: dict[str, Any]) -> str:
 def write_record(run_dir: Path, records_dir: Path = RECORDS_DIR) -> Path:
     rec = record(run_dir)
     if rec is None:
-        raise SystemExit(f"--record {run_dir}: not a completed run (a folder s<seed>-<label> whose eval.jsonl "
-                         "holds the evaluation after its last step)")
+        raise SystemExit(
+            f"--record {run_dir}: not a completed run (a folder s<seed>-<label> whose eval.jsonl "
+            "holds the evaluation after its last step)"
+        )
     records_dir.mkdir(parents=True, exist_ok=True)
     out = records_dir / f"{rec['name']}.json"
     out.write_text(json.dumps(rec, separators=(",", ":")) + "\n")
@@ -147,8 +166,10 @@ def collect(records_dir: Path = RECORDS_DIR) -> dict[str, dict[int, dict[str, An
     for f in sorted(Path(records_dir).glob("*.json"), key=lambda p: p.name):
         rec = json.loads(f.read_text())
         if rec.get("record") != RECORD_VERSION:
-            raise SystemExit(f"{f}: record version {rec.get('record')!r}, this report reads {RECORD_VERSION} "
-                             "(record the run again: python -m stare.app.report.results --record <run folder>)")
+            raise SystemExit(
+                f"{f}: record version {rec.get('record')!r}, this report reads {RECORD_VERSION} "
+                "(record the run again: python -m stare.app.report.results --record <run folder>)"
+            )
         out.setdefault(rec["label"], {})[int(rec["seed"])] = rec
     return out
 
@@ -169,7 +190,7 @@ def figures(data, out: Path) -> list[str]:
         ys = np.array([c[1][:length] for c in curves])  # [seeds, steps]
         window = max(1, min(10, length))
         smooth = np.array([np.convolve(y, np.ones(window) / window, mode="valid") for y in ys])
-        x = np.array(curves[0][0][:length])[window - 1:]
+        x = np.array(curves[0][0][:length])[window - 1 :]
         ax.plot(x, smooth.mean(0), label=f"{label} ({len(seeds)} seeds)")
         ax.fill_between(x, smooth.min(0), smooth.max(0), alpha=0.12)
     band = next((n["band"] for s in data.values() for n in s.values() if n["band"] and n["band"][0] is not None), None)
@@ -215,60 +236,110 @@ def horizon_section(data, figure: str) -> list[str]:
     if not diffs:
         verdict = "No STARE and GRPO seed pair has completed on one machine fingerprint yet."
     else:
-        verdict = (f"Paired over {len(horizon.same_machine_seeds(data['stare'], data['grpo']))} seeds, STARE's held-out pass@1 "
-                   f"minus GRPO's at step {last[0]} is {last[1]:+.3f} [{last[2]:+.3f}, {last[3]:+.3f}]. ")
-        verdict += (f"The mean difference turns non-negative at step {cross['means']} and stays so to the last evaluation"
-                    if cross["means"] is not None else "The mean difference is negative at the last evaluation")
-        verdict += (f"; its 95% interval first lies above zero at step {cross['separated']}."
-                    if cross["separated"] is not None else "; its 95% interval never lies above zero.")
+        verdict = (
+            f"Paired over {len(horizon.same_machine_seeds(data['stare'], data['grpo']))} seeds, STARE's held-out pass@1 "
+            f"minus GRPO's at step {last[0]} is {last[1]:+.3f} [{last[2]:+.3f}, {last[3]:+.3f}]. "
+        )
+        verdict += (
+            f"The mean difference turns non-negative at step {cross['means']} and stays so to the last evaluation"
+            if cross["means"] is not None
+            else "The mean difference is negative at the last evaluation"
+        )
+        verdict += (
+            f"; its 95% interval first lies above zero at step {cross['separated']}."
+            if cross["separated"] is not None
+            else "; its 95% interval never lies above zero."
+        )
     machines = sorted({n["machine"] for s in data.values() for n in s.values()})
-    points = next((n["eval_curve"] for s in data.values() for n in s.values() if len(n.get("eval_curve") or []) > 1), [])
+    points = next(
+        (n["eval_curve"] for s in data.values() for n in s.values() if len(n.get("eval_curve") or []) > 1), []
+    )
     every = points[1]["step"] - points[0]["step"] if points else None
     return [
-        f"## Longer horizon ({', '.join(map(str, steps))} steps)", "",
+        f"## Longer horizon ({', '.join(map(str, steps))} steps)",
+        "",
         f"The same tiny config trained longer, evaluated every {every} steps with 64 samples per held-out problem "
         "(128 problems, temperature 1) and greedily: runs kept in `docs/results/long/` "
-        "(scripts/results.sh, the study's command in its header).", "",
-        f"![longer horizon]({figure})", "",
-        verdict, "",
-        *horizon.curve_table(data, "stare", "grpo", "pass@1"), "",
-        *horizon.curve_table(data, "stare", "grpo", "pass@64"), "",
-        *table(data), "",
-        *paired(data, "stare", "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@8", "pass@64"]), "",
-        f"Machines (model sha256 prefix / torch CPU capability): {', '.join(machines)}.", "",
+        "(scripts/results.sh, the study's command in its header).",
+        "",
+        f"![longer horizon]({figure})",
+        "",
+        verdict,
+        "",
+        *horizon.curve_table(data, "stare", "grpo", "pass@1"),
+        "",
+        *horizon.curve_table(data, "stare", "grpo", "pass@64"),
+        "",
+        *table(data),
+        "",
+        *paired(data, "stare", "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@8", "pass@64"]),
+        "",
+        f"Machines (model sha256 prefix / torch CPU capability): {', '.join(machines)}.",
+        "",
     ]
 
 
-def render(data, figure_dir: str, notes: str = "", long: dict | None = None, long_figure: str = "",
-           mb: dict | None = None, mb_figure: str = "", real: dict | None = None, real_figure: str = "") -> str:
+def render(
+    data,
+    figure_dir: str,
+    notes: str = "",
+    long: dict | None = None,
+    long_figure: str = "",
+    mb: dict | None = None,
+    mb_figure: str = "",
+    real: dict | None = None,
+    real_figure: str = "",
+) -> str:
     machines = sorted({n["machine"] for s in data.values() for n in s.values()})
     loads = [n["load"] for s in data.values() for n in s.values() if n["load"] is not None]
     lines = [
-        "# Results on the tiny config", "",
+        "# Results on the tiny config",
+        "",
         "Generated by `scripts/results.sh` (`python -m stare.app.report.results`); do not edit by hand. "
         "Every number is the mean over seeds and a 95% percentile-bootstrap interval "
-        "(10,000 resamples of the seeds, numpy seed 0).", "",
-        f"![entropy]({figure_dir}/entropy.png)", "", f"![pass@k]({figure_dir}/pass_at_k.png)", "",
-        "## All runs", "",
-        *table(data), "",
+        "(10,000 resamples of the seeds, numpy seed 0).",
+        "",
+        f"![entropy]({figure_dir}/entropy.png)",
+        "",
+        f"![pass@k]({figure_dir}/pass_at_k.png)",
+        "",
+        "## All runs",
+        "",
+        *table(data),
+        "",
         f"Entropy: mean batch entropy over the last {LAST_STEPS} steps. In band: from the first step inside "
         "the band, the share of steps inside it (GRPO and the baselines are measured against STARE's band, "
         "logged for every algorithm). Greedy accuracy at start / end: the first and final held-out evaluation "
         "(128 problems). pass@k: unbiased estimator (Chen et al. 2021) from the final evaluation's 64 samples "
         "per problem at temperature 1; pass@1 is avg@64. Wall time: mean `time_step_s` (sampling, scoring, "
-        "learning) on a shared 2-core machine.", "",
-        "## The controller", "",
-        *table(data, (("w_variation", "mean step-to-step change of W", 3, 1.0), ("w_mean", "mean W", 2, 1.0),
-                      ("gate_on", "gate on %", 1, 100.0), ("in_band", "in band %", 1, 100.0),
-                      ("in_band_last", f"in band %, last {LAST_STEPS}", 1, 100.0),
-                      ("entropy_last", "entropy, last 50", 3, 1.0))), "",
-        "## Paired differences", "",
-        *paired(data, "stare", "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@8", "pass@64"]), "",
-        *paired(data, "stare", "stare-pctl", ["w_variation", "in_band", "entropy_last", "greedy_last", "pass@64"]), "",
-        "## Machine", "",
+        "learning) on a shared 2-core machine.",
+        "",
+        "## The controller",
+        "",
+        *table(
+            data,
+            (
+                ("w_variation", "mean step-to-step change of W", 3, 1.0),
+                ("w_mean", "mean W", 2, 1.0),
+                ("gate_on", "gate on %", 1, 100.0),
+                ("in_band", "in band %", 1, 100.0),
+                ("in_band_last", f"in band %, last {LAST_STEPS}", 1, 100.0),
+                ("entropy_last", "entropy, last 50", 3, 1.0),
+            ),
+        ),
+        "",
+        "## Paired differences",
+        "",
+        *paired(data, "stare", "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@8", "pass@64"]),
+        "",
+        *paired(data, "stare", "stare-pctl", ["w_variation", "in_band", "entropy_last", "greedy_last", "pass@64"]),
+        "",
+        "## Machine",
+        "",
         f"Model sha256 prefix / torch CPU capability over the runs: {', '.join(machines)}. "
         f"Load average (1 min) at run start and end: mean {(_mean(loads) or 0):.1f}, "
-        f"range {min(loads, default=0):.1f}-{max(loads, default=0):.1f}.", "",
+        f"range {min(loads, default=0):.1f}-{max(loads, default=0):.1f}.",
+        "",
     ]
     if long:
         lines += horizon_section(long, long_figure)
@@ -283,20 +354,38 @@ def render(data, figure_dir: str, notes: str = "", long: dict | None = None, lon
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m stare.app.report.results", description=__doc__.split("\n\n")[0])
-    p.add_argument("--record", type=Path, nargs="+", default=None, metavar="RUN_DIR",
-                   help="write these completed runs' records into --records, and stop")
+    p.add_argument(
+        "--record",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="RUN_DIR",
+        help="write these completed runs' records into --records, and stop",
+    )
     p.add_argument("--records", type=Path, default=RECORDS_DIR, help="the records folder (kept in git)")
     p.add_argument("--out", type=Path, default=Path("docs/results.md"))
     p.add_argument("--figures", type=Path, default=Path("docs/results"))
     p.add_argument("--notes", type=Path, default=None, help="markdown appended at the end (the findings)")
-    p.add_argument("--long-records", type=Path, default=horizon.HORIZON_RECORDS,
-                   help="the longer-horizon study's records (its section is left out while there are none)")
+    p.add_argument(
+        "--long-records",
+        type=Path,
+        default=horizon.HORIZON_RECORDS,
+        help="the longer-horizon study's records (its section is left out while there are none)",
+    )
     p.add_argument("--long-figure", type=Path, default=Path("docs/images/horizon.png"))
-    p.add_argument("--mb-records", type=Path, default=MINI_BATCH_RECORDS,
-                   help="the several-updates-per-batch study's records (its section is left out while there are none)")
+    p.add_argument(
+        "--mb-records",
+        type=Path,
+        default=MINI_BATCH_RECORDS,
+        help="the several-updates-per-batch study's records (its section is left out while there are none)",
+    )
     p.add_argument("--mb-figure", type=Path, default=Path("docs/images/minibatch.png"))
-    p.add_argument("--smollm2-records", type=Path, default=SMOLLM2_RECORDS,
-                   help="the SmolLM2 study's records (its section is left out while there are none)")
+    p.add_argument(
+        "--smollm2-records",
+        type=Path,
+        default=SMOLLM2_RECORDS,
+        help="the SmolLM2 study's records (its section is left out while there are none)",
+    )
     p.add_argument("--smollm2-figure", type=Path, default=Path("docs/images/smollm2.png"))
     args = p.parse_args(argv)
     if args.record:
@@ -315,14 +404,20 @@ def main(argv: list[str] | None = None) -> int:
     long_rel = str(Path(os.path.relpath(args.long_figure, args.out.parent)))
     mb = collect(args.mb_records) if args.mb_records.is_dir() else {}
     if mb:
-        studies.minibatch_figure(mb, args.mb_figure, ["grpo", *MINI_BATCH_LABELS, *[k for k in mb if "-mb" in k and
-                                                                                 k not in MINI_BATCH_LABELS]])
+        studies.minibatch_figure(
+            mb,
+            args.mb_figure,
+            ["grpo", *MINI_BATCH_LABELS, *[k for k in mb if "-mb" in k and k not in MINI_BATCH_LABELS]],
+        )
     real = collect(args.smollm2_records) if args.smollm2_records.is_dir() else {}
     if real:
-        studies.smollm2_figure(real, args.smollm2_figure, ["stare", "grpo", *[k for k in real if k not in ("stare", "grpo")]])
+        studies.smollm2_figure(
+            real, args.smollm2_figure, ["stare", "grpo", *[k for k in real if k not in ("stare", "grpo")]]
+        )
     rel_of = lambda f: str(Path(os.path.relpath(f, args.out.parent)))  # noqa: E731
-    args.out.write_text(render(data, rel, notes, long, long_rel, mb, rel_of(args.mb_figure), real,
-                               rel_of(args.smollm2_figure)))
+    args.out.write_text(
+        render(data, rel, notes, long, long_rel, mb, rel_of(args.mb_figure), real, rel_of(args.smollm2_figure))
+    )
     print(f"[results] {args.out} ({sum(len(s) for s in data.values())} runs, {len(data)} labels)")
     return 0
 

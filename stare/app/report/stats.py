@@ -8,7 +8,7 @@ are correct, 1 - C(n - c, k) / C(n, k), computed as a product so it neither over
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -16,8 +16,9 @@ BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 
 
-def bootstrap_ci(values: Sequence[float], *, level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
-                 seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float] | None:
+def bootstrap_ci(
+    values: Sequence[float], *, level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float, float] | None:
     """(mean, low, high): the mean of `values` and the `level` percentile-bootstrap interval of the
     mean (quantiles by the inverted empirical CDF, so the bounds are resampled means). None without
     values; one value gives a zero-width interval (nothing to resample)."""

@@ -9,8 +9,9 @@ every seed reached; a record without an entropy curve is left out of them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from stare.app.report.horizon import Band, bands, finish_figure, same_machine_seeds
 from stare.app.report.stats import bootstrap_ci
@@ -21,7 +22,7 @@ def _entropy(record: dict[str, Any], window: int) -> dict[int, float]:
     steps, values = record.get("entropy_curve") or ([], [])
     out = {}
     for i in range(window - 1, len(values)):
-        out[int(steps[i])] = sum(values[i - window + 1: i + 1]) / window
+        out[int(steps[i])] = sum(values[i - window + 1 : i + 1]) / window
     return out
 
 
@@ -35,8 +36,9 @@ def entropy_bands(seeds: dict[int, dict[str, Any]], *, window: int = 1, every: i
     return [(s, *bootstrap_ci([c[s] for c in curves])) for s in steps]
 
 
-def entropy_table(data: dict[str, dict[int, dict[str, Any]]], a: str, b: str, steps: Sequence[int],
-                  window: int = 1) -> list[str]:
+def entropy_table(
+    data: dict[str, dict[int, dict[str, Any]]], a: str, b: str, steps: Sequence[int], window: int = 1
+) -> list[str]:
     """Batch entropy at `steps` (a `window`-step mean ending there): a, b, and a - b paired by seed."""
     if a not in data or b not in data:
         return [f"({a} and {b} both need completed runs for the entropy table)"]
@@ -49,8 +51,10 @@ def entropy_table(data: dict[str, dict[int, dict[str, Any]]], a: str, b: str, st
     for step in steps:
         diffs = [x[step] - y[step] for x, y in pairs if step in x and step in y]
         d = bootstrap_ci(diffs) if diffs else None
-        lines.append(f"| {step} | {cell(ca.get(step))} | {cell(cb.get(step))} | "
-                     f"{'n/a' if d is None else f'{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]'} |")
+        lines.append(
+            f"| {step} | {cell(ca.get(step))} | {cell(cb.get(step))} | "
+            f"{'n/a' if d is None else f'{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]'} |"
+        )
     return lines
 
 
@@ -78,9 +82,14 @@ def minibatch_figure(data: dict[str, dict[int, dict[str, Any]]], path: Path, lab
             name = f"{label} ({len(data[label])} seeds)"
             _plot_bands(axes[0], entropy_bands(data[label], window=10, every=5), name)
             _plot_bands(axes[1], bands(data[label], "pass@1"), name, marker="o")
-    finish_figure(fig, axes, ("batch entropy (nats), 10-step mean", "held-out avg@n (pass@1) per evaluation"),
-                  "One update per batch (grpo) and the baselines' mini-batches: mean and 95% bootstrap band", path,
-                  legend_size=8)
+    finish_figure(
+        fig,
+        axes,
+        ("batch entropy (nats), 10-step mean", "held-out avg@n (pass@1) per evaluation"),
+        "One update per batch (grpo) and the baselines' mini-batches: mean and 95% bootstrap band",
+        path,
+        legend_size=8,
+    )
 
 
 def smollm2_figure(data: dict[str, dict[int, dict[str, Any]]], path: Path, labels: Sequence[str]) -> None:
@@ -100,5 +109,10 @@ def smollm2_figure(data: dict[str, dict[int, dict[str, Any]]], path: Path, label
         _plot_bands(axes[0], entropy_bands(seeds), name, marker="o")
         _plot_bands(axes[1], bands(seeds, "greedy"), name, marker="o")
         _plot_bands(axes[2], bands(seeds, "pass@1"), name, marker="o")
-    finish_figure(fig, axes, ("batch entropy (nats) per step", "held-out greedy accuracy", "held-out avg@n (pass@1)"),
-                  "SmolLM2-135M-Instruct on chat-arithmetic: mean over seeds and 95% bootstrap band", path)
+    finish_figure(
+        fig,
+        axes,
+        ("batch entropy (nats) per step", "held-out greedy accuracy", "held-out avg@n (pass@1)"),
+        "SmolLM2-135M-Instruct on chat-arithmetic: mean over seeds and 95% bootstrap band",
+        path,
+    )

@@ -13,6 +13,8 @@ MINI_BATCH_LABELS = ("kl-cov-mb", "clip-cov-mb", "dapo-mb", "grpo-mb")  # script
 def _one_update(label: str) -> str:
     """The one-update algorithm of a several-updates label (`kl-cov-mb-lr8` -> `kl-cov`)."""
     return label.split("-mb")[0]
+
+
 UPDATE_COLUMNS = (  # key, header, digits, scale: update_numbers()
     ("updates", "updates / batch", 1, 1.0),
     ("clip_low", "held by the clip at 1 - eps_low (% of tokens)", 2, 100.0),
@@ -36,7 +38,8 @@ def minibatch_section(data, figure: str) -> list[str]:
     several = [x for x in data if "-mb" in x]
     data = {x: data[x] for x in sorted(data, key=lambda x: ("-mb" in x, x != "grpo", x))}
     lines = [
-        "## Several updates per batch (the baselines' mini-batches)", "",
+        "## Several updates per batch (the baselines' mini-batches)",
+        "",
         "The tiny config with `optim.mini_batches` as in each baseline's paper (the `-mb` rows, scripts/results.sh; "
         "the numbers and their sources are in the notes below), and GRPO with one update per batch, all on one "
         "machine fingerprint, runs kept in `docs/results/mb/`. Per step, over every update's loss tokens, r "
@@ -44,13 +47,17 @@ def minibatch_section(data, figure: str) -> list[str]:
         "r < 1 - eps_low; A > 0 and r > 1 + eps_high; counted alike for KL-Cov, which does not clip), "
         "approx-KL (k3: the mean of (r - 1) - log r) and the standard deviation of r; then approx-KL of each "
         "batch's last update alone, and the tokens the covariance rule selected per step; each the mean over "
-        "the run's steps.", "",
-        f"![several updates per batch]({figure})", "",
-        *table(data, UPDATE_COLUMNS), "",
-        *table(data), "",
+        "the run's steps.",
+        "",
+        f"![several updates per batch]({figure})",
+        "",
+        *table(data, UPDATE_COLUMNS),
+        "",
+        *table(data),
+        "",
     ]
     for mb in several:  # against grpo, its own one-update row, and grpo cut alike (kl-cov-mb-lr8: grpo-mb-lr8)
-        control = "grpo" + mb[len(_one_update(mb)):]
+        control = "grpo" + mb[len(_one_update(mb)) :]
         for other in dict.fromkeys(("grpo", _one_update(mb), control)):
             if other in data and other != mb:
                 lines += [*paired(data, mb, other, UPDATE_KEYS, UPDATE_SCALES), ""]
@@ -75,19 +82,31 @@ def smollm2_section(data, figure: str) -> list[str]:
     every = sorted({p["step"] for s in data.values() for n in s.values() for p in n.get("eval_curve") or []})
     marks = sorted({1, *range(5, steps + 1, 5), steps} - {0}) if steps else []
     return [
-        f"## A real model: SmolLM2-135M-Instruct ({steps} steps)", "",
+        f"## A real model: SmolLM2-135M-Instruct ({steps} steps)",
+        "",
         "`configs/smollm2-cpu.yaml` (chat-arithmetic, 4 prompts x 4 samples, lr 1e-5; STARE: O1, target 0.6, "
         "W 1.1) trained longer and evaluated more often (the study's command is in scripts/results.sh's header), "
         f"held-out evaluations at steps {', '.join(map(str, every))}; runs kept in `docs/results/smollm2/`. "
         f"{steps} steps is a short horizon, and the held-out set is small (`task.eval_problems` in that command; "
         "avg@4 and pass@4 at top_p 0.7 per `eval_sources`): read the accuracy rows as a trajectory, not a "
-        "verdict.", "",
-        f"![SmolLM2]({figure})", "",
-        *studies.entropy_table(data, "stare", "grpo", marks), "",
-        *horizon.curve_table(data, "stare", "grpo", "greedy"), "",
-        *horizon.curve_table(data, "stare", "grpo", "pass@1"), "",
-        *table(data, SMOLLM2_COLUMNS), "",
-        *[line for label in ("stare", *sorted(set(data) - {"stare", "grpo"})) if label in data
-          for line in (*paired(data, label, "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@4"]), "")],
-        f"Machines (model sha256 prefix / torch CPU capability): {_machines(data)}.", "",
+        "verdict.",
+        "",
+        f"![SmolLM2]({figure})",
+        "",
+        *studies.entropy_table(data, "stare", "grpo", marks),
+        "",
+        *horizon.curve_table(data, "stare", "grpo", "greedy"),
+        "",
+        *horizon.curve_table(data, "stare", "grpo", "pass@1"),
+        "",
+        *table(data, SMOLLM2_COLUMNS),
+        "",
+        *[
+            line
+            for label in ("stare", *sorted(set(data) - {"stare", "grpo"}))
+            if label in data
+            for line in (*paired(data, label, "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@4"]), "")
+        ],
+        f"Machines (model sha256 prefix / torch CPU capability): {_machines(data)}.",
+        "",
     ]

@@ -29,7 +29,6 @@ SUMMARY_KEYS = (
 )  # fmt: skip
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Reading
 
@@ -161,9 +160,11 @@ def machine_line(m: dict[str, Any] | None) -> str:
         return "n/a (no machine.json)"
     t, model = m.get("torch", {}), m.get("model", {})
     digest = (model.get("sha256") or "none")[:12]
-    return (f"model sha256 {digest}, torch {t.get('version')} ({t.get('cpu_capability')}, mkl {t.get('mkl')}, "
-            f"onednn {t.get('mkldnn')}, {t.get('threads')} threads), transformers "
-            f"{m.get('packages', {}).get('transformers')}, {m.get('cpu')}")
+    return (
+        f"model sha256 {digest}, torch {t.get('version')} ({t.get('cpu_capability')}, mkl {t.get('mkl')}, "
+        f"onednn {t.get('mkldnn')}, {t.get('threads')} threads), transformers "
+        f"{m.get('packages', {}).get('transformers')}, {m.get('cpu')}"
+    )
 
 
 def summarize(run_dir: Path) -> dict[str, Any]:
@@ -216,7 +217,9 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "pass_at_k_last": _last(pass_k),
         "avg_at_k_last": _last(_series(evals, "avg_at_k")[1]),
         "per_level_last": per_level,
-        "per_source_last": next((r["per_source"] for r in reversed(evals) if isinstance(r.get("per_source"), dict)), None),
+        "per_source_last": next(
+            (r["per_source"] for r in reversed(evals) if isinstance(r.get("per_source"), dict)), None
+        ),
         "w_final": _last(_series(metrics, "w")[1]),
         "m_final": _last(_series(metrics, "m")[1]),
         "machine": _machine(run_dir),
@@ -292,10 +295,16 @@ def _summary_markdown(s: dict[str, Any]) -> str:
         lines += [f"| {lvl} | {_fmt(_number(acc))} |" for lvl, acc in s["per_level_last"].items()]
     if s["per_source_last"]:
         lines += ["", "## Held-out per data source (last evaluation)", ""]
-        lines += ["| source | problems | n | temperature | top_p | avg@n | pass@n | greedy |", "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {src} | {v.get('problems')} | {v.get('n')} | {_fmt(v.get('temperature'), 2)} | {_fmt(v.get('top_p'), 2)} "
-                  f"| {_fmt(v.get('avg_at_n'))} | {_fmt(v.get('pass_at_n'))} | {_fmt(v.get('greedy_accuracy'))} |"
-                  for src, v in s["per_source_last"].items() if isinstance(v, dict)]
+        lines += [
+            "| source | problems | n | temperature | top_p | avg@n | pass@n | greedy |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {src} | {v.get('problems')} | {v.get('n')} | {_fmt(v.get('temperature'), 2)} | {_fmt(v.get('top_p'), 2)} "
+            f"| {_fmt(v.get('avg_at_n'))} | {_fmt(v.get('pass_at_n'))} | {_fmt(v.get('greedy_accuracy'))} |"
+            for src, v in s["per_source_last"].items()
+            if isinstance(v, dict)
+        ]
     lines += [
         "",
         f"In-band fraction: from the first step whose entropy lies in the band (bounds inclusive), the "
@@ -303,5 +312,3 @@ def _summary_markdown(s: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
-
-

@@ -35,8 +35,7 @@ COLUMNS = (  # key, header, digits, scale
 
 
 def table(data: dict[str, dict[int, dict[str, Any]]], columns=COLUMNS) -> list[str]:
-    lines = ["| run | seeds | " + " | ".join(h for _, h, _, _ in columns) + " |",
-             "|---|---|" + "---|" * len(columns)]
+    lines = ["| run | seeds | " + " | ".join(h for _, h, _, _ in columns) + " |", "|---|---|" + "---|" * len(columns)]
     for label, seeds in data.items():
         cells = [fmt(interval([n.get(key) for n in seeds.values()]), d, sc) for key, _, d, sc in columns]
         lines.append(f"| {label} | {len(seeds)} ({','.join(map(str, sorted(seeds)))}) | " + " | ".join(cells) + " |")
@@ -50,12 +49,18 @@ def paired(data, a: str, b: str, keys: list[str], scales: dict[str, float] | Non
     seeds = horizon.same_machine_seeds(data.get(a, {}), data.get(b, {}))
     if not seeds:
         return [f"({a} and {b} share no completed seed on one machine fingerprint yet)"]
-    apart = f"; seeds {', '.join(map(str, sorted(set(both) - set(seeds))))} left out: run on different machines" \
-        if len(seeds) < len(both) else ""
+    apart = (
+        f"; seeds {', '.join(map(str, sorted(set(both) - set(seeds))))} left out: run on different machines"
+        if len(seeds) < len(both)
+        else ""
+    )
     lines = [f"| {a} - {b}, paired by seed ({len(seeds)} seeds{apart}) | difference |", "|---|---|"]
     for key in keys:
-        diffs = [data[a][s][key] - data[b][s][key] for s in seeds
-                 if data[a][s].get(key) is not None and data[b][s].get(key) is not None]
+        diffs = [
+            data[a][s][key] - data[b][s][key]
+            for s in seeds
+            if data[a][s].get(key) is not None and data[b][s].get(key) is not None
+        ]
         scale = (scales or {}).get(key, 1.0)
         name = key if scale == 1.0 else f"{key} (x {scale:g})"
         lines.append(f"| {name} | {fmt(bootstrap_ci(diffs), scale=scale)} |")

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
-def calibrate(cfg, *, overrides: list[str] = (), bench_steps: int = 8, repeats: int = 3,
-              log: Callable[[str], None] = print) -> dict:
+def calibrate(
+    cfg, *, overrides: list[str] = (), bench_steps: int = 8, repeats: int = 3, log: Callable[[str], None] = print
+) -> dict:
     """`cfg`: the bundled tiny config with `overrides` (bench step runs that config with them)."""
     from rollout.engines.base import SamplingParams
     from rollout.stack import build_rollout_stack
@@ -36,9 +37,14 @@ def calibrate(cfg, *, overrides: list[str] = (), bench_steps: int = 8, repeats: 
             for i in range(repeats):
                 prompts = [t.prompt_token_ids for t in feeder.next_tasks(k)]
                 prompt_lens += [len(p) for p in prompts]
-                params = SamplingParams(n=r.samples_per_prompt, max_new_tokens=r.max_new_tokens,
-                                        temperature=r.temperature, top_p=r.top_p, seed=1000 + i,
-                                        stop_token_ids=stack.setup.stop_ids)
+                params = SamplingParams(
+                    n=r.samples_per_prompt,
+                    max_new_tokens=r.max_new_tokens,
+                    temperature=r.temperature,
+                    top_p=r.top_p,
+                    seed=1000 + i,
+                    stop_token_ids=stack.setup.stop_ids,
+                )
                 t0 = time.perf_counter()
                 out = stack.sampler.generate(prompts, params)
                 times.append(time.perf_counter() - t0)
@@ -55,9 +61,18 @@ def calibrate(cfg, *, overrides: list[str] = (), bench_steps: int = 8, repeats: 
     a = max(per1 - b * n1, 0.0)
     mean, sigma = fit_lognormal(lengths)
     steps_per = r.prompts_per_step * r.samples_per_prompt
-    return {"source": "stare sim --calibrate (bench step + engine timings on this machine)",
-            "learn_s": rows["learn"], "publish_s": rows["publish"], "weights_in_s": rows["weights in"],
-            "other_s": rows["other"], "reward_s_per_traj": rows["reward"] / steps_per,
-            "decode_a_s": a, "decode_b_s": b, "length_mean": mean, "length_sigma": sigma,
-            "prompt_mean": statistics.fmean(prompt_lens),
-            "calls": {str(k): list(v) for k, v in calls.items()}, "bench_rollout_s": rows["rollout"]}
+    return {
+        "source": "stare sim --calibrate (bench step + engine timings on this machine)",
+        "learn_s": rows["learn"],
+        "publish_s": rows["publish"],
+        "weights_in_s": rows["weights in"],
+        "other_s": rows["other"],
+        "reward_s_per_traj": rows["reward"] / steps_per,
+        "decode_a_s": a,
+        "decode_b_s": b,
+        "length_mean": mean,
+        "length_sigma": sigma,
+        "prompt_mean": statistics.fmean(prompt_lens),
+        "calls": {str(k): list(v) for k, v in calls.items()},
+        "bench_rollout_s": rows["rollout"],
+    }

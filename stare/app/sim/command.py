@@ -16,22 +16,38 @@ STEPS, WARMUP = 6, 2
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("sim", help="simulate a GPU node running this config (the real scheduling, GPU work from a "
-                       "cost model): tokens/s/GPU, busy fractions, the bottleneck, a Gantt chart")
+    p = sub.add_parser(
+        "sim",
+        help="simulate a GPU node running this config (the real scheduling, GPU work from a "
+        "cost model): tokens/s/GPU, busy fractions, the bottleneck, a Gantt chart",
+    )
     p.add_argument("--config", type=Path, default=None, help="YAML config (default: the bundled tiny config)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field or a sim setting (sim.*, and issue #24's new fields: "
-                   "stare/app/sim/design.py)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field or a sim setting (sim.*, and issue #24's new fields: stare/app/sim/design.py)",
+    )
     p.add_argument("--gpus", type=int, default=8, help="GPUs of the node (default 8)")
     p.add_argument("--gpu", default="h100-80gb", help="h100-80gb, h200, a100-80gb, l40s, or cpu (with --profile)")
     p.add_argument("--learner-gpus", type=int, default=None, help="learner GPUs (default: system.learner_ranks)")
-    p.add_argument("--colocated", action="store_true", help="learner and engines on the same GPUs (engines sleep "
-                   "while the learner steps)")
+    p.add_argument(
+        "--colocated",
+        action="store_true",
+        help="learner and engines on the same GPUs (engines sleep while the learner steps)",
+    )
     p.add_argument("--model-config", type=Path, default=None, help="a Hugging Face config.json to take the shape from")
     p.add_argument("--profile", type=Path, default=None, help="--gpu cpu: costs measured here (stare sim --calibrate)")
-    p.add_argument("--calibrate", type=Path, default=None, metavar="OUT.json",
-                   help="measure this machine's CPU costs of the bundled tiny config with --set's overrides (bench step + "
-                   "engine timings), write them")
+    p.add_argument(
+        "--calibrate",
+        type=Path,
+        default=None,
+        metavar="OUT.json",
+        help="measure this machine's CPU costs of the bundled tiny config with --set's overrides (bench step + "
+        "engine timings), write them",
+    )
     p.add_argument("--steps", type=int, default=STEPS, help=f"steps measured (default {STEPS})")
     p.add_argument("--warmup", type=int, default=WARMUP, help=f"steps not measured (default {WARMUP})")
     p.add_argument("--gantt", type=Path, default=None, help="write a Gantt chart PNG of a few steps here")
@@ -59,8 +75,9 @@ def run(args) -> int:
         from stare.app.sim.design import split_overrides
 
         cfg, _ = load(args)
-        profile = calibrate(cfg, overrides=split_overrides(args.config, args.overrides)[0],
-                            log=lambda s: print(s, file=sys.stderr))
+        profile = calibrate(
+            cfg, overrides=split_overrides(args.config, args.overrides)[0], log=lambda s: print(s, file=sys.stderr)
+        )
         args.calibrate.write_text(json.dumps(profile, indent=2) + "\n")
         print(json.dumps(profile, indent=2))
         return 0
@@ -80,8 +97,9 @@ def _simulate(args, cfg, sim) -> int:
         if args.profile is None:
             print("stare sim: --gpu cpu needs --profile FILE (write one with --calibrate FILE)", file=sys.stderr)
             return 2
-        design = build_design(cfg, sim, gpus=args.gpus, learner_gpus=args.learner_gpus or 1, colocated=False,
-                              on_gpu=False)
+        design = build_design(
+            cfg, sim, gpus=args.gpus, learner_gpus=args.learner_gpus or 1, colocated=False, on_gpu=False
+        )
         profile = load_profile(args.profile)
         costs, lengths = cpu_costs(profile, cfg)
         sim.knobs.setdefault("sim.prompt_tokens", round(profile.get("prompt_mean", 1)))

@@ -46,18 +46,45 @@ PCIE5_BYTES_S = 64 * GB
 PCIE4_BYTES_S = 32 * GB
 
 GPUS: dict[str, GpuSpec] = {
-    "h100-80gb": GpuSpec("h100-80gb", 989e12, 3.35e12, 80, 450 * GB, PCIE5_BYTES_S,
-                         "NVIDIA H100 SXM5 datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s, NVLink 900 GB/s bidirectional "
-                         "(shared/DESIGN.md section 5)"),
-    "h200": GpuSpec("h200", 788e12, 4.3e12, 141, 450 * GB, PCIE5_BYTES_S,
-                    "measured on the lent H200 (shared/DESIGN.md section 5): 788 TFLOP/s on an 8k bf16 matmul, "
-                    "~4.3 TB/s device copy (datasheet: 989 TFLOP/s, 4.8 TB/s); NVLink as the H100's"),
-    "a100-80gb": GpuSpec("a100-80gb", 312e12, 2.0e12, 80, 300 * GB, PCIE4_BYTES_S,
-                         "NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s bf16 dense, 2.0 TB/s (2,039 GB/s), NVLink "
-                         "600 GB/s bidirectional"),
-    "l40s": GpuSpec("l40s", 362e12, 864e9, 48, PCIE4_BYTES_S, PCIE4_BYTES_S,
-                    "NVIDIA L40S datasheet: 362 TFLOP/s bf16 dense (733 with sparsity), 864 GB/s GDDR6, 48 GB, "
-                    "PCIe Gen4 x16, no NVLink (GPU to GPU over PCIe)"),
+    "h100-80gb": GpuSpec(
+        "h100-80gb",
+        989e12,
+        3.35e12,
+        80,
+        450 * GB,
+        PCIE5_BYTES_S,
+        "NVIDIA H100 SXM5 datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s, NVLink 900 GB/s bidirectional "
+        "(shared/DESIGN.md section 5)",
+    ),
+    "h200": GpuSpec(
+        "h200",
+        788e12,
+        4.3e12,
+        141,
+        450 * GB,
+        PCIE5_BYTES_S,
+        "measured on the lent H200 (shared/DESIGN.md section 5): 788 TFLOP/s on an 8k bf16 matmul, "
+        "~4.3 TB/s device copy (datasheet: 989 TFLOP/s, 4.8 TB/s); NVLink as the H100's",
+    ),
+    "a100-80gb": GpuSpec(
+        "a100-80gb",
+        312e12,
+        2.0e12,
+        80,
+        300 * GB,
+        PCIE4_BYTES_S,
+        "NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s bf16 dense, 2.0 TB/s (2,039 GB/s), NVLink 600 GB/s bidirectional",
+    ),
+    "l40s": GpuSpec(
+        "l40s",
+        362e12,
+        864e9,
+        48,
+        PCIE4_BYTES_S,
+        PCIE4_BYTES_S,
+        "NVIDIA L40S datasheet: 362 TFLOP/s bf16 dense (733 with sparsity), 864 GB/s GDDR6, 48 GB, "
+        "PCIe Gen4 x16, no NVLink (GPU to GPU over PCIe)",
+    ),
 }
 
 # --- efficiencies and overheads (one set for every run; never tuned per run) --------------------
@@ -152,8 +179,9 @@ class NodeCosts:
             return 0.0
         bw = self.gpu.hbm_bytes_s * HBM_EFFICIENCY * self.tp
         kv_tokens = steps * context_sum + seqs * steps * (steps - 1) / 2
-        return (steps * self.model.weight_bytes + self.model.kv_bytes_per_token * kv_tokens) / bw \
-            + steps * self.step_overhead_s()
+        return (
+            steps * self.model.weight_bytes + self.model.kv_bytes_per_token * kv_tokens
+        ) / bw + steps * self.step_overhead_s()
 
     def prefill_s(self, tokens: float) -> float:
         """Prompt tokens prefilled (a group's samples share them: prefix caching): 2N FLOPs each."""
@@ -166,8 +194,9 @@ class NodeCosts:
         return max(free, 0.0) / self.model.kv_bytes_per_token
 
     # ------------------------------------------------------------------ learner
-    def train_flops(self, tokens: float, mean_len: float, *, recompute: bool, prepass: bool = True,
-                    extra_forward: int = 0) -> float:
+    def train_flops(
+        self, tokens: float, mean_len: float, *, recompute: bool, prepass: bool = True, extra_forward: int = 0
+    ) -> float:
         """FLOPs of one optimizer step over `tokens` (prompt + response) of sequences averaging
         `mean_len`: 6N (+2N recompute, +2N pre-pass, +2N per extra forward) per token, plus attention
         (causal: mean context len/2; forward 1x, backward 2x, recompute and pre-pass 1x each)."""
@@ -183,12 +212,22 @@ class NodeCosts:
         gather = head_gathers * self.allgather_s(self.model.head_bytes, gpus) if zero3 else 0.0
         return flops / (gpus * self.gpu.bf16_flops * MFU_TRAIN) + gather
 
-    def train_s(self, tokens: float, mean_len: float, gpus: int, *, recompute: bool, zero3: bool,
-                head_gathers: int = 0, extra_forward: int = 0) -> float:
+    def train_s(
+        self,
+        tokens: float,
+        mean_len: float,
+        gpus: int,
+        *,
+        recompute: bool,
+        zero3: bool,
+        head_gathers: int = 0,
+        extra_forward: int = 0,
+    ) -> float:
         """One optimizer step on `gpus` learner GPUs: compute at MFU_TRAIN, plus `head_gathers`
         all-gathers of the output head under ZeRO-3 (issue #24 item 5: serial, not prefetched)."""
-        compute = self.train_flops(tokens, mean_len, recompute=recompute, extra_forward=extra_forward) \
-            / (gpus * self.gpu.bf16_flops * MFU_TRAIN)
+        compute = self.train_flops(tokens, mean_len, recompute=recompute, extra_forward=extra_forward) / (
+            gpus * self.gpu.bf16_flops * MFU_TRAIN
+        )
         gather = head_gathers * self.allgather_s(self.model.head_bytes, gpus) if zero3 else 0.0
         return compute + gather
 
@@ -247,7 +286,7 @@ class LengthModel:
     def sample(self, rng, n: int):
         import numpy as np
 
-        mu = math.log(self.mean) - self.sigma ** 2 / 2
+        mu = math.log(self.mean) - self.sigma**2 / 2
         x = rng.lognormal(mu, self.sigma, n)
         return np.clip(np.rint(x), 1, self.cap).astype(int)
 
@@ -258,4 +297,4 @@ def fit_lognormal(lengths) -> tuple[float, float]:
 
     logs = np.log(np.maximum(np.asarray(lengths, dtype=float), 1.0))
     sigma = float(logs.std())
-    return float(math.exp(logs.mean() + sigma ** 2 / 2)), sigma
+    return float(math.exp(logs.mean() + sigma**2 / 2)), sigma

@@ -30,9 +30,15 @@ from stare.app.sim.node import Design, KvCache, StepCosts
 NEW_FIELDS = {
     "rollout.engine.enforce_eager": None,  # the hf section has none: auto
 }
-SIM_FIELDS = {"sim.response_mean": 1050.0, "sim.response_sigma": 0.6, "sim.prompt_tokens": 200,
-              "sim.solve_a": 1.0, "sim.solve_b": 1.0, "sim.zero3_head": "per_micro_batch",
-              "sim.extra_forward": 0}
+SIM_FIELDS = {
+    "sim.response_mean": 1050.0,
+    "sim.response_sigma": 0.6,
+    "sim.prompt_tokens": 200,
+    "sim.solve_a": 1.0,
+    "sim.solve_b": 1.0,
+    "sim.zero3_head": "per_micro_batch",
+    "sim.extra_forward": 0,
+}
 
 
 @dataclass
@@ -81,8 +87,9 @@ def _read(cfg, sim: SimSettings, dotted: str):
     return obj
 
 
-def build_design(cfg, sim: SimSettings, *, gpus: int, learner_gpus: int | None, colocated: bool,
-                 on_gpu: bool = True) -> Design:
+def build_design(
+    cfg, sim: SimSettings, *, gpus: int, learner_gpus: int | None, colocated: bool, on_gpu: bool = True
+) -> Design:
     eng = cfg.rollout.engine
     eager = _read(cfg, sim, "rollout.engine.enforce_eager")
     if eager is None:  # auto: CUDA graphs where CUDA is present
@@ -93,11 +100,17 @@ def build_design(cfg, sim: SimSettings, *, gpus: int, learner_gpus: int | None, 
     learner = learner_gpus if learner_gpus is not None else cfg.system.learner_ranks
     if colocated:
         learner = gpus
-    return Design(gpus=gpus, learner_gpus=learner, rollout_tp=getattr(eng, "tensor_parallel_size", 1),
-                  colocated=colocated, streaming=_streaming(cfg, sim),
-                  inflight=bool(_read(cfg, sim, "system.inflight_weight_updates")),
-                  publish_from=_publish_from(cfg, sim, on_gpu), eager=bool(eager),
-                  max_staleness=cfg.system.max_staleness)
+    return Design(
+        gpus=gpus,
+        learner_gpus=learner,
+        rollout_tp=getattr(eng, "tensor_parallel_size", 1),
+        colocated=colocated,
+        streaming=_streaming(cfg, sim),
+        inflight=bool(_read(cfg, sim, "system.inflight_weight_updates")),
+        publish_from=_publish_from(cfg, sim, on_gpu),
+        eager=bool(eager),
+        max_staleness=cfg.system.max_staleness,
+    )
 
 
 def engine_max_model_len(cfg, shape) -> int:
@@ -110,8 +123,9 @@ def engine_max_model_len(cfg, shape) -> int:
 
 
 def lengths_of(cfg, sim: SimSettings) -> LengthModel:
-    return LengthModel(float(sim.get("sim.response_mean")), float(sim.get("sim.response_sigma")),
-                       cfg.rollout.max_new_tokens)
+    return LengthModel(
+        float(sim.get("sim.response_mean")), float(sim.get("sim.response_sigma")), cfg.rollout.max_new_tokens
+    )
 
 
 def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str) -> StepCosts:
@@ -129,9 +143,11 @@ def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str) -> St
     max_len = engine_max_model_len(cfg, shape)
     capacity = int(min(max_seqs, kv_tokens // max_len))
     if capacity < cfg.rollout.samples_per_prompt:
-        raise ValueError(f"a rollout engine's KV cache holds {capacity} sequences of {max_len:,} tokens "
-                         f"(max_model_len), fewer than one group ({cfg.rollout.samples_per_prompt}): raise "
-                         "rollout.engine.gpu_memory_utilization or tensor_parallel_size, or lower max_model_len")
+        raise ValueError(
+            f"a rollout engine's KV cache holds {capacity} sequences of {max_len:,} tokens "
+            f"(max_model_len), fewer than one group ({cfg.rollout.samples_per_prompt}): raise "
+            "rollout.engine.gpu_memory_utilization or tensor_parallel_size, or lower max_model_len"
+        )
     # what vLLM's own scheduler runs of a blocking generate: blocks as sequences grow, so about the KV cache
     # over a mean sequence (its preemptions, rare at this fill, are not modelled)
     per_seq = float(sim.get("sim.prompt_tokens")) + lengths_of(cfg, sim).mean
@@ -149,16 +165,28 @@ def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str) -> St
             gathers = 2 * math.ceil(per_rank / (o.max_tokens_per_micro_batch or 8192))
         else:  # per log-prob chunk in the pre-pass, the forward and the recompute
             gathers = 3 * math.ceil(resp / d.learner_gpus / o.logits_chunk_tokens)
-        return nc.train_s(tokens, mean_len, d.learner_gpus, recompute=o.gradient_checkpointing, zero3=zero3,
-                          head_gathers=gathers, extra_forward=extra)
+        return nc.train_s(
+            tokens,
+            mean_len,
+            d.learner_gpus,
+            recompute=o.gradient_checkpointing,
+            zero3=zero3,
+            head_gathers=gathers,
+            extra_forward=extra,
+        )
 
     def prepass_s(trajectories: list) -> float:
         """The share of `train_s` that a pre-pass ahead of the step (optim.prepass_early) takes out of it."""
         if not trajectories:
             return 0.0
         tokens = sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajectories)
-        gathers = math.ceil(tokens / d.learner_gpus / (o.max_tokens_per_micro_batch or 8192)) if per_micro else \
-            math.ceil(sum(len(t.response_token_ids) for t in trajectories) / d.learner_gpus / o.logits_chunk_tokens)
+        gathers = (
+            math.ceil(tokens / d.learner_gpus / (o.max_tokens_per_micro_batch or 8192))
+            if per_micro
+            else math.ceil(
+                sum(len(t.response_token_ids) for t in trajectories) / d.learner_gpus / o.logits_chunk_tokens
+            )
+        )
         return nc.prepass_s(tokens, tokens / len(trajectories), d.learner_gpus, zero3=zero3, head_gathers=gathers)
 
     if d.colocated:
@@ -169,10 +197,19 @@ def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str) -> St
         h2d = nc.pageable_copy_s()
         gather = nc.publish_host_s(d.learner_gpus, zero3) - h2d
         send = recv = h2d + nc.broadcast_s()
-    return StepCosts(engine=nc, capacity=max(capacity, 1), running=running,
-                     kv=KvCache(int(kv_tokens), int(max_seqs), int(max_len)), train_s=train_s,
-                     prepass_s=prepass_s if o.prepass_early else None, gather_s=gather, send_s=send,
-                     recv_s=recv, checkpoint_s=nc.checkpoint_s(), swap_s=nc.sleep_wake_s() if d.colocated else 0.0)
+    return StepCosts(
+        engine=nc,
+        capacity=max(capacity, 1),
+        running=running,
+        kv=KvCache(int(kv_tokens), int(max_seqs), int(max_len)),
+        train_s=train_s,
+        prepass_s=prepass_s if o.prepass_early else None,
+        gather_s=gather,
+        send_s=send,
+        recv_s=recv,
+        checkpoint_s=nc.checkpoint_s(),
+        swap_s=nc.sleep_wake_s() if d.colocated else 0.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -194,10 +231,17 @@ def cpu_costs(profile: dict, cfg) -> tuple[StepCosts, LengthModel]:
     dec = CpuDecode(profile["decode_a_s"], profile["decode_b_s"])
     lengths = LengthModel(profile["length_mean"], profile["length_sigma"], cfg.rollout.max_new_tokens)
     learn = profile["learn_s"] + profile["other_s"]
-    costs = StepCosts(engine=dec, capacity=getattr(cfg.rollout.engine, "max_batch_size", 256),
-                      train_s=lambda trajectories: learn, gather_s=profile["publish_s"], send_s=0.0,
-                      recv_s=profile["weights_in_s"], checkpoint_s=0.0,
-                      reward_s_per_traj=profile["reward_s_per_traj"], static_batch=True)
+    costs = StepCosts(
+        engine=dec,
+        capacity=getattr(cfg.rollout.engine, "max_batch_size", 256),
+        train_s=lambda trajectories: learn,
+        gather_s=profile["publish_s"],
+        send_s=0.0,
+        recv_s=profile["weights_in_s"],
+        checkpoint_s=0.0,
+        reward_s_per_traj=profile["reward_s_per_traj"],
+        static_batch=True,
+    )
     return costs, lengths
 
 
@@ -205,14 +249,19 @@ def load_profile(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def simulate(cfg, sim: SimSettings, design: Design, costs: StepCosts, lengths: LengthModel, *, steps: int,
-             warmup: int):
+def simulate(cfg, sim: SimSettings, design: Design, costs: StepCosts, lengths: LengthModel, *, steps: int, warmup: int):
     """Run the simulated node for warmup + steps steps; (the run, its summary)."""
     from stare.app.sim.node import SimNode
     from stare.app.sim.report import summarize
 
-    node = SimNode(cfg, design, costs, lengths, prompt_len=int(sim.get("sim.prompt_tokens")),
-                   solve_beta=(float(sim.get("sim.solve_a")), float(sim.get("sim.solve_b"))))
+    node = SimNode(
+        cfg,
+        design,
+        costs,
+        lengths,
+        prompt_len=int(sim.get("sim.prompt_tokens")),
+        solve_beta=(float(sim.get("sim.solve_a")), float(sim.get("sim.solve_b"))),
+    )
     run = node.run(steps + warmup + 1)
     return run, summarize(run, warmup)
 

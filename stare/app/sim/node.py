@@ -23,9 +23,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from stare.app.sim.standins import Lane, SimEngine, SimLearner, SimTask, SimTokenizer, SimWeights, solve_rate_scorer
 from stare.transport.in_memory import MemoryStream
@@ -144,16 +145,27 @@ class StepCosts:
 class _Worker:
     """One rollout worker: its lane, stand-in engine and the real RolloutWorker around it."""
 
-    def __init__(self, node: "SimNode", index: int, lane: Lane, engine: SimEngine):
+    def __init__(self, node: SimNode, index: int, lane: Lane, engine: SimEngine):
         from rollout.worker import RolloutWorker
 
         cfg, r = node.cfg, node.cfg.rollout
         self.node, self.lane, self.engine, self.name = node, lane, engine, f"rollout-{index}"
         self.weights = node.board.view(lane)
-        self.worker = RolloutWorker(engine, SimTokenizer(), node.transport.prompts, node.transport.raw, self.weights,
-                                    name=self.name, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                                    top_p=r.top_p, stop_token_ids=(), seed=cfg.run.seed,
-                                    max_prompt_len=cfg.data.max_prompt_len, prompt_overflow=cfg.data.prompt_overflow)
+        self.worker = RolloutWorker(
+            engine,
+            SimTokenizer(),
+            node.transport.prompts,
+            node.transport.raw,
+            self.weights,
+            name=self.name,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            stop_token_ids=(),
+            seed=cfg.run.seed,
+            max_prompt_len=cfg.data.max_prompt_len,
+            prompt_overflow=cfg.data.prompt_overflow,
+        )
         self.batch = cfg.system.rollout_batch_prompts
 
     def next_time(self) -> float | None:
@@ -219,39 +231,61 @@ class SimRun:
 class SimNode:
     """Builds the real session over the stand-ins and runs it for `steps` steps."""
 
-    def __init__(self, cfg, design: Design, costs: StepCosts, lengths, *, prompt_len: int,
-                 solve_beta: tuple[float, float] = (1.0, 1.0)):
+    def __init__(
+        self,
+        cfg,
+        design: Design,
+        costs: StepCosts,
+        lengths,
+        *,
+        prompt_len: int,
+        solve_beta: tuple[float, float] = (1.0, 1.0),
+    ):
         self.cfg, self.design, self.costs, self.lengths = cfg, design, costs, lengths
         self.prompt_len, self.solve_beta = prompt_len, solve_beta
         d = design
         self.learner_lane = Lane("learner", list(range(d.learner_gpus)))
         self.current = self.learner_lane  # the actor whose clock stamps what is published
         clock = lambda: self.current.now  # noqa: E731
-        self.transport = SimTransport(TimedStream("prompts", clock), TimedStream("raw", clock),
-                                      TimedStream("scored", clock))
+        self.transport = SimTransport(
+            TimedStream("prompts", clock), TimedStream("raw", clock), TimedStream("scored", clock)
+        )
         self.board = SimWeights(self.learner_lane, costs.send_s, costs.recv_s, sync=d.max_staleness == 0)
         self.reward_lane = Lane("reward", [])
         self.workers: list[_Worker] = []
         first = 0 if d.colocated else d.learner_gpus
         engines = (d.gpus if d.colocated else d.gpus - d.learner_gpus) // d.rollout_tp
         if engines < 1:
-            raise ValueError(f"--gpus {d.gpus} with {d.learner_gpus} learner GPUs leaves no rollout engine of "
-                             f"{d.rollout_tp} GPU(s); give rollout GPUs or colocate")
+            raise ValueError(
+                f"--gpus {d.gpus} with {d.learner_gpus} learner GPUs leaves no rollout engine of "
+                f"{d.rollout_tp} GPU(s); give rollout GPUs or colocate"
+            )
         for i in range(engines):
             lane = Lane(f"rollout-{i}", list(range(first + i * d.rollout_tp, first + (i + 1) * d.rollout_tp)))
-            engine = SimEngine(lane, costs.engine, lengths, capacity=costs.capacity, running=costs.running or None,
-                               kv=costs.kv, seed=cfg.run.seed * 1009 + i)
+            engine = SimEngine(
+                lane,
+                costs.engine,
+                lengths,
+                capacity=costs.capacity,
+                running=costs.running or None,
+                kv=costs.kv,
+                seed=cfg.run.seed * 1009 + i,
+            )
             if costs.static_batch:
                 engine.static_batch = True
             cls = _Streaming if d.streaming else _Worker
-            self.workers.append(cls(self, i, lane, engine, inflight=d.inflight) if d.streaming
-                                else cls(self, i, lane, engine))
+            self.workers.append(
+                cls(self, i, lane, engine, inflight=d.inflight) if d.streaming else cls(self, i, lane, engine)
+            )
 
     # ------------------------------------------------------------------ the driver
     def _advance(self, until: float) -> None:
         while True:
-            ready = [w for w in self.workers if w.lane.now <= until + 1e-12 and w.next_time() is not None
-                     and w.next_time() <= until + 1e-12]
+            ready = [
+                w
+                for w in self.workers
+                if w.lane.now <= until + 1e-12 and w.next_time() is not None and w.next_time() <= until + 1e-12
+            ]
             if not ready:
                 break
             w = min(ready, key=lambda w: w.lane.now)
@@ -283,8 +317,9 @@ class SimNode:
             self._advance(learner.now)
             if self.transport.scored.release(learner.now) or self.session._batch_ready():
                 return
-            times = [t for t in [self.transport.scored.next_time(), *(w.next_time() for w in self.workers)]
-                     if t is not None]
+            times = [
+                t for t in [self.transport.scored.next_time(), *(w.next_time() for w in self.workers)] if t is not None
+            ]
             if not times:
                 raise RuntimeError("stare sim: nothing can happen next (no prompt, sequence or result in flight)")
             learner.wait_until(max(min(times), learner.now + 1e-9))
@@ -304,28 +339,57 @@ class SimNode:
             cfg.run.name = "sim"
             d, t = self.design, self.transport
             task = SimTask(self.prompt_len, self.solve_beta, cfg.run.seed)
-            feeder = PromptFeeder(task, SimTokenizer(), run_id=cfg.run.name, group_size=cfg.rollout.samples_per_prompt,
-                                  seed=cfg.run.seed, pool_size=task.pool, max_prompt_len=cfg.data.max_prompt_len,
-                                  prompt_overflow=cfg.data.prompt_overflow, log=lambda s: None)
+            feeder = PromptFeeder(
+                task,
+                SimTokenizer(),
+                run_id=cfg.run.name,
+                group_size=cfg.rollout.samples_per_prompt,
+                seed=cfg.run.seed,
+                pool_size=task.pool,
+                max_prompt_len=cfg.data.max_prompt_len,
+                prompt_overflow=cfg.data.prompt_overflow,
+                log=lambda s: None,
+            )
             self.reward = RewardWorker(task, t.raw, t.scored, name="reward-0", scorer=solve_rate_scorer(cfg.run.seed))
             cfg.system.max_staleness = d.max_staleness  # the design's (its config copy)
             wait = (lambda: max(w.lane.now for w in self.workers)) if d.colocated else None
-            learner = SimLearner(cfg, self.learner_lane, self._step_s, self.costs.gather_s, self.costs.checkpoint_s,
-                                 wait_engines=wait, prepass_s=self.costs.prepass_s)
-            seams = SessionSeams(transport=t, publisher=self.board,
-                                 steering=RunSteering(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s),
-                                 cursor=MemoryCursor(), evaluator=None, should_stop=lambda: False,
-                                 wait=lambda s: None, pump=self._pump)
-            self.session = build_session(cfg, learner, feeder, seams, decisions=MemoryDecisionLog(), resume=False,
-                                         say=lambda s: None)
+            learner = SimLearner(
+                cfg,
+                self.learner_lane,
+                self._step_s,
+                self.costs.gather_s,
+                self.costs.checkpoint_s,
+                wait_engines=wait,
+                prepass_s=self.costs.prepass_s,
+            )
+            seams = SessionSeams(
+                transport=t,
+                publisher=self.board,
+                steering=RunSteering(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s),
+                cursor=MemoryCursor(),
+                evaluator=None,
+                should_stop=lambda: False,
+                wait=lambda s: None,
+                pump=self._pump,
+            )
+            self.session = build_session(
+                cfg, learner, feeder, seams, decisions=MemoryDecisionLog(), resume=False, say=lambda s: None
+            )
             metrics: list[dict] = []
             try:
                 self.session.run(on_step=metrics.append)
             finally:
                 self.session.close()
         lanes = [self.learner_lane] + [w.lane for w in self.workers]
-        return SimRun(d, lanes, self.learner_lane, learner.trained_tokens, metrics, self.costs.checkpoint_s,
-                      self.cfg.run.checkpoint_every)
+        return SimRun(
+            d,
+            lanes,
+            self.learner_lane,
+            learner.trained_tokens,
+            metrics,
+            self.costs.checkpoint_s,
+            self.cfg.run.checkpoint_every,
+        )
 
     def _step_s(self, trajectories: list) -> float:
         if self.design.colocated and self.costs.swap_s:

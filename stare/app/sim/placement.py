@@ -10,8 +10,8 @@ work only: the learner's batch, and so its memory, is the same.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 STALENESS = (0, 1)
 # on-policy 1.5 covers dynamic sampling's filtered fraction (2/9 here) in one round almost always; off-policy
@@ -29,8 +29,18 @@ class Candidate:
     bottleneck: str
 
 
-def search(cfg, sim, *, gpus: int, gpu: str, shape, fits: Callable[[int], bool], steps: int = 2, warmup: int = 1,
-           staleness: tuple[int, ...] = STALENESS) -> list[Candidate]:
+def search(
+    cfg,
+    sim,
+    *,
+    gpus: int,
+    gpu: str,
+    shape,
+    fits: Callable[[int], bool],
+    steps: int = 2,
+    warmup: int = 1,
+    staleness: tuple[int, ...] = STALENESS,
+) -> list[Candidate]:
     """Every feasible (learner GPUs, max_staleness, oversample), best first."""
     from stare.app.sim.design import build_design, gpu_costs, lengths_of, simulate
 
@@ -46,22 +56,32 @@ def search(cfg, sim, *, gpus: int, gpu: str, shape, fits: Callable[[int], bool],
                 design = build_design(c, sim, gpus=gpus, learner_gpus=learner, colocated=False)
                 costs = gpu_costs(c, sim, design, shape, gpu)
                 _, summary = simulate(c, sim, design, costs, lengths_of(c, sim), steps=steps, warmup=warmup)
-                out.append(Candidate(learner, s, over, summary["tokens_per_s_per_gpu"], summary["s_per_step"],
-                                     summary["bottleneck"]))
+                out.append(
+                    Candidate(
+                        learner, s, over, summary["tokens_per_s_per_gpu"], summary["s_per_step"], summary["bottleneck"]
+                    )
+                )
     if not out:
-        raise ValueError(f"no split of {gpus} GPUs fits: the learner needs more memory than {gpus - tp} GPUs give "
-                         "(stare plan says what to change)")
+        raise ValueError(
+            f"no split of {gpus} GPUs fits: the learner needs more memory than {gpus - tp} GPUs give "
+            "(stare plan says what to change)"
+        )
     return sorted(out, key=lambda c: -c.tokens_per_s_per_gpu)
 
 
 def render(cands: list[Candidate], gpus: int, gpu: str) -> str:
     best = cands[0]
-    lines = [f"placement on {gpus} x {gpu} (stare sim, modelled): recommended {best.learner_gpus} learner + "
-             f"{gpus - best.learner_gpus} rollout GPUs, max_staleness {best.max_staleness}, data.oversample "
-             f"{best.oversample:g}: {best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, {best.s_per_step:.3g} s/step",
-             "  learner  staleness  oversample  tokens/s/GPU  s/step  bottleneck"]
-    lines += [f"  {c.learner_gpus:>7}  {c.max_staleness:>9}  {c.oversample:>10g}  {c.tokens_per_s_per_gpu:>12,.0f}  "
-              f"{c.s_per_step:>6.3g}  {c.bottleneck}" for c in cands]
+    lines = [
+        f"placement on {gpus} x {gpu} (stare sim, modelled): recommended {best.learner_gpus} learner + "
+        f"{gpus - best.learner_gpus} rollout GPUs, max_staleness {best.max_staleness}, data.oversample "
+        f"{best.oversample:g}: {best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, {best.s_per_step:.3g} s/step",
+        "  learner  staleness  oversample  tokens/s/GPU  s/step  bottleneck",
+    ]
+    lines += [
+        f"  {c.learner_gpus:>7}  {c.max_staleness:>9}  {c.oversample:>10g}  {c.tokens_per_s_per_gpu:>12,.0f}  "
+        f"{c.s_per_step:>6.3g}  {c.bottleneck}"
+        for c in cands
+    ]
     return "\n".join(lines)
 
 
@@ -71,12 +91,26 @@ def plan_text(cfg, *, gpus: int, gpu: str, gpu_mem_gib: float, shape, overrides:
     from stare.plan.gpu_memory import build_plan
 
     sim = SimSettings()
-    cands = search(cfg, sim, gpus=gpus, gpu=gpu, shape=shape,
-                   fits=lambda n: build_plan(cfg, gpus=n, gpu_mem_gib=gpu_mem_gib, shape=shape).fits)
-    own = [c for c in cands if c.learner_gpus == cfg.system.learner_ranks
-           and c.max_staleness == cfg.system.max_staleness and c.oversample == cfg.data.oversample]
-    head = (f"predicted as configured ({cfg.system.learner_ranks} learner GPUs, max_staleness "
-            f"{cfg.system.max_staleness}, data.oversample {cfg.data.oversample:g}): "
-            f"{own[0].tokens_per_s_per_gpu:,.0f} tokens/s/GPU, {own[0].s_per_step:.3g} s/step"
-            if own else f"as configured ({cfg.system.learner_ranks} learner GPUs): does not fit or leaves no rollout GPU")
+    cands = search(
+        cfg,
+        sim,
+        gpus=gpus,
+        gpu=gpu,
+        shape=shape,
+        fits=lambda n: build_plan(cfg, gpus=n, gpu_mem_gib=gpu_mem_gib, shape=shape).fits,
+    )
+    own = [
+        c
+        for c in cands
+        if c.learner_gpus == cfg.system.learner_ranks
+        and c.max_staleness == cfg.system.max_staleness
+        and c.oversample == cfg.data.oversample
+    ]
+    head = (
+        f"predicted as configured ({cfg.system.learner_ranks} learner GPUs, max_staleness "
+        f"{cfg.system.max_staleness}, data.oversample {cfg.data.oversample:g}): "
+        f"{own[0].tokens_per_s_per_gpu:,.0f} tokens/s/GPU, {own[0].s_per_step:.3g} s/step"
+        if own
+        else f"as configured ({cfg.system.learner_ranks} learner GPUs): does not fit or leaves no rollout GPU"
+    )
     return head + "\n" + render(cands, gpus, gpu)

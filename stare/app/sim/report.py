@@ -9,8 +9,13 @@ from typing import Any
 from stare.app.sim.node import SimRun
 from stare.app.sim.standins import KINDS
 
-COLORS = {"decode": "#1f77b4", "prefill": "#aec7e8", "train": "#2ca02c", "send/receive": "#d62728",
-          "checkpoint": "#9467bd"}
+COLORS = {
+    "decode": "#1f77b4",
+    "prefill": "#aec7e8",
+    "train": "#2ca02c",
+    "send/receive": "#d62728",
+    "checkpoint": "#9467bd",
+}
 
 
 def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
@@ -20,7 +25,7 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
         raise ValueError(f"{len(ends)} steps simulated: need more than warmup + 1 = {warmup + 1}")
     t0, t1 = ends[warmup][0], ends[-1][0]
     steps = len(ends) - 1 - warmup
-    tokens = sum(n for _, n in ends[warmup + 1:])
+    tokens = sum(n for _, n in ends[warmup + 1 :])
     # checkpoints: the window is kept free of them (the session saves at multiples of checkpoint_every;
     # the sim runs fewer steps); each step is charged its share of one write, the learner waiting
     ckpt = run.checkpoint_s / run.checkpoint_every if run.checkpoint_every else 0.0
@@ -29,7 +34,7 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
     d = run.design
     per_gpu: dict[int, dict[str, float]] = {}
     for g in range(d.gpus):
-        busy = {k: 0.0 for k in KINDS}
+        busy = dict.fromkeys(KINDS, 0.0)
         for lane in run.lanes:
             if g in lane.gpus:
                 for k, v in lane.busy_in(t0, t1).items():
@@ -48,8 +53,12 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
         for lane in run.lanes[1:]:
             rollout_recv += lane.busy_in(t0, t1)["send/receive"] / steps / (len(run.lanes) - 1)
     publish = learner["send/receive"] + (rollout_recv if d.max_staleness == 0 else 0.0)
-    path = {"wait for rollout": max(wait, 0.0), "train": learner["train"], "weight publish": learner["send/receive"],
-            "checkpoint": learner["checkpoint"]}
+    path = {
+        "wait for rollout": max(wait, 0.0),
+        "train": learner["train"],
+        "weight publish": learner["send/receive"],
+        "checkpoint": learner["checkpoint"],
+    }
     # the side busier than the other is the one the other waits for
     learner_side = learner_busy * steps / span
     if d.colocated:
@@ -59,20 +68,33 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
     else:
         bottleneck = f"learner ({learner_side:.0%} busy; the largest piece: {max(path, key=path.get)})"
     last = run.metrics[-1] if run.metrics else {}
-    learner_frac = learner_busy * steps / span if not d.colocated else \
-        sum(per_gpu[g]["train"] for g in range(d.learner_gpus)) / max(d.learner_gpus, 1)
+    learner_frac = (
+        learner_busy * steps / span
+        if not d.colocated
+        else sum(per_gpu[g]["train"] for g in range(d.learner_gpus)) / max(d.learner_gpus, 1)
+    )
     return {
-        "design": vars(d), "steps_measured": steps, "s_per_step": span / steps,
-        "tokens_per_s_per_gpu": tokens / span / d.gpus, "tokens_per_step": tokens / steps,
-        "rollout_decoding_fraction": decode, "learner_busy_fraction": learner_frac,
-        "weight_publish_critical_s": publish, "critical_path_s_per_step": path, "bottleneck": bottleneck,
+        "design": vars(d),
+        "steps_measured": steps,
+        "s_per_step": span / steps,
+        "tokens_per_s_per_gpu": tokens / span / d.gpus,
+        "tokens_per_step": tokens / steps,
+        "rollout_decoding_fraction": decode,
+        "learner_busy_fraction": learner_frac,
+        "weight_publish_critical_s": publish,
+        "critical_path_s_per_step": path,
+        "bottleneck": bottleneck,
         "gpu_busy": {str(g): {k: round(v, 4) for k, v in b.items()} for g, b in per_gpu.items()},
         "window_s": [t0, t1],
         # from the real session's metrics: what the collector did with the groups
-        "groups_filtered_total": last.get("filtered_groups_total"), "groups_stale_total": last.get("stale_groups_total"),
-        "groups_surplus_total": last.get("surplus_groups_total"), "stale_tokens_total": last.get("stale_tokens_total"),
-        "response_length_mean": (sum(m.get("response_length_mean", 0.0) for m in run.metrics[warmup + 1:])
-                                 / max(len(run.metrics) - warmup - 1, 1)),
+        "groups_filtered_total": last.get("filtered_groups_total"),
+        "groups_stale_total": last.get("stale_groups_total"),
+        "groups_surplus_total": last.get("surplus_groups_total"),
+        "stale_tokens_total": last.get("stale_tokens_total"),
+        "response_length_mean": (
+            sum(m.get("response_length_mean", 0.0) for m in run.metrics[warmup + 1 :])
+            / max(len(run.metrics) - warmup - 1, 1)
+        ),
         "sampling_rounds_mean": sum(m.get("sampling_rounds", 0) for m in run.metrics) / max(len(run.metrics), 1),
     }
 
@@ -94,8 +116,11 @@ def render(s: dict[str, Any]) -> str:
         f"groups            {s['groups_filtered_total']} filtered (equal rewards), {s['groups_stale_total']} dropped stale, "
         f"{s['groups_surplus_total'] or 0} surplus dropped (data.oversample), {s['sampling_rounds_mean']:.1f} sampling "
         f"rounds a step; trained responses {s['response_length_mean']:,.0f} tokens on average"
-        + (f"; {s['stale_tokens_total']:,} tokens older than max_staleness left out of the loss"
-           if s.get("stale_tokens_total") else ""),
+        + (
+            f"; {s['stale_tokens_total']:,} tokens older than max_staleness left out of the loss"
+            if s.get("stale_tokens_total")
+            else ""
+        ),
         "busy per GPU      " + "  ".join(f"{g}:{sum(b.values()):.0%}" for g, b in s["gpu_busy"].items()),
     ]
     return "\n".join(lines)
@@ -127,11 +152,15 @@ def gantt(run: SimRun, summary: dict[str, Any], path: Path, steps: int = 3, titl
     handles = {h.get_label(): h for h in ax.get_legend_handles_labels()[0]}
     ax.legend(handles.values(), handles.keys(), loc="upper right", fontsize=8, ncol=5)
     ax.set_yticks(range(d.gpus))
-    ax.set_yticklabels([f"GPU {g}" + (" (learner)" if g < d.learner_gpus and not d.colocated else "") for g in range(d.gpus)])
+    ax.set_yticklabels(
+        [f"GPU {g}" + (" (learner)" if g < d.learner_gpus and not d.colocated else "") for g in range(d.gpus)]
+    )
     ax.invert_yaxis()
     ax.set_xlabel("seconds (dotted: step ends)")
     ax.set_ylim(d.gpus - 0.5, -1.3)
-    ax.set_title(title or f"stare sim: {summary['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, {summary['s_per_step']:.1f} s/step")
+    ax.set_title(
+        title or f"stare sim: {summary['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, {summary['s_per_step']:.1f} s/step"
+    )
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

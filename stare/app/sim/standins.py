@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +60,7 @@ class Lane:
 
     def busy_in(self, t0: float, t1: float) -> dict[str, float]:
         """Seconds of each kind inside [t0, t1]."""
-        out = {k: 0.0 for k in KINDS}
+        out = dict.fromkeys(KINDS, 0.0)
         for a, b, kind in self.intervals:
             out[kind] += max(0.0, min(b, t1) - max(a, t0))
         return out
@@ -83,8 +84,20 @@ class SimEngine:
     sequences (vLLM allocates KV blocks as sequences grow: about the cache over a mean sequence), more
     wait in its queue."""
 
-    def __init__(self, lane: Lane, costs, lengths, *, capacity: int, seed: int, running: int | None = None,
-                 kv=None, eos_id: int = 2, max_model_len: int = 1 << 20, vocab_size: int = 1 << 20):
+    def __init__(
+        self,
+        lane: Lane,
+        costs,
+        lengths,
+        *,
+        capacity: int,
+        seed: int,
+        running: int | None = None,
+        kv=None,
+        eos_id: int = 2,
+        max_model_len: int = 1 << 20,
+        vocab_size: int = 1 << 20,
+    ):
         self.lane, self.costs, self.lengths = lane, costs, lengths
         self._capacity, self.eos_id = capacity, eos_id
         self._running = running or capacity
@@ -104,8 +117,9 @@ class SimEngine:
     def capacity(self) -> int:
         if self.kv is None:
             return self._capacity
-        return streaming_capacity(self.kv.tokens, self.kv.max_num_seqs,
-                                  self._finished_lengths.reserve(self.kv.max_model_len))
+        return streaming_capacity(
+            self.kv.tokens, self.kv.max_num_seqs, self._finished_lengths.reserve(self.kv.max_model_len)
+        )
 
     def add(self, prompt: list[int], params: SamplingParams, key: object) -> None:
         """Queue one prompt's `params.n` completions; they start as slots free up."""
@@ -196,8 +210,12 @@ class SimEngine:
         ids = [1] * s.target
         if not capped:
             ids[-1] = self.eos_id
-        return Completion(token_ids=ids, logprobs=[-0.5] * s.target, finish_reason="length" if capped else "stop",
-                          versions=list(s.versions))
+        return Completion(
+            token_ids=ids,
+            logprobs=[-0.5] * s.target,
+            finish_reason="length" if capped else "stop",
+            versions=list(s.versions),
+        )
 
 
 # ---------------------------------------------------------------------------------------- learner
@@ -206,8 +224,17 @@ class SimLearner:
     `colocated`: the learner shares the rollout engines' GPUs, so a step starts once every engine
     is idle (they sleep) and the engines wake after it."""
 
-    def __init__(self, cfg, lane: Lane, step_s: Callable[[list], float], gather_s: float, checkpoint_s: float,
-                 *, wait_engines: Callable[[], float] | None = None, prepass_s: Callable[[list], float] | None = None):
+    def __init__(
+        self,
+        cfg,
+        lane: Lane,
+        step_s: Callable[[list], float],
+        gather_s: float,
+        checkpoint_s: float,
+        *,
+        wait_engines: Callable[[], float] | None = None,
+        prepass_s: Callable[[list], float] | None = None,
+    ):
         from learner.algorithm.entropy_controller import EntropyController
 
         self.cfg, self.lane = cfg, lane
@@ -231,8 +258,17 @@ class SimLearner:
         self.step += 1
         self.version += 1
         c = self.controller
-        return {"step": self.step, "weight_version": self.version, "loss": 0.0, "entropy": c.target,
-                "gate": False, "w": c.w, "m": c.m, "target": c.target, "grad_norm": 0.0}
+        return {
+            "step": self.step,
+            "weight_version": self.version,
+            "loss": 0.0,
+            "entropy": c.target,
+            "gate": False,
+            "w": c.w,
+            "m": c.m,
+            "target": c.target,
+            "grad_norm": 0.0,
+        }
 
     def prepare(self, trajectories: list) -> None:
         """The pre-pass ahead of a step (the session calls it while it waits for data): its time on the
@@ -280,7 +316,7 @@ class SimWeights:
     def close(self) -> None:
         pass
 
-    def view(self, lane: Lane) -> "WeightView":
+    def view(self, lane: Lane) -> WeightView:
         return WeightView(self, lane)
 
 
@@ -305,8 +341,10 @@ class WeightView:
     def wait_for(self, min_version: int, timeout_s: float) -> bool:
         times = [t for v, t in self.board.sent if v >= min_version]
         if not times:
-            raise RuntimeError(f"stare sim: a worker waits for weight version {min_version}, never published "
-                               "(a scheduling bug in the simulated node)")
+            raise RuntimeError(
+                f"stare sim: a worker waits for weight version {min_version}, never published "
+                "(a scheduling bug in the simulated node)"
+            )
         self.lane.wait_until(min(times))
         return True
 
@@ -343,8 +381,16 @@ class SimTask:
         for i in range(min(n, self.pool)):
             length = max(1, int(self.prompt_len * rng.uniform(0.75, 1.25)))
             p = rng.betavariate(*self.solve_beta)
-            out.append(Problem(prompt="w " * length, answer=f"{p:.6f}", problem_id=f"sim-{i}", level=1, data_source="sim",
-                               prompt_token_ids=[1] * length))
+            out.append(
+                Problem(
+                    prompt="w " * length,
+                    answer=f"{p:.6f}",
+                    problem_id=f"sim-{i}",
+                    level=1,
+                    data_source="sim",
+                    prompt_token_ids=[1] * length,
+                )
+            )
         return out
 
     def extract_answer(self, completion: str) -> str | None:
@@ -356,9 +402,11 @@ class SimTask:
 
 def solve_rate_scorer(seed: int) -> Callable[[list], None]:
     """The reward worker's scorer seam: a sample is right with its prompt's solve rate."""
+
     def score(batch: list) -> None:
         for t in batch:
             rng = random.Random(f"{seed}:{t.trajectory_id}")
             right = rng.random() < float(t.answer)
             t.reward, t.reward_info = float(right), {"correct": right, "finish_reason": t.finish_reason}
+
     return score

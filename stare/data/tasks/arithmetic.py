@@ -88,9 +88,7 @@ class ArithmeticTask:
     def __init__(self, levels: Sequence[int] = (1, 2, 3, 4)) -> None:
         unknown = sorted(set(levels) - set(LEVELS))
         if not levels or unknown:
-            raise ValueError(
-                f"levels must be a non-empty subset of {sorted(LEVELS)}, got {list(levels)}"
-            )
+            raise ValueError(f"levels must be a non-empty subset of {sorted(LEVELS)}, got {list(levels)}")
         self.levels = tuple(levels)
 
     def _draw(self, rng: random.Random, level: int) -> str:

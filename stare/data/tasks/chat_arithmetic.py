@@ -59,8 +59,10 @@ class ChatArithmeticTask:
 
     def __init__(self, tokenizer=None, levels: Sequence[int] = (1, 2, 3)) -> None:
         if tokenizer is not None and not getattr(tokenizer, "chat_template", None):
-            raise ValueError("task chat-arithmetic needs a tokenizer with a chat template (a real instruct model: "
-                             "model.source=smollm2 or model.path)")
+            raise ValueError(
+                "task chat-arithmetic needs a tokenizer with a chat template (a real instruct model: "
+                "model.source=smollm2 or model.path)"
+            )
         unknown = sorted(set(levels) - set(LEVELS))
         if not levels or unknown:
             raise ValueError(f"levels must be a non-empty subset of {sorted(LEVELS)}, got {list(levels)}")
@@ -70,19 +72,26 @@ class ChatArithmeticTask:
         for level in self.levels:
             op, left, right = LEVELS[level]
             for want_test in (False, True):
-                self._pools[level, want_test] = [(a, op, b) for a in left for b in right
-                                                 if _is_test(question(a, op, b)) == want_test]
+                self._pools[level, want_test] = [
+                    (a, op, b) for a in left for b in right if _is_test(question(a, op, b)) == want_test
+                ]
 
     def _problem(self, a: int, op: str, b: int, level: int) -> Problem:
         if self.tokenizer is None:
             raise ValueError("chat-arithmetic problems need the model's tokenizer (its chat template)")
         text = question(a, op, b)
-        prompt = self.tokenizer.apply_chat_template(EXAMPLE + [{"role": "user", "content": text}], tokenize=False,
-                                                    add_generation_prompt=True)
+        prompt = self.tokenizer.apply_chat_template(
+            EXAMPLE + [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
         answer = a + b if op == "+" else a - b
-        return Problem(prompt=prompt, answer=str(answer), problem_id=f"chat-arithmetic-L{level}-{digest}", level=level,
-                       data_source=self.data_source)
+        return Problem(
+            prompt=prompt,
+            answer=str(answer),
+            problem_id=f"chat-arithmetic-L{level}-{digest}",
+            level=level,
+            data_source=self.data_source,
+        )
 
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
         """`n` problems from `split`, deterministic in (split, n, seed, levels)."""
@@ -91,8 +100,10 @@ class ChatArithmeticTask:
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         rng = random.Random(f"chat-arithmetic/{split}/{seed}")
-        orders = {level: rng.sample(self._pools[level, split == "test"], len(self._pools[level, split == "test"]))
-                  for level in self.levels}
+        orders = {
+            level: rng.sample(self._pools[level, split == "test"], len(self._pools[level, split == "test"]))
+            for level in self.levels
+        }
         out = []
         for i in range(n):
             level = self.levels[i % len(self.levels)]

@@ -79,8 +79,10 @@ def located_rows(path: Path | str) -> Iterator[tuple[int, str, dict[str, Any]]]:
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as err:
-                    raise DatasetError(f"{path} line {line_no}: not UTF-8 (byte 0x{raw[err.start]:02x} at column "
-                                       f"{err.start + 1}); save the file as UTF-8") from None
+                    raise DatasetError(
+                        f"{path} line {line_no}: not UTF-8 (byte 0x{raw[err.start]:02x} at column "
+                        f"{err.start + 1}); save the file as UTF-8"
+                    ) from None
                 if not line.strip():
                     continue
                 try:
@@ -117,7 +119,9 @@ def ground_truth(row: dict[str, Any], where: str) -> str:
         raise DatasetError(f"{where}: missing field 'reward_model.ground_truth'")
     gt = rm["ground_truth"]
     if isinstance(gt, bool) or not isinstance(gt, (str, int, float)):
-        raise DatasetError(f"{where}: field 'reward_model.ground_truth' must be a string or a number, got {type(gt).__name__}")
+        raise DatasetError(
+            f"{where}: field 'reward_model.ground_truth' must be a string or a number, got {type(gt).__name__}"
+        )
     gt = str(gt).strip()
     if not gt:
         raise DatasetError(f"{where}: field 'reward_model.ground_truth' is empty")
@@ -157,8 +161,9 @@ def problem_from_row(row: dict[str, Any], where: str, tokenizer=None) -> Problem
         problem_id = f"{source}-" + hashlib.sha256(f"{_prompt_key(prompt)}\0{answer}".encode()).hexdigest()[:12]
     level = extra.get("level")
     level = level if isinstance(level, int) and not isinstance(level, bool) and level >= 1 else 1
-    return Problem(prompt=render_prompt(prompt, tokenizer), answer=answer, problem_id=problem_id, level=level,
-                   data_source=source)
+    return Problem(
+        prompt=render_prompt(prompt, tokenizer), answer=answer, problem_id=problem_id, level=level, data_source=source
+    )
 
 
 def load_problems(path: Path | str, tokenizer=None) -> list[Problem]:
@@ -176,8 +181,9 @@ class DatasetTask:
 
     name = "dataset"
 
-    def __init__(self, path: Path | str, test_path: Path | str | list[Path | str] | None = None, tokenizer=None,
-                 math_config=None) -> None:
+    def __init__(
+        self, path: Path | str, test_path: Path | str | list[Path | str] | None = None, tokenizer=None, math_config=None
+    ) -> None:
         rows = list(located_rows(path))
         if not rows:
             raise DatasetError(f"{path}: no rows")
@@ -225,8 +231,10 @@ class DatasetVerifier:
         self.math_config = math_config
 
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
-        raise DatasetError("a verifier-only dataset task has no problems (it scores responses against the "
-                           "ground truth carried by each trajectory); build DatasetTask(path) to sample problems")
+        raise DatasetError(
+            "a verifier-only dataset task has no problems (it scores responses against the "
+            "ground truth carried by each trajectory); build DatasetTask(path) to sample problems"
+        )
 
     extract_answer = DatasetTask.extract_answer
     reward = DatasetTask.reward
@@ -259,7 +267,9 @@ def prepare_dapo_math(src: Path | str, out_dir: Path | str, *, heldout: int = 50
         extra = dict(row.get("extra_info") or {})
         extra.setdefault("index", i)
         reward_model = {**row["reward_model"], "ground_truth": answer}
-        rows.append({"data_source": row["data_source"], "prompt": prompt, "reward_model": reward_model, "extra_info": extra})
+        rows.append(
+            {"data_source": row["data_source"], "prompt": prompt, "reward_model": reward_model, "extra_info": extra}
+        )
     random.Random(seed).shuffle(rows)
     heldout = min(heldout, len(rows))
     splits = {"heldout": rows[:heldout], "train": rows[heldout:]}
@@ -268,5 +278,11 @@ def prepare_dapo_math(src: Path | str, out_dir: Path | str, *, heldout: int = 50
             for row in part:
                 row["extra_info"]["split"] = name
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return {"rows": total, "unique": len(rows), "duplicates": total - len(rows), "conflicts": conflicts,
-            "train": len(splits["train"]), "heldout": heldout}
+    return {
+        "rows": total,
+        "unique": len(rows),
+        "duplicates": total - len(rows),
+        "conflicts": conflicts,
+        "train": len(splits["train"]),
+        "heldout": heldout,
+    }

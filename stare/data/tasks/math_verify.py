@@ -21,7 +21,6 @@ Functions here are pure apart from that timer thread; nothing is imported until 
 from __future__ import annotations
 
 import functools
-
 import math as _stdmath  # absolute import: the standard library, not this module
 import re
 
@@ -30,29 +29,26 @@ from pydantic import BaseModel, ConfigDict
 from stare.config.reward import AnswerSource, MathConfig
 from stare.runtime.timeouts import VerifierTimeout, call_with_timeout
 
-
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_ANSWER_LINE = re.compile(r"^[ \t*#>_-]*(?:final\s+)?answer\s*[:：][ \t]*(.+?)[ \t]*$",
-                          re.IGNORECASE | re.MULTILINE)
+_ANSWER_LINE = re.compile(r"^[ \t*#>_-]*(?:final\s+)?answer\s*[:：][ \t]*(.+?)[ \t]*$", re.IGNORECASE | re.MULTILINE)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # Numeric power towers, huge exponents and big factorials make sympy build giant integers in C,
 # where no in-thread timeout can reach; such answers are judged wrong without being parsed.
 _TOWER = re.compile(r"(?:\^|\*\*)\s*[{(]?\s*(\d+)\s*(?:\^|\*\*)\s*[{(]?\s*(\d+)")
-_BIG_EXPONENT = re.compile(r"(?:\^|\*\*)\s*[{(]?\s*\d{7,}")      # an exponent >= 10^6
-_BIG_FACTORIAL = re.compile(r"\d{6,}\s*!")                          # n! with n >= 10^5
+_BIG_EXPONENT = re.compile(r"(?:\^|\*\*)\s*[{(]?\s*\d{7,}")  # an exponent >= 10^6
+_BIG_FACTORIAL = re.compile(r"\d{6,}\s*!")  # n! with n >= 10^5
 
 
 def _too_big(answer: str) -> bool:
     """Whether evaluating `answer` would build an integer of more than ~a million digits."""
     if _BIG_EXPONENT.search(answer) or _BIG_FACTORIAL.search(answer):
         return True
-    for base, exponent in _TOWER.findall(answer):      # a^{b^c}: b^c must stay below 10^6
+    for base, exponent in _TOWER.findall(answer):  # a^{b^c}: b^c must stay below 10^6
         if int(base) > 1 and len(exponent) < 7 and int(exponent) * _stdmath.log10(int(base)) > 6:
             return True
         if int(base) > 1 and len(exponent) >= 7:
             return True
     return False
-
 
 
 class MathCheck(BaseModel):
@@ -110,8 +106,7 @@ def _parse(text: str, whole_response: bool = False) -> list:
     if whole_response or "$" in text or "\\boxed" in text or "\\(" in text:
         return parse(text, targets, parsing_timeout=None)
     # A bare answer: read it as LaTeX math first ("\{1,2\}", "[1,2)", "x=3"), else as text.
-    return (parse(f"${text}$", targets, parsing_timeout=None)
-            or parse(text, targets, parsing_timeout=None))
+    return parse(f"${text}$", targets, parsing_timeout=None) or parse(text, targets, parsing_timeout=None)
 
 
 def _silence_timeout_warning() -> None:
@@ -132,22 +127,27 @@ def _check(response: str, gold: str, config: MathConfig) -> MathCheck:
     if extracted is None:
         return MathCheck(correct=False, reason=f"no answer found in {list(config.extract_from)}")
     if len(extracted) > config.max_answer_chars:
-        return MathCheck(correct=False, extracted=extracted[:80] + "...",
-                         reason=f"answer longer than max_answer_chars={config.max_answer_chars}")
+        return MathCheck(
+            correct=False,
+            extracted=extracted[:80] + "...",
+            reason=f"answer longer than max_answer_chars={config.max_answer_chars}",
+        )
     if _too_big(extracted):
-        return MathCheck(correct=False, extracted=extracted,
-                         reason="answer would evaluate to a giant integer (not evaluated)")
+        return MathCheck(
+            correct=False, extracted=extracted, reason="answer would evaluate to a giant integer (not evaluated)"
+        )
     gold_parsed = _parse(gold)
     if not gold_parsed:
         raise ValueError(f"gold answer {gold!r} could not be parsed; fix the data set entry")
-    pred_parsed = _parse(extracted, whole_response="anywhere" in config.extract_from
-                         and extracted == response.strip())
+    pred_parsed = _parse(extracted, whole_response="anywhere" in config.extract_from and extracted == response.strip())
     if not pred_parsed:
         return MathCheck(correct=False, extracted=extracted, reason="answer could not be parsed")
-    correct = verify(gold_parsed, pred_parsed, float_rounding=config.float_rounding,
-                     strict=config.strict, timeout_seconds=None)
-    return MathCheck(correct=bool(correct), extracted=extracted,
-                     reason=None if correct else "not equivalent to the reference")
+    correct = verify(
+        gold_parsed, pred_parsed, float_rounding=config.float_rounding, strict=config.strict, timeout_seconds=None
+    )
+    return MathCheck(
+        correct=bool(correct), extracted=extracted, reason=None if correct else "not equivalent to the reference"
+    )
 
 
 @functools.cache
@@ -176,5 +176,4 @@ def math_reward(response: str, gold: str, config: MathConfig | None = None) -> f
     return 1.0 if check_math(response, gold, config).correct else 0.0
 
 
-__all__ = ["MathCheck", "MathConfig", "VerifierTimeout", "check_math", "extract_answer",
-           "math_reward"]
+__all__ = ["MathCheck", "MathConfig", "VerifierTimeout", "check_math", "extract_answer", "math_reward"]

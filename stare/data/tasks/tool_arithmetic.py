@@ -114,8 +114,15 @@ class ToolArithmeticTask:
             seen.add(prompt)
             a, b = _factors(prompt)
             digest = hashlib.sha256(prompt.encode()).hexdigest()[:12]
-            out.append(Problem(prompt=prompt, answer=str(a * b), problem_id=f"tool-arithmetic-L{level}-{digest}",
-                               level=level, data_source=self.data_source))
+            out.append(
+                Problem(
+                    prompt=prompt,
+                    answer=str(a * b),
+                    problem_id=f"tool-arithmetic-L{level}-{digest}",
+                    level=level,
+                    data_source=self.data_source,
+                )
+            )
         return out
 
     def solution_segments(self, problem: Problem, rng: random.Random | None = None) -> list[tuple[str, bool]]:
@@ -127,7 +134,11 @@ class ToolArithmeticTask:
             return [(f"#{a * b}", True)]
         code = f"print({a}*{b})"
         observation = f"{RESPONSE_OPEN}{a * b}{RESPONSE_CLOSE}"  # = ToolAgent's rendering of the run
-        return [(f"{TOOL_OPEN}{CALL_HEAD}{code}{CALL_TAIL}{TOOL_CLOSE}", True), (observation, False), (f"#{a * b}", True)]
+        return [
+            (f"{TOOL_OPEN}{CALL_HEAD}{code}{CALL_TAIL}{TOOL_CLOSE}", True),
+            (observation, False),
+            (f"#{a * b}", True),
+        ]
 
     def solution(self, problem: Problem, rng: random.Random | None = None) -> str:
         """The reference solution as one string, observation included (see `solution_segments`)."""
@@ -158,15 +169,23 @@ def simulate_product_program(code: str):
     try:
         tree = ast.parse(code.strip(), mode="eval")
         call = tree.body
-        ok = (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "print"
-              and len(call.args) == 1 and not call.keywords and isinstance(call.args[0], ast.BinOp)
-              and isinstance(call.args[0].op, ast.Mult)
-              and all(isinstance(x, ast.Constant) and type(x.value) is int
-                      for x in (call.args[0].left, call.args[0].right)))
+        ok = (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == "print"
+            and len(call.args) == 1
+            and not call.keywords
+            and isinstance(call.args[0], ast.BinOp)
+            and isinstance(call.args[0].op, ast.Mult)
+            and all(
+                isinstance(x, ast.Constant) and type(x.value) is int for x in (call.args[0].left, call.args[0].right)
+            )
+        )
     except (SyntaxError, ValueError):
         ok = False
     if not ok:
-        return SandboxResult(status="error", exit_code=1,
-                             stderr="SimulationError: the warm-start sandbox only runs print(A*B)\n")
+        return SandboxResult(
+            status="error", exit_code=1, stderr="SimulationError: the warm-start sandbox only runs print(A*B)\n"
+        )
     product = call.args[0].left.value * call.args[0].right.value
     return SandboxResult(status="ok", exit_code=0, stdout=f"{product}\n")

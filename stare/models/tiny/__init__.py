@@ -40,5 +40,17 @@ from stare.models.tiny.spec import BUILD_VERSION, EvalResult, TinyModelSpec, def
 from stare.models.tiny.tokenizer import build_tokenizer
 from stare.models.tiny.warm_start import _sft_batch
 
-__all__ = ["BUILD_VERSION", "EvalResult", "TinyModelSpec", "_sft_batch", "build_tiny_model", "build_tokenizer",
-           "default_cache_dir", "default_model_dir", "evaluate", "greedy_accuracy", "main", "response_mask"]
+__all__ = [
+    "BUILD_VERSION",
+    "EvalResult",
+    "TinyModelSpec",
+    "_sft_batch",
+    "build_tiny_model",
+    "build_tokenizer",
+    "default_cache_dir",
+    "default_model_dir",
+    "evaluate",
+    "greedy_accuracy",
+    "main",
+    "response_mask",
+]

@@ -131,13 +131,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="stare build-model",
         description="Build the tiny Qwen2 policy + tokenizer for the embedded CPU demo (cached).",
     )
-    parser.add_argument("--out", type=Path, default=None,
-                        help="model directory (default: $STARE_CACHE_DIR/models/tiny-<task>-<hash>, "
-                             "STARE_CACHE_DIR defaulting to ~/.cache/stare)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="model directory (default: $STARE_CACHE_DIR/models/tiny-<task>-<hash>, "
+        "STARE_CACHE_DIR defaulting to ~/.cache/stare)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of data, init and warm start")
     parser.add_argument("--task", default="arithmetic", help="registered task name")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a TinyModelSpec field, e.g. --set sft_max_steps=100")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a TinyModelSpec field, e.g. --set sft_max_steps=100",
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
     parser.add_argument("--quiet", action="store_true", help="print only the directory")
     args = parser.parse_args(argv)
@@ -155,17 +164,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError:
             parser.error(f"--set {item!r}: {name} must be a {kind.__name__}")
 
-    path = build_tiny_model(args.out, task_name=args.task, seed=args.seed, force=args.force,
-                            verbose=not args.quiet, **overrides)
+    path = build_tiny_model(
+        args.out, task_name=args.task, seed=args.seed, force=args.force, verbose=not args.quiet, **overrides
+    )
     if not args.quiet:
         info = json.loads((path / "build_info.json").read_text())
         ev = info["eval"]
-        print(f"params {info['num_parameters']}  sft steps {info['sft_steps']}  "
-              f"build {info['build_seconds']} s  held-out greedy accuracy {ev['greedy_accuracy']}  "
-              f"sampling entropy {ev['sample_entropy']} nats/token")
+        print(
+            f"params {info['num_parameters']}  sft steps {info['sft_steps']}  "
+            f"build {info['build_seconds']} s  held-out greedy accuracy {ev['greedy_accuracy']}  "
+            f"sampling entropy {ev['sample_entropy']} nats/token"
+        )
     print(path)
     return 0
-
 
 
 if __name__ == "__main__":

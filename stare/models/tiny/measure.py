@@ -77,8 +77,12 @@ def greedy_accuracy(
 
 def _greedy_rewards(model, tokenizer, task, problems, max_new_tokens, batch_size) -> list[float]:
     if hasattr(task, "warm_start_sandbox"):
-        texts = [_text(tokenizer, c[0]) for c in _agent_rollouts(model, tokenizer, task, problems,
-                                                                   temperature=0.0, seed=0, max_new_tokens=max_new_tokens)]
+        texts = [
+            _text(tokenizer, c[0])
+            for c in _agent_rollouts(
+                model, tokenizer, task, problems, temperature=0.0, seed=0, max_new_tokens=max_new_tokens
+            )
+        ]
         return [task.reward(p, t) for p, t in zip(problems, texts)]
     hits: list[float] = []
     for start in range(0, len(problems), batch_size):
@@ -131,11 +135,11 @@ def _agent_rollouts(model, tokenizer, task, problems, *, temperature: float, see
     (HFEngine), tool calls answered by `task.warm_start_sandbox()`."""
     import tempfile
 
+    from transformers.utils import logging as hf_logging
+
     from rollout.agent_loop import ToolAgent
     from rollout.engines.base import SamplingParams
     from rollout.engines.hf_engine import HFEngine
-
-    from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no save/load progress bars at every warm-start check
@@ -149,8 +153,16 @@ def _agent_rollouts(model, tokenizer, task, problems, *, temperature: float, see
     try:
         agent = ToolAgent(engine, tokenizer, task.warm_start_sandbox(), max_turns=2)
         prompts = [tokenizer.encode(p.prompt, add_special_tokens=False) for p in problems]
-        return agent.generate(prompts, SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=temperature,
-                                                      seed=seed, stop_token_ids=(tokenizer.eos_token_id,)))
+        return agent.generate(
+            prompts,
+            SamplingParams(
+                n=1,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=seed,
+                stop_token_ids=(tokenizer.eos_token_id,),
+            ),
+        )
     finally:
         engine.close()
 
@@ -163,10 +175,18 @@ def _evaluate_with_tool(model, tokenizer, task, problems, *, seed: int, max_new_
     """`evaluate` for tool tasks. Entropy is estimated as the mean surprisal -log p of the sampled
     generated tokens (an unbiased estimate of the mean next-token entropy; the engine returns no
     full distributions); observation tokens are not counted."""
-    greedy = [c[0] for c in _agent_rollouts(model, tokenizer, task, problems, temperature=0.0, seed=0,
-                                            max_new_tokens=max_new_tokens)]
-    sampled = [c[0] for c in _agent_rollouts(model, tokenizer, task, problems, temperature=1.0, seed=seed,
-                                             max_new_tokens=max_new_tokens)]
+    greedy = [
+        c[0]
+        for c in _agent_rollouts(
+            model, tokenizer, task, problems, temperature=0.0, seed=0, max_new_tokens=max_new_tokens
+        )
+    ]
+    sampled = [
+        c[0]
+        for c in _agent_rollouts(
+            model, tokenizer, task, problems, temperature=1.0, seed=seed, max_new_tokens=max_new_tokens
+        )
+    ]
     greedy_hits = [task.reward(p, _text(tokenizer, c)) for p, c in zip(problems, greedy)]
     sample_hits = [task.reward(p, _text(tokenizer, c)) for p, c in zip(problems, sampled)]
     surprisal = [-lp for c in sampled for lp, m in zip(c.logprobs, c.loss_mask) if m]

@@ -8,7 +8,6 @@ import hashlib
 import json
 from pathlib import Path
 
-
 BUILD_VERSION = 1
 """Bumped whenever the build procedure changes, so stale caches are rebuilt."""
 
@@ -45,8 +44,18 @@ class TinyModelSpec:
     n_eval: int = 400  # held-out (test-split) problems for the numbers in build_info.json
 
     def __post_init__(self) -> None:
-        positive = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                    "max_positions", "sft_batch_size", "sft_check_every", "n_val", "n_eval")
+        positive = (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "max_positions",
+            "sft_batch_size",
+            "sft_check_every",
+            "n_val",
+            "n_eval",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -123,12 +123,15 @@ def _warm_start(
         step_loss = torch.zeros(())
         for ids, mask, labels in micro:
             logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]  # [B, L-1, V]
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]),
-                labels[:, 1:].reshape(-1),
-                ignore_index=-100,
-                reduction="sum",
-            ) / num_tokens
+            loss = (
+                torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]),
+                    labels[:, 1:].reshape(-1),
+                    ignore_index=-100,
+                    reduction="sum",
+                )
+                / num_tokens
+            )
             loss.backward()
             step_loss += loss.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
