@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from learner.engine.host_snapshot import HostCopies, HostSnapshot, hold_updates, host_copy
 from stare.runtime.net import free_port
 from stare.runtime.paths import cache_dir
 from stare.weight_sync.buckets import tensor_aliases
@@ -186,18 +187,18 @@ def full_state_dict(
     where="host" (gloo, filesystem): a CPU copy of each; on CUDA into pinned memory on a side stream,
     so the learner's thread does not wait: the returned `HostSnapshot` waits for the copies when it is
     first read (by the publisher, in its own thread when it publishes in the background), and the
-    optimizer's next update waits for them on the GPU (`_hold_updates`)."""
+    optimizer's next update waits for them on the GPU (`hold_updates`)."""
     module = engine.module
     device = engine_device(engine)
     host = where == "host"
-    copies = _HostCopies(device) if host and device.type == "cuda" else None
+    copies = HostCopies(device) if host and device.type == "cuda" else None
 
     def take(t: torch.Tensor, gathered: bool) -> torch.Tensor:
         t = t.detach()
         if copies is not None:
             return copies.copy(t)
         if host:
-            return _host_copy(t)
+            return host_copy(t)
         return t.clone() if (gathered or snapshot) else t
 
     if engine.zero_optimization_stage() != 3:
@@ -227,97 +228,8 @@ def full_state_dict(
         out = {name: taken[name] for name in named} if keep else {}
     if copies is None:
         return out
-    _hold_updates(engine, copies.done())
+    hold_updates(engine, copies.done())
     return HostSnapshot(out, copies.event)
-
-
-def _host_copy(t: torch.Tensor) -> torch.Tensor:
-    """A CPU copy owning its memory, made once: from a GPU tensor the device-to-host copy itself
-    (`.cpu().clone()` copied every byte twice: 15 GB more per version at 7B), from a CPU parameter a
-    clone (the state must not change when the learner steps on)."""
-    return t.detach().to("cpu", copy=True)
-
-
-class _HostCopies:
-    """Device-to-host copies into pinned memory on a side stream (CUDA only). Each source is marked
-    used by that stream, so memory DeepSpeed releases right after (a gathered ZeRO-3 parameter) is
-    not reused before its copy is done."""
-
-    def __init__(self, device: torch.device):
-        self.stream = _side_stream(device)
-        self.stream.wait_stream(torch.cuda.current_stream(device))  # after the step that wrote the weights
-        self.event: torch.cuda.Event | None = None
-
-    def copy(self, t: torch.Tensor) -> torch.Tensor:
-        if t.device.type != "cuda":
-            return _host_copy(t)
-        with torch.cuda.stream(self.stream):
-            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-        t.record_stream(self.stream)
-        return out
-
-    def done(self) -> torch.cuda.Event:
-        self.event = self.stream.record_event()
-        return self.event
-
-
-_SIDE_STREAMS: dict[torch.device, Any] = {}
-
-
-def _side_stream(device: torch.device):
-    if device not in _SIDE_STREAMS:
-        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    return _SIDE_STREAMS[device]
-
-
-class HostSnapshot(Mapping):
-    """The weights in pinned host memory, readable once the side stream's copies are done: the first
-    read waits for them (a host sync, in the reader's thread)."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor], event):
-        self._tensors, self._event = tensors, event
-
-    def _ready(self) -> dict[str, torch.Tensor]:
-        if self._event is not None:
-            self._event.synchronize()  # host sync: the snapshot's copies, once
-            self._event = None
-        return self._tensors
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        return self._ready()[name]
-
-    def __iter__(self):
-        return iter(self._ready())
-
-    def __len__(self) -> int:
-        return len(self._tensors)
-
-    def meta(self) -> list[tuple[str, torch.Size, torch.dtype]]:
-        """Names, shapes and dtypes without waiting for the copies (stare.weight_sync.buckets.state_meta)."""
-        return [(k, v.shape, v.dtype) for k, v in self._tensors.items()]
-
-    def aliases(self) -> dict[str, str]:
-        """The tied weights (one copy under several names) without waiting for the copies
-        (stare.weight_sync.buckets.state_aliases)."""
-        return tensor_aliases(self._tensors)
-
-
-def _hold_updates(engine, event) -> None:
-    """Make the optimizer's next update wait (on the GPU, not the host) for `event`: the snapshot's
-    copies read the parameters the update writes. A step pre-hook on the torch optimizer, installed
-    once; it waits for the newest pending event and forgets it."""
-    optimizer = getattr(engine, "basic_optimizer", None) or engine.optimizer
-    state = getattr(optimizer, "_stare_publish_wait", None)
-    if state is None:
-        state = optimizer._stare_publish_wait = {"event": None}
-
-        def wait(*_args, **_kwargs):
-            if state["event"] is not None:
-                torch.cuda.current_stream().wait_event(state["event"])
-                state["event"] = None
-
-        optimizer.register_step_pre_hook(wait)
-    state["event"] = event
 
 
 def loss_scale(engine) -> float | None:

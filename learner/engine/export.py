@@ -25,6 +25,7 @@ as peft's adapter directory (`model.lora.export: adapter`), with the tokenizer f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -105,10 +106,9 @@ def export_checkpoint(
         else:
             model = _full_model(state, ckpt_dir / tag, model_path, torch_dtype)
         if model is not None:
-            try:
+            # no generation_config.json: save_pretrained writes the one derived from config.json
+            with contextlib.suppress(OSError):
                 model.generation_config = GenerationConfig.from_pretrained(model_path)
-            except OSError:
-                pass  # no generation_config.json: save_pretrained writes the one derived from config.json
             model.save_pretrained(staged, safe_serialization=True)
         AutoTokenizer.from_pretrained(model_path).save_pretrained(staged)
         step_done = json.loads(trainer_state.read_text())["step"] if trainer_state.is_file() else None

@@ -70,6 +70,17 @@ class GroupStats:
     stale_tokens: int = 0  # tokens of trained groups left out of the loss: beyond max_staleness (in-flight updates)
     staleness: Counter = field(default_factory=Counter)  # lag -> trajectories collected with it
 
+    def totals(self) -> dict[str, int]:
+        """The run's counts so far, as each step's metrics carry them."""
+        return {
+            "filtered_groups_total": self.filtered_groups,
+            "stale_groups_total": self.stale_groups,
+            "stale_tokens_total": self.stale_tokens,
+            "surplus_groups_total": self.surplus_groups,
+            "duplicates_total": self.duplicates,
+            "dead_lettered_groups_total": self.dead_lettered_groups,
+        }
+
 
 def round_size(missing: int, oversample: float, *, trainable: int = 0, filtered: int = 0) -> int:
     """Groups an on-policy sampling round publishes: the missing ones at oversample 1.0; else

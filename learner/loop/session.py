@@ -1,26 +1,19 @@
-"""The training session: THE loop of a run, the same for `stare train` (one process, in-memory
-seams) and `stare learner` (Redis streams, a weight broadcast, the other roles in other processes).
+"""The training session: THE loop of a run, the same for `stare train` (in-memory seams) and
+`stare learner` (Redis streams, a weight broadcast, the other roles in other processes).
 
     start -> [evaluate at step 0, or the resumed step's evaluation a restart lost]
-    loop:  steering (pause, checkpoint, entropy changes) -> fill (publish prompts up to the window,
-           pump, pull scored groups) -> [not enough yet: the learner's pre-pass over the ready groups
-           the step will take, `optim.prepass_early`] -> train (one optimizer step) -> publish weights
-           -> evaluate when due -> report (metrics, status) -> checkpoint when due
-           (a remote evaluator, one that waits on other processes: checkpoint, then evaluate)
+    loop:  steering (pause, checkpoint, entropy changes) -> fill (publish prompts up to the window, pump,
+           pull scored groups; while short, the pre-pass of ready groups) -> train -> publish weights
+           -> evaluate when due (a remote evaluator: checkpoint first) -> metrics, status -> checkpoint
     end:   checkpoint what is unsaved on a stop, say finished/stopped
 
-What differs between the modes is only what is passed in (`SessionSeams`): the streams, the weight
-publisher, the decision log, where the feeder cursor is kept, the evaluator, and `pump`: the
-embedded mode drives its in-process rollout and reward workers once per fill round (the node-colocated
-learner its ranks' engines, learner/process/colocation.py); without a pump the workers are other processes and a
-fill round waits briefly for what they sent. On-policy
-sampling goes in rounds (see `_fill_round`) that do not depend on the mode.
-
-The window: prompts_per_step x (1 + max_staleness) x data.oversample groups in flight (published, not yet
-trained or filtered), each stamped with the weight version at publish time (embedded: max_staleness 0;
-on-policy rounds: `_fill_round`).
-Checkpoints hold model, optimizer, controller, feeder cursor, finished groups and RNG states; the
-scored entries a step trained are acknowledged only once a checkpoint holds that step.
+What differs between the modes is only what is passed in (`SessionSeams`; learner/loop/build.py builds
+the session for each): streams, weight publisher, decision log, feeder cursor store, evaluator, and
+`pump`: in-process workers (or the node-colocated learner's engines) run once per fill round. The window: prompts_per_step x (1 + max_staleness) x data.oversample groups in
+flight, each stamped with the weight version at publish time; on-policy sampling goes in rounds
+(`_fill_round`) that do not depend on the mode. Checkpoints hold model, optimizer, controller, feeder
+cursor, finished groups and RNG states; a step's scored entries are acknowledged once a checkpoint
+holds the step.
 """
 
 from __future__ import annotations
@@ -42,6 +35,7 @@ from learner.loop.session_seams import CursorStore, Evaluator, MemoryCursor, Ses
 from stare.config import TrainConfig
 from stare.observe.log_format import StepLines
 from stare.observe.run_outputs import RunOutputs, batch_metrics, staleness_status, staleness_summary, trained_lags
+from stare.weight_sync.base import publisher_metrics
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +298,6 @@ class TrainingSession:
         t_pub = time.perf_counter()
         state = learner.state_dict_for_rollout()
         self._publish(state)
-        publisher = self.seams.publisher
         step_time = time.perf_counter() - self._t_wait
         lags = trained_lags(trajectories, learner.version - 1)
         metrics.update(info)
@@ -313,16 +306,8 @@ class TrainingSession:
             algo=cfg.algo,
             time_unix=time.time(),
             time_publish_s=time.perf_counter() - t_pub,
-            filtered_groups_total=stats.filtered_groups,
-            stale_groups_total=stats.stale_groups,
-            stale_tokens_total=stats.stale_tokens,
-            surplus_groups_total=stats.surplus_groups,
-            duplicates_total=stats.duplicates,
-            dead_lettered_groups_total=stats.dead_lettered_groups,
-            weight_sync_failures=getattr(publisher, "failures", 0),
-            # the last whole sync (a background publisher: time_publish_s is only the hand-off)
-            time_weight_sync_s=getattr(publisher, "last_sync_s", None),
-            weight_sync_members=len(getattr(publisher, "alive_members", [])),
+            **stats.totals(),
+            **publisher_metrics(self.seams.publisher),
             **staleness_summary(lags),
         )
         step = learner.step

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, ContextManager, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -87,7 +88,7 @@ class SessionSeams:
     wait: Callable[[float], None]  # sleep that a stop request cuts short
     tick: Callable[..., None] = lambda **info: None  # liveness of the main loop
     # long work (evaluation, a step, a checkpoint): alive while its thread makes progress (RoleRuntime.busy)
-    busy: Callable[[str], ContextManager] = lambda what: contextlib.nullcontext()
+    busy: Callable[[str], AbstractContextManager] = lambda what: contextlib.nullcontext()
     pump: Callable[[int], None] | None = None  # in-process workers: run them once (arg: the fill round)
     # the pump's samples go through the Redis streams (the node-colocated learner, learner/process/colocation.py: reward
     # workers in other processes score them): the pull after it waits up to PULL_BLOCK_S for them, and stop,

@@ -22,8 +22,9 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, ContextManager, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -149,7 +150,7 @@ class SamplePump:
         *,
         world: int,
         collective: bool,
-        busy: Callable[[str], ContextManager],
+        busy: Callable[[str], AbstractContextManager],
         retry_s: float,
         say: Callable[[str], None] = log.info,
     ):

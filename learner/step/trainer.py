@@ -48,6 +48,7 @@ from learner.step.logprobs import attach_chunked_head
 from learner.step.micro_batches import build_micro_batch, filler_micro_batch
 from learner.step.ppo_updates import SEED_STRIDE, combine_updates, update_tokens
 from learner.step.prepass_store import PrepassStore, head_calls, to_device, to_host
+from learner.step.step_checks import check_packing_supported, nonfinite_step
 from learner.step.step_rows import RankRows, StepCut, cut_step
 from stare.config import TrainConfig
 from stare.config.algo import StareLossConfig
@@ -56,35 +57,6 @@ from stare.transport.records import Trajectory
 from stare.weight_sync.factory import publish_from
 
 log = logging.getLogger(__name__)
-
-
-def nonfinite_step(loss: float, grad_norm: float | None, step: int) -> int:
-    """1 (and a warning) when the step's loss or gradient norm is NaN or infinite, else 0. DeepSpeed
-    skips such an update ("OVERFLOW! Skipping step"); counting them makes a run that stopped learning
-    visible in status, metrics and Prometheus instead of only in the engine's log."""
-    if math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)):
-        return 0
-    log.warning(
-        "step %d: loss %s, grad_norm %s: not finite (the optimizer update was skipped or is invalid)",
-        step,
-        loss,
-        grad_norm,
-    )
-    return 1
-
-
-def check_packing_supported(model) -> None:
-    """Packed rows need attention that separates sequences by their position_ids: transformers'
-    mask builder does so from 4.54 (sdpa, eager, flex) and flash-attention's varlen path always;
-    an older one would let packed sequences attend to each other, silently."""
-    try:
-        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
-    except ImportError:
-        if getattr(model.config, "_attn_implementation", None) != "flash_attention_2":
-            raise ValueError(
-                "optim.pack_sequences needs transformers >= 4.54 (or flash_attention_2) to keep packed sequences "
-                "apart; set optim.pack_sequences=false (padded token-budget micro-batches) or upgrade transformers"
-            ) from None
 
 
 class Learner:

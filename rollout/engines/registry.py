@@ -107,7 +107,7 @@ ENGINES: dict[str, EngineSpec] = {
     for spec in (EngineSpec(HFEngineConfig, _build_hf), EngineSpec(VLLMEngineConfig, _build_vllm))
 }
 
-EngineConfig = Annotated[Union[tuple(spec.config for spec in ENGINES.values())], Field(discriminator="name")]
+EngineConfig = Annotated[Union[tuple(spec.config for spec in ENGINES.values())], Field(discriminator="name")]  # noqa: UP007
 
 
 def build_engine(config: HFEngineConfig | VLLMEngineConfig | Mapping[str, Any]) -> RolloutEngine:

@@ -203,7 +203,7 @@ learner's half (the loss function and its step-global selection, `@register_loss
 learner/algorithm/losses/) is checked to name the same losses (tests/learner/test_loss_registry.py);
 the config union, the docs and the presets read this one."""
 
-LossConfig = Annotated[Union[tuple(LOSS_CONFIGS.values())], Field(discriminator="name")]
+LossConfig = Annotated[Union[tuple(LOSS_CONFIGS.values())], Field(discriminator="name")]  # noqa: UP007
 
 
 # Physical ranges of the controller (the API, the learner and checkpoint loads all check them).

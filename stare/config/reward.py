@@ -6,7 +6,7 @@ and their weighted composition. The verifiers themselves are in the reward role
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -141,7 +141,7 @@ class OverlongComponent(_Component):
 
 
 RewardComponent = Annotated[
-    Union[MathComponent, CodeComponent, FormatComponent, OverlongComponent],
+    MathComponent | CodeComponent | FormatComponent | OverlongComponent,
     Field(discriminator="kind"),
 ]
 

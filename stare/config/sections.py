@@ -240,7 +240,7 @@ class VllmEngineSection(_Section):
 
 
 ENGINE_SECTIONS: dict[str, type[_Section]] = {"hf": HfEngineSection, "vllm": VllmEngineSection}
-EngineSection = Annotated[Union[tuple(ENGINE_SECTIONS.values())], Field(discriminator="name")]
+EngineSection = Annotated[Union[tuple(ENGINE_SECTIONS.values())], Field(discriminator="name")]  # noqa: UP007
 
 
 def _engine_by_name(value: Any) -> Any:

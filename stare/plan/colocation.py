@@ -5,7 +5,7 @@ asleep while the learner steps (`system.colocate`; the loop: stare/app/colocatio
 
 Two phases take turns on the GPU; each must fit in HEADROOM x its memory:
 
-    learner step   the learner's step peak (stare.plan.gpu_memory.plan_learner) as `stare train` runs it:
+    learner step   the learner's step peak (stare.plan.learner_memory.plan_learner) as `stare train` runs it:
                    weights published through host memory, no NCCL buffers, no device snapshot;
                    + the engine asleep: vLLM at sleep level 1 keeps SLEEP_RESIDUAL (its persistent
                    buffers, CUDA graphs: an estimate, not measured here); the hf engine nothing.
@@ -17,9 +17,8 @@ Two phases take turns on the GPU; each must fit in HEADROOM x its memory:
                    (weights, forward reserve, KV cache); the hf engine its weights and the KV cache
                    of one call (prompts_per_step x samples_per_prompt rows, at most max_batch_size).
 
-`system.colocate_offload` auto offloads the optimizer only when sampling does not fit with it
-resident and does with it offloaded (the embedded run asks `offload_wanted`). These are estimates of
-the large terms, like the rest of `stare plan`; scripts/gpu_smoke.py measures the HF engine's sleep.
+`system.colocate_offload` auto offloads the optimizer only when sampling does not fit with it resident and
+does with it offloaded (`offload_wanted`). Estimates of the large terms, like the rest of `stare plan`.
 
 The node-colocated learner (`stare plan --gpus N` with system.colocate on, N > 1; `build_node_plan`) is
 the same two phases per GPU with the learner's states sharded over N ranks, each engine's KV cache asked
@@ -36,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stare.config import ConfigError, TrainConfig
-from stare.plan.gpu_memory import (
+from stare.plan.learner_memory import plan_learner
+from stare.plan.plan_items import (
     GIB,
     HEADROOM,
     VLLM_PROFILE_TOKENS,
@@ -46,7 +46,6 @@ from stare.plan.gpu_memory import (
     RolePlan,
     _prompt_tokens,
     _whole_plan,
-    plan_learner,
 )
 from stare.plan.sizes import DTYPE_BYTES, ModelShape, kv_bytes_per_token, load_model_shape, lora_params
 

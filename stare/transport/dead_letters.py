@@ -72,7 +72,7 @@ class RedisDeadLetterFeed:
                 "XRANGE dead letters",
                 lambda: self.stream.client.xrange(self.stream.dead_key, min=after, count=self.batch),
             )
-            for dead_id, fields in entries:
+            for _dead_id, fields in entries:
                 f = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
                 group, trajectory = ids_of_fields({k[4:]: v for k, v in f.items() if k.startswith("raw:")})
                 out.append(

@@ -47,3 +47,39 @@ def parse_dead_letters(entries: list) -> list[DeadLetter]:
         raw = {as_str(k)[4:]: v for k, v in f.items() if as_str(k).startswith("raw:")}
         out.append(DeadLetter(as_str(dead_id), as_str(f[b"entry_id"]), f[b"reason"].decode(errors="replace"), raw))
     return out
+
+
+def park(client, key: str, group: str, dead_key: str, maxlen: int, items: list[tuple[str, dict, str]]) -> None:
+    """Park `items` (entry id, raw fields, reason) in the dead-letter stream and acknowledge them in one
+    MULTI: parked and acknowledged together, or neither."""
+    pipe = client.pipeline(transaction=True)
+    for entry_id, raw, reason in items:
+        fields = {"reason": reason, "entry_id": entry_id, "stream": key, "group": group}
+        fields.update({f"raw:{as_str(k)}": v for k, v in raw.items()})
+        pipe.xadd(dead_key, fields, maxlen=maxlen, approximate=True)
+    pipe.xack(key, group, *[i for i, _, _ in items])
+    pipe.execute()
+
+
+def poisoned(
+    client, key: str, group: str, failures_key: str, max_deliveries: int, claimed: list[tuple[str, dict]]
+) -> list[tuple[str, dict, str]]:
+    """The claimed entries delivered more than `max_deliveries` times (a record that keeps killing or
+    stalling its consumers), each with the reason to park it under (its last recorded error if any)."""
+    pipe = client.pipeline(transaction=False)
+    for i, _ in claimed:
+        pipe.xpending_range(key, group, min=i, max=i, count=1)
+    times = {as_str(r["message_id"]): r["times_delivered"] for rows in pipe.execute() for r in rows}
+    poison = [(i, f) for i, f in claimed if times.get(i, 0) > max_deliveries]
+    if not poison:
+        return []
+    errors = client.hmget(failures_key, [i for i, _ in poison])
+    return [
+        (
+            i,
+            f,
+            f"delivered {times[i] - 1} times without an ack (max_deliveries={max_deliveries}); "
+            + (f"last error: {as_str(e)}" if e is not None else "its consumer died or stalled on it each time"),
+        )
+        for (i, f), e in zip(poison, errors)
+    ]

@@ -1,7 +1,7 @@
 """Record streams on Redis streams with consumer groups: the distributed transport.
 
 One `RedisStream` is one stream key and one consumer group. Semantics are the in-memory
-stream's (`memory.py`), made durable:
+stream's (`in_memory.py`), made durable:
 
 * at-least-once: a delivered entry stays pending (in the group's PEL) until `ack`; a consumer
   that restarts under the same name first re-reads its own pending entries (XREADGROUP id "0"),
@@ -14,16 +14,16 @@ stream's (`memory.py`), made durable:
   one delivered `max_deliveries` times without an ack (a record that keeps killing consumers);
 * bounded memory: XADD trims with an approximate MAXLEN; publishing is refused (or waits up to
   `publish_timeout_s`) while the group's backlog (pending + never delivered) would exceed
-  `max_backlog` (exact for one producer; concurrent producers can overshoot by one batch each). With `maxlen` >= `max_backlog` plus that slack (the defaults leave 2x), trimming only
+  `max_backlog` (concurrent producers can overshoot by one batch each). With `maxlen` >= `max_backlog`
+  plus that slack (the defaults leave 2x), trimming only
   removes acknowledged entries, unless an entry stays pending while `maxlen` newer ones arrive
   (reclaim before that);
 * timeouts everywhere: the client must have a socket timeout; blocking reads are capped at
   `block_ms`, below it; a ConnectionError/TimeoutError (Redis restarting, loading its AOF) is
   retried with exponential backoff, logged, for at most `retries` attempts and `op_timeout_s`.
 
-Limits: a retried XADD whose first attempt reached Redis publishes the record twice (at-least-
-once; consumers dedupe by record id). Not thread-safe: one stream object per thread. Key names
-are `stare:{run_id}:stream:{name}` and `stare:{run_id}:dead:{name}` (redis_client.py); see docs/transport.md.
+Limits: a retried XADD that reached Redis publishes twice (consumers dedupe by record id). Not
+thread-safe. Keys: `stare:{run_id}:stream:{name}`, `stare:{run_id}:dead:{name}`; docs/transport.md.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ from typing import Generic, TypeVar
 
 import redis
 
+from stare.transport import redis_dead_letters as dl
 from stare.transport.base import Codec, Delivery, RecordStream
+from stare.transport.redis_backlog import backlog_of, group_backlog
 from stare.transport.redis_client import RETRYABLE_ERRORS, checked_key_part, dead_key, run_key, stream_key
 from stare.transport.redis_dead_letters import TRIMMED_REASON, DeadLetter, as_str, parse_dead_letters, raw_fields
 
@@ -274,11 +276,9 @@ class RedisStream(Generic[T]):
     def _xadd_transaction(
         self, encoded: list[dict[str, bytes]], ack: tuple[RedisStream, Sequence[str]] | None
     ) -> list[str]:
-        # With an ack: MULTI/EXEC, so outputs and ack land together or not at all; also one AOF fsync
-        # with `appendfsync always` (Redis reads a large plain pipeline over several event-loop turns
-        # and fsyncs after each: 128 0.8 kB records took ~40 ms as a pipeline, ~8 ms as one
-        # transaction). Without one: a plain pipeline, which is faster where the AOF is not fsynced
-        # per write (stare bench transport: MULTI/EXEC cost 0.74-0.84 of raw redis-py there).
+        # With an ack: MULTI/EXEC, outputs and ack land together or not at all, one AOF fsync with
+        # `appendfsync always` (a large plain pipeline fsyncs per event-loop turn: 128 0.8 kB records
+        # ~40 ms against ~8 ms as one transaction). Without one: a plain pipeline (faster unfsynced).
         pipe = self.client.pipeline(transaction=ack is not None)
         for fields in encoded:
             pipe.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)
@@ -291,7 +291,7 @@ class RedisStream(Generic[T]):
         if ack is not None:
             replies.pop()
         if self.max_backlog is not None:
-            self._known_backlog = self._backlog_of(replies.pop())
+            self._known_backlog = backlog_of(replies.pop(), self.group)
         return [as_str(i) for i in replies]
 
     def _read(self, consumer: str, cursor: str, count: int, block_ms: int | None) -> list[tuple[str, dict]]:
@@ -320,17 +320,10 @@ class RedisStream(Generic[T]):
         return out
 
     def _dead_letter_many(self, items: list[tuple[str, dict, str]]) -> None:
-        def write() -> None:
-            pipe = self.client.pipeline(transaction=True)  # MULTI: parked and acked together, or neither
-            for entry_id, raw, reason in items:
-                fields = {"reason": reason, "entry_id": entry_id, "stream": self.key, "group": self.group}
-                fields.update({f"raw:{as_str(k)}": v for k, v in raw.items()})
-                pipe.xadd(self.dead_key, fields, maxlen=self.dead_maxlen, approximate=True)
-            pipe.xack(self.key, self.group, *[i for i, _, _ in items])
-            pipe.execute()
-
-        self._call("dead letter", write)
-        for entry_id, _, reason in items:
+        self._call(
+            "dead letter", lambda: dl.park(self.client, self.key, self.group, self.dead_key, self.dead_maxlen, items)
+        )
+        for entry_id, _, _reason in items:
             self._inflight.pop(entry_id, None)
         log.warning(
             "stream %s: %d entries dead-lettered to %s (first: %s: %s)",
@@ -342,57 +335,21 @@ class RedisStream(Generic[T]):
         )
 
     def _drop_poison(self, claimed: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
-        def counts() -> list:
-            pipe = self.client.pipeline(transaction=False)
-            for i, _ in claimed:
-                pipe.xpending_range(self.key, self.group, min=i, max=i, count=1)
-            return pipe.execute()
-
-        times = {as_str(r["message_id"]): r["times_delivered"] for rows in self._call("XPENDING", counts) for r in rows}
-        poison = [(i, f) for i, f in claimed if times.get(i, 0) > self.max_deliveries]
-        if poison:
-            ids = [i for i, _ in poison]
-            errors = self._call("HMGET", lambda: self.client.hmget(self.failures_key, ids))
-            self._dead_letter_many(
-                [
-                    (
-                        i,
-                        f,
-                        f"delivered {times[i] - 1} times without an ack (max_deliveries={self.max_deliveries}); "
-                        + (
-                            f"last error: {as_str(e)}"
-                            if e is not None
-                            else "its consumer died or stalled on it each time"
-                        ),
-                    )
-                    for (i, f), e in zip(poison, errors)
-                ]
-            )
-            self._call("HDEL", lambda: self.client.hdel(self.failures_key, *ids))
-            self._failed.difference_update(ids)
-            dropped = set(ids)
-            claimed = [(i, f) for i, f in claimed if i not in dropped]
-        return claimed
-
-    def _backlog_of(self, groups: list[dict]) -> int | None:
-        """pending + lag from an XINFO GROUPS reply; None when the group or its lag is unknown."""
-        for g in groups:
-            if as_str(g["name"]) == self.group and g["lag"] is not None:
-                return g["pending"] + g["lag"]
-        return None
+        """Dead-letter the claimed entries delivered more than `max_deliveries` times; the rest."""
+        poison = self._call(
+            "XPENDING",
+            lambda: dl.poisoned(self.client, self.key, self.group, self.failures_key, self.max_deliveries, claimed),
+        )
+        if not poison:
+            return claimed
+        ids = [i for i, _, _ in poison]
+        self._dead_letter_many(poison)
+        self._call("HDEL", lambda: self.client.hdel(self.failures_key, *ids))
+        self._failed.difference_update(ids)
+        return [(i, f) for i, f in claimed if i not in set(ids)]
 
     def _backlog(self, limit: int | None = None) -> int:
-        groups = self.client.xinfo_groups(self.key)
-        if (known := self._backlog_of(groups)) is not None:
-            return known
-        for g in groups:
-            if as_str(g["name"]) == self.group:
-                # lag is unknown after XDEL/SETID: count what follows the last delivered id (up to `limit`)
-                n, start = 0, "(" + as_str(g["last-delivered-id"])
-                while (limit is None or n < limit) and (batch := self.client.xrange(self.key, min=start, count=256)):
-                    n, start = n + len(batch), "(" + as_str(batch[-1][0])
-                return g["pending"] + n
-        raise redis.ResponseError(f"NOGROUP no consumer group {self.group} on {self.key}")
+        return group_backlog(self.client, self.key, self.group, limit)
 
     def _call(self, what: str, fn: Callable[[], R]) -> R:
         """Run one Redis operation; retry lost connections with exponential backoff (bounded) and

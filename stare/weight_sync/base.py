@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -32,3 +32,13 @@ class WeightSubscriber(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def publisher_metrics(publisher: object) -> dict[str, Any]:
+    """What a step's metrics say of the weight sync: failed syncs so far, the last whole sync's time (for a
+    background publisher the step's publish is only the hand-off) and the members of the broadcast group."""
+    return {
+        "weight_sync_failures": getattr(publisher, "failures", 0),
+        "time_weight_sync_s": getattr(publisher, "last_sync_s", None),
+        "weight_sync_members": len(getattr(publisher, "alive_members", [])),
+    }

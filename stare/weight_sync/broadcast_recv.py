@@ -191,14 +191,18 @@ class BroadcastSubscriber:
         set a receive waits for the rollout loop to release it (RuntimeError after timeout_s)."""
         with self._lock:
             self._pool = [b for b in self._pool if b.device == device]
-            if self.buffer_sets == 1 and self._pool and self._pool[0] is self._in_use:
-                if not self._lock.wait_for(
+            if (
+                self.buffer_sets == 1
+                and self._pool
+                and self._pool[0] is self._in_use
+                and not self._lock.wait_for(
                     lambda: self._in_use is not self._pool[0] or self._stop.is_set(), timeout=self.timeout_s
-                ):
-                    raise RuntimeError(
-                        f"weight receiver {self.name}: the rollout loop kept the weights it took for "
-                        f"{self.timeout_s:.0f} s (one receive buffer set: it must fetch between steps)"
-                    )
+                )
+            ):
+                raise RuntimeError(
+                    f"weight receiver {self.name}: the rollout loop kept the weights it took for "
+                    f"{self.timeout_s:.0f} s (one receive buffer set: it must fetch between steps)"
+                )
             latest = self._latest[2] if self._latest else None
             for buffers in self._pool:
                 if buffers is not self._in_use and buffers is not latest:

@@ -8,7 +8,8 @@ import shutil
 import pytest
 
 from learner.engine.checkpoints import CheckpointError
-from stare.app.launch.embedded import prepare_run, run_training
+from stare.app.launch.embedded import run_training
+from stare.app.launch.run_folder import prepare_run
 from stare.config import build_config
 
 pytestmark = pytest.mark.slow

@@ -3,7 +3,8 @@ success with zero steps (the issue's 640 dead letters, then "solved or unsolvabl
 
 import pytest
 
-from stare.app.launch.embedded import EmbeddedRun, StopFlag, prepare_run
+from stare.app.launch.embedded import EmbeddedRun, StopFlag
+from stare.app.launch.run_folder import prepare_run
 from stare.config import build_config
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from stare.app.launch.embedded import prepare_run, run_training
+from stare.app.launch.embedded import run_training
+from stare.app.launch.run_folder import prepare_run
 from stare.config import build_config
 
 COMPARED = ("loss", "entropy", "reward_mean", "gate", "w", "m", "clip_fraction", "grad_norm", "response_length_mean")

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stare.app.launch.embedded import prepare_run, run_training
+from stare.app.launch.embedded import run_training
+from stare.app.launch.run_folder import prepare_run
 from stare.config import load_config
 
 pytestmark = pytest.mark.slow

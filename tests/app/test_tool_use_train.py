@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from rollout.agent_loop import parse_tool_call
-from stare.app.launch.embedded import EmbeddedRun, prepare_run, run_training
+from stare.app.launch.embedded import EmbeddedRun, run_training
+from stare.app.launch.run_folder import prepare_run
 from stare.config import build_config
 
 pytestmark = pytest.mark.slow

@@ -150,7 +150,9 @@ def test_gpu_benchmarks_run_their_code_on_the_cpu_at_a_tiny_size():
         matmul_n=128,
     )
     memory = g.measure_logprob_memory(device="cpu", tokens=16, hidden_size=8, vocab=97, repeats=1, dtype=torch.float32)
-    generate = g.measure_generate(
+    from stare.app.bench.bench_gpu_generate import measure_generate
+
+    generate = measure_generate(
         device="cpu", shape=tiny, prompts=2, samples=2, prompt_len=4, max_new_tokens=6, repeats=1, dtype="float32"
     )
     rows = check_rows(

@@ -180,7 +180,8 @@ def test_non_finite_steps_are_counted_and_shown_in_status_metrics_and_prometheus
 def test_a_run_fed_forged_changes_keeps_training_with_finite_loss(fast_overrides, redis_state_factory):
     """A real embedded run (tiny model, DeepSpeed on CPU) whose control state lives in a real Redis:
     the forged changes wait there before its first step; it rejects them all, and trains on finitely."""
-    from stare.app.launch.embedded import EmbeddedRun, StopFlag, prepare_run
+    from stare.app.launch.embedded import EmbeddedRun, StopFlag
+    from stare.app.launch.run_folder import prepare_run
 
     cfg = prepare_run(build_config({}, overrides=fast_overrides + ["run.name=forged", "run.steps=2"]), None)
     state = redis_state_factory()

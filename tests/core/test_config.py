@@ -108,7 +108,7 @@ def test_config_round_trips_through_yaml():
 
 
 def test_a_run_folder_is_locked_to_one_process(tmp_path):
-    from stare.app.launch.embedded import run_lock
+    from stare.app.launch.run_folder import run_lock
 
     with run_lock(tmp_path / "run"):
         with pytest.raises(ConfigError, match="in use"):

@@ -25,7 +25,7 @@ def test_an_unformatted_file_fails_the_format_check(tmp_path):
     path = tmp_path / "ugly.py"
     path.write_text("def f( a,b ):\n  return {'a':a,'b':b}\n")
     result = _run("ruff", "format", "--check", "--config", str(ROOT / "pyproject.toml"), str(path))
-    assert result.returncode == 1 and "Would reformat" in result.stdout
+    assert result.returncode == 1 and "would be reformatted" in result.stdout
 
 
 def test_an_unused_import_fails_the_lint(tmp_path):

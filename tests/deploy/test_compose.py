@@ -195,7 +195,7 @@ def _env_names() -> list[str]:
     names = {k for _, s in stare_services(load_compose()) for k in env_of(s)}
     for dockerfile in (REPO / "deploy" / "docker").glob("Dockerfile.*"):
         for block in re.findall(r"^ENV ((?:.*\\\n)*.*)$", dockerfile.read_text(), re.M):
-            names |= {m for m in re.findall(r"([A-Z][A-Z0-9_]*)=", block)}
+            names |= set(re.findall(r"([A-Z][A-Z0-9_]*)=", block))
     return sorted(
         names - {"PATH", "DEBIAN_FRONTEND", "PYTHONUNBUFFERED", "PIP_NO_CACHE_DIR", "PIP_DISABLE_PIP_VERSION_CHECK"}
     )

@@ -88,10 +88,10 @@ def test_the_rollout_state_is_a_copy_that_a_later_step_does_not_change():
     on, and the next step (or a background publish still sending) must not see one in the other."""
     import torch
 
-    from learner.engine.deepspeed_engine import _host_copy
+    from learner.engine.host_snapshot import host_copy
 
     param = torch.nn.Parameter(torch.ones(3))
-    copy = _host_copy(param)
+    copy = host_copy(param)
     with torch.no_grad():
         param.add_(1.0)
     assert torch.equal(copy, torch.ones(3)) and not copy.requires_grad

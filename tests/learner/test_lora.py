@@ -133,7 +133,8 @@ def test_an_embedded_run_with_lora_trains_and_exports(tmp_path, export):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from stare.app.launch.embedded import prepare_run, run_training
+    from stare.app.launch.embedded import run_training
+    from stare.app.launch.run_folder import prepare_run
 
     cfg = build_config(
         {

@@ -143,7 +143,8 @@ def test_the_session_prepares_while_it_waits_and_the_run_is_unchanged(fast_overr
     # with 2 groups ready: the session prepares them, and the step trains them (the first in publish order)
     import json
 
-    from stare.app.launch.embedded import prepare_run, run_training
+    from stare.app.launch.embedded import run_training
+    from stare.app.launch.run_folder import prepare_run
 
     common = fast_overrides + ["run.steps=3", "data.oversample=2.0", "controller.target=5.0"]
     runs = {

@@ -88,7 +88,7 @@ def test_mismatch_kls_k1_and_k3():
     logs = [math.log(2.0), math.log(0.5), 0.0, math.log(1.5), 0.0]
     rhos = [2.0, 0.5, 1.0, 1.5, 1.0]
     assert m["rollout_mismatch_k1"] == pytest.approx(-sum(logs) / 5, abs=1e-12)  # -ln 1.5 / 5
-    assert m["rollout_mismatch_k3"] == pytest.approx(sum(r - 1 - l for r, l in zip(rhos, logs)) / 5, abs=1e-12)
+    assert m["rollout_mismatch_k3"] == pytest.approx(sum(r - 1 - lg for r, lg in zip(rhos, logs)) / 5, abs=1e-12)
     assert m["rollout_masked_fraction"] == 0.0 and m["rollout_is_weight_mean"] == 1.0
 
 

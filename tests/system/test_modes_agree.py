@@ -23,8 +23,9 @@ import pytest
 from redis_fixtures import have_redis_server
 from safetensors.torch import load_file
 
-from stare.app.launch.embedded import prepare_run, run_training
+from stare.app.launch.embedded import run_training
 from stare.app.launch.processes import ProcessLauncher as Launcher
+from stare.app.launch.run_folder import prepare_run
 from stare.config import build_config
 
 pytestmark = [

@@ -319,10 +319,8 @@ def machine() -> dict[str, Any]:
             "cuda": torch.version.cuda,
         }
     mem_gib = None
-    try:
+    with contextlib.suppress(ValueError, OSError):
         mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    except (ValueError, OSError):
-        pass
     return {
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),

@@ -46,7 +46,10 @@ BENCHMARKS: dict[str, Benchmark] = {
         function="run_logprob_memory",
     ),
     "gpu-generate": Benchmark(
-        "bench_gpu", "GPU: HF engine generation tokens/s vs transformers generate", gpu=True, function="run_generate"
+        "bench_gpu_generate",
+        "GPU: HF engine generation tokens/s vs transformers generate",
+        gpu=True,
+        function="run_generate",
     ),
 }
 

@@ -13,7 +13,8 @@ from stare.config.base import ConfigError
 
 
 def cmd_train(args) -> int:
-    from stare.app.launch.embedded import prepare_run, run_training
+    from stare.app.launch.embedded import run_training
+    from stare.app.launch.run_folder import prepare_run
     from stare.config import ConfigError
 
     if args.resume is not None:
@@ -68,7 +69,7 @@ def cmd_report(args) -> int:
 
 def cmd_export(args) -> int:
     from learner.engine.export import ExportError, export_checkpoint
-    from stare.app.launch.embedded import prepare_run
+    from stare.app.launch.run_folder import prepare_run
     from stare.models.resolve import resolve_model
 
     cfg = prepare_run(None, args.run)

@@ -42,7 +42,7 @@ def entropy_table(
     """Batch entropy at `steps` (a `window`-step mean ending there): a, b, and a - b paired by seed."""
     if a not in data or b not in data:
         return [f"({a} and {b} both need completed runs for the entropy table)"]
-    ca, cb = (dict((r[0], r) for r in entropy_bands(data[x], window=window)) for x in (a, b))
+    ca, cb = ({r[0]: r for r in entropy_bands(data[x], window=window)} for x in (a, b))
     seeds = same_machine_seeds(data[a], data[b])
     pairs = [(_entropy(data[a][s], window), _entropy(data[b][s], window)) for s in seeds]
     cell = lambda r: "n/a" if r is None else f"{r[1]:.3f} [{r[2]:.3f}, {r[3]:.3f}]"  # noqa: E731
