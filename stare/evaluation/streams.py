@@ -137,13 +137,6 @@ def connect_eval_streams(cfg: TrainConfig, client):
     t, s = cfg.task, cfg.system
     samples = t.eval_problems * (1 + max([t.eval_k, *(e.n for e in t.eval_sources.values())]))
     backlog = max(s.max_backlog, samples)
-    return redis_eval_streams(
-        client,
-        cfg.run.name,
-        max_backlog=backlog,
-        maxlen=2 * backlog,
-        claim_idle_ms=int(s.claim_idle_s * 1000),
-        block_ms=1000,
-        publish_timeout_s=5.0,
-        max_deliveries=s.max_deliveries,
-    )
+    from stare.runtime.process import stream_options
+
+    return redis_eval_streams(client, cfg.run.name, **stream_options(cfg, backlog))

@@ -237,7 +237,7 @@ def plan_one_gpu(
     states = stages[stage]["bytes"]
     weights_only, what = _resident(cfg, shape, states)
     setting = cfg.system.colocate_offload
-    if node and setting == "auto":  # the node-colocated learner offloads only when told (colocate_node.py)
+    if node and setting == "auto":  # the node-colocated learner offloads only when told (stare/app/colocation/node.py)
         setting = "none"
     if node and (stage == 3 or cfg.model.lora is not None) and cfg.system.weight_sync_publish_from != "host":
         what = "ZeRO-3: the model gathered" if cfg.model.lora is None else "LoRA: the merged model"

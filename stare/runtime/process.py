@@ -99,9 +99,14 @@ def connect_transport(cfg: TrainConfig, url: str):
     s = cfg.system
     rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     backlog = s.max_backlog + (cfg.run.checkpoint_every + staleness(cfg).max_versions + 2) * rows
-    return RedisTransport.connect(
-        url,
-        cfg.run.name,
+    return RedisTransport.connect(url, cfg.run.name, **stream_options(cfg, backlog))
+
+
+def stream_options(cfg: TrainConfig, backlog: int) -> dict[str, Any]:
+    """A role's options for the run's Redis streams, bounded at `backlog` unacknowledged entries
+    (MAXLEN twice that, so trimming only ever removes acknowledged ones)."""
+    s = cfg.system
+    return dict(
         max_backlog=backlog,
         maxlen=2 * backlog,
         claim_idle_ms=int(s.claim_idle_s * 1000),

@@ -28,7 +28,7 @@ QWEN7B = ModelShape(
 
 
 def test_kv_bytes_per_token_of_qwen_7b():
-    # 2 (K, V) x 28 layers x 4 kv heads x 128 dims x 2 bytes = 57,344 (shared/DESIGN.md section 5)
+    # 2 (K, V) x 28 layers x 4 kv heads x 128 dims x 2 bytes = 57,344 (Qwen2.5-7B config.json: 28 layers, 4 KV heads, head_dim 128)
     assert ModelCosts(QWEN7B).kv_bytes_per_token == 57_344
 
 

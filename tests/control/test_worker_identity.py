@@ -1,4 +1,4 @@
-"""Workers that leave, and workers that come back (#25 "old workers haunt the status"): a role's
+"""Workers that leave, and workers that come back (old workers must not haunt the status): a role's
 clean exit is a `gone` beat; a role that is not alive is listed until `forget_after_s` after its
 last beat, then no longer (status, stare_role_up); `{slot}` names give each replica the lowest
 free slot, so a redeployed replica takes its predecessor's name. Each test runs on both stores."""

@@ -1,8 +1,8 @@
-"""`docker compose up` on the first try (#25), read from the files without Docker: every mounted
+"""`docker compose up` on the first try, read from the files without Docker: every mounted
 secret is made by the documented command, CPU limits fit a 2-core host by default, stare's roles
 restart on failure only (a finished run stays finished), each named volume is populated from the
 image by one service, replicas get stable `{slot}` names; the GPU services share what NCCL needs
-to see one host (#24); the control plane answers only its own names (#26). What a real engine
+to see one host; the control plane answers only its own names. What a real engine
 does with them: scripts/compose_e2e.sh (docs/deploy.md)."""
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def test_replicated_workers_get_stable_slot_names(service, slot_name):
 
 def test_every_gpu_service_shares_the_host_ipc_and_one_nccl_host_id():
     """NCCL compares host hashes (hostname-based per container unless NCCL_HOSTID is set) and needs
-    a shared /dev/shm for SHM/CUDA IPC: otherwise the weight sync goes over NET/Socket (#24)."""
+    a shared /dev/shm for SHM/CUDA IPC: otherwise the weight sync goes over NET/Socket."""
     doc = load_compose()
     gpu = {n: s for n, s in services_of(doc, "gpu").items() if role_of(s) in ("learner", "rollout")}
     assert len(gpu) >= 2 and any(n.startswith("rollout-") for n in gpu)

@@ -357,7 +357,7 @@ def test_k8s_configs_differ_from_the_compose_ones_only_in_addresses(k8s_config, 
 @pytest.mark.parametrize("target, namespace", [("overlays/gpu", "stare"), ("overlays/cpu-dev", "stare-dev")])
 def test_control_plane_trusts_only_its_service_names_and_localhost(rendered, target, namespace):
     """control_plane.trusted_hosts: the Service's DNS names in the overlay's namespace and localhost (the
-    probes send Host: localhost), never "*" (#26)."""
+    probes send Host: localhost), never "*"."""
     config = next(o for o in objects(rendered, target, "ConfigMap") if "stare.yaml" in o.get("data", {}))
     hosts = build_config(yaml.safe_load(config["data"]["stare.yaml"])).control_plane.trusted_hosts
     service = named(rendered, target, "Service", "stare-control")["metadata"]
@@ -380,7 +380,7 @@ def test_control_plane_trusts_only_its_service_names_and_localhost(rendered, tar
 
 def test_gpu_overlay_lets_nccl_see_one_host_per_node(rendered):
     """Learner and rollout pods on one node: hostIPC, the node's /dev/shm (not a per-pod emptyDir),
-    and NCCL_HOSTID = the node's name (#24)."""
+    and NCCL_HOSTID = the node's name."""
     for kind, name in (("Job", "stare-learner"), ("Deployment", "stare-rollout")):
         pod = named(rendered, "overlays/gpu", kind, name)["spec"]["template"]["spec"]
         assert pod["hostIPC"] is True, name

@@ -16,7 +16,7 @@ from deploy_helpers import REPO, control_plane_status
 from kustomize_lite import render
 
 DASHBOARD = REPO / "deploy" / "monitoring" / "grafana" / "dashboards" / "stare.json"
-# the panels issue 17 asks for (title -> a metric it must query)
+# the dashboard's panels (title -> a metric it must query)
 REQUIRED_PANELS = {
     "Entropy, target and band": "stare_entropy_band_low",
     "Gate": "stare_gate",
