@@ -1,4 +1,4 @@
-"""`stare launch --ray` end to end on a local Ray cluster (CPU): control, learner, 2 rollout and
+"""`stare up --target ray` (old spelling `stare launch --ray`) end to end on a local Ray cluster (CPU): control, learner, 2 rollout and
 1 reward actors against a real redis-server, with real weight broadcast between actors.
 
 A rollout actor's process is SIGKILLed mid-run; Ray must restart it (a new pid, reporting
