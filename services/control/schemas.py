@@ -92,7 +92,12 @@ class RunCommandResult(BaseModel):
 
 class StatusView(BaseModel):
     run_id: str
-    phase: str = Field(description="waiting (no learner yet), starting, training, paused, finished or failed")
+    phase: str = Field(
+        description="waiting (no learner yet), starting, training, paused, finished, stopped, failed, or down: the "
+        "learner said starting/training/paused but has sent no heartbeat for system.dead_after_s (15 s by default)"
+    )
+    last_phase: str | None = Field(None, description="With phase down: the phase the learner last wrote.")
+    reason: str | None = Field(None, description="Why the phase is down or failed, and what to do.")
     step: int | None = None
     weight_version: int | None = None
     tokens_per_s: float | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 
 from stare.config.base import _Section
 
@@ -126,7 +126,9 @@ class SystemSection(_Section):
     dead_after_s: float = Field(
         15.0,
         gt=0,
-        description="A role whose last heartbeat is older than this is reported dead.",
+        description="A role whose last heartbeat is older than this is reported down (dead), and /v1/status says "
+        "phase down when it is the learner: at most this long after it died, at least this minus heartbeat_s. At "
+        "least 2 x heartbeat_s, so that one late beat does not mark a live role down.",
     )
     forget_after_s: float = Field(
         300.0,
@@ -184,6 +186,15 @@ class SystemSection(_Section):
         description="Port of each role's HTTP liveness endpoint GET /healthz (0: off; the "
         "STARE_HEALTH_PORT environment variable overrides it). The control plane has its own /v1/health.",
     )
+
+    @model_validator(mode="after")
+    def _dead_after_spans_two_beats(self) -> SystemSection:
+        if self.dead_after_s < 2 * self.heartbeat_s:
+            raise ValueError(
+                f"system.dead_after_s {self.dead_after_s:g} is under 2 x system.heartbeat_s {self.heartbeat_s:g}: "
+                "one late heartbeat would report a live role down; raise dead_after_s or lower heartbeat_s"
+            )
+        return self
 
 
 class ControlPlaneSection(_Section):
