@@ -208,7 +208,15 @@ class ControlPlaneSection(_Section):
         description="File holding the bearer token for mutating endpoints (STARE_API_TOKEN in the "
         "environment takes precedence). No token: mutating endpoints are refused unless allow_unauthenticated.",
     )
-    auth_reads: bool = Field(False, description="Require the token on read endpoints too.")
+    read_token_file: Path | None = Field(
+        None,
+        description="File holding a token that only reads (STARE_API_READ_TOKEN in the environment takes "
+        "precedence): for Prometheus, Grafana and dashboard viewers, who then never hold the write token. With one, "
+        "every read endpoint needs a token (this one or the write token). The compose deployment sets it.",
+    )
+    auth_reads: bool = Field(
+        False, description="Require a token on read endpoints too (the write token, or the read token when one is set)."
+    )
     allow_unauthenticated: bool = Field(
         False,
         description="Allow mutating calls without any token configured (local experiments only).",

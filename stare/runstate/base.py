@@ -20,9 +20,10 @@ What lives here:
   validated against `ControllerConfig` merged with the published config and earlier pending
   changes, each with an audit entry {id, who, when, old, new} and, once the learner applied it,
   the step it applied at (or the reason it could not);
-* run commands: paused (a flag the learner honours between steps) and checkpoint requests.
+* run commands: paused (a flag the learner honours between steps) and checkpoint requests, and
+  their audit log {id, who, when, command} (pause, resume, checkpoint through the API).
 
-Not covered: authentication (the API's job) and history of pause/resume commands.
+Not covered: authentication (the API's job).
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ SETTABLE_FIELDS = tuple(ControllerConfig.model_fields)
 
 class RunStateUnavailable(RuntimeError):
     """The store did not answer within its retry budget (Redis down or restarting)."""
+
+
+class RunStateMalformed(RuntimeError):
+    """A value in the store is not what stare writes there (another Redis type under a run-state key, a
+    number that is not one, a published state that does not validate): something else wrote it. The
+    message names the key and the fix; the API answers 500 with it, never a bare traceback."""
 
 
 class NoControllerError(LookupError):
@@ -93,6 +100,18 @@ class AuditEntry(BaseModel):
     new: dict[str, Any]
     applied_step: int | None = None
     error: str | None = None
+
+
+RunCommand = Literal["pause", "resume", "checkpoint"]
+
+
+class CommandEntry(BaseModel):
+    """One run command sent through the control plane (who as the audit log of entropy changes)."""
+
+    id: int
+    who: str
+    when: float
+    command: RunCommand
 
 
 class MetricsPage(BaseModel):
@@ -164,6 +183,14 @@ class RunState(Protocol):
     def checkpoint_requested(self) -> bool: ...
 
     def take_checkpoint_request(self) -> bool: ...
+
+    def record_command(self, command: RunCommand, who: str) -> CommandEntry:
+        """Append a run command to its audit log (trimmed to the last max_audit); returns its entry."""
+        ...
+
+    def commands(self, limit: int = 100) -> list[CommandEntry]:
+        """The last `limit` run commands, oldest first."""
+        ...
 
 
 # -- shared logic of both implementations -------------------------------------------------------

@@ -6,21 +6,18 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from services.control.deps import StateDep
-from services.control.schemas import StatusView
+from services.control.schemas import StatusView, sanitized_status
 from stare.runstate.base import effective_phase
 
 router = APIRouter(tags=["status"])
-_LEARNER_FIELDS = tuple(
-    set(StatusView.model_fields) - {"run_id", "paused", "checkpoint_requested", "roles", "last_phase"}
-)
 
 
 @router.get("/status", response_model=StatusView, summary="Run id, phase, step, throughput, queues, staleness, roles")
 def get_status(state: StateDep, request: Request) -> StatusView:
-    written = state.status() or {"phase": "waiting"}  # the learner's fields; the rest is read here
-    fields = {k: written[k] for k in _LEARNER_FIELDS if written.get(k) is not None}
+    written = state.status() or {}  # the learner's fields; the rest is read here
+    fields = sanitized_status(written)
     roles = state.roles()
-    fields |= effective_phase(written, roles, state.dead_after_s)
+    fields |= effective_phase(fields, roles, state.dead_after_s)
     return StatusView(
         run_id=request.app.state.run_id,
         **fields,

@@ -1,7 +1,7 @@
 """`stare ctl`: a small HTTP client of the control plane (httpx, timeouts on every call).
 
     stare ctl status | entropy [--target T --band LO HI --w W --m M --adaptive/--no-adaptive]
-              | pause | resume | checkpoint | history [--limit N] | audit
+              | pause | resume | checkpoint | history [--limit N] | audit [--run]
     --url (default http://127.0.0.1:8321; STARE_CONTROL_URL), --token (default STARE_API_TOKEN)
 
 Prints JSON (or a short table for history); `status` also says on stderr what is down (the phase,
@@ -57,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h = sub.add_parser("history", help="recent step metrics")
     h.add_argument("--limit", type=int, default=20, help="how many recent steps")
     h.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    sub.add_parser("audit", help="the log of controller changes")
+    a = sub.add_parser("audit", help="the log of controller changes")
+    a.add_argument("--run", action="store_true", help="the log of pause, resume and checkpoint commands instead")
 
 
 def entropy_changes(args: argparse.Namespace) -> dict[str, Any]:
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
                 return 0
             out = page
         else:  # audit
-            out = _call(args, "GET", "/v1/entropy/audit")
+            out = _call(args, "GET", "/v1/run/audit" if args.run else "/v1/entropy/audit")
     except CtlError as err:
         print(f"stare ctl: {err}", file=sys.stderr)
         return err.code
