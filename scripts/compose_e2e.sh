@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
-# The compose `cpu` profile, really run, end to end, as docs/deploy.md tells a user to run it:
+# The compose `cpu` profile, really run, end to end, as docs/deploy.md tells a user to run it: the
+# commands of its sections "The CPU profile" and "Stopping, killing and restarting a role" are read
+# from the page (scripts/doc_commands.py) and run as written (`doc_run`); the one this host cannot
+# run as written (the image build: no Docker Hub here) is replaced with the reason printed
+# (`doc_replaced`), and the run fails if the page holds a command it neither ran nor replaced
+# (tests/deploy/test_compose_guide.py checks the same without Docker):
 #
 #   scripts/compose_e2e.sh                  # ~10 min here the first time (image build), ~5 min after
 #
 # Phases (each one's time is printed; any failure prints the containers' logs and exits non-zero):
 #   build      the CPU image (deploy/docker/Dockerfile.cpu; Docker's layer cache makes a second run quick)
 #   secrets    scripts/make_secrets.sh (the documented command; existing secrets are kept)
-#   up         docker compose --profile cpu up -d; every container healthy
+#   preflight  scripts/compose_preflight.py --profile cpu: refuses, naming the holder, while another
+#              process holds the control port, and creates no container; then passes
+#   up         docker compose --profile cpu up -d; every container healthy; ps; GET /v1/status as documented
+#   names      every rollout and reward container runs the worker of its own name (stare-e2e-rollout-cpu-2:
+#              rollout-cpu-2)
 #   steps      the learner's step advances (GET /v1/status with the token)
 #   entropy    PATCH /v1/entropy with the token, read back once the learner applied it
 #   crash      SIGKILL of the learner container's process: Docker restarts it (on-failure), it
 #              resumes at its newest checkpoint, and metrics.jsonl holds every step once
+#   kill       docker compose kill learner-cpu (a manual stop): /v1/status says phase "down" within
+#              30 s, Docker has not restarted it; docker compose up -d: it resumes, each step once
 #   redeploy   docker compose down, then up: the run resumes with the changed target, and the
 #              workers take their predecessors' names (no new names in /v1/status)
 #   monitoring --profile monitoring: Prometheus scrapes /metrics with the token, target "up"
 #   finish     the run finishes: status "finished", the learner exited 0 and is not restarted,
 #              rollout and reward workers idle and healthy, nothing restarts for a while
-#   down       docker compose down -v
+#   down       docker compose down -v; every documented command was run (or replaced, saying why)
 #
 # It uses a compose project of its own (STARE_E2E_PROJECT, default stare-e2e) on free loopback
 # ports, and a compose override (written to a temporary folder) that mounts a copy of
@@ -47,6 +58,7 @@ PHASE_T=$T0
 PHASE=start
 TIMINGS=()
 WHEEL_PID=
+HOLDER_PID=
 
 say() { printf '[compose-e2e %4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*" >&2; }
 die() { say "FAILED in phase $PHASE: $*"; exit 1; }
@@ -88,6 +100,7 @@ DC=(docker compose)
 cleanup() {
   local rc=$?
   [ -n "$WHEEL_PID" ] && kill "$WHEEL_PID" 2>/dev/null || true
+  [ -n "$HOLDER_PID" ] && kill "$HOLDER_PID" 2>/dev/null || true
   if [ $rc -ne 0 ] && [ "$PHASE" != build ]; then
     say "container states:"; "${DC[@]}" ps -a >&2 || true
     for id in $("${DC[@]}" --profile monitoring ps -a -q 2>/dev/null); do
@@ -116,6 +129,44 @@ RUN_NAME=$(sed -n 's/^  name: //p' "$WORK/stare.yaml" | head -n1)
     printf '  %s:\n    volumes:\n      - %s/stare.yaml:/etc/stare/stare.yaml:ro\n' "$s" "$WORK"
   done
 } >"$WORK/e2e.override.yml"
+
+# ---- the documented commands (docs/deploy.md), run as written -----------------------------------------
+DOC=docs/deploy.md
+DOC_SECTIONS=("The CPU profile" "Stopping, killing and restarting a role")
+DOC_LINES=()
+for section in "${DOC_SECTIONS[@]}"; do
+  lines=$(python3 scripts/doc_commands.py "$DOC" "$section") || die "could not read the commands of $DOC, \"$section\""
+  mapfile -t -O "${#DOC_LINES[@]}" DOC_LINES <<<"$lines"
+done
+: >"$WORK/doc_done"
+doc_line() {  # doc_line PREFIX: the documented command that starts with PREFIX (one distinct line)
+  local prefix=$1 line found=
+  for line in "${DOC_LINES[@]}"; do
+    if [[ "$line" == "$prefix"* ]]; then
+      [ -z "$found" ] || [ "$found" = "$line" ] || die "two documented commands start with '$prefix'"
+      found=$line
+    fi
+  done
+  [ -n "$found" ] || die "$DOC documents no command starting with '$prefix' (the page and this script disagree)"
+  printf '%s\n' "$found"
+}
+doc_run() {  # doc_run PREFIX: run the documented command as written (bash -c, this script's environment)
+  local line; line=$(doc_line "$1") || exit 1
+  printf '%s\n' "$line" >>"$WORK/doc_done"
+  say "\$ $line"
+  bash -c "$line"
+}
+doc_replaced() {  # doc_replaced PREFIX REASON: a documented command this host runs differently
+  local line; line=$(doc_line "$1") || exit 1
+  printf '%s\n' "$line" >>"$WORK/doc_done"
+  say "instead of \`$line\`: $2"
+}
+doc_all_done() {
+  local line missing=()
+  for line in "${DOC_LINES[@]}"; do grep -qxF -- "$line" "$WORK/doc_done" || missing+=("$line"); done
+  [ ${#missing[@]} -eq 0 ] || die "$DOC documents commands this run did not run: $(printf "'%s' " "${missing[@]}")"
+}
+doc_phase() { doc_run "curl -s -H" 2>/dev/null | json 'd["phase"]' 2>/dev/null || echo "?"; }  # GET /v1/status as documented
 
 # ---- helpers -----------------------------------------------------------------------------------------
 TOKEN_FILE=deploy/secrets/api-token
@@ -176,6 +227,7 @@ EOF
 
 # ---- build ---------------------------------------------------------------------------------------------
 phase build
+doc_replaced "docker compose --profile cpu build" "docker build of the same Dockerfile and tag ($IMAGE), with this host's local base image and wheel folder where Docker Hub and the package index are out of reach"
 BUILD_ARGS=()
 WHEELS=${STARE_E2E_WHEELS:-$(pip config get global.find-links 2>/dev/null || true)}
 if [ -n "$WHEELS" ] && [ -d "$WHEELS" ]; then
@@ -194,13 +246,43 @@ DOCKER_BUILDKIT=0 docker build --network host -q -f deploy/docker/Dockerfile.cpu
 
 # ---- secrets -------------------------------------------------------------------------------------------
 phase secrets
-scripts/make_secrets.sh >&2
+doc_run "scripts/make_secrets.sh" >&2
+
+# ---- preflight -------------------------------------------------------------------------------------------
+phase preflight
+"${DC[@]}" down -v --remove-orphans >/dev/null 2>&1 || true   # a previous run's leftovers
+# another process on the control port (as a `stare train` on 8321 would be): refused whole, naming it
+python3 -c 'import socket, sys, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen(1); print("held", flush=True); time.sleep(120)' \
+  "$STARE_CONTROL_PORT" >"$WORK/holder.out" &
+HOLDER_PID=$!
+wait_for "the stand-in holder on port $STARE_CONTROL_PORT" 20 grep -qx held "$WORK/holder.out"
+if doc_run "scripts/compose_preflight.py" 2>"$WORK/preflight.err"; then die "the preflight passed while pid $HOLDER_PID held port $STARE_CONTROL_PORT"; fi
+cat "$WORK/preflight.err" >&2
+grep -q "is in use by pid $HOLDER_PID (" "$WORK/preflight.err" || die "the preflight did not name pid $HOLDER_PID as the holder"
+[ -z "$("${DC[@]}" ps -a -q)" ] || die "containers exist after a refused preflight"
+kill "$HOLDER_PID"; wait "$HOLDER_PID" 2>/dev/null || true; HOLDER_PID=
+doc_run "scripts/compose_preflight.py" >&2
 
 # ---- up --------------------------------------------------------------------------------------------------
 phase up
-"${DC[@]}" down -v --remove-orphans >/dev/null 2>&1 || true   # a previous run's leftovers
-"${DC[@]}" --profile cpu up -d --no-build >&2
+doc_run "docker compose --profile cpu up -d" >&2   # builds nothing: the image exists (phase build)
 wait_for "every container healthy" "$TIMEOUT" all_healthy
+doc_run "docker compose --profile cpu ps" >&2
+[ "$(doc_phase)" != "?" ] || die "the documented GET /v1/status (with the read token) did not answer"
+
+# ---- names -----------------------------------------------------------------------------------------------
+phase names
+names_agree() {  # each rollout/reward container runs the worker named after it (<project>-<name>)
+  local id container host worker
+  for id in $("${DC[@]}" ps -q rollout-cpu reward-cpu); do
+    container=$(docker inspect -f '{{.Name}}' "$id" | tr -d /)
+    host=$(docker inspect -f '{{.Config.Hostname}}' "$id")
+    worker=$(api GET /v1/status | json "[r['name'] for r in d['roles'] if r['host'] == '$host' and r['state'] == 'alive']" )
+    [ "$worker" = "['${container#"$PROJECT"-}']" ] || { say "container $container (host $host) runs $worker"; return 1; }
+  done
+}
+wait_for "every rollout and reward container to run the worker of its name" 60 names_agree
+say "workers: $(worker_names)"
 
 # ---- steps -----------------------------------------------------------------------------------------------
 phase steps
@@ -241,6 +323,30 @@ wait_for "the restarted learner's steps" "$TIMEOUT" step_at_least $(( killed_at 
   || die "resumed at step $resumed, not the newest checkpoint before step $killed_at"
 check_each_step_once "$killed_at"
 say "resumed at checkpoint step $resumed (killed at $killed_at); metrics.jsonl holds each step once"
+
+# ---- kill ------------------------------------------------------------------------------------------------
+phase kill
+learner=$(container_of learner-cpu)
+before=$(docker inspect -f '{{.RestartCount}}' "$learner")
+resumes=$(docker logs "$learner" 2>&1 | grep -c "resumed .* at step" || true)
+wait_for "a step after the crash phase" 120 step_at_least $(( $(learner_step) + 1 ))
+killed_at=$(learner_step)
+doc_run "docker compose --profile cpu kill learner-cpu" >&2
+t_kill=$(date +%s)
+phase_is() { [ "$(doc_phase)" = "$1" ]; }
+wait_for "/v1/status to say phase down" 30 phase_is down
+say "phase down $(( $(date +%s) - t_kill )) s after the kill (step $killed_at): $(api GET /v1/status | json 'd["reason"]')"
+[ "$(docker inspect -f '{{.State.Status}}' "$learner")" = exited ] || die "the killed learner is $(docker inspect -f '{{.State.Status}}' "$learner")"
+[ "$(docker inspect -f '{{.RestartCount}}' "$learner")" = "$before" ] || die "Docker restarted the learner after docker kill"
+[ "$(api GET /v1/status | json '[r["state"] for r in d["roles"] if r["role"] == "learner"]')" = "['down']" ] \
+  || die "the killed learner's role is not listed down"
+doc_run "docker compose --profile cpu up -d" >&2
+said_resumed_again() { [ "$(docker logs "$learner" 2>&1 | grep -c "resumed .* at step" || true)" -gt "$resumes" ]; }
+wait_for "the learner started again to say 'resumed ... at step N'" "$TIMEOUT" said_resumed_again
+wait_for "the phase to say training again" 120 phase_is training
+wait_for "its steps" "$TIMEOUT" step_at_least $(( killed_at + 2 ))
+check_each_step_once "$killed_at"
+say "up -d: the learner resumed at step $(resumed_step) (killed at step $killed_at); each step once"
 
 # ---- redeploy --------------------------------------------------------------------------------------------
 phase redeploy
@@ -303,6 +409,7 @@ say "finished at step $STEPS; the learner exited 0 and stayed down; workers idle
 phase down
 "${DC[@]}" --profile cpu --profile monitoring down -v >&2
 [ -z "$(docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT")" ] || die "volumes left after down -v"
+doc_all_done
 phase end
 
 echo "compose e2e passed in $(( $(date +%s) - T0 )) s"

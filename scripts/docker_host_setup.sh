@@ -3,7 +3,7 @@
 # machines: Debian bookworm, root, no systemd). Not part of stare: on a machine with Docker and
 # Compose v2 and access to Docker Hub, skip this file and run scripts/compose_e2e.sh directly.
 #
-#   sudo scripts/docker_host_setup.sh        # idempotent; each step is skipped when already done
+#   scripts/docker_host_setup.sh             # as root; idempotent: each step is skipped when already done
 #
 # What it does, each only when missing:
 #   1. apt-get install docker.io (Engine 20.10) and mmdebstrap; start dockerd by hand (overlay2)
@@ -19,6 +19,7 @@
 #        stare-prometheus:bookworm  Debian's prometheus (2.42) + wget for the healthcheck
 # Everything comes from the Debian and PyPI registries; nothing else is contacted.
 set -euo pipefail
+[ "$(id -u)" = 0 ] || { echo "docker_host_setup: run it as root (it installs packages, starts dockerd and builds images)" >&2; exit 2; }
 
 STATE=/var/cache/stare-docker-setup
 DOCKER_CONFIG=${DOCKER_CONFIG:-$HOME/.docker}

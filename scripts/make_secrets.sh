@@ -2,7 +2,7 @@
 # Create every secret the compose file mounts and the Kubernetes base reads (the one documented way;
 # docker-compose.yml's header, README and docs/deploy.md point here):
 #
-#   scripts/make_secrets.sh            # deploy/secrets/{api-token,redis-password}
+#   scripts/make_secrets.sh            # deploy/secrets/{api-token,api-read-token,redis-password}
 #   scripts/make_secrets.sh DIR        # the same files under DIR (e.g. deploy/k8s/base/secrets)
 #
 # Each secret is 32 random bytes as hex, mode 0444 (the containers run as other users than the
@@ -11,7 +11,7 @@
 set -eu
 
 DIR=${1:-"$(cd "$(dirname "$0")/.." && pwd)/deploy/secrets"}
-SECRETS="api-token redis-password"   # docker-compose.yml `secrets:` (tests/deploy/test_compose.py checks it)
+SECRETS="api-token api-read-token redis-password"   # docker-compose.yml `secrets:` (tests/deploy checks it)
 
 mkdir -p "$DIR"
 umask 077

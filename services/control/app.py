@@ -3,7 +3,8 @@
 The app keeps no run state of its own (only its settings and the auth policy), so several replicas
 can serve one Redis. Errors are JSON `{"detail": "...", "errors": [{"field", "message"}]}`: 422
 names the field (body validation, band order, bounds); before a learner has published its controller,
-GET /v1/entropy is 404 and a change 409; 503 when the store does not answer within its retry budget.
+GET /v1/entropy is 404 and a change 409; 503 when the store does not answer within its retry budget;
+500 naming the key and the fix when it holds what stare does not write (RunStateMalformed).
 Before any route: security headers (outermost: on every reply), limits.BodyLimit (413/408), security
 (trusted hosts, same-origin changes);
 openapi.py makes the spec say what this instance does (auth per operation, error bodies).
@@ -19,7 +20,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.control import openapi, security
-from services.control.auth import ReadAuth, policy_from, resolve_token
+from services.control.auth import ReadAuth, policy_from, resolve_read_token, resolve_token
 from services.control.limits import BodyLimit
 from services.control.routes import (
     dashboard,
@@ -31,7 +32,7 @@ from services.control.routes import (
     status,
 )
 from stare.config import ControlPlaneSection
-from stare.runstate.base import EntropyChangeError, RunState, RunStateUnavailable
+from stare.runstate.base import EntropyChangeError, RunState, RunStateMalformed, RunStateUnavailable
 
 API_VERSION = "v1"
 
@@ -69,12 +70,24 @@ async def _http_error(request: Request, exc: StarletteHTTPException):
     )
 
 
+async def _malformed(request: Request, exc: RunStateMalformed) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=500)
+
+
 async def _unavailable(request: Request, exc: RunStateUnavailable) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "2"})
 
 
-def create_app(state: RunState, settings: ControlPlaneSection, run_id: str, *, token: str | None = None) -> FastAPI:
-    """The API. `token`: the bearer token (None: STARE_API_TOKEN, else control_plane.token_file; "": none)."""
+def create_app(
+    state: RunState,
+    settings: ControlPlaneSection,
+    run_id: str,
+    *,
+    token: str | None = None,
+    read_token: str | None = None,
+) -> FastAPI:
+    """The API. `token`: the write token (None: STARE_API_TOKEN, else control_plane.token_file; "": none);
+    `read_token` likewise (STARE_API_READ_TOKEN, control_plane.read_token_file)."""
     app = FastAPI(
         title="stare control plane",
         version=API_VERSION,
@@ -83,10 +96,15 @@ def create_app(state: RunState, settings: ControlPlaneSection, run_id: str, *, t
         redoc_url=None,
     )
     app.state.run_state, app.state.run_id, app.state.settings = state, run_id, settings
-    app.state.auth = policy_from(settings, token if token is not None else resolve_token(settings))
+    app.state.auth = policy_from(
+        settings,
+        token if token is not None else resolve_token(settings),
+        read_token if read_token is not None else resolve_read_token(settings),
+    )
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(EntropyChangeError, _change_error)
     app.add_exception_handler(RunStateUnavailable, _unavailable)
+    app.add_exception_handler(RunStateMalformed, _malformed)
     app.add_exception_handler(StarletteHTTPException, _http_error)
 
     v1 = APIRouter(prefix=f"/{API_VERSION}")

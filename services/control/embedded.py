@@ -22,7 +22,7 @@ class EmbeddedControlPlane:
         settings = cfg.control_plane
         token = resolve_token(settings)
         self.server = BackgroundServer(
-            create_app(state, settings, cfg.run.name, token=token), settings.host, settings.port
+            create_app(state, settings, cfg.run.name, token=token), settings.host, settings.port, say=log
         )
         self.info_path = Path(cfg.run_dir) / "control.json"
         self.log = log

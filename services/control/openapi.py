@@ -32,9 +32,11 @@ class ErrorBody(BaseModel):
 
 
 def _needs_token(policy: AuthPolicy, method: str) -> bool:
-    if policy.token is None and policy.allow_unauthenticated:
-        return False
-    return method != "get" or policy.auth_reads
+    if method == "get":
+        return policy.reads_need_token and not (
+            policy.token is None and policy.read_token is None and policy.allow_unauthenticated
+        )
+    return not (policy.token is None and policy.allow_unauthenticated)
 
 
 def _error(description: str) -> dict[str, Any]:

@@ -27,6 +27,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from services.control.schemas import sanitized_status
+
 # metric name -> (metrics.jsonl key, help)
 STEP_GAUGES = {
     "stare_entropy": ("entropy", "Batch-mean token entropy of the last step (nats)"),
@@ -246,6 +248,7 @@ class RunStateCollector(Collector):
         with self._lock:
             h = self._catch_up()
             status, roles, paused = self.state.status(), self.state.roles(), self.state.paused()
+            status = None if status is None else sanitized_status(status)  # a wrong-typed field is left out
             yield from state_families(self.run_id, h.last, status, roles, paused)
             if h.eval_accuracy is not None:
                 yield _gauge(

@@ -8,13 +8,16 @@ by `stare.runstate.base.validate_change`.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import PydanticUndefined
 
 from stare.config.algo import ControllerConfig
-from stare.runstate.base import AuditEntry, RoleHealth
+from stare.runstate.base import AuditEntry, CommandEntry, RoleHealth
+
+log = logging.getLogger(__name__)
 
 _BODY = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -88,11 +91,17 @@ class RunCommandResult(BaseModel):
     paused: bool
     checkpoint_requested: bool
     message: str
+    audit: CommandEntry = Field(description="The command's entry in the run's command audit log (GET /v1/run/audit).")
 
 
 class StatusView(BaseModel):
     run_id: str
-    phase: str = Field(description="waiting (no learner yet), starting, training, paused, finished or failed")
+    phase: str = Field(
+        description="waiting (no learner yet), starting, training, paused, finished, stopped, failed, or down: the "
+        "learner said starting/training/paused but has sent no heartbeat for system.dead_after_s (15 s by default)"
+    )
+    last_phase: str | None = Field(None, description="With phase down: the phase the learner last wrote.")
+    reason: str | None = Field(None, description="Why the phase is down or failed, and what to do.")
     step: int | None = None
     weight_version: int | None = None
     tokens_per_s: float | None = None
@@ -109,3 +118,37 @@ class StatusView(BaseModel):
 
 class Health(BaseModel):
     status: str
+
+
+_STATUS_FIELDS = (
+    "step",
+    "weight_version",
+    "tokens_per_s",
+    "nonfinite_steps",
+    "step_time_s",
+    "queue_depths",
+    "dead_letters",
+    "staleness",
+    "updated_at",
+    "reason",
+    "phase",
+)
+_STATUS_TYPES = {name: TypeAdapter(StatusView.model_fields[name].annotation) for name in _STATUS_FIELDS}
+
+
+def sanitized_status(written: dict[str, Any], key: str = "status") -> dict[str, Any]:
+    """The learner's status fields that have their StatusView type; a field that does not (written by
+    something other than the learner) is left out with a warning naming it, so one bad value never
+    fails the whole answer. A status without a valid phase reads "unknown"."""
+    fields: dict[str, Any] = {}
+    for name, adapter in _STATUS_TYPES.items():
+        value = written.get(name)
+        if value is None:
+            continue
+        try:
+            fields[name] = adapter.validate_python(value, strict=name == "phase")
+        except ValidationError as err:
+            log.warning("run state: %s.%s holds %.80r (%s): left out", key, name, value, err.errors()[0]["msg"])
+    if "phase" not in fields:
+        fields["phase"] = "waiting" if not written else "unknown"
+    return fields

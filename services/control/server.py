@@ -17,14 +17,17 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from stare.config import ControlPlaneSection
+from stare.runtime.net import port_in_use
 
 log = logging.getLogger(__name__)
 
 
-def bind(host: str, port: int, *, fallback: bool = True) -> socket.socket:
-    """A listening socket on host:port; port 0 or (with fallback) a taken port gives a free one."""
+def bind(host: str, port: int, *, fallback: bool = True, say: Callable[[str], None] | None = None) -> socket.socket:
+    """A listening socket on host:port; port 0 or (with fallback) a taken port gives a free one, and
+    `say` (else a log warning) gets one line naming the process that holds the configured port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     for candidate in (port, 0) if port and fallback else (port,):
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # see the module docstring
@@ -34,7 +37,11 @@ def bind(host: str, port: int, *, fallback: bool = True) -> socket.socket:
         except OSError as err:
             sock.close()
             if err.errno == errno.EADDRINUSE and candidate != 0:
-                log.warning("control plane: port %d is taken; using a free port", candidate)
+                (say or log.warning)(
+                    f"control plane: {port_in_use(host, candidate)}; serving on a free port instead "
+                    "(control_plane.port chooses one; a compose deployment publishes 8321 too: STARE_CONTROL_PORT "
+                    "moves it)"
+                )
                 continue
             raise
         sock.listen(128)
@@ -83,10 +90,10 @@ def serve_forever(app, host: str, port: int) -> None:
 class BackgroundServer:
     """uvicorn in a daemon thread. `start()` returns once it accepts connections; `stop()` ends it."""
 
-    def __init__(self, app, host: str, port: int):
+    def __init__(self, app, host: str, port: int, say: Callable[[str], None] | None = None):
         import uvicorn
 
-        self.sock = bind(host, port)
+        self.sock = bind(host, port, say=say)
         self.url = url_of(self.sock)
         self.server = uvicorn.Server(_config(app, self.sock))
         self.thread = threading.Thread(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 
 from stare.config.base import _Section
 
@@ -126,7 +126,9 @@ class SystemSection(_Section):
     dead_after_s: float = Field(
         15.0,
         gt=0,
-        description="A role whose last heartbeat is older than this is reported dead.",
+        description="A role whose last heartbeat is older than this is reported down (dead), and /v1/status says "
+        "phase down when it is the learner: at most this long after it died, at least this minus heartbeat_s. At "
+        "least 2 x heartbeat_s, so that one late beat does not mark a live role down.",
     )
     forget_after_s: float = Field(
         300.0,
@@ -185,6 +187,15 @@ class SystemSection(_Section):
         "STARE_HEALTH_PORT environment variable overrides it). The control plane has its own /v1/health.",
     )
 
+    @model_validator(mode="after")
+    def _dead_after_spans_two_beats(self) -> SystemSection:
+        if self.dead_after_s < 2 * self.heartbeat_s:
+            raise ValueError(
+                f"system.dead_after_s {self.dead_after_s:g} is under 2 x system.heartbeat_s {self.heartbeat_s:g}: "
+                "one late heartbeat would report a live role down; raise dead_after_s or lower heartbeat_s"
+            )
+        return self
+
 
 class ControlPlaneSection(_Section):
     """The control plane (FastAPI; `stare control`, and on localhost inside `stare train`)."""
@@ -197,7 +208,15 @@ class ControlPlaneSection(_Section):
         description="File holding the bearer token for mutating endpoints (STARE_API_TOKEN in the "
         "environment takes precedence). No token: mutating endpoints are refused unless allow_unauthenticated.",
     )
-    auth_reads: bool = Field(False, description="Require the token on read endpoints too.")
+    read_token_file: Path | None = Field(
+        None,
+        description="File holding a token that only reads (STARE_API_READ_TOKEN in the environment takes "
+        "precedence): for Prometheus, Grafana and dashboard viewers, who then never hold the write token. With one, "
+        "every read endpoint needs a token (this one or the write token). The compose deployment sets it.",
+    )
+    auth_reads: bool = Field(
+        False, description="Require a token on read endpoints too (the write token, or the read token when one is set)."
+    )
     allow_unauthenticated: bool = Field(
         False,
         description="Allow mutating calls without any token configured (local experiments only).",

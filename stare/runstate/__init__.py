@@ -3,6 +3,7 @@
 
 from stare.runstate.base import (
     AuditEntry,
+    CommandEntry,
     EntropyChangeError,
     Heartbeat,
     MetricsPage,
@@ -16,6 +17,7 @@ from stare.runstate.steering import RunSteering, StepDirectives
 
 __all__ = [
     "AuditEntry",
+    "CommandEntry",
     "EntropyChangeError",
     "Heartbeat",
     "MemoryRunState",

@@ -12,16 +12,18 @@ What lives here:
   exit). A role that is not alive stays listed for `forget_after_s` after its last beat, then
   `roles()` no longer lists it (and the Redis store deletes it), so redeploys leave no ghosts;
 * the run status the learner writes (phase, step, weight version, throughput, queue depths,
-  staleness) as a free-form JSON object;
+  staleness) as a free-form JSON object; a reader takes its phase only while the learner's heartbeat
+  is fresh: `effective_phase` turns starting/training/paused into "down" once no learner is alive;
 * the metrics history, one JSON object per step, under absolute indexes 0, 1, 2, ... (the oldest
   are dropped past `max_metrics`; `metrics_page(offset)` is also the "since" read of the SSE stream);
 * the entropy controller: the state the learner publishes after each step, and requested changes,
   validated against `ControllerConfig` merged with the published config and earlier pending
   changes, each with an audit entry {id, who, when, old, new} and, once the learner applied it,
   the step it applied at (or the reason it could not);
-* run commands: paused (a flag the learner honours between steps) and checkpoint requests.
+* run commands: paused (a flag the learner honours between steps) and checkpoint requests, and
+  their audit log {id, who, when, command} (pause, resume, checkpoint through the API).
 
-Not covered: authentication (the API's job) and history of pause/resume commands.
+Not covered: authentication (the API's job).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from __future__ import annotations
 import math
 import re
 import time
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -44,6 +47,12 @@ SETTABLE_FIELDS = tuple(ControllerConfig.model_fields)
 
 class RunStateUnavailable(RuntimeError):
     """The store did not answer within its retry budget (Redis down or restarting)."""
+
+
+class RunStateMalformed(RuntimeError):
+    """A value in the store is not what stare writes there (another Redis type under a run-state key, a
+    number that is not one, a published state that does not validate): something else wrote it. The
+    message names the key and the fix; the API answers 500 with it, never a bare traceback."""
 
 
 class NoControllerError(LookupError):
@@ -73,6 +82,10 @@ class Heartbeat(BaseModel):
 class RoleHealth(Heartbeat):
     alive: bool
     age_s: float
+    state: Literal["alive", "down", "gone"] = Field(
+        description="alive: a heartbeat within dead_after_s; gone: its last beat said it stopped cleanly; down: "
+        "no heartbeat for dead_after_s (crashed, killed, or a manual `docker kill`)"
+    )
 
 
 class AuditEntry(BaseModel):
@@ -87,6 +100,18 @@ class AuditEntry(BaseModel):
     new: dict[str, Any]
     applied_step: int | None = None
     error: str | None = None
+
+
+RunCommand = Literal["pause", "resume", "checkpoint"]
+
+
+class CommandEntry(BaseModel):
+    """One run command sent through the control plane (who as the audit log of entropy changes)."""
+
+    id: int
+    who: str
+    when: float
+    command: RunCommand
 
 
 class MetricsPage(BaseModel):
@@ -158,6 +183,14 @@ class RunState(Protocol):
     def checkpoint_requested(self) -> bool: ...
 
     def take_checkpoint_request(self) -> bool: ...
+
+    def record_command(self, command: RunCommand, who: str) -> CommandEntry:
+        """Append a run command to its audit log (trimmed to the last max_audit); returns its entry."""
+        ...
+
+    def commands(self, limit: int = 100) -> list[CommandEntry]:
+        """The last `limit` run commands, oldest first."""
+        ...
 
 
 # -- shared logic of both implementations -------------------------------------------------------
@@ -263,7 +296,44 @@ def page_bounds(first: int, total: int, offset: int, limit: int) -> tuple[int, i
 
 def role_health(heartbeat: Heartbeat, dead_after_s: float, now: float) -> RoleHealth:
     age = max(now - heartbeat.at, 0.0)
-    return RoleHealth(**heartbeat.model_dump(), alive=age < dead_after_s and not heartbeat.gone, age_s=age)
+    alive = age < dead_after_s and not heartbeat.gone
+    state: Literal["alive", "down", "gone"] = "gone" if heartbeat.gone else ("alive" if alive else "down")
+    return RoleHealth(**heartbeat.model_dump(), alive=alive, age_s=age, state=state)
+
+
+# The phases a learner writes while it runs; a reader believes them only while a learner is alive.
+ACTIVE_PHASES = frozenset({"starting", "training", "paused"})
+
+
+def effective_phase(written: Mapping[str, Any], roles: Sequence[RoleHealth], dead_after_s: float) -> dict[str, Any]:
+    """The status fields that follow the learner's heartbeat: {} while the phase the learner wrote
+    stands (it is not an active phase, or a learner role is alive), else {"phase": "down",
+    "last_phase": what it wrote, "reason": why, and what to do}. A learner's heartbeat thread beats
+    every system.heartbeat_s, so a dead learner reads "down" between dead_after_s - heartbeat_s and
+    dead_after_s after it died (13-15 s at the defaults)."""
+    phase = written.get("phase")
+    if phase not in ACTIVE_PHASES:
+        return {}
+    learners = [r for r in roles if r.role == "learner"]
+    if any(r.alive for r in learners):
+        return {}
+    if not learners:
+        why = "no learner heartbeat is listed (its last is older than system.forget_after_s)"
+    else:
+        last = min(learners, key=lambda r: r.age_s)
+        why = (
+            f"learner {last.name}'s last heartbeat, {last.age_s:.0f} s ago, said it stopped"
+            if last.gone
+            else f"no heartbeat from learner {last.name} for {last.age_s:.1f} s (system.dead_after_s {dead_after_s:g} s)"
+        )
+    step = written.get("step")
+    at_step = f" at step {step}" if isinstance(step, int) and not isinstance(step, bool) else ""
+    return {
+        "phase": "down",
+        "last_phase": phase,
+        "reason": f"{why}; it last said {phase}{at_step}; start it again (compose: docker compose up -d; it "
+        "resumes from its newest checkpoint)",
+    }
 
 
 def forgotten(health: RoleHealth, forget_after_s: float) -> bool:

@@ -16,9 +16,11 @@ from stare.runstate.base import (
     DEFAULT_MAX_AUDIT,
     DEFAULT_MAX_METRICS,
     AuditEntry,
+    CommandEntry,
     Heartbeat,
     MetricsPage,
     RoleHealth,
+    RunCommand,
     forgotten,
     json_safe,
     merged_config,
@@ -52,6 +54,8 @@ class MemoryRunState:
         self._audit: deque[AuditEntry] = deque(maxlen=max_audit)
         self._applied: dict[int, tuple[int, str | None]] = {}
         self._audit_seq = 0
+        self._commands: deque[CommandEntry] = deque(maxlen=max_audit)
+        self._command_seq = 0
         self._paused = False
         self._checkpoint = False
 
@@ -176,3 +180,14 @@ class MemoryRunState:
         with self._lock:
             taken, self._checkpoint = self._checkpoint, False
             return taken
+
+    def record_command(self, command: RunCommand, who: str) -> CommandEntry:
+        with self._lock:
+            self._command_seq += 1
+            entry = CommandEntry(id=self._command_seq, who=who, when=time.time(), command=command)
+            self._commands.append(entry)
+            return entry.model_copy()
+
+    def commands(self, limit: int = 100) -> list[CommandEntry]:
+        with self._lock:
+            return [e.model_copy() for e in list(self._commands)[-limit:]] if limit > 0 else []

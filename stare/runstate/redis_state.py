@@ -14,6 +14,8 @@ Semantics are MemoryRunState's (base.py). Keys, all under `stare:{run_id}:`:
     entropy:seq         int   last audit id
     paused              str   "1" while paused
     checkpoint          str   "1" while a checkpoint request waits
+    run:audit           list  CommandEntry JSON of every pause/resume/checkpoint, trimmed to the last max_audit
+    run:seq             int   last run command id
 
 Read-modify-write (validating a change against the published config and the pending ones) runs
 under WATCH/MULTI, so several control-plane replicas cannot interleave. Every call has the
@@ -37,9 +39,12 @@ from stare.runstate.base import (
     DEFAULT_MAX_AUDIT,
     DEFAULT_MAX_METRICS,
     AuditEntry,
+    CommandEntry,
     Heartbeat,
     MetricsPage,
     RoleHealth,
+    RunCommand,
+    RunStateMalformed,
     RunStateUnavailable,
     forgotten,
     json_safe,
@@ -49,8 +54,8 @@ from stare.runstate.base import (
     published_max_entropy,
     rejected_entry,
     role_health,
-    unparsable_entry,
 )
+from stare.runstate.redis_values import checked, count, entries, is_controller, parsed, tolerant
 from stare.transport.redis_client import RETRYABLE_ERRORS, checked_key_part, connect_client, retrying
 
 log = logging.getLogger(__name__)
@@ -88,7 +93,12 @@ class RedisRunState:
 
     @classmethod
     def connect(cls, url: str, run_id: str, *, socket_timeout_s: float = 5.0, **options: Any) -> RedisRunState:
-        return cls(connect_client(url, socket_timeout_s=socket_timeout_s, decode_responses=True), run_id, **options)
+        # a byte that is not UTF-8 (written by something else) reads as U+FFFD: the tolerant readers
+        # below skip or keep the entry instead of failing the whole read
+        client = connect_client(
+            url, socket_timeout_s=socket_timeout_s, decode_responses=True, encoding_errors="replace"
+        )
+        return cls(client, run_id, **options)
 
     def close(self) -> None:
         self.client.close()
@@ -110,10 +120,18 @@ class RedisRunState:
             if isinstance(err, redis.AuthenticationError):  # the user's mistake, not an outage
                 raise
             raise RunStateUnavailable(f"run state (Redis) unavailable during {what}: {err}") from err
+        except redis.ResponseError as err:
+            if "WRONGTYPE" not in str(err):
+                raise
+            raise RunStateMalformed(
+                f"run state: {what} found a key of another Redis type under stare:{self.run_id}: ({err}); "
+                f"something other than stare wrote it: find it with redis-cli --scan --pattern 'stare:{self.run_id}:*' "
+                "and TYPE, then DEL it"
+            ) from None
 
     def _get_json(self, name: str, check: Callable[[Any], bool] = lambda v: isinstance(v, dict)) -> Any:
         raw = self._call(lambda: self.client.get(self._key(name)), f"GET {name}")
-        return None if raw is None else tolerant(raw, lambda r: _checked(json.loads(r), check), self._key(name))
+        return None if raw is None else tolerant(raw, lambda r: checked(json.loads(r), check), self._key(name))
 
     # -- liveness and status ------------------------------------------------------------------
 
@@ -181,7 +199,7 @@ class RedisRunState:
             pipe.get(self._key("metrics:total"))
             pipe.llen(self._key("metrics"))
             total, length = pipe.execute()
-            return int(total or 0), int(length)
+            return count(total, self._key("metrics:total")), int(length)
 
         total, length = self._call(counts, "metrics counts")
         first = total - length
@@ -193,7 +211,7 @@ class RedisRunState:
             raw = self._call(lambda: self.client.lrange(self._key("metrics"), lo, hi), "LRANGE metrics")
             # a malformed entry is skipped (and logged); `next` still moves past it
             parsed = [
-                tolerant(r, lambda t: _checked(json.loads(t), lambda v: isinstance(v, dict)), self._key("metrics"))
+                tolerant(r, lambda t: checked(json.loads(t), lambda v: isinstance(v, dict)), self._key("metrics"))
                 for r in raw
             ]
             items = [m for m in parsed if m is not None]
@@ -206,7 +224,7 @@ class RedisRunState:
         self._call(lambda: self.client.set(self._key("controller"), json.dumps(json_safe(state))), "SET controller")
 
     def controller(self) -> dict[str, Any] | None:
-        return self._get_json("controller", _is_controller)
+        return self._get_json("controller", is_controller)
 
     def request_entropy_change(self, changes: dict[str, Any], who: str) -> AuditEntry:
         keys = [self._key(k) for k in ("controller", "entropy:pending", "entropy:seq")]
@@ -214,12 +232,12 @@ class RedisRunState:
 
         def txn(pipe) -> None:
             published = pipe.get(keys[0])
-            pending = _entries(pipe.lrange(keys[1], 0, -1), keys[1])
-            seq = int(pipe.get(keys[2]) or 0)
+            pending = entries(pipe.lrange(keys[1], 0, -1), keys[1])
+            seq = count(pipe.get(keys[2]), keys[2])
             controller = (
                 None
                 if published is None
-                else tolerant(published, lambda r: _checked(json.loads(r), _is_controller), keys[0])
+                else tolerant(published, lambda r: checked(json.loads(r), is_controller), keys[0])
             )
             current = merged_config(controller, pending)
             entry = plan_change(
@@ -243,7 +261,7 @@ class RedisRunState:
 
     def pending_entropy_changes(self) -> list[AuditEntry]:
         raw = self._call(lambda: self.client.lrange(self._key("entropy:pending"), 0, -1), "LRANGE pending")
-        return _entries(raw, self._key("entropy:pending"))
+        return entries(raw, self._key("entropy:pending"))
 
     def take_entropy_changes(self) -> list[AuditEntry]:
         def op() -> list[str]:
@@ -252,14 +270,14 @@ class RedisRunState:
             pipe.delete(self._key("entropy:pending"))
             return pipe.execute()[0]
 
-        return [_parsed(r) for r in self._call(op, "take entropy changes")]
+        return [parsed(r) for r in self._call(op, "take entropy changes")]
 
     def record_rejected(self, entry: AuditEntry, step: int, reason: str) -> None:
         result: list[int] = []
 
         def txn(pipe) -> None:
-            audit = [_parsed(r) for r in pipe.lrange(self._key("entropy:audit"), 0, -1)]
-            seq = int(pipe.get(self._key("entropy:seq")) or 0)
+            audit = [parsed(r) for r in pipe.lrange(self._key("entropy:audit"), 0, -1)]
+            seq = count(pipe.get(self._key("entropy:seq")), self._key("entropy:seq"))
             copy = rejected_entry(entry, audit, seq + 1)
             pipe.multi()
             if copy is not None:
@@ -284,7 +302,7 @@ class RedisRunState:
         if limit <= 0:
             return []
         raw = self._call(lambda: self.client.lrange(self._key("entropy:audit"), -limit, -1), "LRANGE audit")
-        entries = [_parsed(r) for r in raw]
+        entries = [parsed(r) for r in raw]
         if not entries:
             return []
         ids = [str(e.id) for e in entries]
@@ -320,38 +338,22 @@ class RedisRunState:
     def take_checkpoint_request(self) -> bool:
         return self._call(lambda: self.client.getdel(self._key("checkpoint")), "GETDEL checkpoint") is not None
 
+    def record_command(self, command: RunCommand, who: str) -> CommandEntry:
+        def op() -> CommandEntry:
+            entry = CommandEntry(
+                id=int(self.client.incr(self._key("run:seq"))), who=who, when=time.time(), command=command
+            )
+            pipe = self.client.pipeline(transaction=True)
+            pipe.rpush(self._key("run:audit"), entry.model_dump_json())
+            pipe.ltrim(self._key("run:audit"), -self.max_audit, -1)
+            pipe.execute()
+            return entry
 
-def tolerant(raw: Any, parse: Callable[[Any], T], key: str) -> T | None:
-    """THE read path of stored state: `parse(raw)`, or None for an entry that does not parse (written
-    by something other than stare, or by an older version), with a warning naming the key and the
-    entry: an API read skips it and answers, never a 500."""
-    try:
-        return parse(raw)
-    except (ValueError, TypeError, KeyError) as err:
-        log.warning("run state: skipped a malformed entry of %s (%s): %.200r", key, str(err).splitlines()[0][:200], raw)
-        return None
+        return self._call(op, "record a run command")
 
-
-def _checked(value: Any, check: Callable[[Any], bool]) -> Any:
-    if not check(value):
-        raise ValueError(f"unexpected shape ({type(value).__name__})")
-    return value
-
-
-def _is_controller(value: Any) -> bool:
-    return isinstance(value, dict) and isinstance(value.get("config"), dict) and isinstance(value.get("gate"), bool)
-
-
-def _entries(raw: list, key: str) -> list[AuditEntry]:
-    """Pending changes as the API reads them: malformed ones skipped (the learner's
-    `take_entropy_changes` rejects and audits them)."""
-    return [e for e in (tolerant(r, AuditEntry.model_validate_json, key) for r in raw) if e is not None]
-
-
-def _parsed(raw: str) -> AuditEntry:
-    """An entry as stored; one that does not parse (not written by the control plane) becomes an
-    entry the learner rejects and audits, instead of an exception in its loop or the API."""
-    try:
-        return AuditEntry.model_validate_json(raw)
-    except ValueError as err:
-        return unparsable_entry(raw, err)
+    def commands(self, limit: int = 100) -> list[CommandEntry]:
+        if limit <= 0:
+            return []
+        raw = self._call(lambda: self.client.lrange(self._key("run:audit"), -limit, -1), "LRANGE run:audit")
+        parsed = (tolerant(r, CommandEntry.model_validate_json, self._key("run:audit")) for r in raw)
+        return sorted((e for e in parsed if e is not None), key=lambda e: e.id)

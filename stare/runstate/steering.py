@@ -30,7 +30,10 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +61,7 @@ class RunSteering:
         self.state, self.role, self.name, self.heartbeat_s = state, role, name, heartbeat_s
         self._applied: list[AuditEntry] = []  # applied since the last after_step
         self._last_beat = float("-inf")
+        self._info: dict[str, Any] = {}
         self._step: int | None = None
         self._replay: list[AuditEntry] = []  # applied after the resumed checkpoint, by applied step
 
@@ -168,16 +172,41 @@ class RunSteering:
         self.state.set_status({**status, **extra, "phase": phase, "updated_at": time.time()})
 
     def heartbeat(self, info: dict[str, Any] | None = None, *, force: bool = False, gone: bool = False) -> None:
-        """`gone`: the last beat of a role that stops cleanly (listed as gone, then forgotten)."""
+        """`gone`: the last beat of a role that stops cleanly (listed as gone, then forgotten). Without
+        `info` the beat carries the last info given (a background beat keeps the loop's step)."""
         now = time.monotonic()
+        if info is not None:
+            self._info = info
         if not force and not gone and now - self._last_beat < self.heartbeat_s:
             return
         self._last_beat = now
         self.state.beat(
             Heartbeat(
-                role=self.role, name=self.name, pid=os.getpid(), host=socket.gethostname(), info=info or {}, gone=gone
+                role=self.role, name=self.name, pid=os.getpid(), host=socket.gethostname(), info=self._info, gone=gone
             )
         )
+
+    @contextmanager
+    def beating(self) -> Iterator[None]:
+        """Heartbeats every heartbeat_s from a background thread while the block runs: the process is
+        alive even when one step or evaluation outlasts dead_after_s (a role process has RoleRuntime's
+        thread; this is the embedded `stare train`'s)."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(self.heartbeat_s):
+                try:
+                    self.heartbeat(force=True)
+                except Exception as err:  # the store restarting: the next beat retries
+                    log.warning("heartbeat failed: %s", err)
+
+        thread = threading.Thread(target=loop, name="heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=5)
 
 
 def _as_config(new: dict[str, Any]) -> dict[str, Any]:

@@ -16,10 +16,13 @@ derived from `system.stall_s` (docs/deploy.md).
 
 Worker names: `--name`, else STARE_WORKER_NAME, else `<role>-<host>-<pid>`. A name is the
 worker's stream consumer name: a worker restarted under the same name first re-reads what it held.
-A name with `{slot}` (compose's replicas: STARE_WORKER_NAME=rollout-cpu-{slot}) takes the lowest
-slot 1, 2, ... whose worker is not alive (stopped, dead, forgotten) or ran on this same host (the
-container restarted), reserved in Redis for `dead_after_s` so replicas starting together differ:
-a redeployed replica takes its predecessor's name and pending entries. On a clean exit a role
+A name ending in `{slot}` (compose's replicas: STARE_WORKER_NAME=rollout-cpu-{slot}) in a compose
+container takes the container's number: container stare-rollout-cpu-2 (compose's
+<project>-<service>-<n>, read from Docker's DNS: stare.runtime.container_name) is worker
+rollout-cpu-2, so `docker compose ps` and /v1/status name it alike. Elsewhere a `{slot}` takes the
+lowest slot 1, 2, ... whose worker is not alive (stopped, dead, forgotten) or ran on this same host,
+reserved in Redis for `dead_after_s` so workers starting together differ. Either way a redeployed
+replica takes its predecessor's name and pending entries. On a clean exit a role
 sends a last `gone` heartbeat; /v1/status lists it as gone (not alive) until `forget_after_s`.
 """
 
@@ -65,10 +68,20 @@ def claim_slot(state, role: str, template: str, *, host: str, ttl_s: float) -> s
 
 
 def resolve_worker_name(role: str, name: str | None, cfg: TrainConfig, url: str) -> str:
-    """worker_name(), with a `{slot}` in it claimed in the run's Redis state."""
+    """worker_name(), with a `{slot}` at its end taken from this container's compose number (its name
+    ends with the template's prefix and a number: container stare-rollout-cpu-2 is worker
+    rollout-cpu-2), else claimed in the run's Redis state (the lowest free slot)."""
     name = worker_name(role, name)
     if SLOT not in name:
         return name
+    if name.endswith(SLOT):
+        from stare.runtime.container_name import container_name, replica_number
+
+        own = container_name()
+        number = replica_number(own, name.removesuffix(SLOT))
+        if number is not None:
+            log.info("worker name %s from this container's name %s", name.replace(SLOT, str(number)), own)
+            return name.replace(SLOT, str(number))
     from stare.runstate.redis_state import RedisRunState
 
     s = cfg.system

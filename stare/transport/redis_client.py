@@ -41,9 +41,12 @@ def checked_key_part(value: str, what: str) -> str:
     return value
 
 
-def connect_client(url: str, *, socket_timeout_s: float = 5.0, decode_responses: bool = False) -> redis.Redis:
+def connect_client(
+    url: str, *, socket_timeout_s: float = 5.0, decode_responses: bool = False, encoding_errors: str = "strict"
+) -> redis.Redis:
     """A client with socket timeouts on every call and no hidden client-side retries (callers retry
-    with `retrying` or RedisStream, logged): every Redis user of a run builds its client here."""
+    with `retrying` or RedisStream, logged): every Redis user of a run builds its client here.
+    `encoding_errors` (with decode_responses): how bytes that are not UTF-8 decode (str.decode's)."""
     return redis.Redis.from_url(
         url,
         socket_timeout=socket_timeout_s,
@@ -51,6 +54,7 @@ def connect_client(url: str, *, socket_timeout_s: float = 5.0, decode_responses:
         socket_keepalive=True,
         retry=Retry(NoBackoff(), 0),
         decode_responses=decode_responses,
+        encoding_errors=encoding_errors,
     )
 
 

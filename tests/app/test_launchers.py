@@ -26,9 +26,13 @@ def test_every_target_implements_the_launcher_protocol(cls):
     assert not missing, f"{cls.__name__} lacks {missing}"
 
 
-def _fake_docker(tmp_path: Path, learner_state: str, exit_code: int, running_polls: int) -> tuple[Path, Path]:
-    """A `docker` that appends its argv (one JSON list a line) to calls.jsonl; `compose ps` reports the
-    learner running for `running_polls` calls, then `learner_state` with `exit_code`."""
+def _fake_docker(
+    tmp_path: Path, learner_state: str, exit_code: int, running_polls: int, config: dict | None = None
+) -> tuple[Path, Path]:
+    """A `docker` that appends its argv (one JSON list a line) to calls.jsonl; `compose config` prints
+    `config` (default: no service publishes a port), `compose ps --services` no running service, and
+    `compose ps` reports the learner running for `running_polls` calls, then `learner_state` with
+    `exit_code`."""
     log = tmp_path / "calls.jsonl"
     script = tmp_path / "bin" / "docker"
     script.parent.mkdir()
@@ -38,8 +42,13 @@ from pathlib import Path
 log = Path({str(log)!r})
 with log.open("a") as f:
     f.write(json.dumps(sys.argv[1:]) + "\\n")
+if "config" in sys.argv:
+    print({json.dumps(config or {"services": {}})!r})
+    sys.exit(0)
+if "--services" in sys.argv:
+    sys.exit(0)
 if "ps" in sys.argv:
-    polls = sum(1 for line in log.read_text().splitlines() if '"ps"' in line)
+    polls = sum(1 for line in log.read_text().splitlines() if '"ps"' in line and '"--services"' not in line)
     state = "running" if polls <= {running_polls} else {learner_state!r}
     for service in ("redis", "learner-cpu", "rollout-cpu"):
         print(json.dumps({{"Service": service, "State": state if service == "learner-cpu" else "running",
@@ -62,8 +71,8 @@ def test_the_compose_target_starts_watches_the_learner_and_stops(tmp_path, monke
     assert code == 0
     calls = _calls(log)
     verbs = [c[c.index("--profile") + 2] for c in calls]
-    assert verbs[0] == "up" and calls[0][-1] == "-d"
-    assert verbs.count("ps") == 3  # running, running, exited
+    assert verbs[:3] == ["config", "ps", "up"] and calls[2][-1] == "-d"  # the preflight, then up
+    assert verbs.count("ps") == 4  # the preflight's running services; then running, running, exited
     assert calls[-1][-3:] == ["stop", "--timeout", "7"]
     assert all(c[:2] == ["compose", "--project-directory"] and "cpu" in c for c in calls)
 
@@ -74,6 +83,34 @@ def test_the_compose_target_returns_the_learners_exit_code(tmp_path):
     compose.write_text("services: {}\n")
     launcher = ComposeLauncher(build_config({}), compose_file=compose, profile="cpu", docker=str(docker))
     assert run_until_done(_Quick(launcher)) == 3
+
+
+def test_the_compose_target_starts_nothing_when_a_published_port_is_held(tmp_path):
+    """Compose creates every container, then a held port fails one service's start and leaves the
+    others "Created": the launcher refuses before `up`, naming the process that holds the port."""
+    import os
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        config = {
+            "services": {
+                "control-cpu": {
+                    "ports": [{"published": str(port), "host_ip": "127.0.0.1", "target": 8321, "protocol": "tcp"}]
+                }
+            }
+        }
+        docker, log = _fake_docker(tmp_path, "running", 0, running_polls=0, config=config)
+        compose = tmp_path / "docker-compose.yml"
+        compose.write_text("services: {}\n")
+        launcher = ComposeLauncher(build_config({}), compose_file=compose, profile="cpu", docker=str(docker))
+        with pytest.raises(ConfigError) as err:
+            launcher.start()
+    assert f"control-cpu: 127.0.0.1:{port} is in use by pid {os.getpid()} (" in str(err.value)
+    assert f"STARE_CONTROL_PORT={port + 1}" in str(err.value)
+    assert "up" not in [c[c.index("--profile") + 2] for c in _calls(log)]
 
 
 def test_the_compose_target_without_docker_is_one_clear_error(tmp_path, monkeypatch):

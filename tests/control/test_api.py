@@ -201,5 +201,6 @@ def test_openapi_documents_every_v1_endpoint(state):
         "/v1/run/pause",
         "/v1/run/resume",
         "/v1/run/checkpoint",
+        "/v1/run/audit",
         "/metrics",
     }

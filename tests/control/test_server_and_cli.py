@@ -4,6 +4,7 @@ serves a Redis run state; `stare ctl` prints the API's answers and its errors (r
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -32,15 +33,22 @@ def served(controller):
 
 
 def test_a_taken_port_falls_back_to_a_free_one_and_stop_frees_it(controller):
+    said: list[str] = []
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         server = BackgroundServer(
-            create_app(MemoryRunState("run"), ControlPlaneSection(), "run", token=""), "127.0.0.1", port
+            create_app(MemoryRunState("run"), ControlPlaneSection(), "run", token=""),
+            "127.0.0.1",
+            port,
+            say=said.append,
         )
         server.start()
         assert not server.url.endswith(f":{port}")
+        # one line naming who holds the port (this test's process) and how to choose another
+        assert len(said) == 1 and f"127.0.0.1:{port} is in use by pid {os.getpid()} (" in said[0], said
+        assert "control_plane.port" in said[0] and "STARE_CONTROL_PORT" in said[0]
         assert httpx.get(server.url + "/v1/health", timeout=5).json() == {"status": "ok"}
         server.stop()
     assert not server.thread.is_alive()

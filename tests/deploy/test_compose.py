@@ -298,14 +298,20 @@ def test_redis_keeps_its_streams_on_a_volume():
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_api_token_comes_from_the_secret(profile):
+def test_api_tokens_come_from_the_secrets(profile):
+    """The write token and the read token (reads need one: the published port answers any host that
+    sends an accepted Host header), each a compose secret; Prometheus scrapes with the read token."""
     doc = load_compose()
     control = next(s for s in services_of(doc, profile).values() if role_of(s) == "control")
-    (secret,) = [s for s in control["secrets"] if s != "redis_password"]
-    assert load_config(config_of(control)).control_plane.token_file == Path("/run/secrets") / secret
-    source = REPO / doc["secrets"][secret]["file"]
-    assert source.parent.is_dir()
-    assert not any(p.name != ".gitignore" for p in source.parent.iterdir() if _tracked(p)), "no token in git"
+    assert sorted(control["secrets"]) == ["redis_password", "stare_api_read_token", "stare_api_token"]
+    settings = load_config(config_of(control)).control_plane
+    assert settings.token_file == Path("/run/secrets/stare_api_token")
+    assert settings.read_token_file == Path("/run/secrets/stare_api_read_token")
+    assert doc["services"]["prometheus"]["secrets"] == ["stare_api_read_token"]
+    for secret in ("stare_api_token", "stare_api_read_token"):
+        source = REPO / doc["secrets"][secret]["file"]
+        assert source.parent.is_dir()
+        assert not any(p.name != ".gitignore" for p in source.parent.iterdir() if _tracked(p)), "no token in git"
 
 
 @pytest.mark.parametrize("profile", PROFILES)

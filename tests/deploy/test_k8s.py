@@ -39,6 +39,7 @@ def k8s_tree(tmp_path_factory) -> Path:
     shutil.copytree(REPO / "deploy" / "monitoring", tree.parent / "monitoring")
     (tree / "base" / "secrets" / "api-token").write_text("test-token-not-secret")
     (tree / "base" / "secrets" / "redis-password").write_text("test-password-not-secret")
+    (tree / "base" / "secrets" / "api-read-token").write_text("test-read-token-not-secret")
     return tree
 
 
@@ -330,11 +331,12 @@ def test_config_parses_and_addresses_the_services(rendered, target, engine):
     assert [p["port"] for p in learner["spec"]["ports"]] == [cfg.system.broadcast_port]
     assert cfg.control_plane.token_file == Path("/run/secrets/stare_api_token")
     control = named(rendered, target, "Deployment", "stare-control")
-    (item,) = next(v for v in control["spec"]["template"]["spec"]["volumes"] if v["name"] == "api-token")["secret"][
+    items = next(v for v in control["spec"]["template"]["spec"]["volumes"] if v["name"] == "api-token")["secret"][
         "items"
     ]
     mount = next(m for m in containers(control)[0]["volumeMounts"] if m["name"] == "api-token")
-    assert Path(mount["mountPath"]) / item["path"] == cfg.control_plane.token_file
+    paths = {i["key"]: Path(mount["mountPath"]) / i["path"] for i in items}
+    assert paths == {"token": cfg.control_plane.token_file, "read-token": cfg.control_plane.read_token_file}
     assert str(cfg.run.output_dir).startswith("/data") and str(cfg.system.weight_dir).startswith("/data")
 
 

@@ -130,6 +130,7 @@ def test_kubernetes_ships_the_dashboard_configmap_and_scrape_annotations(tmp_pat
     shutil.copytree(REPO / "deploy" / "monitoring", tmp_path / "monitoring")
     (tmp_path / "k8s" / "base" / "secrets" / "api-token").write_text("t")
     (tmp_path / "k8s" / "base" / "secrets" / "redis-password").write_text("p")
+    (tmp_path / "k8s" / "base" / "secrets" / "api-read-token").write_text("r")
     for target in ("base", "overlays/gpu", "overlays/cpu-dev"):
         objs = render(tmp_path / "k8s" / target)
         (cm,) = [

@@ -142,9 +142,10 @@ async function poll() {
     const phase = document.getElementById("phase");
     phase.textContent = st.paused && st.phase !== "paused" ? st.phase + " (pausing)" : st.phase;
     phase.className = "pill " + st.phase;
+    phase.title = st.reason || "";  // phase down: why, and what to do
     text("step", "step " + fmt(st.step));
     fillTable("roles", st.roles.map(r => [r.role, r.name, r.host, r.pid, r.age_s.toFixed(1) + " s ago",
-      { text: r.alive ? "alive" : "dead", cls: r.alive ? "alive" : "dead" }]));
+      { text: r.state, cls: r.state }]));  // alive, down (no heartbeat: crashed or killed), gone (stopped)
     try {
       const ent = await api("GET", "/v1/entropy");
       fillTable("controller", Object.keys(ent).filter(k => k !== "pending" && k !== "updated_at")

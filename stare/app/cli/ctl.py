@@ -1,11 +1,12 @@
 """`stare ctl`: a small HTTP client of the control plane (httpx, timeouts on every call).
 
     stare ctl status | entropy [--target T --band LO HI --w W --m M --adaptive/--no-adaptive]
-              | pause | resume | checkpoint | history [--limit N] | audit
+              | pause | resume | checkpoint | history [--limit N] | audit [--run]
     --url (default http://127.0.0.1:8321; STARE_CONTROL_URL), --token (default STARE_API_TOKEN)
 
-Prints JSON (or a short table for history); a non-2xx answer prints the API's detail and exits 1,
-an unreachable server exits 2 with the URL it tried.
+Prints JSON (or a short table for history); `status` also says on stderr what is down (the phase,
+when the learner sends no heartbeat, and each role without one). A non-2xx answer prints the API's
+detail and exits 1, an unreachable server exits 2 with the URL it tried.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h = sub.add_parser("history", help="recent step metrics")
     h.add_argument("--limit", type=int, default=20, help="how many recent steps")
     h.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    sub.add_parser("audit", help="the log of controller changes")
+    a = sub.add_parser("audit", help="the log of controller changes")
+    a.add_argument("--run", action="store_true", help="the log of pause, resume and checkpoint commands instead")
 
 
 def entropy_changes(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,11 +108,22 @@ def _history_table(items: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def down_lines(status: dict[str, Any]) -> list[str]:
+    """What /v1/status says is down, one line each for a reader (the JSON follows on stdout)."""
+    lines = [f"phase down: {status.get('reason', '')}"] if status.get("phase") == "down" else []
+    for r in status.get("roles") or []:
+        if r.get("state") == "down":
+            lines.append(f"{r['role']}/{r['name']} down: no heartbeat for {r['age_s']:.0f} s (host {r['host']})")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     cmd = args.ctl_command
     try:
         if cmd == "status":
             out = _call(args, "GET", "/v1/status")
+            for line in down_lines(out):
+                print(f"stare ctl: {line}", file=sys.stderr)
         elif cmd == "entropy":
             changes = entropy_changes(args)
             out = _call(args, "PATCH", "/v1/entropy", changes) if changes else _call(args, "GET", "/v1/entropy")
@@ -123,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
                 return 0
             out = page
         else:  # audit
-            out = _call(args, "GET", "/v1/entropy/audit")
+            out = _call(args, "GET", "/v1/run/audit" if args.run else "/v1/entropy/audit")
     except CtlError as err:
         print(f"stare ctl: {err}", file=sys.stderr)
         return err.code

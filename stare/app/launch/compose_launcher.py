@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 from stare.config import ConfigError, TrainConfig
+from stare.runtime.net import compose_preflight
 
 DOCKER_TIMEOUT_S = 120.0  # one `docker compose` call; `up -d` builds nothing (images are built beforehand)
 
@@ -72,7 +73,18 @@ class ComposeLauncher:
             )
         return done.stdout
 
+    def preflight(self) -> None:
+        """Refuse, naming the holder, a published port another process holds (or a missing secret)
+        before `up` creates any container: compose would start some services and leave the rest
+        "Created" (scripts/compose_preflight.py runs the same check for the documented commands)."""
+        config = json.loads(self._compose("config", "--format", "json"))
+        running = self._compose("ps", "--status", "running", "--services").split()
+        problems = compose_preflight(config, running)
+        if problems:
+            raise ConfigError("--target compose: nothing started: " + "; ".join(problems))
+
     def start(self) -> None:
+        self.preflight()
         self._compose("up", "-d")
         self.say(f"services of profile {self.profile} up (docker compose ps; logs: docker compose logs -f)")
 

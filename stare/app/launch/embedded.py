@@ -216,8 +216,9 @@ def _control_plane(cfg: TrainConfig, log: Callable[[str], None]):
         yield None
         return
     state = MemoryRunState(cfg.run.name, dead_after_s=cfg.system.dead_after_s)
-    with EmbeddedControlPlane(cfg, state, log):
-        yield RunSteering(state, heartbeat_s=cfg.system.heartbeat_s)
+    steering = RunSteering(state, heartbeat_s=cfg.system.heartbeat_s)
+    with EmbeddedControlPlane(cfg, state, log), steering.beating():  # alive through long steps (status phase)
+        yield steering
 
 
 def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = True) -> Path:
