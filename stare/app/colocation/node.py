@@ -63,14 +63,11 @@ class NodeRollout:
         import torch
 
         from rollout.stack import build_rollout_stack
-        from stare.app.colocation.one_gpu import check_alloc_conf
         from stare.config.colocation import check_node_colocation
 
         cuda = torch.cuda.is_available()
         check_node_colocation(self.cfg, cuda=cuda)
         vllm = self.cfg.rollout.engine.name == "vllm"
-        if vllm:
-            check_alloc_conf()
         self.rank = rank
         self.stack = build_rollout_stack(
             self.cfg, self.say, model_path=model_path, sleep_mode=vllm, external_launcher=vllm and world > 1
