@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Wheels for scripts/gpu_smoke.sh, prepared here (with network) for a GPU machine without it.
+# Wheels for scripts/doctor.sh, prepared here (with network) for a GPU machine without it.
 #
 #   scripts/prepare_gpu_wheels.sh            # -> .whl/*.whl and .whl/stare/stare-*.whl (git-ignored)
 #
@@ -13,7 +13,7 @@
 #   redis        (none on Python >= 3.10)
 # DeepSpeed is an sdist on the registry: `pip wheel --no-deps` builds a pure-Python wheel (its ops
 # are JIT-compiled on use; the learner uses torch's AdamW and needs none). stare's own wheel goes to
-# .whl/stare/, used by gpu_smoke.sh only where it cannot build stare from the tree.
+# .whl/stare/, used by scripts/gpu_site.sh only where it cannot build stare from the tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
