@@ -74,7 +74,7 @@ GROUPS: dict[str, Group] = {
         Group("topology", "stare.app.doctor.checks.topology", 90, "GPUs, P2P/NVLink, NCCL's transport, containers"),
         Group("engine", "stare.app.doctor.checks.engine", 240, "sampling: vLLM (CUDA graphs, sleep, in-flight) or hf"),
         Group("weights", "stare.app.doctor.checks.weights", 120, "weight broadcast and its stream fences"),
-        Group("learner", "stare.app.doctor.checks.learner", 180, "a ZeRO-3 step on 2 ranks, a LoRA merge"),
+        Group("learner", "stare.app.doctor.checks.learner", 300, "a ZeRO-3 step on 2 ranks, a LoRA merge"),
         Group(
             "config",
             "stare.app.doctor.checks.config",
