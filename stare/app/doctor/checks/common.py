@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 
 # A random Qwen2-shaped model small enough for every engine: head_dim 64 (vLLM's CUDA and CPU attention both
-# take it), untied head, vocabulary 512. Built from this config, nothing downloaded.
+# take it), untied head, vocabulary 512; weights drawn wide (initializer_range 0.2) so that next-token
+# distributions are peaked and two random models' log-probs differ by O(1). Built from this config, nothing downloaded.
 TINY = {
     "architectures": ["Qwen2ForCausalLM"],
     "model_type": "qwen2",
@@ -23,6 +24,7 @@ TINY = {
     "eos_token_id": 2,
     "bos_token_id": 1,
     "rms_norm_eps": 1e-6,
+    "initializer_range": 0.2,
     "torch_dtype": "float32",
 }
 

@@ -15,7 +15,10 @@ if TYPE_CHECKING:
     import torch
 
 PROMPTS = [[1, 17, 33, 49, 65, 81], [1, 5, 9, 300, 13], [1, 400, 401, 402], [1, 77, 78, 79, 80, 81, 82, 83]]
-LOGPROB_TOL = {"float32": 2e-3}  # an engine's log-prob against the HF recompute of the same token (fp32)
+# An engine's log-prob against the HF recompute of the same token: fp32 (the hf engine) to its rounding; bf16 (vLLM,
+# as a GPU run has it) against an fp32 recompute of the bf16-rounded weights: bf16 activations, up to ~0.1.
+LOGPROB_TOL = {"float32": 2e-3, "bfloat16": 0.15}
+SWITCH = 5  # after an update, log-probs move from the old weights' by at least this many tolerances
 UPDATE_AFTER = 4  # engine steps before the in-flight update
 
 CHECKS = [
@@ -67,11 +70,13 @@ def _recompute(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     return logp.gather(-1, torch.tensor(tokens, device=device)[:, None]).squeeze(-1).cpu()  # [Lc]
 
 
-def _hf(path: Path, device: str):
+def _hf(path: Path, device: str, bf16: bool = False):
+    """The HF model of `path` in fp32 (`bf16`: its weights rounded to bf16 first, as a bf16 engine loads them)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if bf16 else torch.float32)
+    return model.float().to(device).eval()
 
 
 def _max_err(model, groups, prompts) -> float:
@@ -119,7 +124,7 @@ class VllmChecks:
         free0 = torch.cuda.mem_get_info()[0]
         engine = VLLMEngine(
             str(self.v0),
-            dtype="float32",
+            dtype="bfloat16",
             seed=0,
             sleep_mode=True,
             inflight_updates=True,
@@ -139,12 +144,12 @@ class VllmChecks:
     def sampling(self) -> Row:
         from rollout.engines.base import SamplingParams
 
-        cg = str(self.engine.llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
+        cg = str(getattr(self.engine.llm.llm_engine.vllm_config.compilation_config, "cudagraph_mode", "unknown"))
         t0 = time.perf_counter()
         groups = self.engine.generate(PROMPTS, SamplingParams(n=4, max_new_tokens=64, seed=7))
         seconds = time.perf_counter() - t0
         tokens = sum(len(c.token_ids) for g in groups for c in g)
-        err = _max_err(_hf(self.v0, "cuda"), groups, PROMPTS)
+        err = _max_err(_hf(self.v0, "cuda", bf16=True), groups, PROMPTS)
         figures = {
             "cudagraph_mode": cg,
             "tokens_per_s": round(tokens / seconds, 1),
@@ -153,7 +158,7 @@ class VllmChecks:
         }
         if "NONE" in cg.upper():
             return Row("engine.vllm_sampling", "fail", "CUDA graphs are off (enforce_eager was asked False)", figures)
-        if err > LOGPROB_TOL["float32"]:
+        if err > LOGPROB_TOL["bfloat16"]:
             return Row("engine.vllm_sampling", "fail", f"log-probs differ from the recompute by {err:.2g}", figures)
         return Row("engine.vllm_sampling", "pass", "", figures)
 
@@ -176,14 +181,17 @@ class VllmChecks:
             done.update(engine.step())
             if not engine.pending():
                 break
-        old_model, new_model = _hf(self.v0, "cuda"), _hf(self.v1, "cuda")
+        old_model, new_model = _hf(self.v0, "cuda", bf16=True), _hf(self.v1, "cuda", bf16=True)
         v = engine.weight_version
-        worst_before = worst_after = changed = 0.0
+        worst_before = worst_after = 0.0
+        changed: list[float] = []  # per sample past the boundary: mean |log-prob - the old weights'|
         problems = []
         for key, group in done.items():
             for c in group:
+                if c.versions == [(0, v - 1)] and len(c.token_ids) <= UPDATE_AFTER + 2:
+                    continue  # ended (EOS) before the update reached it
                 if len(c.versions) != 2 or c.versions[1][1] != v:
-                    problems.append(f"versions {c.versions}")
+                    problems.append(f"versions {c.versions} for {len(c.token_ids)} tokens")
                     continue
                 b = c.versions[1][0]
                 got = torch.tensor(c.logprobs)
@@ -191,19 +199,23 @@ class VllmChecks:
                 now = _recompute(new_model, PROMPTS[key], list(c.token_ids))
                 worst_before = max(worst_before, float((got[:b] - old[:b]).abs().max()))
                 worst_after = max(worst_after, float((got[b:] - now[b:]).abs().max()))
-                changed = max(changed, float((got[b:] - old[b:]).abs().max()))
+                changed.append(float((got[b:] - old[b:]).abs().mean()))
         figures = {
             "update_ms": round(update_ms or -1, 1),
+            "crossed": len(changed),
             "err_before": worst_before,
             "err_after": worst_after,
-            "old_vs_new_after": changed,
+            "old_vs_new_after": min(changed, default=0.0),
         }
-        tol = LOGPROB_TOL["float32"]
-        if problems or update_ms is None:
+        tol = LOGPROB_TOL["bfloat16"]
+        if problems or update_ms is None or len(changed) < 2:
             return Row(
-                "engine.vllm_inflight", "fail", "; ".join(problems[:3]) or "nothing in flight at the update", figures
+                "engine.vllm_inflight",
+                "fail",
+                "; ".join(problems[:3]) or f"{len(changed)} samples ran past the update (nothing in flight?)",
+                figures,
             )
-        if worst_before > tol or worst_after > tol or changed < 10 * tol:
+        if worst_before > tol or worst_after > tol or min(changed) < SWITCH * tol:
             return Row(
                 "engine.vllm_inflight",
                 "fail",

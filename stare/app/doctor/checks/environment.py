@@ -117,9 +117,9 @@ def cuda() -> Row:
             + ("shows none)" if code == 0 else f"unavailable: {out.strip()[:80]})"),
             figures,
         )
+    nccl = torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else "none"
     figures.update(
-        gpus=torch.cuda.device_count(),
-        nccl=".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "none",
+        gpus=torch.cuda.device_count(), nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
     )
     return Row("environment.cuda", "pass", "", figures)
 
