@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Wheels for scripts/gpu_smoke.sh, prepared here (with network) for a GPU machine without it.
+# Wheels for scripts/doctor.sh, prepared here (with network) for a GPU machine without it.
 #
 #   scripts/prepare_gpu_wheels.sh            # -> .whl/*.whl and .whl/stare/stare-*.whl (git-ignored)
 #
-# The GPU machine is expected to have Python 3.12 (x86_64, manylinux) with CUDA torch, transformers,
-# tokenizers, safetensors, numpy, pyyaml, rich, tensorboard, matplotlib, packaging, tqdm and
-# setuptools, and nothing else of ours: no DeepSpeed, vLLM, pydantic or redis. This fetches what the
-# learner and `stare train` import beyond that, at the versions this checkout's environment runs
+# The GPU machine is expected to have Python 3.12 (x86_64, manylinux) with CUDA torch, transformers
+# (and its huggingface-hub), accelerate, tokenizers, safetensors, numpy, pyyaml, rich, tensorboard, matplotlib,
+# packaging, tqdm and setuptools, and nothing else of ours: no DeepSpeed, vLLM, pydantic, redis or peft. This
+# fetches what the learner, `stare train` and `stare doctor` import beyond that (not vLLM: 326 MB), at the
+# versions this checkout's environment runs
 # (PYTHON, default .venv/bin/python), with each one's Requires-Dist checked below:
 #   deepspeed    einops hjson msgpack ninja numpy packaging psutil py-cpuinfo pydantic torch tqdm
 #   pydantic     annotated-types pydantic-core typing-extensions typing-inspection
 #   redis        (none on Python >= 3.10)
+#   peft         accelerate huggingface-hub numpy packaging psutil pyyaml safetensors torch tqdm transformers
 # DeepSpeed is an sdist on the registry: `pip wheel --no-deps` builds a pure-Python wheel (its ops
 # are JIT-compiled on use; the learner uses torch's AdamW and needs none). stare's own wheel goes to
-# .whl/stare/, used by gpu_smoke.sh only where it cannot build stare from the tree.
+# .whl/stare/, used by scripts/gpu_site.sh only where it cannot build stare from the tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -24,7 +26,7 @@ TARGET_PY=${STARE_WHEELS_PYTHON:-3.12}  # the GPU machine's Python, X.Y[.Z] (3.1
 version() { "$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
 
 BINARY=(pydantic pydantic-core annotated-types typing-extensions typing-inspection redis hjson einops
-        msgpack ninja psutil py-cpuinfo)
+        msgpack ninja psutil py-cpuinfo peft)
 pins=()
 for name in "${BINARY[@]}"; do pins+=("$name==$(version "$name")"); done
 ds="deepspeed==$(version deepspeed)"
@@ -50,7 +52,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 out = Path(sys.argv[1])
-there = {"torch", "numpy", "packaging", "tqdm", "transformers", "tokenizers", "safetensors", "pyyaml", "rich",
+there = {"torch", "numpy", "packaging", "tqdm", "transformers", "huggingface-hub", "accelerate", "tokenizers",
+         "safetensors", "pyyaml", "rich",
          "tensorboard", "matplotlib", "setuptools"}
 py = sys.argv[2]  # X.Y or X.Y.Z
 target = {"python_version": ".".join(py.split(".")[:2]), "python_full_version": py if py.count(".") == 2 else f"{py}.0", "sys_platform": "linux", "os_name": "posix",

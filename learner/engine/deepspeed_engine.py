@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from learner.engine.host_snapshot import HostCopies, HostSnapshot, hold_updates, host_copy
+from learner.engine.host_snapshot import HostCopies, HostSnapshot, PinnedStash, hold_updates, host_copy
 from stare.runtime.net import free_port
 from stare.runtime.paths import cache_dir
 from stare.weight_sync.buckets import tensor_aliases
@@ -266,14 +266,28 @@ def grad_norm(engine) -> float | None:
 # -- optimizer state aside while a colocated rollout engine samples (system.colocate_offload) ----
 
 
-def offload_optimizer_states(engine) -> str:
+def _torch_optimizer(engine: Any) -> Any:
+    """The torch optimizer whose `state` holds the Adam moments: inside DeepSpeed's ZeRO-1/2 optimizer, or
+    the engine's own (ZeRO-0)."""
+    return engine.optimizer.optimizer if engine.zero_optimization_stage() in (1, 2) else engine.basic_optimizer
+
+
+def _stash(engine: Any) -> PinnedStash:
+    stash = getattr(engine, "_stare_stash", None)
+    if stash is None:
+        stash = engine._stare_stash = PinnedStash(pin=torch.cuda.is_available())
+    return stash
+
+
+def offload_optimizer_states(engine: Any) -> str:
     """Move the optimizer's state off the engine's device (pinned host memory on CUDA) until
-    `reload_optimizer_states`; returns how. ZeRO 1-2: DeepSpeed's `offload_states` for the fp32
-    master weights, the Adam moments and the gradient partitions (the 16-bit weights stay: the
-    rollout engine reads them). ZeRO-0: the torch optimizer's moments (DeepSpeed has no
-    offload_states there; a bf16 wrapper's fp32 master copy stays). ZeRO-3 is refused (DeepSpeed
-    moves its optimizer state only for FusedAdam). On CPU the target is where the state already is:
-    the calls run, nothing moves."""
+    `reload_optimizer_states`; returns how. Its host buffers are made once and kept across wakes.
+    ZeRO 1-2: DeepSpeed's `offload_states` for the fp32 master weights and the gradient partitions (its
+    pinned hp_params buffers are kept past `reload_states`, which drops them), the Adam moments into our
+    `PinnedStash` (DeepSpeed's `offload_optimizer_states` pins fresh buffers at every call); the 16-bit
+    weights stay (the rollout engine reads them). ZeRO-0: the torch optimizer's moments (a bf16 wrapper's
+    fp32 master copy stays). ZeRO-3 is refused (DeepSpeed moves its optimizer state only for FusedAdam).
+    On CPU the same calls copy into the same host buffers; nothing leaves a device."""
     from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
 
     stage = engine.zero_optimization_stage()
@@ -284,30 +298,36 @@ def offload_optimizer_states(engine) -> str:
             "system.colocate_offload: optimizer needs optim.zero_stage 0-2 (ZeRO-3 offload needs "
             "DeepSpeed's FusedAdam); set optim.zero_stage=1"
         )
-    pin = torch.cuda.is_available()
+    how = "the torch optimizer's state tensors"
     if stage in (1, 2):
-        states = [OffloadStateTypeEnum.optim_states, OffloadStateTypeEnum.hp_params, OffloadStateTypeEnum.lp_grads]
-        engine.offload_states(include=states, device=OffloadDeviceEnum.cpu, pin_memory=pin, non_blocking=False)
-        return "deepspeed offload_states: " + ", ".join(s.value for s in states)
-    moved = engine.basic_optimizer._stare_offloaded = []  # (state, key, its device) to bring back
-    for state in engine.basic_optimizer.state.values():
-        for key, value in state.items():
-            if torch.is_tensor(value) and value.device.type != "cpu":
-                moved.append((state, key, value.device))
-                state[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=pin).copy_(value)
-    if pin:
+        states = [OffloadStateTypeEnum.hp_params, OffloadStateTypeEnum.lp_grads]
+        engine.offload_states(include=states, device=OffloadDeviceEnum.cpu, pin_memory=True, non_blocking=False)
+        how = "deepspeed offload_states: " + ", ".join(s.value for s in states) + "; " + how
+    stash = _stash(engine)
+    stash.holding = True
+    for index, state in enumerate(_torch_optimizer(engine).state.values()):
+        for name, value in list(state.items()):
+            if torch.is_tensor(value) and (value.device.type != "cpu" or not stash.pin):
+                stash.put((index, name), state, name)
+    if stash.pin:
         torch.cuda.empty_cache()
-    return "the torch optimizer's state tensors"
+    return how + " (host buffers kept across wakes)"
 
 
-def reload_optimizer_states(engine) -> None:
-    """Bring back what `offload_optimizer_states` moved (blocking: the next step reads it)."""
+def reload_optimizer_states(engine: Any) -> None:
+    """Bring back what `offload_optimizer_states` moved; its host buffers stay for the next offload."""
     if engine.zero_optimization_stage() in (1, 2):
+        kept = getattr(engine.optimizer, "hp_params_pin_buffers", None)
         engine.reload_states(non_blocking=False)
-        return
-    for state, key, device in getattr(engine.basic_optimizer, "_stare_offloaded", ()):
-        state[key] = state[key].to(device)
-    engine.basic_optimizer._stare_offloaded = []
+        if kept is not None:  # DeepSpeed drops them (stage_1_and_2.py reload_states); its next offload reuses them
+            engine.optimizer.hp_params_pin_buffers = kept
+    _stash(engine).take_back()
+
+
+def offloaded_states(engine: Any) -> frozenset[str]:
+    """What is in host memory now: DeepSpeed's offloaded states, and optim_states between an offload and its reload."""
+    ours = {"optim_states"} if getattr(getattr(engine, "_stare_stash", None), "holding", False) else set()
+    return frozenset({s.value for s in getattr(engine.optimizer, "offloaded_states", ())} | ours)
 
 
 def optimizer_state_bytes(engine) -> int:

@@ -1,7 +1,8 @@
 """The learner's weights copied to pinned host memory on a side CUDA stream, so that the learner's
 thread does not wait for them: a `HostSnapshot` waits for its copies when first read (by the
 publisher, in its own thread for a background publish), and the optimizer's next update waits for
-them on the GPU (`hold_updates`). On a CPU the copies are plain clones."""
+them on the GPU (`hold_updates`). On a CPU the copies are plain clones. `PinnedStash`: the host
+buffers the optimizer state waits in while a colocated engine samples, made once."""
 
 from __future__ import annotations
 
@@ -100,3 +101,35 @@ def hold_updates(engine, event) -> None:
 
         optimizer.register_step_pre_hook(wait)
     state["event"] = event
+
+
+class PinnedStash:
+    """Host copies of device tensors, one buffer per key made at its first use and reused by every later
+    offload (pinned on CUDA: page-locking GiBs costs seconds, and a wake must not pay it each time)."""
+
+    def __init__(self, pin: bool) -> None:
+        self.pin = pin
+        self.buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        self.moved: list[tuple[dict[Any, Any], Any, torch.device]] = []  # (state, key, device) held here now
+        self.holding = False  # between an offload and its reload (the state may be empty: before a first step)
+
+    def put(self, key: tuple[Any, ...], state: dict[Any, Any], name: Any) -> None:
+        """state[name] (a device tensor) -> its host buffer, remembered for `take_back`."""
+        value = state[name]
+        buffer = self.buffers.get(key)
+        if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
+            buffer = self.buffers[key] = torch.empty(value.shape, dtype=value.dtype, pin_memory=self.pin)
+        buffer.copy_(value)  # blocking: the device memory is released right after
+        self.moved.append((state, name, value.device))
+        state[name] = buffer
+
+    def take_back(self) -> None:
+        """Every tensor `put` moved, back on its device: from pinned memory without a host wait (the step that
+        reads it runs on the same stream, and the next `put` into a buffer is ordered after that copy)."""
+        for state, name, device in self.moved:
+            state[name] = state[name].to(device, non_blocking=self.pin)
+        self.moved, self.holding = [], False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers.values())

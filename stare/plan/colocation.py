@@ -7,8 +7,8 @@ Two phases take turns on the GPU; each must fit in HEADROOM x its memory:
 
     learner step   the learner's step peak (stare.plan.learner_memory.plan_learner) as `stare train` runs it:
                    weights published through host memory, no NCCL buffers, no device snapshot;
-                   + the engine asleep: vLLM at sleep level 1 keeps SLEEP_RESIDUAL (its persistent
-                   buffers, CUDA graphs: an estimate, not measured here); the hf engine nothing.
+                   + the engine asleep: vLLM at sleep level 1 keeps SLEEP_RESIDUAL (buffers outside its pool;
+                   CUDA graphs offloaded too: an estimate, stare doctor measures it); the hf engine nothing.
     sampling       the learner's resident state: its model states, or with the optimizer offloaded
                    only its weights (b x P, plus b x T adapter weights with LoRA; the fp32 master
                    weights, Adam moments and gradient partitions wait in host memory; at ZeRO-0 only
@@ -49,7 +49,7 @@ from stare.plan.plan_items import (
 )
 from stare.plan.sizes import DTYPE_BYTES, ModelShape, kv_bytes_per_token, load_model_shape, lora_params
 
-SLEEP_RESIDUAL = 1 * GIB  # vLLM asleep (level 1): what it keeps on the GPU; estimated, not measured
+SLEEP_RESIDUAL = 1 * GIB  # vLLM asleep (level 1, graphs offloaded): kept on the GPU; estimated, doctor-checked
 
 
 @dataclass
@@ -200,8 +200,8 @@ def plan_one_gpu(
     usable = int(HEADROOM * mem)
     engine_items, asleep, e = _engine_phases(cfg, shape, mem, seq, gpus)
     asleep_note = (
-        "vLLM sleep level 1: weights in pinned host memory, KV cache freed; kept: its buffers and CUDA "
-        "graphs (estimate)"
+        "vLLM sleep level 1: weights and CUDA graphs in pinned host memory, KV cache freed; kept: its "
+        "buffers outside its pool (estimate)"
         if e["name"] == "vllm"
         else "hf: weights in host memory, no cache held"
     )

@@ -3,7 +3,7 @@ the whole plan, and the limits every role is held to.
 
 A role fits when its total is at most HEADROOM x GPU memory (the rest: CUDA context, NCCL buffers,
 allocator fragmentation). These are estimates of the large terms, good to a few GiB, not a promise;
-`scripts/gpu_smoke.sh` measures the real peak.
+`stare doctor`'s config.plan_peak measures a real step's peak against it on a GPU.
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ is being sent (else the joiners are served by the next call or the next publish)
 The state is iterated in the sender thread while the learner trains the next step, so it must not
 change under it: the learners' `state_dict_for_rollout()` returns a snapshot when max_staleness >= 1
 (a device copy, or pinned host memory filled on a side stream: its first read, here in the sender
-thread, waits for the copies; the learner's thread does not). A lazy mapping
+thread, waits for the copies; the learner's thread does not). On a GPU the hand-over is an event
+recorded on the learner's stream (`ReadyState.ready`): the sender's device work waits for it on a
+stream of its own (stare.weight_sync.broadcast), so the learner's later steps never wait for a send
+and a send never waits for them (stare.weight_sync.streams). A lazy mapping
 whose iteration runs collectives with other ranks (ZeRO-3 gathering) must not be published in the
 background: build the publisher with `background=False` (stare.weight_sync.factory).
 
@@ -22,11 +25,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, ItemsView, Iterator, Mapping
+from typing import Any
 
 import torch
 
 from stare.weight_sync.base import WeightPublisher
+from stare.weight_sync.streams import HostStreams, Streams
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +39,7 @@ log = logging.getLogger(__name__)
 class BackgroundPublisher:
     def __init__(self, inner: WeightPublisher, *, close_timeout_s: float = 300.0):
         self.inner, self.close_timeout_s = inner, close_timeout_s
+        self.streams: Streams = getattr(inner, "streams", None) or HostStreams()
         self._cond = threading.Condition()
         self._waiting: tuple[int, Mapping[str, torch.Tensor]] | None = None
         self._sending: int | None = None  # the version being sent
@@ -50,6 +56,9 @@ class BackgroundPublisher:
     # ------------------------------------------------------------ WeightPublisher
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
         self._raise_error()
+        ready = self.streams.record()  # on the learner's stream: after the work that made the state
+        if ready is not None:
+            state_dict = ReadyState(state_dict, ready)
         with self._cond:
             if version <= self.version:
                 raise ValueError(f"weight version must increase: got {version} after {self.version}")
@@ -131,3 +140,29 @@ class BackgroundPublisher:
         if self._error is not None:
             err, self._error = self._error, None
             raise RuntimeError(f"the background weight publisher failed: {err}") from err
+
+
+class ReadyState(Mapping[str, torch.Tensor]):
+    """A state handed to the sender thread with `ready`, the event after the learner's work that made it
+    (stare.weight_sync.broadcast waits for it on its publish stream). Everything else is the state's own
+    (a lazy mapping's `meta` and `aliases`, its one pass of `items`)."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor], ready: object) -> None:
+        self._state, self.ready = state, ready
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._state[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._state)
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+    def items(self) -> ItemsView[str, torch.Tensor]:
+        return self._state.items()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._state, name)

@@ -39,6 +39,8 @@ import torch.distributed as dist
 from stare.weight_sync.broadcast_recv import GENERATION_OVER, BroadcastSubscriber
 from stare.weight_sync.buckets import BucketPacker, Layout
 from stare.weight_sync.communicator import (
+    BuildCommunicator,
+    Communicator,
     Setting,
     build_communicator,
     check_setting,
@@ -46,6 +48,7 @@ from stare.weight_sync.communicator import (
     device_scope,
     nccl_gpu,
 )
+from stare.weight_sync.streams import Streams, streams_for
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +66,20 @@ class BroadcastPublisher:
         timeout_s: float = 30.0,
         communicator: Setting = "auto",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    ):
+        communicators: BuildCommunicator = build_communicator,
+        streams: Streams | None = None,
+    ) -> None:
+        """`communicators` builds a generation's group (stare.weight_sync.loopback's for an in-process check);
+        `streams`: how the learner's device work is ordered (default: CUDA streams on the learner's GPU when
+        it may use NCCL, else none)."""
         check_setting(communicator)
         self.timeout_s, self.setting, self.bucket_bytes = timeout_s, communicator, bucket_bytes
         self._gpu = nccl_gpu(communicator)
         # the learner's GPU, fixed here: `publish` may run in a thread of its own (background.py)
         self._device = torch.device("cuda", torch.cuda.current_device()) if self._gpu else None
+        self.streams: Streams = streams or streams_for(self._device)
+        self._communicators = communicators
+        self._publish_streams: dict[str, object] = {}  # per communicator: the stream its sends run on
         self.store = dist.TCPStore(
             host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s), use_libuv=True
         )
@@ -78,7 +89,7 @@ class BroadcastPublisher:
         self.members: list[str] = []  # the current generation, rank = index + 1
         self._lost: set[str] = set()  # members whose sends failed: skipped until the next generation
         self._pg = None
-        self._comm = None  # the current generation's communicator
+        self._comm: Communicator | None = None  # the current generation's communicator
         self._packers: dict[str, BucketPacker] = {}  # per communicator: its buckets, reused
         self._member_gpus: dict[str, str | None] = {}
         self._seq = 0
@@ -170,7 +181,7 @@ class BroadcastPublisher:
         self._seq, self._layout = 0, None
         t0 = time.perf_counter()
         try:
-            self._comm = build_communicator(name, self._device)
+            self._comm = self._communicators(name, self._device)
             self._pg = self._comm.group(self.store, g, 0, len(members) + 1, self.timeout_s)
         except Exception as err:  # a joiner died before connecting: drop the generation
             self.failures += 1
@@ -197,16 +208,35 @@ class BroadcastPublisher:
         return self._layout_seq
 
     def _broadcast(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Send one version on the communicator's publish stream, after the state's hand-over point:
+        `state_dict.ready` (a background publish: recorded in the learner's thread, background.py), else the
+        caller's stream now (a synchronous publish, whose caller's stream then waits for the sends: they may
+        read the parameters themselves)."""
         pg, comm = self._pg, self._comm
+        assert comm is not None, "a broadcast without a group"
+        streams = comm.streams
         packer = self._packers.get(comm.name)
         if packer is None:
-            packer = self._packers[comm.name] = BucketPacker(self.bucket_bytes, comm.device)
+            packer = self._packers[comm.name] = BucketPacker(self.bucket_bytes, comm.device, streams)
+        stream = self._publish_streams.get(comm.name)
+        if stream is None:
+            stream = self._publish_streams[comm.name] = streams.new_stream()
+        ready = getattr(state_dict, "ready", None)
+        background = ready is not None
+        if not background:
+            ready = streams.record()  # after the caller's work so far (the step that wrote the weights)
+        elif comm.device.type == "cpu":
+            self.streams.synchronize(ready)  # host buffers (gloo): the hand-over point reached, on the host
         layout = packer.layout(state_dict)
         self.store.set(f"gen/{self.generation}/bcast/{self._seq}", f"{version} {self._layout_key(layout)}")
         ranks = {rank: name for rank, name in enumerate(self.members, start=1) if name not in self._lost}
         lost: dict[str, str] = {}
-        with device_scope(comm.device):
+        with streams.use(stream), device_scope(comm.device):
+            streams.wait(ready)  # the publish stream: after the hand-over, not after later training work
             _send_all(pg, packer.messages(state_dict, layout), ranks, lost)
+            sent = streams.record()
+        if not background:
+            streams.wait(sent)  # a synchronous publish: the caller's later work (the next update) after the sends
         self._seq += 1
         if lost:
             self.failures += 1

@@ -11,7 +11,11 @@ newest between batches, so a learner broadcast never waits for a generation to f
 `buffer_sets=1` (a worker that takes every version between two engine steps: in-flight weight
 updates) keeps one set: a receive waits until the loop's next `fetch` has released the set it took
 (one engine step, tens of milliseconds; at most `timeout_s`), and the GPU holds one copy of the model
-for the weight sync instead of two (14 GiB at 7B, given to the KV cache). Workers
+for the weight sync instead of two (14 GiB at 7B, given to the KV cache). On a GPU the sets are fenced
+by events (stare.weight_sync.streams): the engine's stream reads a set after its receive, and a receive
+into a set waits, on the device, for the work the engine had enqueued when it released the set (its
+next `fetch`), so a receive never overwrites a set the engine is still copying from and two versions
+never mix. Workers
 that see their generation dissolved, or lose the store (learner restart), or whose receive fails,
 rejoin from scratch.
 """
@@ -24,12 +28,21 @@ import socket
 import threading
 from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from stare.weight_sync.buckets import Layout, Segments
-from stare.weight_sync.communicator import Setting, build_communicator, check_setting, device_scope, nccl_gpu
+from stare.weight_sync.communicator import (
+    BuildCommunicator,
+    Communicator,
+    Setting,
+    build_communicator,
+    check_setting,
+    device_scope,
+    nccl_gpu,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +64,10 @@ class BroadcastSubscriber:
         wait_s: float = 1.0,
         communicator: Setting = "auto",
         buffer_sets: int = 2,
-    ):
+        communicators: BuildCommunicator = build_communicator,
+    ) -> None:
         check_setting(communicator)
+        self._communicators = communicators
         if buffer_sets not in (1, 2):
             raise ValueError(f"buffer_sets must be 1 or 2, got {buffer_sets}")
         self.buffer_sets = buffer_sets
@@ -75,15 +90,16 @@ class BroadcastSubscriber:
     # ---------------------------------------------------------------- WeightSubscriber
     def fetch(self, have_version: int) -> tuple[int, Mapping[str, torch.Tensor]] | None:
         """The newest version if newer than have_version. Its tensors stay valid (not overwritten by
-        later broadcasts) until the next `fetch`."""
+        later broadcasts) until the next `fetch`. The caller reads them on its thread's current stream
+        (vLLM's `reload_weights` does, in the engine's thread): that stream waits here for the receive,
+        and the next `fetch` marks the set free after the work the caller has enqueued by then."""
         with self._lock:
+            self._release()  # the caller is done with what it took before
             if self._latest is None or self._latest[0] <= have_version:
-                self._in_use = None  # the caller is done with what it took before
-                self._lock.notify_all()  # a receive waiting for that set (buffer_sets 1)
                 return None
             version, state, buffers = self._latest
             self._in_use = buffers
-            self._lock.notify_all()
+            self._fence_read(buffers)
             return version, state
 
     def wait_for(self, min_version: int, timeout_s: float) -> bool:
@@ -97,6 +113,24 @@ class BroadcastSubscriber:
         """Stop receiving; a receive in progress is abandoned (the thread is a daemon)."""
         self._stop.set()
         self._thread.join(timeout=2.0)
+
+    # ---------------------------------------------------------------- fences (stare.weight_sync.streams)
+    def _release(self) -> None:
+        """The set handed out last is free once the caller's work enqueued so far is done."""
+        if self._in_use is not None:
+            self._in_use.free_after = self._in_use.streams.record()  # on the caller's (the engine's) stream
+            self._in_use = None
+            self._lock.notify_all()  # a receive waiting for that set (buffer_sets 1)
+
+    @staticmethod
+    def _fence_read(buffers: Segments) -> None:
+        """The caller's stream reads `buffers` after their receive."""
+        buffers.streams.wait(buffers.ready)
+
+    @staticmethod
+    def _fence_reuse(buffers: Segments) -> None:
+        """The receive stream writes `buffers` after their last reader's work."""
+        buffers.streams.wait(buffers.free_after)
 
     # ---------------------------------------------------------------- receiver thread
     def _run(self) -> None:
@@ -129,12 +163,13 @@ class BroadcastSubscriber:
         while joined is not None and not self._stop.is_set():
             joined = self._receive(store, *joined)
 
-    def _receive(self, store, g: int, members: list[str]) -> tuple[int, list[str]] | None:
+    def _receive(self, store: Any, g: int, members: list[str]) -> tuple[int, list[str]] | None:
         """Receive generation g's broadcasts until the generation changes; the next generation if it
         lists this worker too (a member stays a member when others join), else None."""
         rank = members.index(self.name) + 1
-        comm = build_communicator(store.get(f"gen/{g}/comm").decode(), self._device)
+        comm = self._communicators(store.get(f"gen/{g}/comm").decode(), self._device)
         pg = comm.group(store, g, rank, len(members) + 1, self.timeout_s)
+        stream = comm.streams.new_stream()  # the receives' stream (the group's own follows it)
         self.generations_joined += 1
         self.communicator = comm.name
         log.info(
@@ -160,9 +195,11 @@ class BroadcastSubscriber:
                 return (now, nxt) if self.name in nxt else None
             version, layout_seq = int(announced[0]), int(announced[1])
             layout = self._layout(store, g, layout_seq)
-            buffers = self._free_buffers(comm.device)
-            with device_scope(comm.device):
+            buffers = self._free_buffers(comm)
+            with comm.streams.use(stream), device_scope(comm.device):
+                self._fence_reuse(buffers)
                 self._receive_segments(pg, buffers, layout)
+                buffers.ready = comm.streams.record()
             state = buffers.tensors(layout)
             with self._lock:
                 self._latest = (version, state, buffers)
@@ -185,12 +222,15 @@ class BroadcastSubscriber:
             self._layouts = {key: Layout.from_json(json.loads(store.get(f"gen/{g}/layout/{layout_seq}")))}
         return self._layouts[key]
 
-    def _free_buffers(self, device: torch.device) -> Segments:
+    def _free_buffers(self, comm: Communicator) -> Segments:
         """A buffer set to receive into: not the one handed out last; no set beyond `buffer_sets` is
         made: the newest complete version is overwritten instead (it is withdrawn first), and with one
         set a receive waits for the rollout loop to release it (RuntimeError after timeout_s)."""
+        device = comm.device
         with self._lock:
             self._pool = [b for b in self._pool if b.device == device]
+            for buffers in self._pool:
+                buffers.streams = comm.streams  # this generation's (the same device: its events order the same work)
             if (
                 self.buffer_sets == 1
                 and self._pool
@@ -208,9 +248,10 @@ class BroadcastSubscriber:
                 if buffers is not self._in_use and buffers is not latest:
                     return buffers
             if len(self._pool) < self.buffer_sets:
-                self._pool.append(Segments(device))
+                self._pool.append(Segments(device, comm.streams))
                 return self._pool[-1]
             self._latest = None  # superseded before it was taken: its buffers take the newer version
+            assert latest is not None, "every set is in use"  # buffer_sets sets: one handed out, one the newest
             return latest
 
     def _await_membership(self, store, asked_at: int) -> tuple[int, list[str]] | None:

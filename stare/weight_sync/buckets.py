@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
+from stare.weight_sync.streams import HostStreams, Streams
+
 ALIGN = 64  # bytes: any dtype can view a packed tensor at an aligned offset
 PACK_MAX_BYTES = 2**20  # larger tensors are sent from their own memory
 EMPTY = -1  # the segment of an empty tensor: it has no bytes on the wire
@@ -187,12 +189,16 @@ def as_bytes(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 class BucketPacker:
-    """Sender side; holds two flat buckets of `bucket_bytes` on `device`, reused across versions."""
+    """Sender side; holds two flat buckets of `bucket_bytes` on `device`, reused across versions. Device
+    work goes through `streams`, on the calling thread's current stream (the publish stream): the bucket
+    copies, and each tensor of the state marked used there (`keep`: a snapshot allocated on the training
+    stream is not reused before the publish stream has read it)."""
 
-    def __init__(self, bucket_bytes: int, device: torch.device):
+    def __init__(self, bucket_bytes: int, device: torch.device, streams: Streams | None = None) -> None:
         if bucket_bytes < ALIGN:
             raise ValueError(f"bucket size {bucket_bytes} bytes is below {ALIGN}: raise system.weight_sync_bucket_mb")
         self.bucket_bytes, self.device = bucket_bytes, device
+        self.streams: Streams = streams or HostStreams()
         self.pack_bytes = min(bucket_bytes, PACK_MAX_BYTES)
         self._buckets: list[torch.Tensor] = []
 
@@ -221,6 +227,7 @@ class BucketPacker:
                 continue
             placed.add((segment, offset))
             data = as_bytes(value, self.device)
+            self.streams.keep(data)
             if segment != open_seg and bucket is not None:  # the open bucket is complete
                 yield Message(open_seg, 0, bucket[: layout.segments[open_seg]])
                 sent, bucket, open_seg = sent + 1, None, EMPTY
@@ -232,7 +239,7 @@ class BucketPacker:
                 continue
             if bucket is None:
                 open_seg, bucket = segment, self._bucket(sent)
-            bucket[offset : offset + n].copy_(data)
+            self.streams.copy(bucket[offset : offset + n], data)
         if next(planned, None) is not None:
             raise ValueError("the state has fewer tensors than its layout: it changed between its layout and its pass")
         if bucket is not None:
@@ -240,11 +247,16 @@ class BucketPacker:
 
 
 class Segments:
-    """Receiver side: one buffer set (a version's segments), reused while the segment sizes repeat."""
+    """Receiver side: one buffer set (a version's segments), reused while the segment sizes repeat.
+    `ready`: an event after the version's receives (a reader's stream waits for it); `free_after`: an
+    event after its last reader's work (a receive into the set waits for it); both of `streams`."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, streams: Streams | None = None) -> None:
         self.device = device
+        self.streams: Streams = streams or HostStreams()
         self.buffers: list[torch.Tensor] = []
+        self.ready: object = None
+        self.free_after: object = None
 
     def targets(self, layout: Layout) -> list[torch.Tensor]:
         """Where each of the layout's messages goes (uint8 [n] views), the buffers (re)allocated to

@@ -2,7 +2,7 @@
 
 `broadcast.py` (membership, generations, timeouts, skipping dead members) and `buckets.py` (the
 wire format) are shared; a communicator only builds the group of one generation and says where
-its buffers live:
+its buffers live and how work there is ordered (`streams`: stare.weight_sync.streams):
 
 - `GlooCommunicator`: `ProcessGroupGloo` over the learner's store, CPU buffers (the tested path);
 - `NcclCommunicator`: `ProcessGroupNCCL` over the same store, buffers on this process's GPU (what
@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Literal, Protocol
 
 import torch
 import torch.distributed as dist
+
+from stare.weight_sync.streams import CudaStreams, HostStreams, Streams
 
 CommunicatorName = Literal["gloo", "nccl"]
 
@@ -50,8 +53,20 @@ Setting = Literal["auto", "gloo", "nccl"]
 
 
 class Communicator(Protocol):
-    name: CommunicatorName
-    device: torch.device  # where send and receive buffers live
+    @property
+    def name(self) -> str:
+        """gloo, nccl (loopback: stare.weight_sync.loopback)."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where send and receive buffers live."""
+        ...
+
+    @property
+    def streams(self) -> Streams:
+        """How work on `device` is ordered (stare.weight_sync.streams)."""
+        ...
 
     def group(self, store: dist.Store, generation: int, rank: int, size: int, timeout_s: float):
         """The point-to-point group of one generation (rank 0: the learner)."""
@@ -61,6 +76,7 @@ class Communicator(Protocol):
 class GlooCommunicator:
     name: CommunicatorName = "gloo"
     device = torch.device("cpu")
+    streams: Streams = HostStreams()
 
     def group(self, store, generation: int, rank: int, size: int, timeout_s: float):
         prefix = dist.PrefixStore(f"pg/{generation}", store)
@@ -80,6 +96,7 @@ class NcclCommunicator:
                 "system.weight_sync_communicator: gloo (or auto, which picks gloo without CUDA)"
             )
         self.device = device or torch.device("cuda", torch.cuda.current_device())
+        self.streams: Streams = CudaStreams(self.device)
 
     def group(self, store, generation: int, rank: int, size: int, timeout_s: float):
         prefix = dist.PrefixStore(f"pg/{generation}", store)
@@ -165,6 +182,10 @@ def check_setting(setting: Setting) -> None:
         raise ValueError(f"system.weight_sync_communicator must be auto, gloo or nccl, got {setting!r}")
 
 
-def build_communicator(name: CommunicatorName, device: torch.device | None = None) -> Communicator:
-    """`device`: the GPU for NCCL (None: the calling thread's current one)."""
+BuildCommunicator = Callable[[str, "torch.device | None"], Communicator]
+
+
+def build_communicator(name: str, device: torch.device | None = None) -> Communicator:
+    """`device`: the GPU for NCCL (None: the calling thread's current one). Both ends take it as a seam
+    (`BuildCommunicator`): an in-process check passes stare.weight_sync.loopback's instead."""
     return NcclCommunicator(device) if name == "nccl" else GlooCommunicator()

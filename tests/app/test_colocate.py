@@ -58,13 +58,13 @@ class Recording:
         return self._engine.wake()
 
 
-LEARNERS: list = []  # the learner of the run under test (DeepSpeed's offloaded_states are read from it)
+LEARNERS: list = []  # the learner of the run under test (what is offloaded is read from it)
 
 
 def _offloaded() -> frozenset:
-    if not LEARNERS:
-        return frozenset()
-    return frozenset(s.value for s in getattr(LEARNERS[-1].engine.optimizer, "offloaded_states", ()))
+    from learner.engine.deepspeed_engine import offloaded_states
+
+    return offloaded_states(LEARNERS[-1].engine) if LEARNERS else frozenset()
 
 
 @pytest.fixture

@@ -296,3 +296,23 @@ def test_capacity_reserves_max_model_len_per_sample_until_64_have_ended_then_the
     got.update(_stream(engine, {15: ([20, 9, 13], params)}))  # 64 samples ended
     mean = sum(3 + len(c.token_ids) for group in got.values() for c in group) / 64
     assert engine.capacity() == min(most, int(kv // (mean * 1.2)))
+
+
+def test_an_update_runs_no_device_wide_synchronize(engine, untied_model_dir):
+    """vLLM's pause (`LLM.sleep(level=0)`) ends with collective_rpc("synchronize_device"), a device-wide sync
+    that would also wait for a weight receive in flight on another stream (vllm/v1/engine/core.py
+    `_finish_pause`); update_weights pauses the scheduler without it. The RPCs of an update mid-stream are
+    counted (reload_weights among them: the count sees the update's RPCs)."""
+    core = engine._core()
+    calls, original = [], core.model_executor.collective_rpc
+
+    def counted(method, *args, **kwargs):
+        calls.append(method if isinstance(method, str) else getattr(method, "__name__", repr(method)))
+        return original(method, *args, **kwargs)
+
+    core.model_executor.collective_rpc = counted
+    try:
+        _stream(engine, _jobs(), update=(_original(untied_model_dir), engine.weight_version + 1))
+    finally:
+        del core.model_executor.collective_rpc  # the instance attribute: the class's method again
+    assert "reload_weights" in calls and "synchronize_device" not in calls, calls

@@ -17,7 +17,7 @@ from stare.runtime.net import free_port
 from stare.weight_sync.background import BackgroundPublisher
 from stare.weight_sync.broadcast import BroadcastPublisher, BroadcastSubscriber
 from stare.weight_sync.buckets import BucketPacker, Segments
-from stare.weight_sync.communicator import NcclCommunicator, choose_communicator, has_nccl
+from stare.weight_sync.communicator import GlooCommunicator, NcclCommunicator, choose_communicator, has_nccl
 from stare.weight_sync.in_memory import MemoryWeightBoard
 
 
@@ -199,7 +199,7 @@ def test_with_one_buffer_set_a_loop_that_never_releases_it_fails_the_receive_aft
         assert sub.wait_for(1, 10)
         sub.fetch(0)  # taken and never released
         with pytest.raises(RuntimeError, match="receive buffer set"):
-            sub._free_buffers(sub._pool[0].device)
+            sub._free_buffers(GlooCommunicator())
     finally:
         sub.close()
         pub.close()

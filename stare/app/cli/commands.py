@@ -256,6 +256,29 @@ def _up_ray(args, *, rollout: int) -> int:
     )
 
 
+def cmd_doctor(args) -> int:
+    import json
+
+    from stare.app.doctor.registry import GROUPS, Context
+    from stare.app.doctor.report import render
+    from stare.app.doctor.runner import run_doctor
+    from stare.config import ConfigError
+
+    groups = [g.strip() for g in args.only.split(",") if g.strip()] if args.only else None
+    unknown = sorted(set(groups or ()) - set(GROUPS))
+    if unknown:
+        raise ConfigError(f"--only: unknown group(s) {unknown}; the groups are {', '.join(GROUPS)}")
+    if args.config is not None and not args.config.is_file():
+        raise ConfigError(f"--config {args.config}: no such file")
+    out = args.out.resolve()
+    config = str(args.config.resolve()) if args.config else None
+    report = run_doctor(Context(out=str(out), config=config, overrides=tuple(args.overrides)), groups)
+    (out / "doctor.json").write_text(json.dumps(report, indent=1))
+    print(render(report), end="")
+    print(f"report: {out / 'doctor.json'} (attach it to a bug report)")
+    return 1 if report["summary"]["fail"] else 0
+
+
 def cmd_plan(args) -> int:
     from stare.plan.gpu_memory import build_plan
     from stare.plan.render import render, render_json

@@ -13,6 +13,7 @@ from stare.app.cli.commands import (
     cmd_compare,
     cmd_control,
     cmd_ctl,
+    cmd_doctor,
     cmd_export,
     cmd_launch,
     cmd_plan,
@@ -33,6 +34,27 @@ def _bench_epilog() -> str:
         "sections: " + "; ".join(f"{s} = {' '.join(names)}" for s, names in SECTIONS.items()),
         "The GPU benchmarks print a row saying 'skipped' where CUDA is absent.",
     ]
+    return "\n".join(lines)
+
+
+def _doctor_groups() -> list[str]:
+    from stare.app.doctor.registry import GROUPS
+
+    return list(GROUPS)
+
+
+def _doctor_epilog() -> str:
+    import textwrap
+
+    from stare.app.doctor.registry import GROUPS
+
+    lines = ["checks ([GPU]: skipped without CUDA, saying why; the others run on any machine):"]
+    for group in GROUPS.values():
+        lines.append(f"{group.name}: {group.summary} (one process, at most {group.timeout_s:.0f} s)")
+        for c in group.checks():
+            text = f"{c.name}{' [GPU]' if c.gpu else ''}: {c.what}. Fails when: {c.failure}. Fix: {c.fix}."
+            lines += textwrap.wrap(text, 110, initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False)
+    lines.append("Exit status 1 when a check failed. docs/deploy.md, 'First on a GPU node: stare doctor'.")
     return "\n".join(lines)
 
 
@@ -172,6 +194,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rollout-gpus", type=float, default=None, help="GPUs each rollout actor requests")
     _ray_args(p)
     p.set_defaults(fn=cmd_launch)
+
+    p = sub.add_parser(
+        "doctor",
+        help="check this node before a run (the first thing to run on a GPU node): versions, GPUs and links, vLLM "
+        "sampling, sleep and in-flight updates, the weight broadcast and its stream fences, a ZeRO-3 step, the run's "
+        "memory plan; a table and doctor.json for a bug report",
+        epilog=_doctor_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("doctor-out"),
+        help="folder for doctor.json and the checks' logs (./doctor-out)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="the run's config: config.plan plans it against this GPU's free memory",
+    )
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a --config field"
+    )
+    p.add_argument(
+        "--only", default=None, metavar="GROUPS", help="comma-separated groups: " + ", ".join(_doctor_groups())
+    )
+    p.set_defaults(fn=cmd_doctor)
 
     p = sub.add_parser(
         "plan",

@@ -9,7 +9,8 @@ the other).
              -> none taken: stay asleep; else wake -> this rank's learner's weights in place (no host round
              trip unless system.weight_sync_publish_from is host) -> sample the prompts stream until it is
              empty and the engine idle (the streaming loop for vLLM, batches of `share` for hf), publishing
-             each group to raw with the ack of its prompt -> sleep
+             each group to raw with the ack of its prompt, its progress on the board -> sleep -> wait on the
+             board for every rank (learner/process/sample_progress.py) -> the op's gather
     rank 0:  held-out evaluation on its own engine, woken for it (`AwakeEvaluator`; the weights the session
              hands over: under ZeRO-3 the WEIGHTS op gathers them to rank 0)
 
@@ -24,9 +25,12 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stare.config import TrainConfig
+
+if TYPE_CHECKING:
+    from learner.process.sample_progress import DecodeMeter, SampleBoard
 
 log = logging.getLogger(__name__)
 
@@ -54,24 +58,42 @@ class RankWeights:
 class NodeRollout:
     """One learner rank's rollout (learner/process/colocation.py `RankRollout`); see the module docstring."""
 
-    def __init__(self, cfg: TrainConfig, redis_url: str, name: str, say: Callable[[str], None] = log.info):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        redis_url: str,
+        name: str,
+        say: Callable[[str], None] = log.info,
+        progress: SampleBoard | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        """`progress`: where the ranks show their progress in a SAMPLE op (default: the learner's store with
+        several ranks, nowhere with one; a simulation passes its own); `clock`: what the op's limit is measured
+        with (learner/process/sample_progress.py)."""
         self.cfg, self.redis_url, self.name, self.say = cfg, redis_url, name, say
         self.stack = self.worker = self.stream = self.colocation = self.learner = self.transport = None
         self.rank, self.collective = 0, False
+        self.board, self.clock = progress, clock
 
     def build(self, model_path: Path, rank: int, world: int) -> None:
         import torch
 
         from rollout.stack import build_rollout_stack
-        from stare.app.colocation.one_gpu import check_alloc_conf
         from stare.config.colocation import check_node_colocation
 
         cuda = torch.cuda.is_available()
         check_node_colocation(self.cfg, cuda=cuda)
         vllm = self.cfg.rollout.engine.name == "vllm"
-        if vllm:
-            check_alloc_conf()
         self.rank = rank
+        if self.board is None:
+            from learner.process.rank_launch import rank_timeout_s
+            from learner.process.sample_progress import LocalBoard, StoreBoard
+
+            self.board = (
+                StoreBoard.on_default_group(rank, world, stall_s=rank_timeout_s(self.cfg), say=self.say)
+                if world > 1
+                else LocalBoard()
+            )
         self.stack = build_rollout_stack(
             self.cfg, self.say, model_path=model_path, sleep_mode=vllm, external_launcher=vllm and world > 1
         )
@@ -118,8 +140,15 @@ class NodeRollout:
 
     # ------------------------------------------------------------------ the SAMPLE op
     def sample(self, version: int, share: int, gather: bool) -> dict[str, Any]:
-        """This rank's part of a SAMPLE op (learner/process/colocation.py): the engine asleep again at the end."""
+        """This rank's part of a SAMPLE op (learner/process/colocation.py): the engine asleep again at the end,
+        then every rank's progress waited for on the board (heartbeats; a limit from the decode rate)."""
+        from learner.process.rank_launch import rank_timeout_s
+        from learner.process.sample_progress import DecodeMeter
+
         t0 = time.perf_counter()
+        self.board.begin()
+        meter = DecodeMeter(self.cfg.rollout.max_new_tokens, floor_s=rank_timeout_s(self.cfg), clock=self.clock)
+        self.board.beat(meter.report(), force=True)
         taken = self._take(share)
         need = bool(taken) and self.engine.weight_version < version
         if self.collective and need and not gather:
@@ -140,8 +169,10 @@ class NodeRollout:
                     self.engine.update_weights(state, version)
 
             with self.colocation.awake(sync=load):
-                sampled = self._sample(taken, share)
+                sampled = self._sample(taken, share, meter)
         box.clear()
+        self.board.beat(meter.report(done=True))
+        self.board.wait_all()
         return {
             "rank": self.rank,
             "prompts": len(taken),
@@ -160,20 +191,33 @@ class NodeRollout:
             taken += prompts.consume(me, share - len(taken), 0.0)
         return taken
 
-    def _sample(self, taken: list, share: int) -> int:
+    def _sample(self, taken: list, share: int, meter: DecodeMeter) -> int:
         """`taken` and every prompt the stream still has, until it has none and the engine is idle; the
-        groups published."""
+        groups published. Progress goes to the board after each engine step (each batch with hf)."""
+        meter.restart()
         if self.stream is not None:
             before = self.stream.published
             self.stream.offer("train", taken)
             while True:
-                self.stream.run_once(0.0)
+                self._progress(meter, self.stream.run_once(0.0), steps=1)
                 if not self.stream.in_flight():
                     return self.stream.published - before
         done = self.worker.handle(taken)
+        self._progress(meter, done, steps=0)
         while deliveries := self.worker.prompts.consume(self.worker.name, share, 0.0):
-            done += self.worker.handle(deliveries)
+            groups = self.worker.handle(deliveries)
+            self._progress(meter, groups, steps=0)
+            done += groups
         return done
+
+    def _progress(self, meter: DecodeMeter, groups: int, steps: int) -> None:
+        """Count an engine step (or a batch), beat, and fail the op when no group finished within the limit."""
+        meter.step(groups, steps=steps)
+        why = meter.overdue()
+        if why is not None:
+            self.board.beat(meter.report(failed=why))
+            raise RuntimeError(f"learner rank {self.rank}: {why}")
+        self.board.beat(meter.report())
 
     # ------------------------------------------------------------------ rank 0's evaluation, the end
     def evaluator(self):

