@@ -228,7 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("reward", help="a reward worker process (trajectories -> scored trajectories)")
     _role_args(p)
-    p.add_argument("--workers", type=int, default=1, help="scoring processes with a hard timeout each (default 1)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="scoring processes with a hard time and memory limit each (default: reward.scoring.workers; 1 without "
+        "a reward section)",
+    )
     p.set_defaults(fn=cmd_role)
 
     p = sub.add_parser("control", help="serve the control plane (API + dashboard) over the run's Redis state")

@@ -102,6 +102,7 @@ class NodeRollout:
             seed=cfg.run.seed,
             max_prompt_len=cfg.data.max_prompt_len,
             prompt_overflow=cfg.data.prompt_overflow,
+            keep_rows=cfg.reward is not None and cfg.reward.needs_rows,
         )
         self.stream = StreamingLoop(self.worker, engine) if streaming_enabled(cfg, engine) else None
         # the weights come per wake (sample's sync); an evaluation's wake takes what the session hands it
