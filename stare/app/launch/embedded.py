@@ -55,8 +55,15 @@ class EmbeddedRun:
     `TrainingSession` (learner/loop/session.py): setup once, then `train()`."""
 
     def __init__(
-        self, cfg: TrainConfig, *, resume: bool, log: Callable[[str], None] = print, steering: RunSteering | None = None
+        self,
+        cfg: TrainConfig,
+        *,
+        resume: bool,
+        log: Callable[[str], None] = print,
+        steering: RunSteering | None = None,
+        warn: Callable[[str], None] | None = None,
     ):
+        """`warn`: where a reward failure is logged with its sample (None: the `reward.scorers` logger)."""
         from learner.loop.build import build_session
         from learner.loop.group_collector import MemoryDecisionLog
         from learner.loop.session import MemoryCursor, SessionSeams, seed_everything
@@ -105,7 +112,7 @@ class EmbeddedRun:
             keep_rows=cfg.reward is not None and cfg.reward.needs_rows,
         )
         # a reward with a function of the user's own scores in the scoring processes (time and memory limits)
-        self.scorer = build_scorer(cfg, self.task, warn=log)
+        self.scorer = build_scorer(cfg, self.task, warn=warn)
         self.reward = RewardWorker(
             self.task, self.transport.raw, self.transport.scored, name="reward-0", scorer=self.scorer
         )
@@ -283,7 +290,8 @@ def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_li
     )
 
     with run_lock(cfg.run_dir), _control_plane(cfg, log) as steering:
-        run = EmbeddedRun(cfg, resume=resume, log=log, steering=steering)
+        # reward failures are warnings even without progress output (then through logging, to stderr)
+        run = EmbeddedRun(cfg, resume=resume, log=log, steering=steering, warn=log if progress else None)
         columns = [
             TextColumn("[bold]{task.description}"),
             BarColumn(),
