@@ -175,24 +175,31 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
 _SURROGATE_KEYS = set(GrpoLossConfig.model_fields) - {"name"} | {"tis_cap"}  # tis_cap: the legacy key
 
 
-def _deep_merge(base: dict, update: dict) -> dict:
+def deep_merge(base: dict, update: dict) -> dict:
     out = dict(base)
     for key, value in update.items():
-        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
 
 
 def _apply_preset(raw: dict, algo: str) -> dict:
     if algo not in ALGO_PRESETS:
-        raise ConfigError(f"--algo {algo!r} is not a known algorithm; choose one of {sorted(ALGO_PRESETS)}")
+        import difflib
+
+        close = difflib.get_close_matches(algo, list(ALGO_PRESETS), n=1)
+        raise ConfigError(
+            f"--algo {algo!r} is not a known algorithm"
+            + (f" (did you mean {close[0]}?)" if close else "")
+            + f"; choose one of {sorted(ALGO_PRESETS)}"
+        )
     preset = ALGO_PRESETS[algo]
     loss = raw.get("loss", {}) or {}
     # Keep the shared surrogate settings (clip range, aggregation, TIS) when switching the loss.
     kept = {k: v for k, v in loss.items() if k in _SURROGATE_KEYS}
     if preset["loss"]["name"] != loss.get("name", "stare"):
         loss = kept
-    raw = _deep_merge(raw, {k: v for k, v in preset.items() if k != "loss"})
-    raw["loss"] = _deep_merge(loss, preset["loss"])
+    raw = deep_merge(raw, {k: v for k, v in preset.items() if k != "loss"})
+    raw["loss"] = deep_merge(loss, preset["loss"])
     raw["algo"] = algo
     if "run" in raw and "name" in raw["run"] and algo != "stare" and not raw["run"]["name"].endswith(f"-{algo}"):
         raw["run"] = {**raw["run"], "name": f"{raw['run']['name']}-{algo}"}
@@ -220,11 +227,9 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def _describe(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-after", "tagged-union")))
-        loc = loc.replace(".stare.", ".").replace(".grpo.", ".")
-        lines.append(f"  {loc or '(root)'}: {e['msg']} (got {e.get('input')!r})")
+    from stare.config.suggest import explain  # did-you-mean, verl's names, values shown short
+
+    lines = [f"  {explain(TrainConfig, e)}" for e in err.errors()]
     return "invalid config:\n" + "\n".join(lines) + "\nfix the value in the YAML file or with --set FIELD=VALUE"
 
 

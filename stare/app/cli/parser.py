@@ -12,6 +12,7 @@ from stare.app.cli.commands import (
     cmd_build_model,
     cmd_compare,
     cmd_control,
+    cmd_convert_verl,
     cmd_ctl,
     cmd_export,
     cmd_launch,
@@ -73,6 +74,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar or log lines")
     _log_format_arg(p)
     p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser(
+        "convert-verl",
+        help="translate a verl config (a hydra YAML and/or key=value overrides) into a stare config: the YAML on "
+        "stdout, on stderr what each verl setting became and what could not be mapped (docs/from-verl.md)",
+    )
+    p.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="FILE.yaml | KEY=VALUE",
+        help="a verl YAML config, then hydra overrides as a verl launch script passes them (a.b=v, +a.b=v, "
+        "++a.b=v, ~a.b)",
+    )
+    p.add_argument("--out", type=Path, default=None, help="write the stare YAML here instead of stdout")
+    p.add_argument(
+        "--no-verl-defaults",
+        action="store_true",
+        help="leave the settings you did not give at stare's defaults (default: verl's, where a run's meaning "
+        "depends on them: clip 0.2/0.2, dual-clip 3.0, weight decay 0.01, ...)",
+    )
+    p.add_argument("--strict", action="store_true", help="exit 2 when a setting could not be mapped")
+    p.set_defaults(fn=cmd_convert_verl)
 
     p = sub.add_parser("compare", help="train several algorithms x seeds on one config; one figure and table")
     p.add_argument("--config", type=Path, default=None, help="YAML config (default: configs/tiny-cpu.yaml)")
