@@ -198,12 +198,26 @@ def _apply_preset(raw: dict, algo: str) -> dict:
     kept = {k: v for k, v in loss.items() if k in _SURROGATE_KEYS}
     if preset["loss"]["name"] != loss.get("name", "stare"):
         loss = kept
-    raw = deep_merge(raw, {k: v for k, v in preset.items() if k != "loss"})
+    raw = deep_merge(raw, {k: v for k, v in preset.items() if k not in ("loss", "overlong")})
     raw["loss"] = deep_merge(loss, preset["loss"])
     raw["algo"] = algo
     if "run" in raw and "name" in raw["run"] and algo != "stare" and not raw["run"]["name"].endswith(f"-{algo}"):
         raw["run"] = {**raw["run"], "name": f"{raw['run']['name']}-{algo}"}
     return raw
+
+
+def _with_overlong(raw: dict[str, Any], fraction: float) -> dict[str, Any]:
+    """`raw` with DAPO's soft overlong punishment in its reward (after the overrides: it reads the final
+    rollout.max_new_tokens): L_max = max_new_tokens, L_cache = `fraction` of it; added to the config's
+    reward, or to the task's own verifier when the config has none; a reward that has one keeps its own."""
+    max_new = (raw.get("rollout") or {}).get("max_new_tokens", RolloutSection.model_fields["max_new_tokens"].default)
+    reward = raw.get("reward") if isinstance(raw.get("reward"), dict) else {}
+    components = list(reward.get("components") or [{"kind": "task"}])
+    if not isinstance(max_new, int) or any(isinstance(c, dict) and c.get("kind") == "overlong" for c in components):
+        return raw  # a bad length is validation's to name
+    cache = max(1, round(fraction * max_new))
+    components.append({"kind": "overlong", "config": {"max_length": max_new, "cache_length": cache}})
+    return {**raw, "reward": {**reward, "components": components}}
 
 
 def _set_dotted(raw: dict, dotted: str, value: Any) -> None:
@@ -239,6 +253,8 @@ def build_config(raw: dict, *, algo: str | None = None, overrides: list[str] | t
         raw = _apply_preset(raw, algo)
     for text in overrides:
         _set_dotted(raw, *parse_override(text))
+    if algo is not None and ALGO_PRESETS[algo].get("overlong"):
+        raw = _with_overlong(raw, ALGO_PRESETS[algo]["overlong"])
     if isinstance(raw.get("loss"), dict) and "name" not in raw["loss"]:
         raw["loss"] = {"name": "stare", **raw["loss"]}  # the default loss, as if it had been written
     try:

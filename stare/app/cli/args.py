@@ -18,7 +18,8 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--algo",
         default=None,
-        help="algorithm preset: stare, grpo, grpo-ds, dapo, entropy-bonus, clip-cov, kl-cov, 80-20",
+        help="algorithm preset: stare, grpo (vanilla), grpo-matched (the config's clip, no reweighting), grpo-ds, dapo, "
+        "dapo-no-overlong, entropy-bonus, clip-cov, kl-cov, 80-20 (docs/algorithm.md, Presets)",
     )
     p.add_argument(
         "--set",
