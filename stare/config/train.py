@@ -211,7 +211,8 @@ def _with_overlong(raw: dict[str, Any], fraction: float) -> dict[str, Any]:
     rollout.max_new_tokens): L_max = max_new_tokens, L_cache = `fraction` of it; added to the config's
     reward, or to the task's own verifier when the config has none; a reward that has one keeps its own."""
     max_new = (raw.get("rollout") or {}).get("max_new_tokens", RolloutSection.model_fields["max_new_tokens"].default)
-    reward = raw.get("reward") if isinstance(raw.get("reward"), dict) else {}
+    given = raw.get("reward")
+    reward: dict[str, Any] = given if isinstance(given, dict) else {}
     components = list(reward.get("components") or [{"kind": "task"}])
     if not isinstance(max_new, int) or any(isinstance(c, dict) and c.get("kind") == "overlong" for c in components):
         return raw  # a bad length is validation's to name
