@@ -10,7 +10,6 @@ from stare.app.cli.args import _config_args, _log_format_arg, _role_args
 from stare.app.cli.commands import (
     cmd_bench,
     cmd_build_model,
-    cmd_compare,
     cmd_control,
     cmd_convert_verl,
     cmd_ctl,
@@ -23,6 +22,7 @@ from stare.app.cli.commands import (
     cmd_train,
     cmd_up,
 )
+from stare.app.cli.compare import cmd_compare
 
 
 def _bench_epilog() -> str:
@@ -97,11 +97,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true", help="exit 2 when a setting could not be mapped")
     p.set_defaults(fn=cmd_convert_verl)
 
-    p = sub.add_parser("compare", help="train several algorithms x seeds on one config; one figure and table")
+    p = sub.add_parser(
+        "compare",
+        help="runs side by side (one figure and table): existing run folders as they are (RUN_DIR...), and/or new "
+        "runs trained for --algos x --seeds on one config",
+    )
+    p.add_argument("runs", nargs="*", type=Path, metavar="RUN_DIR", help="run folders to compare (nothing is trained)")
     p.add_argument("--config", type=Path, default=None, help="YAML config (default: configs/tiny-cpu.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--algos", default="stare,grpo", help="comma-separated presets (default: stare,grpo)")
+    p.add_argument(
+        "--algos",
+        default=None,
+        help="comma-separated presets to train (default without RUN_DIR: stare,grpo-matched; with RUN_DIR: none)",
+    )
     p.add_argument("--seeds", default="0", help="comma-separated seeds (default: 0)")
+    p.add_argument(
+        "--pass-k",
+        default="1,8,64",
+        help="pass@k columns (default 1,8,64); a trained run's last evaluation samples the largest k per problem "
+        "when its config samples fewer (task.final_eval_k)",
+    )
     p.add_argument("--out", type=Path, default=None, help="output folder (default: runs/<name>-compare)")
     p.add_argument("--timeout-s", type=float, default=6 * 3600, help="limit per training run")
     p.set_defaults(fn=cmd_compare)
