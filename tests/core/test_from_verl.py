@@ -197,3 +197,18 @@ def test_the_cli_prints_the_yaml_and_the_report(tmp_path):
     assert proc.returncode == 2, proc.stderr  # --strict: something was not mapped
     assert yaml.safe_load(proc.stdout) == EXPECTED
     assert "not mapped (5):" in proc.stderr and "trainer.n_gpus_per_node = 8" in proc.stderr
+
+
+@pytest.mark.skipif("epochs" not in DataSection.model_fields, reason="needs data.epochs, loss.ref_kl (their branch)")
+def test_train_from_verl_merges_the_conversion_over_the_config_and_set_wins(tmp_path):
+    from stare.app.cli.args import _load
+    from stare.app.cli.parser import parse_args
+
+    (tmp_path / "verl.yaml").write_text(VERL_YAML)
+    (tmp_path / "base.yaml").write_text("run: {name: mine, seed: 3}\ncontroller: {target: 0.25}\n")
+    args = parse_args(["train", "--from-verl", str(tmp_path / "verl.yaml"), "--verl-set", "data.train_batch_size=32",
+                       "--config", str(tmp_path / "base.yaml"), "--algo", "stare", "--set", "optim.lr=2e-6"])  # fmt: skip
+    cfg = _load(args)
+    assert (cfg.rollout.prompts_per_step, cfg.optim.mini_batches) == (32, 2)  # 32 / 16: the override converted
+    assert (cfg.run.seed, cfg.controller.target) == (3, 0.25)  # the base config's own fields stay
+    assert (cfg.loss.name, cfg.loss.eps_high, cfg.optim.lr) == ("stare", 0.28, 2e-6)  # --algo keeps the clip
