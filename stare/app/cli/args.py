@@ -18,8 +18,9 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--algo",
         default=None,
-        help="algorithm preset: stare, grpo (vanilla), grpo-matched (the config's clip, no reweighting), grpo-ds, dapo, "
-        "dapo-no-overlong, entropy-bonus, clip-cov, kl-cov, 80-20 (docs/algorithm.md, Presets)",
+        help="algorithm preset (each one's settings in docs/algorithm.md, Presets; grpo is vanilla GRPO, grpo-matched GRPO on "
+        "the config's clip range): stare, grpo, grpo-matched, grpo-ds, dapo, dapo-no-overlong, entropy-bonus, "
+        "clip-cov, kl-cov, 80-20",
     )
     p.add_argument(
         "--set",
