@@ -175,7 +175,8 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
 _SURROGATE_KEYS = set(GrpoLossConfig.model_fields) - {"name"} | {"tis_cap"}  # tis_cap: the legacy key
 
 
-def deep_merge(base: dict, update: dict) -> dict:
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `update` merged in, section by section (update's values win)."""
     out = dict(base)
     for key, value in update.items():
         out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
