@@ -46,7 +46,9 @@ class TrainConfig(_Section):
     reward: RewardConfig | None = Field(
         None,
         description="The reward as a weighted composition of verifiers (components: math, format, overlong, "
-        "code; see docs/reward.md), applied by every reward worker. None: the task's own verifier (task.reward).",
+        "code, task (the task's own verifier), function (a reward function of your own: verl's compute_score or "
+        "TRL's reward_funcs signature); see docs/reward.md), applied by every reward worker; `scoring`: the time "
+        "and memory limits of the processes that score. None: the task's own verifier (task.reward).",
     )
     diagnostics: DiagnosticsSection = DiagnosticsSection()
     system: SystemSection = SystemSection()
