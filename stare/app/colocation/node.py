@@ -57,6 +57,7 @@ class NodeRollout:
     def __init__(self, cfg: TrainConfig, redis_url: str, name: str, say: Callable[[str], None] = log.info):
         self.cfg, self.redis_url, self.name, self.say = cfg, redis_url, name, say
         self.stack = self.worker = self.stream = self.colocation = self.learner = self.transport = None
+        self.scorer = None  # rank 0's evaluation scorer (`evaluator`)
         self.rank, self.collective = 0, False
 
     def build(self, model_path: Path, rank: int, world: int) -> None:
@@ -178,9 +179,13 @@ class NodeRollout:
 
     # ------------------------------------------------------------------ rank 0's evaluation, the end
     def evaluator(self):
+        """Rank 0's held-out evaluation on its engine, scored by the run's scorer (as `stare train` scores its
+        own: a reward function of the user's own in the scoring processes)."""
+        from reward.scorers import build_scorer, scorer_judge
         from rollout.stack import StackEvaluator
 
-        return self.colocation.evaluating(StackEvaluator(self.stack, self.cfg))
+        self.scorer = build_scorer(self.cfg, self.stack.setup.task)
+        return self.colocation.evaluating(StackEvaluator(self.stack, self.cfg, judge=scorer_judge(self.scorer)))
 
     def summary(self) -> str:
         e = self.colocation.events if self.colocation is not None else {}
@@ -192,6 +197,8 @@ class NodeRollout:
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+        if self.scorer is not None:
+            self.scorer.close()
         if self.stack is not None:
             self.stack.close()
 
