@@ -12,6 +12,11 @@ without blocking the loop. Whatever happens, the caller gets a `RewardResult`:
 Later items are unaffected. This is the hard bound that in-thread timeouts cannot give (a long C
 call, a runaway allocation): use it around `compute_reward` or `check_math`.
 
+A worker runs `preload` imports and the `initializer` before it answers "ready"; an item's time
+limit starts once its worker is ready (up to `start_timeout_s`), so slow imports (a user's reward
+module) are not charged to the first item. An initializer that raises is reported by nothing but the
+items that follow (they fail as the initializer would have).
+
 Limits: `fn` and its arguments must be picklable (module-level functions); each item pays a
 pickle round trip (~0.1 ms); a replaced worker pays its start-up again (with `preload`, the
 imports too, ~1 s for math-verify). Worker memory is not limited here (set an address-space limit
@@ -27,7 +32,7 @@ import multiprocessing
 import resource
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -49,15 +54,32 @@ class ScoringPoolConfig(BaseModel):
     """Modules each worker imports at start (e.g. "stare.data.tasks.math_verify")."""
     memory_mb: int | None = Field(None, ge=64, le=1 << 20)
     """Address-space limit per worker (RLIMIT_AS), None for none."""
+    initializer: Callable[..., Any] | None = None
+    """A module-level function each worker calls once, with `initargs`, before it takes work."""
+    initargs: tuple[Any, ...] = ()
+    start_timeout_s: float = Field(300.0, gt=0, le=3600)
+    """Seconds a new worker may take to get ready (imports, initializer); past it the item it was
+    given fails ('did not start') and the worker is replaced."""
 
 
-def _worker_main(conn: Connection, preload: tuple[str, ...], memory_mb: int | None) -> None:
-    """Worker loop: receive (fn, args, kwargs), send ("ok", value) or ("error", text)."""
+def _worker_main(
+    conn: Connection,
+    preload: tuple[str, ...],
+    memory_mb: int | None,
+    initializer: Callable[..., Any] | None = None,
+    initargs: tuple[Any, ...] = (),
+) -> None:
+    """Worker loop: get ready (limits, imports, initializer; then say "ready"), then receive
+    (fn, args, kwargs) and send ("ok", value) or ("error", text)."""
     if memory_mb is not None:
         limit = memory_mb << 20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     for module in preload:
         importlib.import_module(module)
+    if initializer is not None:
+        with contextlib.suppress(Exception):  # the items report what fails here
+            initializer(*initargs)
+    conn.send(("ready", None))
     while True:
         try:
             task = conn.recv()
@@ -79,9 +101,14 @@ def _worker_main(conn: Connection, preload: tuple[str, ...], memory_mb: int | No
 class _Worker:
     def __init__(self, ctx, config: ScoringPoolConfig):
         self.conn, child = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=_worker_main, args=(child, config.preload, config.memory_mb), daemon=True)
+        self.process = ctx.Process(
+            target=_worker_main,
+            args=(child, config.preload, config.memory_mb, config.initializer, config.initargs),
+            daemon=True,
+        )
         self.process.start()
         child.close()
+        self.ready = False  # until its "ready" message is read (ScoringPool._call)
 
     def kill(self) -> None:
         with contextlib.suppress(Exception):
@@ -162,13 +189,24 @@ class ScoringPool:
         return _to_result(outcome)
 
     async def _call(self, worker: _Worker, fn, args, kwargs, timeout: float) -> tuple[str, object]:
-        loop = asyncio.get_running_loop()
+        if not worker.ready:  # its start-up is not charged to the item
+            started = await self._reply(worker, self.config.start_timeout_s)
+            if started[0] != "ready":
+                if started[1].startswith("timed out"):
+                    return ("dead", f"worker did not start within {self.config.start_timeout_s:g} s")
+                return started
+            worker.ready = True
         try:
             worker.conn.send((fn, args, kwargs))
         except Exception as exc:
             if not worker.process.is_alive():
                 return ("dead", f"worker died (exit code {worker.process.exitcode})")
             return ("error", f"task could not be sent: {type(exc).__name__}: {exc}")
+        return await self._reply(worker, timeout)
+
+    async def _reply(self, worker: _Worker, timeout: float) -> tuple[str, Any]:
+        """The worker's next message, or ("dead", why) when it times out or dies first."""
+        loop = asyncio.get_running_loop()
         ready = loop.create_future()
 
         def wake() -> None:

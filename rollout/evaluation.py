@@ -39,7 +39,16 @@ from rollout.prompt_guard import fit_prompt, prompt_limit
 from rollout.worker import version_fields
 from stare.data.prompt_policy import prompt_ids
 from stare.data.tasks.base import Problem, Task
-from stare.evaluation.heldout import Outcome, SourceSampling, eval_settings, problem_seed, sampling_of, summarize
+from stare.evaluation.heldout import (
+    Judge,
+    Judgement,
+    Outcome,
+    SourceSampling,
+    eval_settings,
+    problem_seed,
+    sampling_of,
+    summarize,
+)
 from stare.transport.base import RecordStream
 from stare.transport.guard import process_guarded
 from stare.transport.records import EvalTask, Trajectory
@@ -60,7 +69,12 @@ def evaluate(
     temperature: float = 1.0,
     top_p: float = 1.0,
     per_source: Mapping[str, SourceSampling] | None = None,
+    judge: Judge | None = None,
+    version: int = 0,
 ) -> dict[str, Any]:
+    """The evaluation's result (stare.evaluation.heldout.summarize). `judge` scores the responses (None: the
+    task's own verifier, `task_judge`); a response whose scoring fails counts as incorrect and in
+    `reward_errors`, never ends the run. `version`: the weights' version (what a judge may pass on)."""
     per_source = dict(per_source or {})
     prompts = [prompt_ids(p, tokenizer) for p in problems]
     greedy = engine.generate(
@@ -84,16 +98,41 @@ def evaluate(
         )
         for i, samples in zip(idx, out):
             sampled[i] = samples
-    text = lambda c: tokenizer.decode(c.token_ids, skip_special_tokens=True)  # noqa: E731
-    outcomes = [
-        Outcome(
-            greedy=float(task.reward(problem, text(g[0])) >= 1.0),
-            scores=[float(task.reward(problem, text(c)) >= 1.0) for c in samples],
-            turns=[c.turns for c in samples] if samples and hasattr(samples[0], "turns") else None,
-        )
+    items = [
+        (problem, tokenizer.decode(c.token_ids, skip_special_tokens=True), list(c.token_ids))
         for problem, g, samples in zip(problems, greedy, sampled)
+        for c in (g[0], *samples)
     ]
+    verdicts = iter((judge or task_judge(task))(items, version))
+    outcomes = []
+    for samples in sampled:
+        first, rest = next(verdicts), [next(verdicts) for _ in samples]
+        outcomes.append(
+            Outcome(
+                greedy=float(first.correct),
+                scores=[float(v.correct) for v in rest],
+                turns=[c.turns for c in samples] if samples and hasattr(samples[0], "turns") else None,
+                errors=sum(v.error is not None for v in (first, *rest)),
+            )
+        )
     return summarize(problems, outcomes, k=k, temperature=temperature, top_p=top_p, per_source=per_source)
+
+
+def task_judge(task: Task) -> Judge:
+    """The task's own verifier as a judge: a raise scores that response 0 (an error), never the run."""
+
+    def judge(items: list[tuple[Problem, str, list[int]]], version: int) -> list[Judgement]:
+        out = []
+        for problem, text, _ in items:
+            try:
+                score = float(task.reward(problem, text))
+            except Exception as err:
+                out.append(Judgement(False, 0.0, f"{type(err).__name__}: {err}"))
+                continue
+            out.append(Judgement(score >= 1.0, score))
+        return out
+
+    return judge
 
 
 log = logging.getLogger(__name__)
@@ -187,5 +226,6 @@ class EvalSampler:
             data_source=task.data_source,
             level=task.level,
             turns=getattr(c, "turns", 1),
+            **({"prompt": task.prompt, "extra_info": task.extra_info} if self.worker.keep_rows else {}),
             response_text=self.worker.tokenizer.decode(c.token_ids, skip_special_tokens=True),
         )

@@ -63,6 +63,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
             max_prompt_len=cfg.data.max_prompt_len,
             prompt_overflow=cfg.data.prompt_overflow,
             tick=rt.tick,
+            keep_rows=cfg.reward is not None and cfg.reward.needs_rows,
         )
         evals = connect_eval_streams(cfg, transport.client)
         eval_sampler = EvalSampler(

@@ -20,6 +20,7 @@ import torch
 from rollout.engines.base import RolloutEngine
 from rollout.engines.registry import build_engine
 from stare.config import TrainConfig
+from stare.evaluation.heldout import Judge
 from stare.models.resolve import RunSetup, load_run_setup
 
 
@@ -114,10 +115,18 @@ class StackEvaluator:
     problems, seeds and summary of stare.evaluation.heldout, the sampler of the stack (the tool agent when
     tool use is on)."""
 
-    def __init__(self, stack: RolloutStack, cfg: TrainConfig, log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        stack: RolloutStack,
+        cfg: TrainConfig,
+        log: Callable[[str], None] | None = None,
+        judge: Judge | None = None,
+    ):
+        """`judge` scores the responses (None: the task's own verifier; `stare train` passes its reward
+        scorer, so its evaluation scores as the reward workers score a distributed run's)."""
         from stare.data.feeder import eval_problems
 
-        self.stack, self.cfg = stack, cfg
+        self.stack, self.cfg, self.judge = stack, cfg, judge
         # the prompt length policy (data.max_prompt_len) applies to held-out prompts as to training ones
         self.problems = eval_problems(
             cfg,
@@ -142,6 +151,8 @@ class StackEvaluator:
             s.task,
             self.problems,
             stop_token_ids=s.stop_ids,
+            judge=self.judge,
+            version=version,
             **eval_settings(self.cfg, final=final),
         )
 

@@ -57,8 +57,11 @@ class RolloutWorker:
         max_prompt_len: int | None = None,
         prompt_overflow: Overflow = "truncate_left",
         tick: Callable[[], None] = lambda: None,
+        keep_rows: bool = False,
     ):
         self.engine, self.tokenizer = engine, tokenizer
+        # copy each prompt's text and row extra_info into its trajectories (a reward function reads them)
+        self.keep_rows = keep_rows
         self.prompts, self.raw, self.weights = prompts, raw, weights
         self.name = name
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
@@ -169,6 +172,7 @@ class RolloutWorker:
         records = []
         for task, completions, version in zip(tasks, outputs, versions):
             prompt_ids = np.asarray(task.prompt_token_ids, dtype=np.int32)  # shared by the group's records (read-only)
+            rows = {"prompt": task.prompt, "extra_info": task.extra_info}
             for j, c in enumerate(completions):
                 n = len(c.token_ids)
                 mask = getattr(c, "loss_mask", None)
@@ -192,6 +196,7 @@ class RolloutWorker:
                         response_text=next(texts),
                         level=task.level,
                         turns=getattr(c, "turns", 1),
+                        **(rows if self.keep_rows else {}),
                     )
                 )
         return records

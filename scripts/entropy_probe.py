@@ -7,7 +7,7 @@ and prints the batch's token-mean entropy after them. This is the controlled che
 table in docs/embedded.md.
 
     python scripts/entropy_probe.py --config configs/tiny-cpu.yaml --updates 5 \\
-        --arm grpo:algo=grpo \\
+        --arm grpo:algo=grpo-matched \\
         --arm o1-w6:loss.variant=O1,controller.band=null,controller.target=5.0,controller.w=6.0,controller.w_max=6.0 \\
         --arm c2-m03:loss.variant=C2,controller.band=null,controller.target=5.0,controller.w=1.0,controller.w_max=1.0,controller.m=0.3,controller.m_min=0.3
 

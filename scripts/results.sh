@@ -36,15 +36,18 @@ NICE=${NICE:-5}
 CONFIG=${CONFIG:-configs/tiny-cpu.yaml}
 SETS=${SETS:-}
 RUN_TIMEOUT=${RUN_TIMEOUT:-3600}
-# tier|label|algo|extra --set overrides (space separated). Tiers run in order, seeds interleaved
+# tier|label|algo|extra --set overrides (space separated). The labels are the records' names and keep their
+# meaning: `grpo` rows run `--algo grpo-matched` (GRPO on the config's clip range 0.2/0.28: STARE without its
+# reweighting; `--algo grpo` is vanilla GRPO, clip 0.2/0.2, since), `dapo` rows `--algo dapo-no-overlong`
+# (`--algo dapo` adds DAPO's overlong punishment since), so a rerun reproduces the recorded studies. Tiers run in order, seeds interleaved
 # within a tier: the headline pair and the controller without its EMA first, then the other
 # baselines, then STARE variants that look for where its accuracy cost comes from.
 ALL_VARIANTS=(
   "1|stare|stare|"
-  "1|grpo|grpo|"
+  "1|grpo|grpo-matched|"
   "1|stare-pctl|stare|controller.ema=0.0"
   "2|grpo-ds|grpo-ds|"
-  "2|dapo|dapo|"
+  "2|dapo|dapo-no-overlong|"
   "2|entropy-bonus|entropy-bonus|"
   "2|clip-cov|clip-cov|"
   "2|kl-cov|kl-cov|"
@@ -60,12 +63,12 @@ ALL_VARIANTS=(
   # tells their covariance rules from the mini-batches themselves.
   "4|kl-cov-mb|kl-cov|optim.mini_batches=8"
   "4|clip-cov-mb|clip-cov|optim.mini_batches=8"
-  "4|dapo-mb|dapo|optim.mini_batches=16"
-  "5|grpo-mb|grpo|optim.mini_batches=8"
+  "4|dapo-mb|dapo-no-overlong|optim.mini_batches=16"
+  "5|grpo-mb|grpo-matched|optim.mini_batches=8"
   # the same with lr / 8: eight Adam steps a batch at the one-update lr 3e-4 collapse every -mb run
   # above (docs/results-notes.md); lr 3.75e-5 moves each batch about as far as one update at 3e-4
   "5|kl-cov-mb-lr8|kl-cov|optim.mini_batches=8 optim.lr=3.75e-5"
-  "5|grpo-mb-lr8|grpo|optim.mini_batches=8 optim.lr=3.75e-5"
+  "5|grpo-mb-lr8|grpo-matched|optim.mini_batches=8 optim.lr=3.75e-5"
   # the tiny config's controller (C2, W and M proportional to the entropy error, W up to 10, M down to 0.1,
   # entropy smoothed by an EMA) at the paper's target 0.3: what held entropy on the tiny model, tried on a
   # real model (the SmolLM2 study, docs/results-notes.md); on the tiny config it differs from `stare` only

@@ -68,17 +68,24 @@ class GroupStats:
     dead_lettered_groups: int = 0  # closed because their prompt or a trajectory was dead-lettered
     surplus_groups: int = 0  # trainable, over-sampled beyond a step's groups and dropped (data.oversample)
     stale_tokens: int = 0  # tokens of trained groups left out of the loss: beyond max_staleness (in-flight updates)
+    # scored trajectories whose reward failed (reward 0 with reward_info.error): trained or filtered alike
+    reward_errors: int = 0
     staleness: Counter = field(default_factory=Counter)  # lag -> trajectories collected with it
+    _reward_errors_told: int = 0  # reward_errors at the previous `totals`
 
     def totals(self) -> dict[str, int]:
-        """The run's counts so far, as each step's metrics carry them."""
+        """The run's counts so far, as each step's metrics carry them (called once a step: its
+        `reward_errors` are those since the previous call)."""
+        since, self._reward_errors_told = self.reward_errors - self._reward_errors_told, self.reward_errors
         return {
+            "reward_errors": since,
             "filtered_groups_total": self.filtered_groups,
             "stale_groups_total": self.stale_groups,
             "stale_tokens_total": self.stale_tokens,
             "surplus_groups_total": self.surplus_groups,
             "duplicates_total": self.duplicates,
             "dead_lettered_groups_total": self.dead_lettered_groups,
+            "reward_errors_total": self.reward_errors,
         }
 
 
@@ -226,6 +233,7 @@ class GroupCollector:
                 duplicates.append(d.id)
                 continue
             self.stats.staleness[learner_version - t.weight_version] += 1
+            self.stats.reward_errors += "error" in (t.reward_info or {})
             group = self.partial.setdefault(t.group_id, {})
             group[t.trajectory_id] = (t, d.id)
             self.held.add(d.id)

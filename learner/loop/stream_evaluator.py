@@ -6,7 +6,7 @@ reward workers score it, the learner only publishes the tasks and adds up the sc
 
 The tasks, seeds and the summary are stare.evaluation.heldout's, the same as the in-process evaluator's
 (rollout/evaluation.py), so for the same weights both give the same numbers. A sample counts as
-correct when its reward worker says so (`reward_info["correct"]`: `score_response`, the scoring
+correct when its reward worker says so (`reward_info["correct"]`: `reward.scorers.score_input`, the scoring
 function of training).
 
 * Workers sample each task with weights of at least `version` (the learner publishes them before
@@ -183,11 +183,15 @@ class StreamEvaluator:
         for greedy, sampled in zip(tasks[0::2], tasks[1::2]):
             ids = [f"{sampled.task_id}:{j}" for j in range(sampled.n)]
             turns = [scores[tid].turns for tid in ids if tid in scores]
+            failed = sum(
+                "error" in (scores[tid].reward_info or {}) for tid in (f"{greedy.task_id}:0", *ids) if tid in scores
+            )
             outcomes.append(
                 Outcome(
                     greedy=correct(f"{greedy.task_id}:0"),
                     scores=[correct(tid) for tid in ids],
                     turns=turns if self.cfg.rollout.tool_use.enabled else None,
+                    errors=failed,
                 )
             )
         s = settings

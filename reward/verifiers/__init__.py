@@ -3,7 +3,7 @@
 (`stare.data.tasks.math_verify`, the tasks use it too; `math.py` registers it). `compose.py` weighs them into one reward. One
 registry (`registry.py`): `@register_verifier(kind)` on each scoring function."""
 
-from reward.verifiers import code, format, math, overlong  # noqa: F401  (each registers its verifier)
+from reward.verifiers import code, format, function, math, overlong, task  # noqa: F401  (each registers its verifier)
 from reward.verifiers.registry import VERIFIERS, register_verifier
 
 __all__ = ["VERIFIERS", "register_verifier"]

@@ -183,8 +183,8 @@ def code_reward(
 
 
 @register_verifier("code")
-def score_code(c, x, sandbox) -> float:
-    check = check_code(x.response, need(x.tests, "tests", "code"), sandbox, c.config)
+def score_code(c, x, context) -> float:
+    check = check_code(x.response, need(x.tests, "tests", "code"), context.sandbox, c.config)
     if check.sandbox_error is not None:
         raise RuntimeError(f"sandbox failed: {check.sandbox_error}")
     return check.score

@@ -50,5 +50,5 @@ def format_reward(response: str, config: FormatConfig | None = None) -> float:
 
 
 @register_verifier("format")
-def score_format(c, x, sandbox) -> float:
+def score_format(c, x, context) -> float:
     return format_reward(x.response, c.config)

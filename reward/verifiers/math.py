@@ -8,5 +8,5 @@ from stare.data.tasks.math_verify import check_math
 
 
 @register_verifier("math")
-def score_math(c, x, sandbox) -> float:
+def score_math(c, x, context) -> float:
     return 1.0 if check_math(x.response, need(x.answer, "answer", "math"), c.config).correct else 0.0

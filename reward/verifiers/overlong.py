@@ -35,5 +35,5 @@ def overlong_penalty(length: int, config: OverlongConfig | None = None) -> float
 
 
 @register_verifier("overlong")
-def score_overlong(c, x, sandbox) -> float:
+def score_overlong(c, x, context) -> float:
     return overlong_penalty(need(x.response_tokens, "response_tokens", "overlong"), c.config)

@@ -120,12 +120,26 @@ class GrpoLossConfig(SurrogateConfig):
     """Plain GRPO (also DAPO's loss, with eps_high > eps_low and token-mean)."""
 
     name: Literal["grpo"] = "grpo"
-    # grpo keeps the config's clip range, so `--algo grpo` differs from STARE only by the reweighting;
-    # dapo is the clip-higher recipe spelled out.
+    # What each preset sets (docs/algorithm.md, "Presets"); everything else is the config's.
+    # grpo: vanilla GRPO, the symmetric clip of verl's default (clip_ratio 0.2), no dynamic sampling.
+    # grpo-matched: the config's own surrogate (clip range, aggregation, dual clip) without STARE's reweighting:
+    #   the control that differs from STARE only by the reweighting (what `grpo` was before it became vanilla:
+    #   scripts/results.sh's `grpo` rows ran it).
+    # grpo-ds: grpo-matched with dynamic sampling: the STARE paper's GRPO-ds baseline (its configs clip 0.2/0.28).
+    # dapo: DAPO (Yu et al. 2025): clip-higher 0.2/0.28, token-mean, dynamic sampling, and the soft overlong
+    #   punishment over the last 20% of the response length ("overlong": L_cache / L_max, DAPO's 4,096 of 20,480;
+    #   stare.config.train adds it after --set overrides, to the config's reward or the task's own verifier).
+    # dapo-no-overlong: dapo without the overlong punishment (what `dapo` was before: the recorded `dapo` rows).
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "grpo": {"data": {"dynamic_sampling": False}},
+        "grpo": {"loss": {"eps_low": 0.2, "eps_high": 0.2}, "data": {"dynamic_sampling": False}},
+        "grpo-matched": {"data": {"dynamic_sampling": False}},
         "grpo-ds": {"data": {"dynamic_sampling": True}},
         "dapo": {
+            "loss": {"eps_low": 0.2, "eps_high": 0.28, "agg_mode": "token-mean"},
+            "data": {"dynamic_sampling": True},
+            "overlong": 0.2,
+        },
+        "dapo-no-overlong": {
             "loss": {"eps_low": 0.2, "eps_high": 0.28, "agg_mode": "token-mean"},
             "data": {"dynamic_sampling": True},
         },

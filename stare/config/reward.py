@@ -6,7 +6,7 @@ and their weighted composition. The verifiers themselves are in the reward role
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -140,10 +140,63 @@ class OverlongComponent(_Component):
     config: OverlongConfig = OverlongConfig()
 
 
+class TaskComponent(_Component):
+    """The task's own verifier (`task.reward`: the arithmetic tasks' exact match, the dataset task's
+    math-verify check), so shaping components can be added to it."""
+
+    kind: Literal["task"] = "task"
+
+
+class FunctionComponent(_Component):
+    """A reward function of the user's own (reward.verifiers.function): verl's `compute_score` signature or
+    TRL's `reward_funcs` one, imported from a file or module, run in the scoring processes."""
+
+    kind: Literal["function"] = "function"
+    path: str = Field(min_length=1)
+    """A .py file (a relative path starts at the working directory of each process that scores) or an
+    importable module name (verl: custom_reward_function.path)."""
+    function: str = Field("compute_score", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """The function's name in it (verl: custom_reward_function.name)."""
+    signature: Literal["verl", "trl"] = "verl"
+    """verl: f(data_source, solution_str, ground_truth, extra_info) -> float or {"score": float, "acc": bool,
+    ...}, per response. trl: f(prompts, completions, **kwargs) -> list[float] (GRPOTrainer's reward_funcs),
+    called per response with lists of one."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments of every call (verl: custom_reward_function.reward_kwargs)."""
+    completions: Literal["text", "messages"] = "text"
+    """trl only: each completion as its text, or as [{"role": "assistant", "content": text}] (TRL's form for
+    conversational data)."""
+
+    @property
+    def key(self) -> str:
+        return self.name or self.function
+
+
 RewardComponent = Annotated[
-    MathComponent | CodeComponent | FormatComponent | OverlongComponent,
+    MathComponent | CodeComponent | FormatComponent | OverlongComponent | TaskComponent | FunctionComponent,
     Field(discriminator="kind"),
 ]
+
+CORRECTNESS_KINDS = ("math", "task", "function")
+"""Components that judge an answer right or wrong: the first of them in `components` decides a response's
+correctness (accuracy, held-out pass@k); without one a reward of at least 1 is correct."""
+
+
+class ScoringSection(BaseModel):
+    """The scoring processes (reward.scoring_pool.ScoringPool): each response's components run in one of
+    them, with a hard time limit and an address-space limit. `stare reward` always scores in them;
+    `stare train` when a function component is present (else in process)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workers: int = Field(2, ge=1, le=512)
+    """Scoring processes (`stare train`'s; a `stare reward` worker's unless --workers is given)."""
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+    """Seconds to score one response (every component): past it the process is killed and replaced, and
+    the response scores 0 with the error 'timed out'."""
+    memory_mb: int | None = Field(4096, ge=64, le=1 << 20)
+    """Address-space limit of each scoring process (RLIMIT_AS): an allocation past it raises MemoryError,
+    the response scores 0. None: no limit."""
 
 
 class RewardConfig(BaseModel):
@@ -153,7 +206,20 @@ class RewardConfig(BaseModel):
 
     components: tuple[RewardComponent, ...] = Field(min_length=1)
     timeout_s: float = Field(60.0, gt=0, le=3600)
-    """Seconds per component (in-thread; see the module docstring)."""
+    """Seconds per component (in-thread: Python code is interrupted, a long C call is not; the scoring
+    processes' `scoring.timeout_s` is the hard bound)."""
+    scoring: ScoringSection = ScoringSection()
+    """The processes that score (time and memory limits per response)."""
+
+    @property
+    def functions(self) -> tuple[FunctionComponent, ...]:
+        """The function components (user code: scored in the scoring processes in every mode)."""
+        return tuple(c for c in self.components if isinstance(c, FunctionComponent))
+
+    @property
+    def needs_rows(self) -> bool:
+        """Whether responses must carry their prompt's text and its row's extra_info (a function reads them)."""
+        return bool(self.functions)
 
     @model_validator(mode="after")
     def _unique_names(self) -> RewardConfig:

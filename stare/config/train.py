@@ -46,7 +46,9 @@ class TrainConfig(_Section):
     reward: RewardConfig | None = Field(
         None,
         description="The reward as a weighted composition of verifiers (components: math, format, overlong, "
-        "code; see docs/reward.md), applied by every reward worker. None: the task's own verifier (task.reward).",
+        "code, task (the task's own verifier), function (a reward function of your own: verl's compute_score or "
+        "TRL's reward_funcs signature); see docs/reward.md), applied by every reward worker; `scoring`: the time "
+        "and memory limits of the processes that score. None: the task's own verifier (task.reward).",
     )
     diagnostics: DiagnosticsSection = DiagnosticsSection()
     system: SystemSection = SystemSection()
@@ -175,28 +177,51 @@ ALGO_PRESETS: dict[str, dict[str, Any]] = {
 _SURROGATE_KEYS = set(GrpoLossConfig.model_fields) - {"name"} | {"tis_cap"}  # tis_cap: the legacy key
 
 
-def _deep_merge(base: dict, update: dict) -> dict:
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `update` merged in, section by section (update's values win)."""
     out = dict(base)
     for key, value in update.items():
-        out[key] = _deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
 
 
 def _apply_preset(raw: dict, algo: str) -> dict:
     if algo not in ALGO_PRESETS:
-        raise ConfigError(f"--algo {algo!r} is not a known algorithm; choose one of {sorted(ALGO_PRESETS)}")
+        import difflib
+
+        close = difflib.get_close_matches(algo, list(ALGO_PRESETS), n=1)
+        raise ConfigError(
+            f"--algo {algo!r} is not a known algorithm"
+            + (f" (did you mean {close[0]}?)" if close else "")
+            + f"; choose one of {sorted(ALGO_PRESETS)}"
+        )
     preset = ALGO_PRESETS[algo]
     loss = raw.get("loss", {}) or {}
     # Keep the shared surrogate settings (clip range, aggregation, TIS) when switching the loss.
     kept = {k: v for k, v in loss.items() if k in _SURROGATE_KEYS}
     if preset["loss"]["name"] != loss.get("name", "stare"):
         loss = kept
-    raw = _deep_merge(raw, {k: v for k, v in preset.items() if k != "loss"})
-    raw["loss"] = _deep_merge(loss, preset["loss"])
+    raw = deep_merge(raw, {k: v for k, v in preset.items() if k not in ("loss", "overlong")})
+    raw["loss"] = deep_merge(loss, preset["loss"])
     raw["algo"] = algo
     if "run" in raw and "name" in raw["run"] and algo != "stare" and not raw["run"]["name"].endswith(f"-{algo}"):
         raw["run"] = {**raw["run"], "name": f"{raw['run']['name']}-{algo}"}
     return raw
+
+
+def _with_overlong(raw: dict[str, Any], fraction: float) -> dict[str, Any]:
+    """`raw` with DAPO's soft overlong punishment in its reward (after the overrides: it reads the final
+    rollout.max_new_tokens): L_max = max_new_tokens, L_cache = `fraction` of it; added to the config's
+    reward, or to the task's own verifier when the config has none; a reward that has one keeps its own."""
+    max_new = (raw.get("rollout") or {}).get("max_new_tokens", RolloutSection.model_fields["max_new_tokens"].default)
+    given = raw.get("reward")
+    reward: dict[str, Any] = given if isinstance(given, dict) else {}
+    components = list(reward.get("components") or [{"kind": "task"}])
+    if not isinstance(max_new, int) or any(isinstance(c, dict) and c.get("kind") == "overlong" for c in components):
+        return raw  # a bad length is validation's to name
+    cache = max(1, round(fraction * max_new))
+    components.append({"kind": "overlong", "config": {"max_length": max_new, "cache_length": cache}})
+    return {**raw, "reward": {**reward, "components": components}}
 
 
 def _set_dotted(raw: dict, dotted: str, value: Any) -> None:
@@ -220,11 +245,9 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def _describe(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-after", "tagged-union")))
-        loc = loc.replace(".stare.", ".").replace(".grpo.", ".")
-        lines.append(f"  {loc or '(root)'}: {e['msg']} (got {e.get('input')!r})")
+    from stare.config.suggest import explain  # did-you-mean, verl's names, values shown short
+
+    lines = [f"  {explain(TrainConfig, e)}" for e in err.errors()]
     return "invalid config:\n" + "\n".join(lines) + "\nfix the value in the YAML file or with --set FIELD=VALUE"
 
 
@@ -234,6 +257,8 @@ def build_config(raw: dict, *, algo: str | None = None, overrides: list[str] | t
         raw = _apply_preset(raw, algo)
     for text in overrides:
         _set_dotted(raw, *parse_override(text))
+    if algo is not None and ALGO_PRESETS[algo].get("overlong"):
+        raw = _with_overlong(raw, ALGO_PRESETS[algo]["overlong"])
     if isinstance(raw.get("loss"), dict) and "name" not in raw["loss"]:
         raw["loss"] = {"name": "stare", **raw["loss"]}  # the default loss, as if it had been written
     try:

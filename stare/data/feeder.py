@@ -71,6 +71,7 @@ class PromptFeeder:
                     group_size=self.group_size,
                     level=problem.level,
                     cursor=self.cursor,
+                    extra_info=problem.extra_info,
                 )
             )
             self.cursor += 1

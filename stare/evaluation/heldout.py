@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from stare.data.tasks.base import Problem
 from stare.transport.records import EvalTask
@@ -108,6 +108,8 @@ def eval_tasks(
                     max_new_tokens=max_new_tokens,
                     seed=problem_seed(seed, i),
                     min_weight_version=version,
+                    prompt=problem.prompt,
+                    extra_info=problem.extra_info,
                 )
             )
     return out
@@ -116,11 +118,28 @@ def eval_tasks(
 @dataclass
 class Outcome:
     """One problem's scores: its greedy sample and its n sampled ones (1.0 correct, else 0.0);
-    `turns` per sampled response with tool use, else None."""
+    `turns` per sampled response with tool use, else None; `errors`: how many of its responses could not
+    be scored (the reward failed: counted incorrect)."""
 
     greedy: float
     scores: list[float]
     turns: list[int] | None = None
+    errors: int = 0
+
+
+class Judgement(NamedTuple):
+    """The verdict on one held-out response: right or not, its reward, and why scoring failed (then the
+    response counts as incorrect)."""
+
+    correct: bool
+    reward: float
+    error: str | None = None
+
+
+Judge = Callable[[list[tuple[Problem, str, list[int]]], int], list[Judgement]]
+"""Scores held-out responses: [(problem, response text, response token ids)], the weight version -> one
+Judgement each. The in-process evaluation takes one (the run's reward scorer in `stare train`); the
+evaluation through the streams reads the reward workers' verdicts (reward_info)."""
 
 
 def summarize(
@@ -174,6 +193,7 @@ def summarize(
         # [n, c] per problem: samples and correct ones (the unbiased pass@k of stare.app.report.passk)
         "correct_counts": correct_counts,
     }
+    result["reward_errors"] = sum(o.errors for o in outcomes)  # responses whose scoring failed (counted incorrect)
     turns = [t for o in outcomes if o.turns is not None for t in o.turns]
     if turns:
         result["tool_call_rate"] = mean([float(t > 1) for t in turns])

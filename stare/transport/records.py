@@ -21,8 +21,10 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 3  # 2: PromptTask.min_weight_version; 3: Trajectory.version_starts
-READABLE_SCHEMAS = (2, 3)  # a schema-2 record reads as schema 3 with no version_starts (one version)
+# 2: PromptTask.min_weight_version; 3: Trajectory.version_starts; 4: extra_info and prompt (a row's, for a
+# reward function of the user's own)
+SCHEMA_VERSION = 4
+READABLE_SCHEMAS = (2, 3, 4)  # an older record reads as schema 4 with its defaults (one version, no row fields)
 
 
 class RecordError(ValueError):
@@ -46,6 +48,8 @@ class PromptTask:
     # Sample with weights of at least this version: the learner sets it so that what it gets back
     # is at most max_staleness versions old when it trains on it (0: any weights).
     min_weight_version: int = 0
+    # the dataset row's extra_info (JSON values; {} without one), read by a reward function of the user's own
+    extra_info: dict[str, Any] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
 
     def to_fields(self) -> dict[str, bytes]:
@@ -80,6 +84,9 @@ class EvalTask:
     max_new_tokens: int
     seed: int
     min_weight_version: int
+    # the prompt's text and its row's extra_info, for a reward function of the user's own (else empty)
+    prompt: str = ""
+    extra_info: dict[str, Any] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
 
     def to_fields(self) -> dict[str, bytes]:
@@ -124,6 +131,10 @@ class Trajectory:
     # [[token index, version], ...]: the response tokens from index i on were sampled with `version`
     # (in-flight weight updates); empty: all with weight_version
     version_starts: list[list[int]] = field(default_factory=list)
+    # the prompt's text and its row's extra_info, copied by the rollout worker when the reward has a function
+    # of the user's own that reads them (RewardConfig.needs_rows); empty otherwise (no bytes on the wire)
+    prompt: str = ""
+    extra_info: dict[str, Any] = field(default_factory=dict)
     schema: int = SCHEMA_VERSION
 
     def token_versions(self) -> np.ndarray:

@@ -41,6 +41,11 @@ def test_compare_trains_each_algo_and_writes_figure_and_table(fast_overrides, tm
     table = (tmp_path / "cmp" / "compare.md").read_text()
     assert "stare" in table and "grpo" in table
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000
+    # each run named once from the config's name (run.name=t), its last evaluation with 64 samples for pass@64
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert runs == ["t-grpo-s0", "t-stare-s0"]
+    last = (tmp_path / "runs" / "t-grpo-s0" / "eval.jsonl").read_text().splitlines()[-1]
+    assert '"k": 64' in last
 
 
 def test_stare_up_without_a_rollout_worker_fails_naming_the_flag(capsys):

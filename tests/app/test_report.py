@@ -88,9 +88,16 @@ def test_in_band_without_logged_band_uses_target_plus_minus_20_percent(tmp_path)
     assert "target ±20% (no band logged)" in (write_report(run) / "summary.md").read_text()
 
 
-def test_in_band_is_none_when_entropy_never_enters(tmp_path):
+def test_in_band_is_zero_when_entropy_never_enters_its_band(tmp_path):
+    # a baseline (DAPO, GRPO) logs STARE's band too: never inside it is 0% in band, not unknown
     metrics = [{"step": i + 1, "entropy": h, "target": 0.3, "band_low": 0.25, "band_high": 0.35}
                for i, h in enumerate([0.9, 0.5, 0.1])]  # fmt: skip
+    s = summarize(_write_run(tmp_path / "r", metrics))
+    assert (s["first_in_band_step"], s["in_band_fraction"]) == (None, 0.0)
+
+
+def test_in_band_is_none_without_a_band_or_a_target(tmp_path):
+    metrics = [{"step": i + 1, "entropy": h} for i, h in enumerate([0.9, 0.5])]
     s = summarize(_write_run(tmp_path / "r", metrics))
     assert (s["first_in_band_step"], s["in_band_fraction"]) == (None, None)
 

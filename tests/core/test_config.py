@@ -86,9 +86,59 @@ def test_switching_algo_keeps_the_shared_surrogate_settings():
     assert cfg.loss.name == "clip-cov" and cfg.loss.eps_low == 0.1
 
 
-def test_grpo_preset_keeps_the_clip_range_and_turns_dynamic_sampling_off():
-    cfg = build_config({"loss": {"name": "stare", "eps_high": 0.25}, "data": {"dynamic_sampling": True}}, algo="grpo")
+def test_grpo_matched_keeps_the_clip_range_and_turns_dynamic_sampling_off():
+    raw = {"loss": {"name": "stare", "eps_high": 0.25}, "data": {"dynamic_sampling": True}}
+    cfg = build_config(raw, algo="grpo-matched")
     assert (cfg.loss.name, cfg.loss.eps_high, cfg.data.dynamic_sampling) == ("grpo", 0.25, False)
+
+
+def test_grpo_is_vanilla_grpo_whatever_the_config_clips():
+    cfg = build_config({"loss": {"name": "stare", "eps_low": 0.1, "eps_high": 0.28}}, algo="grpo")
+    assert (cfg.loss.name, cfg.loss.eps_low, cfg.loss.eps_high, cfg.data.dynamic_sampling) == ("grpo", 0.2, 0.2, False)
+
+
+# The presets as they were before `grpo` became vanilla and `dapo` gained the overlong punishment (818deb8):
+# the recorded studies ran these, under the names that now keep them.
+OLD_GRPO = {"loss": {"name": "grpo"}, "data": {"dynamic_sampling": False}}
+OLD_DAPO = {
+    "loss": {"name": "grpo", "eps_low": 0.2, "eps_high": 0.28, "agg_mode": "token-mean"},
+    "data": {"dynamic_sampling": True},
+}
+
+
+def test_the_old_presets_live_on_under_their_new_names():
+    assert ALGO_PRESETS["grpo-matched"] == OLD_GRPO and ALGO_PRESETS["dapo-no-overlong"] == OLD_DAPO
+
+
+def test_the_recorded_studies_run_the_presets_they_were_recorded_with():
+    """scripts/results.sh keeps its labels (the records' names) and runs the old presets under them."""
+    script = (CONFIG_DIR.parent / "scripts" / "results.sh").read_text()
+    rows = [line.strip().strip('"').split("|") for line in script.splitlines() if line.strip().startswith('"')]
+    rows = {row[1]: row[2] for row in rows if len(row) == 4}  # tier|label|algo|overrides
+    for label in ("grpo", "grpo-mb", "grpo-mb-lr8"):
+        assert rows[label] == "grpo-matched", label
+    for label in ("dapo", "dapo-mb"):
+        assert rows[label] == "dapo-no-overlong", label
+
+
+def test_dapo_adds_the_soft_overlong_punishment_to_the_task_verifier():
+    cfg = build_config({}, algo="dapo", overrides=["rollout.max_new_tokens=40"])  # read after the overrides
+    task, overlong = cfg.reward.components
+    assert task.kind == "task" and overlong.kind == "overlong"
+    # DAPO's ratio L_cache / L_max = 4,096 / 20,480 = 0.2: 8 of 40 tokens, L_max the response limit
+    assert (overlong.config.max_length, overlong.config.cache_length, overlong.config.penalty_factor) == (40, 8, 1.0)
+    assert (cfg.loss.eps_low, cfg.loss.eps_high, cfg.loss.agg_mode, cfg.data.dynamic_sampling) == (
+        0.2, 0.28, "token-mean", True)  # fmt: skip
+
+
+def test_dapo_adds_the_punishment_to_a_configured_reward_and_keeps_an_existing_one():
+    math_only = {"reward": {"components": [{"kind": "math"}]}, "rollout": {"max_new_tokens": 100}}
+    cfg = build_config(math_only, algo="dapo")
+    assert [c.kind for c in cfg.reward.components] == ["math", "overlong"]
+    assert cfg.reward.components[1].config.cache_length == 20
+    own = {"components": [{"kind": "math"}, {"kind": "overlong", "config": {"max_length": 100, "cache_length": 50}}]}
+    cfg = build_config({"reward": own, "rollout": {"max_new_tokens": 100}}, algo="dapo")
+    assert [c.config.cache_length for c in cfg.reward.components if c.kind == "overlong"] == [50]
 
 
 def test_unknown_algo_lists_the_valid_ones():

@@ -149,3 +149,21 @@ def test_verifier_timeout_gives_zero_reward_and_the_worker_carries_on():
     out = [d.record for d in scored.consume("l", 10)]
     assert [t.trajectory_id for t in out] == ["a", "b"]
     assert all(t.reward == 0.0 and "Timeout" in t.reward_info["error"] for t in out)
+
+
+def test_a_rows_extra_info_and_prompt_travel_with_the_trajectory():
+    extra = {"split": "train", "index": 7, "question": "What is 2+2?", "tags": ["a", 1.5]}
+    back = Trajectory.from_fields(make_trajectory(prompt="2+2=", extra_info=extra).to_fields())
+    assert (back.prompt, back.extra_info) == ("2+2=", extra)
+    task = PromptTask(run_id="r", group_id="g", prompt="2+2=", prompt_token_ids=[1], answer="4", problem_id="p",
+                      data_source="d", group_size=2, extra_info=extra)  # fmt: skip
+    assert PromptTask.from_fields(task.to_fields()).extra_info == extra
+
+
+def test_a_schema_3_trajectory_reads_without_row_fields():
+    fields = make_trajectory().to_fields()
+    header = json.loads(fields["json"])
+    del header["prompt"], header["extra_info"]
+    fields["json"] = json.dumps({**header, "schema": 3}).encode()  # written by the previous build
+    back = Trajectory.from_fields(fields)
+    assert (back.schema, back.prompt, back.extra_info) == (SCHEMA_VERSION, "", {})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reward.role import PoolScorer
+from reward.scorers import PoolScorer
 from reward.worker import score_trajectory
 from stare.config import build_config
 from stare.data.tasks.registry import build_task

@@ -14,9 +14,9 @@ def _config_kinds() -> set[str]:
 
 
 def test_the_config_and_the_reward_role_name_the_same_kinds():
-    assert set(VERIFIERS) == _config_kinds() == {"math", "code", "format", "overlong"}
+    assert set(VERIFIERS) == _config_kinds() == {"math", "code", "format", "overlong", "task", "function"}
 
 
 def test_a_kind_cannot_be_registered_twice():
     with pytest.raises(ValueError, match="registered twice"):
-        register_verifier("math")(lambda c, x, sandbox: 0.0)
+        register_verifier("math")(lambda c, x, context: 0.0)

@@ -105,3 +105,26 @@ def test_eval_seed_fixes_the_held_out_problems_across_run_seeds():
 
     assert drawn("run.seed=0") != drawn("run.seed=1")  # the default: each run seed its own draw
     assert drawn("run.seed=0", "task.eval_seed=7") == drawn("run.seed=1", "task.eval_seed=7")
+
+
+class RaisingTask:
+    """A verifier that raises on one data source (a user's task registered by hand, say)."""
+
+    name = "raising"
+
+    def reward(self, problem, completion):
+        if problem.data_source == "broken":
+            raise KeyError("no verifier for broken")
+        return float(completion == problem.answer)
+
+
+def test_a_verifier_that_raises_counts_its_responses_wrong_and_never_ends_the_evaluation():
+    problems = [Problem("aa", "1", "a1", 1, "ok"), Problem("bb", "1", "b1", 1, "broken")]
+    result = evaluate(
+        RecordingEngine({"aa": 2, "bb": 2}), TOK, RaisingTask(), problems, k=2, max_new_tokens=4,
+        stop_token_ids=(), seed=0,
+    )  # fmt: skip
+    # greedy answers "1" for both; "bb"'s greedy and 2 samples fail to score: incorrect, counted
+    assert result["reward_errors"] == 3
+    assert result["per_source"]["ok"]["greedy_accuracy"] == 1.0
+    assert result["per_source"]["broken"]["greedy_accuracy"] == 0.0 and result["pass_at_k_per_source"]["broken"] == 0.0

@@ -18,7 +18,9 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--algo",
         default=None,
-        help="algorithm preset: stare, grpo, grpo-ds, dapo, entropy-bonus, clip-cov, kl-cov, 80-20",
+        help="algorithm preset (each one's settings in docs/algorithm.md, Presets; grpo is vanilla GRPO, grpo-matched GRPO on "
+        "the config's clip range): stare, grpo, grpo-matched, grpo-ds, dapo, dapo-no-overlong, entropy-bonus, "
+        "clip-cov, kl-cov, 80-20",
     )
     p.add_argument(
         "--set",
@@ -27,6 +29,22 @@ def _config_args(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override a config field, e.g. --set optim.lr=1e-5 (repeatable)",
+    )
+    p.add_argument(
+        "--from-verl",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="a verl config (hydra YAML) translated into stare's (stare convert-verl; docs/from-verl.md), "
+        "merged over --config when given (else over stare's defaults); what cannot be mapped is printed first",
+    )
+    p.add_argument(
+        "--verl-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a verl override as your launch script passes it (data.train_batch_size=64, "
+        "+reward_model.overlong_buffer.len=512), translated with --from-verl (repeatable)",
     )
 
 
@@ -48,7 +66,24 @@ def _overrides(args) -> list[str]:
 def _load(args):
     from stare.config import load_config
 
+    if getattr(args, "from_verl", None) is not None or getattr(args, "verl_set", None):
+        return _load_verl(args)
     return load_config(args.config or default_config_path(), algo=args.algo, overrides=_overrides(args))
+
+
+def _load_verl(args):
+    """The config of --from-verl / --verl-set: the conversion (its report on stderr) over --config, if any."""
+    import sys
+
+    from stare.config import build_config
+    from stare.config.files import read_yaml_mapping
+    from stare.config.from_verl import convert_verl, read_verl
+    from stare.config.train import deep_merge
+
+    conversion = convert_verl(read_verl(args.from_verl, args.verl_set))
+    print(f"stare: from verl: {conversion.report()}", file=sys.stderr, flush=True)
+    base = read_yaml_mapping(args.config) if args.config is not None else {}
+    return build_config(deep_merge(base, conversion.config), algo=args.algo, overrides=_overrides(args))
 
 
 def _role_args(p: argparse.ArgumentParser) -> None:

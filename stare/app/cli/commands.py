@@ -3,8 +3,6 @@ each command, after argument parsing, so `--help` is instant."""
 
 from __future__ import annotations
 
-import argparse
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,32 +29,25 @@ def cmd_train(args) -> int:
     return 0
 
 
-def cmd_compare(args) -> int:
-    from learner.engine.deepspeed_engine import child_env
-    from stare.app.report import write_comparison
+def cmd_convert_verl(args) -> int:
+    from stare.config import ConfigError, build_config
+    from stare.config.from_verl import convert_verl, read_verl
 
-    base = _load(argparse.Namespace(config=args.config, algo=None, overrides=args.overrides))
-    algos = [a.strip() for a in args.algos.split(",") if a.strip()]
-    seeds = [int(s) for s in args.seeds.split(",")]
-    run_dirs = []
-    for algo in algos:
-        for seed in seeds:
-            name = f"{base.run.name}-cmp-{algo}-s{seed}"
-            cmd = [sys.executable, "-m", "stare.app.cli", "train", "--algo", algo, "--no-progress"]
-            if args.config is not None:
-                cmd += ["--config", str(args.config)]
-            for o in args.overrides:
-                cmd += ["--set", o]
-            if not any(o.startswith("task.final_eval_k=") for o in args.overrides):
-                cmd += ["--set", "task.final_eval_k=64"]  # pass@k curves up to 64 (compare.md)
-            cmd += ["--set", f"run.seed={seed}", "--set", f"run.name={name}"]  # last: these win
-            print(f"[compare] {algo} seed {seed} -> {base.run.output_dir / name}", flush=True)
-            subprocess.run(cmd, check=True, timeout=args.timeout_s, env=child_env())
-            run_dirs.append(base.run.output_dir / name)
-    out = args.out or base.run.output_dir / f"{base.run.name}-compare"
-    write_comparison(run_dirs, out)
-    print(f"[compare] {out / 'compare.png'} and {out / 'compare.md'}")
-    return 0
+    path = next((Path(x) for x in args.inputs if "=" not in x and not x.startswith("~")), None)
+    overrides = [x for x in args.inputs if "=" in x or x.startswith("~")]
+    if path is None and not overrides:
+        raise ConfigError("stare convert-verl: give a verl YAML file and/or KEY=VALUE overrides")
+    conversion = convert_verl(read_verl(path, overrides), verl_defaults=not args.no_verl_defaults)
+    if args.out is not None:
+        args.out.write_text(conversion.yaml())
+    else:
+        print(conversion.yaml(), end="", flush=True)
+    print(conversion.report(), file=sys.stderr)
+    try:
+        build_config(conversion.config)
+    except ConfigError as err:  # e.g. a dataset without model.path: the user adds what verl does not say
+        print(f"note: the converted config does not validate on its own yet: {err}", file=sys.stderr)
+    return 2 if args.strict and conversion.unmapped else 0
 
 
 def cmd_report(args) -> int:

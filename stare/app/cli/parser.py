@@ -10,8 +10,8 @@ from stare.app.cli.args import _config_args, _log_format_arg, _role_args
 from stare.app.cli.commands import (
     cmd_bench,
     cmd_build_model,
-    cmd_compare,
     cmd_control,
+    cmd_convert_verl,
     cmd_ctl,
     cmd_doctor,
     cmd_export,
@@ -23,6 +23,7 @@ from stare.app.cli.commands import (
     cmd_train,
     cmd_up,
 )
+from stare.app.cli.compare import cmd_compare
 
 
 def _bench_epilog() -> str:
@@ -96,11 +97,48 @@ def build_parser() -> argparse.ArgumentParser:
     _log_format_arg(p)
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("compare", help="train several algorithms x seeds on one config; one figure and table")
+    p = sub.add_parser(
+        "convert-verl",
+        help="translate a verl config (a hydra YAML and/or key=value overrides) into a stare config: the YAML on "
+        "stdout, on stderr what each verl setting became and what could not be mapped (docs/from-verl.md)",
+    )
+    p.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="FILE.yaml | KEY=VALUE",
+        help="a verl YAML config, then hydra overrides as a verl launch script passes them (a.b=v, +a.b=v, "
+        "++a.b=v, ~a.b)",
+    )
+    p.add_argument("--out", type=Path, default=None, help="write the stare YAML here instead of stdout")
+    p.add_argument(
+        "--no-verl-defaults",
+        action="store_true",
+        help="leave the settings you did not give at stare's defaults (default: verl's, where a run's meaning "
+        "depends on them: clip 0.2/0.2, dual-clip 3.0, weight decay 0.01, ...)",
+    )
+    p.add_argument("--strict", action="store_true", help="exit 2 when a setting could not be mapped")
+    p.set_defaults(fn=cmd_convert_verl)
+
+    p = sub.add_parser(
+        "compare",
+        help="runs side by side (one figure and table): existing run folders as they are (RUN_DIR...), and/or new "
+        "runs trained for --algos x --seeds on one config",
+    )
+    p.add_argument("runs", nargs="*", type=Path, metavar="RUN_DIR", help="run folders to compare (nothing is trained)")
     p.add_argument("--config", type=Path, default=None, help="YAML config (default: configs/tiny-cpu.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--algos", default="stare,grpo", help="comma-separated presets (default: stare,grpo)")
+    p.add_argument(
+        "--algos",
+        default=None,
+        help="comma-separated presets to train (default without RUN_DIR: stare,grpo-matched; with RUN_DIR: none)",
+    )
     p.add_argument("--seeds", default="0", help="comma-separated seeds (default: 0)")
+    p.add_argument(
+        "--pass-k",
+        default="1,8,64",
+        help="pass@k columns (default 1,8,64); a trained run's last evaluation samples the largest k per problem "
+        "when its config samples fewer (task.final_eval_k)",
+    )
     p.add_argument("--out", type=Path, default=None, help="output folder (default: runs/<name>-compare)")
     p.add_argument("--timeout-s", type=float, default=6 * 3600, help="limit per training run")
     p.set_defaults(fn=cmd_compare)
@@ -278,7 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("reward", help="a reward worker process (trajectories -> scored trajectories)")
     _role_args(p)
-    p.add_argument("--workers", type=int, default=1, help="scoring processes with a hard timeout each (default 1)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="scoring processes with a hard time and memory limit each (default: reward.scoring.workers; 1 without "
+        "a reward section)",
+    )
     p.set_defaults(fn=cmd_role)
 
     p = sub.add_parser("control", help="serve the control plane (API + dashboard) over the run's Redis state")

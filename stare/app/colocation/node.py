@@ -72,6 +72,7 @@ class NodeRollout:
         with (learner/process/sample_progress.py)."""
         self.cfg, self.redis_url, self.name, self.say = cfg, redis_url, name, say
         self.stack = self.worker = self.stream = self.colocation = self.learner = self.transport = None
+        self.scorer = None  # rank 0's evaluation scorer (`evaluator`)
         self.rank, self.collective = 0, False
         self.board, self.clock = progress, clock
 
@@ -124,6 +125,7 @@ class NodeRollout:
             seed=cfg.run.seed,
             max_prompt_len=cfg.data.max_prompt_len,
             prompt_overflow=cfg.data.prompt_overflow,
+            keep_rows=cfg.reward is not None and cfg.reward.needs_rows,
         )
         self.stream = StreamingLoop(self.worker, engine) if streaming_enabled(cfg, engine) else None
         # the weights come per wake (sample's sync); an evaluation's wake takes what the session hands it
@@ -221,9 +223,13 @@ class NodeRollout:
 
     # ------------------------------------------------------------------ rank 0's evaluation, the end
     def evaluator(self):
+        """Rank 0's held-out evaluation on its engine, scored by the run's scorer (as `stare train` scores its
+        own: a reward function of the user's own in the scoring processes)."""
+        from reward.scorers import build_scorer, scorer_judge
         from rollout.stack import StackEvaluator
 
-        return self.colocation.evaluating(StackEvaluator(self.stack, self.cfg))
+        self.scorer = build_scorer(self.cfg, self.stack.setup.task)
+        return self.colocation.evaluating(StackEvaluator(self.stack, self.cfg, judge=scorer_judge(self.scorer)))
 
     def summary(self) -> str:
         e = self.colocation.events if self.colocation is not None else {}
@@ -235,6 +241,8 @@ class NodeRollout:
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+        if self.scorer is not None:
+            self.scorer.close()
         if self.stack is not None:
             self.stack.close()
 

@@ -55,12 +55,20 @@ class EmbeddedRun:
     `TrainingSession` (learner/loop/session.py): setup once, then `train()`."""
 
     def __init__(
-        self, cfg: TrainConfig, *, resume: bool, log: Callable[[str], None] = print, steering: RunSteering | None = None
+        self,
+        cfg: TrainConfig,
+        *,
+        resume: bool,
+        log: Callable[[str], None] = print,
+        steering: RunSteering | None = None,
+        warn: Callable[[str], None] | None = None,
     ):
+        """`warn`: where a reward failure is logged with its sample (None: the `reward.scorers` logger)."""
         from learner.loop.build import build_session
         from learner.loop.group_collector import MemoryDecisionLog
         from learner.loop.session import MemoryCursor, SessionSeams, seed_everything
         from learner.step.trainer import Learner
+        from reward.scorers import build_scorer, scorer_judge
         from reward.worker import RewardWorker
         from rollout.stack import StackEvaluator, build_rollout_stack
         from rollout.worker import RolloutWorker
@@ -101,13 +109,16 @@ class EmbeddedRun:
             seed=cfg.run.seed,
             max_prompt_len=cfg.data.max_prompt_len,
             prompt_overflow=cfg.data.prompt_overflow,
+            keep_rows=cfg.reward is not None and cfg.reward.needs_rows,
         )
+        # a reward with a function of the user's own scores in the scoring processes (time and memory limits)
+        self.scorer = build_scorer(cfg, self.task, warn=warn)
         self.reward = RewardWorker(
-            self.task, self.transport.raw, self.transport.scored, name="reward-0", reward_config=cfg.reward
+            self.task, self.transport.raw, self.transport.scored, name="reward-0", scorer=self.scorer
         )
         if steering is None:  # no control plane: the same loop, its requests never come
             steering = RunSteering(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s)
-        evaluator = StackEvaluator(self.stack, cfg)
+        evaluator = StackEvaluator(self.stack, cfg, judge=scorer_judge(self.scorer))  # scored as training is
         self.colocation = None
         if shared:
             import torch
@@ -197,6 +208,7 @@ class EmbeddedRun:
                 + " in all"
             )
         self.session.close()
+        self.scorer.close()
         self.stack.close()
 
 
@@ -226,6 +238,10 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
     trained nothing, or stopped without a reward signal, raises `NothingTrained` (its report is
     written when it trained a step)."""
     from rich.console import Console
+
+    from reward.verifiers.function import check_functions
+
+    check_functions(cfg.reward)  # a reward function that cannot load: one line before anything is built
 
     console = Console(stderr=True)
     log = console.log if progress else (lambda *_: None)
@@ -275,7 +291,8 @@ def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_li
     )
 
     with run_lock(cfg.run_dir), _control_plane(cfg, log) as steering:
-        run = EmbeddedRun(cfg, resume=resume, log=log, steering=steering)
+        # reward failures are warnings even without progress output (then through logging, to stderr)
+        run = EmbeddedRun(cfg, resume=resume, log=log, steering=steering, warn=log if progress else None)
         columns = [
             TextColumn("[bold]{task.description}"),
             BarColumn(),

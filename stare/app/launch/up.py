@@ -144,6 +144,9 @@ def up(
             file=out or sys.stdout,
         )
         return 0
+    from reward.verifiers.function import check_functions
+
+    check_functions(cfg.reward)  # here, not in a reward worker's crash loop: one line, exit 2
     return run_until_done(
         ProcessLauncher(
             cfg,

@@ -5,6 +5,7 @@ compare.md)."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +38,24 @@ def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
 
 
 def _group_by_algo(run_dirs: list[Path]) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
-    """algo -> (run dir, summary) of its runs, algos in order of first appearance; a run without
-    `algo` is grouped under "unknown"."""
+    """algo -> (run dir, summary) of its runs (seeds of one algorithm), algos in order of first
+    appearance; a run without `algo` is grouped under "unknown". Runs of one algo whose names differ
+    beyond their seed (`s3-stare-w3` and `s3-stare`, `x-stare-s0` and `y-stare-s0`: different settings)
+    are grouped by that name instead."""
+    runs = [(d, summarize(d)) for d in map(Path, run_dirs)]
+    stems: dict[str, set[str]] = {}
+    for d, s in runs:
+        stems.setdefault(s["algo"] or "unknown", set()).add(_stem(d.name))
     groups: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
-    for run_dir in map(Path, run_dirs):
-        s = summarize(run_dir)
-        groups.setdefault(s["algo"] or "unknown", []).append((run_dir, s))
+    for d, s in runs:
+        algo = s["algo"] or "unknown"
+        groups.setdefault(algo if len(stems[algo]) == 1 else _stem(d.name), []).append((d, s))
     return groups
+
+
+def _stem(name: str) -> str:
+    """A run's name without its seed (`s0-grpo` and `cmp-grpo-s0` -> their setting's name)."""
+    return re.sub(r"^s\d+[-_]|[-_]s\d+$", "", name) or name
 
 
 COMPARE_KS = (1, 8, 64)
@@ -55,14 +67,16 @@ def final_correct_counts(run_dir: Path) -> list | None:
     return evals[-1].get("correct_counts") if evals else None
 
 
-def compare(run_dirs: list[Path]) -> list[dict[str, Any]]:
+def compare(run_dirs: list[Path], ks: tuple[int, ...] = COMPARE_KS) -> list[dict[str, Any]]:
     """One row per algo: seeds (number of runs), runs (their names), final entropy and final
     held-out greedy accuracy as mean and sample std across seeds, mean in-band fraction and mean
     wall time. Each statistic is over the runs that have the number; None when none has it."""
-    return _compare_rows(_group_by_algo(run_dirs))
+    return _compare_rows(_group_by_algo(run_dirs), ks)
 
 
-def _compare_rows(groups: dict[str, list[tuple[Path, dict[str, Any]]]]) -> list[dict[str, Any]]:
+def _compare_rows(
+    groups: dict[str, list[tuple[Path, dict[str, Any]]]], ks: tuple[int, ...] = COMPARE_KS
+) -> list[dict[str, Any]]:
     rows = []
     for algo, runs in groups.items():
         summaries = [s for _, s in runs]
@@ -72,8 +86,8 @@ def _compare_rows(groups: dict[str, list[tuple[Path, dict[str, Any]]]]) -> list[
 
         h_mean, h_std = _mean_std(have("entropy_final"))
         acc_mean, acc_std = _mean_std(have("greedy_accuracy_last"))
-        curves = [pass_at_k_curve(c, COMPARE_KS) for d, _ in runs if (c := final_correct_counts(d))]
-        pass_ci = {k: bootstrap_ci([c[i] for c in curves if c[i] is not None]) for i, k in enumerate(COMPARE_KS)}
+        curves = [pass_at_k_curve(c, ks) for d, _ in runs if (c := final_correct_counts(d))]
+        pass_ci = {k: bootstrap_ci([c[i] for c in curves if c[i] is not None]) for i, k in enumerate(ks)}
         rows.append({
             "algo": algo,
             "seeds": len(summaries),
@@ -99,15 +113,15 @@ def _ci(ci: tuple[float, float, float] | None, scale: float = 1.0, digits: int =
     return f"{m:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def _compare_markdown(rows: list[dict[str, Any]]) -> str:
-    ks = " | ".join(f"pass@{k}" for k in COMPARE_KS)
+def _compare_markdown(rows: list[dict[str, Any]], ks: tuple[int, ...] = COMPARE_KS) -> str:
+    pass_ks = " | ".join(f"pass@{k}" for k in ks)
     lines = [
         "# Comparison", "", "![compare](compare.png)", "",
-        f"| algo | seeds | final entropy (nats) | final held-out greedy acc. | in-band % | {ks} | wall time |",
-        "|---|---|---|---|---|" + "---|" * len(COMPARE_KS) + "---|",
+        f"| algo | seeds | final entropy (nats) | final held-out greedy acc. | in-band % | {pass_ks} | wall time |",
+        "|---|---|---|---|---|" + "---|" * len(ks) + "---|",
     ]  # fmt: skip
     for r in rows:
-        passes = " | ".join(_ci(r["pass_at_k_ci"][k]) for k in COMPARE_KS)
+        passes = " | ".join(_ci(r["pass_at_k_ci"][k]) for k in ks)
         lines.append(
             f"| {r['algo']} | {r['seeds']} | {_ci(r['entropy_final_ci'])} "
             f"| {_ci(r['greedy_accuracy_final_ci'])} "
@@ -117,7 +131,8 @@ def _compare_markdown(rows: list[dict[str, Any]]) -> str:
         "",
         "Mean [95% percentile-bootstrap interval] across seeds (10,000 resamples, numpy seed 0; "
         f"stare.app.report.stats). Final entropy: mean over the last {FINAL_FRACTION:.0%} of "
-        "steps of each run. Final held-out accuracy: last evaluation of each run. pass@k: unbiased estimator "
+        "steps of each run. In band: the share of steps inside the entropy band from the first one inside it (0 for a "
+        "run that never entered it). Final held-out accuracy: last evaluation of each run. pass@k: unbiased estimator "
         "(Chen et al. 2021) from the last evaluation's samples per problem (`task.final_eval_k`; n/a for k "
         "above them). Wall time: mean across seeds. Runs per algo: "
         + "; ".join(f"{r['algo']}: {', '.join(r['runs'])}" for r in rows),
@@ -136,7 +151,7 @@ def _aggregate(series: list[tuple[list[float], list[float]]]) -> tuple[list[floa
     return (steps, [sum(at[s]) / len(at[s]) for s in steps], [min(at[s]) for s in steps], [max(at[s]) for s in steps])
 
 
-def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
+def write_comparison(run_dirs: list[Path], out_dir: Path, ks: tuple[int, ...] = COMPARE_KS) -> Path:
     """Write `out_dir/compare.png` (entropy, reward, held-out greedy accuracy side by side; per
     algo the mean across seeds with the min-max range shaded) and `out_dir/compare.md` (the table
     of `compare`); return `out_dir`. Entropy and reward are EMA-smoothed per run before averaging;
@@ -146,7 +161,7 @@ def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     groups = _group_by_algo(run_dirs)
-    rows = _compare_rows(groups)
+    rows = _compare_rows(groups, ks)
     by_algo = {algo: [d for d, _ in runs] for algo, runs in groups.items()}
     panels = (
         ("entropy", METRICS_FILE, True, "Policy entropy", "mean token entropy (nats)"),
@@ -176,5 +191,5 @@ def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
         ax.set(title=f"{title}: mean, min-max shaded{smoothed}", xlabel="step", ylabel=ylabel)
         ax.legend(fontsize=8, loc="best")
     fig.savefig(out_dir / "compare.png", dpi=100)
-    (out_dir / "compare.md").write_text(_compare_markdown(rows))
+    (out_dir / "compare.md").write_text(_compare_markdown(rows, ks))
     return out_dir

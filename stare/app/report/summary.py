@@ -123,8 +123,9 @@ def _final_mean(values: list[float]) -> float | None:
 def _in_band(rows: list[dict[str, Any]]) -> tuple[float | None, float | None]:
     """(first step whose entropy is inside its band, fraction of steps in band from that step on).
 
-    Bounds are inclusive; steps without an entropy or a band are not counted. (None, None) when the
-    entropy never entered the band."""
+    Bounds are inclusive; steps without an entropy or a band are not counted. (None, 0.0) when the
+    entropy never entered a band it had (a run that stays outside is 0% in band, not unknown); (None,
+    None) when no step has both."""
     checked = []  # (step, inside) per step that has both an entropy and a band
     for i, row in enumerate(rows):
         h, band = _number(row.get("entropy")), _row_band(row)
@@ -132,7 +133,7 @@ def _in_band(rows: list[dict[str, Any]]) -> tuple[float | None, float | None]:
             checked.append((float(row.get("step", i + 1)), band[0] <= h <= band[1]))
     first = next((i for i, (_, inside) in enumerate(checked) if inside), None)
     if first is None:
-        return None, None
+        return None, (0.0 if checked else None)
     after = [inside for _, inside in checked[first:]]
     return checked[first][0], sum(after) / len(after)
 

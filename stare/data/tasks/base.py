@@ -10,8 +10,8 @@ Not covered here: partial credit, format rewards or length shaping (those live i
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
 
 Split = Literal["train", "test"]
 
@@ -41,6 +41,9 @@ class Problem:
     prompt_token_ids: tuple[int, ...] | None = None
     """The prompt's tokens when a length policy already tokenized (and maybe cut) it
     (stare.data.prompt_policy); None: encode `prompt`."""
+    extra_info: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """The dataset row's `extra_info` (JSON values; {} for generated tasks): what a reward function of the
+    user's own reads (verl's compute_score(..., extra_info))."""
 
 
 @runtime_checkable

@@ -162,8 +162,18 @@ def problem_from_row(row: dict[str, Any], where: str, tokenizer=None) -> Problem
     level = extra.get("level")
     level = level if isinstance(level, int) and not isinstance(level, bool) and level >= 1 else 1
     return Problem(
-        prompt=render_prompt(prompt, tokenizer), answer=answer, problem_id=problem_id, level=level, data_source=source
+        prompt=render_prompt(prompt, tokenizer),
+        answer=answer,
+        problem_id=problem_id,
+        level=level,
+        data_source=source,
+        extra_info=_json_values(extra),
     )
+
+
+def _json_values(extra: dict[str, Any]) -> dict[str, Any]:
+    """`extra_info` as JSON values (it travels in wire records): what JSON cannot hold becomes its str()."""
+    return json.loads(json.dumps(extra, default=str)) if extra else {}
 
 
 def load_problems(path: Path | str, tokenizer=None) -> list[Problem]:
