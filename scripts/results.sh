@@ -7,9 +7,25 @@
 #
 # Environment: RUNS_DIR (runs/results), RECORDS (docs/results/runs), SEEDS ("0 1 2 3 4"), JOBS (2
 # runs at once), VARIANTS (all below, in this order), NICE (5), SETS (--set overrides for every run,
-# space separated), RUN_TIMEOUT (3600 s a run). The longer-horizon study (docs/results.md):
+# space separated), RUN_TIMEOUT (3600 s a run), FINAL_K (64: samples per held-out problem in each run's
+# final evaluation, task.final_eval_k; pass@k up to 64 comes from them by the unbiased estimator, so 128
+# halves the evaluation's noise), JOBLIST (a file of lines as `scripts/results.sh list` prints them:
+# the sweep runs those, in that order, instead of the list VARIANTS and SEEDS give).
+# A run is one process group with the sweep (`timeout --foreground`), so stopping the sweep's group
+# (kill -STOP -PGID ... kill -CONT -PGID) pauses and resumes every run at once; RUN_TIMEOUT counts the pause.
+# The longer-horizon study (docs/results.md), first protocol (5 seeds, final n = 64; docs/results/long):
 #   RUNS_DIR=runs/long RECORDS=docs/results/long VARIANTS="stare grpo" RUN_TIMEOUT=10800 \
 #     SETS="run.steps=1500 task.eval_every=100 task.eval_k=64 run.checkpoint_every=250" scripts/results.sh sweep
+# and its second protocol (all on one machine fingerprint, final n = 128, so seeds 0-4 of stare and grpo are
+# rerun too): seeds 0-4 of stare, grpo, dapo and stare-paper first, then stare and grpo seeds 5-9, then dapo and
+# stare-paper seeds 5-9, seed by seed so that a sweep cut short leaves paired sets (a JOBLIST in that order;
+# RUN_TIMEOUT large as pauses count against it):
+#   export RUNS_DIR=runs/long2 RECORDS=docs/results/long2 FINAL_K=128 JOBS=2 NICE=19 RUN_TIMEOUT=86400 \
+#     SETS="run.steps=1500 task.eval_every=100 task.eval_k=64 run.checkpoint_every=250"
+#   { for s in 0 1 2 3 4; do VARIANTS="stare grpo dapo stare-paper" SEEDS=$s scripts/results.sh list; done
+#     VARIANTS="stare grpo" SEEDS="5 6 7 8 9" scripts/results.sh list
+#     VARIANTS="dapo stare-paper" SEEDS="5 6 7 8 9" scripts/results.sh list; } >long2.jobs
+#   JOBLIST=long2.jobs scripts/results.sh sweep
 # Several updates per batch (tier 4: the baselines with optim.mini_batches as in their papers, and
 # grpo with one update per batch on the same machine, so that every difference pairs):
 #   RUNS_DIR=runs/mb RECORDS=docs/results/mb VARIANTS="grpo kl-cov-mb clip-cov-mb dapo-mb" scripts/results.sh sweep
@@ -36,6 +52,8 @@ NICE=${NICE:-5}
 CONFIG=${CONFIG:-configs/tiny-cpu.yaml}
 SETS=${SETS:-}
 RUN_TIMEOUT=${RUN_TIMEOUT:-3600}
+FINAL_K=${FINAL_K:-64}
+JOBLIST=${JOBLIST:-}
 # tier|label|algo|extra --set overrides (space separated). Tiers run in order, seeds interleaved
 # within a tier: the headline pair and the controller without its EMA first, then the other
 # baselines, then STARE variants that look for where its accuracy cost comes from.
@@ -71,11 +89,18 @@ ALL_VARIANTS=(
   # real model (the SmolLM2 study, docs/results-notes.md); on the tiny config it differs from `stare` only
   # by its target and band
   "6|stare-adaptive|stare|loss.variant=C2 controller.target=0.3 controller.band=null controller.adaptive=true controller.schedule=proportional controller.gain=10.0 controller.ema=0.8 controller.w_max=10.0 controller.m_min=0.1"
+  # the paper's own STARE settings in place of the tiny config's tuned controller (C2, top 5%, adaptive
+  # proportional W up to 10, EMA 0.8, target 0.24 in band [0.17, 0.31]): Luo et al., STARE, reference recipe
+  # hp-luo/STARE run_short_cot_qwen2.5_math_7b_STARE.sh (configs/paper/short-cot-qwen2.5-math-7b-stare.yaml):
+  # variant O1, P = 0.1, fixed W = 1.1, gate at target entropy 0.3 with no band, adaptive off (so no EMA);
+  # the surrogate (eps 0.2/0.28, aggregation) stays the tiny config's, as for every other label
+  "6|stare-paper|stare|loss.variant=O1 loss.top_fraction=0.1 controller.w=1.1 controller.adaptive=false controller.target=0.3 controller.band=null controller.ema=0.0"
 )
 if [[ -n "${VARIANTS:-}" ]]; then read -r -a WANT <<<"$VARIANTS"; else WANT=(); fi
 
-jobs_list() {  # one line per run, "name|algo|overrides", in tier, seed, listed order
+jobs_list() {  # one line per run, "name|algo|overrides", in tier, seed, listed order (or JOBLIST's lines)
   local v tier label algo extra seed i
+  if [[ -n "$JOBLIST" ]]; then grep -v '^[[:space:]]*$' "$JOBLIST"; return; fi
   for seed in $SEEDS; do
     i=0
     for v in "${ALL_VARIANTS[@]}"; do
@@ -87,8 +112,11 @@ jobs_list() {  # one line per run, "name|algo|overrides", in tier, seed, listed 
   done | sort -n -k1,1 -k2,2 -k3,3 | cut -d'|' -f2-
 }
 
-complete() {  # the run's final evaluation (n = 64) is in its eval.jsonl
-  [[ -f "$1/eval.jsonl" ]] && grep -q '"k": 64' "$1/eval.jsonl"
+complete() {  # the run's final evaluation (after run.steps, n = FINAL_K) is in its eval.jsonl (the test the
+  # record makes, so a run stopped after a periodic evaluation with eval_k = FINAL_K is not taken for done)
+  [[ -f "$1/eval.jsonl" ]] && "$PY" ${PYFLAGS:-} -c 'import sys; from pathlib import Path
+from stare.app.report.records import _final_eval
+e = _final_eval(Path(sys.argv[1])); sys.exit(0 if e and e.get("k") == int(sys.argv[2]) else 1)' "$1" "$FINAL_K"
 }
 
 record() {  # the run folder's record into $RECORDS (what the report reads)
@@ -109,8 +137,10 @@ run_one() {
   for o in $SETS $extra; do sets+=(--set "$o"); done
   echo "start $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)" >"$dir.load.tmp"
   echo "[results] $name ($algo) start $(date -u +%T)"
-  if nice -n "$NICE" timeout "$RUN_TIMEOUT" "$PY" ${PYFLAGS:-} -m stare.app.cli train --config "$CONFIG" --algo "$algo" --no-progress \
-      "${sets[@]}" --set task.final_eval_k=64 >"$RUNS_DIR/$name.log" 2>&1; then
+  # --foreground: the run stays in the sweep's process group (plain timeout gives it a group of its own,
+  # which a kill -STOP of the sweep's group would miss)
+  if nice -n "$NICE" timeout --foreground "$RUN_TIMEOUT" "$PY" ${PYFLAGS:-} -m stare.app.cli train --config "$CONFIG" --algo "$algo" --no-progress \
+      "${sets[@]}" --set "task.final_eval_k=$FINAL_K" >"$RUNS_DIR/$name.log" 2>&1; then
     echo "end $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg)" >>"$dir.load.tmp"
     mv "$dir.load.tmp" "$dir/load.txt"
     rm -rf "$dir/checkpoints"  # 300 steps x 9 variants x 5 seeds of optimizer states: not kept
@@ -121,7 +151,7 @@ run_one() {
   fi
 }
 export -f run_one complete record
-export PY PYFLAGS RUNS_DIR RECORDS NICE CONFIG SETS RUN_TIMEOUT
+export PY PYFLAGS RUNS_DIR RECORDS NICE CONFIG SETS RUN_TIMEOUT FINAL_K
 
 sweep() {
   mkdir -p "$RUNS_DIR"
