@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stare.app.report.horizon import points, same_machine_seeds
-from stare.app.report.stats import PairedDiff, bootstrap_coverage, holm, paired_diff
+from stare.app.report.stats import MAX_SEEDS, PairedDiff, bootstrap_coverage, holm, paired_diff
 
 ALPHA = 0.05
 VERDICTS = (  # (word, rule), strongest first: the first rule a comparison meets is its verdict
@@ -102,11 +102,14 @@ def p_text(p: float | None) -> str:
     return "n/a" if p is None else ("<0.0001" if p < 1e-4 else f"{p:.4f}")
 
 
-def _power(c: Comparison) -> str:
+def power_text(c: Comparison) -> str:
+    """Seeds for 80% power: `n/a` without a spread, `no difference` at a zero mean."""
     s = c.stats
     if s is None or s.n < 2:
         return "n/a"
-    return f"{s.seeds_80}" if s.seeds_80 is not None else "> 10000"
+    if s.mean == 0.0:
+        return "no difference"
+    return f"{s.seeds_80}" if s.seeds_80 is not None else f"> {MAX_SEEDS}"
 
 
 def interval_text(c: Comparison) -> str:
@@ -152,7 +155,7 @@ def pair_tables(comparisons: Sequence[Comparison]) -> list[str]:
             lines.append(
                 f"| {name} | {_signed(s.mean, c.scale)} | {t_ci} | {p_text(s.p_t)} | {p_text(s.p_sign)} | "
                 f"{p_text(c.holm_t)} / {p_text(c.holm_sign)} | [{_signed(s.boot[0], c.scale)}, {_signed(s.boot[1], c.scale)}] | "
-                f"{_power(c)} | {c.verdict} |"
+                f"{power_text(c)} | {c.verdict} |"
             )
     return lines
 

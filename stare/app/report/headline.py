@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from stare.app.report.claims import VERDICTS, Comparison, find, interval_text, p_text
+from stare.app.report.claims import VERDICTS, Comparison, find, interval_text, p_text, power_text
 
 STUDIES = {  # family name -> the section it belongs to
     "tiny": "300 steps (Paired differences)",
     "long": "1,500 steps (Longer horizon)",
     "coverage": "1,500 steps, end against start",
     "first": "1,500 steps, first protocol (history)",
+    "first-coverage": "1,500 steps, first protocol, end against start",
     "mb": "several updates per batch",
     "smollm2": "SmolLM2-135M-Instruct",
 }
@@ -51,6 +52,8 @@ CLAIMS: tuple[tuple[str, str, str, str], ...] = (  # family, a, b, key
     ("smollm2", "stare", "grpo", "entropy_last"),
     ("smollm2", "stare", "grpo", "greedy_last"),
     ("smollm2", "stare-adaptive", "grpo", "entropy_last"),
+    ("first-coverage", "stare", "its start", "pass@64"),
+    ("first-coverage", "grpo", "its start", "pass@64"),
 )
 
 
@@ -82,9 +85,8 @@ def claims_section(families: Mapping[str, Sequence[Comparison]]) -> list[str]:
             lines.append(f"| C{i} | {STUDIES[name]} | {a} - {b} | {key} | 0 | no records |  |  |  | no pair yet |")
             continue
         s = c.stats
-        power = "n/a" if s.n < 2 else (str(s.seeds_80) if s.seeds_80 is not None else "> 10000")
         lines.append(
             f"| C{i} | {STUDIES[name]} | {a} - {b} | {key} | {s.n} | {interval_text(c)} | "
-            f"{_p_pair(s.p_sign, c.holm_sign)} | {_p_pair(s.p_t, c.holm_t)} | {power} | {c.verdict} |"
+            f"{_p_pair(s.p_sign, c.holm_sign)} | {_p_pair(s.p_t, c.holm_t)} | {power_text(c)} | {c.verdict} |"
         )
     return [*lines, ""]

@@ -122,6 +122,7 @@ def families(data, long=None, first=None, mb=None, real=None) -> dict[str, list[
         "long": long_study.final_family(long) if long else [],
         "coverage": long_study.coverage_family(long) if long else [],
         "first": long_study.first_protocol_family(first) if first else [],
+        "first-coverage": long_study.coverage_family(first) if first else [],
         "mb": minibatch_family(mb) if mb else [],
         "smollm2": smollm2_family(real) if real else [],
     }
@@ -204,7 +205,7 @@ def render(
     if long:
         lines += long_study.section(long, long_figure, fams["long"], fams["coverage"])
     if first:
-        lines += long_study.first_protocol_section(first, fams["first"])
+        lines += long_study.first_protocol_section(first, fams["first"], fams["first-coverage"])
     if mb:
         lines += minibatch_section(mb, mb_figure, fams["mb"])
     if real:
