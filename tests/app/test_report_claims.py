@@ -79,3 +79,25 @@ def test_every_claim_has_a_row_and_a_study_without_records_says_so():
         rows[0]
         == "| C1 | 300 steps (Paired differences) | stare - grpo | entropy_last | 0 | no records |  |  |  | no pair yet |"
     )
+
+
+def test_every_sweep_label_of_results_sh_is_a_valid_config():
+    """scripts/results.sh's labels (`scripts/results.sh list`: name|algo|overrides) load as run configs:
+    the paper's STARE settings of the longer horizon (stare-paper) included."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from stare.config import load_config
+
+    repo = Path(__file__).parents[2]
+    env = {**os.environ, "SEEDS": "0", "JOBLIST": ""}
+    out = subprocess.run(["bash", "scripts/results.sh", "list"], cwd=repo, env=env, capture_output=True, text=True,
+                         timeout=30, check=True).stdout  # fmt: skip
+    lines = [line.split("|") for line in out.splitlines()]
+    assert "s0-stare-paper" in [name for name, _, _ in lines]
+    for name, algo, extra in lines:
+        cfg = load_config(repo / "configs" / "tiny-cpu.yaml", algo=algo, overrides=extra.split())
+        if name == "s0-stare-paper":  # the paper's short-CoT recipe: O1, P 0.1, W 1.1 fixed, target 0.3, no band
+            assert (cfg.loss.variant, cfg.loss.top_fraction, cfg.controller.w) == ("O1", 0.1, 1.1)
+            assert (cfg.controller.adaptive, cfg.controller.target, cfg.controller.band) == (False, 0.3, None)
