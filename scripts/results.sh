@@ -118,7 +118,7 @@ jobs_list() {  # one line per run, "name|algo|overrides", in tier, seed, listed 
 complete() {  # the run's final evaluation (after run.steps, n = FINAL_K) is in its eval.jsonl (the test the
   # record makes, so a run stopped after a periodic evaluation with eval_k = FINAL_K is not taken for done)
   [[ -f "$1/eval.jsonl" ]] && "$PY" ${PYFLAGS:-} -c 'import sys; from pathlib import Path
-from stare.app.report.results import _final_eval
+from stare.app.report.records import _final_eval
 e = _final_eval(Path(sys.argv[1])); sys.exit(0 if e and e.get("k") == int(sys.argv[2]) else 1)' "$1" "$FINAL_K"
 }
 

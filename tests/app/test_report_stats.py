@@ -119,27 +119,39 @@ def test_differences_pair_seeds_only_on_the_same_machine_fingerprint(tmp_path):
     a, b = record(_run(tmp_path, "s0-stare")), record(_run(tmp_path, "s0-grpo", counts=((8, 0), (8, 0))))
     a2, b2 = record(_run(tmp_path, "s1-stare")), dict(record(_run(tmp_path, "s1-grpo")), machine="other/AVX2")
     lines = paired({"stare": {0: a, 1: a2}, "grpo": {0: b, 1: b2}}, "stare", "grpo", ["pass@1"])
-    assert "(1 seeds; seeds 1 left out: run on different machines)" in lines[0]
-    assert lines[2] == "| pass@1 | 0.125 [0.125, 0.125] |"  # seed 0 only: (2/8 + 0)/2 - 0
+    assert "(1 seed; seeds 1 left out: run on different machines)" in lines[0]
+    # seed 0 only: (2/8 + 0)/2 - 0; one difference has no interval and no test
+    assert (
+        lines[2]
+        == "| pass@1 | +0.125 | n/a | n/a | 1.0000 | n/a / 1.0000 | [+0.125, +0.125] | n/a | one seed: not resolved |"
+    )
 
 
 def test_docs_results_is_what_the_committed_records_give():
-    """docs/results.md is regenerated from docs/results/runs/*.json (scripts/results.sh report):
+    """docs/results.md is regenerated from the records under docs/results/ (scripts/results.sh report):
     a record added or a report change without regenerating fails here."""
     from pathlib import Path
 
-    from stare.app.report.horizon import HORIZON_RECORDS
+    from stare.app.report.long_study import FIRST_PROTOCOL_RECORDS, LONG_RECORDS
     from stare.app.report.results import MINI_BATCH_RECORDS, RECORDS_DIR, SMOLLM2_RECORDS, collect, render
 
     repo = Path(__file__).parents[2]
     data = collect(repo / RECORDS_DIR)
-    long, mb, real = (
-        collect(repo / d) if (repo / d).is_dir() else {} for d in (HORIZON_RECORDS, MINI_BATCH_RECORDS, SMOLLM2_RECORDS)
+    long, first, mb, real = (
+        collect(repo / d) if (repo / d).is_dir() else {}
+        for d in (LONG_RECORDS, FIRST_PROTOCOL_RECORDS, MINI_BATCH_RECORDS, SMOLLM2_RECORDS)
     )
     notes = (repo / "docs" / "results-notes.md").read_text()
-    assert (
-        render(
-            data, "results", notes, long, "images/horizon.png", mb, "images/minibatch.png", real, "images/smollm2.png"
-        )
-        == (repo / "docs" / "results.md").read_text()
-    ), "regenerate docs/results.md: scripts/results.sh report"
+    text = render(
+        data,
+        "results",
+        notes,
+        long,
+        "images/horizon.png",
+        mb,
+        "images/minibatch.png",
+        real,
+        "images/smollm2.png",
+        first,
+    )
+    assert text == (repo / "docs" / "results.md").read_text(), "regenerate docs/results.md: scripts/results.sh report"

@@ -61,8 +61,8 @@ def test_entropy_table_pairs_seeds_on_one_machine_only():
         "grpo": {0: _rec([0.3, 0.1]), 1: _rec([0.1, 0.1])},
     }
     lines = entropy_table(data, "stare", "grpo", [2])
-    assert "paired (1 seeds)" in lines[0]
-    assert lines[2].endswith("| +0.300 [+0.300, +0.300] |")  # seed 0: 0.4 - 0.1
+    assert "paired (1 seed, 95% t)" in lines[0]
+    assert lines[2].endswith("| +0.300 |")  # seed 0: 0.4 - 0.1; one seed, no interval
 
 
 def _run(root, name, *, entropy, updates=1, kl=0.0):
@@ -132,7 +132,7 @@ def test_the_report_gains_the_mini_batch_and_smollm2_sections_and_their_figures(
     text = out.read_text()
     assert "## Several updates per batch" in text and "![several updates per batch](images/minibatch.png)" in text
     assert "| kl-cov-mb | 1 (0) | 8.0 [8.0, 8.0] | 0.00 [0.00, 0.00] | 0.10 [0.10, 0.10] |" in text  # 0.5 x 0.002
-    assert "| approx_kl (x 1000) | 2.000 [2.000, 2.000] |" in text  # kl-cov-mb - grpo: (0.002 - 0) x 1e3
+    assert "| approx_kl (x 1000) | +2.000 | n/a |" in text  # kl-cov-mb - grpo: (0.002 - 0) x 1e3, one seed
     assert "## A real model: SmolLM2-135M-Instruct (4 steps)" in text and "evaluations at steps 0, 2, 4" in text
-    assert "| 4 | 0.500 [0.500, 0.500] | 0.400 [0.400, 0.400] | +0.100 [+0.100, +0.100] |" in text
+    assert "| 4 | 0.500 [0.500, 0.500] | 0.400 [0.400, 0.400] | +0.100 |" in text
     assert (images / "minibatch.png").stat().st_size > 0 and (images / "smollm2.png").stat().st_size > 0

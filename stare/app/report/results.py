@@ -10,7 +10,11 @@ sitting accumulates across sessions and machines and the report is regenerated f
 Per label, every number is the mean over its seeds and a 95% percentile-bootstrap interval
 (stare.app.report.stats); pass@k comes from each run's final evaluation (n samples per held-out
 problem, `correct_counts`), by the unbiased estimator. Differences are paired by seed, and only
-between runs on the same machine fingerprint (model build and CPU kernels).
+between runs on the same machine fingerprint (model build and CPU kernels); each study's differences
+are one family (stare.app.report.claims: t-interval, paired t and exact sign-flip p-values, Holm,
+power, verdict), and the claims section (headline.py) collects the ones the README cites. Each
+study's section renders from whatever records exist, so a sweep still running gives a report with
+fewer seeds, said in the text.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import argparse
 import os
 from pathlib import Path
 
-from stare.app.report import horizon, studies
+from stare.app.report import long_study, studies
+from stare.app.report.claims import Comparison, pair_tables, pairs_family, seeds_sentence
+from stare.app.report.headline import claims_section
 from stare.app.report.records import (  # noqa: F401  (re-exported: the report's callers read records through here)
     MINI_BATCH_RECORDS,
     PASS_KS,
@@ -31,8 +37,29 @@ from stare.app.report.records import (  # noqa: F401  (re-exported: the report's
     update_numbers,
     write_record,
 )
-from stare.app.report.study_sections import MINI_BATCH_LABELS, minibatch_section, smollm2_section
-from stare.app.report.tables import COLUMNS, LAST_STEPS, fmt, interval, paired, table  # noqa: F401 (re-exported)
+from stare.app.report.study_sections import (
+    MINI_BATCH_LABELS,
+    minibatch_family,
+    minibatch_section,
+    smollm2_family,
+    smollm2_section,
+)
+from stare.app.report.tables import (  # noqa: F401 (re-exported)
+    COLUMNS,
+    LAST_STEPS,
+    fmt,
+    interval,
+    paired,
+    same_algorithm,
+    same_algorithm_note,
+    table,
+)
+
+ALGORITHMS = ("stare", "grpo", "grpo-ds", "dapo", "entropy-bonus", "clip-cov", "kl-cov", "80-20")  # the --algo presets
+TINY_PAIRS = (
+    ("stare", "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@8", "pass@64"]),
+    ("stare", "stare-pctl", ["w_variation", "in_band", "entropy_last", "greedy_last", "pass@64"]),
+)
 
 
 def figures(data, out: Path) -> list[str]:
@@ -88,56 +115,17 @@ def figures(data, out: Path) -> list[str]:
     return names
 
 
-def horizon_section(data, figure: str) -> list[str]:
-    """The longer-horizon study: its curves, per-step tables and final numbers."""
-    steps = sorted({n["steps"] for s in data.values() for n in s.values()})
-    diffs = horizon.paired_curve(data.get("stare", {}), data.get("grpo", {}), "pass@1")
-    cross = horizon.crossing(diffs)
-    last = diffs[-1] if diffs else None
-    if not diffs:
-        verdict = "No STARE and GRPO seed pair has completed on one machine fingerprint yet."
-    else:
-        verdict = (
-            f"Paired over {len(horizon.same_machine_seeds(data['stare'], data['grpo']))} seeds, STARE's held-out pass@1 "
-            f"minus GRPO's at step {last[0]} is {last[1]:+.3f} [{last[2]:+.3f}, {last[3]:+.3f}]. "
-        )
-        verdict += (
-            f"The mean difference turns non-negative at step {cross['means']} and stays so to the last evaluation"
-            if cross["means"] is not None
-            else "The mean difference is negative at the last evaluation"
-        )
-        verdict += (
-            f"; its 95% interval first lies above zero at step {cross['separated']}."
-            if cross["separated"] is not None
-            else "; its 95% interval never lies above zero."
-        )
-    machines = sorted({n["machine"] for s in data.values() for n in s.values()})
-    points = next(
-        (n["eval_curve"] for s in data.values() for n in s.values() if len(n.get("eval_curve") or []) > 1), []
-    )
-    every = points[1]["step"] - points[0]["step"] if points else None
-    return [
-        f"## Longer horizon ({', '.join(map(str, steps))} steps)",
-        "",
-        f"The same tiny config trained longer, evaluated every {every} steps with 64 samples per held-out problem "
-        "(128 problems, temperature 1) and greedily: runs kept in `docs/results/long/` "
-        "(scripts/results.sh, the study's command in its header).",
-        "",
-        f"![longer horizon]({figure})",
-        "",
-        verdict,
-        "",
-        *horizon.curve_table(data, "stare", "grpo", "pass@1"),
-        "",
-        *horizon.curve_table(data, "stare", "grpo", "pass@64"),
-        "",
-        *table(data),
-        "",
-        *paired(data, "stare", "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@8", "pass@64"]),
-        "",
-        f"Machines (model sha256 prefix / torch CPU capability): {', '.join(machines)}.",
-        "",
-    ]
+def families(data, long=None, first=None, mb=None, real=None) -> dict[str, list[Comparison]]:
+    """Each study's comparisons, one Holm family each (empty for a study without records)."""
+    return {
+        "tiny": pairs_family(data, TINY_PAIRS),
+        "long": long_study.final_family(long) if long else [],
+        "coverage": long_study.coverage_family(long) if long else [],
+        "first": long_study.first_protocol_family(first) if first else [],
+        "first-coverage": long_study.coverage_family(first) if first else [],
+        "mb": minibatch_family(mb) if mb else [],
+        "smollm2": smollm2_family(real) if real else [],
+    }
 
 
 def render(
@@ -150,23 +138,34 @@ def render(
     mb_figure: str = "",
     real: dict | None = None,
     real_figure: str = "",
+    first: dict | None = None,
 ) -> str:
+    """docs/results.md from the studies' records: `data` the 300-step sweep, `long` the longer horizon
+    (second protocol), `first` its first protocol, `mb` several updates per batch, `real` SmolLM2."""
     machines = sorted({n["machine"] for s in data.values() for n in s.values()})
     loads = [n["load"] for s in data.values() for n in s.values() if n["load"] is not None]
+    fams = families(data, long, first, mb, real)
     lines = [
         "# Results on the tiny config",
         "",
-        "Generated by `scripts/results.sh` (`python -m stare.app.report.results`); do not edit by hand. "
-        "Every number is the mean over seeds and a 95% percentile-bootstrap interval "
-        "(10,000 resamples of the seeds, numpy seed 0).",
+        "Generated by `scripts/results.sh report` (`python -m stare.app.report.results`) from the run records "
+        "kept in `docs/results/`; do not edit by hand. Per label, a number is the mean over seeds and its 95% "
+        "percentile-bootstrap interval (10,000 resamples of the seeds, numpy seed 0): descriptive. Every paired "
+        "difference (a - b per seed, the two runs of a seed on one machine fingerprint) carries its mean, a 95% "
+        "Student t-interval, the paired t-test's and the exact sign-flip test's two-sided p-values (all 2^n sign "
+        "assignments), both Holm-adjusted within the section's family of comparisons, the bootstrap interval "
+        "beside them, the seeds a paired t-test would need for 80% power at the observed size, and a verdict "
+        "(the rules are in the next section). Per-step tables give pointwise t-intervals, marked `*` where the "
+        "interval excludes 0.",
         "",
+        *claims_section(fams),
         f"![entropy]({figure_dir}/entropy.png)",
         "",
         f"![pass@k]({figure_dir}/pass_at_k.png)",
         "",
         "## All runs",
         "",
-        *table(data),
+        *table(data, same_as=same_algorithm(data)),
         "",
         f"Entropy: mean batch entropy over the last {LAST_STEPS} steps. In band: from the first step inside "
         "the band, the share of steps inside it (GRPO and the baselines are measured against STARE's band, "
@@ -175,6 +174,7 @@ def render(
         "per problem at temperature 1; pass@1 is avg@64. Wall time: mean `time_step_s` (sampling, scoring, "
         "learning) on a shared 2-core machine.",
         "",
+        *([note, ""] if (note := same_algorithm_note(data, ALGORITHMS)) else []),
         "## The controller",
         "",
         *table(
@@ -191,9 +191,9 @@ def render(
         "",
         "## Paired differences",
         "",
-        *paired(data, "stare", "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@8", "pass@64"]),
+        seeds_sentence(fams["tiny"]),
         "",
-        *paired(data, "stare", "stare-pctl", ["w_variation", "in_band", "entropy_last", "greedy_last", "pass@64"]),
+        *pair_tables(fams["tiny"]),
         "",
         "## Machine",
         "",
@@ -203,11 +203,13 @@ def render(
         "",
     ]
     if long:
-        lines += horizon_section(long, long_figure)
+        lines += long_study.section(long, long_figure, fams["long"], fams["coverage"])
+    if first:
+        lines += long_study.first_protocol_section(first, fams["first"], fams["first-coverage"])
     if mb:
-        lines += minibatch_section(mb, mb_figure)
+        lines += minibatch_section(mb, mb_figure, fams["mb"])
     if real:
-        lines += smollm2_section(real, real_figure)
+        lines += smollm2_section(real, real_figure, fams["smollm2"])
     if notes:
         lines += [notes.strip(), ""]
     return "\n".join(lines)
@@ -230,8 +232,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--long-records",
         type=Path,
-        default=horizon.HORIZON_RECORDS,
-        help="the longer-horizon study's records (its section is left out while there are none)",
+        default=long_study.LONG_RECORDS,
+        help="the longer-horizon study's records, second protocol (its section is left out while there are none)",
+    )
+    p.add_argument(
+        "--first-long-records",
+        type=Path,
+        default=long_study.FIRST_PROTOCOL_RECORDS,
+        help="the longer-horizon study's first protocol (history; left out while there are none)",
     )
     p.add_argument("--long-figure", type=Path, default=Path("docs/images/horizon.png"))
     p.add_argument(
@@ -259,25 +267,36 @@ def main(argv: list[str] | None = None) -> int:
     figures(data, args.figures)
     rel = str(Path(os.path.relpath(args.figures, args.out.parent)))
     notes = args.notes.read_text() if args.notes else ""
-    long = collect(args.long_records) if args.long_records.is_dir() else {}
+    read = lambda d: collect(d) if d.is_dir() else {}  # noqa: E731
+    long, first, mb, real = (
+        read(d) for d in (args.long_records, args.first_long_records, args.mb_records, args.smollm2_records)
+    )
     if long:
-        horizon.figure(long, args.long_figure, ["stare", "grpo", *[k for k in long if k not in ("stare", "grpo")]])
-    long_rel = str(Path(os.path.relpath(args.long_figure, args.out.parent)))
-    mb = collect(args.mb_records) if args.mb_records.is_dir() else {}
+        long_study.figure(long, args.long_figure)
     if mb:
         studies.minibatch_figure(
             mb,
             args.mb_figure,
             ["grpo", *MINI_BATCH_LABELS, *[k for k in mb if "-mb" in k and k not in MINI_BATCH_LABELS]],
         )
-    real = collect(args.smollm2_records) if args.smollm2_records.is_dir() else {}
     if real:
         studies.smollm2_figure(
             real, args.smollm2_figure, ["stare", "grpo", *[k for k in real if k not in ("stare", "grpo")]]
         )
     rel_of = lambda f: str(Path(os.path.relpath(f, args.out.parent)))  # noqa: E731
     args.out.write_text(
-        render(data, rel, notes, long, long_rel, mb, rel_of(args.mb_figure), real, rel_of(args.smollm2_figure))
+        render(
+            data,
+            rel,
+            notes,
+            long,
+            rel_of(args.long_figure),
+            mb,
+            rel_of(args.mb_figure),
+            real,
+            rel_of(args.smollm2_figure),
+            first=first,
+        )
     )
     print(f"[results] {args.out} ({sum(len(s) for s in data.values())} runs, {len(data)} labels)")
     return 0

@@ -3,7 +3,7 @@ mini-batches, `docs/results/mb/`) and the real model (SmolLM2-135M-Instruct, `do
 
 From the run records (stare.app.report.results): `entropy_bands` (batch entropy per step, mean and
 95% bootstrap interval over seeds, optionally smoothed), `entropy_table` (a, b and a - b paired by
-seed at chosen steps, same machine fingerprint only) and the two figures. The bands cover the steps
+seed at chosen steps, same machine fingerprint only, t-intervals) and the two figures. The bands cover the steps
 every seed reached; a record without an entropy curve is left out of them.
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from stare.app.report.claims import seeds_text, step_cell
 from stare.app.report.horizon import Band, bands, finish_figure, same_machine_seeds
 from stare.app.report.stats import bootstrap_ci
 
@@ -39,7 +40,8 @@ def entropy_bands(seeds: dict[int, dict[str, Any]], *, window: int = 1, every: i
 def entropy_table(
     data: dict[str, dict[int, dict[str, Any]]], a: str, b: str, steps: Sequence[int], window: int = 1
 ) -> list[str]:
-    """Batch entropy at `steps` (a `window`-step mean ending there): a, b, and a - b paired by seed."""
+    """Batch entropy at `steps` (a `window`-step mean ending there): a, b (mean [95% bootstrap]), and
+    a - b paired by seed (mean [95% t-interval], `*` where it excludes 0: claims.step_cell)."""
     if a not in data or b not in data:
         return [f"({a} and {b} both need completed runs for the entropy table)"]
     ca, cb = ({r[0]: r for r in entropy_bands(data[x], window=window)} for x in (a, b))
@@ -47,14 +49,13 @@ def entropy_table(
     pairs = [(_entropy(data[a][s], window), _entropy(data[b][s], window)) for s in seeds]
     cell = lambda r: "n/a" if r is None else f"{r[1]:.3f} [{r[2]:.3f}, {r[3]:.3f}]"  # noqa: E731
     head = "batch entropy" if window == 1 else f"batch entropy, {window}-step mean"
-    lines = [f"| step | {a} {head} | {b} {head} | {a} - {b}, paired ({len(seeds)} seeds) |", "|---|---|---|---|"]
+    lines = [
+        f"| step | {a} {head} | {b} {head} | {a} - {b}, paired ({seeds_text(len(seeds))}, 95% t) |",
+        "|---|---|---|---|",
+    ]
     for step in steps:
         diffs = [x[step] - y[step] for x, y in pairs if step in x and step in y]
-        d = bootstrap_ci(diffs) if diffs else None
-        lines.append(
-            f"| {step} | {cell(ca.get(step))} | {cell(cb.get(step))} | "
-            f"{'n/a' if d is None else f'{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]'} |"
-        )
+        lines.append(f"| {step} | {cell(ca.get(step))} | {cell(cb.get(step))} | {step_cell(diffs)} |")
     return lines
 
 

@@ -4,8 +4,13 @@ docs/results/smollm2/); their curves are stare.app.report.studies'."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from stare.app.report import horizon, studies
-from stare.app.report.tables import paired, table
+from stare.app.report.claims import Comparison, pair_tables, pairs_family, seeds_sentence, step_cell, step_diffs
+from stare.app.report.tables import table
+
+Data = dict[str, dict[int, dict[str, Any]]]
 
 MINI_BATCH_LABELS = ("kl-cov-mb", "clip-cov-mb", "dapo-mb", "grpo-mb")  # scripts/results.sh, tier 4-5: figure order
 
@@ -32,12 +37,27 @@ def _machines(data) -> str:
     return ", ".join(sorted({n["machine"] for s in data.values() for n in s.values()}))
 
 
-def minibatch_section(data, figure: str) -> list[str]:
+def minibatch_family(data: Data) -> list[Comparison]:
+    """Each -mb variant against grpo (one update per batch), its own one-update row and grpo cut alike
+    (kl-cov-mb-lr8: grpo-mb-lr8): the section's one Holm family."""
+    pairs = []
+    for mb in (x for x in _ordered(data) if "-mb" in x):
+        control = "grpo" + mb[len(_one_update(mb)) :]
+        pairs += [
+            (mb, o, UPDATE_KEYS) for o in dict.fromkeys(("grpo", _one_update(mb), control)) if o in data and o != mb
+        ]
+    return pairs_family(data, pairs, UPDATE_SCALES)
+
+
+def _ordered(data: Data) -> list[str]:
+    return sorted(data, key=lambda x: ("-mb" in x, x != "grpo", x))
+
+
+def minibatch_section(data: Data, figure: str, comparisons: list[Comparison]) -> list[str]:
     """Several updates per batch: how far the updates move off the sampling policy, the outcomes,
     and each -mb variant paired with grpo (one update per batch) and with its own one-update row."""
-    several = [x for x in data if "-mb" in x]
-    data = {x: data[x] for x in sorted(data, key=lambda x: ("-mb" in x, x != "grpo", x))}
-    lines = [
+    data = {x: data[x] for x in _ordered(data)}
+    return [
         "## Several updates per batch (the baselines' mini-batches)",
         "",
         "The tiny config with `optim.mini_batches` as in each baseline's paper (the `-mb` rows, scripts/results.sh; "
@@ -55,13 +75,13 @@ def minibatch_section(data, figure: str) -> list[str]:
         "",
         *table(data),
         "",
+        seeds_sentence(comparisons),
+        "",
+        *pair_tables(comparisons),
+        "",
+        f"Machines (model sha256 prefix / torch CPU capability): {_machines(data)}.",
+        "",
     ]
-    for mb in several:  # against grpo, its own one-update row, and grpo cut alike (kl-cov-mb-lr8: grpo-mb-lr8)
-        control = "grpo" + mb[len(_one_update(mb)) :]
-        for other in dict.fromkeys(("grpo", _one_update(mb), control)):
-            if other in data and other != mb:
-                lines += [*paired(data, mb, other, UPDATE_KEYS, UPDATE_SCALES), ""]
-    return lines + [f"Machines (model sha256 prefix / torch CPU capability): {_machines(data)}.", ""]
 
 
 SMOLLM2_COLUMNS = (
@@ -75,7 +95,25 @@ SMOLLM2_COLUMNS = (
 )
 
 
-def smollm2_section(data, figure: str) -> list[str]:
+def smollm2_family(data: Data) -> list[Comparison]:
+    labels = [x for x in ("stare", *sorted(set(data) - {"stare", "grpo"})) if x in data]
+    return pairs_family(data, [(x, "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@4"]) for x in labels])
+
+
+def curve_table(data: Data, a: str, b: str, key: str) -> list[str]:
+    """Per evaluation step: a, b (mean [95% bootstrap]) and a - b paired by seed (95% t, claims.step_cell)."""
+    if a not in data or b not in data:
+        return [f"({a} and {b} both need completed runs for the {key} curve)"]
+    ra, rb = {r[0]: r for r in horizon.bands(data[a], key)}, {r[0]: r for r in horizon.bands(data[b], key)}
+    diff = step_diffs(data, a, b, key)
+    cell = lambda r: "n/a" if r is None else f"{r[1]:.3f} [{r[2]:.3f}, {r[3]:.3f}]"  # noqa: E731
+    lines = [f"| step | {a} {key} | {b} {key} | {a} - {b}, paired (95% t) |", "|---|---|---|---|"]
+    for step in sorted(set(ra) | set(rb)):
+        lines.append(f"| {step} | {cell(ra.get(step))} | {cell(rb.get(step))} | {step_cell(diff.get(step, []))} |")
+    return lines
+
+
+def smollm2_section(data: Data, figure: str, comparisons: list[Comparison]) -> list[str]:
     """STARE against GRPO on SmolLM2-135M-Instruct: entropy per step and held-out accuracy per
     evaluation, bands over seeds, paired differences."""
     steps = max((n["steps"] for s in data.values() for n in s.values()), default=0)
@@ -93,20 +131,18 @@ def smollm2_section(data, figure: str) -> list[str]:
         "",
         f"![SmolLM2]({figure})",
         "",
+        seeds_sentence(comparisons),
+        "",
         *studies.entropy_table(data, "stare", "grpo", marks),
         "",
-        *horizon.curve_table(data, "stare", "grpo", "greedy"),
+        *curve_table(data, "stare", "grpo", "greedy"),
         "",
-        *horizon.curve_table(data, "stare", "grpo", "pass@1"),
+        *curve_table(data, "stare", "grpo", "pass@1"),
         "",
         *table(data, SMOLLM2_COLUMNS),
         "",
-        *[
-            line
-            for label in ("stare", *sorted(set(data) - {"stare", "grpo"}))
-            if label in data
-            for line in (*paired(data, label, "grpo", ["entropy_last", "greedy_last", "pass@1", "pass@4"]), "")
-        ],
+        *pair_tables(comparisons),
+        "",
         f"Machines (model sha256 prefix / torch CPU capability): {_machines(data)}.",
         "",
     ]

@@ -1,14 +1,28 @@
 """The tables of docs/results.md: per label, each number's mean and 95% bootstrap interval over seeds
-(`table`), and a - b paired by seed on one machine fingerprint (`paired`)."""
+(`table`, descriptive), a - b paired by seed on one machine fingerprint with every statistic of a
+claim (`paired`, stare.app.report.claims), and the labels that are one algorithm on this config
+(`same_algorithm`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from stare.app.report import horizon
+from stare.app.report.claims import pair_tables, pairs_family
 from stare.app.report.stats import bootstrap_ci
 
 LAST_STEPS = 50  # entropy_last: the mean batch entropy of a run's last steps
+TIMING_KEYS = ("step_s", "load")  # what may differ between two runs of one algorithm: the machine's load
+SAME_ALGORITHM_REASONS = {  # (label, label) -> why their records agree, checked against the records by same_algorithm
+    ("kl-cov", "grpo"): (
+        "with one update per batch the update is on-policy, the ratio r is 1 at every token and KL-Cov's "
+        "penalty kl_coef |log r| has zero gradient there, so KL-Cov is GRPO; it acts only with several "
+        "updates per batch (section 'Several updates per batch')"
+    ),
+    ("dapo", "grpo-ds"): (
+        "the tiny config already has DAPO's clip-higher (0.2/0.28) and token-mean aggregation, so dynamic "
+        "sampling is all DAPO adds to GRPO here, which is what grpo-ds is"
+    ),
+}
 
 
 def interval(values: list[float | None]) -> tuple[float, float, float] | None:
@@ -34,34 +48,49 @@ COLUMNS = (  # key, header, digits, scale
 )
 
 
-def table(data: dict[str, dict[int, dict[str, Any]]], columns=COLUMNS) -> list[str]:
+def table(
+    data: dict[str, dict[int, dict[str, Any]]], columns=COLUMNS, same_as: dict[str, str] | None = None
+) -> list[str]:
+    """One row per label; `same_as` marks a label as another's algorithm (`kl-cov (= grpo)`)."""
     lines = ["| run | seeds | " + " | ".join(h for _, h, _, _ in columns) + " |", "|---|---|" + "---|" * len(columns)]
     for label, seeds in data.items():
         cells = [fmt(interval([n.get(key) for n in seeds.values()]), d, sc) for key, _, d, sc in columns]
-        lines.append(f"| {label} | {len(seeds)} ({','.join(map(str, sorted(seeds)))}) | " + " | ".join(cells) + " |")
+        name = f"{label} (= {same_as[label]})" if same_as and label in same_as else label
+        lines.append(f"| {name} | {len(seeds)} ({','.join(map(str, sorted(seeds)))}) | " + " | ".join(cells) + " |")
     return lines
 
 
 def paired(data, a: str, b: str, keys: list[str], scales: dict[str, float] | None = None) -> list[str]:
-    """a - b per seed both completed on the same machine fingerprint, mean [95% bootstrap] of the
-    differences (a pair from two builds would add the builds' difference to the algorithms')."""
-    both = sorted(set(data.get(a, {})) & set(data.get(b, {})))
-    seeds = horizon.same_machine_seeds(data.get(a, {}), data.get(b, {}))
-    if not seeds:
-        return [f"({a} and {b} share no completed seed on one machine fingerprint yet)"]
-    apart = (
-        f"; seeds {', '.join(map(str, sorted(set(both) - set(seeds))))} left out: run on different machines"
-        if len(seeds) < len(both)
-        else ""
+    """a - b per seed both completed on the same machine fingerprint (a pair from two builds would add
+    the builds' difference to the algorithms'), its keys one Holm family: claims.pair_tables."""
+    return pair_tables(pairs_family(data, [(a, b, keys)], scales))
+
+
+def _numbers(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if k not in ("name", "label", *TIMING_KEYS)}
+
+
+def same_algorithm(data: dict[str, dict[int, dict[str, Any]]]) -> dict[str, str]:
+    """label -> the label it equals, for each pair of SAME_ALGORITHM_REASONS whose records agree seed by
+    seed (the same seeds, every number but wall time and load equal)."""
+    out = {}
+    for x, y in SAME_ALGORITHM_REASONS:
+        a, b = data.get(x), data.get(y)
+        if a and b and set(a) == set(b) and all(_numbers(a[s]) == _numbers(b[s]) for s in a):
+            out[x] = y
+    return out
+
+
+def same_algorithm_note(data: dict[str, dict[int, dict[str, Any]]], algorithms: tuple[str, ...]) -> str:
+    """The sentence under the table: which labels are one algorithm here, and why."""
+    same = same_algorithm(data)
+    if not same:
+        return ""
+    present = [x for x in algorithms if x in data]
+    reasons = "; ".join(f"`{x}` = `{y}`: {SAME_ALGORITHM_REASONS[(x, y)]}" for x, y in same.items())
+    return (
+        f"Of the {len(present)} algorithms above ({', '.join(present)}), {len(present) - len(same)} are distinct "
+        f"at one optimizer update per batch on this config: the records of "
+        + " and ".join(f"`{x}` and `{y}`" for x, y in same.items())
+        + f" agree seed by seed in every number but wall time. Why: {reasons}."
     )
-    lines = [f"| {a} - {b}, paired by seed ({len(seeds)} seeds{apart}) | difference |", "|---|---|"]
-    for key in keys:
-        diffs = [
-            data[a][s][key] - data[b][s][key]
-            for s in seeds
-            if data[a][s].get(key) is not None and data[b][s].get(key) is not None
-        ]
-        scale = (scales or {}).get(key, 1.0)
-        name = key if scale == 1.0 else f"{key} (x {scale:g})"
-        lines.append(f"| {name} | {fmt(bootstrap_ci(diffs), scale=scale)} |")
-    return lines
