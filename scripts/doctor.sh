@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `stare doctor` on a GPU machine without network (docs/deploy.md, "First on a GPU node: stare doctor"):
+# `stare doctor` on a GPU machine without network (docs/deploy.md, "First on a GPU node: `stare doctor`"):
 #
 #   scripts/prepare_gpu_wheels.sh     # once, on a machine with network: wheels into .whl/
 #   scripts/doctor.sh [ARGS]          # on the GPU machine; ARGS go to `stare doctor` (--config RUN.yaml, --only ...)
