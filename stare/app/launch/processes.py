@@ -7,7 +7,7 @@ One config for all. The launcher resolves what every role must agree on before s
 weight-broadcast rendezvous when the configured ones are taken), writes that config to
 `<run dir>/up/config.yaml`, starts the roles, prefixes and streams their logs, and supervises
 them: a role that dies is restarted (a restarted learner resumes from its last checkpoint), up
-to `max_restarts` times each. It stops everything when the learner finishes, or on Ctrl-C /
+to `max_restarts` times each, and so is the redis-server it started (on its port, from its AOF). It stops everything when the learner finishes, or on Ctrl-C /
 SIGTERM: SIGTERM to every role (each finishes its batch; the learner checkpoints), SIGKILL to
 those still running after `grace_s`, then Redis (its AOF keeps the streams). With
 `system.colocate: on` the learner ranks sample (no rollout processes).
@@ -169,6 +169,7 @@ class ProcessLauncher:
         self.gpu_plan = gpu_plan
         for i, name in enumerate(role_names(rollout, reward, control)):
             self.roles[name] = Role(name, role_argv(name, self.config_path), color=COLORS[i % len(COLORS)])
+        self.redis_restarts = 0
         self.stopping = False
         self.force_stop = False  # a second Ctrl-C: stop() kills instead of waiting
 
@@ -240,8 +241,29 @@ class ProcessLauncher:
                 role.restarts += 1
                 self.say(f"{role.name} exited with {code}; restarting ({role.restarts}/{self.max_restarts})")
                 self._spawn(role)
+            if self.redis is not None and not self.redis.alive() and not self.stopping and not self._restart_redis():
+                return 1
             time.sleep(poll_s)
         return 0
+
+    def _restart_redis(self) -> bool:
+        """Our redis-server died: start it again on its port, from its AOF (the roles reconnect by
+        themselves). False once it was restarted `max_restarts` times, or cannot start."""
+        code = self.redis.proc.returncode if self.redis.proc is not None else None
+        if self.redis_restarts >= self.max_restarts:
+            self.say(f"redis-server exited with {code} and was restarted {self.redis_restarts} times; giving up")
+            return False
+        self.redis_restarts += 1
+        self.say(
+            f"redis-server exited with {code}; restarting it on port {self.redis.port} from its AOF "
+            f"({self.redis_restarts}/{self.max_restarts})"
+        )
+        try:
+            self.redis.start(timeout_s=60.0)  # a long AOF takes a while to load
+        except RuntimeError as err:
+            self.say(f"redis-server did not start again: {err}")
+            return self.redis_restarts < self.max_restarts
+        return True
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to one role (tests: a worker dying mid-run)."""
