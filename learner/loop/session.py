@@ -120,8 +120,9 @@ class TrainingSession:
         return len(tasks)
 
     def _publish(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.seams.publisher.publish(self.learner.version, state)
+        # recorded first: a successor publishes above any number a learner dying mid-send left with workers
         self.seams.cursor.save_version(self.learner.version)
+        self.seams.publisher.publish(self.learner.version, state)
 
     def evaluate(
         self, weights: Callable[[], Mapping[str, torch.Tensor]] | None = None, final: bool = False

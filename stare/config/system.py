@@ -108,7 +108,13 @@ class SystemSection(_Section):
         description="Shared folder of the filesystem weight backend (None: <run dir>/weights).",
     )
     broadcast_host: str = Field("127.0.0.1", description="Address the learner's TCPStore listens on / workers dial.")
-    broadcast_port: int = Field(29650, ge=1, le=65535, description="Port of the learner's TCPStore rendezvous.")
+    broadcast_port: int = Field(
+        29650,
+        ge=0,
+        le=65535,
+        description="Port of the learner's TCPStore rendezvous (0: any free port). The learner announces the port it "
+        "bound in the run's Redis, where rollout workers find it; `stare up` always uses 0.",
+    )
     broadcast_timeout_s: float = Field(
         30.0,
         gt=0,
