@@ -128,7 +128,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int 
         transport = connect_transport(cfg, redis_url)
         scorer = PoolScorer(cfg.task.name, task_kwargs, workers, reward_config=cfg.reward)
         worker = RewardWorker(task, transport.raw, transport.scored, name=name, scorer=scorer)
-        evals = connect_eval_streams(cfg, transport.client)  # held-out samples: the same scorer, their own streams
+        evals = connect_eval_streams(cfg, transport.client, transport.trust)  # held-out samples, own streams
         eval_worker = RewardWorker(task, evals.raw, evals.scored, name=name, scorer=scorer)
         next_reclaim, done = 0.0, 0
         try:

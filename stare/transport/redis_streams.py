@@ -142,7 +142,8 @@ class RedisStream(Generic[T]):
         n = len(records)
         if self.max_backlog is not None and (self._known_backlog is None or self._known_backlog + n > self.max_backlog):
             self._wait_for_room(n)
-        encoded = [r.to_fields() for r in records]
+        encode = getattr(self.codec, "encode", None)  # a RecordCodec tags (record_tag.py); a record class does not
+        encoded = [encode(r) for r in records] if encode is not None else [r.to_fields() for r in records]
         ack = (source, ids) if together else None
         out = self._call("XADD", lambda: self._xadd_transaction(encoded, ack))
         if together:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -41,6 +42,7 @@ from stare.config.colocation import check_node_colocation, node_colocated
 from stare.plan.check import check_fits
 from stare.plan.gpu_map import GpuPlan
 from stare.runtime.net import port_taken_message
+from stare.transport.record_tag import RECORD_KEY_FILE_ENV
 from stare.transport.redis_secrets import URL_ENV, URL_FILE_ENV, write_secret
 
 COLORS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
@@ -52,13 +54,13 @@ CONTROL_FD_ENV = "STARE_CONTROL_FD"  # services.control.server.LISTEN_FD_ENV: th
 
 def role_env(name: str, base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
     """The environment of role `name`: `base` plus `extra`, least privilege: the API token
-    (STARE_API_TOKEN) only for the control plane, no Redis URL variable (the 0600 file in `extra`
-    wins anyway), no health port (one machine: roles would collide on it)."""
+    (STARE_API_TOKEN) only for the control plane, the record key file (STARE_RECORD_KEY_FILE: who may
+    feed the learner) only for the others, no Redis URL variable (the 0600 file in `extra` wins anyway),
+    no health port (one machine: roles would collide on it)."""
     env = {**base, **extra}
     env.pop("STARE_HEALTH_PORT", None)
     env.pop(URL_ENV, None)
-    if name != "control":
-        env.pop(API_TOKEN_ENV, None)
+    env.pop(API_TOKEN_ENV if name != "control" else RECORD_KEY_FILE_ENV, None)
     return env
 
 
@@ -198,6 +200,14 @@ class ProcessLauncher:
         self.say(port_taken_message("control_plane.port", c.host, c.port, "the API takes a free port instead"))
         return bind(c.host, 0)
 
+    def _record_key_file(self) -> Path:
+        """The run's record key (stare.transport.record_tag), one per run folder, kept across invocations:
+        the Redis password changes with every `stare up` while the records in its AOF stay."""
+        path = self.dir / "record.key"
+        if not path.exists() or not path.read_text().strip():
+            write_secret(path, secrets.token_hex(32))
+        return path
+
     # ---------------------------------------------------------------- output
     def say(self, text: str, who: str = "up", color: str = "1") -> None:
         prefix = f"\033[{color}m{who:>10} |\033[0m " if self.color else f"{who:>10} | "
@@ -217,6 +227,7 @@ class ProcessLauncher:
             self.redis_url = self.redis.url
         # the roles read the URL (with its password) from a 0600 file, never from argv or the environment
         self.redis_url_file = write_secret(self.dir / "redis.url", self.redis_url)
+        self.record_key_file = self._record_key_file()
         for role in self.roles.values():
             self._spawn(role)
         if "control" in self.roles:
@@ -233,6 +244,7 @@ class ProcessLauncher:
             child_env(),
             {
                 URL_FILE_ENV: str(self.redis_url_file),
+                **({RECORD_KEY_FILE_ENV: str(self.record_key_file)} if role.kind != "control" else {}),
                 "PYTHONUNBUFFERED": "1",
                 "STARE_WORKER_NAME": role.name,
                 "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),  # c10d's reconnect chatter
