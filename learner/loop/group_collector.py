@@ -68,6 +68,7 @@ class GroupStats:
     dead_lettered_groups: int = 0  # closed because their prompt or a trajectory was dead-lettered
     surplus_groups: int = 0  # trainable, over-sampled beyond a step's groups and dropped (data.oversample)
     stale_tokens: int = 0  # tokens of trained groups left out of the loss: beyond max_staleness (in-flight updates)
+    reissued_groups: int = 0  # published, then found nowhere (lost): published again (learner/loop/lost_groups.py)
     staleness: Counter = field(default_factory=Counter)  # lag -> trajectories collected with it
 
     def totals(self) -> dict[str, int]:
@@ -79,6 +80,7 @@ class GroupStats:
             "surplus_groups_total": self.surplus_groups,
             "duplicates_total": self.duplicates,
             "dead_lettered_groups_total": self.dead_lettered_groups,
+            "reissued_groups_total": self.reissued_groups,
         }
 
 
@@ -305,6 +307,15 @@ class GroupCollector:
         self.finished.add(group_id)
         self.scored.ack(ids)
         self.held.difference_update(ids)
+
+    def forget_partial(self, group_id: str) -> int:
+        """Drop what arrived of an incomplete group whose other trajectories are lost (it is sampled again,
+        whole: a group never mixes two samplings): its entries are acknowledged. Returns how many."""
+        ids = [e for _, e in self.partial.pop(group_id, {}).values()]
+        if ids:
+            self.scored.ack(ids)
+            self.held.difference_update(ids)
+        return len(ids)
 
     def upcoming(self, n_groups: int, in_publish_order: bool = False) -> list[list[Trajectory]]:
         """The ready groups `take(n_groups, in_publish_order)` would hand out now, left in place (the

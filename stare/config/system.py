@@ -146,6 +146,14 @@ class SystemSection(_Section):
         gt=0,
         description="A stream entry pending this long on one consumer (a dead one) is reclaimed by another.",
     )
+    lost_group_check_s: float = Field(
+        120.0,
+        ge=0.1,
+        le=86_400.0,
+        description="A distributed learner that has waited this long for data says what it waits for and looks for "
+        "published groups that exist nowhere any more (no record in any stream, e.g. lost with a Redis crash under "
+        "appendfsync everysec); a group missing at two such looks in a row is published again (reissued_groups_total).",
+    )
     max_backlog: int = Field(
         2048,
         ge=1,

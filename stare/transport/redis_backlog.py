@@ -17,6 +17,7 @@ also unknown or wrong around deleted entries (redis/redis pulls 13338, 13473).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,26 @@ def ack(client: redis.Redis, key: str, group: str, ids: Sequence[str]) -> None:
 def backlog(client: redis.Redis, key: str) -> int:
     """The backlog of the stream's one group: its length (see the module docstring)."""
     return int(client.xlen(key))
+
+
+def unacked_groups(client: redis.Redis, key: str, exclude: frozenset[str] | set[str], batch: int = 500) -> set[str]:
+    """The group ids (`group_id`, or an evaluation task's `task_id`, in the entry's JSON header) of the
+    stream's entries, which are its unacknowledged ones, but the entry ids in `exclude`."""
+    out: set[str] = set()
+    start = "-"
+    while entries := client.xrange(key, min=start, count=batch):
+        for entry_id, fields in entries:
+            if as_str(entry_id) in exclude:
+                continue
+            try:
+                header = json.loads(fields[b"json"])
+                out.add(str(header.get("group_id", header.get("task_id"))))
+            except (KeyError, ValueError, AttributeError):
+                continue  # not a record (a consumer dead-letters it when it reads it)
+        if len(entries) < batch:
+            break
+        start = "(" + as_str(entries[-1][0])
+    return out
 
 
 def next_id(entry_id: str) -> str:

@@ -234,6 +234,11 @@ class RedisStream(Generic[T]):
         self.redelivered += len(out)
         return out
 
+    def unacked_groups(self, exclude: frozenset[str] | set[str] = frozenset()) -> set[str]:
+        """The group ids of the entries not acknowledged yet (the stream holds only those), but those of the
+        entry ids in `exclude`; read from each entry's JSON header, not verified (an audit, not a delivery)."""
+        return self._call("XRANGE", lambda: rb.unacked_groups(self.client, self.key, exclude))
+
     def dead_letter_count(self) -> int:
         """Entries in this stream's dead-letter stream (capped near `dead_maxlen`)."""
         return self._call("XLEN", lambda: self.client.xlen(self.dead_key))
