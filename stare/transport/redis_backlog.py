@@ -11,8 +11,8 @@ Never the group's `lag` / `entries-read` (XINFO GROUPS). Redis 7.0 writes an XRE
 XCLAIM ... LASTID, which moves the group's last id but not its entries-read; after an AOF rewrite (which
 Redis also starts by itself as the AOF grows) and a restart, the group's entries-read is the rewrite's,
 so its lag counts every entry delivered since the rewrite as unread: a producer bounded on it stops for
-good (redis/redis pull 12898 propagates entries-read since 7.2.4; Debian bookworm ships 7.0). The lag is
-also unknown or wrong around deleted entries (redis/redis pulls 13338, 13473).
+good (fixed upstream by redis/redis pull request 12898, December 2023; Debian bookworm's 7.0.15 lacks it).
+The lag is also unknown or wrong around deleted entries (redis/redis pull requests 13338, 13473).
 """
 
 from __future__ import annotations
