@@ -38,7 +38,8 @@ class RecordLimits:
     def check(self, record: Any) -> None:
         """Raise RecordError naming the field and the bound `record` breaks."""
         name = type(record).__name__
-        if isinstance(record, (PromptTask, Trajectory)) and not 1 <= record.group_size <= self.max_group_size:
+        # (a group_size below 1 fails where it is used: Trajectory.validate, the rollout's SamplingParams)
+        if isinstance(record, (PromptTask, Trajectory)) and record.group_size > self.max_group_size:
             raise RecordError(
                 f"{name}.group_size is {record.group_size}, beyond this run's {self.max_group_size} "
                 "(rollout.samples_per_prompt)"
