@@ -39,7 +39,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None, workers: int 
         transport = connect_transport(cfg, redis_url)
         scorer = build_scorer(cfg, task, pool=True, workers=workers, warn=log.warning)
         worker = RewardWorker(task, transport.raw, transport.scored, name=name, scorer=scorer)
-        evals = connect_eval_streams(cfg, transport.client)  # held-out samples: the same scorer, their own streams
+        evals = connect_eval_streams(cfg, transport.client, transport.trust)  # held-out samples, own streams
         eval_worker = RewardWorker(task, evals.raw, evals.scored, name=name, scorer=scorer)
         next_reclaim, done = 0.0, 0
         try:

@@ -43,7 +43,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
     with RoleRuntime("rollout", name, cfg, redis_url, stop=stop) as rt:
         stack = build_rollout_stack(cfg, log.info)
         engine, tokenizer = stack.engine, stack.setup.tokenizer
-        transport = connect_transport(cfg, redis_url)
+        transport = connect_transport(cfg, redis_url, getattr(engine, "vocab_size", None), stack.setup.model_path)
         weights = build_subscriber(cfg, name, transport.client)
         r = cfg.rollout
         worker = RolloutWorker(
@@ -65,7 +65,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
             tick=rt.tick,
             keep_rows=cfg.reward is not None and cfg.reward.needs_rows,
         )
-        evals = connect_eval_streams(cfg, transport.client)
+        evals = connect_eval_streams(cfg, transport.client, transport.trust)
         eval_sampler = EvalSampler(
             worker, evals.tasks, evals.raw, is_open=RedisEvalIndex(transport.client, cfg.run.name).is_open
         )

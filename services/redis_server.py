@@ -112,6 +112,10 @@ class RedisServer:
                     raise
         raise AssertionError("unreachable")
 
+    def alive(self) -> bool:
+        """Whether this object's redis-server process is running."""
+        return self.proc is not None and self.proc.poll() is None
+
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM (redis-server flushes its AOF and exits), SIGKILL after grace_s."""
         if self.proc is not None and self.proc.poll() is None:

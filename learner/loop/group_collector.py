@@ -70,6 +70,7 @@ class GroupStats:
     stale_tokens: int = 0  # tokens of trained groups left out of the loss: beyond max_staleness (in-flight updates)
     # scored trajectories whose reward failed (reward 0 with reward_info.error): trained or filtered alike
     reward_errors: int = 0
+    reissued_groups: int = 0  # published, then found nowhere (lost): published again (learner/loop/lost_groups.py)
     staleness: Counter = field(default_factory=Counter)  # lag -> trajectories collected with it
     _reward_errors_told: int = 0  # reward_errors at the previous `totals`
 
@@ -86,6 +87,7 @@ class GroupStats:
             "duplicates_total": self.duplicates,
             "dead_lettered_groups_total": self.dead_lettered_groups,
             "reward_errors_total": self.reward_errors,
+            "reissued_groups_total": self.reissued_groups,
         }
 
 
@@ -313,6 +315,15 @@ class GroupCollector:
         self.finished.add(group_id)
         self.scored.ack(ids)
         self.held.difference_update(ids)
+
+    def forget_partial(self, group_id: str) -> int:
+        """Drop what arrived of an incomplete group whose other trajectories are lost (it is sampled again,
+        whole: a group never mixes two samplings): its entries are acknowledged. Returns how many."""
+        ids = [e for _, e in self.partial.pop(group_id, {}).values()]
+        if ids:
+            self.scored.ack(ids)
+            self.held.difference_update(ids)
+        return len(ids)
 
     def upcoming(self, n_groups: int, in_publish_order: bool = False) -> list[list[Trajectory]]:
         """The ready groups `take(n_groups, in_publish_order)` would hand out now, left in place (the

@@ -30,6 +30,7 @@ import torch
 
 from learner.engine.rng import rng_state, seed_everything, set_rng_state  # noqa: F401  (seed_everything: for the modes)
 from learner.loop.group_collector import round_size
+from learner.loop.lost_groups import LostGroups
 from learner.loop.run_outcome import EmptySteps, RunOutcome
 from learner.loop.session_seams import CursorStore, Evaluator, MemoryCursor, SessionSeams  # noqa: F401  (the modes import them here)
 from stare.config import TrainConfig
@@ -41,7 +42,6 @@ log = logging.getLogger(__name__)
 
 PAUSE_POLL_S = 0.2  # while paused: how often the steering is asked again
 PULL_BLOCK_S = 0.5  # without a pump: how long a fill round waits for scored entries
-STALL_LOG_S = 120.0  # without a pump: say what the learner waits for after this long without a step
 
 
 class TrainingSession:
@@ -89,6 +89,7 @@ class TrainingSession:
         self.resumed = resume_step is not None
         self._paused = False
         self._last_step_at = time.monotonic()
+        self.lost = LostGroups(feeder, collector, seams.transport, say)  # published groups found nowhere
         self._round = 0  # fill rounds since the last step
         self._whole_rounds = max_staleness == 0 and cfg.data.oversample > 1.0  # over-sampled on-policy rounds
         self._filtered0 = collector.stats.filtered_groups
@@ -120,8 +121,9 @@ class TrainingSession:
         return len(tasks)
 
     def _publish(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.seams.publisher.publish(self.learner.version, state)
+        # recorded first: a successor publishes above any number a learner dying mid-send left with workers
         self.seams.cursor.save_version(self.learner.version)
+        self.seams.publisher.publish(self.learner.version, state)
 
     def evaluate(
         self, weights: Callable[[], Mapping[str, torch.Tensor]] | None = None, final: bool = False
@@ -221,12 +223,9 @@ class TrainingSession:
         else:
             self._serve_joiners()
             collector.pull(self.learner.version, block_s=PULL_BLOCK_S)
-            if time.monotonic() - self._last_step_at > STALL_LOG_S:
-                self._last_step_at = time.monotonic()  # once per STALL_LOG_S
-                self.say(
-                    f"waiting for data: {len(collector.ready)} of {want} groups ready, {self._unresolved()} "
-                    f"published groups not complete, queues {self.queue_depths()}"
-                )
+            if time.monotonic() - self._last_step_at > self.cfg.system.lost_group_check_s:  # once per that long
+                self._last_step_at = time.monotonic()
+                self.lost.waiting(self.learner.version, want)  # says what it waits for; re-issues lost groups
 
     def _batch_ready(self) -> bool:
         """Enough groups (over-sampled on-policy: and the whole round done), or on-policy rounds used up and done."""

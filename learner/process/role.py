@@ -217,7 +217,7 @@ def _train(
     from stare.runtime.process import connect_transport
     from stare.weight_sync.factory import build_publisher
 
-    transport = connect_transport(cfg, redis_url)
+    transport = connect_transport(cfg, redis_url, model_path=setup.model_path)
     feeder = build_feeder(cfg, setup.task, setup.tokenizer, log.info)
     evaluator = session = None
     colocated = _colocated_seams(cfg, rt, learner, rollout, transport, world) if rollout is not None else {}

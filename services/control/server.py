@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 import threading
 import time
@@ -36,7 +37,7 @@ def bind(host: str, port: int, *, fallback: bool = True, say: Callable[[str], No
             sock.bind((host, candidate))
         except OSError as err:
             sock.close()
-            if err.errno == errno.EADDRINUSE and candidate != 0:
+            if fallback and err.errno == errno.EADDRINUSE and candidate != 0:
                 (say or log.warning)(
                     f"control plane: {port_in_use(host, candidate)}; serving on a free port instead "
                     "(control_plane.port chooses one; a compose deployment publishes 8321 too: STARE_CONTROL_PORT "
@@ -78,11 +79,21 @@ def _config(app, sock: socket.socket):
     )
 
 
+LISTEN_FD_ENV = "STARE_CONTROL_FD"  # a listening socket handed over by `stare up`, which holds its port
+
+
+def inherited_socket() -> socket.socket | None:
+    """The listening socket `stare up` passed down (STARE_CONTROL_FD), if any."""
+    fd = os.environ.get(LISTEN_FD_ENV)
+    return socket.socket(fileno=int(fd)) if fd else None
+
+
 def serve_forever(app, host: str, port: int) -> None:
-    """Run until SIGINT/SIGTERM (uvicorn's handlers), on exactly host:port."""
+    """Run until SIGINT/SIGTERM (uvicorn's handlers), on exactly host:port, or on the socket `stare up`
+    handed over."""
     import uvicorn
 
-    sock = bind(host, port, fallback=False)
+    sock = inherited_socket() or bind(host, port, fallback=False)
     print(f"stare control plane: {url_of(sock)} (dashboard at /, API under /v1, spec at /openapi.json)", flush=True)
     uvicorn.Server(_config(app, sock)).run(sockets=[sock])
 

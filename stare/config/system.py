@@ -108,7 +108,13 @@ class SystemSection(_Section):
         description="Shared folder of the filesystem weight backend (None: <run dir>/weights).",
     )
     broadcast_host: str = Field("127.0.0.1", description="Address the learner's TCPStore listens on / workers dial.")
-    broadcast_port: int = Field(29650, ge=1, le=65535, description="Port of the learner's TCPStore rendezvous.")
+    broadcast_port: int = Field(
+        29650,
+        ge=0,
+        le=65535,
+        description="Port of the learner's TCPStore rendezvous (0: any free port). The learner announces the port it "
+        "bound in the run's Redis, where rollout workers find it; `stare up` always uses 0.",
+    )
     broadcast_timeout_s: float = Field(
         30.0,
         gt=0,
@@ -141,6 +147,14 @@ class SystemSection(_Section):
         30.0,
         gt=0,
         description="A stream entry pending this long on one consumer (a dead one) is reclaimed by another.",
+    )
+    lost_group_check_s: float = Field(
+        120.0,
+        ge=0.1,
+        le=86_400.0,
+        description="A distributed learner that has waited this long for data says what it waits for and looks for "
+        "published groups that exist nowhere any more (no record in any stream, e.g. lost with a Redis crash under "
+        "appendfsync everysec); a group missing at two such looks in a row is published again (reissued_groups_total).",
     )
     max_backlog: int = Field(
         2048,

@@ -56,26 +56,27 @@ class PromptFeeder:
         return self._order[pos]
 
     def next_tasks(self, n: int) -> list[PromptTask]:
-        out = []
-        for _ in range(n):
-            problem = self.pool[self._index(self.cursor)]
-            out.append(
-                PromptTask(
-                    run_id=self.run_id,
-                    group_id=f"g{self.cursor:09d}",
-                    prompt=problem.prompt,
-                    prompt_token_ids=prompt_ids(problem, self.tokenizer),
-                    answer=problem.answer,
-                    problem_id=problem.problem_id,
-                    data_source=problem.data_source,
-                    group_size=self.group_size,
-                    level=problem.level,
-                    cursor=self.cursor,
-                    extra_info=problem.extra_info,
-                )
-            )
-            self.cursor += 1
+        out = [self.task_at(self.cursor + i) for i in range(n)]
+        self.cursor += n
         return out
+
+    def task_at(self, cursor: int) -> PromptTask:
+        """The task published at `cursor` (group g<cursor>), the same whenever asked: a learner re-issues a
+        published group that was lost (learner/loop/lost_groups.py)."""
+        problem = self.pool[self._index(cursor)]
+        return PromptTask(
+            run_id=self.run_id,
+            group_id=f"g{cursor:09d}",
+            prompt=problem.prompt,
+            prompt_token_ids=prompt_ids(problem, self.tokenizer),
+            answer=problem.answer,
+            problem_id=problem.problem_id,
+            data_source=problem.data_source,
+            group_size=self.group_size,
+            level=problem.level,
+            cursor=cursor,
+            extra_info=problem.extra_info,
+        )
 
     def state_dict(self) -> dict:
         return {"cursor": self.cursor}

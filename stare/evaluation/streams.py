@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from stare.config import TrainConfig
+    from stare.transport.record_tag import RecordTrust
 
 from stare.transport.base import RecordStream
 from stare.transport.in_memory import MemoryStream
@@ -38,14 +39,19 @@ class EvalStreams:
     scored: RecordStream  # Trajectory, scored: reward workers -> learner
 
 
-def redis_eval_streams(client, run_id: str, **stream_options: Any) -> EvalStreams:
-    """The run's evaluation streams on `client` (options: see RedisStream)."""
+def redis_eval_streams(client, run_id: str, trust: RecordTrust | None = None, **stream_options: Any) -> EvalStreams:
+    """The run's evaluation streams on `client` (options: see RedisStream); with `trust`, tagged and bounded
+    records (stare.transport.record_tag)."""
+    from stare.transport.redis_client import stream_key
     from stare.transport.redis_streams import RedisStream
+
+    def codec(name: str, record: Any) -> Any:
+        return record if trust is None else trust.codec(record, stream_key(run_id, name), trust.evaluation)
 
     return EvalStreams(
         **{
-            attr: RedisStream(client, run_id, name, codec, group=group, **stream_options)
-            for attr, name, codec, group in STREAMS
+            attr: RedisStream(client, run_id, name, codec(name, record), group=group, **stream_options)
+            for attr, name, record, group in STREAMS
         }
     )
 
@@ -131,12 +137,12 @@ class RedisEvalIndex:
         )
 
 
-def connect_eval_streams(cfg: TrainConfig, client):
-    """The run's evaluation streams on a role's Redis client, sized
+def connect_eval_streams(cfg: TrainConfig, client, trust: RecordTrust | None = None):
+    """The run's evaluation streams on a role's Redis client (`trust`: the role's transport's), sized
     so that one whole evaluation fits: the learner publishes its tasks at once."""
     t, s = cfg.task, cfg.system
     samples = t.eval_problems * (1 + max([t.eval_k, *(e.n for e in t.eval_sources.values())]))
     backlog = max(s.max_backlog, samples)
     from stare.runtime.process import stream_options
 
-    return redis_eval_streams(client, cfg.run.name, **stream_options(cfg, backlog))
+    return redis_eval_streams(client, cfg.run.name, trust, **stream_options(cfg, backlog))

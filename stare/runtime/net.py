@@ -151,3 +151,10 @@ def compose_preflight(config: Mapping[str, Any], running: Iterable[str] = ()) ->
         if name in used and path and not Path(path).is_file():
             lines.append(f"secret {name}: {path} does not exist; run scripts/make_secrets.sh (it keeps existing ones)")
     return lines
+
+
+def port_taken_message(field: str, host: str, port: int, fix: str) -> str:
+    """One line for a configured port that cannot be bound: the field, the address, who holds it, the fix."""
+    holder = port_holder(port)
+    by = f" by {holder}" if holder else ""
+    return f"{field} {port} on {host} is in use{by}; {fix}"

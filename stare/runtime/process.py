@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from stare.config import ConfigError, TrainConfig, staleness
@@ -103,21 +104,36 @@ def redis_url(cfg: TrainConfig, override: str | None, url_file: str | None = Non
         raise ConfigError(str(err)) from None
 
 
-def connect_transport(cfg: TrainConfig, url: str):
+def connect_transport(cfg: TrainConfig, url: str, vocab_size: int | None = None, model_path: Path | None = None):
     """The run's three Redis streams with the options every role uses: the scored stream also
     holds what the learner trained since its last checkpoint (acknowledged then), so its backlog
-    bound and MAXLEN leave room for that."""
+    bound and MAXLEN leave room for that. Records are tagged with the run's record key and read only
+    if they verify and keep the run's bounds (`vocab_size`: the model's where the role loaded it,
+    `model_path`: its folder where model.path is unset; stare.transport.record_tag); `transport.trust`
+    goes to the evaluation streams too."""
+    from stare.transport.record_limits import run_limits
+    from stare.transport.record_tag import RecordTrust, record_key
     from stare.transport.redis_transport import RedisTransport
+
+    key, source = record_key(cfg.run.name, url)
+    if source is None:
+        log.warning(
+            "records are not authenticated: Redis has no password and STARE_RECORD_KEY_FILE is unset; give every "
+            "role the same record key file so that only they can feed the learner (docs/transport.md)"
+        )
+    training, evaluation = run_limits(cfg, vocab_size, model_path)
 
     s = cfg.system
     rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     backlog = s.max_backlog + (cfg.run.checkpoint_every + staleness(cfg).max_versions + 2) * rows
-    return RedisTransport.connect(url, cfg.run.name, **stream_options(cfg, backlog))
+    return RedisTransport.connect(
+        url, cfg.run.name, trust=RecordTrust(key, training, evaluation), **stream_options(cfg, backlog)
+    )
 
 
 def stream_options(cfg: TrainConfig, backlog: int) -> dict[str, Any]:
-    """A role's options for the run's Redis streams, bounded at `backlog` unacknowledged entries
-    (MAXLEN twice that, so trimming only ever removes acknowledged ones)."""
+    """A role's options for the run's Redis streams, bounded at `backlog` unacknowledged entries (a
+    stream holds only those: an acknowledgement deletes its entry; MAXLEN, twice that, is a safety net)."""
     s = cfg.system
     return dict(
         max_backlog=backlog,

@@ -49,6 +49,11 @@ class RecordStream(Protocol[T]):
         """Entries published and not yet acknowledged."""
         ...
 
+    def unacked_groups(self, exclude: frozenset[str] | set[str] = frozenset()) -> set[str]:
+        """The group ids of the records not acknowledged yet, but those of the entry ids in `exclude`
+        (the learner's audit of published groups, learner/loop/lost_groups.py)."""
+        ...
+
     def dead_letter_count(self) -> int:
         """Entries parked as dead letters."""
         ...

@@ -7,7 +7,8 @@ an evaluation sample lost. `DeadLetterFeed.new()` returns the dead letters parke
 call (from the stream's first one on the first call, so a restarted reader sees them all again:
 readers must be idempotent). The group id is read from the parked record (the `json` field every
 record here encodes, or the record itself in memory); entries that cannot be read (undecodable,
-trimmed) have none.
+trimmed) have none, and neither have records that failed their tag (their group id is not to be
+believed: a forger could otherwise close real groups).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from stare.transport.record_tag import is_untrusted
 
 
 @dataclass(frozen=True)
@@ -74,12 +77,14 @@ class RedisDeadLetterFeed:
             )
             for _dead_id, fields in entries:
                 f = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
-                group, trajectory = ids_of_fields({k[4:]: v for k, v in f.items() if k.startswith("raw:")})
-                out.append(
-                    DeadRecord(
-                        self.stream.name, _text(f.get("entry_id", b"")), _text(f.get("reason", b"")), group, trajectory
-                    )
+                reason = _text(f.get("reason", b""))
+                # a record that failed its tag names no group we believe: it closes none (record_tag.py)
+                group, trajectory = (
+                    (None, None)
+                    if is_untrusted(reason)
+                    else ids_of_fields({k[4:]: v for k, v in f.items() if k.startswith("raw:")})
                 )
+                out.append(DeadRecord(self.stream.name, _text(f.get("entry_id", b"")), reason, group, trajectory))
             if entries:
                 last = _text(entries[-1][0])
                 self.after = "(" + last

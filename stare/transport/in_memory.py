@@ -112,6 +112,11 @@ class MemoryStream(Generic[T]):
     def backlog(self) -> int:
         return len(self._queue) + len(self._pending)
 
+    def unacked_groups(self, exclude: frozenset[str] | set[str] = frozenset()) -> set[str]:
+        """The group ids of the records not acknowledged yet, but those of the entry ids in `exclude`."""
+        entries = [*self._queue, *((i, r) for i, (_, r) in self._pending.items())]
+        return {g for i, r in entries if i not in exclude and (g := getattr(r, "group_id", None)) is not None}
+
 
 @dataclass
 class MemoryTransport:

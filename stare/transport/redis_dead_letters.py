@@ -57,7 +57,9 @@ def park(client, key: str, group: str, dead_key: str, maxlen: int, items: list[t
         fields = {"reason": reason, "entry_id": entry_id, "stream": key, "group": group}
         fields.update({f"raw:{as_str(k)}": v for k, v in raw.items()})
         pipe.xadd(dead_key, fields, maxlen=maxlen, approximate=True)
-    pipe.xack(key, group, *[i for i, _, _ in items])
+    ids = [i for i, _, _ in items]
+    pipe.xack(key, group, *ids)
+    pipe.xdel(key, *ids)  # parked: gone from the stream (redis_backlog.py: a stream holds its unacknowledged entries)
     pipe.execute()
 
 

@@ -12,12 +12,12 @@ stream's (`in_memory.py`), made durable:
   raises) is written to the run's dead-letter stream with the reason, its entry id and its raw
   fields, and acknowledged, in one MULTI; so is an entry trimmed away before it was acked, and
   one delivered `max_deliveries` times without an ack (a record that keeps killing consumers);
-* bounded memory: XADD trims with an approximate MAXLEN; publishing is refused (or waits up to
-  `publish_timeout_s`) while the group's backlog (pending + never delivered) would exceed
-  `max_backlog` (concurrent producers can overshoot by one batch each). With `maxlen` >= `max_backlog`
-  plus that slack (the defaults leave 2x), trimming only
-  removes acknowledged entries, unless an entry stays pending while `maxlen` newer ones arrive
-  (reclaim before that);
+* bounded memory: the stream holds exactly its unacknowledged entries (an acknowledgement deletes the
+  entries it acknowledges; one consumer group per stream), so its backlog (pending + never delivered)
+  is its length, XLEN, exact after any Redis restart (redis_backlog.py: never the group's `lag`);
+  publishing is refused (or waits up to `publish_timeout_s`) while the backlog would exceed
+  `max_backlog` (concurrent producers can overshoot by one batch each); XADD also trims with an
+  approximate MAXLEN >= `max_backlog`, which only bites past that overshoot;
 * timeouts everywhere: the client must have a socket timeout; blocking reads are capped at
   `block_ms`, below it; a ConnectionError/TimeoutError (Redis restarting, loading its AOF) is
   retried with exponential backoff, logged, for at most `retries` attempts and `op_timeout_s`.
@@ -35,9 +35,9 @@ from typing import Generic, TypeVar
 
 import redis
 
+from stare.transport import redis_backlog as rb
 from stare.transport import redis_dead_letters as dl
 from stare.transport.base import Codec, Delivery, RecordStream
-from stare.transport.redis_backlog import backlog_of, group_backlog
 from stare.transport.redis_client import RETRYABLE_ERRORS, checked_key_part, dead_key, run_key, stream_key
 from stare.transport.redis_dead_letters import TRIMMED_REASON, DeadLetter, as_str, parse_dead_letters, raw_fields
 
@@ -142,7 +142,8 @@ class RedisStream(Generic[T]):
         n = len(records)
         if self.max_backlog is not None and (self._known_backlog is None or self._known_backlog + n > self.max_backlog):
             self._wait_for_room(n)
-        encoded = [r.to_fields() for r in records]
+        encode = getattr(self.codec, "encode", None)  # a RecordCodec tags (record_tag.py); a record class does not
+        encoded = [encode(r) for r in records] if encode is not None else [r.to_fields() for r in records]
         ack = (source, ids) if together else None
         out = self._call("XADD", lambda: self._xadd_transaction(encoded, ack))
         if together:
@@ -174,7 +175,7 @@ class RedisStream(Generic[T]):
     def ack(self, ids: Sequence[str]) -> None:
         if not ids:
             return
-        self._call("XACK", lambda: self.client.xack(self.key, self.group, *ids))
+        self._call("XACK", lambda: rb.ack(self.client, self.key, self.group, ids))
         self._acked(ids)
 
     def _acked(self, ids: Sequence[str]) -> None:
@@ -203,7 +204,7 @@ class RedisStream(Generic[T]):
 
     def backlog(self) -> int:
         """Entries published and not yet acknowledged by this group (pending + never delivered)."""
-        return self._call("XINFO GROUPS", self._backlog)
+        return self._call("XLEN", lambda: rb.backlog(self.client, self.key))
 
     # ---------------------------------------------------------------- beyond the protocol
     def reclaim(self, consumer: str, min_idle_ms: int | None = None, max_count: int = 1000) -> list[Delivery[T]]:
@@ -233,6 +234,11 @@ class RedisStream(Generic[T]):
         self.redelivered += len(out)
         return out
 
+    def unacked_groups(self, exclude: frozenset[str] | set[str] = frozenset()) -> set[str]:
+        """The group ids of the entries not acknowledged yet (the stream holds only those), but those of the
+        entry ids in `exclude`; read from each entry's JSON header, not verified (an audit, not a delivery)."""
+        return self._call("XRANGE", lambda: rb.unacked_groups(self.client, self.key, exclude))
+
     def dead_letter_count(self) -> int:
         """Entries in this stream's dead-letter stream (capped near `dead_maxlen`)."""
         return self._call("XLEN", lambda: self.client.xlen(self.dead_key))
@@ -243,14 +249,11 @@ class RedisStream(Generic[T]):
 
     # ---------------------------------------------------------------- internals
     def _create_group(self) -> None:
-        try:
-            self.client.xgroup_create(self.key, self.group, id="0", mkstream=True)
-        except redis.ResponseError as err:
-            if "BUSYGROUP" not in str(err):
-                raise
+        if removed := rb.open_group(self.client, self.key, self.group):
+            log.info("stream %s: removed %d entries acknowledged before", self.key, removed)
 
     def _wait_for_room(self, n: int) -> None:
-        """Check the bound with a fresh XINFO GROUPS. Called only when the backlog seen right after
+        """Check the bound with a fresh XLEN. Called only when the backlog seen right after
         this object's last publish (an upper bound while no other producer writes, since consumers
         only shrink it) leaves no room; not atomic with the XADDs, so producers racing each other
         can overshoot `max_backlog` by at most one batch each."""
@@ -260,9 +263,7 @@ class RedisStream(Generic[T]):
                 f"of stream {self.key}; publish in smaller batches"
             )
         deadline, wait = time.monotonic() + self.publish_timeout_s, 0.01
-        while (
-            backlog := self._call("XINFO GROUPS", lambda: self._backlog(limit=self.max_backlog + 1))
-        ) + n > self.max_backlog:
+        while (backlog := self._call("XLEN", lambda: rb.backlog(self.client, self.key))) + n > self.max_backlog:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise BackpressureError(
@@ -283,15 +284,15 @@ class RedisStream(Generic[T]):
         for fields in encoded:
             pipe.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)
         if self.max_backlog is not None:
-            pipe.xinfo_groups(self.key)  # the backlog after this batch, in the same round trip
+            pipe.xlen(self.key)  # the backlog after this batch, in the same round trip
         if ack is not None:
             source, ids = ack
-            pipe.xack(source.key, source.group, *ids)
+            rb.queue_ack(pipe, source.key, source.group, ids)
         replies = pipe.execute()
         if ack is not None:
-            replies.pop()
+            del replies[-2:]  # XACK, XDEL
         if self.max_backlog is not None:
-            self._known_backlog = backlog_of(replies.pop(), self.group)
+            self._known_backlog = int(replies.pop())
         return [as_str(i) for i in replies]
 
     def _read(self, consumer: str, cursor: str, count: int, block_ms: int | None) -> list[tuple[str, dict]]:
@@ -347,9 +348,6 @@ class RedisStream(Generic[T]):
         self._call("HDEL", lambda: self.client.hdel(self.failures_key, *ids))
         self._failed.difference_update(ids)
         return [(i, f) for i, f in claimed if i not in set(ids)]
-
-    def _backlog(self, limit: int | None = None) -> int:
-        return group_backlog(self.client, self.key, self.group, limit)
 
     def _call(self, what: str, fn: Callable[[], R]) -> R:
         """Run one Redis operation; retry lost connections with exponential backoff (bounded) and

@@ -22,7 +22,9 @@ within `timeout_s`; that generation is dissolved and every member asks again.
 Store keys: `joins` (counter), `join/<n>` (worker name), `join/<n>/gpu` (its GPU's id, "" without NCCL),
 `gen` (current generation), `gen/<g>/members` (JSON list, rank = index + 1), `gen/<g>/comm` (gloo or
 nccl), `gen/<g>/layout/<seq>` (the layout, JSON; written when it changes), `gen/<g>/bcast/<seq>`
-("<version> <layout seq>" of the seq-th broadcast, or GENERATION_OVER), `version` (newest published).
+("<version> <layout seq>" of the seq-th broadcast, or GENERATION_OVER), `version` (newest published),
+`run` and `epoch` (whose store this is). With a `RedisRendezvous` the store binds any free port when given
+port 0 and is announced in the run's Redis with its epoch (rendezvous.py), where workers find it.
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ import logging
 import time
 from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from stare.config import ConfigError
+from stare.runtime.net import port_taken_message
 from stare.weight_sync.broadcast_recv import GENERATION_OVER, BroadcastSubscriber
 from stare.weight_sync.buckets import BucketPacker, Layout
 from stare.weight_sync.communicator import (
@@ -48,6 +53,7 @@ from stare.weight_sync.communicator import (
     device_scope,
     nccl_gpu,
 )
+from stare.weight_sync.rendezvous import EPOCH_KEY, RUN_KEY, RedisRendezvous, Rendezvous
 from stare.weight_sync.streams import Streams, streams_for
 
 log = logging.getLogger(__name__)
@@ -68,10 +74,13 @@ class BroadcastPublisher:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         communicators: BuildCommunicator = build_communicator,
         streams: Streams | None = None,
+        rendezvous: RedisRendezvous | None = None,
+        announce_host: str | None = None,
     ) -> None:
         """`communicators` builds a generation's group (stare.weight_sync.loopback's for an in-process check);
         `streams`: how the learner's device work is ordered (default: CUDA streams on the learner's GPU when
-        it may use NCCL, else none)."""
+        it may use NCCL, else none); `rendezvous`: where this store announces itself to the run's workers
+        (stare.weight_sync.rendezvous; `announce_host`: the address they dial)."""
         check_setting(communicator)
         self.timeout_s, self.setting, self.bucket_bytes = timeout_s, communicator, bucket_bytes
         self._gpu = nccl_gpu(communicator)
@@ -80,9 +89,11 @@ class BroadcastPublisher:
         self.streams: Streams = streams or streams_for(self._device)
         self._communicators = communicators
         self._publish_streams: dict[str, object] = {}  # per communicator: the stream its sends run on
-        self.store = dist.TCPStore(
-            host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s), use_libuv=True
-        )
+        self.store = _bind_store(host, port, timeout_s)
+        # who this store is (rendezvous.py): workers join only their run's announced epoch
+        self.epoch = rendezvous.new_epoch() if rendezvous is not None else 0
+        self.store.set(RUN_KEY, rendezvous.run if rendezvous is not None else "")
+        self.store.set(EPOCH_KEY, str(self.epoch))
         self.store.set("gen", "0")
         self.store.set("version", "-1")
         self.generation = 0
@@ -98,6 +109,8 @@ class BroadcastPublisher:
         self._layout_seq = -1
         self.version = -1
         self.failures = 0
+        if rendezvous is not None:  # last: a worker that finds it finds a store ready to serve
+            rendezvous.announce(Rendezvous(announce_host or host, self.store.port, self.epoch, rendezvous.run))
 
     # ---------------------------------------------------------------- API
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -262,6 +275,30 @@ class BroadcastPublisher:
         self.store.set(f"gen/{self.generation}/reason", reason)
         self.store.set("gen", str(self.generation))
         self._end_generation(*old)
+
+
+def _bind_store(host: str, port: int, timeout_s: float) -> Any:  # a torch TCPStore
+    """The learner's TCPStore on host:port (0: any free port, `store.port` says which); a taken port
+    fails with one line naming its holder and the fix, not c10d's traceback."""
+    try:
+        return dist.TCPStore(
+            host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s), use_libuv=True
+        )
+    except RuntimeError as err:  # torch's DistNetworkError
+        if port and ("EADDRINUSE" in str(err) or "address already in use" in str(err)):
+            raise PortInUse(
+                port_taken_message(
+                    "system.broadcast_port",
+                    host,
+                    port,
+                    "set system.broadcast_port=0 (any free port: workers find it in Redis), or stop that process",
+                )
+            ) from None
+        raise
+
+
+class PortInUse(ConfigError):
+    """A configured port is taken (the message names the field, the holder and the fix)."""
 
 
 def _send_all(pg, messages, ranks: dict[int, str], lost: dict[str, str]) -> None:

@@ -17,7 +17,13 @@ into a set waits, on the device, for the work the engine had enqueued when it re
 next `fetch`), so a receive never overwrites a set the engine is still copying from and two versions
 never mix. Workers
 that see their generation dissolved, or lose the store (learner restart), or whose receive fails,
-rejoin from scratch.
+rejoin from scratch. A version is handed to the loop only once every one of its messages arrived: a
+learner that dies mid-version leaves the loop the previous whole version, never part of a new one.
+
+With `locate` (the run's Redis: rendezvous.py) a worker dials the store its run's learner announced,
+joins it only if the store names that run and epoch, leaves it as soon as a newer epoch is announced,
+and never goes back: its (epoch, generation) pairs only increase (`joined`), and an untaken version of
+an older epoch is withdrawn when it joins a newer one.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import json
 import logging
 import socket
 import threading
+import time
+from collections import deque
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -43,6 +51,7 @@ from stare.weight_sync.communicator import (
     device_scope,
     nccl_gpu,
 )
+from stare.weight_sync.rendezvous import Locate, store_identity
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +74,7 @@ class BroadcastSubscriber:
         communicator: Setting = "auto",
         buffer_sets: int = 2,
         communicators: BuildCommunicator = build_communicator,
+        locate: Locate | None = None,
     ) -> None:
         check_setting(communicator)
         self._communicators = communicators
@@ -72,6 +82,12 @@ class BroadcastSubscriber:
             raise ValueError(f"buffer_sets must be 1 or 2, got {buffer_sets}")
         self.buffer_sets = buffer_sets
         self.host, self.port, self.name = host, port, name
+        self.locate = locate  # where the run's learner announced its store (rendezvous.py); None: host:port
+        self.epoch = -1  # the learner epoch of the store this worker is in (0: unannounced; -1: none yet)
+        self.joined: deque[tuple[int, int]] = deque(maxlen=64)  # (epoch, generation) joined, in order
+        self._latest_epoch = -1  # the epoch `_latest` came from
+        self._next_look = 0.0  # when to read the announcement again while in a generation
+        self._refused: set[tuple[str, int, object]] = set()  # stores already reported as not this run's
         self.timeout_s, self.poll_s, self.wait_s = timeout_s, poll_s, wait_s
         self._gpu = nccl_gpu(communicator)
         self._device = torch.device("cuda", torch.cuda.current_device()) if self._gpu else None  # the engine's
@@ -79,7 +95,7 @@ class BroadcastSubscriber:
         self._latest: tuple[int, dict[str, torch.Tensor], Segments] | None = None
         self._in_use: Segments | None = None  # the buffer set the last fetch handed out
         self._pool: list[Segments] = []  # at most `buffer_sets` sets, on the current communicator's device
-        self._layouts: dict[tuple[int, int], Layout] = {}
+        self._layouts: dict[tuple[int, int, int], Layout] = {}
         self._stop = threading.Event()
         self.generations_joined = 0
         self.received = 0
@@ -137,20 +153,84 @@ class BroadcastSubscriber:
         backoff = 0.1
         while not self._stop.is_set():
             try:
+                target = self._target()
+                if target is None:  # no learner announced yet (or only an older one): wait for it
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
+                host, port, epoch = target
                 # a plain connect first: fails fast (and quietly) while no learner listens
-                socket.create_connection((self.host, self.port), timeout=2.0).close()
+                socket.create_connection((host, port), timeout=2.0).close()
                 store = dist.TCPStore(
-                    self.host, self.port, is_master=False, timeout=timedelta(seconds=self.timeout_s), use_libuv=True
+                    host, port, is_master=False, timeout=timedelta(seconds=self.timeout_s), use_libuv=True
                 )
+                if epoch is not None and not self._is_announced_store(store, host, port, epoch):
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                self._enter_epoch(0 if epoch is None else epoch)
                 backoff = 0.1
                 while not self._stop.is_set():
                     self._serve_one_generation(store)
+            except _Superseded as err:  # a newer learner announced itself: go to it now
+                log.info("weight receiver %s: %s", self.name, err)
             except Exception as err:  # learner gone or restarting, or a receive failed: dial again
                 if self._stop.is_set():
                     return
                 log.info("weight receiver %s: %s; reconnecting in %.1fs", self.name, str(err).splitlines()[0], backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    def _target(self) -> tuple[str, int, int | None] | None:
+        """(host, port, epoch) to dial: the announced rendezvous (never an epoch older than the one this
+        worker is in), or the configured address without an announcement to check (epoch None)."""
+        if self.locate is None:
+            return self.host, self.port, None
+        found = self.locate()
+        if found is None or found.epoch < self.epoch:
+            return None
+        return found.host, found.port, found.epoch
+
+    def _is_announced_store(self, store: Any, host: str, port: int, epoch: int) -> bool:
+        """Whether the store at host:port is this run's learner of `epoch` (what was announced): not a
+        store of another run, or of a learner whose port another process took after it died."""
+        found = self.locate() if self.locate is not None else None
+        identity = store_identity(store)
+        if found is not None and identity == (found.run, epoch):
+            return True
+        if (host, port, identity) not in self._refused:
+            self._refused.add((host, port, identity))
+            says = "nothing about its run" if identity is None else f"run {identity[0]} epoch {identity[1]}"
+            want = f"run {found.run} epoch {epoch}" if found is not None else f"epoch {epoch}"
+            log.warning(
+                "weight receiver %s: the store at %s:%d serves %s, not %s (announced in Redis): not joining it; "
+                "waiting for this run's learner",
+                self.name,
+                host,
+                port,
+                says,
+                want,
+            )
+        return False
+
+    def _enter_epoch(self, epoch: int) -> None:
+        """Joining the store of learner `epoch`: a version an older learner sent and the loop has not taken is
+        withdrawn (that learner is gone; the new one publishes its own at once)."""
+        with self._lock:
+            if epoch > self.epoch and self._latest is not None and self._latest_epoch < epoch:
+                self._latest = None
+            self.epoch = max(self.epoch, epoch)
+
+    def _check_superseded(self) -> None:
+        """Raise _Superseded when a newer learner epoch was announced (read at most every wait_s)."""
+        if self.locate is None or time.monotonic() < self._next_look:
+            return
+        self._next_look = time.monotonic() + max(self.wait_s, 0.5)
+        found = self.locate()
+        if found is not None and found.epoch > self.epoch:
+            raise _Superseded(
+                f"learner epoch {found.epoch} announced at {found.host}:{found.port}; leaving epoch {self.epoch}"
+            )
 
     def _serve_one_generation(self, store) -> None:
         """Ask to join, then receive in each generation that lists this worker; return when one
@@ -169,12 +249,16 @@ class BroadcastSubscriber:
         rank = members.index(self.name) + 1
         comm = self._communicators(store.get(f"gen/{g}/comm").decode(), self._device)
         pg = comm.group(store, g, rank, len(members) + 1, self.timeout_s)
+        if self.locate is not None and self.joined and (self.epoch, g) <= self.joined[-1]:
+            raise RuntimeError(f"weight generation {(self.epoch, g)} is not after {self.joined[-1]}: not joining")
+        self.joined.append((self.epoch, g))
         stream = comm.streams.new_stream()  # the receives' stream (the group's own follows it)
         self.generations_joined += 1
         self.communicator = comm.name
         log.info(
-            "weight receiver %s joined generation %d (%s) as rank %d of %d",
+            "weight receiver %s joined epoch %d generation %d (%s) as rank %d of %d",
             self.name,
+            self.epoch,
             g,
             comm.name,
             rank,
@@ -182,6 +266,7 @@ class BroadcastSubscriber:
         )
         seq = 0
         while not self._stop.is_set():
+            self._check_superseded()
             key = f"gen/{g}/bcast/{seq}"
             try:  # blocks in the store (no polling traffic) until the learner announces the next one
                 store.wait([key], timedelta(seconds=self.wait_s))
@@ -202,7 +287,7 @@ class BroadcastSubscriber:
                 buffers.ready = comm.streams.record()
             state = buffers.tensors(layout)
             with self._lock:
-                self._latest = (version, state, buffers)
+                self._latest, self._latest_epoch = (version, state, buffers), self.epoch
                 self.received += 1
                 self._lock.notify_all()
             seq += 1
@@ -217,7 +302,7 @@ class BroadcastSubscriber:
             work.wait()
 
     def _layout(self, store, g: int, layout_seq: int) -> Layout:
-        key = (g, layout_seq)
+        key = (self.epoch, g, layout_seq)
         if key not in self._layouts:  # keep only the newest
             self._layouts = {key: Layout.from_json(json.loads(store.get(f"gen/{g}/layout/{layout_seq}")))}
         return self._layouts[key]
@@ -258,9 +343,14 @@ class BroadcastSubscriber:
         """Wait (polling) for the first generation newer than `asked_at`: this worker's rank in it,
         or None if it left this worker out (a failed formation, or it read the joins before ours)."""
         while not self._stop.is_set():
+            self._check_superseded()
             g = int(store.get("gen"))
             if g > asked_at:
                 members = json.loads(store.get(f"gen/{g}/members"))
                 return (g, members) if self.name in members else None
             self._stop.wait(self.poll_s)
         return None
+
+
+class _Superseded(Exception):
+    """A newer learner epoch was announced: leave the current store."""

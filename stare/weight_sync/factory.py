@@ -45,11 +45,12 @@ def publish_from(cfg: TrainConfig, *, cuda: bool) -> str:
 
 def build_publisher(cfg: TrainConfig, client, *, background: bool | None = None) -> WeightPublisher:
     """The learner's end. `client`: the run's Redis client (the filesystem backend keeps its
-    version pointer there). `background` (None: when the run is off-policy, stare.config.staleness): publish from a
+    version pointer there; the broadcast announces its address and epoch there, stare.weight_sync.rendezvous). `background` (None: when the run is off-policy, stare.config.staleness): publish from a
     thread of its own, the learner not waiting (stare.weight_sync.background)."""
     s = cfg.system
     if s.weight_sync == "broadcast":
         from stare.weight_sync.broadcast import BroadcastPublisher
+        from stare.weight_sync.rendezvous import RedisRendezvous
 
         publisher = BroadcastPublisher(
             broadcast_bind_host(s.broadcast_host),
@@ -57,6 +58,8 @@ def build_publisher(cfg: TrainConfig, client, *, background: bool | None = None)
             timeout_s=s.broadcast_timeout_s,
             communicator=communicator_setting(cfg, rollout_end=False),
             bucket_bytes=s.weight_sync_bucket_mb * 2**20,
+            rendezvous=RedisRendezvous(client, cfg.run.name),
+            announce_host=s.broadcast_host,
         )
     else:
         from stare.weight_sync.filesystem import FilesystemPublisher
@@ -77,10 +80,12 @@ def receive_buffer_sets(cfg: TrainConfig) -> int:
 
 
 def build_subscriber(cfg: TrainConfig, name: str, client) -> WeightSubscriber:
-    """A rollout worker's end, named `name` in the broadcast group."""
+    """A rollout worker's end, named `name` in the broadcast group; it dials the learner its run's Redis
+    (`client`) announces, not the configured port (stare.weight_sync.rendezvous)."""
     s = cfg.system
     if s.weight_sync == "broadcast":
         from stare.weight_sync.broadcast import BroadcastSubscriber
+        from stare.weight_sync.rendezvous import RedisRendezvous
 
         return BroadcastSubscriber(
             s.broadcast_host,
@@ -89,6 +94,7 @@ def build_subscriber(cfg: TrainConfig, name: str, client) -> WeightSubscriber:
             timeout_s=s.broadcast_timeout_s,
             communicator=communicator_setting(cfg, rollout_end=True),
             buffer_sets=receive_buffer_sets(cfg),
+            locate=RedisRendezvous(client, cfg.run.name).current,
         )
     from stare.weight_sync.filesystem import FilesystemSubscriber
 

@@ -2,7 +2,9 @@
 (data.prompt_overflow=reject), a prompt that makes its rollout worker raise every time it is
 sampled (group_size 0), and a trajectory that breaks the wire invariants. All three end in the
 run's dead-letter streams with their reasons (the raising one after system.max_deliveries
-deliveries, with its last error), no role restarts, and the run finishes every step."""
+deliveries, with its last error), no role restarts, and the run finishes every step. The poison is
+written with the run's record key, as a faulty role of the run would write it (a record without it is
+dead-lettered as untrusted before anything else: tests/core/test_record_trust.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import redis
 from redis_fixtures import have_redis_server
 from test_up import Run, _config
 
+from stare.transport.record_tag import RECORD_KEY_FILE_ENV, RecordCodec, record_key, tag
 from stare.transport.records import PromptTask
 
 pytestmark = [
@@ -61,9 +64,12 @@ def test_a_poison_prompt_and_a_poison_trajectory_are_dead_lettered_and_the_run_f
     with Run(cfg, rollout=1, reward=1, control=False) as run:
         run.wait_for_step(1)
         client = redis.Redis.from_url(run.launcher.redis_url, socket_timeout=10)
-        client.xadd("stare:up:stream:prompts", long_prompt.to_fields())
-        client.xadd("stare:up:stream:prompts", raising_prompt.to_fields())
-        client.xadd("stare:up:stream:raw", bad_trajectory)
+        env = {RECORD_KEY_FILE_ENV: str(run.launcher.record_key_file)}
+        key, _ = record_key("up", run.launcher.redis_url, environ=env)
+        prompts = RecordCodec(PromptTask, key, "stare:up:stream:prompts")
+        client.xadd("stare:up:stream:prompts", prompts.encode(long_prompt))
+        client.xadd("stare:up:stream:prompts", prompts.encode(raising_prompt))
+        client.xadd("stare:up:stream:raw", {**bad_trajectory, "tag": tag(key, "stare:up:stream:raw", bad_trajectory)})
         deadline = time.monotonic() + 120
         while client.xlen("stare:up:dead:prompts") < 2 or client.xlen("stare:up:dead:raw") < 1:
             assert time.monotonic() < deadline, f"nothing dead-lettered in 120 s\n{run.tail()}"

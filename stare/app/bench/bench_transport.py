@@ -4,8 +4,8 @@ Moves realistic trajectories (256 prompt tokens; 1k and 8k response tokens; pack
 float32 log-probs, uint8 mask, ~3 characters of text per token) through one stream and its
 consumer group, in batches (publish, then consume + ack):
   * raw redis-py:  pipelined XADD (MAXLEN ~), XREADGROUP + XACK; no record objects;
-  * RedisStream:   `publish` (pipelined XADD MAXLEN ~ and an XINFO GROUPS backlog check),
-                   `consume` (XREADGROUP, decode, in-flight bookkeeping), `ack` (XACK); a new
+  * RedisStream:   `publish` (pipelined XADD MAXLEN ~ and an XLEN backlog check),
+                   `consume` (XREADGROUP, decode, in-flight bookkeeping), `ack` (XACK + XDEL); a new
                    consumer's one read of its own pending entries is start-up, untimed like
                    raw's XGROUP CREATE;
   both twice: on already-encoded bytes (a pass-through codec: the transport's own cost), and with

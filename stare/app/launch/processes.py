@@ -3,20 +3,29 @@
     redis-server (unless --redis-url) + control plane + learner + N rollout + M reward workers
 
 One config for all. The launcher resolves what every role must agree on before starting them
-(the model directory, building the bundled tiny model once; free ports for the API and the
-weight-broadcast rendezvous when the configured ones are taken), writes that config to
+(the model directory, building the bundled tiny model once), writes that config to
 `<run dir>/up/config.yaml`, starts the roles, prefixes and streams their logs, and supervises
 them: a role that dies is restarted (a restarted learner resumes from its last checkpoint), up
-to `max_restarts` times each. It stops everything when the learner finishes, or on Ctrl-C /
-SIGTERM: SIGTERM to every role (each finishes its batch; the learner checkpoints), SIGKILL to
+to `max_restarts` times each, and so is the redis-server it started (on its port, from its AOF).
+
+Ports are chosen, never assumed, so that runs live side by side on one machine: Redis takes a free
+port; the learner binds its weight-broadcast store to any free port at each start and announces it in
+the run's Redis, where the workers find it (`system.broadcast_port` 0, stare.weight_sync.rendezvous);
+the launcher binds the API's socket itself (the configured port if free, else a free one, saying who
+holds the configured one) and hands it to the control role, which keeps the port across restarts;
+`system.health_port` is off (the launcher watches the roles). It stops everything when the learner
+finishes, or on Ctrl-C / SIGTERM: SIGTERM to every role (each finishes its batch; the learner checkpoints), SIGKILL to
 those still running after `grace_s`, then Redis (its AOF keeps the streams). With
 `system.colocate: on` the learner ranks sample (no rollout processes).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,25 +41,26 @@ from stare.config import ConfigError, TrainConfig, build_config
 from stare.config.colocation import check_node_colocation, node_colocated
 from stare.plan.check import check_fits
 from stare.plan.gpu_map import GpuPlan
-from stare.runtime.net import free_port, port_free
+from stare.runtime.net import port_taken_message
+from stare.transport.record_tag import RECORD_KEY_FILE_ENV
 from stare.transport.redis_secrets import URL_ENV, URL_FILE_ENV, write_secret
-from stare.weight_sync.factory import broadcast_bind_host
 
 COLORS = ("36", "33", "35", "32", "34", "31", "96", "93", "95", "92")
 
 
 API_TOKEN_ENV = "STARE_API_TOKEN"  # services.control.auth.TOKEN_ENV (not imported: FastAPI is the services extra)
+CONTROL_FD_ENV = "STARE_CONTROL_FD"  # services.control.server.LISTEN_FD_ENV: the API socket handed to the control role
 
 
 def role_env(name: str, base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
     """The environment of role `name`: `base` plus `extra`, least privilege: the API token
-    (STARE_API_TOKEN) only for the control plane, no Redis URL variable (the 0600 file in `extra`
-    wins anyway), no health port (one machine: roles would collide on it)."""
+    (STARE_API_TOKEN) only for the control plane, the record key file (STARE_RECORD_KEY_FILE: who may
+    feed the learner) only for the others, no Redis URL variable (the 0600 file in `extra` wins anyway),
+    no health port (one machine: roles would collide on it)."""
     env = {**base, **extra}
     env.pop("STARE_HEALTH_PORT", None)
     env.pop(URL_ENV, None)
-    if name != "control":
-        env.pop(API_TOKEN_ENV, None)
+    env.pop(API_TOKEN_ENV if name != "control" else RECORD_KEY_FILE_ENV, None)
     return env
 
 
@@ -151,11 +161,14 @@ class ProcessLauncher:
 
             overrides["model.path"] = str(resolve_model(cfg, self.say))
         s = cfg.system
-        bind = broadcast_bind_host(s.broadcast_host)  # where the learner's publisher will listen
-        if s.weight_sync == "broadcast" and not port_free(bind, s.broadcast_port):
-            overrides["system.broadcast_port"] = free_port(bind)
-        if control and (cfg.control_plane.port == 0 or not port_free(cfg.control_plane.host, cfg.control_plane.port)):
-            overrides["control_plane.port"] = free_port(cfg.control_plane.host)
+        if s.weight_sync == "broadcast":
+            overrides["system.broadcast_port"] = 0  # each learner start binds a free one and announces it in Redis
+        if s.health_port:
+            self.say(f"system.health_port {s.health_port} is off under stare up: the roles share this machine")
+            overrides["system.health_port"] = 0
+        self.control_socket = self._bind_control(cfg) if control else None
+        if self.control_socket is not None:
+            overrides["control_plane.port"] = self.control_socket.getsockname()[1]
         self.cfg = with_overrides(cfg, overrides)
         check_fits(
             self.cfg, self.cfg.model.path, roles=("learner",) if colocated else ("learner", "rollout"), log=self.say
@@ -169,8 +182,31 @@ class ProcessLauncher:
         self.gpu_plan = gpu_plan
         for i, name in enumerate(role_names(rollout, reward, control)):
             self.roles[name] = Role(name, role_argv(name, self.config_path), color=COLORS[i % len(COLORS)])
+        self.redis_restarts = 0
         self.stopping = False
         self.force_stop = False  # a second Ctrl-C: stop() kills instead of waiting
+
+    def _bind_control(self, cfg: TrainConfig) -> socket.socket:
+        """The API's listening socket, bound here and handed to the control role (no port race between two
+        runs, and a restarted control role keeps its URL): the configured port, else a free one."""
+        from services.control.server import bind
+
+        c = cfg.control_plane
+        try:
+            return bind(c.host, c.port, fallback=False)
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                raise
+        self.say(port_taken_message("control_plane.port", c.host, c.port, "the API takes a free port instead"))
+        return bind(c.host, 0)
+
+    def _record_key_file(self) -> Path:
+        """The run's record key (stare.transport.record_tag), one per run folder, kept across invocations:
+        the Redis password changes with every `stare up` while the records in its AOF stay."""
+        path = self.dir / "record.key"
+        if not path.exists() or not path.read_text().strip():
+            write_secret(path, secrets.token_hex(32))
+        return path
 
     # ---------------------------------------------------------------- output
     def say(self, text: str, who: str = "up", color: str = "1") -> None:
@@ -191,6 +227,7 @@ class ProcessLauncher:
             self.redis_url = self.redis.url
         # the roles read the URL (with its password) from a 0600 file, never from argv or the environment
         self.redis_url_file = write_secret(self.dir / "redis.url", self.redis_url)
+        self.record_key_file = self._record_key_file()
         for role in self.roles.values():
             self._spawn(role)
         if "control" in self.roles:
@@ -207,6 +244,7 @@ class ProcessLauncher:
             child_env(),
             {
                 URL_FILE_ENV: str(self.redis_url_file),
+                **({RECORD_KEY_FILE_ENV: str(self.record_key_file)} if role.kind != "control" else {}),
                 "PYTHONUNBUFFERED": "1",
                 "STARE_WORKER_NAME": role.name,
                 "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),  # c10d's reconnect chatter
@@ -214,8 +252,18 @@ class ProcessLauncher:
                 **gpu_env(self.gpu_plan, role.name),
             },
         )
+        fds: tuple[int, ...] = ()
+        if role.kind == "control" and self.control_socket is not None:
+            fds = (self.control_socket.fileno(),)
+            env[CONTROL_FD_ENV] = str(fds[0])
         role.proc = subprocess.Popen(
-            role.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+            role.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+            pass_fds=fds,
         )
         threading.Thread(target=self._pump, args=(role, role.proc.stdout), daemon=True).start()
         self.say(f"started {role.name} (pid {role.proc.pid})")
@@ -240,8 +288,29 @@ class ProcessLauncher:
                 role.restarts += 1
                 self.say(f"{role.name} exited with {code}; restarting ({role.restarts}/{self.max_restarts})")
                 self._spawn(role)
+            if self.redis is not None and not self.redis.alive() and not self.stopping and not self._restart_redis():
+                return 1
             time.sleep(poll_s)
         return 0
+
+    def _restart_redis(self) -> bool:
+        """Our redis-server died: start it again on its port, from its AOF (the roles reconnect by
+        themselves). False once it was restarted `max_restarts` times, or cannot start."""
+        code = self.redis.proc.returncode if self.redis.proc is not None else None
+        if self.redis_restarts >= self.max_restarts:
+            self.say(f"redis-server exited with {code} and was restarted {self.redis_restarts} times; giving up")
+            return False
+        self.redis_restarts += 1
+        self.say(
+            f"redis-server exited with {code}; restarting it on port {self.redis.port} from its AOF "
+            f"({self.redis_restarts}/{self.max_restarts})"
+        )
+        try:
+            self.redis.start(timeout_s=60.0)  # a long AOF takes a while to load
+        except RuntimeError as err:
+            self.say(f"redis-server did not start again: {err}")
+            return self.redis_restarts < self.max_restarts
+        return True
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to one role (tests: a worker dying mid-run)."""
@@ -271,4 +340,6 @@ class ProcessLauncher:
                 role.proc.wait(timeout=10)
         if self.redis is not None:
             self.redis.stop()
+        if self.control_socket is not None:
+            self.control_socket.close()
         self.say("stopped")

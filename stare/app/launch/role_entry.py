@@ -24,7 +24,7 @@ def learner_evaluator(cfg: TrainConfig, setup, transport, tick):
         cfg,
         setup.task,
         setup.tokenizer,
-        connect_eval_streams(cfg, transport.client),
+        connect_eval_streams(cfg, transport.client, transport.trust),
         RedisEvalIndex(transport.client, cfg.run.name),
         tick=tick,
     )

@@ -74,17 +74,18 @@ def format_plan(
             )
         )
     redis = redis_url or "a redis-server on a free local port (AOF in <run dir>/up/redis)"
-    lines += ["", f"redis: {redis}", f"config: {config_path} (ports taken at start are replaced by free ones)", ""]
+    lines += ["", f"redis: {redis}", f"config: {config_path} (with the ports chosen at start)", ""]
     for name in role_names(rollout, reward, control):
         env = {**gpu_env(plan, name), "STARE_WORKER_NAME": name} if name != "control" else gpu_env(plan, name)
         weights = (
             "none (system.colocate on: each rank's engine takes its weights in process)"
             if plan.colocated
-            else f"weight broadcast {s.broadcast_host}:{s.broadcast_port} ({s.weight_sync})"
+            else f"weight broadcast {s.broadcast_host}:<a free port, announced in Redis> ({s.weight_sync})"
+            if s.weight_sync == "broadcast"
+            else f"weight sync {s.weight_sync}"
         )
-        ports = {"control": f"API {cfg.control_plane.host}:{cfg.control_plane.port}", "learner": weights}.get(
-            name.split("-")[0], "none"
-        )
+        api = f"API {cfg.control_plane.host}:{cfg.control_plane.port or '<a free port>'} (a free one if taken)"
+        ports = {"control": api, "learner": weights}.get(name.split("-")[0], "none")
         lines += [
             f"{name}:",
             f"  command: {' '.join(role_argv(name, config_path))}",
