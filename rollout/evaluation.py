@@ -39,7 +39,16 @@ from rollout.prompt_guard import fit_prompt, prompt_limit
 from rollout.worker import version_fields
 from stare.data.prompt_policy import prompt_ids
 from stare.data.tasks.base import Problem, Task
-from stare.evaluation.heldout import Outcome, SourceSampling, eval_settings, problem_seed, sampling_of, summarize
+from stare.evaluation.heldout import (
+    Outcome,
+    SourceSampling,
+    eval_settings,
+    generation_picks,
+    generation_record,
+    problem_seed,
+    sampling_of,
+    summarize,
+)
 from stare.transport.base import RecordStream
 from stare.transport.guard import process_guarded
 from stare.transport.records import EvalTask, Trajectory
@@ -60,7 +69,10 @@ def evaluate(
     temperature: float = 1.0,
     top_p: float = 1.0,
     per_source: Mapping[str, SourceSampling] | None = None,
+    generations: int = 0,
 ) -> dict[str, Any]:
+    """The evaluation's result (stare.evaluation.heldout.summarize); with `generations`, also that many problems'
+    responses per data source under "generations" (`generation_picks`: the same problems every time)."""
     per_source = dict(per_source or {})
     prompts = [prompt_ids(p, tokenizer) for p in problems]
     greedy = engine.generate(
@@ -93,7 +105,15 @@ def evaluate(
         )
         for problem, g, samples in zip(problems, greedy, sampled)
     ]
-    return summarize(problems, outcomes, k=k, temperature=temperature, top_p=top_p, per_source=per_source)
+    result = summarize(problems, outcomes, k=k, temperature=temperature, top_p=top_p, per_source=per_source)
+    if generations:
+        result["generations"] = [
+            generation_record(
+                problems[i], text(greedy[i][0]), outcomes[i].greedy, text(sampled[i][0]), outcomes[i].scores[0]
+            )
+            for i in generation_picks(problems, generations)
+        ]
+    return result
 
 
 log = logging.getLogger(__name__)

@@ -142,6 +142,7 @@ class StackEvaluator:
             s.task,
             self.problems,
             stop_token_ids=s.stop_ids,
+            generations=self.cfg.logging.eval_generations,
             **eval_settings(self.cfg, final=final),
         )
 

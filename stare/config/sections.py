@@ -20,7 +20,13 @@ class RunSection(_Section):
     )
     output_dir: Path = Field(Path("runs"), description="Parent folder of run folders.")
     seed: int = Field(0, ge=0, description="Seeds data order, sampling and initialisation.")
-    steps: int = Field(150, ge=1, description="Optimizer steps to train.")
+    steps: int | None = Field(
+        150,
+        ge=1,
+        description="Optimizer steps to train. null (only with data.epochs): floor(data.epochs x training prompts / "
+        "rollout.prompts_per_step), what verl's trainer.total_epochs gives; resolved and logged at start. With both "
+        "set, whichever ends first.",
+    )
     checkpoint_every: int = Field(25, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="How many recent checkpoints to keep.")
     checkpoint_verify: Literal["digest", "size"] = Field(
@@ -300,6 +306,24 @@ class DataSection(_Section):
         "groups in flight is ceil(prompts_per_step x (1 + max_staleness) x oversample); nothing is dropped as "
         "surplus (a group past max_staleness is dropped as stale, counted). 1.0: each round asks for exactly the "
         "missing groups and the window is prompts_per_step x (1 + max_staleness).",
+    )
+    max_prompts: int | None = Field(
+        None,
+        ge=1,
+        description="Training prompts in the pool the feeder cycles through. None: every training problem of a task "
+        "read from a file (task.name=dataset: the whole dataset, however large), and 20,000 drawn from a generated "
+        "task (the bundled arithmetic tasks, which have no fixed size). A dataset larger than this is cut to its "
+        "first max_prompts in the run's seeded order, said in the log (verl's data.train_max_samples).",
+    )
+    epochs: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="Passes over the training prompts (verl's trainer.total_epochs; not optim.epochs, the passes of "
+        "the optimizer over one batch): the feeder hands out at most epochs x pool prompts, each epoch in its own "
+        "seeded order, and the run ends when they are used up and no whole step can be filled (the rest counted in "
+        "the log, as verl drops a last partial batch). With run.steps null the run's length is derived from it. "
+        "None: the pool is cycled without end and run.steps decides.",
     )
     advantage_std: bool = Field(
         True, description="Divide group-centred rewards by the group std (False: Dr. GRPO style)."

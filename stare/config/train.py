@@ -151,6 +151,15 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainConfig:
+        if self.run.steps is None and self.data.epochs is None:
+            raise ValueError(
+                "run.steps is null but data.epochs is not set: set run.steps (the steps to train), or data.epochs "
+                "(passes over the training prompts; the steps are derived from it)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _dataset_needs_a_model(self):
         if self.task.name in ("dataset", "chat-arithmetic") and self.model.path is None and self.model.source == "tiny":
             raise ValueError(

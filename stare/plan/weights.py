@@ -88,5 +88,6 @@ def checkpoint_disk(cfg: TrainConfig, shape: ModelShape) -> dict[str, Any]:
         "every": r.checkpoint_every,
         "keep": r.keep_checkpoints,
         "peak_bytes": (r.keep_checkpoints + 1) * each,
-        "written_bytes": -(-r.steps // r.checkpoint_every) * each,
+        # run.steps null (derived from data.epochs when the run starts): not known here
+        "written_bytes": None if r.steps is None else -(-r.steps // r.checkpoint_every) * each,
     }

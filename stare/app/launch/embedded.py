@@ -233,7 +233,8 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
         from stare.observe.log_format import StepLines, train_logger
 
         logger = train_logger(cfg.logging.format, cfg.run.name)
-        log, step_lines = logger.info, StepLines(cfg.logging.every_n_steps, cfg.run.steps, logger)
+        # the total: the session's steps once it has them (run.steps null: derived from data.epochs at start)
+        log, step_lines = logger.info, StepLines(cfg.logging.every_n_steps, cfg.run.steps or 0, logger)
     stop = StopFlag()
     with _signals(stop):  # also over the report and export: a Ctrl-C then lets them finish
         run, outcome = _train(cfg, resume, log, console, progress, step_lines, stop)
@@ -275,6 +276,9 @@ def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_li
 
     with run_lock(cfg.run_dir), _control_plane(cfg, log) as steering:
         run = EmbeddedRun(cfg, resume=resume, log=log, steering=steering)
+        steps = run.session.steps  # run.steps, or derived from data.epochs
+        if step_lines is not None:
+            step_lines.total_steps = steps
         columns = [
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -286,7 +290,7 @@ def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_li
         with Progress(
             *columns, console=console, disable=not progress or step_lines is not None, transient=False
         ) as bar:
-            task = bar.add_task(f"{cfg.algo} {cfg.run.name}", total=cfg.run.steps, completed=run.learner.step, live="")
+            task = bar.add_task(f"{cfg.algo} {cfg.run.name}", total=steps, completed=run.learner.step, live="")
 
             def on_step(m: dict[str, Any]) -> None:
                 if step_lines is not None:
