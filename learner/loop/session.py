@@ -297,7 +297,7 @@ class TrainingSession:
         lags = trained_lags(trajectories, learner.version - 1)
         metrics.update(info)
         metrics.update(batch_metrics(trajectories, step_time))
-        metrics.update(self.watch.step(learner.step, trajectories))
+        metrics.update(self.watch.step(learner.step, trajectories), **getattr(self.feeder, "coverage", {}))
         metrics.update(
             algo=cfg.algo,
             time_unix=time.time(),

@@ -16,9 +16,9 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from stare.config.algo import LOSS_CONFIGS, ControllerConfig, GrpoLossConfig, LossConfig, StareLossConfig
 from stare.config.base import ConfigError, _Section
+from stare.config.data import DataSection
 from stare.config.reward import RewardConfig
 from stare.config.sections import (
-    DataSection,
     DiagnosticsSection,
     ModelSection,
     OptimSection,

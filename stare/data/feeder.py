@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from stare.data.prompt_policy import Overflow, fit_prompts, prompt_ids
 from stare.data.tasks.base import Problem, Task
 from stare.transport.records import PromptTask
+
+if TYPE_CHECKING:
+    from stare.config import TrainConfig
 
 GENERATED_POOL = 20_000
 """Training problems drawn from a generated task (no fixed size) when data.max_prompts does not say."""
@@ -35,7 +39,7 @@ class PromptFeeder:
     def __init__(
         self,
         task: Task,
-        tokenizer,
+        tokenizer: Any,
         *,
         run_id: str,
         group_size: int,
@@ -45,7 +49,7 @@ class PromptFeeder:
         max_prompt_len: int | None = None,
         prompt_overflow: Overflow = "truncate_left",
         log: Callable[[str], None] = print,
-    ):
+    ) -> None:
         self.task = task
         self.tokenizer = tokenizer
         self.run_id = run_id
@@ -82,6 +86,7 @@ class PromptFeeder:
             + (f", {epochs} epoch(s): {epochs * len(self.pool):,} prompts in all" if epochs is not None else "")
         )
         self.limit = None if epochs is None else epochs * len(self.pool)  # prompts handed out at most
+        self.coverage: dict[str, float] = {}  # the tokenizer's coverage of the pool (`check_coverage`)
         self.cursor = 0
         self._order_epoch = -1
         self._order: list[int] = []
@@ -130,9 +135,9 @@ class PromptFeeder:
         self.cursor = int(state["cursor"])
 
 
-def build_feeder(cfg, task: Task, tokenizer, log: Callable[[str], None] = print) -> PromptFeeder:
+def build_feeder(cfg: TrainConfig, task: Task, tokenizer: Any, log: Callable[[str], None] = print) -> PromptFeeder:
     """The run's feeder from its config (`cfg`: a stare.config.TrainConfig); warns when the tokenizer does not
-    cover its prompts (`check_unknown_tokens`)."""
+    cover its prompts (`check_coverage`)."""
     feeder = PromptFeeder(
         task,
         tokenizer,
@@ -145,17 +150,18 @@ def build_feeder(cfg, task: Task, tokenizer, log: Callable[[str], None] = print)
         prompt_overflow=cfg.data.prompt_overflow,
         log=log,
     )
-    check_unknown_tokens(feeder, cfg.logging.warn_unk_rate, log)
+    check_coverage(feeder, cfg.logging.warn_unk_rate, log)
     return feeder
 
 
-def run_steps(cfg, feeder: PromptFeeder, log: Callable[[str], None] = print) -> int:
+def run_steps(cfg: TrainConfig, feeder: PromptFeeder, log: Callable[[str], None] = print) -> int:
     """The run's length in steps: run.steps, or with run.steps null floor(data.epochs x pool / prompts_per_step)
     (at least 1: verl's len(dataloader) x total_epochs, a last partial batch dropped), said in the log. With both
     set the log says which ends the run first (data.epochs ends it when its prompts are used up)."""
     steps, per_step = cfg.run.steps, cfg.rollout.prompts_per_step
     if feeder.limit is None:
-        return int(steps)
+        assert steps is not None  # the config requires data.epochs with run.steps null
+        return steps
     derived = max(feeder.limit // per_step, 1)
     what = f"data.epochs={cfg.data.epochs} over {len(feeder.pool):,} prompts at {per_step} per step"
     if steps is None:
@@ -165,23 +171,27 @@ def run_steps(cfg, feeder: PromptFeeder, log: Callable[[str], None] = print) -> 
         log(f"{what} would be {derived:,} steps; run.steps={steps:,} ends the run first")
     elif steps > derived:
         log(f"{what}: at most {derived:,} steps; the data ends the run before run.steps={steps:,}")
-    return int(steps)
+    return steps
 
 
-def check_unknown_tokens(feeder: PromptFeeder, limit: float, log: Callable[[str], None]) -> float | None:
-    """The share of the tokenizer's unknown token in (a seeded sample of) the training prompts, said as a
-    warning above `limit` (logging.warn_unk_rate); None for a tokenizer without one (byte-level BPE)."""
-    from stare.observe.watch import UNK_SAMPLE, prompt_unk_rate, unk_advice
+def check_coverage(feeder: PromptFeeder, limit: float, log: Callable[[str], None]) -> dict[str, float]:
+    """How well the tokenizer covers (a seeded sample of) the training prompts (stare.observe.watch.prompt_coverage),
+    said as a warning when its unknown-token share or its lost characters are above `limit`
+    (logging.warn_unk_rate); kept as `feeder.coverage` (the session adds it to every step's metrics)."""
+    from stare.observe.watch import COVERAGE_ADVICE, UNK_SAMPLE, prompt_coverage
 
-    unk_id = getattr(feeder.tokenizer, "unk_token_id", None)
-    if unk_id is None:
-        return None
     sample = random.Random(feeder.seed).sample(feeder.pool, min(UNK_SAMPLE, len(feeder.pool)))
-    rate = prompt_unk_rate([prompt_ids(p, feeder.tokenizer) for p in sample], unk_id)
-    if rate is not None and rate > limit:
+    coverage = prompt_coverage([p.prompt for p in sample], feeder.tokenizer)
+    unk, lost = coverage["unk_rate"], coverage["chars_lost"]
+    if max(unk, lost) > limit:
         token = getattr(feeder.tokenizer, "unk_token", None) or "<unk>"
-        log(f"warning: training prompts: {unk_advice(rate, 'prompt', token)} (logging.warn_unk_rate={limit})")
-    return rate
+        log(
+            f"warning: training prompts: {lost:.0%} of their characters are lost by the tokenizer ({unk:.0%} of the "
+            f"tokens are its unknown token {token!r}, the rest of the unknown characters dropped): {COVERAGE_ADVICE} "
+            f"(logging.warn_unk_rate={limit})"
+        )
+    feeder.coverage = {"data_unk_rate": unk, "data_chars_lost": lost}
+    return coverage
 
 
 def eval_problems(

@@ -16,7 +16,9 @@ What it looks at, per step, over the trained batch (numbers on the host records:
     zero_reward_steps                   steps in a row whose mean reward is 0; warned when it reaches
                                         logging.warn_zero_reward_steps and every that many steps after.
 
-The training prompts are measured once when the feeder is built (stare.data.feeder.check_unknown_tokens).
+The training prompts are measured once when the feeder is built (`prompt_coverage`, called by
+stare.data.feeder.check_coverage; also the unknown characters a tokenizer drops instead of mapping them to its
+unknown token): data_unk_rate and data_chars_lost in every step's metrics.
 The streaks start at 0 in a resumed process: they are warnings, not state of the run.
 """
 
@@ -47,19 +49,29 @@ def unk_share(token_ids: Sequence[Any], unk_id: int) -> float:
     return sum(int(np.count_nonzero(np.asarray(t) == unk_id)) for t in token_ids) / total
 
 
-def prompt_unk_rate(prompts: Sequence[Any], unk_id: int | None) -> float | None:
-    """The unknown-token share of these tokenized prompts; None without an unknown token or prompts."""
-    if unk_id is None or not prompts:
-        return None
-    return unk_share(prompts, unk_id)
+def prompt_coverage(texts: Sequence[str], tokenizer: Any) -> dict[str, float]:
+    """How well `tokenizer` covers these prompt texts: `unk_rate`, the share of their tokens that are its
+    unknown token (0 without one), and `chars_lost`, the share of their non-space characters that do not come
+    back from decode(encode(text)): what a tokenizer maps to its unknown token or silently drops (a
+    character-level vocabulary loaded as another tokenizer class drops what it does not know)."""
+    ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    unk_id = getattr(tokenizer, "unk_token_id", None)
+    chars = sum(len("".join(t.split())) for t in texts)
+    kept = sum(len("".join(tokenizer.decode(i, skip_special_tokens=True).split())) for i in ids)
+    return {
+        "unk_rate": 0.0 if unk_id is None else unk_share(ids, unk_id),
+        "chars_lost": max(chars - kept, 0) / chars if chars else 0.0,
+    }
+
+
+COVERAGE_ADVICE = (
+    "the model's tokenizer does not cover this data (the bundled tiny model knows only the arithmetic alphabet); "
+    "train a model whose tokenizer does (model.path), or data it covers"
+)
 
 
 def unk_advice(rate: float, what: str, unk_token: str) -> str:
-    return (
-        f"{rate:.0%} of the {what} tokens are the tokenizer's unknown token {unk_token!r}: the model's tokenizer "
-        "does not cover this data (the bundled tiny model knows only the arithmetic alphabet); train a model whose "
-        "tokenizer does (model.path), or data it covers"
-    )
+    return f"{rate:.0%} of the {what} tokens are the tokenizer's unknown token {unk_token!r}: {COVERAGE_ADVICE}"
 
 
 class RunWatch:

@@ -27,6 +27,18 @@ class CharTokenizer:
     def encode(self, text, add_special_tokens=False):
         return [self.vocab.get(c, self.unk_token_id) for c in text]
 
+    def decode(self, ids, skip_special_tokens=False):
+        chars = {i: c for c, i in self.vocab.items()}
+        return "".join(chars.get(i, "" if skip_special_tokens else self.unk_token) for i in ids)
+
+
+class DroppingTokenizer(CharTokenizer):
+    """The same alphabet, unknown characters dropped instead of mapped to <unk> (what the tiny model's
+    character vocabulary does when transformers loads it as another tokenizer class)."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [self.vocab[c] for c in text if c in self.vocab]
+
     def __call__(self, text, add_special_tokens=False):
         return {"input_ids": self.encode(text)}
 
@@ -76,7 +88,9 @@ def test_epochs_hand_out_each_prompt_once_per_epoch_then_stop(tmp_path):
     got = [t for _ in range(5) for t in feeder.next_tasks(7)]  # 35 asked, 30 there
     assert len(got) == 30 and feeder.exhausted and feeder.next_tasks(5) == []
     for epoch in range(3):  # every epoch is a permutation of the pool
-        assert sorted(t.problem_id for t in got[10 * epoch : 10 * epoch + 10]) == sorted(p.problem_id for p in feeder.pool)
+        assert sorted(t.problem_id for t in got[10 * epoch : 10 * epoch + 10]) == sorted(
+            p.problem_id for p in feeder.pool
+        )
     assert [t.problem_id for t in got[:10]] != [t.problem_id for t in got[10:20]]  # each in its own order
     assert Counter(t.cursor for t in got) == Counter(range(30))
     resumed = build_feeder(_cfg(epochs=3), task, CharTokenizer(), lambda s: None)
@@ -97,15 +111,22 @@ def test_run_steps_derived_from_epochs(big):
         build_config({"run": {"steps": None}})
 
 
-def test_prompts_the_tokenizer_does_not_cover_are_warned_about(tmp_path):
+@pytest.mark.parametrize("tokenizer", [CharTokenizer(), DroppingTokenizer()], ids=["unk", "dropped"])
+def test_prompts_the_tokenizer_does_not_cover_are_warned_about(tmp_path, tokenizer):
+    # "What is 7 plus one? Answer: ": 28 characters, 22 of them not spaces; the alphabet covers one ("7"):
+    # 21 / 22 non-space characters lost (95%); as tokens, 27 of the 28 are <unk> (or dropped)
     chat = DatasetTask(
-        _dataset(tmp_path / "chat.jsonl", 50, prompt=lambda i: f"What is {i} plus one? Answer: "),
+        _dataset(tmp_path / "chat.jsonl", 1, prompt=lambda i: f"What is {i + 7} plus one? Answer: "),
         test_path=_dataset(tmp_path / "h.jsonl", 2),
     )
     said = []
-    build_feeder(_cfg(), chat, CharTokenizer(), said.append)
-    (line,) = [s for s in said if "unknown token" in s]
-    assert line.startswith("warning: training prompts: ") and "'<unk>'" in line and "model.path" in line
+    feeder = build_feeder(_cfg(), chat, tokenizer, said.append)
+    (line,) = [s for s in said if "lost by the tokenizer" in s]
+    assert line.startswith("warning: training prompts: 95% of their characters are lost by the tokenizer")
+    assert "model.path" in line
+    unk = 0.0 if isinstance(tokenizer, DroppingTokenizer) else 27 / 28
+    assert feeder.coverage == {"data_unk_rate": pytest.approx(unk), "data_chars_lost": pytest.approx(21 / 22)}
     said.clear()
-    build_feeder(_cfg(), ArithmeticTask(), CharTokenizer(), said.append)  # its own alphabet: covered
-    assert not any("unknown token" in s for s in said)
+    covered = build_feeder(_cfg(), ArithmeticTask(), tokenizer, said.append)  # its own alphabet: covered
+    assert not any("lost by the tokenizer" in s for s in said)
+    assert covered.coverage == {"data_unk_rate": 0.0, "data_chars_lost": 0.0}

@@ -26,6 +26,7 @@ from typing import Any
 from stare.app.launch.run_folder import run_lock
 from stare.config import TrainConfig
 from stare.runstate import MemoryRunState, RunSteering
+from stare.runtime.liveness import Liveness
 
 
 class StopFlag:
@@ -107,6 +108,9 @@ class EmbeddedRun:
         )
         if steering is None:  # no control plane: the same loop, its requests never come
             steering = RunSteering(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s)
+        # heartbeats from a thread while `train` runs, healthy while the loop ticks or its busy work uses CPU: a
+        # step longer than system.dead_after_s still shows the learner alive (stare/runtime/liveness.py)
+        self.liveness = Liveness(steering, heartbeat_s=cfg.system.heartbeat_s, stall_s=cfg.system.stall_s)
         evaluator = StackEvaluator(self.stack, cfg)
         self.colocation = None
         if shared:
@@ -129,6 +133,8 @@ class EmbeddedRun:
             evaluator=evaluator,
             should_stop=lambda: self.stop.requested,
             wait=time.sleep,
+            tick=self.liveness.tick,
+            busy=self.liveness.busy,
             pump=self._pump,
         )
         # the workers run in process between steps, with the newest weights: strictly on-policy
@@ -156,13 +162,14 @@ class EmbeddedRun:
         round, data.oversample, is more than one batch, and each wake moves the engine's weights and the
         learner's optimizer state), score what was sampled."""
         batch = self.cfg.rollout.prompts_per_step
-        if self.colocation is None:
-            self.rollout.run_once(max_prompts=batch)
-        elif self.transport.prompts.backlog():  # wake the engine only when there is something to sample
-            with self.colocation.awake():
-                while self.transport.prompts.backlog() and self.rollout.run_once(max_prompts=batch):
-                    pass
-        self.reward.run_once()
+        with self.liveness.busy("sampling"):
+            if self.colocation is None:
+                self.rollout.run_once(max_prompts=batch)
+            elif self.transport.prompts.backlog():  # wake the engine only when there is something to sample
+                with self.colocation.awake():
+                    while self.transport.prompts.backlog() and self.rollout.run_once(max_prompts=batch):
+                        pass
+            self.reward.run_once()
 
     def sample(self) -> tuple[list, list[str], dict[str, Any]]:
         """The next step's batch, sampled and scored (what `train` would train next)."""
@@ -181,8 +188,9 @@ class EmbeddedRun:
         if stop is not None:
             self.stop = stop
         if steering is not None:
-            self.session.seams.steering = steering
-        return self.session.run(on_step)  # a RunOutcome (learner/loop/run_outcome.py)
+            self.session.seams.steering = self.liveness.steering = steering
+        with self.liveness.running():  # the heartbeat thread, for the run's length
+            return self.session.run(on_step)  # a RunOutcome (learner/loop/run_outcome.py)
 
     def close(self) -> None:
         if self.colocation is not None:
