@@ -45,6 +45,8 @@ from stare.evaluation.heldout import (
     Outcome,
     SourceSampling,
     eval_settings,
+    generation_picks,
+    generation_record,
     problem_seed,
     sampling_of,
     summarize,
@@ -71,10 +73,13 @@ def evaluate(
     per_source: Mapping[str, SourceSampling] | None = None,
     judge: Judge | None = None,
     version: int = 0,
+    generations: int = 0,
 ) -> dict[str, Any]:
     """The evaluation's result (stare.evaluation.heldout.summarize). `judge` scores the responses (None: the
     task's own verifier, `task_judge`); a response whose scoring fails counts as incorrect and in
-    `reward_errors`, never ends the run. `version`: the weights' version (what a judge may pass on)."""
+    `reward_errors`, never ends the run. `version`: the weights' version (what a judge may pass on). With
+    `generations`, also that many problems' responses per data source under "generations"
+    (`generation_picks`: the same problems every time)."""
     per_source = dict(per_source or {})
     prompts = [prompt_ids(p, tokenizer) for p in problems]
     greedy = engine.generate(
@@ -115,7 +120,16 @@ def evaluate(
                 errors=sum(v.error is not None for v in (first, *rest)),
             )
         )
-    return summarize(problems, outcomes, k=k, temperature=temperature, top_p=top_p, per_source=per_source)
+    result = summarize(problems, outcomes, k=k, temperature=temperature, top_p=top_p, per_source=per_source)
+    if generations:
+        text = lambda c: tokenizer.decode(c.token_ids, skip_special_tokens=True)  # noqa: E731
+        result["generations"] = [
+            generation_record(
+                problems[i], text(greedy[i][0]), outcomes[i].greedy, text(sampled[i][0]), outcomes[i].scores[0]
+            )
+            for i in generation_picks(problems, generations)
+        ]
+    return result
 
 
 def task_judge(task: Task) -> Judge:

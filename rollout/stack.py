@@ -153,6 +153,7 @@ class StackEvaluator:
             stop_token_ids=s.stop_ids,
             judge=self.judge,
             version=version,
+            generations=self.cfg.logging.eval_generations,
             **eval_settings(self.cfg, final=final),
         )
 

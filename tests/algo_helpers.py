@@ -46,6 +46,7 @@ def inputs(s: dict, rows=slice(None), logp=None, entropy=None) -> LossInputs:
         token_uid=s["uid"][rows],
         entropy=(s["entropy"] if entropy is None else entropy)[rows],
         step_entropy=s["entropy"][rows],
+        ref_logprobs=s["ref"][rows] if "ref" in s else None,  # the reference's log-probs (loss.ref_kl)
     )
 
 

@@ -140,6 +140,19 @@ def _named_by_latest(directory: Path) -> tuple[str | None, str | None]:
     return tag, None
 
 
+def checkpoint_problem(
+    directory: Path, tag: str, verify: Verify = "digest", legacy: Callable[[str], bool] | None = None
+) -> str | None:
+    """What is wrong with checkpoint `tag` under `directory` ("FILE: why"), None when it is whole: its files
+    match its manifest, or, written before manifests existed, it holds trainer_state.json. A checkpoint
+    still being written has no manifest yet: it is not whole."""
+    legacy = legacy or _legacy(Path(directory))
+    if legacy(tag) and not (directory / tag / MANIFEST).is_file():
+        state = directory / tag / TRAINER_STATE
+        return None if state.is_file() else f"{state}: missing (the checkpoint was cut short)"
+    return damage(directory / tag, verify)
+
+
 def choose_checkpoint(directory: Path, say: Callable[[str], None] = print, verify: Verify = "digest") -> str:
     """The tag to resume from: `latest`'s if whole, else the newest whole one (with a warning)."""
     directory = Path(directory)
@@ -148,10 +161,7 @@ def choose_checkpoint(directory: Path, say: Callable[[str], None] = print, verif
     legacy = _legacy(directory)
 
     def problem(tag: str) -> str | None:
-        if legacy(tag) and not (directory / tag / MANIFEST).is_file():
-            state = directory / tag / TRAINER_STATE
-            return None if state.is_file() else f"{state}: missing (the checkpoint was cut short)"
-        return damage(directory / tag, verify)
+        return checkpoint_problem(directory, tag, verify, legacy)
 
     named, first = _named_by_latest(directory)
     if named is not None:

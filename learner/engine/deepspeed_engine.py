@@ -126,6 +126,12 @@ def deepspeed_config(
     }
 
 
+def inference_config(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` (a `deepspeed_config`) for an engine that only runs forwards: no optimizer, no gradient
+    clipping; the same ZeRO stage and dtype (at stage 3 the weights are partitioned as the trained model's)."""
+    return {k: v for k, v in config.items() if k not in ("optimizer", "gradient_clipping")}
+
+
 def check_dtype_supported(dtype: str) -> None:
     """model.dtype against what this machine's DeepSpeed accelerator computes in (its own check
     raises a ValueError that names no config field)."""

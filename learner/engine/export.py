@@ -49,6 +49,11 @@ def checkpoint_tag(ckpt_dir: Path, step: int | None) -> str:
         if not (ckpt_dir / tag).is_dir():
             have = sorted(p.name for p in ckpt_dir.glob("step_*")) if ckpt_dir.is_dir() else []
             raise ExportError(f"--step {step}: no checkpoint {ckpt_dir / tag}; the run has {have or 'none'}")
+        from learner.engine.checkpoints import checkpoint_problem
+
+        problem = checkpoint_problem(ckpt_dir, tag)  # a checkpoint still being written has no manifest yet
+        if problem is not None:
+            raise ExportError(f"--step {step}: {ckpt_dir / tag} is not a whole checkpoint ({problem}); export another")
         return tag
     if not (ckpt_dir / "latest").is_file() and not any(ckpt_dir.glob("step_*")):
         raise ExportError(f"{ckpt_dir}: no checkpoint (no 'latest' file); train the run first")

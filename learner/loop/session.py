@@ -5,7 +5,8 @@
     loop:  steering (pause, checkpoint, entropy changes) -> fill (publish prompts up to the window, pump,
            pull scored groups; while short, the pre-pass of ready groups) -> train -> publish weights
            -> evaluate when due (a remote evaluator: checkpoint first) -> metrics, status -> checkpoint
-    end:   checkpoint what is unsaved on a stop, say finished/stopped
+    end:   run.steps trained, or data.epochs' prompts used up (`_data_used_up`), or a stop: checkpoint
+           what is unsaved, say finished/stopped
 
 What differs between the modes is only what is passed in (`SessionSeams`; learner/loop/build.py builds
 the session for each): streams, weight publisher, decision log, feeder cursor store, evaluator, and
@@ -29,13 +30,16 @@ import numpy as np
 import torch
 
 from learner.engine.rng import rng_state, seed_everything, set_rng_state  # noqa: F401  (seed_everything: for the modes)
+from learner.loop.early_prepass import EarlyPrepass
 from learner.loop.group_collector import round_size
 from learner.loop.lost_groups import LostGroups
 from learner.loop.run_outcome import EmptySteps, RunOutcome
 from learner.loop.session_seams import CursorStore, Evaluator, MemoryCursor, SessionSeams  # noqa: F401  (the modes import them here)
 from stare.config import TrainConfig
+from stare.data.feeder import run_steps
 from stare.observe.log_format import StepLines
 from stare.observe.run_outputs import RunOutputs, batch_metrics, staleness_status, staleness_summary, trained_lags
+from stare.observe.watch import RunWatch
 from stare.weight_sync.base import publisher_metrics
 
 log = logging.getLogger(__name__)
@@ -77,7 +81,9 @@ class TrainingSession:
         # never publish a group twice: continue after what earlier incarnations published
         feeder.cursor = max(seams.cursor.load(), feeder.cursor)
         self.outputs = RunOutputs(cfg, resume_step=resume_step)
-        self.step_lines = StepLines(cfg.logging.every_n_steps, cfg.run.steps, log)  # a log line per N steps
+        self.steps = run_steps(cfg, feeder, say)  # run.steps, or derived from data.epochs
+        self.step_lines = StepLines(cfg.logging.every_n_steps, self.steps, log)  # a log line per N steps
+        self.watch = RunWatch.of(cfg.logging, getattr(feeder, "tokenizer", None), say)  # runs that cannot learn
         published = seams.cursor.load_version()
         if published > learner.version:  # a learner killed after its checkpoint published newer weights
             say(
@@ -94,10 +100,7 @@ class TrainingSession:
         self._whole_rounds = max_staleness == 0 and cfg.data.oversample > 1.0  # over-sampled on-policy rounds
         self._filtered0 = collector.stats.filtered_groups
         self._t_wait = time.perf_counter()
-        # the pre-pass ahead of the step (`_prepare_ready`): groups prepared at weight version _prepared_at
-        self._prepared: set[str] = set()
-        self._prepared_at: int | None = None
-        self._prepare_s, self._prepared_groups = 0.0, 0  # since the last step (its metrics)
+        self._early = EarlyPrepass(cfg, learner, collector, lambda what: self.seams.busy(what))  # while waiting
 
     # ---------------------------------------------------------------- pieces
     def top_up_prompts(self) -> int:
@@ -133,7 +136,7 @@ class TrainingSession:
         learner = self.learner
         with self.seams.busy("evaluating"):
             result = self.seams.evaluator(learner.version, weights or learner.state_dict_for_rollout, final=final)
-        result["step"] = learner.step
+        result.update(step=learner.step, final=final)
         self.outputs.log_eval(result)
         self.say(
             f"held-out at step {learner.step}: greedy {result['greedy_accuracy']:.3f}, "
@@ -142,7 +145,7 @@ class TrainingSession:
         return result
 
     def _eval_due(self, step: int) -> bool:
-        every, last = self.cfg.task.eval_every, self.cfg.run.steps
+        every, last = self.cfg.task.eval_every, self.steps
         return self.seams.evaluator is not None and (step % every == 0 or step == last)
 
     def _evaluated(self, step: int) -> bool:
@@ -227,6 +230,21 @@ class TrainingSession:
                 self._last_step_at = time.monotonic()
                 self.lost.waiting(self.learner.version, want)  # says what it waits for; re-issues lost groups
 
+    def _data_used_up(self) -> bool:
+        """data.epochs' prompts all handed out and resolved, and too few groups ready for a whole step."""
+        want = self.cfg.rollout.prompts_per_step
+        return self.feeder.exhausted and self._unresolved() == 0 and len(self.collector.ready) < want
+
+    def _end_of_data(self) -> None:
+        """Say why the run ends before its steps; evaluate the last step if that is not done yet."""
+        step, left = self.learner.step, len(self.collector.ready)
+        self.say(
+            f"data.epochs={self.cfg.data.epochs} used up at step {step} ({self.feeder.cursor:,} prompts handed out; "
+            f"{left} trainable group(s) left, fewer than a step's {self.cfg.rollout.prompts_per_step}, not trained)"
+        )
+        if self.seams.evaluator is not None and not self._evaluated(step):
+            self.evaluate(final=True)
+
     def _batch_ready(self) -> bool:
         """Enough groups (over-sampled on-policy: and the whole round done), or on-policy rounds used up and done."""
         if len(self.collector.ready) >= self.cfg.rollout.prompts_per_step and (
@@ -235,37 +253,14 @@ class TrainingSession:
             return True
         return self.max_staleness == 0 and self._round >= self.cfg.data.max_sampling_rounds and self._unresolved() == 0
 
-    def _prepare_ready(self) -> None:
-        """While the step waits for data (`optim.prepass_early`): the learner's no-grad pre-pass over
-        the ready groups the step would take now (`GroupCollector.upcoming`) that are not prepared at
-        the current weights yet, at most a step's worth per call so the loop stays responsive. The
-        weights do not change before the step, so the step uses these values instead of computing
-        them (on-policy the learner would otherwise idle through the whole sampling round)."""
-        if not self.cfg.optim.prepass_early:
-            return
-        learner = self.learner
-        if self._prepared_at != learner.version:  # the weights moved on: what was prepared is not used
-            self._prepared, self._prepared_at = set(), learner.version
-        groups = [
-            g
-            for g in self.collector.upcoming(self.cfg.rollout.prompts_per_step, self._whole_rounds)
-            if g[0].group_id not in self._prepared
-        ]
-        if not groups:
-            return
-        t0 = time.perf_counter()
-        with self.seams.busy("preparing the next step"):
-            learner.prepare([t for g in groups for t in g])
-        self._prepared.update(g[0].group_id for g in groups)
-        self._prepare_s += time.perf_counter() - t0
-        self._prepared_groups += len(groups)
-
     def next_batch(self) -> tuple[list, list[str], dict[str, Any]] | None:
         """One fill round; then the step's groups (flattened), their stream ids and how they were
         collected, or None while not enough are ready (having prepared the ready ones' pre-pass)."""
         self._fill_round()
+        if self._data_used_up():  # the loop ends the run
+            return None
         if not self._batch_ready():
-            self._prepare_ready()
+            self._early.run(self._whole_rounds)
             return None
         cfg, stats = self.cfg, self.collector.stats
         stale0 = stats.stale_tokens
@@ -279,8 +274,8 @@ class TrainingSession:
             "filtered_groups": stats.filtered_groups - self._filtered0,
             "groups": len(trajectories) // max(cfg.rollout.samples_per_prompt, 1),
             "time_wait_data_s": time.perf_counter() - self._t_wait,  # the pre-pass ahead of the step included
-            "prepared_groups": self._prepared_groups,  # pre-passes run while waiting (some may not be trained now)
-            "time_prepare_s": self._prepare_s,
+            "prepared_groups": self._early.groups,  # pre-passes run while waiting (some may not be trained now)
+            "time_prepare_s": self._early.seconds,
         }
         if cfg.rollout.tool_use.enabled and trajectories:  # of the groups kept for training
             turns = [t.turns for t in trajectories]
@@ -301,6 +296,7 @@ class TrainingSession:
         lags = trained_lags(trajectories, learner.version - 1)
         metrics.update(info)
         metrics.update(batch_metrics(trajectories, step_time))
+        metrics.update(self.watch.step(learner.step, trajectories), **getattr(self.feeder, "coverage", {}))
         metrics.update(
             algo=cfg.algo,
             time_unix=time.time(),
@@ -318,7 +314,7 @@ class TrainingSession:
                 self.checkpoint()
                 saved = True
                 weights = state = None  # the workers hold this version: the copy is not kept through the wait
-            metrics["eval_greedy_accuracy"] = self.evaluate(weights, final=step == cfg.run.steps)["greedy_accuracy"]
+            metrics["eval_greedy_accuracy"] = self.evaluate(weights, final=step == self.steps)["greedy_accuracy"]
         del state  # a full copy of the weights (15 GB at 7B): not kept between steps
         status = {
             "weight_version": learner.version,
@@ -335,26 +331,26 @@ class TrainingSession:
         self.step_lines(metrics)
         if on_step is not None:
             on_step(metrics)
-        if not saved and (step % cfg.run.checkpoint_every == 0 or step == cfg.run.steps or self.seams.should_stop()):
+        if not saved and (step % cfg.run.checkpoint_every == 0 or step == self.steps or self.seams.should_stop()):
             self.checkpoint()
         self._round, self._filtered0, self._t_wait = 0, stats.filtered_groups, time.perf_counter()
-        self._prepare_s, self._prepared_groups = 0.0, 0
+        self._early.new_step()
         self._last_step_at = time.monotonic()
 
     # ---------------------------------------------------------------- the loop
     def run(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> RunOutcome:
         """Train to run.steps, a stop request, or a run with nothing to train (learner/loop/run_outcome.py)."""
-        cfg, learner, seams = self.cfg, self.learner, self.seams
+        learner, seams = self.learner, self.seams
         start_step = learner.step
         seams.steering.start(
             learner.controller, learner.step, {"weight_version": learner.version}, resumed=self.resumed
         )
         if self._eval_due(learner.step) and not self._evaluated(learner.step):  # step 0, or lost with a restart
-            self.evaluate(final=learner.step == cfg.run.steps)
-        empty, gave_up = EmptySteps(), None
+            self.evaluate(final=learner.step == self.steps)
+        empty, gave_up, used_up = EmptySteps(), None, False
         stats = self.collector.stats
         filtered0, dead0 = stats.filtered_groups, stats.dead_lettered_groups
-        while learner.step < cfg.run.steps:
+        while learner.step < self.steps:
             # In-process workers hold what a step collected only in memory: stop, checkpoint and
             # pause between steps only. With workers in other processes it is in Redis: any time.
             between_steps = seams.pump is None or seams.pump_via_redis or self._round == 0
@@ -363,6 +359,9 @@ class TrainingSession:
             seams.tick(step=learner.step, weight_version=learner.version)
             if between_steps and not self._obey_steering():
                 continue
+            if used_up := self._data_used_up():
+                self._end_of_data()
+                break
             batch = self.next_batch()
             if batch is None:
                 continue
@@ -384,9 +383,9 @@ class TrainingSession:
             self._step(trajectories, ids, info, on_step)
             filtered0, dead0 = stats.filtered_groups, stats.dead_lettered_groups
         saved = (self.outputs.ckpt_dir / f"step_{learner.step:06d}").exists()
-        if self.collector.unacked or (seams.should_stop() and not saved):
+        if self.collector.unacked or ((seams.should_stop() or used_up) and not saved):
             self.checkpoint()  # leave nothing trained unsaved, and a checkpoint to resume from
-        outcome = gave_up or ("finished" if learner.step >= cfg.run.steps else "stopped")
+        outcome = gave_up or ("finished" if learner.step >= self.steps or used_up else "stopped")
         message = empty.message(gave_up) if gave_up else None
         seams.steering.set_phase(
             "failed" if gave_up else outcome, step=learner.step, **({"reason": message} if message else {})

@@ -36,7 +36,14 @@ from typing import Any
 
 from stare.data.feeder import eval_problems
 from stare.data.prompt_policy import prompt_ids
-from stare.evaluation.heldout import Outcome, eval_settings, eval_tasks, summarize
+from stare.evaluation.heldout import (
+    Outcome,
+    eval_settings,
+    eval_tasks,
+    generation_picks,
+    generation_record,
+    summarize,
+)
 from stare.evaluation.streams import EvalIndex, EvalStreams
 from stare.transport.dead_letters import Feeds, dead_letter_feed
 from stare.transport.records import EvalTask, Trajectory
@@ -72,6 +79,7 @@ class StreamEvaluator:
             say,
         )
         self.problems = eval_problems(cfg, task, tokenizer, say)
+        self.picks = generation_picks(self.problems, cfg.logging.eval_generations)  # kept responses' problems
         self.prompts = [prompt_ids(p, tokenizer) for p in self.problems]
         self.settings = eval_settings(cfg)  # the final evaluation's: eval_settings(cfg, final=True)
         self.timeout_s = cfg.task.eval_timeout_s if timeout_s is None else timeout_s
@@ -167,6 +175,18 @@ class StreamEvaluator:
             f"raw {s.raw.backlog()} not scored, scored {s.scored.backlog()} not read"
         )
 
+    def _generation(self, i: int, tasks: list[EvalTask], scores: dict[str, Trajectory]) -> dict[str, Any]:
+        """Problem i's kept generation: its greedy sample and its first sampled one (as their reward workers
+        scored them; one that did not arrive: no text, score 0, as it counts)."""
+
+        def text_and_score(tid: str) -> tuple[str | None, float]:
+            t = scores.get(tid)
+            return (None, 0.0) if t is None else (t.response_text, _correct(t))
+
+        greedy, score = text_and_score(f"{tasks[2 * i].task_id}:0")
+        sampled, sampled_score = text_and_score(f"{tasks[2 * i + 1].task_id}:0")
+        return generation_record(self.problems[i], greedy or "", score, sampled, sampled_score)
+
     def _result(
         self,
         tasks: list[EvalTask],
@@ -177,7 +197,7 @@ class StreamEvaluator:
     ) -> dict[str, Any]:
         def correct(tid: str) -> float:  # missing or dead-lettered: incorrect
             t = scores.get(tid)
-            return float(bool(t is not None and (t.reward_info or {}).get("correct", (t.reward or 0.0) >= 1.0)))
+            return 0.0 if t is None else _correct(t)
 
         outcomes = []
         for greedy, sampled in zip(tasks[0::2], tasks[1::2]):
@@ -211,6 +231,8 @@ class StreamEvaluator:
             dead_lettered_samples=len(dead),
             weight_versions=sorted({t.weight_version for t in scores.values()}),
         )
+        if self.picks:  # logging.eval_generations: these problems' responses, as the in-process evaluation keeps
+            result["generations"] = [self._generation(i, tasks, scores) for i in self.picks]
         if dead:
             result["dead_letter_reasons"] = sorted(set(dead.values()))[:5]
             self.say(
@@ -218,3 +240,8 @@ class StreamEvaluator:
                 f"{result['dead_letter_reasons']}"
             )
         return result
+
+
+def _correct(t: Trajectory) -> float:
+    """1.0 when the sample's reward worker counted it correct (`reward_info["correct"]`, else reward >= 1)."""
+    return float(bool((t.reward_info or {}).get("correct", (t.reward or 0.0) >= 1.0)))

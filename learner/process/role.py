@@ -252,7 +252,7 @@ def _train(
         outcome = session.run()
         if outcome.failed:  # trained nothing, or no reward signal: not a success (learner/loop/run_outcome.py)
             raise NothingTrained(outcome.message)
-        if learner.step >= cfg.run.steps:
+        if outcome.outcome == "finished":  # run.steps trained, or data.epochs used up
             export_run(cfg.run_dir, setup.model_path, log.info, cfg.model.dtype)
     except BaseException:
         rt.steering.set_phase("failed", step=learner.step)

@@ -144,6 +144,7 @@ def train_pass(
     loss_cfg: SurrogateConfig,
     h_step: Tensor,  # [] the step's batch entropy (quadrant split)
     backward: Callable[[Tensor, bool], None],  # (micro-batch loss, is the last micro-batch)
+    ref: Tensor | None = None,  # [S, L] the reference's log-probs (loss.ref_kl: learner/step/reference.py)
 ) -> tuple[dict[str, Tensor], Tensor]:  # metric sums (each [] float64), quadrant sums [4, 5] float64
     """Forward, loss and backward of every micro-batch; metrics summed on policy.device, never read."""
     dev = policy.device
@@ -166,6 +167,7 @@ def train_pass(
             step_entropy=_rows(ent0, mb),
             rollout_logprobs=_rows(step.rollout_logprobs, mb),
             is_weight=None if step.is_weight is None else _rows(step.is_weight, mb),
+            ref_logprobs=None if ref is None else _rows(ref, mb),
         )
         out = policy_loss(x, ctx, loss_cfg)
         backward(out.loss, i == len(micro_batches) - 1)

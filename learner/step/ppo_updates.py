@@ -22,7 +22,8 @@ from torch import Tensor
 from learner.algorithm.step_plan import StepTokens
 
 SEED_STRIDE = 1_000_000_007  # update u of a step draws with the step's seed + u x this (update 0: the step's seed)
-AVERAGED = ("loss", "entropy_bonus")  # the update's aggregate loss values: averaged over updates
+# the update's aggregate loss values (and the regularizers' aggregates): averaged over updates
+AVERAGED = ("loss", "entropy_bonus", "ref_kl_loss")
 UPDATE_SUMS = (
     "clipped_tokens",
     "clip_low_tokens",
@@ -100,4 +101,6 @@ def combine_updates(updates: list[dict[str, Any]], epochs: int) -> tuple[dict[st
     step.update(updates=len(updates), epochs=epochs)
     for k in UPDATE_SUMS + ("loss",):
         first.pop(k, None)
+    if "ref_kl_sum" in first:  # the reference KL's token mean over the batch (the first epoch's)
+        step["ref_kl"] = first.pop("ref_kl_sum") / max(first.pop("ref_kl_tokens"), 1.0)
     return step, first

@@ -2,8 +2,8 @@
 
 While the session waits for data, the learner runs the step's no-grad pre-pass (`passes.prepass`,
 the same function) over groups already scored, at the weights the next step trains with. Per
-trajectory id the values, [k, response length] (old log-probs, entropy, and the predicted dH when
-diagnosed: k = 3), are kept in host memory with that weight version (`PrepassStore`); the step
+trajectory id the values, [k, response length] (old log-probs, entropy, the predicted dH when
+diagnosed, the reference's log-probs with loss.ref_kl: `value_names`), are kept in host memory with that weight version (`PrepassStore`); the step
 takes those of its rows prepared at its version (`prepared_rows`, moved to the device once) and runs
 the pre-pass over its other rows only. Values of any other version are never used.
 
@@ -16,6 +16,7 @@ Host syncs: one per prepare call (`to_host`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -60,11 +61,21 @@ def to_host(buffers: Sequence[Tensor], trajectories: Sequence[Trajectory]) -> di
     }
 
 
+def value_names(cfg: Any) -> tuple[str, ...]:
+    """What the k rows of the kept values are, in order: the old log-probs and the entropy; the predicted dH
+    with `diagnostics.predicted_entropy_change`; the reference's log-probs with `loss.ref_kl`."""
+    return (
+        ("old", "ent")
+        + (("dh",) if cfg.diagnostics.predicted_entropy_change else ())
+        + (("ref",) if cfg.loss.ref_kl is not None else ())
+    )
+
+
 def prepared_rows(
-    trajectories: Sequence[Trajectory], kept: Mapping[str, Tensor], mask: Tensor
+    trajectories: Sequence[Trajectory], kept: Mapping[str, Tensor], mask: Tensor, names: Sequence[str]
 ) -> tuple[Tensor, Tensor] | None:  # rows [K] long, values [k, K, L]; None: no row
-    """The step's rows whose values are kept and those values, padded to the step's width ([S, L]
-    `mask`, the loss mask). dH is 0 where the advantage is (off the loss mask), as the step's
+    """The step's rows whose values are kept and those values (`names`: `value_names`), padded to the step's
+    width ([S, L] `mask`, the loss mask). dH is 0 where the advantage is (off the loss mask), as the step's
     pre-pass gives it: a token may have left the loss since it was prepared (too stale at this version)."""
     rows = [i for i, t in enumerate(trajectories) if t.trajectory_id in kept]
     if not rows:
@@ -74,8 +85,8 @@ def prepared_rows(
     for j, i in enumerate(rows):
         v = kept[trajectories[i].trajectory_id]  # [k, length]
         values[:, j, : v.shape[1]] = v
-    if values.shape[0] == 3:
-        values[2] *= mask[rows]
+    if "dh" in names:
+        values[list(names).index("dh")] *= mask[rows]
     return torch.tensor(rows, dtype=torch.long), values
 
 

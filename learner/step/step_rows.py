@@ -20,7 +20,7 @@ from learner.engine.collectives import all_gather_ints
 from learner.step.batch import TrainBatch, collate
 from learner.step.micro_batches import MicroBatch, build_micro_batch, filler_micro_batch, plan_rows
 from learner.step.ppo_updates import mini_batch_rows
-from learner.step.prepass_store import prepared_rows
+from learner.step.prepass_store import prepared_rows, value_names
 from stare.config import TrainConfig
 from stare.transport.records import Trajectory
 
@@ -125,7 +125,7 @@ def cut_step(trajectories: list[Trajectory], kept: Mapping[str, torch.Tensor], a
         batch,
         updates,
         pre,
-        prepared_rows(trajectories, kept, batch.mask),
+        prepared_rows(trajectories, kept, batch.mask, value_names(at.cfg)),
         row_update,
         prepared_rows=sum(r[2] for r in ranks),
     )

@@ -1,8 +1,8 @@
 """The learner: one optimizer step of STARE (or a baseline) on a batch of scored trajectories.
 
     step = collate + mini-batch and micro-batch plan (host) -> step tensors to the device
-           -> pre-step no-grad pass (old log-probs, entropy, chunked) over the rows not prepared
-              ahead (`prepare`), the prepared rows' kept values copied in
+           -> pre-step no-grad pass (old log-probs, entropy, chunked; the frozen reference's log-probs with
+              loss.ref_kl) over the rows not prepared ahead (`prepare`), the prepared rows' kept values copied in
            -> rollout correction (IS weights, masked tokens) -> gather the step's tokens
            -> controller (one host sync: the batch entropy; W/M from it, then the gate), once per batch
            -> per update (optim.epochs x optim.mini_batches; one by default):
@@ -47,7 +47,8 @@ from learner.step.forward_passes import Policy, hidden_state_fn, prepass, train_
 from learner.step.logprobs import attach_chunked_head
 from learner.step.micro_batches import build_micro_batch, filler_micro_batch
 from learner.step.ppo_updates import SEED_STRIDE, combine_updates, update_tokens
-from learner.step.prepass_store import PrepassStore, head_calls, to_device, to_host
+from learner.step.prepass_store import PrepassStore, head_calls, to_device, to_host, value_names
+from learner.step.reference import build_reference, check_digest, reference_pass
 from learner.step.step_checks import check_packing_supported, nonfinite_step
 from learner.step.step_rows import RankRows, StepCut, cut_step
 from stare.config import TrainConfig
@@ -92,22 +93,19 @@ class Learner:
         self.grad_accum = math.ceil(rows / self.micro)
         self.rows = self.micro * self.grad_accum
         head = attach_chunked_head(model, o.logits_chunk_tokens)  # ZeRO-3: the head gathered once per micro-batch
-        self.engine = ds.build_engine(
-            model,
-            ds.deepspeed_config(
-                micro_batch=self.micro,
-                grad_accum=self.grad_accum,
-                world_size=self.world,
-                lr=o.lr,
-                betas=o.betas,
-                weight_decay=o.weight_decay,
-                grad_clip=o.grad_clip,
-                zero_stage=o.zero_stage,
-                dtype=cfg.model.dtype,
-                fused_adam=torch.cuda.is_available(),
-            ),
-            external={head: head.weight},
+        ds_config = ds.deepspeed_config(
+            micro_batch=self.micro,
+            grad_accum=self.grad_accum,
+            world_size=self.world,
+            lr=o.lr,
+            betas=o.betas,
+            weight_decay=o.weight_decay,
+            grad_clip=o.grad_clip,
+            zero_stage=o.zero_stage,
+            dtype=cfg.model.dtype,
+            fused_adam=torch.cuda.is_available(),
         )
+        self.engine = ds.build_engine(model, ds_config, external={head: head.weight})
         self.device = ds.engine_device(self.engine)
         # the weights the session publishes: read from the GPU (NCCL) or a pinned host copy; a snapshot
         # when the publish runs in the background (stare.weight_sync.factory.build_publisher)
@@ -119,6 +117,10 @@ class Learner:
             device=self.device,
             chunk_tokens=o.logits_chunk_tokens,
             head=head,
+        )
+        # loss.ref_kl: the frozen base model, read in the pre-pass (learner/step/reference.py)
+        self.reference = build_reference(
+            cfg, model_path, policy=self.policy, policy_module=self.engine.module, ds_config=ds_config, dtype=dtype
         )
         # ln V bounds the target and band (a uniform distribution over the vocabulary)
         self.controller = EntropyController(cfg.controller, max_entropy=math.log(model.config.vocab_size))
@@ -172,13 +174,19 @@ class Learner:
         mbs += [filler_micro_batch(self.pad_id, pack=pack)] * (micro_batches - len(mbs))
         if min_chunks:
             mbs = [dataclasses.replace(mb, min_chunks=c) for mb, c in zip(mbs, min_chunks, strict=True)]
-        diagnosed = self.cfg.diagnostics.predicted_entropy_change
         self.engine.eval()
         try:
-            old, ent, dh = prepass(self.policy, mbs, batch.to(self.device), predicted_entropy_change=diagnosed)
+            values = self._prepass(mbs, batch.to(self.device))
         finally:
             self.engine.train()
-        return to_host((old, ent, dh) if diagnosed else (old, ent), trajectories)  # host sync: once per call
+        return to_host([values[k] for k in value_names(self.cfg)], trajectories)  # host sync: once per call
+
+    def _prepass(self, mbs: list, batch) -> dict[str, torch.Tensor]:
+        """The pre-pass's [S, L] buffers by name (`value_names`): old, ent, dh (zeros undiagnosed), ref."""
+        diagnosed = self.cfg.diagnostics.predicted_entropy_change
+        old, ent, dh = prepass(self.policy, mbs, batch, predicted_entropy_change=diagnosed)
+        ref = reference_pass(self.reference, mbs, batch) if self.reference is not None else None
+        return {"old": old, "ent": ent, "dh": dh, **({"ref": ref} if ref is not None else {})}
 
     # -- one step (continued) -----------------------------------------------------------------
 
@@ -195,14 +203,13 @@ class Learner:
         batch = cut.batch.to(self.device)
         all_mbs = [mb for mbs in updates for mb in mbs]
         self.engine.eval()
-        old, ent0, dh = prepass(
-            self.policy, cut.prepass, batch, predicted_entropy_change=cfg.diagnostics.predicted_entropy_change
-        )
+        buffers = self._prepass(cut.prepass, batch)
         self.engine.train()
         if cut.prepared is not None:  # the prepared rows' values, computed ahead at these weights: [k, K, L]
             rows, values = (to_device(t, self.device) for t in cut.prepared)
-            for buf, v in zip((old, ent0, dh), values):
-                buf.index_copy_(0, rows, v.to(buf.dtype))
+            for name, v in zip(value_names(cfg), values, strict=True):
+                buffers[name].index_copy_(0, rows, v.to(buffers[name].dtype))
+        old, ent0, dh, ref = buffers["old"], buffers["ent"], buffers["dh"], buffers.get("ref")
         # rollout correction: IS weights and the masked tokens' removal, before anything counts tokens
         corr = rollout_correction(old, batch.rollout_logprobs, batch.mask, cfg.loss.rollout_correction)
         batch = dataclasses.replace(batch, mask=corr.keep, is_weight=corr.weight)
@@ -237,7 +244,9 @@ class Learner:
                     seed=seed + len(results) * SEED_STRIDE,
                 )
                 t_plan = t_plan or time.perf_counter()
-                sums, q = train_pass(self.policy, mbs, batch, old, ent0, dh, ctx, cfg.loss, h_step, self._backward)
+                sums, q = train_pass(
+                    self.policy, mbs, batch, old, ent0, dh, ctx, cfg.loss, h_step, self._backward, ref=ref
+                )
                 if epoch == 0:
                     quadrants += q
                 results.append(self._reduce_update(sums, ctx, epoch))
@@ -348,6 +357,7 @@ class Learner:
                 "lagged_entropy": self.lagged_entropy,
                 "nonfinite_steps": self.nonfinite_steps,
                 **({"lora": self.lora.model_dump()} if self.lora is not None else {}),
+                **({"reference": self.reference.digest} if self.reference is not None else {}),
                 **extra,
             }
             write_atomic(directory / tag / TRAINER_STATE, json.dumps(state, indent=1))
@@ -376,6 +386,7 @@ class Learner:
                 f"{path}: unreadable ({type(err).__name__}: {err}); delete {directory / tag} to "
                 f"resume from an older checkpoint"
             ) from None
+        check_digest(self.reference, state, directory / tag)  # the reference the run started with, or refused
         self.controller.load_state_dict(state["controller"])
         self.prepared.clear()  # other weights now
         self.lagged_entropy = state["lagged_entropy"]

@@ -1,16 +1,16 @@
 """The run configuration: one typed pydantic model, loaded from YAML, overridden from the CLI.
 
 Every field has a description and bounds; unknown keys are errors. The sections live by purpose:
-`sections` (what is trained: run, model, task, rollout, data, optimizer), `system` (how it runs:
+`sections` (what is trained: run, model, task, rollout, optimizer), `data` (the prompts it trains on), `system` (how it runs:
 workers, staleness, weight sync, the control plane, logging), `algo` (losses and the entropy
 controller), `reward` (verifier composition), `train` (the whole `TrainConfig`, `--algo` presets and
 loading), `docs` (the generated docs/config.md). Import the public names from here.
 """
 
 from stare.config.base import ConfigError
+from stare.config.data import DataSection
 from stare.config.sections import (
     ENGINE_SECTIONS,
-    DataSection,
     DiagnosticsSection,
     EngineSection,
     EvalSource,

@@ -58,6 +58,32 @@ class RolloutCorrectionConfig(_Strict):
         return 1.0 / self.mask_high if self.mask_low is None else self.mask_low
 
 
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+class RefKLConfig(_Strict):
+    """A KL penalty to the frozen reference policy (the run's base model): coef x agg(k), k an estimate of
+    KL(pi_theta || pi_ref) per response token from log r = log pi_ref - log pi_theta (J. Schulman, "Approximating
+    KL Divergence", 2020): k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r (verl's kl_loss_type kl, mse,
+    low_var_kl; k3 with verl's clamps). The reference's log-probs come from the learner's no-grad pre-pass (one
+    more forward per step); its weights cost one more model copy per learner rank (sharded under ZeRO-3; none
+    with LoRA: the base is the policy with its adapters off). Formulas: docs/algorithm.md, "KL to a reference"."""
+
+    coef: float = Field(
+        0.001,
+        ge=0.0,
+        le=10.0,
+        description="Weight of the KL term in the loss (verl's kl_loss_coef, 0.001 there). 0: the reference still "
+        "runs and its KL is logged (metric ref_kl), nothing is added to the loss.",
+    )
+    estimator: KLEstimator = Field(
+        "k3",
+        description="k1: log pi - log pi_ref (unbiased, high variance); k2: (log pi - log pi_ref)^2 / 2 (low "
+        "variance, biased); k3: r - 1 - log r with r = pi_ref / pi (unbiased, low variance, >= 0; verl's default "
+        "low_var_kl).",
+    )
+
+
 class SurrogateConfig(_Strict):
     """The clipped PPO/GRPO surrogate shared by every policy loss.
 
@@ -79,6 +105,20 @@ class SurrogateConfig(_Strict):
         default_factory=RolloutCorrectionConfig,
         description="Truncated and masked importance sampling against the rollout log-probs. The old key "
         "loss.tis_cap: C still works (a warning): it is rollout_correction {is_level: token, is_cap: C}.",
+    )
+    ref_kl: RefKLConfig | None = Field(
+        None,
+        description="KL to the frozen reference policy (the base model), added to every loss (STARE too) as "
+        "coef x the estimator aggregated like the loss. None (the paper's recipes, verl's use_kl_loss false): no "
+        "reference model is loaded.",
+    )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Entropy bonus added to every loss (STARE too): loss - entropy_coef x agg(entropy of the "
+        "training forward), aggregated like the loss (verl's entropy_coeff). The entropy-bonus loss has its own "
+        "coef instead.",
     )
 
     @model_validator(mode="before")
@@ -162,7 +202,15 @@ class EntropyBonusLossConfig(SurrogateConfig):
 
     name: Literal["entropy-bonus"] = "entropy-bonus"
     presets: ClassVar[dict[str, dict[str, Any]]] = {"entropy-bonus": {}}
-    coef: float = Field(0.001, ge=0.0, description="Entropy bonus coefficient.")
+    coef: float = Field(0.001, ge=0.0, le=1.0, description="Entropy bonus coefficient.")
+
+    @model_validator(mode="after")
+    def _one_entropy_coefficient(self) -> EntropyBonusLossConfig:
+        if self.entropy_coef != 0.0:
+            raise ValueError(
+                "loss.entropy_coef is for the other losses: the entropy-bonus loss has loss.coef; set that instead"
+            )
+        return self
 
 
 class ClipCovLossConfig(SurrogateConfig):

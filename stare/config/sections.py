@@ -1,4 +1,5 @@
-"""What a run trains: the run, model, task, tool use, rollout engine, data and optimizer sections."""
+"""What a run trains: the run, model, task, tool use, rollout engine and optimizer sections (the data section:
+stare/config/data.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,13 @@ class RunSection(_Section):
     )
     output_dir: Path = Field(Path("runs"), description="Parent folder of run folders.")
     seed: int = Field(0, ge=0, description="Seeds data order, sampling and initialisation.")
-    steps: int = Field(150, ge=1, description="Optimizer steps to train.")
+    steps: int | None = Field(
+        150,
+        ge=1,
+        description="Optimizer steps to train. null (only with data.epochs): floor(data.epochs x training prompts / "
+        "rollout.prompts_per_step), what verl's trainer.total_epochs gives; resolved and logged at start. With both "
+        "set, whichever ends first.",
+    )
     checkpoint_every: int = Field(25, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="How many recent checkpoints to keep.")
     checkpoint_verify: Literal["digest", "size"] = Field(
@@ -266,43 +273,6 @@ class RolloutSection(_Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
     tool_use: ToolUseSection = Field(
         default_factory=ToolUseSection, description="Multi-turn tool use (off by default)."
-    )
-
-
-class DataSection(_Section):
-    max_prompt_len: int | None = Field(
-        None,
-        ge=1,
-        description="Longest prompt in tokens. Applied when the problems load (train and held-out: "
-        "counted and named in the log) and again by each rollout worker, whose limit is also what the engine's "
-        "max_model_len leaves after rollout.max_new_tokens. None: only the engine's limit.",
-    )
-    prompt_overflow: Literal["truncate_left", "reject"] = Field(
-        "truncate_left",
-        description="A prompt over the limit: truncate_left keeps its last tokens (verl's "
-        "truncation='left', the reference run's setting); reject drops the problem at load time, and at a rollout "
-        "worker sends the prompt to the prompts dead-letter stream with the reason. Never crashes a worker.",
-    )
-    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards are all equal and sample more.")
-    max_sampling_rounds: int = Field(
-        10, ge=1, description="Rounds of sampling per step when dynamic sampling drops groups."
-    )
-    oversample: float = Field(
-        1.0,
-        ge=1.0,
-        le=10.0,
-        description="Groups sampled per group trained, to cover what dynamic sampling filters "
-        "(the reference's generation batch: 192 prompts for 64 trained is 3.0). On-policy (max_staleness 0) each "
-        "sampling round publishes ceil(missing x oversample) groups (a later round of the step also divided by the "
-        "step's yield so far), the step waits for the whole round and trains "
-        "the first rollout.prompts_per_step trainable groups in publish order (not the first to finish: those are "
-        "the short responses); the rest are dropped, counted in surplus_groups_total. Off-policy the window of "
-        "groups in flight is ceil(prompts_per_step x (1 + max_staleness) x oversample); nothing is dropped as "
-        "surplus (a group past max_staleness is dropped as stale, counted). 1.0: each round asks for exactly the "
-        "missing groups and the window is prompts_per_step x (1 + max_staleness).",
-    )
-    advantage_std: bool = Field(
-        True, description="Divide group-centred rewards by the group std (False: Dr. GRPO style)."
     )
 
 

@@ -310,6 +310,29 @@ class LoggingSection(_Section):
         description="text: human-readable lines; json: one JSON object per line for log shippers "
         "(also --log-format json on `stare train` and the role commands).",
     )
+    eval_generations: int = Field(
+        4,
+        ge=0,
+        le=1000,
+        description="Sample generations kept per data source at each held-out evaluation (verl's "
+        "trainer.log_val_generations): the same problems every time (a fixed seeded choice), each with its prompt, "
+        "greedy response and score, one sampled response and score, in the run folder's generations.jsonl, "
+        "TensorBoard text and a W&B table. 0: none.",
+    )
+    warn_unk_rate: float = Field(
+        0.05,
+        ge=0.0,
+        le=1.0,
+        description="Warn (once) when more than this share of the training prompts' or the responses' tokens are "
+        "the tokenizer's unknown token (metrics unk_rate_prompt, unk_rate_response): a tokenizer that does not "
+        "cover the data, such as the bundled character-level tiny model fed chat text.",
+    )
+    warn_zero_reward_steps: int = Field(
+        10,
+        ge=0,
+        description="Warn when the mean reward has been 0 for this many steps in a row, and every that many steps "
+        "while it lasts (metric zero_reward_steps). 0: no warning.",
+    )
     wandb: WandbSection | None = Field(
         None,
         description="Log the run to Weights & Biases (None: off). Fields below as logging.wandb.FIELD.",

@@ -16,9 +16,9 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from stare.config.algo import LOSS_CONFIGS, ControllerConfig, GrpoLossConfig, LossConfig, StareLossConfig
 from stare.config.base import ConfigError, _Section
+from stare.config.data import DataSection
 from stare.config.reward import RewardConfig
 from stare.config.sections import (
-    DataSection,
     DiagnosticsSection,
     ModelSection,
     OptimSection,
@@ -150,6 +150,15 @@ class TrainConfig(_Section):
                     f"{c.config.max_length - c.config.cache_length} tokens, which rollout.max_new_tokens "
                     f"({self.rollout.max_new_tokens}) never reaches: set max_length to the response limit"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _steps_or_epochs(self) -> TrainConfig:
+        if self.run.steps is None and self.data.epochs is None:
+            raise ValueError(
+                "run.steps is null but data.epochs is not set: set run.steps (the steps to train), or data.epochs "
+                "(passes over the training prompts; the steps are derived from it)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ problems (whatever their n).
 from __future__ import annotations
 
 import hashlib
+import random
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,42 @@ def eval_settings(cfg, final: bool = False) -> dict[str, Any]:
         "per_source": {src: SourceSampling(s.n, s.temperature, s.top_p) for src, s in t.eval_sources.items()},
         "max_new_tokens": cfg.rollout.max_new_tokens,
         "seed": cfg.run.seed * 7 + 1,
+    }
+
+
+GENERATIONS_SEED = 42  # the fixed order the kept generations are chosen in (verl shuffles with seed 42 too)
+
+
+def generation_picks(problems: Sequence[Problem], per_source: int) -> list[int]:
+    """Which problems' responses an evaluation keeps (`logging.eval_generations` per data source), the same at
+    every evaluation so a prompt's answers can be followed through the run: per source, its first `per_source`
+    problems in a fixed seeded order (verl's trainer.log_val_generations sorts its samples by prompt and
+    shuffles them with seed 42, verl/trainer/ppo/ray_trainer.py `_maybe_log_val_generations`)."""
+    by_source: dict[str, list[int]] = defaultdict(list)
+    for i, p in enumerate(problems):
+        by_source[p.data_source].append(i)
+    picks: list[int] = []
+    for source in sorted(by_source):
+        order = sorted(by_source[source], key=lambda i: problems[i].prompt)
+        random.Random(GENERATIONS_SEED).shuffle(order)
+        picks += sorted(order[:per_source])
+    return picks
+
+
+def generation_record(
+    problem: Problem, response: str, score: float, sampled_response: str | None, sampled_score: float | None
+) -> dict[str, Any]:
+    """One kept generation (a line of generations.jsonl, without its step): the prompt, the reference answer,
+    the greedy response and its score, and one sampled response and its score (None: none arrived)."""
+    return {
+        "data_source": problem.data_source,
+        "problem_id": problem.problem_id,
+        "prompt": problem.prompt,
+        "ground_truth": problem.answer,
+        "response": response,
+        "score": score,
+        "sampled_response": sampled_response,
+        "sampled_score": sampled_score,
     }
 
 

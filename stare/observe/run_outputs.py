@@ -4,6 +4,9 @@
     runs/<name>/metrics.jsonl   one line per optimizer step
     runs/<name>/eval.jsonl      one line per held-out evaluation
     runs/<name>/trained.jsonl   one line per step: the trajectory ids it trained (data lineage)
+    runs/<name>/generations.jsonl  per evaluation, logging.eval_generations problems per data source: prompt,
+                                reference answer, greedy and one sampled response with their scores (also
+                                TensorBoard text eval/generations and the W&B table eval/generations)
     runs/<name>/tb/             TensorBoard events
     runs/<name>/wandb/          Weights & Biases files (with logging.wandb; stare.observe.wandb_log)
     runs/<name>/checkpoints/    the newest `keep` checkpoints and a `latest` pointer
@@ -24,7 +27,7 @@ import yaml
 
 from stare.config import TrainConfig
 
-JSONL = ("metrics.jsonl", "eval.jsonl", "trained.jsonl")
+JSONL = ("metrics.jsonl", "eval.jsonl", "trained.jsonl", "generations.jsonl")
 
 
 def truncate_jsonl(path: Path, last_step: int) -> None:
@@ -87,6 +90,18 @@ def staleness_status(lags: Counter) -> dict[str, Any]:
     return {"max": max(lags) if lags else None, "counts": {str(k): v for k, v in sorted(lags.items())}}
 
 
+def generations_markdown(records: list[dict[str, Any]]) -> str:
+    """The kept generations as the Markdown TensorBoard's text panel renders: one section per sample."""
+    parts = []
+    for i, r in enumerate(records, 1):
+        parts.append(
+            f"### {i}. {r['data_source']} {r['problem_id']}\n\n**Prompt:** {r['prompt']}\n\n"
+            f"**Reference:** {r['ground_truth']}\n\n**Greedy (score {r['score']}):** {r['response']}\n\n"
+            f"**Sampled (score {r['sampled_score']}):** {r['sampled_response']}\n"
+        )
+    return "\n---\n\n".join(parts)
+
+
 class RunOutputs:
     def __init__(self, cfg: TrainConfig, *, resume_step: int | None):
         """resume_step: the checkpoint's step when resuming (files are cut back to it), None for a new run."""
@@ -120,11 +135,25 @@ class RunOutputs:
             self.wandb.log_step(metrics)
 
     def log_eval(self, result: dict[str, Any]) -> None:
+        """The evaluation's numbers (eval.jsonl, TensorBoard, W&B); its kept generations, when it has them,
+        go to `log_generations` (taken out of `result`: eval.jsonl keeps the numbers only)."""
+        generations = result.pop("generations", None)
         self._append("eval.jsonl", result)
         for key in ("greedy_accuracy", "pass_at_k", "avg_at_k"):
             self.tb.add_scalar(f"eval/{key}", result[key], result["step"])
         if self.wandb is not None:
             self.wandb.log_eval(result)
+        if generations:
+            self.log_generations(result["step"], generations)
+
+    def log_generations(self, step: int, records: list[dict[str, Any]]) -> None:
+        """Sample generations of one evaluation: generations.jsonl (a line each, with the step), TensorBoard
+        text and a W&B table, as verl's trainer.log_val_generations logs them (verl/utils/tracking.py)."""
+        for record in records:
+            self._append("generations.jsonl", {"step": step, **record})
+        self.tb.add_text("eval/generations", generations_markdown(records), step)
+        if self.wandb is not None:
+            self.wandb.log_generations(records, step)
 
     def log_trained(self, step: int, trajectory_ids: list[str]) -> None:
         self._append("trained.jsonl", {"step": step, "ids": trajectory_ids})

@@ -83,6 +83,12 @@ class WandbLogger:
     def log_eval(self, result: dict[str, Any]) -> None:
         self.run.log(flatten({k: v for k, v in result.items() if k != "step"}, "eval/"), step=int(result["step"]))
 
+    def log_generations(self, records: list[dict[str, Any]], step: int) -> None:
+        """One evaluation's kept generations as the table `eval/generations` at `step` (a row per sample)."""
+        columns = list(records[0])  # stare.evaluation.heldout.generation_record's fields, in its order
+        table = self._wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in records])
+        self.run.log({"eval/generations": table}, step=step)
+
     def log_report(self, report_dir: Path, step: int) -> None:
         """The report's figures (report/<name>) at `step` and summary.md (a run file)."""
         images = {f"report/{png.stem}": self._wandb.Image(str(png)) for png in sorted(Path(report_dir).glob("*.png"))}

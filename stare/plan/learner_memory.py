@@ -22,6 +22,8 @@ Per learner GPU (ZeRO data parallel over `gpus` ranks, micro-batches of T tokens
     log-prob chunk [chunk, V] fp32 tensors alive at once in learner/step/logprobs.py (tests count them): two
                    (log p and p; the logits turned into log p, then into their gradient, in place):
                    8 chunk V, also under ZeRO-3, whose head is gathered once per micro-batch.
+    reference      loss.ref_kl: the frozen base model (learner/step/reference.py): ZeRO 0-2 whole, b P; ZeRO-3
+                   sharded, b P / N + 2 b x largest layer (gathered and prefetched); LoRA none (adapters off).
     diagnostics    diagnostics.predicted_entropy_change: the pre-pass upcasts the response logits to fp32
                    and takes their log-softmax, [T_response, V] each: 8 T_response V.
     weight send    NCCL weight sync (rank 0, beside the next step when it publishes in the background):
@@ -48,7 +50,7 @@ from stare.plan.sizes import (
     lora_params,
     model_state_bytes,
 )
-from stare.plan.weights import _publish_from, weight_send_bytes, weight_snapshot_bytes
+from stare.plan.weights import _publish_from, reference_bytes, weight_send_bytes, weight_snapshot_bytes
 
 
 def plan_learner(
@@ -107,6 +109,9 @@ def plan_learner(
                 + (" (ZeRO-3: the head gathered once per micro-batch)" if stage == 3 else ""),
             ),
         ]
+        ref, ref_why = reference_bytes(cfg, shape, b, stage, gpus)
+        if ref:
+            out.append(Item("reference model", ref, ref_why))
         if diag_on:
             r = t * response // seq_tokens  # response tokens of the micro-batch
             out.append(Item("diagnostics", 8 * r * shape.vocab, f"2 x fp32 [{r:,}, {shape.vocab:,}] in the pre-pass"))

@@ -29,8 +29,12 @@ def render(plan: Plan) -> str:
         c = plan.checkpoint
         lines.append(
             f"checkpoints: {c['bytes'] / 1e9:,.1f} GB each (fp32 master + Adam moments), every {c['every']} "
-            f"steps, {c['keep']} kept: {c['peak_bytes'] / 1e9:,.0f} GB on disk while the next is written, "
-            f"{c['written_bytes'] / 1e12:,.1f} TB written over the run"
+            f"steps, {c['keep']} kept: {c['peak_bytes'] / 1e9:,.0f} GB on disk while the next is written"
+            + (
+                f", {c['written_bytes'] / 1e12:,.1f} TB written over the run"
+                if c["written_bytes"] is not None
+                else " (run.steps from data.epochs: the total is known at start)"
+            )
         )
     gpus = plan.roles[0].gpus if plan.roles else 1
     scope = "one GPU" if gpus == 1 else f"each of {gpus} GPUs"

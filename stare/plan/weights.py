@@ -52,6 +52,24 @@ def weight_snapshot_bytes(cfg: TrainConfig, shape: ModelShape, b: int, stage: in
     return copies * b * shape.params, f"{copies} x the model in {cfg.model.dtype} on rank 0 ({why})"
 
 
+def reference_bytes(cfg: TrainConfig, shape: ModelShape, b: int, stage: int, gpus: int) -> tuple[int, str]:
+    """GPU memory of the frozen reference policy of `loss.ref_kl` on each learner rank (learner/step/reference.py):
+    ZeRO 0-2 a whole copy in the model dtype, b P; ZeRO-3 partitioned like the policy's 16-bit weights, b P / N,
+    plus the layer its forward has gathered and the one it prefetches, 2 b x largest layer; with LoRA none (the
+    policy with its adapters off). Its log-probs ([rows, response] fp32) are small beside these."""
+    if cfg.loss.ref_kl is None or cfg.model.lora is not None:
+        return 0, ""
+    if stage == 3:
+        return (
+            -(-b * shape.params // gpus) + 2 * b * shape.largest_layer_params,
+            f"loss.ref_kl: the base model sharded over {gpus} GPU(s) (ZeRO-3), plus 2 gathered layers",
+        )
+    return (
+        b * shape.params,
+        f"loss.ref_kl: the base model whole in {cfg.model.dtype} (ZeRO-{stage} leaves it unsharded)",
+    )
+
+
 def checkpoint_disk(cfg: TrainConfig, shape: ModelShape) -> dict[str, Any]:
     """Disk of the learner's checkpoints (DeepSpeed's files): the fp32 master weights and the two
     Adam moments, 12 B a trained parameter (with LoRA the adapters' only: the frozen base is not saved), plus the module's weights in the model dtype below ZeRO-3 (under
@@ -70,5 +88,6 @@ def checkpoint_disk(cfg: TrainConfig, shape: ModelShape) -> dict[str, Any]:
         "every": r.checkpoint_every,
         "keep": r.keep_checkpoints,
         "peak_bytes": (r.keep_checkpoints + 1) * each,
-        "written_bytes": -(-r.steps // r.checkpoint_every) * each,
+        # run.steps null (derived from data.epochs when the run starts): not known here
+        "written_bytes": None if r.steps is None else -(-r.steps // r.checkpoint_every) * each,
     }

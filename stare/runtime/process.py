@@ -12,7 +12,8 @@ progress: its CPU time grows (read from its per-thread CPU clock; compute, and C
 synchronisation, which spins, count) or it calls `rt.tick()`. A thread that hangs (deadlocked,
 blocked on a dead peer's collective or socket) uses no CPU, so `stall_s` later it is reported
 (503, "busy: evaluating, no progress for N s"). The compose and Kubernetes liveness probes are
-derived from `system.stall_s` (docs/deploy.md).
+derived from `system.stall_s` (docs/deploy.md). The liveness part is stare/runtime/liveness.py, which `stare train`
+uses too.
 
 Worker names: `--name`, else STARE_WORKER_NAME, else `<role>-<host>-<pid>`. A name is the
 worker's stream consumer name: a worker restarted under the same name first re-reads what it held.
@@ -28,7 +29,6 @@ sends a last `gone` heartbeat; /v1/status lists it as gone (not alive) until `fo
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -36,12 +36,13 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from stare.config import ConfigError, TrainConfig, staleness
+from stare.runtime.liveness import Liveness
 
 log = logging.getLogger(__name__)
 
@@ -165,20 +166,6 @@ def setup_logging(role: str, name: str, level: int = logging.INFO, fmt: str = "t
         pass
 
 
-MIN_PROGRESS_CPU_S = 0.01
-"""CPU seconds a busy thread must use between two looks to count as making progress (a blocked
-thread uses none; a heartbeat interval of real work uses far more)."""
-
-
-def _thread_cpu_s(ident: int) -> float | None:
-    """CPU seconds thread `ident` (threading.get_ident()) has used; None where the OS has no
-    per-thread CPU clock (then only explicit ticks keep a busy role alive)."""
-    try:
-        return time.clock_gettime(time.pthread_getcpuclockid(ident))
-    except (AttributeError, OSError):
-        return None
-
-
 class RoleRuntime:
     def __init__(
         self,
@@ -197,15 +184,18 @@ class RoleRuntime:
         self.stop = stop or threading.Event()  # a caller's event (Ray actors, tests) or our own
         self._sigint = 0
         self._signalled = 0  # set by the signal handler, turned into `stop` by a watcher thread
-        self.stall_s = stall_s if stall_s is not None else cfg.system.stall_s
-        self._busy: tuple[str, int, float] | None = None  # (what, thread id, its CPU time when last seen)
-        self._busy_lock = threading.Lock()
         self.state = RedisRunState.connect(
             url, cfg.run.name, dead_after_s=cfg.system.dead_after_s, forget_after_s=cfg.system.forget_after_s
         )
         self.steering = RunSteering(self.state, role=role, name=name, heartbeat_s=cfg.system.heartbeat_s)
-        self.info: dict[str, Any] = {}
-        self.last_tick = time.monotonic()
+        # tick, busy, healthy and the heartbeat thread (stare/runtime/liveness.py), ending with `stop`
+        self.liveness = Liveness(
+            self.steering,
+            heartbeat_s=cfg.system.heartbeat_s,
+            stall_s=stall_s if stall_s is not None else cfg.system.stall_s,
+            stop=self.stop,
+        )
+        self.stall_s, self.info = self.liveness.stall_s, self.liveness.info
         self._threads: list[threading.Thread] = []
         self._http: ThreadingHTTPServer | None = None
 
@@ -214,9 +204,7 @@ class RoleRuntime:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
-        beat = threading.Thread(target=self._beat_loop, name="heartbeat", daemon=True)
-        beat.start()
-        self._threads.append(beat)
+        self.liveness.start()
         watcher = threading.Thread(target=self._watch_signals, name="signals", daemon=True)
         watcher.start()
         self._threads.append(watcher)
@@ -231,6 +219,7 @@ class RoleRuntime:
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
+        self.liveness.close()
         for t in self._threads:
             t.join(timeout=5)
         try:  # after the heartbeat thread ended: nothing beats after this one
@@ -257,50 +246,19 @@ class RoleRuntime:
     # ---------------------------------------------------------------- liveness
     def tick(self, **info: Any) -> None:
         """The main loop is alive; `info` goes into the next heartbeat."""
-        self.last_tick = time.monotonic()
-        self.info.update(info)
+        self.liveness.tick(**info)
 
     def healthy(self) -> bool:
-        self._watch_busy()
-        return time.monotonic() - self.last_tick < self.stall_s
+        return self.liveness.healthy()
 
-    @contextlib.contextmanager
-    def busy(self, what: str) -> Iterator[None]:
+    def busy(self, what: str) -> AbstractContextManager[None]:
         """Long work on the calling thread: liveness stays fresh while this thread uses CPU (or
         ticks); a hung one is reported after `stall_s`. Nests (the outermost is watched)."""
-        if self._busy is not None:
-            yield
-            return
-        self.tick(busy=what)
-        with self._busy_lock:
-            self._busy = (what, threading.get_ident(), _thread_cpu_s(threading.get_ident()))
-        try:
-            yield
-        finally:
-            with self._busy_lock:
-                self._busy = None
-            self.info.pop("busy", None)
-            self.tick()
+        return self.liveness.busy(what)
 
-    def _watch_busy(self) -> None:
-        """A busy thread whose CPU time grew since it was last seen is making progress: tick."""
-        with self._busy_lock:
-            if self._busy is None:
-                return
-            what, ident, seen = self._busy
-            now = _thread_cpu_s(ident)
-            if now is not None and seen is not None and now - seen >= MIN_PROGRESS_CPU_S:
-                self._busy = (what, ident, now)
-                self.last_tick = time.monotonic()
-
-    def _beat_loop(self) -> None:
-        while True:
-            try:
-                self.steering.heartbeat(info={**self.info, "healthy": self.healthy()}, force=True)
-            except Exception as err:  # Redis restarting: the next beat retries
-                log.warning("heartbeat failed: %s", err)
-            if self.stop.wait(self.cfg.system.heartbeat_s):
-                return
+    @property
+    def last_tick(self) -> float:
+        return self.liveness.last_tick
 
     def _serve_health(self, port: int) -> None:
         runtime = self

@@ -134,6 +134,25 @@ def test_learner_items_by_hand(small_model):
     assert learner.total == sum(items.values()) and learner.fits
 
 
+@pytest.mark.parametrize(
+    ("stage", "expected"),
+    [
+        (1, 2 * SMALL_PARAMS),  # whole in bf16 on each of the 2 ranks: 12,704 B
+        (2, 2 * SMALL_PARAMS),
+        (3, 2 * SMALL_PARAMS // 2 + 2 * 2 * SMALL_LARGEST),  # half of it per rank, + 2 gathered embeddings: 12,752 B
+    ],
+)
+def test_the_reference_model_of_ref_kl_is_counted_per_rank(small_model, stage, expected):
+    off = build_plan(small_cfg(small_model, zero_stage=stage), gpus=2, gpu_mem_gib=1, prompt_tokens=10).roles[0]
+    cfg = small_cfg(small_model, zero_stage=stage).model_copy(
+        update={"loss": build_config({"loss": {"ref_kl": {"coef": 0.1}}}).loss}
+    )
+    on = build_plan(cfg, gpus=2, gpu_mem_gib=1, prompt_tokens=10).roles[0]
+    items = {i.name: i.bytes for i in on.items}
+    assert "reference model" not in {i.name for i in off.items}  # off by default
+    assert items["reference model"] == expected and on.total == off.total + expected
+
+
 def _saved_bytes_per_extra_layer_token(dtype: str, checkpointing: bool) -> float:
     """Measured: the bytes of the distinct non-parameter tensors autograd saves in a forward, per
     token, per extra decoder layer (3 layers minus 1, so embedding, final norm and logits cancel)."""

@@ -132,6 +132,49 @@ def test_a_resumed_run_continues_the_wandb_run(logged_run):
     assert sorted(wandb_helpers.history(resumed)) == [3]
 
 
+GENERATIONS = [
+    {"data_source": "aime24", "problem_id": "aime24-3", "prompt": "2+2=", "ground_truth": "4", "response": "#4",
+     "score": 1.0, "sampled_response": "#5", "sampled_score": 0.0},
+    {"data_source": "math", "problem_id": "math-7", "prompt": "3*3=", "ground_truth": "9", "response": "#6",
+     "score": 0.0, "sampled_response": None, "sampled_score": None},
+]  # fmt: skip
+
+
+def test_an_evaluations_generations_go_to_the_file_tensorboard_and_a_wandb_table(tmp_path, offline):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = config(tmp_path)
+    outputs = RunOutputs(cfg, resume_step=None)
+    outputs.log_eval({**EVAL, "generations": [dict(g) for g in GENERATIONS]})
+    outputs.close()
+    lines = [json.loads(x) for x in (cfg.run_dir / "generations.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 2, **g} for g in GENERATIONS]
+    (evaluation,) = [json.loads(x) for x in (cfg.run_dir / "eval.jsonl").read_text().splitlines()]
+    assert "generations" not in evaluation and evaluation["greedy_accuracy"] == 0.625  # the numbers only
+    events = EventAccumulator(str(cfg.run_dir / "tb"), size_guidance={"tensors": 0})
+    events.Reload()
+    (text,) = events.Tensors("eval/generations/text_summary")
+    markdown = text.tensor_proto.string_val[0].decode()
+    assert text.step == 2 and "**Prompt:** 2+2=" in markdown and "**Sampled (score 0.0):** #5" in markdown
+    (run_file,) = wandb_helpers.run_files(offline)
+    row = wandb_helpers.history(run_file)[2]  # the table's fields, flattened as eval/generations/<field>
+    table = {k.removeprefix("eval/generations/"): v for k, v in row.items() if k.startswith("eval/generations/")}
+    assert table["_type"] == "table-file" and table["nrows"] == 2 and table["ncols"] == 8
+    saved = json.loads((run_file.parent / "files" / table["path"]).read_text())
+    assert saved["columns"][:2] == ["data_source", "problem_id"] and saved["data"][0][4] == "#4"
+
+
+def test_a_resume_cuts_generations_back_to_the_checkpoint(tmp_path):
+    cfg = build_config({"run": {"name": "gen", "output_dir": str(tmp_path / "runs")}})
+    outputs = RunOutputs(cfg, resume_step=None)
+    for step in (2, 4):
+        outputs.log_eval({**EVAL, "step": step, "generations": [dict(GENERATIONS[0])]})
+    outputs.close()
+    RunOutputs(cfg, resume_step=3).close()
+    steps = [json.loads(x)["step"] for x in (cfg.run_dir / "generations.jsonl").read_text().splitlines()]
+    assert steps == [2]
+
+
 def test_without_logging_wandb_nothing_is_written(tmp_path, offline):
     cfg = build_config({"run": {"name": "plain", "output_dir": str(tmp_path / "runs")}})
     outputs = RunOutputs(cfg, resume_step=None)

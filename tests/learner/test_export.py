@@ -83,6 +83,28 @@ def test_stare_export_command_writes_the_step_asked_for(trained, tmp_path, capsy
     assert "--step 7: no checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("trained", [1], indirect=True, ids=["zero1"])
+def test_a_finished_run_exports_any_of_its_checkpoints_without_resume_checks(trained, tmp_path, capsys):
+    import shutil
+
+    import yaml
+
+    from stare.app.cli import main
+
+    learner, ckpt = trained
+    finished = learner.cfg.model_dump(mode="json")
+    finished["run"]["steps"] = 1  # the run trained all its steps: a resume would be refused, an export is not
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(finished))
+    assert main(["export", str(tmp_path), "--step", "1", "--out", str(tmp_path / "one")]) == 0
+    assert main(["export", str(tmp_path), "--out", str(tmp_path / "latest")]) == 0
+    assert json.loads((tmp_path / "latest" / "export_info.json").read_text())["step"] == 1
+    # a checkpoint still being written (no manifest yet) is refused, by name; the whole ones stay exportable
+    shutil.copytree(ckpt / "step_000001", ckpt / "step_000002", ignore=shutil.ignore_patterns("manifest.json"))
+    capsys.readouterr()
+    assert main(["export", str(tmp_path), "--step", "2", "--out", str(tmp_path / "two")]) == 1
+    assert "step_000002 is not a whole checkpoint" in capsys.readouterr().err and not (tmp_path / "two").exists()
+
+
 def test_the_rollout_state_is_a_copy_that_a_later_step_does_not_change():
     """full_state_dict hands the publisher CPU copies: under ZeRO 0-2 the module's parameters live
     on, and the next step (or a background publish still sending) must not see one in the other."""

@@ -60,3 +60,25 @@ def test_prepass_plan_and_train_pass_run_entirely_on_the_model_device():
         assert len(losses) == len(mbs) and {loss.device for loss in losses} == {META}
         assert {t.device for t in sums.values()} == {META} and quadrants.device == META
         assert model.lm_head.weight.grad.device == META
+
+
+def test_the_reference_pass_and_its_loss_term_run_on_the_model_device():
+    import contextlib
+
+    from learner.step.reference import Reference, reference_pass
+
+    model, frozen = MetaLM().to(META), MetaLM().to(META).requires_grad_(False)
+    policy = Policy(hidden=model.hidden, lm_head=model.lm_head, device=META, chunk_tokens=5)
+    ref_policy = Policy(hidden=frozen.hidden, lm_head=frozen.lm_head, device=META, chunk_tokens=5)
+    reference = Reference(ref_policy, contextlib.nullcontext, {}, frozen)
+    host_batch, mbs = _host_step(pack=True)
+    batch = host_batch.to(META)
+    old, ent, dh = prepass(policy, mbs, batch, predicted_entropy_change=False)
+    ref = reference_pass(reference, mbs, batch)
+    assert ref.device == META and ref.shape == old.shape
+    cfg = StareLossConfig(ref_kl={"coef": 0.1}, entropy_coef=0.01)
+    ctx = plan_step(StepTokens(old, ent, batch.advantages, batch.token_uid, batch.mask), cfg, gate=1.0, w=1.2, m=0.8)
+    h = mean_entropy(ent, batch.mask, cfg.agg_mode)
+    sums, _ = train_pass(policy, mbs, batch, old, ent, dh, ctx, cfg, h, lambda loss, last: loss.backward(), ref=ref)
+    assert {"ref_kl_sum", "ref_kl_loss", "entropy_bonus"} <= set(sums) and sums["ref_kl_sum"].device == META
+    assert model.lm_head.weight.grad.device == META and frozen.lm_head.weight.grad is None

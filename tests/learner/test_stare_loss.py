@@ -1,4 +1,5 @@
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ from algo_helpers import context, loss_and_grad, random_step, step_tokens, uids_
 from learner.algorithm.losses import LossInputs, policy_loss
 from learner.algorithm.rollout_correction import rollout_correction
 from learner.algorithm.step_plan import plan_step
-from stare.config.algo import GrpoLossConfig, StareLossConfig
+from stare.config.algo import GrpoLossConfig, RefKLConfig, StareLossConfig
 
 D = torch.float64
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -121,10 +122,17 @@ def test_tis_weight_composes_with_stare_omega():
     torch.testing.assert_close(logp.grad, expected, rtol=0, atol=1e-12)
 
 
-def test_loss_path_has_no_host_sync_on_meta_tensors():
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        StareLossConfig(variant="C2"),
+        # the reference KL and the entropy bonus on top (learner/algorithm/losses/regularizers.py)
+        StareLossConfig(variant="C2", ref_kl=RefKLConfig(coef=0.1, estimator="k3"), entropy_coef=0.01),
+    ],
+)
+def test_loss_path_has_no_host_sync_on_meta_tensors(cfg):
     # Meta tensors carry no data: any .item(), .tolist(), .cpu() or data-dependent branch raises.
     s = random_step(0)
-    cfg = StareLossConfig(variant="C2")
     ctx = plan_step(step_tokens(s), cfg, gate=1.0, w=1.1, m=0.9)
     to_meta = lambda t: t.to("meta")  # noqa: E731
     meta_ctx = context(
@@ -138,6 +146,7 @@ def test_loss_path_has_no_host_sync_on_meta_tensors():
     )
     logp = s["logp"].to("meta").requires_grad_(True)
     x = LossInputs(logp, *(to_meta(s[k]) for k in ("old", "adv", "mask", "uid")))
+    x = replace(x, entropy=to_meta(s["entropy"]), ref_logprobs=to_meta(s["old"]))
     out = policy_loss(x, meta_ctx, cfg)
     out.loss.backward()
     assert out.loss.device.type == "meta" and logp.grad.shape == logp.shape

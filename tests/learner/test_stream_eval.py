@@ -159,6 +159,8 @@ def test_stream_evaluation_equals_the_in_process_one_for_the_same_weights(tiny_m
         got = _evaluator(cfg, server.url, local, tick=lambda **info: ticks.append(info))(1)
     local.close()
     assert {k: got[k] for k in COMPARED} == {k: expected[k] for k in COMPARED}
+    # the kept sample generations (logging.eval_generations per source): the same texts and scores both ways
+    assert got["generations"] == expected["generations"] and len(got["generations"]) == 4  # one data source
     assert got["per_source"]["stare/arithmetic"]["n"] == 3 and got["problems"] == 6
     assert 0 < got["avg_at_k"] < 1 and 0 < got["greedy_accuracy"] < 1, got  # the comparison can tell results apart
     assert got["complete"] and got["missing_samples"] == 0 and got["weight_versions"] == [1]

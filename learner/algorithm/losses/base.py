@@ -48,6 +48,7 @@ class LossInputs:
     is_weight: Tensor | None = (
         None  # [B, L] rollout-correction IS weight (learner/algorithm/rollout_correction.py), detached
     )
+    ref_logprobs: Tensor | None = None  # [B, L] log pi_ref of the frozen reference (loss.ref_kl), detached
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class StepContext:
 class LossOutputs:
     loss: Tensor  # [] this micro-batch's share of the step loss
     metrics: dict[str, Tensor] = field(default_factory=dict)  # sums over this micro-batch
+    mask: Tensor | None = None  # [B, L] bool, the tokens the loss trained and normalised over; None: the loss mask
 
 
 def weighted_surrogate(

@@ -32,4 +32,4 @@ def high_entropy_loss(x: LossInputs, ctx: StepContext, cfg: HighEntropyLossConfi
     selected = high_entropy_mask(x, ctx)
     loss, metrics = weighted_surrogate(x, ctx, cfg, omega=None, mask=selected)
     metrics["entropy_selected_tokens"] = selected.sum()
-    return LossOutputs(loss, metrics)
+    return LossOutputs(loss, metrics, mask=selected)

@@ -15,12 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from learner.algorithm.losses.base import LossOutputs
+from learner.algorithm.losses.regularizers import regularize
 from learner.algorithm.surrogate import ratio_stats
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from learner.algorithm.losses.base import LossInputs, LossOutputs, StepContext, StepTokens
+    from learner.algorithm.losses.base import LossInputs, StepContext, StepTokens
     from stare.config.algo import SurrogateConfig
 
 LossFn = Callable[["LossInputs", "StepContext", Any], "LossOutputs"]
@@ -56,9 +58,12 @@ def loss_spec(name: str | None) -> LossSpec:
 
 
 def policy_loss(x: LossInputs, ctx: StepContext, cfg: SurrogateConfig) -> LossOutputs:
-    """The configured loss on one micro-batch, plus the ratio's statistics every loss reports."""
+    """The configured loss on one micro-batch, with the entropy bonus and the reference KL every loss can
+    carry (`regularizers.regularize`), plus the ratio's statistics every loss reports."""
     out = loss_spec(getattr(cfg, "name", None)).loss(x, ctx, cfg)
+    mask = x.mask if out.mask is None else out.mask
+    loss = regularize(out.loss, x, ctx, cfg, mask, out.metrics)
     out.metrics.update(
         ratio_stats(x.logprobs, x.old_logprobs, x.advantages, x.mask, eps_low=cfg.eps_low, eps_high=cfg.eps_high)
     )
-    return out
+    return LossOutputs(loss, out.metrics, out.mask)

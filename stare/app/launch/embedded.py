@@ -26,6 +26,7 @@ from typing import Any
 from stare.app.launch.run_folder import run_lock
 from stare.config import TrainConfig
 from stare.runstate import MemoryRunState, RunSteering
+from stare.runtime.liveness import Liveness
 
 
 class StopFlag:
@@ -118,6 +119,9 @@ class EmbeddedRun:
         )
         if steering is None:  # no control plane: the same loop, its requests never come
             steering = RunSteering(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s)
+        # heartbeats from a thread while `train` runs, healthy while the loop ticks or its busy work uses CPU: a
+        # step longer than system.dead_after_s still shows the learner alive (stare/runtime/liveness.py)
+        self.liveness = Liveness(steering, heartbeat_s=cfg.system.heartbeat_s, stall_s=cfg.system.stall_s)
         evaluator = StackEvaluator(self.stack, cfg, judge=scorer_judge(self.scorer))  # scored as training is
         self.colocation = None
         if shared:
@@ -140,6 +144,8 @@ class EmbeddedRun:
             evaluator=evaluator,
             should_stop=lambda: self.stop.requested,
             wait=time.sleep,
+            tick=self.liveness.tick,
+            busy=self.liveness.busy,
             pump=self._pump,
         )
         # the workers run in process between steps, with the newest weights: strictly on-policy
@@ -167,13 +173,14 @@ class EmbeddedRun:
         round, data.oversample, is more than one batch, and each wake moves the engine's weights and the
         learner's optimizer state), score what was sampled."""
         batch = self.cfg.rollout.prompts_per_step
-        if self.colocation is None:
-            self.rollout.run_once(max_prompts=batch)
-        elif self.transport.prompts.backlog():  # wake the engine only when there is something to sample
-            with self.colocation.awake():
-                while self.transport.prompts.backlog() and self.rollout.run_once(max_prompts=batch):
-                    pass
-        self.reward.run_once()
+        with self.liveness.busy("sampling"):
+            if self.colocation is None:
+                self.rollout.run_once(max_prompts=batch)
+            elif self.transport.prompts.backlog():  # wake the engine only when there is something to sample
+                with self.colocation.awake():
+                    while self.transport.prompts.backlog() and self.rollout.run_once(max_prompts=batch):
+                        pass
+            self.reward.run_once()
 
     def sample(self) -> tuple[list, list[str], dict[str, Any]]:
         """The next step's batch, sampled and scored (what `train` would train next)."""
@@ -192,8 +199,9 @@ class EmbeddedRun:
         if stop is not None:
             self.stop = stop
         if steering is not None:
-            self.session.seams.steering = steering
-        return self.session.run(on_step)  # a RunOutcome (learner/loop/run_outcome.py)
+            self.session.seams.steering = self.liveness.steering = steering
+        with self.liveness.running():  # the heartbeat thread, for the run's length
+            return self.session.run(on_step)  # a RunOutcome (learner/loop/run_outcome.py)
 
     def close(self) -> None:
         if self.colocation is not None:
@@ -250,7 +258,8 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
         from stare.observe.log_format import StepLines, train_logger
 
         logger = train_logger(cfg.logging.format, cfg.run.name)
-        log, step_lines = logger.info, StepLines(cfg.logging.every_n_steps, cfg.run.steps, logger)
+        # the total: the session's steps once it has them (run.steps null: derived from data.epochs at start)
+        log, step_lines = logger.info, StepLines(cfg.logging.every_n_steps, cfg.run.steps or 0, logger)
     stop = StopFlag()
     with _signals(stop):  # also over the report and export: a Ctrl-C then lets them finish
         run, outcome = _train(cfg, resume, log, console, progress, step_lines, stop)
@@ -293,6 +302,9 @@ def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_li
     with run_lock(cfg.run_dir), _control_plane(cfg, log) as steering:
         # reward failures are warnings even without progress output (then through logging, to stderr)
         run = EmbeddedRun(cfg, resume=resume, log=log, steering=steering, warn=log if progress else None)
+        steps = run.session.steps  # run.steps, or derived from data.epochs
+        if step_lines is not None:
+            step_lines.total_steps = steps
         columns = [
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -304,7 +316,7 @@ def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_li
         with Progress(
             *columns, console=console, disable=not progress or step_lines is not None, transient=False
         ) as bar:
-            task = bar.add_task(f"{cfg.algo} {cfg.run.name}", total=cfg.run.steps, completed=run.learner.step, live="")
+            task = bar.add_task(f"{cfg.algo} {cfg.run.name}", total=steps, completed=run.learner.step, live="")
 
             def on_step(m: dict[str, Any]) -> None:
                 if step_lines is not None:

@@ -18,23 +18,17 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
     working directory, where runs started before this rule pointed)."""
     if resume is not None:
         from learner.engine.checkpoints import require_checkpoint
-        from stare.config.files import read_yaml_mapping
 
         run_dir = Path(resume).resolve()
-        saved = run_dir / "config.yaml"
-        if not saved.is_file():
-            raise ConfigError(f"--resume {resume}: no config.yaml there; pass a run folder written by `stare train`")
-        raw = _paths_against(read_yaml_mapping(saved), run_dir)
-        resumed = build_config(raw, overrides=overrides)
+        resumed = read_run_config(run_dir, "--resume", overrides)
         # verified before the lock and the setup: a damaged run fails here, untouched
         tag = require_checkpoint(run_dir / "checkpoints", f"--resume {resume}", resumed.run.checkpoint_verify)
         done = _trained_steps(run_dir / "checkpoints" / tag)
-        if done is not None and done >= resumed.run.steps:
+        if done is not None and resumed.run.steps is not None and done >= resumed.run.steps:
             raise ConfigError(
                 f"--resume {resume}: the run has trained its {done} steps (run.steps="
                 f"{resumed.run.steps}); continue it with --set run.steps=N (N > {done})"
             )
-        resumed._run_dir = run_dir
         return resumed
     assert cfg is not None
     if cfg.model.path is not None:  # a broken model folder fails here, before the run folder exists
@@ -46,6 +40,21 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
             f"run.name: {cfg.run_dir} already holds a run; resume it with `stare train --resume {cfg.run_dir}` "
             f"or choose another name with --set run.name=NEW"
         )
+    return cfg
+
+
+def read_run_config(run_dir: Path, flag: str, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """The config a run folder was written with (its config.yaml, relative input paths resolved against the
+    folder), its run folder set to `run_dir`; nothing else is checked (no checkpoint, no lock): what a resume
+    and an export of any checkpoint both read. `flag` names the command's argument in errors."""
+    from stare.config.files import read_yaml_mapping
+
+    run_dir = Path(run_dir).resolve()
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise ConfigError(f"{flag} {run_dir}: no config.yaml there; pass a run folder written by `stare train`")
+    cfg = build_config(_paths_against(read_yaml_mapping(saved), run_dir), overrides=overrides)
+    cfg._run_dir = run_dir
     return cfg
 
 

@@ -24,7 +24,8 @@ PASS_KS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def _final_eval(run_dir: Path) -> dict[str, Any] | None:
-    """The evaluation after the run's last step (config.yaml's run.steps), None while it runs."""
+    """The evaluation after the run's last step (config.yaml's run.steps, or the one marked final: also a run
+    that data.epochs ended), None while it runs."""
     import yaml
 
     evals = load_jsonl(run_dir / EVAL_FILE)
@@ -33,7 +34,8 @@ def _final_eval(run_dir: Path) -> dict[str, Any] | None:
     except (OSError, KeyError, TypeError):
         return None
     last = evals[-1] if evals else {}
-    return last if last.get("step") == steps and last.get("correct_counts") else None
+    done = last.get("step") == steps or bool(last.get("final"))
+    return last if done and last.get("correct_counts") else None
 
 
 def _mean(xs: list[float]) -> float | None:

@@ -207,6 +207,10 @@ class DatasetTask:
         self._splits: dict[str, list[Problem]] = {"train": train, "test": test}
         self.math_config = math_config
 
+    def size(self, split: Split) -> int:
+        """How many problems `split` holds (the feeder's pool is all of them unless data.max_prompts says)."""
+        return len(self._splits[split])
+
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:
         """The first `n` problems of `split` in a seeded order (all of them when it has fewer)."""
         check_split(split, n)
