@@ -41,6 +41,9 @@ class Colocation:
         self.log.append("sleep")
 
 
+NO_LIVENESS = types.SimpleNamespace(busy=lambda what: contextlib.nullcontext())  # the pump marks its work busy
+
+
 def _run(pending: int, colocated: bool) -> list:
     log: list = []
     prompts = Prompts(pending)
@@ -50,6 +53,7 @@ def _run(pending: int, colocated: bool) -> list:
         rollout=Rollout(prompts, log),
         reward=types.SimpleNamespace(run_once=lambda: log.append("score")),
         colocation=Colocation(log) if colocated else None,
+        liveness=NO_LIVENESS,
     )
     EmbeddedRun._pump(run, 1)
     return log
@@ -78,6 +82,7 @@ def test_a_batch_that_takes_nothing_ends_the_wake():
         rollout=types.SimpleNamespace(run_once=lambda max_prompts: log.append("sample") or 0),
         reward=types.SimpleNamespace(run_once=lambda: log.append("score")),
         colocation=Colocation(log),
+        liveness=NO_LIVENESS,
     )
     EmbeddedRun._pump(run, 1)
     assert log == ["wake", "sample", "sleep", "score"]

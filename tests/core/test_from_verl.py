@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from stare.config.from_verl import convert_verl, parse_value, read_verl
-from stare.config.sections import DataSection
+from stare.config.data import DataSection
 from stare.config.verl_table import MAPPED, NOT_NEEDED, UNMAPPED
 
 VERL_YAML = """

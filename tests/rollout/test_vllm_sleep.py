@@ -5,6 +5,7 @@ order, and what it refuses while asleep. The calls themselves are vLLM's documen
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 
@@ -37,13 +38,27 @@ class FakeLLM:
         FakeLLM.calls.append(("collective_rpc", method if isinstance(method, str) else method.__name__))
 
 
+@dataclasses.dataclass
+class FakeEngineArgs:
+    """vLLM 0.32's EngineArgs as far as the engine reads it: which keyword arguments `LLM` accepts."""
+
+    enable_sleep_mode: bool = False
+    sleep_mode_offload_cudagraph: bool = False
+    enforce_eager: bool = False
+
+
 @pytest.fixture
 def fake_vllm(monkeypatch):
     for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
         monkeypatch.setenv(name, "0")  # the engine sets them; restored after the test
     module = types.ModuleType("vllm")
     module.LLM = FakeLLM
+    module.__path__ = []  # a package: the engine imports vllm.engine.arg_utils for EngineArgs' fields
+    arg_utils = types.ModuleType("vllm.engine.arg_utils")
+    arg_utils.EngineArgs = FakeEngineArgs
     monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setitem(sys.modules, "vllm.engine", types.ModuleType("vllm.engine"))
+    monkeypatch.setitem(sys.modules, "vllm.engine.arg_utils", arg_utils)
     FakeLLM.calls = []
     return FakeLLM.calls
 

@@ -16,6 +16,7 @@ from redis_fixtures import have_redis_server, redis_server
 
 from learner.engine.deepspeed_engine import child_env
 from stare.data.tasks.registry import build_verifier
+from stare.transport.record_tag import RecordTrust, record_key
 from stare.transport.records import Trajectory
 from stare.transport.redis_transport import RedisTransport
 
@@ -89,7 +90,9 @@ def test_a_reward_process_scores_dataset_trajectories_without_the_dataset(tmp_pa
             stderr=subprocess.STDOUT,
             text=True,
         )
-        transport = RedisTransport.connect(server.url, "nodata", block_ms=500)
+        # the run's record key, as the roles derive it (the Redis password): the reward worker trusts only tagged records
+        key, _ = record_key("nodata", server.url, environ={})
+        transport = RedisTransport.connect(server.url, "nodata", block_ms=500, trust=RecordTrust(key))
         try:
             transport.raw.publish([_trajectory(i, text, answer) for i, (text, answer, _) in enumerate(CASES)])
             scored, deadline = {}, time.monotonic() + 120
