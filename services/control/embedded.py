@@ -15,6 +15,7 @@ from services.control.auth import resolve_token
 from services.control.server import BackgroundServer
 from stare.config import TrainConfig
 from stare.runstate.base import RunState
+from stare.runtime.files import write_atomic
 
 
 class EmbeddedControlPlane:
@@ -37,7 +38,7 @@ class EmbeddedControlPlane:
 
     def __enter__(self) -> Self:
         self.server.start()
-        self.info_path.write_text(json.dumps({"url": self.server.url}))
+        write_atomic(self.info_path, json.dumps({"url": self.server.url}))
         self.log(f"control plane: {self.server.url} (dashboard; API under /v1; {self.auth_note})")
         return self
 

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from stare.app.report.plots import _no_data
+from stare.app.report.plots import _no_data, save_figure
 from stare.app.report.stats import bootstrap_ci, pass_at_k_curve
 from stare.app.report.summary import (
     EMA_BETA,
@@ -21,6 +21,7 @@ from stare.app.report.summary import (
     load_jsonl,
     summarize,
 )
+from stare.runtime.files import write_atomic
 
 # ---------------------------------------------------------------------------------------------
 # Comparing runs
@@ -175,6 +176,6 @@ def write_comparison(run_dirs: list[Path], out_dir: Path) -> Path:
         smoothed = f", per-run EMA {EMA_BETA}" if smooth else ""
         ax.set(title=f"{title}: mean, min-max shaded{smoothed}", xlabel="step", ylabel=ylabel)
         ax.legend(fontsize=8, loc="best")
-    fig.savefig(out_dir / "compare.png", dpi=100)
-    (out_dir / "compare.md").write_text(_compare_markdown(rows))
+    save_figure(fig, out_dir / "compare.png", dpi=100)
+    write_atomic(out_dir / "compare.md", _compare_markdown(rows))
     return out_dir
