@@ -18,7 +18,6 @@ holds the step.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -35,6 +34,7 @@ from learner.loop.session_seams import CursorStore, Evaluator, MemoryCursor, Ses
 from stare.config import TrainConfig
 from stare.observe.log_format import StepLines
 from stare.observe.run_outputs import RunOutputs, batch_metrics, staleness_status, staleness_summary, trained_lags
+from stare.runtime.files import read_jsonl
 from stare.weight_sync.base import publisher_metrics
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class TrainingSession:
             say(f"resumed {cfg.run_dir} at step {learner.step}")
         # never publish a group twice: continue after what earlier incarnations published
         feeder.cursor = max(seams.cursor.load(), feeder.cursor)
-        self.outputs = RunOutputs(cfg, resume_step=resume_step)
+        self.outputs = RunOutputs(cfg, resume_step=resume_step)  # damaged log lines: a warning each
         self.step_lines = StepLines(cfg.logging.every_n_steps, cfg.run.steps, log)  # a log line per N steps
         published = seams.cursor.load_version()
         if published > learner.version:  # a learner killed after its checkpoint published newer weights
@@ -145,10 +145,7 @@ class TrainingSession:
 
     def _evaluated(self, step: int) -> bool:
         """eval.jsonl has the evaluation of `step` (a learner killed while it waited for one has not)."""
-        path = self.outputs.dir / "eval.jsonl"
-        return path.exists() and any(
-            json.loads(line).get("step") == step for line in path.read_text().splitlines() if line.strip()
-        )
+        return any(r.get("step") == step for r in read_jsonl(self.outputs.dir / "eval.jsonl"))  # damaged lines: skipped
 
     def checkpoint(self) -> None:
         ckpt_dir = self.outputs.ckpt_dir
@@ -350,8 +347,8 @@ class TrainingSession:
         seams.steering.start(
             learner.controller, learner.step, {"weight_version": learner.version}, resumed=self.resumed
         )
-        if self._eval_due(learner.step) and not self._evaluated(learner.step):  # step 0, or lost with a restart
-            self.evaluate(final=learner.step == cfg.run.steps)
+        if self._eval_due(learner.step) and not self._evaluated(learner.step) and not seams.should_stop():
+            self.evaluate(final=learner.step == cfg.run.steps)  # step 0, or lost with a restart; not when stopping
         empty, gave_up = EmptySteps(), None
         stats = self.collector.stats
         filtered0, dead0 = stats.filtered_groups, stats.dead_lettered_groups
@@ -385,8 +382,8 @@ class TrainingSession:
             self._step(trajectories, ids, info, on_step)
             filtered0, dead0 = stats.filtered_groups, stats.dead_lettered_groups
         saved = (self.outputs.ckpt_dir / f"step_{learner.step:06d}").exists()
-        if self.collector.unacked or (seams.should_stop() and not saved):
-            self.checkpoint()  # leave nothing trained unsaved, and a checkpoint to resume from
+        if self.collector.unacked or (seams.should_stop() and not saved and learner.step > start_step):
+            self.checkpoint()  # leave nothing trained unsaved, and a checkpoint to resume from (none: nothing new)
         outcome = gave_up or ("finished" if learner.step >= cfg.run.steps else "stopped")
         message = empty.message(gave_up) if gave_up else None
         seams.steering.set_phase(
