@@ -33,7 +33,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
     from rollout.worker import RolloutWorker
     from stare.evaluation.streams import RedisEvalIndex, connect_eval_streams
     from stare.runtime.process import RoleRuntime, connect_transport
-    from stare.runtime.startup_checks import apply_threads
+    from stare.runtime.threads import apply_threads
     from stare.transport.redis_streams import BackpressureError
     from stare.weight_sync.factory import build_subscriber
 

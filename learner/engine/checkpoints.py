@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
-from stare.runtime.files import write_atomic
+from stare.observe.files import write_atomic
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from stare.config import TrainConfig
-from stare.runtime.startup_checks import apply_threads
+from stare.runtime.threads import apply_threads
 
 
 def rng_state() -> dict[str, Any]:

@@ -32,9 +32,9 @@ from learner.loop.group_collector import round_size
 from learner.loop.run_outcome import EmptySteps, RunOutcome
 from learner.loop.session_seams import CursorStore, Evaluator, MemoryCursor, SessionSeams  # noqa: F401  (the modes import them here)
 from stare.config import TrainConfig
+from stare.observe.files import read_jsonl
 from stare.observe.log_format import StepLines
 from stare.observe.run_outputs import RunOutputs, batch_metrics, staleness_status, staleness_summary, trained_lags
-from stare.runtime.files import read_jsonl
 from stare.weight_sync.base import publisher_metrics
 
 log = logging.getLogger(__name__)

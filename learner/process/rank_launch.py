@@ -27,7 +27,7 @@ from typing import NoReturn
 import yaml
 
 from stare.config import TrainConfig
-from stare.runtime.files import write_atomic
+from stare.observe.files import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -55,7 +55,7 @@ from learner.step.step_rows import RankRows, StepCut, cut_step
 from stare.config import TrainConfig
 from stare.config.algo import StareLossConfig
 from stare.models.resolve import torch_dtype
-from stare.runtime.files import write_atomic
+from stare.observe.files import write_atomic
 from stare.transport.records import Trajectory
 from stare.weight_sync.factory import publish_from
 

@@ -14,8 +14,8 @@ from services.control.app import create_app
 from services.control.auth import resolve_token
 from services.control.server import BackgroundServer
 from stare.config import TrainConfig
+from stare.observe.files import write_atomic
 from stare.runstate.base import RunState
-from stare.runtime.files import write_atomic
 
 
 class EmbeddedControlPlane:

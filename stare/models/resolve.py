@@ -130,7 +130,7 @@ def load_run_setup(cfg: TrainConfig, log: Callable[[str], None], model_path: Pat
     from transformers import AutoTokenizer
 
     from stare.data.tasks.registry import build_task
-    from stare.runtime.startup_checks import check_context, model_positions
+    from stare.models.context import check_context, model_positions
 
     path = model_path if model_path is not None else resolve_model(cfg, log)
     check_context(cfg, *model_positions(cfg, path))  # every role, before a model loads

@@ -11,7 +11,7 @@
 On resume every jsonl file is cut back to the checkpoint's step, so a step that ran after the
 checkpoint and is trained again appears once; a damaged line (a crash mid-write, a disk error) is moved
 to `<file>.damaged` with a warning naming its line, never taking the lines after it along
-(stare.runtime.files.cut_jsonl). config.yaml is replaced atomically (write_atomic): a crash or a full
+(stare.observe.files.cut_jsonl). config.yaml is replaced atomically (write_atomic): a crash or a full
 disk leaves the old one whole.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from stare.config import TrainConfig
-from stare.runtime.files import cut_jsonl, write_atomic
+from stare.observe.files import cut_jsonl, write_atomic
 
 log = logging.getLogger(__name__)
 

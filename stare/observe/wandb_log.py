@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stare.config import ConfigError, TrainConfig
-from stare.runtime.files import write_atomic
+from stare.observe.files import write_atomic
 
 ID_FILE = "wandb-run-id"
 INIT_TIMEOUT_S = 120  # wandb.init's own limit (the service start, the server handshake online)

@@ -15,7 +15,7 @@ from train_helpers import fast_override_list
 
 from learner.engine.checkpoints import write_manifest
 from stare.app.cli import main
-from stare.runtime.startup_checks import usable_cpus
+from stare.runtime.threads import usable_cpus
 
 BAD_JSON = '{\n  "a": 1,\n}'  # a trailing comma: line 3
 DATA_ROW = {"data_source": "d", "prompt": "1+1=", "reward_model": {"ground_truth": "2"}}

@@ -74,12 +74,27 @@ def test_every_float_field_refuses_infinity_and_nan_naming_the_field():
                 assert field in str(caught.value), (path, str(caught.value))
             checked.add(".".join(str(p) for p in path if not isinstance(p, int)))
     # the walk reaches every section with floats (a smoke check that it walked the whole config)
-    for expected in ("optim.lr", "optim.grad_clip", "optim.betas", "controller.target", "controller.band",
-                     "loss.eps_high", "loss.rollout_correction.is_cap", "loss.kl_coef", "loss.cov_ub",
-                     "rollout.temperature", "task.eval_sources.aime.top_p", "model.lora.alpha",
-                     "rollout.engine.gpu_memory_utilization", "rollout.tool_use.sandbox.wall_s", "reward.timeout_s",
-                     "reward.components.weight", "system.heartbeat_s", "control_plane.body_timeout_s",
-                     "data.oversample"):
+    for expected in (
+        "optim.lr",
+        "optim.grad_clip",
+        "optim.betas",
+        "controller.target",
+        "controller.band",
+        "loss.eps_high",
+        "loss.rollout_correction.is_cap",
+        "loss.kl_coef",
+        "loss.cov_ub",
+        "rollout.temperature",
+        "task.eval_sources.aime.top_p",
+        "model.lora.alpha",
+        "rollout.engine.gpu_memory_utilization",
+        "rollout.tool_use.sandbox.wall_s",
+        "reward.timeout_s",
+        "reward.components.weight",
+        "system.heartbeat_s",
+        "control_plane.body_timeout_s",
+        "data.oversample",
+    ):
         assert expected in checked, sorted(checked)
 
 
@@ -107,7 +122,10 @@ def test_a_bad_value_names_the_file_it_came_from(tmp_path):
         load_config(path)
     message = str(caught.value)
     assert f"optim.lrr: Extra inputs are not permitted (got 1, in {path})" in message
-    assert f"run.steps: Input should be a valid integer, unable to parse string as an integer (got 'many', in {path})" in message
+    assert (
+        f"run.steps: Input should be a valid integer, unable to parse string as an integer (got 'many', in {path})"
+        in message
+    )
     assert message.endswith(f"fix the value in {path} or with --set FIELD=VALUE")
 
 

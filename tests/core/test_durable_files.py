@@ -1,4 +1,4 @@
-"""Files a run rewrites are replaced whole (stare.runtime.files.write_atomic), and the append-only logs are
+"""Files a run rewrites are replaced whole (stare.observe.files.write_atomic), and the append-only logs are
 read tolerantly: a damaged line is skipped with a warning naming the file and its line, never taking the
 lines after it along (read_jsonl, cut_jsonl, the resume of RunOutputs, the report)."""
 
@@ -8,8 +8,8 @@ import json
 import logging
 
 from stare.config import build_config
+from stare.observe.files import cut_jsonl, read_jsonl, write_atomic
 from stare.observe.run_outputs import RunOutputs
-from stare.runtime.files import cut_jsonl, read_jsonl, write_atomic
 
 DAMAGED = b'{"step": 2, "rew'  # a line cut short by a crash
 

@@ -157,8 +157,8 @@ class EmbeddedRun:
         self.outputs = self.session.outputs
         import json
 
+        from stare.observe.files import write_atomic
         from stare.observe.machine import fingerprint
-        from stare.runtime.files import write_atomic
 
         # what this run ran on (model hash, torch kernels, packages): docs/results.md says why
         write_atomic(self.run_dir / "machine.json", json.dumps(fingerprint(setup.model_path), indent=2) + "\n")

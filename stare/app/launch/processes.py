@@ -30,12 +30,13 @@ import yaml
 
 from stare.config import ConfigError, TrainConfig, build_config
 from stare.config.colocation import check_node_colocation, node_colocated
+from stare.models.context import check_context, model_positions
+from stare.observe.files import write_atomic
 from stare.plan.check import check_fits
 from stare.plan.gpu_map import GpuPlan
-from stare.runtime.files import write_atomic
 from stare.runtime.net import free_port, port_free
 from stare.runtime.run_lock import RunLock
-from stare.runtime.startup_checks import check_context, check_threads, model_positions
+from stare.runtime.threads import check_threads
 from stare.transport.redis_secrets import URL_ENV, URL_FILE_ENV, write_secret
 from stare.weight_sync.factory import broadcast_bind_host
 

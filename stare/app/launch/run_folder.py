@@ -13,8 +13,9 @@ from pathlib import Path
 
 from learner.engine.checkpoints import holds_checkpoint
 from stare.config import ConfigError, TrainConfig, build_config
+from stare.models.context import check_context, model_positions
 from stare.runtime.run_lock import RunLock
-from stare.runtime.startup_checks import check_context, check_threads, model_positions
+from stare.runtime.threads import check_threads
 
 
 def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[str] = ()) -> TrainConfig:
@@ -59,7 +60,7 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
 
 
 def _check_start(cfg: TrainConfig) -> None:
-    """What the machine and the model allow (stare.runtime.startup_checks), before anything starts."""
+    """What the machine and the model allow (stare.runtime.threads, stare.models.context), before anything starts."""
     check_threads(cfg)
     check_context(cfg, *model_positions(cfg, cfg.model.path))
 

@@ -21,7 +21,7 @@ from stare.app.report.summary import (
     load_jsonl,
     summarize,
 )
-from stare.runtime.files import write_atomic
+from stare.observe.files import write_atomic
 
 # ---------------------------------------------------------------------------------------------
 # Comparing runs

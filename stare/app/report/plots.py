@@ -23,7 +23,7 @@ from stare.app.report.summary import (
     load_jsonl,
     summarize,
 )
-from stare.runtime.files import write_atomic
+from stare.observe.files import write_atomic
 
 if TYPE_CHECKING:  # matplotlib is imported inside the functions that draw
     from matplotlib.axes import Axes
@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # matplotlib is imported inside the functions that draw
 
 
 def save_figure(fig: Figure, path: Path, **kwargs: Any) -> None:
-    """`fig` as a PNG at `path`, replaced at once (a reader never sees half a picture; stare.runtime.files)."""
+    """`fig` as a PNG at `path`, replaced at once (a reader never sees half a picture; stare.observe.files)."""
     import io
 
     buffer = io.BytesIO()

@@ -14,7 +14,7 @@ from stare.app.report import horizon
 from stare.app.report.stats import pass_at_k_curve
 from stare.app.report.summary import EVAL_FILE, METRICS_FILE, load_jsonl, summarize
 from stare.app.report.tables import LAST_STEPS
-from stare.runtime.files import write_atomic
+from stare.observe.files import write_atomic
 
 RUN_NAME = re.compile(r"^s(\d+)-(.+)$")
 RECORDS_DIR = Path("docs/results/runs")

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from stare.runtime.files import read_jsonl
+from stare.observe.files import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def load_jsonl(path: Path) -> list[dict[str, Any]]:
     """Objects of a JSON-lines file, in order; `[]` if the file does not exist. A damaged line (not UTF-8,
     not JSON, not an object) is skipped with a warning naming the file and its 1-based line, the rest
     kept; an unfinished last line (no newline yet: the run is writing it) is skipped silently
-    (stare.runtime.files.read_jsonl)."""
+    (stare.observe.files.read_jsonl)."""
     return read_jsonl(path, log.warning)
 
 
