@@ -69,10 +69,10 @@ def cmd_report(args) -> int:
 
 def cmd_export(args) -> int:
     from learner.engine.export import ExportError, export_checkpoint
-    from stare.app.launch.run_folder import prepare_run
+    from stare.app.launch.run_folder import run_config
     from stare.models.resolve import resolve_model
 
-    cfg = prepare_run(None, args.run)
+    cfg = run_config(args.run, flag="stare export")  # a finished run too (it is not resumed)
     out = args.out or args.run / ("hf" if args.step is None else f"hf-step-{args.step:06d}")
     try:
         export_checkpoint(

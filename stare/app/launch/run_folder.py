@@ -26,18 +26,9 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
     working directory, where runs started before this rule pointed)."""
     if resume is not None:
         from learner.engine.checkpoints import require_checkpoint
-        from stare.config.files import read_yaml_mapping
 
-        run_dir = Path(resume).resolve()
-        saved = run_dir / "config.yaml"
-        copy = _config_copy(run_dir / "checkpoints")
-        restore = f"restore it from the newest checkpoint: cp {copy} {saved}" if copy else "restore it from a backup"
-        if not saved.is_file():
-            if holds_checkpoint(run_dir / "checkpoints"):
-                raise ConfigError(f"--resume {resume}: no config.yaml there; {restore}")
-            raise ConfigError(f"--resume {resume}: no config.yaml there; pass a run folder written by `stare train`")
-        raw = _paths_against(read_yaml_mapping(saved, empty=restore), run_dir)
-        resumed = build_config(raw, overrides=overrides, source=saved)
+        resumed = run_config(resume, overrides)
+        run_dir = resumed.run_dir
         _check_start(resumed)
         # verified before the lock and the setup: a damaged run fails here, untouched
         tag = require_checkpoint(run_dir / "checkpoints", f"--resume {resume}", resumed.run.checkpoint_verify)
@@ -47,7 +38,6 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
                 f"--resume {resume}: the run has trained its {done} steps (run.steps="
                 f"{resumed.run.steps}); continue it with --set run.steps=N (N > {done})"
             )
-        resumed._run_dir = run_dir
         return resumed
     assert cfg is not None
     if cfg.model.path is not None:  # a broken model folder fails here, before the run folder exists
@@ -56,6 +46,25 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
         check_model_dir(Path(cfg.model.path))
     _check_start(cfg)
     refuse_existing_run(cfg.run_dir)
+    return cfg
+
+
+def run_config(folder: Path, overrides: list[str] | tuple[str, ...] = (), flag: str = "--resume") -> TrainConfig:
+    """The config of the run in `folder` (its config.yaml with `overrides`), the folder being its run folder;
+    an empty or lost config.yaml names the copy its newest checkpoint keeps."""
+    from stare.config.files import read_yaml_mapping
+
+    run_dir = Path(folder).resolve()
+    saved = run_dir / "config.yaml"
+    copy = _config_copy(run_dir / "checkpoints")
+    restore = f"restore it from the newest checkpoint: cp {copy} {saved}" if copy else "restore it from a backup"
+    if not saved.is_file():
+        if holds_checkpoint(run_dir / "checkpoints"):
+            raise ConfigError(f"{flag} {folder}: no config.yaml there; {restore}")
+        raise ConfigError(f"{flag} {folder}: no config.yaml there; pass a run folder written by `stare train`")
+    raw = _paths_against(read_yaml_mapping(saved, empty=restore), run_dir)
+    cfg = build_config(raw, overrides=overrides, source=saved)
+    cfg._run_dir = run_dir
     return cfg
 
 
