@@ -255,7 +255,8 @@ def test_one_writer_per_run_folder_and_the_launchers_own_restarted_learner_is_no
 ):
     """While `stare up` runs, `stare train --resume` of its folder and a second `stare up` are refused (the
     second before it writes a file or starts a Redis); its learner, SIGKILLed and restarted by the
-    launcher, writes under the launcher's lock and finishes the run."""
+    launcher, writes under the launcher's lock and finishes the run, resuming from its newest checkpoint
+    even with `checkpoints/latest` gone (a folder with checkpoints is a run, never started over)."""
     import os
 
     from stare.app.cli import main
@@ -272,10 +273,12 @@ def test_one_writer_per_run_folder_and_the_launchers_own_restarted_learner_is_no
         with pytest.raises(RunLockError, match=f"is in use by pid {os.getpid()}"):
             Launcher(cfg, rollout=1, reward=1, out=io.StringIO(), color=False, control=False)
         assert (run.dir / "up" / "redis.url").read_bytes() == url
+        (run.dir / "checkpoints" / "latest").unlink()
         run.launcher.kill("learner")
         run.wait_finished()
         assert run.launcher.roles["learner"].restarts == 1
         assert "in use" not in run.log.getvalue()
+        assert re.search(rf"resumed {re.escape(str(run.dir))} at step (5|10)\b", run.log.getvalue()), run.tail()
     assert (run.dir / ".lock").read_text() == ""  # released once every role stopped
     metrics = [json.loads(line)["step"] for line in (run.dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics == list(range(1, steps + 1))
