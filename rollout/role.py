@@ -27,19 +27,17 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
-    import torch
-
     from rollout.evaluation import EvalSampler
     from rollout.stack import build_rollout_stack
     from rollout.streaming import StreamingLoop, streaming_enabled
     from rollout.worker import RolloutWorker
     from stare.evaluation.streams import RedisEvalIndex, connect_eval_streams
     from stare.runtime.process import RoleRuntime, connect_transport
+    from stare.runtime.threads import apply_threads
     from stare.transport.redis_streams import BackpressureError
     from stare.weight_sync.factory import build_subscriber
 
-    if cfg.run.threads is not None:
-        torch.set_num_threads(cfg.run.threads)
+    apply_threads(cfg)  # run.threads, at most the CPUs this process may use
     with RoleRuntime("rollout", name, cfg, redis_url, stop=stop) as rt:
         stack = build_rollout_stack(cfg, log.info)
         engine, tokenizer = stack.engine, stack.setup.tokenizer

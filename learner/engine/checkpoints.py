@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
+from stare.observe.files import write_atomic
+
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.json"
 BLOCK = 8 << 20  # bytes per read while hashing
@@ -55,12 +57,6 @@ def _files(folder: Path) -> list[Path]:
 def _digests(paths: list[Path]) -> list[str]:
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_THREADS, len(paths), os.cpu_count() or 1))) as pool:
         return list(pool.map(_sha256, paths))
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 _verified: dict[Path, tuple] = {}  # folder -> the stat signature it had when its digests last matched
@@ -181,6 +177,13 @@ def choose_checkpoint(directory: Path, say: Callable[[str], None] = print, verif
         f"{first}; no other complete checkpoint under {directory} to resume from: restore the "
         f"file from a backup, or start the run again under a new run.name"
     )
+
+
+def holds_checkpoint(directory: Path) -> bool:
+    """Whether `directory` (a run's checkpoints/) holds any checkpoint, whole or not, `latest` or not: such
+    a run is resumed (or refused as a new run), never started over on top of it."""
+    directory = Path(directory)
+    return (directory / "latest").exists() or any(p.is_dir() for p in directory.glob("step_*"))
 
 
 def require_checkpoint(directory: Path, flag: str, verify: Verify = "digest") -> str:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from stare.config import TrainConfig
+from stare.runtime.threads import apply_threads
 
 
 def rng_state() -> dict[str, Any]:
@@ -29,8 +30,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def seed_everything(cfg: TrainConfig) -> None:
-    if cfg.run.threads is not None:
-        torch.set_num_threads(cfg.run.threads)
+    apply_threads(cfg)  # run.threads, at most the CPUs this process may use
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
     torch.manual_seed(cfg.run.seed)

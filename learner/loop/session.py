@@ -19,7 +19,6 @@ holds the step.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -37,6 +36,7 @@ from learner.loop.run_outcome import EmptySteps, RunOutcome
 from learner.loop.session_seams import CursorStore, Evaluator, MemoryCursor, SessionSeams  # noqa: F401  (the modes import them here)
 from stare.config import TrainConfig
 from stare.data.feeder import run_steps
+from stare.observe.files import read_jsonl
 from stare.observe.log_format import StepLines
 from stare.observe.run_outputs import RunOutputs, batch_metrics, staleness_status, staleness_summary, trained_lags
 from stare.observe.watch import RunWatch
@@ -80,7 +80,7 @@ class TrainingSession:
             say(f"resumed {cfg.run_dir} at step {learner.step}")
         # never publish a group twice: continue after what earlier incarnations published
         feeder.cursor = max(seams.cursor.load(), feeder.cursor)
-        self.outputs = RunOutputs(cfg, resume_step=resume_step)
+        self.outputs = RunOutputs(cfg, resume_step=resume_step)  # damaged log lines: a warning each
         self.steps = run_steps(cfg, feeder, say)  # run.steps, or derived from data.epochs
         self.step_lines = StepLines(cfg.logging.every_n_steps, self.steps, log)  # a log line per N steps
         self.watch = RunWatch.of(cfg.logging, getattr(feeder, "tokenizer", None), say)  # runs that cannot learn
@@ -150,10 +150,7 @@ class TrainingSession:
 
     def _evaluated(self, step: int) -> bool:
         """eval.jsonl has the evaluation of `step` (a learner killed while it waited for one has not)."""
-        path = self.outputs.dir / "eval.jsonl"
-        return path.exists() and any(
-            json.loads(line).get("step") == step for line in path.read_text().splitlines() if line.strip()
-        )
+        return any(r.get("step") == step for r in read_jsonl(self.outputs.dir / "eval.jsonl"))  # damaged lines: skipped
 
     def checkpoint(self) -> None:
         ckpt_dir = self.outputs.ckpt_dir
@@ -345,8 +342,8 @@ class TrainingSession:
         seams.steering.start(
             learner.controller, learner.step, {"weight_version": learner.version}, resumed=self.resumed
         )
-        if self._eval_due(learner.step) and not self._evaluated(learner.step):  # step 0, or lost with a restart
-            self.evaluate(final=learner.step == self.steps)
+        if self._eval_due(learner.step) and not self._evaluated(learner.step) and not seams.should_stop():
+            self.evaluate(final=learner.step == self.steps)  # step 0, or lost with a restart; not when stopping
         empty, gave_up, used_up = EmptySteps(), None, False
         stats = self.collector.stats
         filtered0, dead0 = stats.filtered_groups, stats.dead_lettered_groups
@@ -383,8 +380,8 @@ class TrainingSession:
             self._step(trajectories, ids, info, on_step)
             filtered0, dead0 = stats.filtered_groups, stats.dead_lettered_groups
         saved = (self.outputs.ckpt_dir / f"step_{learner.step:06d}").exists()
-        if self.collector.unacked or ((seams.should_stop() or used_up) and not saved):
-            self.checkpoint()  # leave nothing trained unsaved, and a checkpoint to resume from
+        if self.collector.unacked or ((seams.should_stop() or used_up) and not saved and learner.step > start_step):
+            self.checkpoint()  # leave nothing trained unsaved, and a checkpoint to resume from (none: nothing new)
         outcome = gave_up or ("finished" if learner.step >= self.steps or used_up else "stopped")
         message = empty.message(gave_up) if gave_up else None
         seams.steering.set_phase(

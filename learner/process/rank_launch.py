@@ -27,6 +27,7 @@ from typing import NoReturn
 import yaml
 
 from stare.config import TrainConfig
+from stare.observe.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class FollowerProcesses:
         config_path = folder / "config.yaml"
         raw = cfg.model_dump(mode="json")
         raw["model"]["path"] = str(model_path)
-        config_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        write_atomic(config_path, yaml.safe_dump(raw, sort_keys=False))
         rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1")), "WORLD_SIZE": str(world)}
         os.environ.update(RANK="0", LOCAL_RANK="0", **rendezvous)  # this process: rank 0
         argv = [sys.executable, "-m", "stare.app.cli", "learner", "--config", str(config_path), "--name", name]

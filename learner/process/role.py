@@ -144,8 +144,11 @@ def _run_leader(
     from stare.models.resolve import load_run_setup
     from stare.plan.check import check_fits
     from stare.runtime.process import RoleRuntime
+    from stare.runtime.run_lock import RunLock, write_failure
 
-    with RoleRuntime("learner", name, cfg, redis_url, stop=stop) as rt:
+    # one writer per run folder: under `stare up` the launcher's lock (inherited), else this process's own
+    lock = RunLock(cfg.run_dir, resume=True, say=log.warning)
+    with lock, RoleRuntime("learner", name, cfg, redis_url, stop=stop) as rt:
         seed_everything(cfg)
         followers = None
         with rt.busy("loading the model"):
@@ -173,6 +176,11 @@ def _run_leader(
                 rollout=rollout,
                 world=world,
             )
+        except OSError as err:  # a full or read-only disk: one line with the last complete checkpoint
+            failure = write_failure(err, cfg.run_dir, again="start the learner again (it resumes from there)")
+            if failure is None:
+                raise
+            raise failure from err
         finally:
             if world > 1 and isinstance(learner, LeaderLearner):
                 try:
@@ -207,6 +215,7 @@ def _train(
 ) -> None:
     """Rank 0: the session over the run's Redis seams, then the Hugging Face export. With a colocated
     `rollout`: no weight publisher, the ranks sample through the pump, rank 0's engine evaluates."""
+    from learner.engine.checkpoints import holds_checkpoint
     from learner.engine.export import export_run
     from learner.loop.build import build_session
     from learner.loop.group_collector import RedisDecisionLog
@@ -217,6 +226,9 @@ def _train(
     from stare.runtime.process import connect_transport
     from stare.weight_sync.factory import build_publisher
 
+    if rt.stop.is_set():  # SIGTERM while the model loaded: nothing trained, nothing to save
+        log.info("stopped during start-up: nothing trained")
+        return
     transport = connect_transport(cfg, redis_url, model_path=setup.model_path)
     feeder = build_feeder(cfg, setup.task, setup.tokenizer, log.info)
     evaluator = session = None
@@ -247,7 +259,7 @@ def _train(
             seams,
             decisions=RedisDecisionLog(transport.client, cfg.run.name),
             consumer=LEARNER_CONSUMER,
-            resume=(cfg.run_dir / "checkpoints" / "latest").is_file(),
+            resume=holds_checkpoint(cfg.run_dir / "checkpoints"),  # `latest` lost: the newest whole one
         )
         outcome = session.run()
         if outcome.failed:  # trained nothing, or no reward signal: not a success (learner/loop/run_outcome.py)

@@ -34,13 +34,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import yaml
 
 from learner.algorithm.entropy_controller import EntropyController
 from learner.algorithm.quadrants import quadrant_metrics
 from learner.algorithm.rollout_correction import correction_metrics, rollout_correction
 from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
 from learner.engine import deepspeed_engine as ds
-from learner.engine.checkpoints import TRAINER_STATE, CheckpointError, choose_checkpoint, write_atomic, write_manifest
+from learner.engine.checkpoint_guard import check_model_fits, load_failure, model_record, saving
+from learner.engine.checkpoints import MANIFEST, TRAINER_STATE, CheckpointError, choose_checkpoint, write_manifest
 from learner.engine.collectives import all_gather_cat, all_reduce_sum, gather_step_tokens
 from learner.step.batch import collate
 from learner.step.forward_passes import Policy, hidden_state_fn, prepass, train_pass
@@ -54,6 +56,7 @@ from learner.step.step_rows import RankRows, StepCut, cut_step
 from stare.config import TrainConfig
 from stare.config.algo import StareLossConfig
 from stare.models.resolve import torch_dtype
+from stare.observe.files import write_atomic
 from stare.transport.records import Trajectory
 from stare.weight_sync.factory import publish_from
 
@@ -342,51 +345,52 @@ class Learner:
         return ds.full_state_dict(self.engine, keep=keep, where=where, snapshot=False)
 
     def save(self, directory: Path, extra: dict[str, Any]) -> str:
-        """A checkpoint under directory/step_N, its manifest (learner.engine.checkpoints) last, then `latest`
-        pointed at it: a process killed anywhere in between leaves `latest` on the previous whole
-        checkpoint, and a file damaged later is found by the manifest before anything loads."""
+        """A checkpoint under directory/step_N (its run config and trainer_state.json with the model's shapes),
+        its manifest (learner.engine.checkpoints) last, then `latest` pointed at it: a process killed anywhere
+        in between leaves `latest` on the previous whole checkpoint, a file damaged later is found by the
+        manifest before anything loads, and a full disk is OSError(ENOSPC) naming the checkpoint."""
         tag = f"step_{self.step:06d}"
-        ds.save_checkpoint(
-            self.engine, directory, tag, trainable_only=self.lora is not None
-        )  # every rank (a collective under ZeRO), then a barrier
-        if dist.get_rank() == 0:
-            state = {
-                "step": self.step,
-                "version": self.version,
-                "controller": self.controller.state_dict(),
-                "lagged_entropy": self.lagged_entropy,
-                "nonfinite_steps": self.nonfinite_steps,
-                **({"lora": self.lora.model_dump()} if self.lora is not None else {}),
-                **({"reference": self.reference.digest} if self.reference is not None else {}),
-                **extra,
-            }
-            write_atomic(directory / tag / TRAINER_STATE, json.dumps(state, indent=1))
-            write_manifest(directory / tag, self.cfg.run.checkpoint_verify)  # reads every rank's files back
-            write_atomic(directory / "latest", tag)
+        with saving(directory / tag):  # a full disk: ENOSPC naming the folder, the partial one removed
+            ds.save_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)  # every rank
+            if dist.get_rank() == 0:
+                state = {
+                    "step": self.step,
+                    "version": self.version,
+                    "controller": self.controller.state_dict(),
+                    "lagged_entropy": self.lagged_entropy,
+                    "nonfinite_steps": self.nonfinite_steps,
+                    **({"lora": self.lora.model_dump()} if self.lora is not None else {}),
+                    "model": model_record(self.engine.module, self.cfg),
+                    **({"reference": self.reference.digest} if self.reference is not None else {}),
+                    **extra,
+                }
+                write_atomic(directory / tag / "config.yaml", yaml.safe_dump(self.cfg.model_dump(mode="json")))
+                write_atomic(directory / tag / TRAINER_STATE, json.dumps(state, indent=1))
+                write_manifest(directory / tag, self.cfg.run.checkpoint_verify)  # reads every rank's files back
+                write_atomic(directory / "latest", tag)
         return tag
 
     def load(self, directory: Path, tag: str | None = None) -> dict[str, Any]:
-        """Checkpoint `tag` (None: the one `choose_checkpoint` verifies); a file that still fails to
-        load is a CheckpointError naming the checkpoint."""
+        """Checkpoint `tag` (None: the one `choose_checkpoint` verifies); a model of another shape, or a file
+        that still fails to load, is a CheckpointError naming the checkpoint (learner.engine.checkpoint_guard)."""
         tag = tag or choose_checkpoint(directory, log.warning, self.cfg.run.checkpoint_verify)
-        try:
-            ds.load_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)
-        except (RuntimeError, OSError, EOFError, ValueError, KeyError) as err:
-            raise CheckpointError(
-                f"{directory / tag}: DeepSpeed could not load it ({type(err).__name__}: "
-                f"{str(err).splitlines()[0][:200]}); delete that folder to resume from an older "
-                f"checkpoint"
-            ) from err
         path = directory / tag / TRAINER_STATE
         try:
             state = json.loads(path.read_text(encoding="utf-8"))
-            self.step, self.version = state["step"], state["version"]
+            step, version = state["step"], state["version"]
         except (ValueError, KeyError, TypeError) as err:
             raise CheckpointError(
-                f"{path}: unreadable ({type(err).__name__}: {err}); delete {directory / tag} to "
-                f"resume from an older checkpoint"
+                f"{path}: unreadable ({type(err).__name__}: {err}); move {directory / tag} out of checkpoints/ "
+                "(keep it) to resume from the previous checkpoint"
             ) from None
         check_digest(self.reference, state, directory / tag)  # the reference the run started with, or refused
+        check_model_fits(state.get("model"), self.engine.module, self.cfg, directory / tag)
+        try:
+            ds.load_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)
+        except (RuntimeError, OSError, EOFError, ValueError, KeyError) as err:
+            verified = (directory / tag / MANIFEST).is_file() and self.cfg.run.checkpoint_verify == "digest"
+            raise load_failure(err, directory / tag, verified) from err
+        self.step, self.version = step, version
         self.controller.load_state_dict(state["controller"])
         self.prepared.clear()  # other weights now
         self.lagged_entropy = state["lagged_entropy"]

@@ -14,6 +14,7 @@ from services.control.app import create_app
 from services.control.auth import resolve_token
 from services.control.server import BackgroundServer
 from stare.config import TrainConfig
+from stare.observe.files import write_atomic
 from stare.runstate.base import RunState
 
 
@@ -37,7 +38,7 @@ class EmbeddedControlPlane:
 
     def __enter__(self) -> Self:
         self.server.start()
-        self.info_path.write_text(json.dumps({"url": self.server.url}))
+        write_atomic(self.info_path, json.dumps({"url": self.server.url}))
         self.log(f"control plane: {self.server.url} (dashboard; API under /v1; {self.auth_note})")
         return self
 

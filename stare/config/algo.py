@@ -17,7 +17,7 @@ AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "se
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RolloutCorrectionConfig(_Strict):

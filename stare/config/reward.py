@@ -21,7 +21,7 @@ AnswerSource = Literal["boxed", "answer_tag", "answer_line", "anywhere"]
 class MathConfig(BaseModel):
     """How the math verifier extracts and compares answers."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     extract_from: tuple[AnswerSource, ...] = Field(("boxed", "answer_tag", "answer_line"), min_length=1)
     """Where the final answer may be, tried in order; "anywhere" lets math-verify search the
@@ -39,7 +39,7 @@ class MathConfig(BaseModel):
 class FormatConfig(BaseModel):
     """Which tags the response must contain, and how strictly."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     required_tags: tuple[str, ...] = Field(("think", "answer"), min_length=1)
     """Tag names, without angle brackets, in the order they must appear."""
@@ -68,7 +68,7 @@ class FormatConfig(BaseModel):
 class OverlongConfig(BaseModel):
     """L_max, L_cache and the penalty scale of the DAPO soft overlong punishment."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     max_length: int = Field(20480, ge=1)
     """L_max: response tokens at which the penalty reaches -penalty_factor."""
@@ -89,7 +89,7 @@ class OverlongConfig(BaseModel):
 class CodeConfig(BaseModel):
     """How programs are extracted, run and scored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     mode: Literal["fraction", "all"] = "fraction"
     """"fraction": passed / total; "all": 1.0 only if every test passes."""
@@ -100,7 +100,7 @@ class CodeConfig(BaseModel):
 
 
 class _Component(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str | None = None
     """Key in RewardResult.components; default: the kind."""
@@ -202,7 +202,7 @@ class ScoringSection(BaseModel):
 class RewardConfig(BaseModel):
     """The reward of a task: weighted components and a time budget per component."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     components: tuple[RewardComponent, ...] = Field(min_length=1)
     timeout_s: float = Field(60.0, gt=0, le=3600)

@@ -11,6 +11,8 @@ from pydantic import BeforeValidator, Field, model_validator
 from stare.config.base import _Section
 from stare.sandbox import SandboxConfig
 
+Beta = Annotated[float, Field(ge=0.0, lt=1.0)]  # an Adam moment's decay: 1 or more never forgets (or diverges)
+
 
 class RunSection(_Section):
     name: str = Field(
@@ -39,8 +41,10 @@ class RunSection(_Section):
     threads: int | None = Field(
         None,
         ge=1,
-        description="torch intra-op threads (None: torch's default). Tiny models run fastest on 1: "
-        "multi-threaded tiny matmuls spin and stall, badly so on a busy machine.",
+        le=4096,
+        description="torch intra-op threads (None: torch's default), at most the CPUs this process may use (checked "
+        "at start). Tiny models run fastest on 1: multi-threaded tiny matmuls spin and stall, badly so on a busy "
+        "machine.",
     )
 
 
@@ -277,9 +281,17 @@ class RolloutSection(_Section):
 
 
 class OptimSection(_Section):
-    lr: float = Field(1e-6, gt=0.0, description="AdamW learning rate.")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    lr: float = Field(
+        1e-6,
+        gt=0.0,
+        le=1.0,
+        description="AdamW learning rate (at most 1: Adam moves each weight by up to ~lr a "
+        "step, so a larger one replaces the weights with noise, or NaN).",
+    )
+    weight_decay: float = Field(
+        0.0, ge=0.0, le=1.0, description="AdamW weight decay (decoupled: each step shrinks the weights by lr x it)."
+    )
+    betas: tuple[Beta, Beta] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1).")
     grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
     micro_batch: int = Field(
         16,

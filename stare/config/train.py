@@ -246,21 +246,56 @@ def _set_dotted(raw: dict, dotted: str, value: Any) -> None:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """'a.b=value' -> ('a.b', yaml-parsed value)."""
+    """'a.b=value' -> ('a.b', the value parsed as YAML, with YAML 1.2 floats: `2e-1` is 0.2)."""
+    from stare.config.files import load_yaml
+
     if "=" not in text:
         raise ConfigError(f"--set expects KEY=VALUE (e.g. optim.lr=1e-5), got {text!r}")
     key, value = text.split("=", 1)
-    return key.strip(), yaml.safe_load(value)
+    try:
+        return key.strip(), load_yaml(value)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--set {text}: the value is not valid YAML ({str(err).splitlines()[0]}); quote it") from None
 
 
-def _describe(err: ValidationError) -> str:
+def _origin(loc: str, overrides: list[str] | tuple[str, ...], source: Path | None) -> str:
+    """Where the value at `loc` came from: the --set that wrote it (or its section), else the file."""
+    for text in reversed(overrides):  # the last --set of a key wins
+        key = text.split("=", 1)[0].strip()
+        if loc and (loc == key or loc.startswith(key + ".") or key.startswith(loc + ".")):
+            return f"from --set {text}"
+    return f"in {source}" if source is not None else ""
+
+
+def _describe(err: ValidationError, source: Path | None, overrides: list[str] | tuple[str, ...]) -> str:
     from stare.config.suggest import explain  # did-you-mean, verl's names, values shown short
 
-    lines = [f"  {explain(TrainConfig, e)}" for e in err.errors()]
-    return "invalid config:\n" + "\n".join(lines) + "\nfix the value in the YAML file or with --set FIELD=VALUE"
+    lines, origins = [], []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-after", "tagged-union")))
+        loc = loc.replace(".stare.", ".").replace(".grpo.", ".")
+        origins.append(origin := _origin(loc, overrides, source))
+        lines.append(explain(TrainConfig, e) + (f" ({origin})" if origin else ""))
+    if all(o.startswith("from --set") for o in origins):
+        fix = "fix the --set value"
+    elif source is not None:
+        fix = f"fix the value in {source} or with --set FIELD=VALUE"
+    else:
+        fix = "fix the value with --set FIELD=VALUE"
+    if len(lines) == 1:
+        return f"invalid config: {lines[0]}; {fix}"
+    return "invalid config:\n  " + "\n  ".join(lines) + "\n" + fix
 
 
-def build_config(raw: dict, *, algo: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+def build_config(
+    raw: dict[str, Any],
+    *,
+    algo: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    source: Path | None = None,
+) -> TrainConfig:
+    """The config of `raw` (from `source`, a YAML file, when given: errors name it) with the `--algo` preset
+    and `--set` overrides applied; a bad value is a ConfigError naming the field and where it came from."""
     raw = dict(raw or {})
     if algo is not None:
         raw = _apply_preset(raw, algo)
@@ -273,18 +308,26 @@ def build_config(raw: dict, *, algo: str | None = None, overrides: list[str] | t
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_describe(err)) from None
+        raise ConfigError(_describe(err, source, overrides)) from None
 
 
 def load_config(
     path: Path | None, *, algo: str | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> TrainConfig:
-    raw: dict = {}
+    """The config of YAML file `path` (None: the built-in defaults) with the preset and overrides."""
+    raw: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
+        if path.is_dir():
+            resume = (
+                f"; to continue the run in it: stare train --resume {path}" if (path / "config.yaml").is_file() else ""
+            )
+            raise ConfigError(f"--config {path} is a folder, not a YAML file: pass the file{resume}")
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist; pass an existing YAML file to --config")
         from stare.config.files import read_yaml_mapping  # errors name the file, line and column
 
-        raw = read_yaml_mapping(path)
-    return build_config(raw, algo=algo, overrides=overrides)
+        raw = read_yaml_mapping(
+            path, empty="write the fields to change, or drop --config for the bundled configs/tiny-cpu.yaml"
+        )
+    return build_config(raw, algo=algo, overrides=overrides, source=path)

@@ -125,12 +125,15 @@ class RunSetup:
 
 
 def load_run_setup(cfg: TrainConfig, log: Callable[[str], None], model_path: Path | None = None) -> RunSetup:
-    """Resolve the model (unless given), load its tokenizer and build the run's task."""
+    """Resolve the model (unless given; its context checked against the config), load its tokenizer and
+    build the run's task."""
     from transformers import AutoTokenizer
 
     from stare.data.tasks.registry import build_task
+    from stare.models.context import check_context, model_positions
 
     path = model_path if model_path is not None else resolve_model(cfg, log)
+    check_context(cfg, *model_positions(cfg, path))  # every role, before a model loads
     tokenizer = AutoTokenizer.from_pretrained(path)
     task = build_task(cfg.task.name, **cfg.task.build_kwargs(tokenizer))
     return RunSetup(model_path=path, tokenizer=tokenizer, task=task, stop_ids=stop_token_ids(tokenizer))

@@ -12,36 +12,29 @@
     runs/<name>/checkpoints/    the newest `keep` checkpoints and a `latest` pointer
 
 On resume every jsonl file is cut back to the checkpoint's step, so a step that ran after the
-checkpoint and is trained again appears once.
+checkpoint and is trained again appears once; a damaged line (a crash mid-write, a disk error) is moved
+to `<file>.damaged` with a warning naming its line, never taking the lines after it along
+(stare.observe.files.cut_jsonl). config.yaml is replaced atomically (write_atomic): a crash or a full
+disk leaves the old one whole.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections import Counter
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
 from stare.config import TrainConfig
+from stare.observe.files import cut_jsonl, write_atomic
+
+log = logging.getLogger(__name__)
 
 JSONL = ("metrics.jsonl", "eval.jsonl", "trained.jsonl", "generations.jsonl")
-
-
-def truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop lines written after the checkpoint we resume from."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] <= last_step:
-                keep.append(line)
-        except (json.JSONDecodeError, KeyError):
-            break
-    path.write_text("".join(f"{line}\n" for line in keep))
 
 
 def batch_metrics(trajectories, elapsed_s: float) -> dict[str, float]:
@@ -103,18 +96,19 @@ def generations_markdown(records: list[dict[str, Any]]) -> str:
 
 
 class RunOutputs:
-    def __init__(self, cfg: TrainConfig, *, resume_step: int | None):
-        """resume_step: the checkpoint's step when resuming (files are cut back to it), None for a new run."""
+    def __init__(self, cfg: TrainConfig, *, resume_step: int | None, warn: Callable[[str], None] = log.warning) -> None:
+        """resume_step: the checkpoint's step when resuming (files are cut back to it), None for a new run.
+        `warn`: where a damaged log line is reported."""
         self.cfg = cfg
         self.dir = cfg.run_dir
         self.ckpt_dir = self.dir / "checkpoints"
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        write_atomic(self.dir / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         for name in JSONL:
             if resume_step is None:
                 (self.dir / name).unlink(missing_ok=True)
             else:
-                truncate_jsonl(self.dir / name, resume_step)
+                cut_jsonl(self.dir / name, resume_step, warn)
         from torch.utils.tensorboard import SummaryWriter
 
         self.tb = SummaryWriter(str(self.dir / "tb"), purge_step=resume_step + 1 if resume_step is not None else None)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stare.config import ConfigError, TrainConfig
+from stare.observe.files import write_atomic
 
 ID_FILE = "wandb-run-id"
 INIT_TIMEOUT_S = 120  # wandb.init's own limit (the service start, the server handshake online)
@@ -61,7 +62,7 @@ class WandbLogger:
         run_id = id_file.read_text().strip() if not new and id_file.is_file() else None
         if run_id is None:
             run_id = uuid.uuid4().hex[:16]  # W&B run ids: [a-z0-9], unique per project
-            id_file.write_text(run_id + "\n")
+            write_atomic(id_file, run_id + "\n")
         run = wandb.init(
             project=section.project,
             entity=section.entity,

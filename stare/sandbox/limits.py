@@ -35,7 +35,7 @@ class SandboxUnavailable(RuntimeError):
 class SandboxConfig(BaseModel):
     """Limits and isolation of one sandboxed run; every field is bounded."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
 
     isolation: Isolation = "namespaces"
     """"namespaces" (root + CAP_SYS_ADMIN; full isolation), "process" (root; no filesystem or PID

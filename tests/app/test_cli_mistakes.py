@@ -11,9 +11,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from train_helpers import fast_override_list
 
 from learner.engine.checkpoints import write_manifest
 from stare.app.cli import main
+from stare.runtime.threads import usable_cpus
 
 BAD_JSON = '{\n  "a": 1,\n}'  # a trailing comma: line 3
 DATA_ROW = {"data_source": "d", "prompt": "1+1=", "reward_model": {"ground_truth": "2"}}
@@ -251,6 +253,107 @@ CASES = [
         lambda r, t: (["control", "--redis-url-file", _write(r / "url.secret", "\n")], None),
         ["url.secret is empty"],
     ),
+    # --- a run folder is never overwritten (each with the fast test config: a miss trains quickly, and fails)
+    (
+        "new-run-over-checkpoints-without-latest",
+        lambda r, t: _new_run_over(r, t, lambda run: (run / "checkpoints" / "latest").unlink()),
+        ["old already holds a run (checkpoints up to step_000001); resume it with `stare train --resume"],
+    ),
+    (
+        "new-run-over-checkpoints",
+        lambda r, t: _new_run_over(r, t, None),
+        ["old already holds a run", "--resume", "or choose another run.name"],
+    ),
+    # --- configs that would train the wrong thing silently
+    (
+        "resume-empty-config",
+        lambda r, t: _resume(r, t, lambda run: _write(run / "config.yaml", "")),
+        ["config.yaml: empty (no settings); restore it from a backup"],
+    ),
+    (
+        "resume-empty-config-restored-from-the-checkpoint",
+        lambda r, t: _resume(r, t, lambda run: _empty_config_with_copy(run)),
+        ["config.yaml: empty (no settings); restore it from the newest checkpoint: cp ", "step_000001/config.yaml"],
+    ),
+    (
+        "resume-no-config-beside-checkpoints",
+        lambda r, t: _resume(r, t, lambda run: (run / "config.yaml").unlink()),
+        ["no config.yaml there; restore it from a backup"],
+    ),
+    (
+        "config-empty",
+        lambda r, t: _fast_new(r, t, "--config", _write(r / "c.yaml", "")),
+        ["c.yaml: empty (no settings); write the fields to change, or drop --config"],
+    ),
+    (
+        "config-comments-only",
+        lambda r, t: _fast_new(r, t, "--config", _write(r / "c.yaml", "# run:\n#   steps: 3\n")),
+        ["c.yaml: empty (no settings)"],
+    ),
+    ("optim-lr-inf", lambda r, t: _fast_new(r, t, "--set", "optim.lr=inf"), ["optim.lr: Input should be a finite"]),
+    ("optim-lr-nan", lambda r, t: _fast_new(r, t, "--set", "optim.lr=.nan"), ["optim.lr: Input should be a finite"]),
+    (
+        "optim-lr-1e308",
+        lambda r, t: _fast_new(r, t, "--set", "optim.lr=1e308"),
+        ["optim.lr: Input should be less than or equal to 1"],
+    ),
+    (
+        "optim-grad-clip-inf",
+        lambda r, t: _fast_new(r, t, "--set", "optim.grad_clip=.inf"),
+        ["optim.grad_clip: Input should be a finite"],
+    ),
+    (
+        "rollout-temperature-inf",
+        lambda r, t: _fast_new(r, t, "--set", "rollout.temperature=.inf"),
+        ["rollout.temperature: Input should be a finite"],
+    ),
+    (
+        "optim-beta-one",
+        lambda r, t: _fast_new(r, t, "--set", "optim.betas=[0.9, 1.0]"),
+        ["optim.betas.1: Input should be less than 1"],
+    ),
+    # --- config files named in their errors
+    (
+        "config-is-a-folder",
+        lambda r, t: (["train", "--config", (r / "cfgdir").mkdir() or r / "cfgdir"], None),
+        ["cfgdir is a folder, not a YAML file"],
+    ),
+    (
+        "config-is-a-run-folder",
+        lambda r, t: (["train", "--config", _fake_run(r, t)], None),
+        ["old is a folder, not a YAML file", "to continue the run in it: stare train --resume"],
+    ),
+    (
+        "yaml-unknown-key-names-the-file",
+        lambda r, t: (["train", "--config", _write(r / "c.yaml", "optim:\n  lrr: 1\n")], None),
+        ["optim.lrr: Extra inputs are not permitted (got 1, in ", "c.yaml); fix the value in "],
+    ),
+    (
+        "yaml-wrong-type-names-the-file",
+        lambda r, t: (["train", "--config", _write(r / "c.yaml", "run:\n  steps: many\n")], None),
+        ["run.steps: Input should be a valid integer", "(got 'many', in ", "c.yaml)"],
+    ),
+    # --- what the model and the machine allow, before anything starts
+    (
+        "max-new-tokens-beyond-the-context",
+        lambda r, t: _fast_new(r, t, "--set", "rollout.max_new_tokens=200"),
+        ["rollout.max_new_tokens=200 leaves no room for a prompt in the model's context of 128 tokens"],
+    ),
+    (
+        "max-prompt-and-new-tokens-beyond-the-context",
+        lambda r, t: _fast_new(r, t, "--set", "data.max_prompt_len=100", "--set", "rollout.max_new_tokens=40"),
+        ["data.max_prompt_len=100 + rollout.max_new_tokens=40 = 140 tokens exceed the model's context of 128"],
+    ),
+    (
+        "threads-beyond-the-machine",
+        lambda r, t: _fast_new(r, t, "--set", f"run.threads={usable_cpus() + 1}"),
+        [f"run.threads={usable_cpus() + 1}: this machine lets stare run on {usable_cpus()} CPUs"],
+    ),
+    (
+        "threads-absurd",
+        lambda r, t: _fast_new(r, t, "--set", "run.threads=100000"),
+        ["run.threads: Input should be less than or equal to 4096"],
+    ),
 ]
 
 
@@ -288,6 +391,30 @@ def _resume(root: Path, tiny: Path, damage) -> tuple[list, Path]:
     return ["train", "--no-progress", "--resume", run], run
 
 
+def _fast(root: Path, tiny: Path, name: str = "x") -> list:
+    """The fast test config as flags (a case that is not refused trains two tiny steps, then fails)."""
+    return ["--no-progress", "--set", "control_plane.serve_in_train=false"] + [
+        w for o in fast_override_list(tiny, root / "runs") + [f"run.name={name}"] for w in ("--set", o)
+    ]
+
+
+def _fast_new(root: Path, tiny: Path, *extra) -> tuple[list, Path]:
+    """A new run `x` with the fast config and `extra` flags; its folder must not be left behind."""
+    return ["train", *_fast(root, tiny), *extra], root / "runs" / "x"  # extra last: its --set wins
+
+
+def _new_run_over(root: Path, tiny: Path, damage) -> tuple[list, Path]:
+    """A new run named like an existing one (`_fake_run`, changed by `damage`)."""
+    run = _fake_run(root, tiny, damage)
+    return ["train", *_fast(root, tiny, name="old")], run
+
+
+def _empty_config_with_copy(run: Path) -> None:
+    """config.yaml emptied, the copy every checkpoint keeps (learner.step.trainer.Learner.save) still there."""
+    _write(run / "checkpoints" / "step_000001" / "config.yaml", (run / "config.yaml").read_text())
+    _write(run / "config.yaml", "")
+
+
 def test_the_table_covers_at_least_25_distinct_mistakes():
     assert len({c[0] for c in CASES}) == len(CASES) >= 25
 
@@ -305,6 +432,31 @@ def test_a_mistake_is_one_message_with_exit_2(tmp_path, tiny_model_dir, capsys, 
     if watched is not None:
         assert watched.exists() == existed  # a failed new run leaves no folder
         assert _snapshot(watched) == before  # a failed resume changes nothing
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["new-run", "resume"])
+def test_a_run_folder_in_use_is_one_message_naming_its_holder(tmp_path, tiny_model_dir, capsys, resume):
+    """A second writer is refused with the holder's pid, host, command and start; a resume is not told to
+    pick another run.name (it is this run it wants)."""
+    import os
+    import socket
+
+    from stare.runtime.run_lock import RunLock
+
+    run = _fake_run(tmp_path, tiny_model_dir) if resume else tmp_path / "runs" / "fresh"
+    argv = (
+        ["train", "--no-progress", "--resume", run] if resume else ["train", *_fast(tmp_path, tiny_model_dir, "fresh")]
+    )
+    with RunLock(run, command="stare up --config up.yaml"):
+        before = _snapshot(run)
+        code = main([str(a) for a in argv])
+        assert _snapshot(run) == before
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    first = err.splitlines()[0]
+    assert first.startswith(f"stare: run folder {run} is in use by pid {os.getpid()} on host {socket.gethostname()} ")
+    assert "(stare up --config up.yaml, since 20" in first and f"kill -TERM {os.getpid()}" in first
+    assert first.endswith("or choose another run.name") != resume
 
 
 def test_debug_shows_the_traceback_of_a_mapped_mistake(tmp_path):

@@ -63,11 +63,11 @@ def test_load_jsonl_skips_a_truncated_last_line(tmp_path):
     assert load_jsonl(p) == [{"step": 1}, {"step": 2}]
 
 
-def test_load_jsonl_rejects_a_bad_line_before_the_last(tmp_path):
+def test_load_jsonl_skips_a_bad_line_before_the_last_and_keeps_the_rest(tmp_path, caplog):
     p = tmp_path / "metrics.jsonl"
     p.write_text('{"step": 1}\n{"step": \n{"step": 3}\n')
-    with pytest.raises(ValueError, match="metrics.jsonl:2"):
-        load_jsonl(p)
+    assert load_jsonl(p) == [{"step": 1}, {"step": 3}]
+    assert f"{p} line 2: not valid JSON" in caplog.text
 
 
 def test_in_band_fraction_counts_from_first_entry_with_inclusive_bounds(tmp_path):

@@ -159,9 +159,10 @@ def test_config_round_trips_through_yaml():
 
 def test_a_run_folder_is_locked_to_one_process(tmp_path):
     from stare.app.launch.run_folder import run_lock
+    from stare.runtime.run_lock import RunLockError
 
     with run_lock(tmp_path / "run"):
-        with pytest.raises(ConfigError, match="in use"):
+        with pytest.raises(RunLockError, match="in use"):
             with run_lock(tmp_path / "run"):
                 pass
     with run_lock(tmp_path / "run"):  # released on exit

@@ -10,8 +10,8 @@ import sys
 import pytest
 import yaml
 
-from stare.config.from_verl import convert_verl, parse_value, read_verl
 from stare.config.data import DataSection
+from stare.config.from_verl import convert_verl, parse_value, read_verl
 from stare.config.verl_table import MAPPED, NOT_NEEDED, UNMAPPED
 
 VERL_YAML = """

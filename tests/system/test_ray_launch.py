@@ -65,6 +65,7 @@ def test_ray_launch_trains_and_survives_a_killed_rollout_actor(tiny_model_dir, t
     import ray
 
     from stare.app.launch.ray import RayLauncher
+    from stare.runtime.run_lock import RunLock, RunLockError
 
     cfg = _config(tiny_model_dir, tmp_path, STEPS, run__name="ray")
     out = io.StringIO()
@@ -100,6 +101,9 @@ def test_ray_launch_trains_and_survives_a_killed_rollout_actor(tiny_model_dir, t
             assert time.monotonic() < deadline, f"step 3 not reached in 300s\n{tail()}"
             time.sleep(0.2)
         killed = launcher.kill("rollout-0")
+        # one writer per run folder: the driver holds it, its learner actor trains under it (the token)
+        with pytest.raises(RunLockError, match="is in use by pid"):
+            RunLock(cfg.run_dir, resume=True).acquire()
 
         supervisor.join(timeout=300)
         assert not supervisor.is_alive(), f"the run did not finish in 300s\n{tail()}"
@@ -113,4 +117,5 @@ def test_ray_launch_trains_and_survives_a_killed_rollout_actor(tiny_model_dir, t
         launcher.stop()
     assert not ray.is_initialized(), "the launcher started Ray, so it shuts it down"
     assert launcher.redis.proc.poll() is not None, "our redis-server is stopped"
+    assert (cfg.run_dir / ".lock").read_text() == "", "the run lock is released"
     _assert_nothing_lost_or_trained_twice(cfg.run_dir, STEPS, launcher.redis)

@@ -251,6 +251,40 @@ def test_a_sigkilled_learner_resumes_from_its_checkpoint_and_retrains_what_waite
     _assert_nothing_lost_or_trained_twice(tmp_path / "up", steps, run.launcher.redis, late_allowed)
 
 
+def test_one_writer_per_run_folder_and_the_launchers_own_restarted_learner_is_not_refused(
+    tiny_model_dir, tmp_path, capsys
+):
+    """While `stare up` runs, `stare train --resume` of its folder and a second `stare up` are refused (the
+    second before it writes a file or starts a Redis); its learner, SIGKILLed and restarted by the
+    launcher, writes under the launcher's lock and finishes the run, resuming from its newest checkpoint
+    even with `checkpoints/latest` gone (a folder with checkpoints is a run, never started over)."""
+    import os
+
+    from stare.app.cli import main
+    from stare.runtime.run_lock import RunLockError
+
+    steps = 12
+    cfg = _config(tiny_model_dir, tmp_path, steps)
+    with Run(cfg, rollout=1, reward=1, control=False) as run:
+        run.wait_for_step(6)  # a checkpoint at step 5: the folder can be resumed
+        url = (run.dir / "up" / "redis.url").read_bytes()
+        code = main(["train", "--no-progress", "--resume", str(run.dir), "--set", f"run.steps={steps + 5}"])
+        err = capsys.readouterr().err
+        assert code == 2 and f"stare: run folder {run.dir} is in use by pid {os.getpid()} on host " in err, err
+        with pytest.raises(RunLockError, match=f"is in use by pid {os.getpid()}"):
+            Launcher(cfg, rollout=1, reward=1, out=io.StringIO(), color=False, control=False)
+        assert (run.dir / "up" / "redis.url").read_bytes() == url
+        (run.dir / "checkpoints" / "latest").unlink()
+        run.launcher.kill("learner")
+        run.wait_finished()
+        assert run.launcher.roles["learner"].restarts == 1
+        assert "in use" not in run.log.getvalue()
+        assert re.search(rf"resumed {re.escape(str(run.dir))} at step (5|10)\b", run.log.getvalue()), run.tail()
+    assert (run.dir / ".lock").read_text() == ""  # released once every role stopped
+    metrics = [json.loads(line)["step"] for line in (run.dir / "metrics.jsonl").read_text().splitlines()]
+    assert metrics == list(range(1, steps + 1))
+
+
 def test_every_role_reconnects_after_redis_restarts(tiny_model_dir, tmp_path):
     steps = 30
     with Run(_config(tiny_model_dir, tmp_path, steps), rollout=1, reward=1) as run:

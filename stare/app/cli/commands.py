@@ -60,10 +60,10 @@ def cmd_report(args) -> int:
 
 def cmd_export(args) -> int:
     from learner.engine.export import ExportError, export_checkpoint
-    from stare.app.launch.run_folder import read_run_config
+    from stare.app.launch.run_folder import run_config
     from stare.models.resolve import resolve_model
 
-    cfg = read_run_config(args.run, "stare export")  # any run, finished, stopped or training: no resume checks
+    cfg = run_config(args.run, flag="stare export")  # any run, finished, stopped or training: no resume checks
     out = args.out or args.run / ("hf" if args.step is None else f"hf-step-{args.step:06d}")
     try:
         export_checkpoint(

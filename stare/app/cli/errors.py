@@ -13,6 +13,9 @@ The families (docs/troubleshooting.md lists each message, its cause and its fix)
     export       learner.engine.export.ExportError
     Redis        redis AuthenticationError / ConnectionError / a URL redis-py cannot parse;
                  RunStateUnavailable (the store did not answer within its retry budget)
+    run folders  stare.runtime.run_lock.RunLockError (the folder's writer: pid, host, command, since),
+                 RunFolderError (read-only, not writable, a full disk with the last complete checkpoint);
+                 any other OSError of a full disk (ENOSPC, EDQUOT) or a read-only one (EROFS), naming the file
     outcome      learner.loop.run_outcome.NothingTrained (exit 3)
 
 `--debug` (anywhere on the command line) or STARE_DEBUG=1 shows the traceback of a mapped error too.
@@ -20,6 +23,7 @@ The families (docs/troubleshooting.md lists each message, its cause and its fix)
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -40,6 +44,7 @@ def _known() -> list[tuple[type[BaseException], int, Callable[[BaseException], s
     from stare.data.prompt_policy import PromptPolicyError
     from stare.data.tasks.dataset import DatasetError
     from stare.runstate.base import RunStateUnavailable
+    from stare.runtime.run_lock import RunFolderError, RunLockError
 
     same = str
     return [
@@ -49,6 +54,8 @@ def _known() -> list[tuple[type[BaseException], int, Callable[[BaseException], s
         (PromptPolicyError, USER_ERROR, same),
         (CheckpointError, USER_ERROR, same),
         (ExportError, USER_ERROR, same),
+        (RunLockError, USER_ERROR, same),
+        (RunFolderError, USER_ERROR, same),
         (NothingTrained, NOTHING_TRAINED, lambda e: f"the run trained nothing useful: {e}"),
         (
             rx.AuthenticationError,
@@ -83,6 +90,10 @@ def explain(err: BaseException) -> tuple[int, str] | None:
             return code, message(err)
     if isinstance(err, ValueError) and "Redis URL must specify" in str(err):  # redis-py's from_url
         return USER_ERROR, f"invalid Redis URL: {err}"
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return USER_ERROR, f"disk full writing {err.filename or 'a file'}: free space on that disk, then run again"
+    if isinstance(err, OSError) and err.errno == errno.EROFS:
+        return USER_ERROR, f"{err.filename or 'a file'}: read-only file system; write to a writable folder"
     return None
 
 
@@ -93,9 +104,15 @@ def debug_requested(argv: list[str]) -> tuple[bool, list[str]]:
 
 
 def run_reporting(fn: Callable[[], int], debug: bool) -> int:
-    """fn(), with a known mistake printed as one message (`stare: ...`) and its exit code."""
+    """fn(), with a known mistake printed as one message (`stare: ...`) and its exit code; a Ctrl-C that no
+    command handles (during its imports) is one line and 130, as a shell reports it."""
     try:
         return fn()
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("stare: interrupted", file=sys.stderr, flush=True)
+        return 130
     except Exception as err:
         explained = explain(err)
         if explained is None or debug:

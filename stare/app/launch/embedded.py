@@ -7,7 +7,8 @@ their in-memory seams (MemoryTransport streams, MemoryWeightBoard).
 Outputs under runs/<name>/ (stare.observe.run_outputs): config.yaml, metrics.jsonl, eval.jsonl, trained.jsonl, tb/,
 checkpoints/ (model, optimizer, controller, data cursor, RNG states), report/ at the end.
 Ctrl-C (or SIGTERM) stops after the current step and leaves a resumable checkpoint; a second
-Ctrl-C aborts at once. `--resume runs/<name>` continues with the same step numbering, controller
+Ctrl-C aborts at once. During start-up (lock, model load, DeepSpeed init, feeder) the first one stops
+at once: nothing has trained, nothing is saved. `--resume runs/<name>` continues with the same step numbering, controller
 state and data order: each group samples from a seed of (run seed, group id), so a resumed run
 reproduces an uninterrupted one. The loop itself is `learner.loop.session.TrainingSession`, the
 same one `stare learner` runs; this module only wires its in-memory seams.
@@ -27,15 +28,26 @@ from stare.app.launch.run_folder import run_lock
 from stare.config import TrainConfig
 from stare.runstate import MemoryRunState, RunSteering
 from stare.runtime.liveness import Liveness
+from stare.runtime.run_lock import write_failure
+
+
+class StopDuringStartup(KeyboardInterrupt):
+    """SIGINT/SIGTERM while the run starts: the start is abandoned where it is (a KeyboardInterrupt, so that
+    no library's `except Exception` swallows it)."""
 
 
 class StopFlag:
-    """Set by SIGINT/SIGTERM: finish the step, checkpoint, exit. A second SIGINT aborts."""
+    """Set by SIGINT/SIGTERM: finish the step, checkpoint, exit. A second SIGINT aborts. While `starting`
+    (model load, DeepSpeed init), the first signal raises StopDuringStartup at once."""
 
     def __init__(self) -> None:
         self.requested = False
+        self.starting = False
 
     def __call__(self, signum, frame) -> None:
+        if self.starting:
+            self.requested, self.starting = True, False
+            raise StopDuringStartup(signal.Signals(signum).name)
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested = True
@@ -162,10 +174,11 @@ class EmbeddedRun:
         self.outputs = self.session.outputs
         import json
 
+        from stare.observe.files import write_atomic
         from stare.observe.machine import fingerprint
 
         # what this run ran on (model hash, torch kernels, packages): docs/results.md says why
-        (self.run_dir / "machine.json").write_text(json.dumps(fingerprint(setup.model_path), indent=2) + "\n")
+        write_atomic(self.run_dir / "machine.json", json.dumps(fingerprint(setup.model_path), indent=2) + "\n")
 
     def _pump(self, fill_round: int) -> None:
         """One synchronous round of the in-process workers: sample up to prompts_per_step pending prompts
@@ -262,7 +275,17 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
         log, step_lines = logger.info, StepLines(cfg.logging.every_n_steps, cfg.run.steps or 0, logger)
     stop = StopFlag()
     with _signals(stop):  # also over the report and export: a Ctrl-C then lets them finish
-        run, outcome = _train(cfg, resume, log, console, progress, step_lines, stop)
+        try:
+            run, outcome = _train(cfg, resume, log, console, progress, step_lines, stop)
+        except StopDuringStartup as sig:
+            again = f"resume with: stare train --resume {cfg.run_dir}" if resume else "start it again"
+            print(f"stopped by {sig} during start-up: nothing trained; {again}", file=sys.stderr, flush=True)
+            return cfg.run_dir
+        except OSError as err:  # a full or read-only disk: one line with the last complete checkpoint
+            failure = write_failure(err, cfg.run_dir, again=f"resume: stare train --resume {cfg.run_dir}")
+            if failure is None:
+                raise
+            raise failure from err
         finished = outcome.outcome == "finished" and not stop.requested  # a signal during the report does not undo it
         if (finished or outcome.failed) and run.learner.step > 0:
             from stare.app.report import write_report
@@ -280,11 +303,14 @@ def run_training(cfg: TrainConfig, *, resume: bool = False, progress: bool = Tru
 
         raise NothingTrained(f"{run.run_dir}: {outcome.message}")
     if not finished:  # said even without progress output: the one line a stopped run needs
-        print(
-            f"stopped after step {run.learner.step}; resume with: stare train --resume {run.run_dir}",
-            file=sys.stderr,
-            flush=True,
+        from learner.engine.checkpoints import holds_checkpoint
+
+        again = (
+            f"resume with: stare train --resume {run.run_dir}"
+            if holds_checkpoint(run.run_dir / "checkpoints")
+            else "nothing to resume: start it again"
         )
+        print(f"stopped after step {run.learner.step}; {again}", file=sys.stderr, flush=True)
     return run.run_dir
 
 
@@ -299,9 +325,14 @@ def _train(cfg: TrainConfig, resume: bool, log, console, progress: bool, step_li
         TimeRemainingColumn,
     )
 
-    with run_lock(cfg.run_dir), _control_plane(cfg, log) as steering:
+    stop.starting = True  # a signal from here until the session runs stops the start at once
+    with run_lock(cfg.run_dir, resume=resume, say=log), _control_plane(cfg, log) as steering:
         # reward failures are warnings even without progress output (then through logging, to stderr)
         run = EmbeddedRun(cfg, resume=resume, log=log, steering=steering, warn=log if progress else None)
+        stop.starting = False  # from here on a signal stops after the current step (with a checkpoint)
+        if stop.requested:  # a signal that a library's cleanup swallowed
+            run.close()
+            raise StopDuringStartup("a signal")
         steps = run.session.steps  # run.steps, or derived from data.epochs
         if step_lines is not None:
             step_lines.total_steps = steps

@@ -39,9 +39,13 @@ import yaml
 
 from stare.config import ConfigError, TrainConfig, build_config
 from stare.config.colocation import check_node_colocation, node_colocated
+from stare.models.context import check_context, model_positions
+from stare.observe.files import write_atomic
 from stare.plan.check import check_fits
 from stare.plan.gpu_map import GpuPlan
 from stare.runtime.net import port_taken_message
+from stare.runtime.run_lock import RunLock
+from stare.runtime.threads import check_threads
 from stare.transport.record_tag import RECORD_KEY_FILE_ENV
 from stare.transport.redis_secrets import URL_ENV, URL_FILE_ENV, write_secret
 
@@ -155,6 +159,21 @@ class ProcessLauncher:
         self.color = self.out.isatty() if color is None else color
         self.max_restarts, self.grace_s = max_restarts, grace_s
         self.lock = threading.Lock()
+        # one writer per run folder (stare.runtime.run_lock), held until stop(); the learner inherits it
+        self.run_lock = RunLock(cfg.run_dir, resume=True, say=self.say).acquire()
+        try:
+            self._prepare(cfg, rollout=rollout, reward=reward, control=control, colocated=colocated, gpu_plan=gpu_plan)
+        except BaseException:
+            self.run_lock.release()
+            raise
+        self.redis_url = redis_url
+        self.stopping = False
+        self.force_stop = False  # a second Ctrl-C: stop() kills instead of waiting
+
+    def _prepare(
+        self, cfg: TrainConfig, *, rollout: int, reward: int, control: bool, colocated: bool, gpu_plan: GpuPlan | None
+    ) -> None:
+        """Resolve what every role must agree on (model, ports), check it, write the roles' config."""
         overrides: dict[str, object] = {}
         if cfg.model.path is None:
             from stare.models.resolve import resolve_model
@@ -170,21 +189,20 @@ class ProcessLauncher:
         if self.control_socket is not None:
             overrides["control_plane.port"] = self.control_socket.getsockname()[1]
         self.cfg = with_overrides(cfg, overrides)
+        check_threads(self.cfg)
+        check_context(self.cfg, *model_positions(self.cfg, self.cfg.model.path))
         check_fits(
             self.cfg, self.cfg.model.path, roles=("learner",) if colocated else ("learner", "rollout"), log=self.say
         )
         self.dir = self.cfg.run_dir / "up"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path = self.dir / "config.yaml"
-        self.config_path.write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
-        self.redis_url = redis_url
+        write_atomic(self.config_path, yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
         self.roles: dict[str, Role] = {}
         self.gpu_plan = gpu_plan
         for i, name in enumerate(role_names(rollout, reward, control)):
             self.roles[name] = Role(name, role_argv(name, self.config_path), color=COLORS[i % len(COLORS)])
         self.redis_restarts = 0
-        self.stopping = False
-        self.force_stop = False  # a second Ctrl-C: stop() kills instead of waiting
 
     def _bind_control(self, cfg: TrainConfig) -> socket.socket:
         """The API's listening socket, bound here and handed to the control role (no port race between two
@@ -250,12 +268,16 @@ class ProcessLauncher:
                 "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),  # c10d's reconnect chatter
                 "HF_HUB_OFFLINE": "1",
                 **gpu_env(self.gpu_plan, role.name),
+                **(self.run_lock.child_env() if role.kind == "learner" else {}),
             },
         )
         fds: tuple[int, ...] = ()
         if role.kind == "control" and self.control_socket is not None:
             fds = (self.control_socket.fileno(),)
             env[CONTROL_FD_ENV] = str(fds[0])
+        # the learner (and a learner restarted here) inherits the locked descriptor: it writes under our lock
+        if role.kind == "learner" and self.run_lock.fd is not None:
+            fds += (self.run_lock.fd,)
         role.proc = subprocess.Popen(
             role.argv,
             stdout=subprocess.PIPE,
@@ -342,4 +364,5 @@ class ProcessLauncher:
             self.redis.stop()
         if self.control_socket is not None:
             self.control_socket.close()
+        self.run_lock.release()  # every role has stopped: nothing of this run writes the folder any more
         self.say("stopped")

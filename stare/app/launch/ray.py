@@ -43,6 +43,7 @@ from stare.app.launch.processes import start_redis, with_overrides
 from stare.app.launch.ray_actor import RoleActor, _call, _ray
 from stare.app.launch.run import run_until_done
 from stare.config import ConfigError, TrainConfig
+from stare.runtime.run_lock import RunLock
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class RayLauncher:
         self.control_url: str | None = None
         self.stopping = False
         self._owns_ray = False
+        self.run_lock: RunLock | None = None
 
     def _actor_name(self, name: str) -> str:
         return f"stare-{self.cfg.run.name}-{name}"
@@ -118,6 +120,8 @@ class RayLauncher:
     def start(self) -> None:
         ray = _ray()
         deadline = time.monotonic() + self.start_timeout_s  # one limit for the whole start
+        # one writer per run folder: this driver holds it, its learner actor works under it (the token)
+        self.run_lock = RunLock(self.cfg.run_dir, resume=True, say=self.say).acquire()
 
         def left() -> float:
             return max(deadline - time.monotonic(), 1.0)
@@ -172,6 +176,8 @@ class RayLauncher:
                 "max_task_retries": 0,
                 "max_concurrency": 4,
             }  # status and stop answer while another call waits
+            if kind == "learner":
+                kwargs["lock_token"] = self.run_lock.token
             self.actors[name] = Actor.options(**options).remote(
                 kind, name, raw, self.redis_url, call_timeout_s=self.call_timeout_s, **kwargs
             )
@@ -285,6 +291,8 @@ class RayLauncher:
             self.redis.stop()
         if self._owns_ray:
             ray.shutdown()
+        if self.run_lock is not None:
+            self.run_lock.release()
         self.say("stopped")
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from stare.app.launch.processes import with_overrides
 from stare.runtime.net import free_port, port_free
+from stare.runtime.run_lock import TOKEN_ENV
 from stare.weight_sync.factory import broadcast_bind_host
 
 log = logging.getLogger(__name__)
@@ -49,12 +50,15 @@ class RoleActor:
         redis_url: str,
         learner: str | None = None,
         call_timeout_s: float = 60.0,
+        lock_token: str | None = None,
     ):
         ray = _ray()
         from stare.config import build_config
 
         os.environ.update(ACTOR_ENV)
         os.environ.pop("STARE_HEALTH_PORT", None)  # several roles share a node; Ray watches the actors
+        if lock_token is not None:  # the learner works under the driver's run lock (stare.runtime.run_lock)
+            os.environ[TOKEN_ENV] = lock_token
         self.kind, self.name, self.redis_url = kind, name, redis_url
         self.pid = os.getpid()
         with warnings.catch_warnings():  # Ray's own deprecated call inside this property

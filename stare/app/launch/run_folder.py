@@ -1,13 +1,21 @@
-"""The run folder of `stare train`: a new run never overwrites an old one, a resumed one is the folder
-named wherever it lives now (relative input paths resolved against it), and one process at a time
-holds it (`run_lock`)."""
+"""The run folder of `stare train`: a new run never overwrites an old one (a folder with any checkpoint
+is a run: resume it), a resumed one is the folder named wherever it lives now (relative input paths
+resolved against it), and one process at a time writes it (`run_lock`: stare.runtime.run_lock). What a
+run needs of the machine and the model (run.threads, the model's context) is checked here too, before
+the folder is created or a model loads."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from learner.engine.checkpoints import holds_checkpoint
 from stare.config import ConfigError, TrainConfig, build_config
+from stare.models.context import check_context, model_positions
+from stare.runtime.run_lock import RunLock
+from stare.runtime.threads import check_threads
 
 
 def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[str] = ()) -> TrainConfig:
@@ -19,8 +27,9 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
     if resume is not None:
         from learner.engine.checkpoints import require_checkpoint
 
-        run_dir = Path(resume).resolve()
-        resumed = read_run_config(run_dir, "--resume", overrides)
+        resumed = run_config(resume, overrides)
+        run_dir = resumed.run_dir
+        _check_start(resumed)
         # verified before the lock and the setup: a damaged run fails here, untouched
         tag = require_checkpoint(run_dir / "checkpoints", f"--resume {resume}", resumed.run.checkpoint_verify)
         done = _trained_steps(run_dir / "checkpoints" / tag)
@@ -35,27 +44,51 @@ def prepare_run(cfg: TrainConfig | None, resume: Path | None, overrides: list[st
         from stare.models.resolve import check_model_dir
 
         check_model_dir(Path(cfg.model.path))
-    if (cfg.run_dir / "checkpoints" / "latest").exists():
-        raise ConfigError(
-            f"run.name: {cfg.run_dir} already holds a run; resume it with `stare train --resume {cfg.run_dir}` "
-            f"or choose another name with --set run.name=NEW"
-        )
+    _check_start(cfg)
+    refuse_existing_run(cfg.run_dir)
     return cfg
 
 
-def read_run_config(run_dir: Path, flag: str, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    """The config a run folder was written with (its config.yaml, relative input paths resolved against the
-    folder), its run folder set to `run_dir`; nothing else is checked (no checkpoint, no lock): what a resume
-    and an export of any checkpoint both read. `flag` names the command's argument in errors."""
+def run_config(folder: Path, overrides: list[str] | tuple[str, ...] = (), flag: str = "--resume") -> TrainConfig:
+    """The config of the run in `folder` (its config.yaml with `overrides`), the folder being its run folder;
+    an empty or lost config.yaml names the copy its newest checkpoint keeps."""
     from stare.config.files import read_yaml_mapping
 
-    run_dir = Path(run_dir).resolve()
+    run_dir = Path(folder).resolve()
     saved = run_dir / "config.yaml"
+    copy = _config_copy(run_dir / "checkpoints")
+    restore = f"restore it from the newest checkpoint: cp {copy} {saved}" if copy else "restore it from a backup"
     if not saved.is_file():
-        raise ConfigError(f"{flag} {run_dir}: no config.yaml there; pass a run folder written by `stare train`")
-    cfg = build_config(_paths_against(read_yaml_mapping(saved), run_dir), overrides=overrides)
+        if holds_checkpoint(run_dir / "checkpoints"):
+            raise ConfigError(f"{flag} {folder}: no config.yaml there; {restore}")
+        raise ConfigError(f"{flag} {folder}: no config.yaml there; pass a run folder written by `stare train`")
+    raw = _paths_against(read_yaml_mapping(saved, empty=restore), run_dir)
+    cfg = build_config(raw, overrides=overrides, source=saved)
     cfg._run_dir = run_dir
     return cfg
+
+
+def _check_start(cfg: TrainConfig) -> None:
+    """What the machine and the model allow (stare.runtime.threads, stare.models.context), before anything starts."""
+    check_threads(cfg)
+    check_context(cfg, *model_positions(cfg, cfg.model.path))
+
+
+def refuse_existing_run(run_dir: Path) -> None:
+    """A new run never writes over a run: a folder holding any checkpoint (`latest` or not) is resumed."""
+    if holds_checkpoint(run_dir / "checkpoints"):
+        tags = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+        held = f" (checkpoints up to {tags[-1]})" if tags else ""
+        raise ConfigError(
+            f"run.name: {run_dir} already holds a run{held}; resume it with `stare train --resume {run_dir}`, "
+            f"or choose another run.name (--set run.name=NEW)"
+        )
+
+
+def _config_copy(checkpoints: Path) -> Path | None:
+    """The run config saved with the newest checkpoint (learner.step.trainer.Learner.save), if any."""
+    copies = sorted(checkpoints.glob("step_*/config.yaml"))
+    return copies[-1] if copies else None
 
 
 def _trained_steps(checkpoint: Path) -> int | None:
@@ -96,26 +129,18 @@ def _paths_against(raw: dict, run_dir: Path) -> dict:
 
 
 @contextmanager
-def run_lock(run_dir: Path):
-    """One process per run folder: a second `stare train` on the same run fails at once. A new run
-    that fails before it wrote anything (a bad dataset, a bad model folder) leaves no folder behind."""
-    import fcntl
-    import shutil
-
+def run_lock(run_dir: Path, *, resume: bool = False, say: Callable[[str], None] = print) -> Iterator[RunLock]:
+    """One writer per run folder (stare.runtime.run_lock): a second `stare train`, a `stare up`, a learner
+    of this run is refused with a line naming the holder. A new run checks again under the lock that the
+    folder holds no run, and one that fails before it wrote anything (a bad dataset, a bad model folder)
+    leaves no folder behind."""
     created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with open(run_dir / ".lock", "w") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise ConfigError(
-                    f"run.name: {run_dir} is in use by another stare process; choose another run.name"
-                ) from None
-            handle.write(str(__import__("os").getpid()))
-            handle.flush()
-            yield
+        with RunLock(run_dir, resume=resume, say=say) as lock:
+            if not resume:
+                refuse_existing_run(run_dir)
+            yield lock
     except BaseException:
-        if created and [p.name for p in run_dir.iterdir()] == [".lock"]:
+        if created and run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [".lock"]:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from stare.app.report.plots import _no_data
+from stare.app.report.plots import _no_data, save_figure
 from stare.app.report.stats import bootstrap_ci, pass_at_k_curve
 from stare.app.report.summary import (
     EMA_BETA,
@@ -22,6 +22,7 @@ from stare.app.report.summary import (
     load_jsonl,
     summarize,
 )
+from stare.observe.files import write_atomic
 
 # ---------------------------------------------------------------------------------------------
 # Comparing runs
@@ -190,6 +191,6 @@ def write_comparison(run_dirs: list[Path], out_dir: Path, ks: tuple[int, ...] = 
         smoothed = f", per-run EMA {EMA_BETA}" if smooth else ""
         ax.set(title=f"{title}: mean, min-max shaded{smoothed}", xlabel="step", ylabel=ylabel)
         ax.legend(fontsize=8, loc="best")
-    fig.savefig(out_dir / "compare.png", dpi=100)
-    (out_dir / "compare.md").write_text(_compare_markdown(rows, ks))
+    save_figure(fig, out_dir / "compare.png", dpi=100)
+    write_atomic(out_dir / "compare.md", _compare_markdown(rows, ks))
     return out_dir

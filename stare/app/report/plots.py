@@ -23,12 +23,23 @@ from stare.app.report.summary import (
     load_jsonl,
     summarize,
 )
+from stare.observe.files import write_atomic
 
 if TYPE_CHECKING:  # matplotlib is imported inside the functions that draw
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # ---------------------------------------------------------------------------------------------
 # Drawing one run
+
+
+def save_figure(fig: Figure, path: Path, **kwargs: Any) -> None:
+    """`fig` as a PNG at `path`, replaced at once (a reader never sees half a picture; stare.observe.files)."""
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", **kwargs)
+    write_atomic(path, buffer.getvalue())
 
 
 def _raw_and_ema(ax: Axes, steps: list[float], values: list[float], color: str, label: str) -> None:
@@ -169,10 +180,10 @@ def write_report(run_dir: Path) -> Path:
         draw(ax)
     _plot_summary_text(axes[-1], summary)
     fig.suptitle(f"{summary['run']} ({_fmt(summary['algo'])})", fontsize=14)
-    fig.savefig(out / "report.png", dpi=100)
+    save_figure(fig, out / "report.png", dpi=100)
     for name, draw in panels.items():
         fig = Figure(figsize=(8, 4.5), layout="constrained")
         draw(fig.subplots())
-        fig.savefig(out / f"{name}.png", dpi=100)
-    (out / "summary.md").write_text(_summary_markdown(summary))
+        save_figure(fig, out / f"{name}.png", dpi=100)
+    write_atomic(out / "summary.md", _summary_markdown(summary))
     return out

@@ -14,6 +14,7 @@ from stare.app.report import horizon
 from stare.app.report.stats import pass_at_k_curve
 from stare.app.report.summary import EVAL_FILE, METRICS_FILE, load_jsonl, summarize
 from stare.app.report.tables import LAST_STEPS
+from stare.observe.files import write_atomic
 
 RUN_NAME = re.compile(r"^s(\d+)-(.+)$")
 RECORDS_DIR = Path("docs/results/runs")
@@ -145,7 +146,7 @@ def write_record(run_dir: Path, records_dir: Path = RECORDS_DIR) -> Path:
         )
     records_dir.mkdir(parents=True, exist_ok=True)
     out = records_dir / f"{rec['name']}.json"
-    out.write_text(json.dumps(rec, separators=(",", ":")) + "\n")
+    write_atomic(out, json.dumps(rec, separators=(",", ":")) + "\n")
     return out
 
 

@@ -4,10 +4,15 @@ Markdown (`summary_markdown`)."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from stare.observe.files import read_jsonl
+
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.jsonl"
@@ -34,23 +39,11 @@ SUMMARY_KEYS = (
 
 
 def load_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Objects of a JSON-lines file, in order; `[]` if the file does not exist.
-
-    Blank lines are skipped. A last line that does not parse is taken as a write cut short (the run
-    is still going or was killed) and skipped; a bad line before the last raises ValueError naming
-    the file and line."""
-    if not path.exists():
-        return []
-    lines = [(i, line) for i, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
-    rows = []
-    for pos, (lineno, line) in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if pos == len(lines) - 1:
-                break
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); fix or remove the line") from e
-    return rows
+    """Objects of a JSON-lines file, in order; `[]` if the file does not exist. A damaged line (not UTF-8,
+    not JSON, not an object) is skipped with a warning naming the file and its 1-based line, the rest
+    kept; an unfinished last line (no newline yet: the run is writing it) is skipped silently
+    (stare.observe.files.read_jsonl)."""
+    return read_jsonl(path, log.warning)
 
 
 def _number(x: Any) -> float | None:
