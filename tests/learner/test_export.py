@@ -105,16 +105,6 @@ def test_a_finished_run_exports_any_of_its_checkpoints_without_resume_checks(tra
     assert "step_000002 is not a whole checkpoint" in capsys.readouterr().err and not (tmp_path / "two").exists()
 
 
-def test_stare_export_exports_a_finished_run(trained, tmp_path, capsys):
-    """A run that trained all its steps exports (it is not resumed: no "continue it with run.steps")."""
-    learner, _ = trained
-    raw = learner.cfg.model_dump(mode="json")
-    raw["run"]["steps"] = 1  # finished: the checkpoint holds step 1
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
-    assert main(["export", str(tmp_path), "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
-    assert json.loads((tmp_path / "out" / "export_info.json").read_text())["step"] == 1
-
-
 def test_the_rollout_state_is_a_copy_that_a_later_step_does_not_change():
     """full_state_dict hands the publisher CPU copies: under ZeRO 0-2 the module's parameters live
     on, and the next step (or a background publish still sending) must not see one in the other."""
