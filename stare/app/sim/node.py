@@ -9,7 +9,7 @@ or, `system.inflight_weight_updates`, between any two steps), `RewardWorker`, `R
 `RunOutputs` (metrics.jsonl under the sim's run folder). The in-memory streams (`MemoryStream`) replace
 Redis, each wrapped so that an entry becomes visible at the virtual time its producer published it.
 
-Stood in (stare/app/sim/standins.py): the rollout engine, the learner's train step / weight gather /
+Stood in (stare/app/sim/engine.py, learner.py, weights.py, task.py): the rollout engine, the learner's train step / weight gather /
 checkpoint write, the weight transport, the task's prompts and its verifier.
 
 The driver is a discrete-event loop run from the session's `pump` seam: each call lets every
@@ -20,76 +20,18 @@ learner can see by then, and when nothing new is visible moves the learner's clo
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stare.app.sim.standins import Lane, SimEngine, SimLearner, SimTask, SimTokenizer, SimWeights, solve_rate_scorer
-from stare.transport.in_memory import MemoryStream
-
-
-class TimedStream:
-    """A `MemoryStream` whose entries become visible at their producer's virtual time."""
-
-    def __init__(self, name: str, clock: Callable[[], float]):
-        self.inner, self.clock, self.name = MemoryStream(name, max_deliveries=None), clock, name
-        self.future: list[tuple[float, int, Any]] = []
-        self._seq = itertools.count()
-
-    @property
-    def dead(self):
-        return self.inner.dead
-
-    def publish(self, records) -> list[str]:
-        t = self.clock()
-        for r in records:
-            heapq.heappush(self.future, (t, next(self._seq), r))
-        return []
-
-    def publish_and_ack(self, records, source, ids) -> list[str]:
-        self.publish(records)
-        if source is not None:
-            source.ack(ids)
-        return []
-
-    def release(self, t: float) -> int:
-        out = []
-        while self.future and self.future[0][0] <= t + 1e-12:
-            out.append(heapq.heappop(self.future)[2])
-        if out:
-            self.inner.publish(out)
-        return len(out)
-
-    def next_time(self) -> float | None:
-        return self.future[0][0] if self.future else None
-
-    def visible(self) -> int:
-        return len(self.inner._queue)
-
-    def consume(self, consumer: str, max_count: int, block_s: float = 0.0):
-        return self.inner.consume(consumer, max_count, block_s)
-
-    def ack(self, ids) -> None:
-        self.inner.ack(ids)
-
-    def dead_letter(self, entry_id, raw, reason) -> None:
-        self.inner.dead_letter(entry_id, raw, reason)
-
-    def fail(self, ids, error) -> None:
-        self.inner.fail(ids, error)
-
-    def backlog(self) -> int:
-        return self.inner.backlog() + len(self.future)
-
-    def dead_letter_count(self) -> int:
-        return self.inner.dead_letter_count()
-
-    def reclaim(self, consumer, min_idle_ms=None, max_count=1000):
-        return []
+from stare.app.sim.engine import SimEngine
+from stare.app.sim.lanes import Lane
+from stare.app.sim.learner import SimLearner
+from stare.app.sim.streams import TimedStream
+from stare.app.sim.task import SimTask, SimTokenizer, solve_rate_scorer
+from stare.app.sim.weights import SimWeights
 
 
 @dataclass

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from stare.app.sim.lanes import KINDS
 from stare.app.sim.node import SimRun
-from stare.app.sim.standins import KINDS
 
 COLORS = {
     "decode": "#1f77b4",
