@@ -257,7 +257,10 @@ class SimNode:
                 for w in self.workers:
                     w.lane.wait_until(learner.now)
             self._advance(learner.now)
-            if self.transport.scored.release(learner.now) or self.session._batch_ready():
+            scored = self.transport.scored
+            # return while scored entries are visible: the collector pulls at most its limit per call
+            # (GroupCollector.pull's max_count), so a release larger than that leaves some for the next call
+            if scored.release(learner.now) or scored.visible() or self.session._batch_ready():
                 return
             times = [
                 t for t in [self.transport.scored.next_time(), *(w.next_time() for w in self.workers)] if t is not None

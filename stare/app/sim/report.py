@@ -26,11 +26,12 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
     t0, t1 = ends[warmup][0], ends[-1][0]
     steps = len(ends) - 1 - warmup
     tokens = sum(n for _, n in ends[warmup + 1 :])
-    # checkpoints: the window is kept free of them (the session saves at multiples of checkpoint_every;
-    # the sim runs fewer steps); each step is charged its share of one write, the learner waiting
+    # checkpoints: each step is charged its share of one write (checkpoint_s / checkpoint_every), the learner
+    # waiting. A write the session made inside the window (a multiple of checkpoint_every among the measured
+    # steps) is taken out of the span first, so that it is not charged on top of its share
     ckpt = run.checkpoint_s / run.checkpoint_every if run.checkpoint_every else 0.0
-    sim_span = max(t1 - t0, 1e-12)
-    span = sim_span + ckpt * steps
+    written = run.learner.busy_in(t0, t1)["checkpoint"]
+    span = max(t1 - t0 - written, 1e-12) + ckpt * steps
     d = run.design
     per_gpu: dict[int, dict[str, float]] = {}
     for g in range(d.gpus):
@@ -40,10 +41,10 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
                 for k, v in lane.busy_in(t0, t1).items():
                     busy[k] += v
         if g < d.learner_gpus:
-            busy["checkpoint"] += ckpt * steps
+            busy["checkpoint"] = ckpt * steps
         per_gpu[g] = {k: v / span for k, v in busy.items()}
     learner = {k: v / steps for k, v in run.learner.busy_in(t0, t1).items()}
-    learner["checkpoint"] += ckpt
+    learner["checkpoint"] = ckpt
     learner_busy = sum(learner.values())
     wait = span / steps - learner_busy
     rollout_gpus = [g for g in range(d.gpus) if d.colocated or g >= d.learner_gpus]
