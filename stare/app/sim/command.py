@@ -28,10 +28,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config field or a sim setting (sim.*, and issue #24's new fields: stare/app/sim/design.py)",
+        help="override a config field or a workload setting (sim.*: stare/app/sim/workload.py)",
     )
     p.add_argument("--gpus", type=int, default=8, help="GPUs of the node (default 8)")
-    p.add_argument("--gpu", default="h100-80gb", help="h100-80gb, h200, a100-80gb, l40s, or cpu (with --profile)")
+    p.add_argument("--gpu", default="h100-80gb", help="h100-80gb, h200, h800, h20, a100-80gb, l40s, b200, or cpu (with --profile)")
     p.add_argument("--learner-gpus", type=int, default=None, help="learner GPUs (default: system.learner_ranks)")
     p.add_argument(
         "--colocated",
@@ -81,8 +81,8 @@ def run(args) -> int:
         args.calibrate.write_text(json.dumps(profile, indent=2) + "\n")
         print(json.dumps(profile, indent=2))
         return 0
-    cfg, sim = load(args)
     try:
+        cfg, sim = load(args)
         return _simulate(args, cfg, sim)
     except ValueError as err:
         print(f"stare sim: {err}", file=sys.stderr)

@@ -82,6 +82,7 @@ class StepCosts:
     running: int = 0  # sequences the engine itself runs at once (vLLM's scheduler: KV / mean length); 0: capacity
     kv: KvCache | None = None  # vLLM's cache: capacity() grows with the finished samples' mean length; None: fixed
     prepass_s: Callable[[list], float] | None = None  # the pre-pass share of train_s (optim.prepass_early); None: off
+    phases_s: Callable[[list], dict[str, float]] | None = None  # train_s by phase (train, prepass, zero3, ...)
 
 
 class _Worker:
