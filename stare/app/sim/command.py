@@ -31,7 +31,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="override a config field or a workload setting (sim.*: stare/app/sim/workload.py)",
     )
     p.add_argument("--gpus", type=int, default=8, help="GPUs of the node (default 8)")
-    p.add_argument("--gpu", default="h100-80gb", help="h100-80gb, h200, h800, h20, a100-80gb, l40s, b200, or cpu (with --profile)")
+    p.add_argument(
+        "--gpu", default="h100-80gb", help="h100-80gb, h200, h800, h20, a100-80gb, l40s, b200, or cpu (with --profile)"
+    )
     p.add_argument("--learner-gpus", type=int, default=None, help="learner GPUs (default: system.learner_ranks)")
     p.add_argument(
         "--colocated",
