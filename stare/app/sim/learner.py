@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from learner.step.prepass_store import PrepassStore
 from stare.app.sim.lanes import Lane
 
 
@@ -34,7 +36,7 @@ class SimLearner:
         self.cfg, self.lane = cfg, lane
         self.step_s, self.gather_s, self.checkpoint_s = step_s, gather_s, checkpoint_s
         self.wait_engines, self.prepass_s = wait_engines, prepass_s
-        self.prepared: set[str] = set()  # trajectory ids pre-passed at the current version
+        self.prepared = PrepassStore()  # the product's store: values by trajectory id at one weight version
         self.controller = EntropyController(cfg.controller, max_entropy=10.0)
         self.step = self.version = 0
         self.trained_tokens: list[tuple[float, int]] = []  # (end time, tokens) per step
@@ -42,10 +44,11 @@ class SimLearner:
     def train_step(self, trajectories: list) -> dict[str, Any]:
         if self.wait_engines is not None:
             self.lane.wait_until(self.wait_engines())
-        ahead = [t for t in trajectories if t.trajectory_id in self.prepared]  # their pre-pass already ran
+        kept = self.prepared.get(trajectories, self.version)  # as Learner.train_step asks its store
+        self.prepared.clear()  # this step moves the weights: nothing kept is valid after it
+        ahead = [t for t in trajectories if t.trajectory_id in kept]  # their pre-pass already ran
         saved = self.prepass_s(ahead) if ahead and self.prepass_s is not None else 0.0
         self.lane.busy(self.step_s(trajectories) - saved, "train")
-        self.prepared = set()  # the weights move on
         # tokens the step trains on: a response's tokens left out of the loss (older than max_staleness) do not count
         tokens = sum(len(t.prompt_token_ids) + int(np.count_nonzero(t.loss_mask)) for t in trajectories)
         self.trained_tokens.append((self.lane.now, tokens))
@@ -68,11 +71,13 @@ class SimLearner:
         """The pre-pass ahead of a step (the session calls it while it waits for data): its time on the
         learner lane now, taken out of the step that trains these trajectories. Colocated it stays in the
         step: the GPUs are the engines' while they sample."""
-        new = [t for t in trajectories if t.trajectory_id not in self.prepared]
-        if self.prepass_s is None or self.wait_engines is not None or not new:
+        if self.prepass_s is None or self.wait_engines is not None or not trajectories:
             return
-        self.lane.busy(self.prepass_s(new), "train")
-        self.prepared.update(t.trajectory_id for t in new)
+        self.lane.busy(self.prepass_s(trajectories), "train")
+        # what Learner.prepare keeps: per trajectory its [k, response length] values at this version
+        self.prepared.keep(
+            {t.trajectory_id: torch.zeros(1, len(t.response_token_ids)) for t in trajectories}, self.version
+        )
 
     def state_dict_for_rollout(self) -> dict:
         self.lane.busy(self.gather_s, "send/receive")

@@ -32,6 +32,7 @@ from stare.app.sim.learner import SimLearner
 from stare.app.sim.streams import TimedStream
 from stare.app.sim.task import SimTask, SimTokenizer, solve_rate_scorer
 from stare.app.sim.weights import SimWeights
+from stare.runtime.process import stream_backlog
 
 
 @dataclass
@@ -86,9 +87,14 @@ class StepCosts:
 
 
 class _Worker:
-    """One rollout worker: its lane, stand-in engine and the real RolloutWorker around it."""
+    """One rollout worker: its lane, stand-in engine, the real RolloutWorker around it and, when the product's
+    rule says the worker streams (`rollout.streaming.streaming_loop`), its real StreamingLoop: the engine's
+    steps stop at the driver's horizon, so the loop runs one virtual-time slice per act. A publish refused for
+    backpressure waits as rollout/role.py does (1 s, then again); a blocking batch's prompts are delivered
+    again after system.claim_idle_s (the stream's reclaim)."""
 
     def __init__(self, node: SimNode, index: int, lane: Lane, engine: SimEngine):
+        from rollout.streaming import streaming_loop
         from rollout.worker import RolloutWorker
 
         cfg, r = node.cfg, node.cfg.rollout
@@ -110,9 +116,13 @@ class _Worker:
             prompt_overflow=cfg.data.prompt_overflow,
         )
         self.batch = cfg.system.rollout_batch_prompts
+        self.claim_idle_s = cfg.system.claim_idle_s
+        self.loop = streaming_loop(cfg, self.worker, engine)
 
     def next_time(self) -> float | None:
         """When this worker acts next on what is already published (None: nothing to do)."""
+        if self.loop is not None and self.loop.in_flight():
+            return self.lane.now
         p = self.node.transport.prompts
         if p.visible():
             return self.lane.now
@@ -121,41 +131,28 @@ class _Worker:
 
     def act(self, until: float) -> bool:
         """Act once at this worker's clock (<= until); False when it has nothing to do before `until`."""
+        from stare.transport.redis_streams import BackpressureError
+
         prompts = self.node.transport.prompts
         prompts.release(self.lane.now)
-        if not prompts.visible():
+        busy = prompts.visible() or (self.loop is not None and self.loop.in_flight())
+        if not busy:
             t = prompts.next_time()
             self.lane.wait_until(until if t is None else min(t, until))
             return t is not None and t <= until
-        self.worker.run_once(self.batch)
+        try:
+            if self.loop is not None:
+                self.engine.horizon = until
+                self.loop.run_once()
+            else:
+                self.worker.run_once(self.batch)
+        except BackpressureError:  # the reward side is behind
+            if self.loop is not None:
+                self.lane.wait_until(self.lane.now + 1.0)
+            else:
+                self.lane.wait_until(self.lane.now + self.claim_idle_s)
+                prompts.inner.requeue_pending()
         return True
-
-
-class _Streaming(_Worker):
-    """The real streaming loop (rollout/streaming.py) over the stand-in engine: the engine's steps stop at
-    the driver's horizon, so the loop runs one virtual-time slice per act."""
-
-    def __init__(self, *args, inflight: bool):
-        from rollout.streaming import StreamingLoop
-
-        super().__init__(*args)
-        self.loop = StreamingLoop(self.worker, self.engine, inflight=inflight)
-
-    def next_time(self) -> float | None:
-        if self.loop.in_flight():
-            return self.lane.now
-        return super().next_time()
-
-    def act(self, until: float) -> bool:
-        prompts = self.node.transport.prompts
-        prompts.release(self.lane.now)
-        if self.loop.in_flight() or prompts.visible():
-            self.engine.horizon = until
-            self.loop.run_once()
-            return True
-        t = prompts.next_time()
-        self.lane.wait_until(until if t is None else min(t, until))
-        return t is not None and t <= until
 
 
 @dataclass
@@ -191,7 +188,7 @@ class SimNode:
         self.current = self.learner_lane  # the actor whose clock stamps what is published
         clock = lambda: self.current.now  # noqa: E731
         self.transport = SimTransport(
-            TimedStream("prompts", clock), TimedStream("raw", clock), TimedStream("scored", clock)
+            *(TimedStream(name, clock, stream_backlog(cfg)) for name in ("prompts", "raw", "scored"))
         )
         self.board = SimWeights(self.learner_lane, costs.send_s, costs.recv_s, sync=d.max_staleness == 0)
         self.reward_lane = Lane("reward", [])
@@ -216,10 +213,7 @@ class SimNode:
             )
             if costs.static_batch:
                 engine.static_batch = True
-            cls = _Streaming if d.streaming else _Worker
-            self.workers.append(
-                cls(self, i, lane, engine, inflight=d.inflight) if d.streaming else cls(self, i, lane, engine)
-            )
+            self.workers.append(_Worker(self, i, lane, engine))
 
     # ------------------------------------------------------------------ the driver
     def _advance(self, until: float) -> None:

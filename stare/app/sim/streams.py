@@ -12,10 +12,13 @@ from stare.transport.in_memory import MemoryStream
 
 
 class TimedStream:
-    """A `MemoryStream` whose entries become visible at their producer's virtual time."""
+    """A `MemoryStream` whose entries become visible at their producer's virtual time. `max_backlog`: the
+    product's bound on unacknowledged entries (`stare.runtime.process.stream_backlog`); a publish past it is
+    refused with the Redis stream's `BackpressureError`, having written nothing."""
 
-    def __init__(self, name: str, clock: Callable[[], float]):
+    def __init__(self, name: str, clock: Callable[[], float], max_backlog: int | None = None):
         self.inner, self.clock, self.name = MemoryStream(name, max_deliveries=None), clock, name
+        self.max_backlog = max_backlog
         self.future: list[tuple[float, int, Any]] = []
         self._seq = itertools.count()
 
@@ -24,6 +27,12 @@ class TimedStream:
         return self.inner.dead
 
     def publish(self, records) -> list[str]:
+        if self.max_backlog is not None and self.backlog() + len(records) > self.max_backlog:
+            from stare.transport.redis_streams import BackpressureError
+
+            raise BackpressureError(
+                f"stream {self.name}: backlog {self.backlog()} + {len(records)} new > max_backlog {self.max_backlog}"
+            )
         t = self.clock()
         for r in records:
             heapq.heappush(self.future, (t, next(self._seq), r))
