@@ -43,6 +43,7 @@ TINY_OVERRIDES = [
     "data.dynamic_sampling=false",
     "system.max_staleness=0",
     "run.checkpoint_every=1000",
+    "task.eval_every=1000",
     "sim.response_mean=30",
     "sim.response_sigma=0",
     "sim.prompt_tokens=1",

@@ -48,7 +48,8 @@ def test_on_policy_step_is_the_sum_of_its_pieces():
         + nc.prefill_s(16)
         + nc.decode_span_s(30, 128, 128)
         + costs.checkpoint_s / 1000
-    )  # a checkpoint's share
+        + costs.eval_s / 1000
+    )  # a checkpoint's and an evaluation's share
     assert summary["s_per_step"] == pytest.approx(expected, rel=1e-6)
     assert summary["tokens_per_step"] == 128 * 31
 
@@ -77,6 +78,7 @@ def test_the_pre_pass_of_groups_ready_early_leaves_the_step(early):
         + costs.gather_s
         + max(costs.send_s, costs.recv_s)
         + costs.checkpoint_s / 1000
+        + costs.eval_s / 1000
     )
     assert summary["s_per_step"] == pytest.approx(expected, rel=1e-6)
 

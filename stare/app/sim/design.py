@@ -19,6 +19,7 @@ from typing import Any
 
 from stare.app.sim.constants import constants
 from stare.app.sim.costs import ModelCosts, NodeCosts
+from stare.app.sim.evaluation import evaluation_s
 from stare.app.sim.gpus import gpu
 from stare.app.sim.node import Design, KvCache, StepCosts
 from stare.app.sim.workload import CHOICES, SIM_FIELDS, LengthModel, length_model
@@ -165,7 +166,7 @@ def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str, corne
         gather = nc.publish_host_s(d.learner_gpus, learn.zero3) - h2d
         send = recv = h2d + nc.broadcast_s()
     workers = max(int(sim.get("sim.reward_workers")), 1)
-    return StepCosts(
+    costs = StepCosts(
         engine=nc,
         capacity=max(capacity, 1),
         kv=KvCache(int(kv_tokens), int(max_seqs), int(max_len)),
@@ -179,6 +180,11 @@ def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str, corne
         swap_s=nc.sleep_wake_s() if d.colocated else 0.0,
         reward_s_per_traj=float(sim.get("sim.reward_s_per_traj")) / workers,
     )
+    factor = float(sim.get("sim.eval_length_factor"))
+    costs.eval_s = evaluation_s(
+        cfg, d, costs, lengths_of(cfg, sim), prompt_len=int(sim.get("sim.prompt_tokens")), factor=factor
+    )
+    return costs
 
 
 class LearnerCosts:

@@ -84,6 +84,7 @@ class StepCosts:
     kv: KvCache | None = None  # vLLM's cache: capacity() grows with the finished samples' mean length; None: fixed
     prepass_s: Callable[[list], float] | None = None  # the pre-pass share of train_s (optim.prepass_early); None: off
     phases_s: Callable[[list], dict[str, float]] | None = None  # train_s by phase (train, prepass, zero3, ...)
+    eval_s: float = 0.0  # one held-out evaluation, the learner waiting (stare/app/sim/evaluation.py)
 
 
 class _Worker:
@@ -166,6 +167,8 @@ class SimRun:
     metrics: list[dict] = field(default_factory=list)
     checkpoint_s: float = 0.0  # one checkpoint write (the learner waits)
     checkpoint_every: int = 0
+    eval_s: float = 0.0  # one held-out evaluation (the learner waits, the engines sample it)
+    eval_every: int = 0
 
 
 class SimNode:
@@ -329,6 +332,8 @@ class SimNode:
             metrics,
             self.costs.checkpoint_s,
             self.cfg.run.checkpoint_every,
+            self.costs.eval_s,
+            self.cfg.task.eval_every,
         )
 
     def _step_s(self, trajectories: list) -> float:

@@ -31,7 +31,10 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
     # steps) is taken out of the span first, so that it is not charged on top of its share
     ckpt = run.checkpoint_s / run.checkpoint_every if run.checkpoint_every else 0.0
     written = run.learner.busy_in(t0, t1)["checkpoint"]
-    span = max(t1 - t0 - written, 1e-12) + ckpt * steps
+    # the held-out evaluation likewise: its share of one evaluation a step, the learner waiting and the
+    # rollout engines sampling it (stare/app/sim/evaluation.py)
+    evals = run.eval_s / run.eval_every if run.eval_every else 0.0
+    span = max(t1 - t0 - written, 1e-12) + (ckpt + evals) * steps
     d = run.design
     per_gpu: dict[int, dict[str, float]] = {}
     for g in range(d.gpus):
@@ -42,11 +45,13 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
                     busy[k] += v
         if g < d.learner_gpus:
             busy["checkpoint"] = ckpt * steps
+        if d.colocated and g == 0 or not d.colocated and g >= d.learner_gpus:
+            busy["decode"] += evals * steps  # the engines that sample the evaluation (colocated: rank 0's)
         per_gpu[g] = {k: v / span for k, v in busy.items()}
     learner = {k: v / steps for k, v in run.learner.busy_in(t0, t1).items()}
     learner["checkpoint"] = ckpt
-    learner_busy = sum(learner.values())
-    wait = span / steps - learner_busy
+    learner_busy = sum(learner.values())  # the evaluation is waiting, not busy
+    wait = span / steps - learner_busy - evals
     rollout_gpus = [g for g in range(d.gpus) if d.colocated or g >= d.learner_gpus]
     decode = sum(per_gpu[g]["decode"] + per_gpu[g]["prefill"] for g in rollout_gpus) / max(len(rollout_gpus), 1)
     rollout_recv = 0.0
@@ -59,6 +64,7 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
         "train": learner["train"],
         "weight publish": learner["send/receive"],
         "checkpoint": learner["checkpoint"],
+        "evaluation": evals,
     }
     # the side busier than the other is the one the other waits for
     learner_side = learner_busy * steps / span
