@@ -53,6 +53,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=STEPS, help=f"steps measured (default {STEPS})")
     p.add_argument("--warmup", type=int, default=WARMUP, help=f"steps not measured (default {WARMUP})")
     p.add_argument("--gantt", type=Path, default=None, help="write a Gantt chart PNG of a few steps here")
+    p.add_argument(
+        "--corner",
+        choices=("pessimistic", "central", "optimistic"),
+        default=None,
+        help="one corner of the cost model's ranges only (default: all three, every figure as central [low, high])",
+    )
+    p.add_argument(
+        "--constants", action="store_true", help="print the cost model's constants with their ranges and sources"
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(fn=run)
     return p
@@ -72,6 +81,11 @@ def load(args):
 
 
 def run(args) -> int:
+    if args.constants:
+        from stare.app.sim.constants import markdown_table
+
+        print(markdown_table())
+        return 0
     if args.calibrate is not None:
         from stare.app.sim.calibrate import calibrate
         from stare.app.sim.design import split_overrides
@@ -92,8 +106,8 @@ def run(args) -> int:
 
 
 def _simulate(args, cfg, sim) -> int:
-    from stare.app.sim.design import build_design, cpu_costs, gpu_costs, load_profile, simulate
-    from stare.app.sim.report import gantt, render
+    from stare.app.sim.design import build_design, cpu_costs, load_profile, simulate
+    from stare.app.sim.report import band_of, gantt, render
 
     if args.gpu == "cpu":
         if args.profile is None:
@@ -105,14 +119,18 @@ def _simulate(args, cfg, sim) -> int:
         profile = load_profile(args.profile)
         costs, lengths = cpu_costs(profile, cfg)
         sim.knobs.setdefault("sim.prompt_tokens", round(profile.get("prompt_mean", 1)))
+        result, summary = simulate(cfg, sim, design, costs, lengths, steps=args.steps, warmup=args.warmup)
     else:
-        from stare.app.sim.design import lengths_of
+        from stare.app.sim.bands import simulate_band
         from stare.plan.sizes import load_model_shape
 
         design = build_design(cfg, sim, gpus=args.gpus, learner_gpus=args.learner_gpus, colocated=args.colocated)
-        costs = gpu_costs(cfg, sim, design, load_model_shape(cfg, args.model_config), args.gpu)
-        lengths = lengths_of(cfg, sim)
-    result, summary = simulate(cfg, sim, design, costs, lengths, steps=args.steps, warmup=args.warmup)
+        shape = load_model_shape(cfg, args.model_config)
+        corners = (args.corner,) if args.corner else ("pessimistic", "central", "optimistic")
+        band = simulate_band(cfg, sim, design, shape, args.gpu, steps=args.steps, warmup=args.warmup, corners=corners)
+        result, summary = band[corners[0]] if args.corner else band["central"]
+        if not args.corner:
+            summary = band_of({c: s for c, (_, s) in band.items()})
     if args.gantt is not None:
         summary["gantt"] = str(gantt(result, summary, args.gantt))
     print(json.dumps(summary, indent=2) if args.json else render(summary))
