@@ -157,8 +157,9 @@ class NodeCosts:
         extra_forward: int = 0,
         offload: bool = False,
     ) -> dict[str, float]:
-        """One optimizer step on `gpus` learner GPUs, by phase (seconds): train, prepass, extra, zero3,
-        optimizer. `micro_batches` / `prepass_micro_batches`: each rank's (ZeRO-3 gathers per micro-batch)."""
+        """One optimizer step on `gpus` learner GPUs, by phase (seconds): train, prepass, extra, zero3 (ZeRO-3's
+        gathers, or a data-parallel learner's gradient sync), optimizer. `micro_batches` / `prepass_micro_batches`:
+        each rank's (ZeRO-3 gathers per micro-batch)."""
         fw, k, peak = self.framework, self.k, self.gpu.bf16_flops * gpus
         out = {
             "train": self.train_flops(tokens, mean_len, recompute=recompute) / (peak * k.train_efficiency(fw)),
@@ -174,6 +175,8 @@ class NodeCosts:
             passes = micro_batches * per_train + (prepass_micro_batches if prepass else 0) * (1 + extra_forward)
             exposed = (1 - k.zero3_overlap) * passes * self.allgather_s(self.model.weight_bytes, gpus)
             out["zero3"] = exposed + head_gathers * self.allgather_s(self.model.head_bytes, gpus)
+        elif gpus > 1:  # data parallel (ZeRO-1/2, a distributed optimizer): one gradient sync a step, partly hidden
+            out["zero3"] = (1 - k.zero3_overlap) * 2 * self.allgather_s(self.model.weight_bytes, gpus)
         return out
 
     def prepass_s(self, tokens: float, mean_len: float, gpus: int, *, zero3: bool, micro_batches: int = 0) -> float:

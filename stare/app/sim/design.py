@@ -154,13 +154,14 @@ def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str, corne
             f"(max_model_len), fewer than one group ({cfg.rollout.samples_per_prompt}): raise "
             "rollout.engine.gpu_memory_utilization or tensor_parallel_size, or lower max_model_len"
         )
-    learn = LearnerCosts(
-        nc, cfg, sim, d.learner_gpus, offload=d.colocated and cfg.system.colocate_offload == "optimizer"
-    )
+    offload = bool(sim.get("sim.learner_offload")) or (d.colocated and cfg.system.colocate_offload == "optimizer")
+    learn = LearnerCosts(nc, cfg, sim, d.learner_gpus, offload=offload)
     if d.colocated:
         gather, send, recv = 0.0, nc.refit_colocated_s(), 0.0
-    elif d.publish_from == "device":
-        gather, send, recv = nc.publish_device_s(d.learner_gpus, learn.zero3), nc.broadcast_s(), nc.broadcast_s()
+    elif d.publish_from == "device":  # a node of more than 8 GPUs: the learner and the engines on different nodes
+        across = d.gpus > nc.gpus_per_node
+        bcast = nc.broadcast_s(across_nodes=across)
+        gather, send, recv = nc.publish_device_s(d.learner_gpus, learn.zero3), bcast, bcast
     else:  # host: D2H on the main thread; H2D per bucket and the broadcast on the publisher's
         h2d = nc.pageable_copy_s()
         gather = nc.publish_host_s(d.learner_gpus, learn.zero3) - h2d
