@@ -54,6 +54,7 @@ def measured(metrics: list[dict[str, Any]], skip: int = 1) -> dict[str, float]:
 def solve_beta_for(filtered: float, n: int) -> float:
     """a such that a group of n samples from a prompt with solve rate ~ Beta(a, a) scores all-equal with
     probability `filtered` (E[p^n + (1 - p)^n]; 2/(n + 1) at a = 1), by bisection on log a."""
+
     def betaln(x: float, y: float) -> float:
         return math.lgamma(x) + math.lgamma(y) - math.lgamma(x + y)
 
