@@ -103,3 +103,43 @@ def test_no_sim_module_defines_a_function_the_product_already_has():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
                 assert node.name.lstrip("_") not in names, f"{path.name} defines {node.name}, a product name"
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("rollout.engine.tensor_parallel_size=2", "tensor_parallel_size is 2: set it to 1"),
+        ("rollout.tool_use.enabled=true", "does not run the tool loop"),
+    ],
+)
+def test_a_colocated_design_the_product_refuses_exits_2_with_its_message(setting, message, capsys):
+    """The sim builds its colocated node with the product's NodeRollout, so check_node_colocation refuses what
+    the product refuses (the old private model simulated it)."""
+    import argparse
+
+    from stare.app.sim import command
+
+    parser = argparse.ArgumentParser()
+    command.add_parser(parser.add_subparsers())
+    argv = ["sim", "--config", "configs/tiny-cpu.yaml", "--gpus", "2", "--colocated", "--corner", "central"]
+    argv += ["--set", "rollout.engine=vllm", "--set", setting]
+    args = parser.parse_args(argv)
+    assert args.fn(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_colocated_node_runs_the_products_sample_pump():
+    """4 ranks, 32 prompts a step: every step is one SAMPLE op of the product's SamplePump, in which every rank
+    takes its share (8) and its Colocation wakes the engine once and puts it back to sleep once."""
+    from stare.app.sim.design import build_design, gpu_costs, lengths_of, simulate
+
+    cfg, sim = tiny(["rollout.engine=vllm", "rollout.prompts_per_step=32", "sim.response_sigma=0.5"])
+    design = build_design(cfg, sim, gpus=4, learner_gpus=None, colocated=True)
+    run, summary = simulate(
+        cfg, sim, design, gpu_costs(cfg, sim, design, TINY, "h100-80gb"), lengths_of(cfg, sim), steps=2, warmup=1
+    )
+    steps = len(run.metrics)
+    assert steps == 4 and len(run.colocation_events) == 4
+    assert all(e["wakes"] == steps and e["sleeps"] == steps for e in run.colocation_events)
+    busy = [sum(b.values()) for b in summary["gpu_busy"].values()]
+    assert max(busy) - min(busy) < 0.25  # the ranks share the round (one thread at a time, earliest clock first)

@@ -54,8 +54,22 @@ class RankWeights:
 class NodeRollout:
     """One learner rank's rollout (learner/process/colocation.py `RankRollout`); see the module docstring."""
 
-    def __init__(self, cfg: TrainConfig, redis_url: str, name: str, say: Callable[[str], None] = log.info):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        redis_url: str,
+        name: str,
+        say: Callable[[str], None] = log.info,
+        *,
+        build_stack: Callable[..., Any] | None = None,
+        connect: Callable[[TrainConfig, str], Any] | None = None,
+        cuda: bool | None = None,
+    ):
+        """`build_stack` / `connect`: the rollout stack and the run's streams (default: rollout.stack's
+        build_rollout_stack, stare.runtime.process.connect_transport); `cuda`: whether this rank has CUDA (None:
+        ask torch). `stare sim` passes its stand-ins and states a GPU."""
         self.cfg, self.redis_url, self.name, self.say = cfg, redis_url, name, say
+        self.build_stack, self.connect, self.cuda = build_stack, connect, cuda
         self.stack = self.worker = self.stream = self.colocation = self.learner = self.transport = None
         self.rank, self.collective = 0, False
 
@@ -66,13 +80,13 @@ class NodeRollout:
         from stare.app.colocation.one_gpu import check_alloc_conf
         from stare.config.colocation import check_node_colocation
 
-        cuda = torch.cuda.is_available()
+        cuda = torch.cuda.is_available() if self.cuda is None else self.cuda
         check_node_colocation(self.cfg, cuda=cuda)
         vllm = self.cfg.rollout.engine.name == "vllm"
         if vllm:
             check_alloc_conf()
         self.rank = rank
-        self.stack = build_rollout_stack(
+        self.stack = (self.build_stack or build_rollout_stack)(
             self.cfg, self.say, model_path=model_path, sleep_mode=vllm, external_launcher=vllm and world > 1
         )
         self.stack.engine.sleep()  # before the learner takes its memory
@@ -85,7 +99,7 @@ class NodeRollout:
 
         cfg, engine, setup = self.cfg, self.stack.engine, self.stack.setup
         self.learner, self.collective = learner, learner.weights_are_collective()
-        self.transport = connect_transport(cfg, self.redis_url)
+        self.transport = (self.connect or connect_transport)(cfg, self.redis_url)
         r = cfg.rollout
         self.worker = RolloutWorker(
             engine,

@@ -89,6 +89,8 @@ def load(args):
     from stare.config import load_config
 
     passed, sim = split_overrides(args.config, args.overrides)
+    if getattr(args, "colocated", False):  # the product's switch: its colocated node and its checks
+        passed.append("system.colocate=on")
     if args.config is None:
         from importlib.resources import files
 

@@ -72,6 +72,8 @@ class SimEngine:
         self.inflight_updates = True  # a version taken between steps applies to the running sequences' next tokens
         self.preemptions = 0
         self.asleep, self.sleep_s, self.wake_s = False, sleep_s, wake_s
+        self.refit_s = 0.0  # a version taken in place (the colocated node: the rank's weights, a device copy)
+        self.before_step = None  # a colocated rank's thread waits for its turn here (stare/app/sim/colocated.py)
 
     # -------------------------------------------------------------- the streaming protocol
     def capacity(self) -> int:
@@ -95,6 +97,8 @@ class SimEngine:
     def step(self) -> list[tuple[object, list[Completion]]]:
         """Admit what fits, then decode to the next event (a completion, a full cache, the horizon); the
         prompts whose n completions all finished."""
+        if self.before_step is not None:
+            self.before_step()
         self._admit()
         if not self.running:
             return []
@@ -139,6 +143,7 @@ class SimEngine:
         return [results[k] for k in keys]
 
     def update_weights(self, state_dict, version: int) -> None:
+        self.lane.busy(self.refit_s, "send/receive")
         self.weight_version = version
         for s in [*self.running, *self.preempted]:  # in flight: their next tokens come from this version
             if s.versions[-1][0] == s.done:

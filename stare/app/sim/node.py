@@ -21,6 +21,7 @@ learner can see by then, and when nothing new is visible moves the learner's clo
 from __future__ import annotations
 
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,9 @@ class SimTransport:
     raw: TimedStream
     scored: TimedStream
 
+    def close(self) -> None:
+        pass
+
 
 @dataclass
 class Design:
@@ -55,6 +59,9 @@ class Design:
     publish_from: str  # host | device
     eager: bool
     max_staleness: int
+    # colocated through the product's node (SamplePump, NodeRollout, its checks); False: a peer's colocated design
+    # the product does not run (TP engines, validation only): engines asleep while the learner steps
+    product_colocation: bool = True
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,7 @@ class SimRun:
     checkpoint_every: int = 0
     eval_s: float = 0.0  # one held-out evaluation (the learner waits, the engines sample it)
     eval_every: int = 0
+    colocation_events: list[dict[str, float]] = field(default_factory=list)  # each rank's Colocation.events
 
 
 class SimNode:
@@ -188,14 +196,22 @@ class SimNode:
         self.prompt_len, self.solve_beta = prompt_len, solve_beta
         d = design
         self.learner_lane = Lane("learner", list(range(d.learner_gpus)))
-        self.current = self.learner_lane  # the actor whose clock stamps what is published
-        clock = lambda: self.current.now  # noqa: E731
+        self.current = self.learner_lane  # the actor whose clock stamps what is published (the driver's thread)
+        self._local = threading.local()  # a colocated rank's thread: its lane and rank (stare/app/sim/colocated.py)
+        self.baton = None  # the colocated SAMPLE op's turn-taking, while one runs
+        clock = lambda: self.current_lane().now  # noqa: E731
         self.transport = SimTransport(
             *(TimedStream(name, clock, stream_backlog(cfg)) for name in ("prompts", "raw", "scored"))
         )
         self.board = SimWeights(self.learner_lane, costs.send_s, costs.recv_s, sync=d.max_staleness == 0)
         self.reward_lane = Lane("reward", [])
         self.workers: list[_Worker] = []
+        self.rank_lanes: list[Lane] = []
+        self.rank_engines: list[SimEngine] = []
+        self.model_path = Path("sim")
+        if d.colocated and d.product_colocation:
+            self._rank_engines(cfg, costs, lengths)
+            return
         first = 0 if d.colocated else d.learner_gpus
         engines = (d.gpus if d.colocated else d.gpus - d.learner_gpus) // d.rollout_tp
         if engines < 1:
@@ -217,6 +233,57 @@ class SimNode:
             if costs.static_batch:
                 engine.static_batch = True
             self.workers.append(_Worker(self, i, lane, engine))
+
+    def _rank_engines(self, cfg, costs: StepCosts, lengths) -> None:
+        """The colocated node: one engine per learner rank on its GPU, asleep while the learner steps."""
+        nc = costs.engine
+        for i in range(self.design.gpus):
+            lane = Lane(f"rank-{i}", [i])
+            engine = SimEngine(
+                lane,
+                nc,
+                lengths,
+                capacity=costs.capacity,
+                kv=costs.kv,
+                seed=cfg.run.seed * 1009 + i,
+                sleep_s=costs.swap_s / 2,
+                wake_s=costs.swap_s / 2,
+            )
+            engine.refit_s, engine.before_step = costs.send_s, self.yield_turn
+            self.rank_lanes.append(lane)
+            self.rank_engines.append(engine)
+        self.transport.prompts.before_consume = self.yield_turn
+
+    # ------------------------------------------------------------------ threads of the colocated node
+    def current_lane(self) -> Lane:
+        return getattr(self._local, "lane", None) or self.current
+
+    def set_current(self, lane: Lane | None, rank: int | None = None) -> None:
+        self._local.lane, self._local.rank = lane, rank
+
+    def yield_turn(self) -> None:
+        """A colocated rank's thread waits here for its turn (its lane's clock the earliest)."""
+        rank = getattr(self._local, "rank", None)
+        if self.baton is not None and rank is not None:
+            self.baton.turn(rank)
+
+    def colocated_op(self, sample_pump, fill_round: int) -> None:
+        """The product's SamplePump on the virtual clock: every rank starts when the learner stops, the op ends
+        at the slowest rank (the learner waits for it), then the reward workers score what was published."""
+        learner, scored = self.learner_lane, self.transport.scored
+        self.transport.prompts.release(learner.now)
+        for lane in self.rank_lanes:
+            lane.wait_until(learner.now)
+        self.set_current(self.rank_lanes[0], None)  # one rank: its part runs in this thread
+        try:
+            sample_pump(fill_round)
+        finally:
+            self.set_current(None, None)
+        learner.wait_until(max(lane.now for lane in self.rank_lanes))
+        self._score()
+        if not scored.release(learner.now) and not scored.visible() and (t := scored.next_time()) is not None:
+            learner.wait_until(t)  # the learner waits for the reward workers
+            scored.release(t)
 
     # ------------------------------------------------------------------ the driver
     def _advance(self, until: float) -> None:
@@ -295,7 +362,8 @@ class SimNode:
             )
             self.reward = RewardWorker(task, t.raw, t.scored, name="reward-0", scorer=solve_rate_scorer(cfg.run.seed))
             cfg.system.max_staleness = d.max_staleness  # the design's (its config copy)
-            wait = (lambda: max(w.lane.now for w in self.workers)) if d.colocated else None
+            product = d.colocated and d.product_colocation
+            wait = (lambda: max(w.lane.now for w in self.workers)) if d.colocated and not product else None
             learner = SimLearner(
                 cfg,
                 self.learner_lane,
@@ -305,25 +373,30 @@ class SimNode:
                 wait_engines=wait,
                 prepass_s=self.costs.prepass_s,
             )
+            session_learner, extra = learner, {"publisher": self.board, "pump": self._pump}
+            if product:  # the product's colocated node (stare/app/sim/colocated.py)
+                from stare.app.sim.colocated import colocated_parts
+
+                session_learner, extra = colocated_parts(self, learner, self.costs)
+                self.rank_rollouts = session_learner.rollouts
             seams = SessionSeams(
                 transport=t,
-                publisher=self.board,
                 steering=RunSteering(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s),
                 cursor=MemoryCursor(),
                 evaluator=None,
                 should_stop=lambda: False,
                 wait=lambda s: None,
-                pump=self._pump,
+                **extra,
             )
             self.session = build_session(
-                cfg, learner, feeder, seams, decisions=MemoryDecisionLog(), resume=False, say=lambda s: None
+                cfg, session_learner, feeder, seams, decisions=MemoryDecisionLog(), resume=False, say=lambda s: None
             )
             metrics: list[dict] = []
             try:
                 self.session.run(on_step=metrics.append)
             finally:
                 self.session.close()
-        lanes = [self.learner_lane] + [w.lane for w in self.workers]
+        lanes = [self.learner_lane] + [w.lane for w in self.workers] + self.rank_lanes
         return SimRun(
             d,
             lanes,
@@ -334,9 +407,10 @@ class SimNode:
             self.cfg.run.checkpoint_every,
             self.costs.eval_s,
             self.cfg.task.eval_every,
+            [dict(r.colocation.events) for r in getattr(self, "rank_rollouts", [])],
         )
 
     def _step_s(self, trajectories: list) -> float:
-        if self.design.colocated and self.costs.swap_s:
+        if self.design.colocated and not self.design.product_colocation and self.costs.swap_s:
             self.learner_lane.busy(self.costs.swap_s, "send/receive")
         return self.costs.train_s(trajectories)

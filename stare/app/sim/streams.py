@@ -19,6 +19,7 @@ class TimedStream:
     def __init__(self, name: str, clock: Callable[[], float], max_backlog: int | None = None):
         self.inner, self.clock, self.name = MemoryStream(name, max_deliveries=None), clock, name
         self.max_backlog = max_backlog
+        self.before_consume: Callable[[], None] | None = None  # a colocated rank's thread waits for its turn
         self.future: list[tuple[float, int, Any]] = []
         self._seq = itertools.count()
 
@@ -59,6 +60,8 @@ class TimedStream:
         return len(self.inner._queue)
 
     def consume(self, consumer: str, max_count: int, block_s: float = 0.0):
+        if self.before_consume is not None:
+            self.before_consume()
         return self.inner.consume(consumer, max_count, block_s)
 
     def ack(self, ids) -> None:

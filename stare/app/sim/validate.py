@@ -256,6 +256,7 @@ def run_row(row: Row, corners=CORNERS) -> dict[str, dict[str, Any]]:
     cfg = load_config(Path(row.config), overrides=passed)
     colocated = row.learner_gpus is None
     design = build_design(cfg, sim, gpus=row.gpus, learner_gpus=row.learner_gpus, colocated=colocated)
+    design.product_colocation = False  # a peer's colocated node (TP engines, another learner): the sim's model
     shape = load_model_shape(cfg, Path(row.model))
     band = simulate_band(cfg, sim, design, shape, row.gpu, steps=row.steps, warmup=row.warmup, corners=corners)
     return {c: s for c, (_, s) in band.items()}
