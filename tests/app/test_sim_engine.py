@@ -8,7 +8,7 @@ import pytest
 from rollout.engines.base import SamplingParams
 from stare.app.sim.engine import SimEngine
 from stare.app.sim.lanes import Lane
-from stare.app.sim.node import KvCache
+from stare.app.sim.parts import KvCache
 from stare.app.sim.workload import LengthModel
 
 

@@ -21,7 +21,7 @@ from stare.app.sim.constants import constants
 from stare.app.sim.costs import ModelCosts, NodeCosts
 from stare.app.sim.evaluation import evaluation_s
 from stare.app.sim.gpus import gpu
-from stare.app.sim.node import Design, KvCache, StepCosts
+from stare.app.sim.parts import Design, KvCache, StepCosts
 from stare.app.sim.workload import CHOICES, SIM_FIELDS, LengthModel, length_model
 
 NEW_FIELDS = {
@@ -173,7 +173,7 @@ def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str, corne
         kv=KvCache(int(kv_tokens), int(max_seqs), int(max_len)),
         train_s=learn.train_s,
         phases_s=learn.phases,
-        prepass_s=learn.prepass_s if cfg.optim.prepass_early else None,
+        prepass_s=learn.prepass_s if cfg.optim.prepass_early and learn.prepass else None,
         gather_s=gather,
         send_s=send,
         recv_s=recv,
@@ -198,6 +198,7 @@ class LearnerCosts:
         self.chunk, self.zero3 = o.logits_chunk_tokens, o.zero_stage == 3 and gpus > 1
         self.per_micro = sim.get("sim.zero3_head") == "per_micro_batch"
         self.extra = int(sim.get("sim.extra_forward"))
+        self.prepass = not bool(sim.get("sim.prepass_from_rollout"))  # no pre-pass: keys from the rollout
 
     def _sizes(self, trajectories: list) -> tuple[int, int, float, int]:
         resp = sum(len(t.response_token_ids) for t in trajectories)
@@ -219,9 +220,10 @@ class LearnerCosts:
             zero3=self.zero3,
             micro_batches=micro,
             prepass_micro_batches=micro,
-            head_gathers=heads,
+            head_gathers=heads if self.prepass else heads // 2,
             extra_forward=self.extra,
             offload=self.offload,
+            prepass=self.prepass,
         )
 
     def train_s(self, trajectories: list) -> float:

@@ -15,83 +15,25 @@ checkpoint write, the weight transport, the task's prompts and its verifier.
 The driver is a discrete-event loop run from the session's `pump` seam: each call lets every
 rollout and reward actor act up to the learner's clock (earliest clock first), releases what the
 learner can see by then, and when nothing new is visible moves the learner's clock to the next event
-(the learner waits for data). No evaluation runs (task.eval_every is ignored).
+(the learner waits for data). The held-out evaluation (task.eval_every) is simulated on the stand-in engines
+(stare/app/sim/evaluation.py) and its time added to the steps that run it.
 """
 
 from __future__ import annotations
 
 import tempfile
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from stare.app.sim.engine import SimEngine
 from stare.app.sim.lanes import Lane
 from stare.app.sim.learner import SimLearner
+from stare.app.sim.parts import Design, SimTransport, StepCosts
 from stare.app.sim.streams import TimedStream
 from stare.app.sim.task import SimTask, SimTokenizer, solve_rate_scorer
 from stare.app.sim.weights import SimWeights
 from stare.runtime.process import stream_backlog
-
-
-@dataclass
-class SimTransport:
-    prompts: TimedStream
-    raw: TimedStream
-    scored: TimedStream
-
-    def close(self) -> None:
-        pass
-
-
-@dataclass
-class Design:
-    """What the simulated node runs (the adapter in stare/app/sim/design.py reads it from a config)."""
-
-    gpus: int
-    learner_gpus: int
-    rollout_tp: int
-    colocated: bool
-    streaming: bool
-    inflight: bool
-    publish_from: str  # host | device
-    eager: bool
-    max_staleness: int
-    # colocated through the product's node (SamplePump, NodeRollout, its checks); False: a peer's colocated design
-    # the product does not run (TP engines, validation only): engines asleep while the learner steps
-    product_colocation: bool = True
-
-
-@dataclass(frozen=True)
-class KvCache:
-    """A vLLM engine's KV cache as its streaming capacity sees it (VLLMEngine.capacity)."""
-
-    tokens: int
-    max_num_seqs: int
-    max_model_len: int
-
-
-@dataclass
-class StepCosts:
-    """The times the stand-ins take (from costs.NodeCosts or a measured CPU profile)."""
-
-    engine: Any  # decode_span_s(steps, seqs, context_sum), prefill_s(tokens)
-    capacity: int  # samples the streaming worker keeps in an engine (VLLMEngine.capacity: KV / max_model_len)
-    train_s: Callable[[list], float]  # one optimizer step over these trajectories
-    gather_s: float  # the learner's main thread preparing a publish
-    send_s: float  # the learner sending (waited for only when the publish is synchronous)
-    recv_s: float  # a rollout engine taking a version
-    checkpoint_s: float
-    swap_s: float = 0.0  # colocated: engine sleep + wake per step
-    reward_s_per_traj: float = 0.0
-    static_batch: bool = False  # the transformers engine decodes a call's rows until its longest ends
-    running: int = 0  # sequences the engine itself runs at once (vLLM's scheduler: KV / mean length); 0: capacity
-    kv: KvCache | None = None  # vLLM's cache: capacity() grows with the finished samples' mean length; None: fixed
-    prepass_s: Callable[[list], float] | None = None  # the pre-pass share of train_s (optim.prepass_early); None: off
-    phases_s: Callable[[list], dict[str, float]] | None = None  # train_s by phase (train, prepass, zero3, ...)
-    eval_s: float = 0.0  # one held-out evaluation, the learner waiting (stare/app/sim/evaluation.py)
 
 
 class _Worker:
