@@ -5,6 +5,8 @@ held-out rows and the async/sync ratio's direction."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from stare.app.sim.validate import ROWS, table
@@ -62,3 +64,22 @@ def test_the_table_marks_held_out_rows_band_and_ratio_direction():
     assert "| 92.8 | 90.0 [80.0, 100.0] | -3% | yes |" in text
     assert "1.43 / 1.36 (same direction)" in text
     assert "(held out)" in text
+
+
+def test_the_sims_text_cites_public_sources_only(capsys):
+    """What `stare sim` and `stare plan` print and their modules say names public sources: no issue numbers of
+    this project, no private design notes."""
+    import re
+
+    from stare.app.cli.parser import build_parser
+    from stare.app.sim import constants
+
+    texts = [p.read_text() for p in Path(constants.__file__).parent.glob("*.py")]
+    for args in (["sim", "--help"], ["plan", "--help"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(args)
+        texts.append(capsys.readouterr().out)
+    texts.append(constants.markdown_table())
+    for text in texts:
+        assert not re.search(r"issue #\d+|shared/|DESIGN\.md", text)
+    assert all(r.source for r in constants.TABLE.values())
