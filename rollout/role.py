@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
     from rollout.evaluation import EvalSampler
     from rollout.stack import build_rollout_stack
-    from rollout.streaming import StreamingLoop, streaming_enabled
+    from rollout.streaming import streaming_loop
     from rollout.worker import RolloutWorker
     from stare.evaluation.streams import RedisEvalIndex, connect_eval_streams
     from stare.runtime.process import RoleRuntime, connect_transport
@@ -68,11 +68,7 @@ def run(cfg: TrainConfig, *, redis_url: str, name: str, stop=None) -> None:
             worker, evals.tasks, evals.raw, is_open=RedisEvalIndex(transport.client, cfg.run.name).is_open
         )
         batch = cfg.system.rollout_batch_prompts
-        stream = (
-            StreamingLoop(worker, engine, eval_sampler, inflight=cfg.system.inflight_weight_updates)
-            if streaming_enabled(cfg, engine)
-            else None
-        )
+        stream = streaming_loop(cfg, worker, engine, eval_sampler)
         log.info(
             "rollout: %s",
             f"streaming, engine capacity {engine.capacity()} sequences"

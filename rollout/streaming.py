@@ -74,6 +74,15 @@ def streaming_enabled(cfg, engine) -> bool:
     return True
 
 
+def streaming_loop(cfg, worker, engine, evals=None) -> StreamingLoop | None:
+    """The streaming loop a rollout worker of run config `cfg` runs over `engine` (its evaluations through
+    `evals`), or None when it samples in batches (`streaming_enabled`); in-flight weight updates as
+    `system.inflight_weight_updates` says."""
+    if not streaming_enabled(cfg, engine):
+        return None
+    return StreamingLoop(worker, engine, evals, inflight=cfg.system.inflight_weight_updates)
+
+
 @dataclasses.dataclass
 class _Slot:
     kind: Kind

@@ -232,7 +232,7 @@ def _train(
     transport = connect_transport(cfg, redis_url, model_path=setup.model_path)
     feeder = build_feeder(cfg, setup.task, setup.tokenizer, log.info)
     evaluator = session = None
-    colocated = _colocated_seams(cfg, rt, learner, rollout, transport, world) if rollout is not None else {}
+    colocated = colocated_seams(cfg, rt, learner, rollout, transport, world) if rollout is not None else {}
     publisher = colocated.pop("publisher", None) or build_publisher(cfg, transport.client)
     try:
         with rt.busy("loading the evaluator"):
@@ -279,8 +279,9 @@ def _train(
             evaluator.close()
 
 
-def _colocated_seams(cfg: TrainConfig, rt, learner, rollout, transport, world: int) -> dict[str, Any]:
-    """The seams of a node-colocated rank 0 (learner/process/colocation.py): the SAMPLE pump, no weight publisher."""
+def colocated_seams(cfg: TrainConfig, rt, learner, rollout, transport, world: int) -> dict[str, Any]:
+    """The seams of a node-colocated rank 0 (learner/process/colocation.py): the SAMPLE pump, no weight publisher
+    (`stare sim` builds its simulated colocated node with this too)."""
     from learner.process.colocation import InProcessPublisher, SamplePump
 
     pump = SamplePump(

@@ -105,6 +105,14 @@ def redis_url(cfg: TrainConfig, override: str | None, url_file: str | None = Non
         raise ConfigError(str(err)) from None
 
 
+def stream_backlog(cfg: TrainConfig) -> int:
+    """The bound on each run stream's unacknowledged entries (producers wait past it): system.max_backlog plus
+    what the learner holds until its next checkpoint, (run.checkpoint_every + max staleness + 2) steps of
+    prompts_per_step x samples_per_prompt rows."""
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    return int(cfg.system.max_backlog + (cfg.run.checkpoint_every + staleness(cfg).max_versions + 2) * rows)
+
+
 def connect_transport(cfg: TrainConfig, url: str, vocab_size: int | None = None, model_path: Path | None = None):
     """The run's three Redis streams with the options every role uses: the scored stream also
     holds what the learner trained since its last checkpoint (acknowledged then), so its backlog
@@ -124,9 +132,7 @@ def connect_transport(cfg: TrainConfig, url: str, vocab_size: int | None = None,
         )
     training, evaluation = run_limits(cfg, vocab_size, model_path)
 
-    s = cfg.system
-    rows = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
-    backlog = s.max_backlog + (cfg.run.checkpoint_every + staleness(cfg).max_versions + 2) * rows
+    backlog = stream_backlog(cfg)
     return RedisTransport.connect(
         url, cfg.run.name, trust=RecordTrust(key, training, evaluation), **stream_options(cfg, backlog)
     )

@@ -1,5 +1,4 @@
-"""`stare sim`: the cost model against hand-derived numbers, the simulated node against an independent
-sum of its pieces, the CLI at a tiny size, and the placement search on crafted cases."""
+"""`stare sim`: the simulated node against an independent sum of its pieces, the CLI at a tiny size, and the placement search on crafted cases."""
 
 from __future__ import annotations
 
@@ -7,67 +6,9 @@ import math
 from pathlib import Path
 
 import pytest
+from sim_helpers import TINY, tiny
 
-from stare.app.sim.costs import GPUS, ModelCosts, NodeCosts, fit_lognormal
-from stare.plan.sizes import ModelShape
-
-# Qwen2.5-Math-7B (configs/models/qwen2.5-math-7b.json; params counted by stare plan)
-QWEN7B = ModelShape(
-    params=7_615_616_512,
-    largest_layer_params=0,
-    hidden=3584,
-    layers=28,
-    heads=28,
-    kv_heads=4,
-    head_dim=128,
-    intermediate=18944,
-    vocab=152064,
-    max_positions=4096,
-    source="test",
-)
-
-
-def test_kv_bytes_per_token_of_qwen_7b():
-    # 2 (K, V) x 28 layers x 4 kv heads x 128 dims x 2 bytes = 57,344 (Qwen2.5-7B config.json: 28 layers, 4 KV heads, head_dim 128)
-    assert ModelCosts(QWEN7B).kv_bytes_per_token == 57_344
-
-
-def test_one_decode_step_of_64_sequences_on_h100():
-    # weights 15,231,233,024 B + 64 x 1,000 x 57,344 B of KV = 18,901,249,024 B
-    # over 3.35e12 B/s x 0.8 = 7.0527 ms; + 2 ms step overhead (graphs) or + 28 x 12 x 10 us = 3.36 ms more (eager)
-    graphs = NodeCosts(GPUS["h100-80gb"], ModelCosts(QWEN7B), eager=False)
-    eager = NodeCosts(GPUS["h100-80gb"], ModelCosts(QWEN7B), eager=True)
-    assert graphs.decode_span_s(1, 64, 64_000) == pytest.approx(18_901_249_024 / 2.68e12 + 2e-3, rel=1e-9)
-    assert eager.decode_span_s(1, 64, 64_000) - graphs.decode_span_s(1, 64, 64_000) == pytest.approx(3.36e-3)
-
-
-def test_a_decode_span_sums_its_steps():
-    # 3 steps of 2 sequences at contexts 10 and 20: KV tokens read 30 + 32 + 34 = 96
-    nc = NodeCosts(GPUS["a100-80gb"], ModelCosts(QWEN7B), eager=False)
-    bw = 2.0e12 * 0.8
-    expected = (3 * 15_231_233_024 + 96 * 57_344) / bw + 3 * 2e-3
-    assert nc.decode_span_s(3, 2, 30) == pytest.approx(expected, rel=1e-12)
-
-
-def test_train_step_flops():
-    # 1,000 tokens, no attention context: (6 + 2 recompute + 2 pre-pass) x N per token
-    nc = NodeCosts(GPUS["h100-80gb"], ModelCosts(QWEN7B))
-    assert nc.train_flops(1000, 0, recompute=True) == pytest.approx(10 * 7_615_616_512 * 1000)
-    assert nc.train_flops(1000, 0, recompute=False, prepass=False) == pytest.approx(6 * 7_615_616_512 * 1000)
-    # attention of a 2,000-token sequence (causal: mean context 1,000): 4 x 28 x 28 x 128 x 1,000 per pass,
-    # 5 passes (forward, backward 2x, recompute, pre-pass)
-    attn = nc.train_flops(1000, 2000, recompute=True) - nc.train_flops(1000, 0, recompute=True)
-    assert attn == pytest.approx(1000 * 5 * 4 * 28 * 28 * 128 * 1000)
-    # on 4 GPUs at 35% of 989 TFLOP/s
-    assert nc.train_s(1000, 0, 4, recompute=True, zero3=False) == pytest.approx(7.615616512e13 / (4 * 989e12 * 0.35))
-
-
-def test_kv_capacity_and_checkpoint_size():
-    nc = NodeCosts(GPUS["h100-80gb"], ModelCosts(QWEN7B))
-    # 80 GiB x 0.5 - 15.23 GB weights - 2 GiB reserve, over 57,344 B per token
-    expected = (80 * 2**30 * 0.5 - 15_231_233_024 - 2 * 2**30) / 57_344
-    assert nc.kv_capacity_tokens(0.5) == pytest.approx(expected)
-    assert nc.checkpoint_bytes() == 14 * 7_615_616_512
+from stare.app.sim.workload import fit_lognormal
 
 
 def test_fit_lognormal_recovers_its_parameters():
@@ -79,72 +20,36 @@ def test_fit_lognormal_recovers_its_parameters():
     assert sigma == pytest.approx(0.5, rel=0.01)
 
 
-def _tiny(overrides=()):
-    from stare.app.sim.design import split_overrides
-    from stare.config import load_config
-
-    passed, sim = split_overrides(
-        None,
-        [
-            "rollout.prompts_per_step=16",
-            "system.rollout_batch_prompts=16",
-            "rollout.samples_per_prompt=8",
-            "rollout.max_new_tokens=40",
-            "data.dynamic_sampling=false",
-            "system.max_staleness=0",
-            "run.checkpoint_every=1000",
-            "sim.response_mean=30",
-            "sim.response_sigma=0",
-            "sim.prompt_tokens=1",
-            *overrides,
-        ],
-    )
-    return load_config(Path("configs/tiny-cpu.yaml"), overrides=passed), sim
-
-
-TINY = ModelShape(
-    params=10_000_000,
-    largest_layer_params=0,
-    hidden=256,
-    layers=4,
-    heads=4,
-    kv_heads=2,
-    head_dim=64,
-    intermediate=512,
-    vocab=1000,
-    max_positions=512,
-    source="test",
-)
-
-
 class _T30:  # a trajectory of 1 prompt + 30 response tokens
     prompt_token_ids, response_token_ids = [1], [1] * 30
 
 
 def _one_learner_one_engine(overrides=()):
     """The tiny node (1 learner + 1 engine, every response 30 tokens) simulated: (costs, summary, its NodeCosts)."""
-    from stare.app.sim.design import build_design, gpu_costs, lengths_of, simulate
+    from stare.app.sim.design import build_design, gpu_costs, lengths_of, node_costs, simulate
 
-    cfg, sim = _tiny(list(overrides))
+    cfg, sim = tiny(list(overrides))
     design = build_design(cfg, sim, gpus=2, learner_gpus=1, colocated=False)
     costs = gpu_costs(cfg, sim, design, TINY, "h100-80gb")
     _, summary = simulate(cfg, sim, design, costs, lengths_of(cfg, sim), steps=3, warmup=1)
-    return costs, summary, NodeCosts(GPUS["h100-80gb"], ModelCosts(TINY), eager=design.eager)
+    return costs, summary, node_costs(cfg, sim, design, TINY, "h100-80gb")
 
 
 def test_on_policy_step_is_the_sum_of_its_pieces():
     """One learner + one engine, on-policy, every response 30 tokens: a step is train + gather + the
     synchronous broadcast + prefill of 16 one-token prompts + 30 decode steps of 128 sequences (+ its
-    share of a checkpoint every 1,000 steps)."""
+    share of a checkpoint every 1,000 steps), the reward workers scoring the 128 in between."""
     costs, summary, nc = _one_learner_one_engine()
     expected = (
         costs.train_s([_T30] * 128)
+        + 128 * costs.reward_s_per_traj
         + costs.gather_s
         + max(costs.send_s, costs.recv_s)
         + nc.prefill_s(16)
         + nc.decode_span_s(30, 128, 128)
         + costs.checkpoint_s / 1000
-    )  # a checkpoint's share
+        + costs.eval_s / 1000
+    )  # a checkpoint's and an evaluation's share
     assert summary["s_per_step"] == pytest.approx(expected, rel=1e-6)
     assert summary["tokens_per_step"] == 128 * 31
 
@@ -155,12 +60,16 @@ def test_the_pre_pass_of_groups_ready_early_leaves_the_step(early):
     while the second decodes, so the learner pre-passes them then (optim.prepass_early) and the step's
     train time is the whole step's less their pre-pass; off, the step is the sum of its pieces."""
     costs, summary, nc = _one_learner_one_engine(
-        ["system.rollout_batch_prompts=8", f"optim.prepass_early={str(early).lower()}"]
+        ["system.rollout_batch_prompts=8", f"optim.prepass_early={str(early).lower()}", "sim.reward_s_per_traj=0"]
     )
     batch = nc.prefill_s(8) + nc.decode_span_s(30, 64, 64)
-    # 64 x 31 tokens through 2N per token + attention's forward at a 15.5-token mean context, at 35% MFU
-    prepass = 64 * 31 * (2 * TINY.params + 4 * 4 * 4 * 64 * 15.5) / (989e12 * 0.35)
-    assert (costs.prepass_s is not None) == early and 0 < prepass < batch  # it fits inside the second batch
+    # 64 x 31 tokens through 2N per token + attention's forward at a 15.5-token mean context, at the forward
+    # efficiency (0.65 x 0.36 of 989 TFLOP/s)
+    prepass = 64 * 31 * (2 * TINY.params + 4 * 4 * 4 * 64 * 15.5) / (989e12 * 0.65 * 0.36)
+    assert (costs.prepass_s is not None) == early
+    assert 0 < prepass < batch  # it fits inside the second batch
+    if early:
+        assert costs.prepass_s([_T30] * 64) == pytest.approx(prepass, rel=1e-12)
     ahead = prepass if early else 0.0
     expected = (
         2 * batch
@@ -169,6 +78,7 @@ def test_the_pre_pass_of_groups_ready_early_leaves_the_step(early):
         + costs.gather_s
         + max(costs.send_s, costs.recv_s)
         + costs.checkpoint_s / 1000
+        + costs.eval_s / 1000
     )
     assert summary["s_per_step"] == pytest.approx(expected, rel=1e-6)
 
@@ -180,7 +90,7 @@ def test_overlap_hides_the_shorter_side():
 
     out = {}
     for s in (0, 1):
-        cfg, sim = _tiny([f"system.max_staleness={s}", "sim.extra_forward=2000"])  # a slow learner
+        cfg, sim = tiny([f"system.max_staleness={s}", "sim.extra_forward=2000"])  # a slow learner
         design = build_design(cfg, sim, gpus=2, learner_gpus=1, colocated=False)
         costs = gpu_costs(cfg, sim, design, TINY, "h100-80gb")
         out[s] = simulate(cfg, sim, design, costs, lengths_of(cfg, sim), steps=4, warmup=2)[1]
@@ -234,7 +144,7 @@ def test_placement_follows_the_bottleneck(case, best):
         if case == "decode-bound"
         else ["sim.response_mean=5", "sim.extra_forward=200000"]
     )
-    cfg, sim = _tiny(["rollout.prompts_per_step=32", "system.rollout_batch_prompts=8", *extra])
+    cfg, sim = tiny(["rollout.prompts_per_step=32", "system.rollout_batch_prompts=8", *extra])
     cands = search(cfg, sim, gpus=4, gpu="h100-80gb", shape=TINY, fits=lambda n: True, steps=2, warmup=1)
     assert cands[0].learner_gpus == best
 
@@ -289,7 +199,7 @@ def test_an_oversampled_on_policy_round_is_one_round_of_whole_groups_and_its_sur
 
     out = {}
     for over in (1.0, 2.0):
-        cfg, sim = _tiny(
+        cfg, sim = tiny(
             [
                 "data.dynamic_sampling=true",
                 "data.max_sampling_rounds=10",

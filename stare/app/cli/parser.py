@@ -303,7 +303,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPUs of the node: also recommend the learner/rollout "
         "split and max_staleness that maximise modelled tokens/s/GPU (stare sim), with the predicted throughput",
     )
-    p.add_argument("--gpu", default="h100-80gb", help="GPU kind for --node-gpus (h100-80gb, h200, a100-80gb, l40s)")
+    p.add_argument(
+        "--gpu",
+        default="h100-80gb",
+        help="GPU kind for --node-gpus (h100-80gb, h200, h800, h20, a100-80gb, l40s, b200)",
+    )
     p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("learner", help="the learner process (DeepSpeed, STARE; publishes prompts and weights)")

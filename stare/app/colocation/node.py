@@ -66,11 +66,18 @@ class NodeRollout:
         say: Callable[[str], None] = log.info,
         progress: SampleBoard | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        build_stack: Callable[..., Any] | None = None,
+        connect: Callable[[TrainConfig, str], Any] | None = None,
+        cuda: bool | None = None,
     ):
         """`progress`: where the ranks show their progress in a SAMPLE op (default: the learner's store with
         several ranks, nowhere with one; a simulation passes its own); `clock`: what the op's limit is measured
-        with (learner/process/sample_progress.py)."""
+        with (learner/process/sample_progress.py). `build_stack` / `connect`: the rollout stack and the run's
+        streams (default: rollout.stack's build_rollout_stack, stare.runtime.process.connect_transport); `cuda`:
+        whether this rank has CUDA (None: ask torch). `stare sim` passes its stand-ins and states a GPU."""
         self.cfg, self.redis_url, self.name, self.say = cfg, redis_url, name, say
+        self.build_stack, self.connect, self.cuda = build_stack, connect, cuda
         self.stack = self.worker = self.stream = self.colocation = self.learner = self.transport = None
         self.scorer = None  # rank 0's evaluation scorer (`evaluator`)
         self.rank, self.collective = 0, False
@@ -82,7 +89,7 @@ class NodeRollout:
         from rollout.stack import build_rollout_stack
         from stare.config.colocation import check_node_colocation
 
-        cuda = torch.cuda.is_available()
+        cuda = torch.cuda.is_available() if self.cuda is None else self.cuda
         check_node_colocation(self.cfg, cuda=cuda)
         vllm = self.cfg.rollout.engine.name == "vllm"
         self.rank = rank
@@ -95,7 +102,7 @@ class NodeRollout:
                 if world > 1
                 else LocalBoard()
             )
-        self.stack = build_rollout_stack(
+        self.stack = (self.build_stack or build_rollout_stack)(
             self.cfg, self.say, model_path=model_path, sleep_mode=vllm, external_launcher=vllm and world > 1
         )
         self.stack.engine.sleep()  # before the learner takes its memory
@@ -108,7 +115,7 @@ class NodeRollout:
 
         cfg, engine, setup = self.cfg, self.stack.engine, self.stack.setup
         self.learner, self.collective = learner, learner.weights_are_collective()
-        self.transport = connect_transport(cfg, self.redis_url)
+        self.transport = (self.connect or connect_transport)(cfg, self.redis_url)
         r = cfg.rollout
         self.worker = RolloutWorker(
             engine,

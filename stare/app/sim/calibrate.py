@@ -22,7 +22,7 @@ def calibrate(
     from rollout.engines.base import SamplingParams
     from rollout.stack import build_rollout_stack
     from stare.app.bench.bench_step import measure
-    from stare.app.sim.costs import fit_lognormal
+    from stare.app.sim.workload import fit_lognormal
     from stare.data.feeder import build_feeder
 
     log(f"stare sim --calibrate: bench step ({bench_steps} steps)")

@@ -1,127 +1,36 @@
-"""The cost model of `stare sim`: how long each piece of GPU work takes, from roofline facts.
+"""The cost model of `stare sim`: how long each piece of GPU work takes.
 
-One module, every constant with its source. What it models:
+Every constant comes from stare/app/sim/constants.py (one corner of its ranges, with its source); the GPU's
+peaks from stare/app/sim/gpus.py (datasheets, efficiencies applied here once).
 
-* **decode** (memory-bound): one engine step reads the weights once plus every running sequence's KV
-  cache, `(W + KV) / (HBM bandwidth x HBM_EFFICIENCY)` (split over the engine's tensor-parallel GPUs),
-  plus a fixed per-step cost: with CUDA graphs `STEP_OVERHEAD_GRAPH_S` (scheduler, sampler); eager adds
-  one dispatch per kernel, `layers x KERNELS_PER_LAYER x EAGER_LAUNCH_S`;
-* **prefill and training** (compute-bound): FLOPs over peak x MFU. Training counts 6N per token
-  (forward + backward) + 2N for the recompute under gradient checkpointing + 2N for the learner's
-  no-grad pre-pass, plus attention's context-length term;
-* **transfers** over the link the placement uses (NVLink between GPUs, PCIe to host, pageable host
-  copies), **disk** for checkpoints.
+* **decode**: an engine step of B sequences whose contexts sum to C reads its share of the weights and of
+  their KV cache and computes 2N FLOPs a token plus attention over C; it takes the larger of
+  bytes / (HBM x hbm_efficiency) and FLOPs / (peak x decode_flop_efficiency), plus a per-step cost:
+  step_overhead_s + B x step_overhead_per_seq_s with CUDA graphs, one kernel dispatch per kernel more when
+  eager, and with tensor parallelism two all-reduces of B x hidden x 2 bytes a layer (latency + bytes);
+  a span of k steps between two events is priced in closed form (`decode_span_s`);
+* **prefill** (compute-bound): 2N FLOPs a new prompt token at prefill_efficiency (a group's samples share
+  their prompt: prefix caching); a preempted sequence's recompute is a prefill of its prompt and tokens;
+* **the learner, per phase**: forward + backward (6N, + 2N recompute under gradient checkpointing, +
+  attention) at the framework's train efficiency; the no-grad pre-pass and extra forwards (2N + attention)
+  at its forward efficiency; ZeRO-3 parameter gathers and gradient reduce-scatters per micro-batch over the
+  link, partly hidden (zero3_overlap); the optimizer state over PCIe when it is offloaded;
+* **transfers** over the link the placement uses (NVLink, PCIe, pageable host copies, the network between
+  nodes) and **disk** for checkpoints.
 
-Not modelled: preemption when the KV cache overflows (admission keeps it within the cache), MoE,
-pipeline parallelism, NCCL over sockets between containers (issue #24 item 4), network between nodes.
-Response lengths: `LengthModel` (a truncated lognormal, documented in docs/performance.md).
+Not modelled: MoE, pipeline-parallel learners (a peer's pipeline bubble is the validation's business),
+NCCL over sockets between containers.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from stare.app.sim.constants import KERNELS_PER_LAYER, Constants, constants
+from stare.app.sim.gpus import GpuSpec
 from stare.plan.sizes import ModelShape
 
-GB = 1e9
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    """One accelerator's roofline numbers (dense bf16, no sparsity)."""
-
-    name: str
-    bf16_flops: float  # FLOP/s
-    hbm_bytes_s: float  # B/s
-    mem_gib: float
-    gpu_link_bytes_s: float  # GPU <-> GPU, per direction (NVLink; PCIe where there is none)
-    host_link_bytes_s: float  # GPU <-> host, per direction (PCIe)
-    source: str
-
-
-# PCIe per direction: Gen5 x16 ~64 GB/s, Gen4 x16 ~32 GB/s (PCI-SIG: 32 / 16 GT/s per lane x 16 lanes,
-# 128b/130b encoding; shared/DESIGN.md section 5 for Gen5).
-PCIE5_BYTES_S = 64 * GB
-PCIE4_BYTES_S = 32 * GB
-
-GPUS: dict[str, GpuSpec] = {
-    "h100-80gb": GpuSpec(
-        "h100-80gb",
-        989e12,
-        3.35e12,
-        80,
-        450 * GB,
-        PCIE5_BYTES_S,
-        "NVIDIA H100 SXM5 datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s, NVLink 900 GB/s bidirectional "
-        "(shared/DESIGN.md section 5)",
-    ),
-    "h200": GpuSpec(
-        "h200",
-        788e12,
-        4.3e12,
-        141,
-        450 * GB,
-        PCIE5_BYTES_S,
-        "measured on the lent H200 (shared/DESIGN.md section 5): 788 TFLOP/s on an 8k bf16 matmul, "
-        "~4.3 TB/s device copy (datasheet: 989 TFLOP/s, 4.8 TB/s); NVLink as the H100's",
-    ),
-    "a100-80gb": GpuSpec(
-        "a100-80gb",
-        312e12,
-        2.0e12,
-        80,
-        300 * GB,
-        PCIE4_BYTES_S,
-        "NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s bf16 dense, 2.0 TB/s (2,039 GB/s), NVLink 600 GB/s bidirectional",
-    ),
-    "l40s": GpuSpec(
-        "l40s",
-        362e12,
-        864e9,
-        48,
-        PCIE4_BYTES_S,
-        PCIE4_BYTES_S,
-        "NVIDIA L40S datasheet: 362 TFLOP/s bf16 dense (733 with sparsity), 864 GB/s GDDR6, 48 GB, "
-        "PCIe Gen4 x16, no NVLink (GPU to GPU over PCIe)",
-    ),
-}
-
-# --- efficiencies and overheads (one set for every run; never tuned per run) --------------------
-# Fraction of peak HBM bandwidth decode reaches: the lent H200 copies at 4.3 of 4.8 TB/s (0.9,
-# DESIGN.md section 5); GEMV and paged-attention kernels run below a plain copy: 0.8.
-HBM_EFFICIENCY = 0.8
-# Training MFU: prime-rl publishes 14-35% for its trainer (Qwen3-4B, 8 x H100, DESIGN.md section 5);
-# we take the top of that range for a ZeRO-3 / FSDP trainer with packed, token-budgeted micro-batches.
-MFU_TRAIN = 0.35
-# Prefill MFU: large GEMMs over many prompt tokens run closer to peak than training; 0.5.
-MFU_PREFILL = 0.5
-# Eager decoding: every kernel of every layer is a separate launch from Python. PyTorch's eager
-# dispatch + CUDA launch costs ~10 us per op on the host (the CUDA Graphs post on NVIDIA's
-# developer blog, "Getting Started with CUDA Graphs": launch overheads of microseconds per kernel,
-# more with framework dispatch); a decoder layer is ~12 kernels (2 norms, QKV, rope, attention,
-# O-proj, 2 residual adds, gate-up, activation, down, plus KV write). CUDA graphs replay the step as
-# one launch: the term vanishes.
-EAGER_LAUNCH_S = 10e-6
-KERNELS_PER_LAYER = 12
-# What an engine step costs besides the model (scheduling, sampling with log-probs, output
-# processing) with CUDA graphs: ~2 ms (an assumption of the order vLLM's V1 scheduler reports; not
-# measured here).
-STEP_OVERHEAD_GRAPH_S = 2e-3
-# Collectives over NVLink reach ~70% of the link (NCCL all-gather bus bandwidth vs link rate).
-LINK_EFFICIENCY = 0.7
-# Pageable host memory: a cudaMemcpy from/to pageable memory stages through a pinned buffer and
-# runs at about half the pinned rate (NVIDIA developer blog, "How to Optimize Data Transfers in
-# CUDA C/C++").
-PAGEABLE_FRACTION = 0.5
-# Per-tensor cost of today's host-path publish (a ZeRO-3 gather per parameter, a synchronising copy
-# to host, and the broadcast's per-message header read): ~1 ms per tensor (an assumption).
-PER_TENSOR_HOST_S = 1e-3
-# Node-local checkpoint writes: a datacenter NVMe Gen4 drive writes ~4 GB/s sequentially; torch.save
-# serialisation and the file system halve that: 2 GB/s (an assumption, stated in docs/performance.md).
-DISK_BYTES_S = 2 * GB
-# vLLM's own memory besides weights and KV cache (activations, CUDA graphs, sampler): 2 GiB.
-ENGINE_RESERVE_BYTES = 2 * 2**30
 BF16 = 2  # bytes per weight / KV element
 
 
@@ -141,6 +50,12 @@ class ModelCosts:
         s = self.shape
         return 2 * s.layers * s.kv_dim * BF16
 
+    def kv_bytes_per_token_per_gpu(self, tp: int) -> float:
+        """One tensor-parallel GPU's share: the KV heads split over tp (replicated when fewer than tp)."""
+        s = self.shape
+        heads_here = max(s.kv_heads / tp, 1.0)
+        return 2 * s.layers * heads_here * s.head_dim * BF16
+
     @property
     def head_bytes(self) -> float:
         return self.shape.vocab * self.shape.hidden * BF16
@@ -159,60 +74,75 @@ class ModelCosts:
 
 @dataclass(frozen=True)
 class NodeCosts:
-    """Times of the GPU work of one run on one kind of GPU (the stand-ins' clock)."""
+    """Times of the GPU work of one run on one kind of GPU at one corner of the constants."""
 
     gpu: GpuSpec
     model: ModelCosts
+    k: Constants = field(default_factory=constants)
     tp: int = 1  # tensor-parallel GPUs per rollout engine
-    eager: bool = True
+    eager: bool = False
+    framework: str = "zero"  # the learner's: zero (DeepSpeed ZeRO / FSDP) or megatron (a peer's)
+    gpus_per_node: int = 8  # a learner wider than this talks over the network between nodes
 
     # ------------------------------------------------------------------ rollout
-    def step_overhead_s(self) -> float:
-        graph = STEP_OVERHEAD_GRAPH_S
-        return graph + (self.model.shape.layers * KERNELS_PER_LAYER * EAGER_LAUNCH_S if self.eager else 0.0)
+    def step_fixed_s(self, seqs: int) -> float:
+        """An engine step's cost besides the model's reads and FLOPs."""
+        k, layers = self.k, self.model.shape.layers
+        t = k.step_overhead_s + seqs * k.step_overhead_per_seq_s
+        if self.eager:
+            t += layers * KERNELS_PER_LAYER * k.kernel_launch_s
+        if self.tp > 1:
+            t += 2 * layers * self.allreduce_s(seqs * self.model.shape.hidden * BF16)
+        return t
+
+    def allreduce_s(self, nbytes: float) -> float:
+        """One tensor-parallel all-reduce of `nbytes` among the engine's GPUs."""
+        return self.k.allreduce_latency_s + nbytes * (self.tp - 1) / self.tp / self.k.allreduce_bytes_s
 
     def decode_span_s(self, steps: int, seqs: int, context_sum: float) -> float:
-        """`steps` engine steps of `seqs` sequences whose contexts sum to `context_sum` at the first
-        step and grow by one token each per step: sum over j of (W + kv x (context_sum + seqs x j))
-        / bandwidth, + the per-step overhead."""
+        """`steps` engine steps of `seqs` sequences whose contexts sum to `context_sum` at the first step and
+        grow by one token each per step: the sum over the steps of max(bytes, FLOPs) time, + per-step costs."""
         if steps <= 0:
             return 0.0
-        bw = self.gpu.hbm_bytes_s * HBM_EFFICIENCY * self.tp
-        kv_tokens = steps * context_sum + seqs * steps * (steps - 1) / 2
-        return (
-            steps * self.model.weight_bytes + self.model.kv_bytes_per_token * kv_tokens
-        ) / bw + steps * self.step_overhead_s()
+        m, k = self.model, self.k
+        bw = self.gpu.hbm_bytes_s * k.hbm_efficiency
+        peak = self.gpu.bf16_flops * k.decode_flop_efficiency * self.tp
+        kv = m.kv_bytes_per_token_per_gpu(self.tp)
+        attn = m.attention_flops_per_token(1.0)  # per context token attended
+        mem = ((m.weight_bytes / self.tp + kv * context_sum) / bw, kv * seqs / bw)  # (at step 0, growth a step)
+        flop = ((2 * m.shape.params * seqs + attn * context_sum) / peak, attn * seqs / peak)
+        return _sum_of_max(mem, flop, steps) + steps * self.step_fixed_s(seqs)
 
     def prefill_s(self, tokens: float) -> float:
-        """Prompt tokens prefilled (a group's samples share them: prefix caching): 2N FLOPs each."""
+        """Prompt tokens (or a preempted sequence's tokens) prefilled: 2N FLOPs each."""
+        if tokens <= 0:
+            return 0.0
         flops = tokens * 2 * self.model.shape.params
-        return flops / (self.gpu.bf16_flops * self.tp * MFU_PREFILL)
+        t = flops / (self.gpu.bf16_flops * self.tp * self.k.prefill_efficiency)
+        if self.tp > 1:
+            t += 2 * self.model.shape.layers * self.allreduce_s(tokens * self.model.shape.hidden * BF16)
+        return t
 
     def kv_capacity_tokens(self, memory_utilization: float) -> float:
-        """Tokens the engine's KV cache holds: its memory share less weights and reserve."""
-        free = self.gpu.mem_gib * 2**30 * memory_utilization * self.tp - self.model.weight_bytes - ENGINE_RESERVE_BYTES
-        return max(free, 0.0) / self.model.kv_bytes_per_token
+        """Tokens an engine's KV cache holds: each GPU's memory share less its weights and vLLM's reserve,
+        over its share of a token's KV."""
+        m = self.model
+        free = self.gpu.mem_gib * 2**30 * memory_utilization - m.weight_bytes / self.tp - self.k.engine_reserve_bytes
+        return max(free, 0.0) / m.kv_bytes_per_token_per_gpu(self.tp)
 
     # ------------------------------------------------------------------ learner
-    def train_flops(
-        self, tokens: float, mean_len: float, *, recompute: bool, prepass: bool = True, extra_forward: int = 0
-    ) -> float:
-        """FLOPs of one optimizer step over `tokens` (prompt + response) of sequences averaging
-        `mean_len`: 6N (+2N recompute, +2N pre-pass, +2N per extra forward) per token, plus attention
-        (causal: mean context len/2; forward 1x, backward 2x, recompute and pre-pass 1x each)."""
+    def train_flops(self, tokens: float, mean_len: float, *, recompute: bool) -> float:
+        """Forward + backward (6N, + 2N recompute) FLOPs of `tokens` of sequences averaging `mean_len`, with
+        attention (causal: mean context len/2; forward 1x, backward 2x, recompute 1x)."""
         n = self.model.shape.params
-        passes = 6 + 2 * recompute + 2 * prepass + 2 * extra_forward
-        attn_passes = 3 + recompute + prepass + extra_forward
-        return tokens * (passes * n + attn_passes * self.model.attention_flops_per_token(mean_len / 2))
+        attn = self.model.attention_flops_per_token(mean_len / 2)
+        return tokens * ((6 + 2 * recompute) * n + (3 + recompute) * attn)
 
-    def prepass_s(self, tokens: float, mean_len: float, gpus: int, *, zero3: bool, head_gathers: int = 0) -> float:
-        """The learner's no-grad pre-pass over `tokens` alone (ahead of a step: optim.prepass_early): 2N per
-        token plus attention's forward, at MFU_TRAIN, and `head_gathers` output-head all-gathers under ZeRO-3."""
-        flops = tokens * (2 * self.model.shape.params + self.model.attention_flops_per_token(mean_len / 2))
-        gather = head_gathers * self.allgather_s(self.model.head_bytes, gpus) if zero3 else 0.0
-        return flops / (gpus * self.gpu.bf16_flops * MFU_TRAIN) + gather
+    def forward_flops(self, tokens: float, mean_len: float) -> float:
+        """One no-grad forward (the pre-pass, a reference policy's log-probs): 2N + attention a token."""
+        return tokens * (2 * self.model.shape.params + self.model.attention_flops_per_token(mean_len / 2))
 
-    def train_s(
+    def learner_phases(
         self,
         tokens: float,
         mean_len: float,
@@ -220,49 +150,97 @@ class NodeCosts:
         *,
         recompute: bool,
         zero3: bool,
+        micro_batches: int,
+        prepass: bool = True,
+        prepass_micro_batches: int = 0,
         head_gathers: int = 0,
         extra_forward: int = 0,
-    ) -> float:
-        """One optimizer step on `gpus` learner GPUs: compute at MFU_TRAIN, plus `head_gathers`
-        all-gathers of the output head under ZeRO-3 (issue #24 item 5: serial, not prefetched)."""
-        compute = self.train_flops(tokens, mean_len, recompute=recompute, extra_forward=extra_forward) / (
-            gpus * self.gpu.bf16_flops * MFU_TRAIN
+        offload: bool = False,
+    ) -> dict[str, float]:
+        """One optimizer step on `gpus` learner GPUs, by phase (seconds): train, prepass, extra, zero3 (ZeRO-3's
+        gathers, or a data-parallel learner's gradient sync), optimizer. `micro_batches` / `prepass_micro_batches`:
+        each rank's (ZeRO-3 gathers per micro-batch)."""
+        fw, k, peak = self.framework, self.k, self.gpu.bf16_flops * gpus
+        out = {
+            "train": self.train_flops(tokens, mean_len, recompute=recompute) / (peak * k.train_efficiency(fw)),
+            "prepass": (self.forward_flops(tokens, mean_len) / (peak * k.forward_efficiency(fw))) if prepass else 0.0,
+            "extra": extra_forward * self.forward_flops(tokens, mean_len) / (peak * k.forward_efficiency(fw)),
+            "zero3": 0.0,
+            "optimizer": self.optimizer_s(gpus, offload=offload),
+        }
+        if zero3 and gpus > 1:
+            # training: parameters gathered for the forward, the backward and the recompute, gradients
+            # reduce-scattered; a forward-only micro-batch gathers once; partly hidden behind compute
+            per_train = (2 + recompute) + 1
+            passes = micro_batches * per_train + (prepass_micro_batches if prepass else 0) * (1 + extra_forward)
+            exposed = (1 - k.zero3_overlap) * passes * self.allgather_s(self.model.weight_bytes, gpus)
+            out["zero3"] = exposed + head_gathers * self.allgather_s(self.model.head_bytes, gpus)
+        elif gpus > 1:  # data parallel (ZeRO-1/2, a distributed optimizer): one gradient sync a step, partly hidden
+            out["zero3"] = (1 - k.zero3_overlap) * 2 * self.allgather_s(self.model.weight_bytes, gpus)
+        return out
+
+    def prepass_s(self, tokens: float, mean_len: float, gpus: int, *, zero3: bool, micro_batches: int = 0) -> float:
+        """The pre-pass alone (ahead of a step: optim.prepass_early), its ZeRO-3 gathers included."""
+        t = self.forward_flops(tokens, mean_len) / (
+            self.gpu.bf16_flops * gpus * self.k.forward_efficiency(self.framework)
         )
-        gather = head_gathers * self.allgather_s(self.model.head_bytes, gpus) if zero3 else 0.0
-        return compute + gather
+        if zero3 and gpus > 1:
+            t += (1 - self.k.zero3_overlap) * micro_batches * self.allgather_s(self.model.weight_bytes, gpus)
+        return t
+
+    def optimizer_s(self, gpus: int, *, offload: bool = False) -> float:
+        """Adam over this rank's share: bf16 params + fp32 master + 2 moments read and written (~28 bytes a
+        parameter, memory-bound); offloaded: the 12N-byte state to the host and back over PCIe."""
+        n = self.model.shape.params / gpus
+        t = 28 * n / (self.gpu.hbm_bytes_s * self.k.hbm_efficiency)
+        if offload:
+            t += 2 * 12 * n / self.gpu.host_link_bytes_s
+        return t
+
+    def link_bytes_s(self, gpus: int) -> float:
+        """A collective's rate among `gpus` learner GPUs: the GPU link within a node, the network across."""
+        rate = (
+            self.gpu.gpu_link_bytes_s
+            if gpus <= self.gpus_per_node
+            else min(self.gpu.gpu_link_bytes_s, self.k.internode_bytes_s)
+        )
+        return rate * self.k.link_efficiency
 
     def allgather_s(self, nbytes: float, gpus: int) -> float:
         if gpus <= 1:
             return 0.0
-        return nbytes * (gpus - 1) / gpus / (self.gpu.gpu_link_bytes_s * LINK_EFFICIENCY)
+        return nbytes * (gpus - 1) / gpus / self.link_bytes_s(gpus)
 
     # ------------------------------------------------------------------ weights and disk
     def publish_host_s(self, learner_gpus: int, zero3: bool) -> float:
-        """Today's path: gather, copy every tensor to pageable host memory, and back to the GPU for
-        NCCL (learner/engine/deepspeed_engine.py, weight_sync/buckets.py), one tensor at a time."""
+        """The host path: gather, copy every tensor to pageable host memory and back to the GPU for NCCL,
+        one tensor at a time."""
         gather = self.allgather_s(self.model.weight_bytes, learner_gpus) if zero3 else 0.0
-        return gather + 2 * self.pageable_copy_s() + self.model.tensors * PER_TENSOR_HOST_S
+        return gather + 2 * self.pageable_copy_s() + self.model.tensors * self.k.per_tensor_host_s
 
     def pageable_copy_s(self) -> float:
         """The weights copied once between the GPU and pageable host memory."""
-        return self.model.weight_bytes / (self.gpu.host_link_bytes_s * PAGEABLE_FRACTION)
+        return self.model.weight_bytes / (self.gpu.host_link_bytes_s * self.k.pageable_fraction)
 
     def publish_device_s(self, learner_gpus: int, zero3: bool) -> float:
-        """The new path: gather on the GPU into device buffers, no host round trip."""
+        """The device path: gather on the GPU into device buffers, no host round trip."""
         return self.allgather_s(self.model.weight_bytes, learner_gpus) if zero3 else 0.0
 
-    def broadcast_s(self) -> float:
-        """NCCL broadcast of the weights from the learner to the rollout GPUs (a ring: each link
-        carries the weights once, so the time does not grow with the receivers)."""
-        return self.model.weight_bytes / (self.gpu.gpu_link_bytes_s * LINK_EFFICIENCY)
+    def broadcast_s(self, across_nodes: bool = False) -> float:
+        """NCCL broadcast of the weights from the learner to the rollout GPUs (a ring: each link carries the
+        weights once, so the time does not grow with the receivers)."""
+        rate = (
+            self.gpu.gpu_link_bytes_s if not across_nodes else min(self.gpu.gpu_link_bytes_s, self.k.internode_bytes_s)
+        )
+        return self.model.weight_bytes / (rate * self.k.link_efficiency)
 
     def refit_colocated_s(self) -> float:
         """Colocated: the engine takes the trainer's weights on the same GPU (CUDA IPC): a device copy."""
-        return 2 * self.model.weight_bytes / (self.gpu.hbm_bytes_s * HBM_EFFICIENCY)
+        return 2 * self.model.weight_bytes / (self.gpu.hbm_bytes_s * self.k.hbm_efficiency)
 
     def sleep_wake_s(self) -> float:
-        """Colocated: the engine's weights to pinned host memory and back (vLLM sleep level 1), once
-        each way per step over PCIe; the KV cache is discarded, not copied."""
+        """Colocated: the engine's weights to pinned host memory and back (vLLM sleep level 1), once each way
+        per wake; the KV cache is discarded, not copied."""
         return 2 * self.model.weight_bytes / self.gpu.host_link_bytes_s
 
     def checkpoint_bytes(self) -> float:
@@ -270,31 +248,19 @@ class NodeCosts:
         return 14 * self.model.shape.params
 
     def checkpoint_s(self) -> float:
-        return self.checkpoint_bytes() / DISK_BYTES_S
+        return self.checkpoint_bytes() / self.k.disk_bytes_s
 
 
-@dataclass(frozen=True)
-class LengthModel:
-    """Response lengths: a lognormal with the given mean and log-space sigma, truncated at `cap`
-    (a capped sample is a "length" finish). Long-tailed like RL rollouts: the longest of a batch
-    is several times the mean."""
+def _sum_of_max(a: tuple[float, float], b: tuple[float, float], k: int) -> float:
+    """sum over j = 0..k-1 of max(a0 + a1 j, b0 + b1 j), in closed form (two lines cross at most once)."""
 
-    mean: float
-    sigma: float
-    cap: int
+    def run(c0: float, c1: float, j0: int, j1: int) -> float:  # sum over j0 <= j < j1 of c0 + c1 j
+        n = j1 - j0
+        return n * c0 + c1 * (j0 + j1 - 1) * n / 2 if n > 0 else 0.0
 
-    def sample(self, rng, n: int):
-        import numpy as np
-
-        mu = math.log(self.mean) - self.sigma**2 / 2
-        x = rng.lognormal(mu, self.sigma, n)
-        return np.clip(np.rint(x), 1, self.cap).astype(int)
-
-
-def fit_lognormal(lengths) -> tuple[float, float]:
-    """(mean, sigma) of a lognormal fitted to observed lengths by moments of their logs."""
-    import numpy as np
-
-    logs = np.log(np.maximum(np.asarray(lengths, dtype=float), 1.0))
-    sigma = float(logs.std())
-    return float(math.exp(logs.mean() + sigma**2 / 2)), sigma
+    (a0, a1), (b0, b1) = a, b
+    if a1 == b1:
+        return run(max(a0, b0), a1, 0, k)
+    cross = min(max(math.ceil((b0 - a0) / (a1 - b1)), 0), k)  # first j at which the steeper line leads
+    steep, flat = (a, b) if a1 > b1 else (b, a)
+    return run(flat[0], flat[1], 0, cross) + run(steep[0], steep[1], cross, k)

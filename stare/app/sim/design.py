@@ -2,18 +2,11 @@
 work costs.
 
 The design knobs are the run config's own fields (system.rollout_streaming, system.inflight_weight_updates,
-system.weight_sync_publish_from, rollout.engine.enforce_eager, ...), set with `--set` as for any run.
-Two are read with a default where the config has no such field (the adapter takes them out before the
-config is validated):
-
-| field | default | meaning |
-| --- | --- | --- |
-| `rollout.engine.enforce_eager` | the config's (None = auto: CUDA graphs on a GPU) | eager vs CUDA-graph decode (the hf section has none) |
-| `sim.zero3_head` | per_micro_batch | per_chunk: the ZeRO-3 head gathered per chunk and recompute (before issue #24); per_micro_batch |
-
-Response lengths: `sim.response_mean` tokens (default 1,050) and `sim.response_sigma` (0.6), capped at
-`rollout.max_new_tokens`; prompts of `sim.prompt_tokens` tokens (default 200, +/- 25%); solve rates
-Beta(`sim.solve_a`, `sim.solve_b`) (default 1, 1: uniform), which sets what dynamic sampling filters.
+system.weight_sync_publish_from, rollout.engine.enforce_eager, ...), set with `--set` as for any run; the
+rollout worker's streaming is decided by the product's own rule (`rollout.streaming.streaming_enabled`).
+`rollout.engine.enforce_eager` is read with a default where the config section has none (the hf section):
+None = auto, CUDA graphs on a GPU. The workload settings (`sim.*`: response lengths, solve rates, reward and
+evaluation costs, the learner framework) are stare/app/sim/workload.py's.
 """
 
 from __future__ import annotations
@@ -24,20 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stare.app.sim.costs import GPUS, LengthModel, ModelCosts, NodeCosts
-from stare.app.sim.node import Design, KvCache, StepCosts
+from stare.app.sim.constants import constants
+from stare.app.sim.costs import ModelCosts, NodeCosts
+from stare.app.sim.evaluation import evaluation_s
+from stare.app.sim.gpus import gpu
+from stare.app.sim.parts import Design, KvCache, StepCosts
+from stare.app.sim.workload import CHOICES, SIM_FIELDS, LengthModel, length_model
 
 NEW_FIELDS = {
     "rollout.engine.enforce_eager": None,  # the hf section has none: auto
-}
-SIM_FIELDS = {
-    "sim.response_mean": 1050.0,
-    "sim.response_sigma": 0.6,
-    "sim.prompt_tokens": 200,
-    "sim.solve_a": 1.0,
-    "sim.solve_b": 1.0,
-    "sim.zero3_head": "per_micro_batch",
-    "sim.extra_forward": 0,
 }
 
 
@@ -51,7 +39,7 @@ class SimSettings:
 
 def split_overrides(cfg_path: Path | None, overrides: list[str]) -> tuple[list[str], SimSettings]:
     """(the overrides the config validates, the sim's own settings). A field of NEW_FIELDS stays an
-    override when the config already has it (the lead merged it)."""
+    override when the config already has it."""
     from stare.config import TrainConfig, parse_override
 
     passed, knobs = [], {}
@@ -61,6 +49,9 @@ def split_overrides(cfg_path: Path | None, overrides: list[str]) -> tuple[list[s
             knobs[key] = value
         else:
             passed.append(text)
+    for key, allowed in CHOICES.items():
+        if key in knobs and knobs[key] not in allowed:
+            raise ValueError(f"{key}={knobs[key]!r}: choose one of {', '.join(allowed)} (--set {key}=...)")
     return passed, SimSettings(knobs)
 
 
@@ -90,22 +81,24 @@ def _read(cfg, sim: SimSettings, dotted: str):
 def build_design(
     cfg, sim: SimSettings, *, gpus: int, learner_gpus: int | None, colocated: bool, on_gpu: bool = True
 ) -> Design:
+    from rollout.streaming import streaming_enabled
+    from stare.app.sim.engine import SimEngine
+    from stare.app.sim.lanes import Lane
+
     eng = cfg.rollout.engine
     eager = _read(cfg, sim, "rollout.engine.enforce_eager")
     if eager is None:  # auto: CUDA graphs where CUDA is present
         eager = not on_gpu
-    head, allowed = sim.get("sim.zero3_head"), ("per_chunk", "per_micro_batch")
-    if head not in allowed:
-        raise ValueError(f"sim.zero3_head={head!r}: choose one of {', '.join(allowed)} (--set sim.zero3_head=...)")
     learner = learner_gpus if learner_gpus is not None else cfg.system.learner_ranks
     if colocated:
         learner = gpus
+    probe = SimEngine(Lane("probe", []), None, None, capacity=1, seed=0)  # a streaming engine, as both of ours
     return Design(
         gpus=gpus,
         learner_gpus=learner,
         rollout_tp=getattr(eng, "tensor_parallel_size", 1),
         colocated=colocated,
-        streaming=_streaming(cfg, sim),
+        streaming=streaming_enabled(cfg, probe),
         inflight=bool(_read(cfg, sim, "system.inflight_weight_updates")),
         publish_from=_publish_from(cfg, sim, on_gpu),
         eager=bool(eager),
@@ -123,18 +116,31 @@ def engine_max_model_len(cfg, shape) -> int:
 
 
 def lengths_of(cfg, sim: SimSettings) -> LengthModel:
-    return LengthModel(
-        float(sim.get("sim.response_mean")), float(sim.get("sim.response_sigma")), cfg.rollout.max_new_tokens
+    return length_model(
+        float(sim.get("sim.response_mean")),
+        float(sim.get("sim.response_sigma")),
+        cfg.rollout.max_new_tokens,
+        growth=float(sim.get("sim.response_growth")),
+        at_step=int(sim.get("sim.at_step")),
     )
 
 
-def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str) -> StepCosts:
-    """The stand-ins' times on `gpu_name` GPUs (costs.GPUS) for a model of `shape`."""
-    if gpu_name not in GPUS:
-        raise ValueError(f"--gpu {gpu_name}: unknown; choose one of {', '.join(GPUS)} (or cpu with --profile)")
-    model = ModelCosts(shape)
-    nc = NodeCosts(GPUS[gpu_name], model, tp=design.rollout_tp, eager=design.eager)
-    eng, o, d = cfg.rollout.engine, cfg.optim, design
+def node_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str, corner: str = "central") -> NodeCosts:
+    return NodeCosts(
+        gpu(gpu_name),
+        ModelCosts(shape),
+        constants(corner),
+        tp=design.rollout_tp,
+        eager=design.eager,
+        framework=str(sim.get("sim.learner_framework")),
+    )
+
+
+def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str, corner: str = "central") -> StepCosts:
+    """The stand-ins' times on `gpu_name` GPUs (stare/app/sim/gpus.py) for a model of `shape`, with the cost
+    model's constants at `corner` (stare/app/sim/constants.py)."""
+    nc = node_costs(cfg, sim, design, shape, gpu_name, corner)
+    eng, d = cfg.rollout.engine, design
     util = getattr(eng, "gpu_memory_utilization", 0.9)
     kv_tokens, max_seqs = nc.kv_capacity_tokens(util), getattr(eng, "max_num_seqs", 256)
     # what the streaming worker keeps in a vLLM engine at its start (VLLMEngine.capacity): max_num_seqs, bounded
@@ -148,68 +154,89 @@ def gpu_costs(cfg, sim: SimSettings, design: Design, shape, gpu_name: str) -> St
             f"(max_model_len), fewer than one group ({cfg.rollout.samples_per_prompt}): raise "
             "rollout.engine.gpu_memory_utilization or tensor_parallel_size, or lower max_model_len"
         )
-    # what vLLM's own scheduler runs of a blocking generate: blocks as sequences grow, so about the KV cache
-    # over a mean sequence (its preemptions, rare at this fill, are not modelled)
-    per_seq = float(sim.get("sim.prompt_tokens")) + lengths_of(cfg, sim).mean
-    running = int(max(capacity, min(max_seqs, kv_tokens // per_seq)))
-    zero3 = o.zero_stage == 3 and d.learner_gpus > 1
-    per_micro = sim.get("sim.zero3_head") == "per_micro_batch"
-    extra = int(sim.get("sim.extra_forward"))
-
-    def train_s(trajectories: list) -> float:
-        resp = sum(len(t.response_token_ids) for t in trajectories)
-        tokens = resp + sum(len(t.prompt_token_ids) for t in trajectories)
-        mean_len = tokens / max(len(trajectories), 1)
-        per_rank = tokens / d.learner_gpus
-        if per_micro:  # once per micro-batch of the pre-pass and of the training pass
-            gathers = 2 * math.ceil(per_rank / (o.max_tokens_per_micro_batch or 8192))
-        else:  # per log-prob chunk in the pre-pass, the forward and the recompute
-            gathers = 3 * math.ceil(resp / d.learner_gpus / o.logits_chunk_tokens)
-        return nc.train_s(
-            tokens,
-            mean_len,
-            d.learner_gpus,
-            recompute=o.gradient_checkpointing,
-            zero3=zero3,
-            head_gathers=gathers,
-            extra_forward=extra,
-        )
-
-    def prepass_s(trajectories: list) -> float:
-        """The share of `train_s` that a pre-pass ahead of the step (optim.prepass_early) takes out of it."""
-        if not trajectories:
-            return 0.0
-        tokens = sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajectories)
-        gathers = (
-            math.ceil(tokens / d.learner_gpus / (o.max_tokens_per_micro_batch or 8192))
-            if per_micro
-            else math.ceil(
-                sum(len(t.response_token_ids) for t in trajectories) / d.learner_gpus / o.logits_chunk_tokens
-            )
-        )
-        return nc.prepass_s(tokens, tokens / len(trajectories), d.learner_gpus, zero3=zero3, head_gathers=gathers)
-
+    offload = bool(sim.get("sim.learner_offload")) or (d.colocated and cfg.system.colocate_offload == "optimizer")
+    learn = LearnerCosts(nc, cfg, sim, d.learner_gpus, offload=offload)
     if d.colocated:
         gather, send, recv = 0.0, nc.refit_colocated_s(), 0.0
-    elif d.publish_from == "device":
-        gather, send, recv = nc.publish_device_s(d.learner_gpus, zero3), nc.broadcast_s(), nc.broadcast_s()
+    elif d.publish_from == "device":  # a node of more than 8 GPUs: the learner and the engines on different nodes
+        across = d.gpus > nc.gpus_per_node
+        bcast = nc.broadcast_s(across_nodes=across)
+        gather, send, recv = nc.publish_device_s(d.learner_gpus, learn.zero3), bcast, bcast
     else:  # host: D2H on the main thread; H2D per bucket and the broadcast on the publisher's
         h2d = nc.pageable_copy_s()
-        gather = nc.publish_host_s(d.learner_gpus, zero3) - h2d
+        gather = nc.publish_host_s(d.learner_gpus, learn.zero3) - h2d
         send = recv = h2d + nc.broadcast_s()
-    return StepCosts(
+    workers = max(int(sim.get("sim.reward_workers")), 1)
+    costs = StepCosts(
         engine=nc,
         capacity=max(capacity, 1),
-        running=running,
         kv=KvCache(int(kv_tokens), int(max_seqs), int(max_len)),
-        train_s=train_s,
-        prepass_s=prepass_s if o.prepass_early else None,
+        train_s=learn.train_s,
+        phases_s=learn.phases,
+        prepass_s=learn.prepass_s if cfg.optim.prepass_early and learn.prepass else None,
         gather_s=gather,
         send_s=send,
         recv_s=recv,
         checkpoint_s=nc.checkpoint_s(),
         swap_s=nc.sleep_wake_s() if d.colocated else 0.0,
+        reward_s_per_traj=float(sim.get("sim.reward_s_per_traj")) / workers,
     )
+    factor = float(sim.get("sim.eval_length_factor"))
+    costs.eval_s = evaluation_s(
+        cfg, d, costs, lengths_of(cfg, sim), prompt_len=int(sim.get("sim.prompt_tokens")), factor=factor
+    )
+    return costs
+
+
+class LearnerCosts:
+    """A step's learner time from its trajectories: token counts, micro-batches per rank, ZeRO-3 gathers."""
+
+    def __init__(self, nc: NodeCosts, cfg, sim: SimSettings, gpus: int, *, offload: bool):
+        o = cfg.optim
+        self.nc, self.gpus, self.offload = nc, gpus, offload
+        self.recompute, self.budget = o.gradient_checkpointing, o.max_tokens_per_micro_batch or 8192
+        self.chunk, self.zero3 = o.logits_chunk_tokens, o.zero_stage == 3 and gpus > 1
+        self.per_micro = sim.get("sim.zero3_head") == "per_micro_batch"
+        self.extra = int(sim.get("sim.extra_forward"))
+        self.prepass = not bool(sim.get("sim.prepass_from_rollout"))  # no pre-pass: keys from the rollout
+
+    def _sizes(self, trajectories: list) -> tuple[int, int, float, int]:
+        resp = sum(len(t.response_token_ids) for t in trajectories)
+        tokens = resp + sum(len(t.prompt_token_ids) for t in trajectories)
+        micro = max(math.ceil(tokens / self.gpus / self.budget), 1)
+        return resp, tokens, tokens / max(len(trajectories), 1), micro
+
+    def phases(self, trajectories: list) -> dict[str, float]:
+        resp, tokens, mean_len, micro = self._sizes(trajectories)
+        if self.per_micro:  # the head once per micro-batch of the pre-pass and of the training pass
+            heads = 2 * micro
+        else:  # per log-prob chunk in the pre-pass, the forward and the recompute
+            heads = 3 * math.ceil(resp / self.gpus / self.chunk)
+        return self.nc.learner_phases(
+            tokens,
+            mean_len,
+            self.gpus,
+            recompute=self.recompute,
+            zero3=self.zero3,
+            micro_batches=micro,
+            prepass_micro_batches=micro,
+            head_gathers=heads if self.prepass else heads // 2,
+            extra_forward=self.extra,
+            offload=self.offload,
+            prepass=self.prepass,
+        )
+
+    def train_s(self, trajectories: list) -> float:
+        return sum(self.phases(trajectories).values())
+
+    def prepass_s(self, trajectories: list) -> float:
+        """The share of `train_s` that a pre-pass ahead of the step (optim.prepass_early) takes out of it."""
+        if not trajectories:
+            return 0.0
+        resp, tokens, mean_len, micro = self._sizes(trajectories)
+        head = micro if self.per_micro else math.ceil(resp / self.gpus / self.chunk)
+        t = self.nc.prepass_s(tokens, mean_len, self.gpus, zero3=self.zero3, micro_batches=micro)
+        return t + (head * self.nc.allgather_s(self.nc.model.head_bytes, self.gpus) if self.zero3 else 0.0)
 
 
 @dataclass(frozen=True)
@@ -264,13 +291,6 @@ def simulate(cfg, sim: SimSettings, design: Design, costs: StepCosts, lengths: L
     )
     run = node.run(steps + warmup + 1)
     return run, summarize(run, warmup)
-
-
-def _streaming(cfg, sim: SimSettings) -> bool:
-    """system.rollout_streaming as the rollout worker resolves it (rollout/streaming.py): None is on for
-    the vllm engine, off for hf."""
-    value = _read(cfg, sim, "system.rollout_streaming")
-    return getattr(cfg.rollout.engine, "name", "hf") == "vllm" if value is None else bool(value)
 
 
 def _publish_from(cfg, sim: SimSettings, on_gpu: bool) -> str:

@@ -9,143 +9,42 @@ or, `system.inflight_weight_updates`, between any two steps), `RewardWorker`, `R
 `RunOutputs` (metrics.jsonl under the sim's run folder). The in-memory streams (`MemoryStream`) replace
 Redis, each wrapped so that an entry becomes visible at the virtual time its producer published it.
 
-Stood in (stare/app/sim/standins.py): the rollout engine, the learner's train step / weight gather /
+Stood in (stare/app/sim/engine.py, learner.py, weights.py, task.py): the rollout engine, the learner's train step / weight gather /
 checkpoint write, the weight transport, the task's prompts and its verifier.
 
 The driver is a discrete-event loop run from the session's `pump` seam: each call lets every
 rollout and reward actor act up to the learner's clock (earliest clock first), releases what the
 learner can see by then, and when nothing new is visible moves the learner's clock to the next event
-(the learner waits for data). No evaluation runs (task.eval_every is ignored).
+(the learner waits for data). The held-out evaluation (task.eval_every) is simulated on the stand-in engines
+(stare/app/sim/evaluation.py) and its time added to the steps that run it.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import tempfile
-from collections.abc import Callable
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from stare.app.sim.standins import Lane, SimEngine, SimLearner, SimTask, SimTokenizer, SimWeights, solve_rate_scorer
-from stare.transport.in_memory import MemoryStream
-
-
-class TimedStream:
-    """A `MemoryStream` whose entries become visible at their producer's virtual time."""
-
-    def __init__(self, name: str, clock: Callable[[], float]):
-        self.inner, self.clock, self.name = MemoryStream(name, max_deliveries=None), clock, name
-        self.future: list[tuple[float, int, Any]] = []
-        self._seq = itertools.count()
-
-    @property
-    def dead(self):
-        return self.inner.dead
-
-    def publish(self, records) -> list[str]:
-        t = self.clock()
-        for r in records:
-            heapq.heappush(self.future, (t, next(self._seq), r))
-        return []
-
-    def publish_and_ack(self, records, source, ids) -> list[str]:
-        self.publish(records)
-        if source is not None:
-            source.ack(ids)
-        return []
-
-    def release(self, t: float) -> int:
-        out = []
-        while self.future and self.future[0][0] <= t + 1e-12:
-            out.append(heapq.heappop(self.future)[2])
-        if out:
-            self.inner.publish(out)
-        return len(out)
-
-    def next_time(self) -> float | None:
-        return self.future[0][0] if self.future else None
-
-    def visible(self) -> int:
-        return len(self.inner._queue)
-
-    def consume(self, consumer: str, max_count: int, block_s: float = 0.0):
-        return self.inner.consume(consumer, max_count, block_s)
-
-    def ack(self, ids) -> None:
-        self.inner.ack(ids)
-
-    def dead_letter(self, entry_id, raw, reason) -> None:
-        self.inner.dead_letter(entry_id, raw, reason)
-
-    def fail(self, ids, error) -> None:
-        self.inner.fail(ids, error)
-
-    def backlog(self) -> int:
-        return self.inner.backlog() + len(self.future)
-
-    def dead_letter_count(self) -> int:
-        return self.inner.dead_letter_count()
-
-    def reclaim(self, consumer, min_idle_ms=None, max_count=1000):
-        return []
-
-
-@dataclass
-class SimTransport:
-    prompts: TimedStream
-    raw: TimedStream
-    scored: TimedStream
-
-
-@dataclass
-class Design:
-    """What the simulated node runs (the adapter in stare/app/sim/design.py reads it from a config)."""
-
-    gpus: int
-    learner_gpus: int
-    rollout_tp: int
-    colocated: bool
-    streaming: bool
-    inflight: bool
-    publish_from: str  # host | device
-    eager: bool
-    max_staleness: int
-
-
-@dataclass(frozen=True)
-class KvCache:
-    """A vLLM engine's KV cache as its streaming capacity sees it (VLLMEngine.capacity)."""
-
-    tokens: int
-    max_num_seqs: int
-    max_model_len: int
-
-
-@dataclass
-class StepCosts:
-    """The times the stand-ins take (from costs.NodeCosts or a measured CPU profile)."""
-
-    engine: Any  # decode_span_s(steps, seqs, context_sum), prefill_s(tokens)
-    capacity: int  # samples the streaming worker keeps in an engine (VLLMEngine.capacity: KV / max_model_len)
-    train_s: Callable[[list], float]  # one optimizer step over these trajectories
-    gather_s: float  # the learner's main thread preparing a publish
-    send_s: float  # the learner sending (waited for only when the publish is synchronous)
-    recv_s: float  # a rollout engine taking a version
-    checkpoint_s: float
-    swap_s: float = 0.0  # colocated: engine sleep + wake per step
-    reward_s_per_traj: float = 0.0
-    static_batch: bool = False  # the transformers engine decodes a call's rows until its longest ends
-    running: int = 0  # sequences the engine itself runs at once (vLLM's scheduler: KV / mean length); 0: capacity
-    kv: KvCache | None = None  # vLLM's cache: capacity() grows with the finished samples' mean length; None: fixed
-    prepass_s: Callable[[list], float] | None = None  # the pre-pass share of train_s (optim.prepass_early); None: off
+from stare.app.sim.engine import SimEngine
+from stare.app.sim.lanes import Lane
+from stare.app.sim.learner import SimLearner
+from stare.app.sim.parts import Design, SimTransport, StepCosts
+from stare.app.sim.streams import TimedStream
+from stare.app.sim.task import SimTask, SimTokenizer, solve_rate_scorer
+from stare.app.sim.weights import SimWeights
+from stare.runtime.process import stream_backlog
 
 
 class _Worker:
-    """One rollout worker: its lane, stand-in engine and the real RolloutWorker around it."""
+    """One rollout worker: its lane, stand-in engine, the real RolloutWorker around it and, when the product's
+    rule says the worker streams (`rollout.streaming.streaming_loop`), its real StreamingLoop: the engine's
+    steps stop at the driver's horizon, so the loop runs one virtual-time slice per act. A publish refused for
+    backpressure waits as rollout/role.py does (1 s, then again); a blocking batch's prompts are delivered
+    again after system.claim_idle_s (the stream's reclaim)."""
 
     def __init__(self, node: SimNode, index: int, lane: Lane, engine: SimEngine):
+        from rollout.streaming import streaming_loop
         from rollout.worker import RolloutWorker
 
         cfg, r = node.cfg, node.cfg.rollout
@@ -167,9 +66,13 @@ class _Worker:
             prompt_overflow=cfg.data.prompt_overflow,
         )
         self.batch = cfg.system.rollout_batch_prompts
+        self.claim_idle_s = cfg.system.claim_idle_s
+        self.loop = streaming_loop(cfg, self.worker, engine)
 
     def next_time(self) -> float | None:
         """When this worker acts next on what is already published (None: nothing to do)."""
+        if self.loop is not None and self.loop.in_flight():
+            return self.lane.now
         p = self.node.transport.prompts
         if p.visible():
             return self.lane.now
@@ -178,41 +81,28 @@ class _Worker:
 
     def act(self, until: float) -> bool:
         """Act once at this worker's clock (<= until); False when it has nothing to do before `until`."""
+        from stare.transport.redis_streams import BackpressureError
+
         prompts = self.node.transport.prompts
         prompts.release(self.lane.now)
-        if not prompts.visible():
+        busy = prompts.visible() or (self.loop is not None and self.loop.in_flight())
+        if not busy:
             t = prompts.next_time()
             self.lane.wait_until(until if t is None else min(t, until))
             return t is not None and t <= until
-        self.worker.run_once(self.batch)
+        try:
+            if self.loop is not None:
+                self.engine.horizon = until
+                self.loop.run_once()
+            else:
+                self.worker.run_once(self.batch)
+        except BackpressureError:  # the reward side is behind
+            if self.loop is not None:
+                self.lane.wait_until(self.lane.now + 1.0)
+            else:
+                self.lane.wait_until(self.lane.now + self.claim_idle_s)
+                prompts.inner.requeue_pending()
         return True
-
-
-class _Streaming(_Worker):
-    """The real streaming loop (rollout/streaming.py) over the stand-in engine: the engine's steps stop at
-    the driver's horizon, so the loop runs one virtual-time slice per act."""
-
-    def __init__(self, *args, inflight: bool):
-        from rollout.streaming import StreamingLoop
-
-        super().__init__(*args)
-        self.loop = StreamingLoop(self.worker, self.engine, inflight=inflight)
-
-    def next_time(self) -> float | None:
-        if self.loop.in_flight():
-            return self.lane.now
-        return super().next_time()
-
-    def act(self, until: float) -> bool:
-        prompts = self.node.transport.prompts
-        prompts.release(self.lane.now)
-        if self.loop.in_flight() or prompts.visible():
-            self.engine.horizon = until
-            self.loop.run_once()
-            return True
-        t = prompts.next_time()
-        self.lane.wait_until(until if t is None else min(t, until))
-        return t is not None and t <= until
 
 
 @dataclass
@@ -226,6 +116,9 @@ class SimRun:
     metrics: list[dict] = field(default_factory=list)
     checkpoint_s: float = 0.0  # one checkpoint write (the learner waits)
     checkpoint_every: int = 0
+    eval_s: float = 0.0  # one held-out evaluation (the learner waits, the engines sample it)
+    eval_every: int = 0
+    colocation_events: list[dict[str, float]] = field(default_factory=list)  # each rank's Colocation.events
 
 
 class SimNode:
@@ -245,14 +138,22 @@ class SimNode:
         self.prompt_len, self.solve_beta = prompt_len, solve_beta
         d = design
         self.learner_lane = Lane("learner", list(range(d.learner_gpus)))
-        self.current = self.learner_lane  # the actor whose clock stamps what is published
-        clock = lambda: self.current.now  # noqa: E731
+        self.current = self.learner_lane  # the actor whose clock stamps what is published (the driver's thread)
+        self._local = threading.local()  # a colocated rank's thread: its lane and rank (stare/app/sim/colocated.py)
+        self.baton = None  # the colocated SAMPLE op's turn-taking, while one runs
+        clock = lambda: self.current_lane().now  # noqa: E731
         self.transport = SimTransport(
-            TimedStream("prompts", clock), TimedStream("raw", clock), TimedStream("scored", clock)
+            *(TimedStream(name, clock, stream_backlog(cfg)) for name in ("prompts", "raw", "scored"))
         )
         self.board = SimWeights(self.learner_lane, costs.send_s, costs.recv_s, sync=d.max_staleness == 0)
         self.reward_lane = Lane("reward", [])
         self.workers: list[_Worker] = []
+        self.rank_lanes: list[Lane] = []
+        self.rank_engines: list[SimEngine] = []
+        self.model_path = Path("sim")
+        if d.colocated and d.product_colocation:
+            self._rank_engines(cfg, costs, lengths)
+            return
         first = 0 if d.colocated else d.learner_gpus
         engines = (d.gpus if d.colocated else d.gpus - d.learner_gpus) // d.rollout_tp
         if engines < 1:
@@ -273,10 +174,58 @@ class SimNode:
             )
             if costs.static_batch:
                 engine.static_batch = True
-            cls = _Streaming if d.streaming else _Worker
-            self.workers.append(
-                cls(self, i, lane, engine, inflight=d.inflight) if d.streaming else cls(self, i, lane, engine)
+            self.workers.append(_Worker(self, i, lane, engine))
+
+    def _rank_engines(self, cfg, costs: StepCosts, lengths) -> None:
+        """The colocated node: one engine per learner rank on its GPU, asleep while the learner steps."""
+        nc = costs.engine
+        for i in range(self.design.gpus):
+            lane = Lane(f"rank-{i}", [i])
+            engine = SimEngine(
+                lane,
+                nc,
+                lengths,
+                capacity=costs.capacity,
+                kv=costs.kv,
+                seed=cfg.run.seed * 1009 + i,
+                sleep_s=costs.swap_s / 2,
+                wake_s=costs.swap_s / 2,
             )
+            engine.refit_s, engine.before_step = costs.send_s, self.yield_turn
+            self.rank_lanes.append(lane)
+            self.rank_engines.append(engine)
+        self.transport.prompts.before_consume = self.yield_turn
+
+    # ------------------------------------------------------------------ threads of the colocated node
+    def current_lane(self) -> Lane:
+        return getattr(self._local, "lane", None) or self.current
+
+    def set_current(self, lane: Lane | None, rank: int | None = None) -> None:
+        self._local.lane, self._local.rank = lane, rank
+
+    def yield_turn(self) -> None:
+        """A colocated rank's thread waits here for its turn (its lane's clock the earliest)."""
+        rank = getattr(self._local, "rank", None)
+        if self.baton is not None and rank is not None:
+            self.baton.turn(rank)
+
+    def colocated_op(self, sample_pump, fill_round: int) -> None:
+        """The product's SamplePump on the virtual clock: every rank starts when the learner stops, the op ends
+        at the slowest rank (the learner waits for it), then the reward workers score what was published."""
+        learner, scored = self.learner_lane, self.transport.scored
+        self.transport.prompts.release(learner.now)
+        for lane in self.rank_lanes:
+            lane.wait_until(learner.now)
+        self.set_current(self.rank_lanes[0], None)  # one rank: its part runs in this thread
+        try:
+            sample_pump(fill_round)
+        finally:
+            self.set_current(None, None)
+        learner.wait_until(max(lane.now for lane in self.rank_lanes))
+        self._score()
+        if not scored.release(learner.now) and not scored.visible() and (t := scored.next_time()) is not None:
+            learner.wait_until(t)  # the learner waits for the reward workers
+            scored.release(t)
 
     # ------------------------------------------------------------------ the driver
     def _advance(self, until: float) -> None:
@@ -315,7 +264,10 @@ class SimNode:
                 for w in self.workers:
                     w.lane.wait_until(learner.now)
             self._advance(learner.now)
-            if self.transport.scored.release(learner.now) or self.session._batch_ready():
+            scored = self.transport.scored
+            # return while scored entries are visible: the collector pulls at most its limit per call
+            # (GroupCollector.pull's max_count), so a release larger than that leaves some for the next call
+            if scored.release(learner.now) or scored.visible() or self.session._batch_ready():
                 return
             times = [
                 t for t in [self.transport.scored.next_time(), *(w.next_time() for w in self.workers)] if t is not None
@@ -352,7 +304,8 @@ class SimNode:
             )
             self.reward = RewardWorker(task, t.raw, t.scored, name="reward-0", scorer=solve_rate_scorer(cfg.run.seed))
             cfg.system.max_staleness = d.max_staleness  # the design's (its config copy)
-            wait = (lambda: max(w.lane.now for w in self.workers)) if d.colocated else None
+            product = d.colocated and d.product_colocation
+            wait = (lambda: max(w.lane.now for w in self.workers)) if d.colocated and not product else None
             learner = SimLearner(
                 cfg,
                 self.learner_lane,
@@ -362,25 +315,30 @@ class SimNode:
                 wait_engines=wait,
                 prepass_s=self.costs.prepass_s,
             )
+            session_learner, extra = learner, {"publisher": self.board, "pump": self._pump}
+            if product:  # the product's colocated node (stare/app/sim/colocated.py)
+                from stare.app.sim.colocated import colocated_parts
+
+                session_learner, extra = colocated_parts(self, learner, self.costs)
+                self.rank_rollouts = session_learner.rollouts
             seams = SessionSeams(
                 transport=t,
-                publisher=self.board,
                 steering=RunSteering(MemoryRunState(cfg.run.name), heartbeat_s=cfg.system.heartbeat_s),
                 cursor=MemoryCursor(),
                 evaluator=None,
                 should_stop=lambda: False,
                 wait=lambda s: None,
-                pump=self._pump,
+                **extra,
             )
             self.session = build_session(
-                cfg, learner, feeder, seams, decisions=MemoryDecisionLog(), resume=False, say=lambda s: None
+                cfg, session_learner, feeder, seams, decisions=MemoryDecisionLog(), resume=False, say=lambda s: None
             )
             metrics: list[dict] = []
             try:
                 self.session.run(on_step=metrics.append)
             finally:
                 self.session.close()
-        lanes = [self.learner_lane] + [w.lane for w in self.workers]
+        lanes = [self.learner_lane] + [w.lane for w in self.workers] + self.rank_lanes
         return SimRun(
             d,
             lanes,
@@ -389,9 +347,12 @@ class SimNode:
             metrics,
             self.costs.checkpoint_s,
             self.cfg.run.checkpoint_every,
+            self.costs.eval_s,
+            self.cfg.task.eval_every,
+            [dict(r.colocation.events) for r in getattr(self, "rank_rollouts", [])],
         )
 
     def _step_s(self, trajectories: list) -> float:
-        if self.design.colocated and self.costs.swap_s:
+        if self.design.colocated and not self.design.product_colocation and self.costs.swap_s:
             self.learner_lane.busy(self.costs.swap_s, "send/receive")
         return self.costs.train_s(trajectories)

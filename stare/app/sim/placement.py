@@ -1,17 +1,20 @@
-"""Placement search: the learner/rollout split, max_staleness and data.oversample that maximise modelled
-tokens/s/GPU.
+"""Placement search: the learner/rollout split, max_staleness, data.oversample and in-flight weight updates
+that maximise modelled tokens/s/GPU, with the band.
 
 For a node of N GPUs, every split with at least one rollout engine whose learner side fits in memory
-(`stare plan`'s check, stare/plan/gpu_memory.py) is simulated at each candidate staleness and over-sampling
-factor (`stare sim`, a few steps each; the config's own factor is always a candidate); the best is
-recommended. `stare plan --node-gpus N` prints it beside the memory plan. Over-sampling raises rollout
-work only: the learner's batch, and so its memory, is the same.
+(`stare plan`'s check, stare/plan/gpu_memory.py) is simulated at each candidate staleness, over-sampling
+factor (the config's own is always a candidate) and, off-policy, with and without in-flight weight updates
+(`stare sim` at the central corner, a few steps each). The leading candidates (the best four and any within
+10% of the best) are simulated at the pessimistic and optimistic corners too; the recommendation is the
+design best at every corner, or the answer says that the band cannot separate the leaders and where each
+wins (stare/app/sim/bands.py). `stare plan --node-gpus N` prints it beside the memory plan. Over-sampling
+raises rollout work only: the learner's batch, and so its memory, is the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 STALENESS = (0, 1)
 # on-policy 1.5 covers dynamic sampling's filtered fraction (2/9 here) in one round almost always; off-policy
@@ -19,14 +22,22 @@ STALENESS = (0, 1)
 OVERSAMPLE = {0: (1.0, 1.5), 1: (1.0, 1.2)}
 
 
-@dataclass(frozen=True)
+@dataclass
 class Candidate:
     learner_gpus: int
     max_staleness: int
     oversample: float
-    tokens_per_s_per_gpu: float
+    tokens_per_s_per_gpu: float  # at the central corner
     s_per_step: float
     bottleneck: str
+    inflight: bool = False
+    corners: dict[str, float] = field(default_factory=dict)  # tokens/s/GPU by corner (leaders only)
+
+    @property
+    def name(self) -> str:
+        return f"{self.learner_gpus} learner, max_staleness {self.max_staleness}, oversample {self.oversample:g}" + (
+            ", in-flight" if self.inflight else ""
+        )
 
 
 def search(
@@ -40,46 +51,84 @@ def search(
     steps: int = 2,
     warmup: int = 1,
     staleness: tuple[int, ...] = STALENESS,
+    bands: bool = True,
 ) -> list[Candidate]:
-    """Every feasible (learner GPUs, max_staleness, oversample), best first."""
+    """Every feasible (learner GPUs, max_staleness, oversample, in-flight), best first at the central corner;
+    the leaders carry their tokens/s/GPU at every corner (`bands`)."""
     from stare.app.sim.design import build_design, gpu_costs, lengths_of, simulate
 
     tp = getattr(cfg.rollout.engine, "tensor_parallel_size", 1)
-    out = []
+    out, configs = [], []
     for learner in range(1, gpus):
         if (gpus - learner) < tp or not fits(learner):
             continue
         for s in staleness:
             for over in sorted({cfg.data.oversample, *OVERSAMPLE.get(min(s, 1), ())}):
-                c = cfg.model_copy(deep=True)
-                c.system.max_staleness, c.data.oversample = s, over
-                design = build_design(c, sim, gpus=gpus, learner_gpus=learner, colocated=False)
-                costs = gpu_costs(c, sim, design, shape, gpu)
-                _, summary = simulate(c, sim, design, costs, lengths_of(c, sim), steps=steps, warmup=warmup)
-                out.append(
-                    Candidate(
-                        learner, s, over, summary["tokens_per_s_per_gpu"], summary["s_per_step"], summary["bottleneck"]
+                for inflight in (False, True) if s > 0 else (False,):
+                    c = cfg.model_copy(deep=True)
+                    c.system.max_staleness, c.data.oversample = s, over
+                    c.system.inflight_weight_updates = inflight
+                    design = build_design(c, sim, gpus=gpus, learner_gpus=learner, colocated=False)
+                    costs = gpu_costs(c, sim, design, shape, gpu)
+                    _, summary = simulate(c, sim, design, costs, lengths_of(c, sim), steps=steps, warmup=warmup)
+                    out.append(
+                        Candidate(
+                            learner,
+                            s,
+                            over,
+                            summary["tokens_per_s_per_gpu"],
+                            summary["s_per_step"],
+                            summary["bottleneck"],
+                            inflight,
+                            {"central": summary["tokens_per_s_per_gpu"]},
+                        )
                     )
-                )
+                    configs.append((c, design))
     if not out:
         raise ValueError(
             f"no split of {gpus} GPUs fits: the learner needs more memory than {gpus - tp} GPUs give "
             "(stare plan says what to change)"
         )
-    return sorted(out, key=lambda c: -c.tokens_per_s_per_gpu)
+    order = sorted(range(len(out)), key=lambda i: -out[i].tokens_per_s_per_gpu)
+    if bands:
+        best = out[order[0]].tokens_per_s_per_gpu
+        leaders = [i for n, i in enumerate(order) if n < 4 or out[i].tokens_per_s_per_gpu >= 0.9 * best]
+        for i in leaders:
+            c, design = configs[i]
+            for corner in ("pessimistic", "optimistic"):
+                costs = gpu_costs(c, sim, design, shape, gpu, corner)
+                _, summary = simulate(c, sim, design, costs, lengths_of(c, sim), steps=steps, warmup=warmup)
+                out[i].corners[corner] = summary["tokens_per_s_per_gpu"]
+    return [out[i] for i in order]
+
+
+def recommendation(cands: list[Candidate]) -> str:
+    """Which design wins across the band, or that the band cannot separate the leaders."""
+    from stare.app.sim.bands import verdict
+
+    banded = {c.name: c.corners for c in cands if len(c.corners) == 3}
+    return verdict(banded) if banded else f"{cands[0].name} (central corner only)"
 
 
 def render(cands: list[Candidate], gpus: int, gpu: str) -> str:
     best = cands[0]
+
+    def band(c: Candidate) -> str:
+        if len(c.corners) < 3:
+            return ""
+        return f" [{c.corners['pessimistic']:,.0f}, {c.corners['optimistic']:,.0f}]"
+
     lines = [
         f"placement on {gpus} x {gpu} (stare sim, modelled): recommended {best.learner_gpus} learner + "
         f"{gpus - best.learner_gpus} rollout GPUs, max_staleness {best.max_staleness}, data.oversample "
-        f"{best.oversample:g}: {best.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, {best.s_per_step:.3g} s/step",
-        "  learner  staleness  oversample  tokens/s/GPU  s/step  bottleneck",
+        f"{best.oversample:g}{', in-flight weight updates' if best.inflight else ''}: "
+        f"{best.tokens_per_s_per_gpu:,.0f}{band(best)} tokens/s/GPU, {best.s_per_step:.3g} s/step",
+        f"across the band: {recommendation(cands)}",
+        "  learner  staleness  oversample  in-flight  tokens/s/GPU [low, high]  s/step  bottleneck",
     ]
     lines += [
-        f"  {c.learner_gpus:>7}  {c.max_staleness:>9}  {c.oversample:>10g}  {c.tokens_per_s_per_gpu:>12,.0f}  "
-        f"{c.s_per_step:>6.3g}  {c.bottleneck}"
+        f"  {c.learner_gpus:>7}  {c.max_staleness:>9}  {c.oversample:>10g}  {'yes' if c.inflight else 'no':>9}  "
+        f"{c.tokens_per_s_per_gpu:>12,.0f}{band(c):<14}  {c.s_per_step:>6.3g}  {c.bottleneck}"
         for c in cands
     ]
     return "\n".join(lines)
@@ -105,6 +154,7 @@ def plan_text(cfg, *, gpus: int, gpu: str, gpu_mem_gib: float, shape, overrides:
         if c.learner_gpus == cfg.system.learner_ranks
         and c.max_staleness == cfg.system.max_staleness
         and c.oversample == cfg.data.oversample
+        and c.inflight == cfg.system.inflight_weight_updates
     ]
     head = (
         f"predicted as configured ({cfg.system.learner_ranks} learner GPUs, max_staleness "

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from stare.app.sim.lanes import KINDS
 from stare.app.sim.node import SimRun
-from stare.app.sim.standins import KINDS
 
 COLORS = {
     "decode": "#1f77b4",
@@ -26,11 +26,15 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
     t0, t1 = ends[warmup][0], ends[-1][0]
     steps = len(ends) - 1 - warmup
     tokens = sum(n for _, n in ends[warmup + 1 :])
-    # checkpoints: the window is kept free of them (the session saves at multiples of checkpoint_every;
-    # the sim runs fewer steps); each step is charged its share of one write, the learner waiting
+    # checkpoints: each step is charged its share of one write (checkpoint_s / checkpoint_every), the learner
+    # waiting. A write the session made inside the window (a multiple of checkpoint_every among the measured
+    # steps) is taken out of the span first, so that it is not charged on top of its share
     ckpt = run.checkpoint_s / run.checkpoint_every if run.checkpoint_every else 0.0
-    sim_span = max(t1 - t0, 1e-12)
-    span = sim_span + ckpt * steps
+    written = run.learner.busy_in(t0, t1)["checkpoint"]
+    # the held-out evaluation likewise: its share of one evaluation a step, the learner waiting and the
+    # rollout engines sampling it (stare/app/sim/evaluation.py)
+    evals = run.eval_s / run.eval_every if run.eval_every else 0.0
+    span = max(t1 - t0 - written, 1e-12) + (ckpt + evals) * steps
     d = run.design
     per_gpu: dict[int, dict[str, float]] = {}
     for g in range(d.gpus):
@@ -40,12 +44,14 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
                 for k, v in lane.busy_in(t0, t1).items():
                     busy[k] += v
         if g < d.learner_gpus:
-            busy["checkpoint"] += ckpt * steps
+            busy["checkpoint"] = ckpt * steps
+        if d.colocated and g == 0 or not d.colocated and g >= d.learner_gpus:
+            busy["decode"] += evals * steps  # the engines that sample the evaluation (colocated: rank 0's)
         per_gpu[g] = {k: v / span for k, v in busy.items()}
     learner = {k: v / steps for k, v in run.learner.busy_in(t0, t1).items()}
-    learner["checkpoint"] += ckpt
-    learner_busy = sum(learner.values())
-    wait = span / steps - learner_busy
+    learner["checkpoint"] = ckpt
+    learner_busy = sum(learner.values())  # the evaluation is waiting, not busy
+    wait = span / steps - learner_busy - evals
     rollout_gpus = [g for g in range(d.gpus) if d.colocated or g >= d.learner_gpus]
     decode = sum(per_gpu[g]["decode"] + per_gpu[g]["prefill"] for g in rollout_gpus) / max(len(rollout_gpus), 1)
     rollout_recv = 0.0
@@ -58,6 +64,7 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
         "train": learner["train"],
         "weight publish": learner["send/receive"],
         "checkpoint": learner["checkpoint"],
+        "evaluation": evals,
     }
     # the side busier than the other is the one the other waits for
     learner_side = learner_busy * steps / span
@@ -67,6 +74,8 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
         bottleneck = f"rollout decode ({decode:.0%} busy; the learner waits {max(wait, 0.0):.1f} s a step)"
     else:
         bottleneck = f"learner ({learner_side:.0%} busy; the largest piece: {max(path, key=path.get)})"
+    if evals > 0.1 * span / steps:  # a large piece of its own: the learner waits for every evaluation
+        bottleneck += f"; the held-out evaluation {evals:.1f} s a step (every {run.eval_every} steps)"
     last = run.metrics[-1] if run.metrics else {}
     learner_frac = (
         learner_busy * steps / span
@@ -99,20 +108,66 @@ def summarize(run: SimRun, warmup: int) -> dict[str, Any]:
     }
 
 
+def band_of(by_corner: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The central summary with `band`: each figure's [low, high] over the corners (stare/app/sim/bands.py)."""
+    central = dict(by_corner["central"])
+    keys = [
+        "tokens_per_s_per_gpu",
+        "s_per_step",
+        "tokens_per_step",
+        "rollout_decoding_fraction",
+        "learner_busy_fraction",
+        "weight_publish_critical_s",
+    ]
+    band: dict[str, Any] = {
+        k: [min(s[k] for s in by_corner.values()), max(s[k] for s in by_corner.values())] for k in keys
+    }
+    band["critical_path_s_per_step"] = {
+        k: [
+            min(s["critical_path_s_per_step"][k] for s in by_corner.values()),
+            max(s["critical_path_s_per_step"][k] for s in by_corner.values()),
+        ]
+        for k in central["critical_path_s_per_step"]
+    }
+    band["bottleneck"] = {c: s["bottleneck"] for c, s in by_corner.items()}
+    band["corners"] = {c: {k: s[k] for k in keys} for c, s in by_corner.items()}
+    central["band"] = band
+    return central
+
+
 def render(s: dict[str, Any]) -> str:
-    d = s["design"]
+    """The summary as text; with a band (`band_of`), every figure as `central [low, high]`."""
+    d, band = s["design"], s.get("band")
+
+    def fig(key: str, fmt: str, sub: str | None = None) -> str:
+        value = s[key] if sub is None else s[key][sub]
+        text = format(value, fmt)
+        if band is not None:
+            lo, hi = band[key] if sub is None else band[key][sub]
+            text += f" [{format(lo, fmt)}, {format(hi, fmt)}]"
+        return text
+
+    if band is None:
+        bottleneck = s["bottleneck"]
+    else:
+        by = band["bottleneck"]
+        bottleneck = by["central"] + (
+            "" if len(set(by.values())) == 1 else "; " + "; ".join(f"{c}: {b}" for c, b in by.items() if c != "central")
+        )
     lines = [
         f"{d['gpus']} GPUs: {'colocated' if d['colocated'] else str(d['learner_gpus']) + ' learner + ' + str(d['gpus'] - d['learner_gpus']) + ' rollout'}"
         f", max_staleness {d['max_staleness']}, {'streaming' if d['streaming'] else 'blocking'} rollout"
         f"{' + in-flight updates' if d['inflight'] else ''}, {'eager' if d['eager'] else 'CUDA graphs'}, "
         f"publish from {d['publish_from']}",
-        f"tokens/s/GPU      {s['tokens_per_s_per_gpu']:,.0f}",
-        f"s/step            {s['s_per_step']:.2f}  ({s['steps_measured']} steps measured, {s['tokens_per_step']:,.0f} tokens/step)",
-        f"rollout decoding  {s['rollout_decoding_fraction']:.0%} of the time",
-        f"learner busy      {s['learner_busy_fraction']:.0%}",
-        f"weight publish    {s['weight_publish_critical_s']:.2f} s on the critical path per step",
-        "critical path     " + ", ".join(f"{k} {v:.2f} s" for k, v in s["critical_path_s_per_step"].items()),
-        f"bottleneck        {s['bottleneck']}",
+        *(["figures: central [low, high] over the cost model's corners (stare sim --constants)"] if band else []),
+        f"tokens/s/GPU      {fig('tokens_per_s_per_gpu', ',.0f')}",
+        f"s/step            {fig('s_per_step', '.2f')}  ({s['steps_measured']} steps measured, {fig('tokens_per_step', ',.0f')} tokens/step)",
+        f"rollout decoding  {fig('rollout_decoding_fraction', '.0%')} of the time",
+        f"learner busy      {fig('learner_busy_fraction', '.0%')}",
+        f"weight publish    {fig('weight_publish_critical_s', '.2f')} s on the critical path per step",
+        "critical path     "
+        + ", ".join(f"{k} {fig('critical_path_s_per_step', '.2f', k)} s" for k in s["critical_path_s_per_step"]),
+        f"bottleneck        {bottleneck}",
         f"groups            {s['groups_filtered_total']} filtered (equal rewards), {s['groups_stale_total']} dropped stale, "
         f"{s['groups_surplus_total'] or 0} surplus dropped (data.oversample), {s['sampling_rounds_mean']:.1f} sampling "
         f"rounds a step; trained responses {s['response_length_mean']:,.0f} tokens on average"
