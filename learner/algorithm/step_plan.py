@@ -42,7 +42,10 @@ def plan_step(
 ) -> StepContext:
     """Decide the step: normalisers and, per loss, the selection thresholds."""
     mask = tokens.mask
-    as_t = lambda v: torch.as_tensor(v, dtype=tokens.old_logprobs.dtype, device=mask.device)  # noqa: E731
+
+    def as_t(v: float | Tensor) -> Tensor:
+        return torch.as_tensor(v, dtype=tokens.old_logprobs.dtype, device=mask.device)
+
     select = loss_spec(getattr(cfg, "name", None)).select
     extra, loss_mask = select(tokens, cfg, seed) if select is not None else ({}, mask)
     dtype = tokens.old_logprobs.dtype

@@ -9,10 +9,15 @@ itself (stare/app/colocation/one_gpu.py): there `on` is one GPU shared in one pr
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from stare.config.base import ConfigError
 
+if TYPE_CHECKING:
+    from stare.config.train import TrainConfig
 
-def node_colocated(cfg) -> bool:
+
+def node_colocated(cfg: TrainConfig) -> bool:
     """`system.colocate: on` seen by the distributed system: every learner rank hosts a rollout engine on its
     GPU, asleep while the learner steps, and no rollout worker process runs. `auto` and `off` keep rollout in
     worker processes (auto is `stare train`'s same-device check; configs written before this mode keep their
@@ -20,7 +25,7 @@ def node_colocated(cfg) -> bool:
     return cfg.system.colocate == "on"
 
 
-def check_node_colocation(cfg, *, cuda: bool | None = None) -> None:
+def check_node_colocation(cfg: TrainConfig, *, cuda: bool | None = None) -> None:
     """Refuse a node-colocated config that cannot run (ConfigError naming the field and the fix); nothing
     when the config is not node-colocated. `cuda`: whether this process has CUDA (None: not checked, as
     when `stare up --print-plan` plans for another machine)."""
@@ -34,7 +39,7 @@ def check_node_colocation(cfg, *, cuda: bool | None = None) -> None:
             "(rollout.tool_use.enabled): the learner processes hold no code sandbox; set "
             f"rollout.tool_use.enabled=false, {off}"
         )
-    if getattr(r.engine, "tensor_parallel_size", 1) > 1:
+    if r.engine.name == "vllm" and r.engine.tensor_parallel_size > 1:
         raise ConfigError(
             f"system.colocate: on gives each learner rank one engine on its own GPU, but "
             f"rollout.engine.tensor_parallel_size is {r.engine.tensor_parallel_size}: set it to 1, {off}"

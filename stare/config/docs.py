@@ -6,14 +6,16 @@
 from __future__ import annotations
 
 import typing
+from collections.abc import Set
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from stare.config import ALGO_PRESETS, ENGINE_SECTIONS, TrainConfig
 from stare.config.algo import LOSS_CONFIGS, GrpoLossConfig
 
 
-def _bounds(field) -> str:
+def _bounds(field: FieldInfo) -> str:
     parts = []
     for m in field.metadata:
         for name, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
@@ -22,12 +24,12 @@ def _bounds(field) -> str:
     return ", ".join(parts)
 
 
-def _type(annotation) -> str:
+def _type(annotation: object) -> str:
     text = getattr(annotation, "__name__", None) if not typing.get_args(annotation) else None
     return text or str(annotation).replace("typing.", "").replace("pathlib.", "")
 
 
-def _table(model: type[BaseModel], prefix: str, skip: set[str] = frozenset()) -> list[str]:
+def _table(model: type[BaseModel], prefix: str, skip: Set[str] = frozenset()) -> list[str]:
     rows = ["| field | type | default | bounds | meaning |", "| --- | --- | --- | --- | --- |"]
     for name, field in model.model_fields.items():
         if name in skip:
@@ -90,11 +92,11 @@ def render() -> str:
                     "`rollout.engine: {name: vllm}`).",
                     "",
                 ]
-                for engine_name, cls in ENGINE_SECTIONS.items():
+                for engine_name, engine_cls in ENGINE_SECTIONS.items():
                     out += [
                         f"### rollout.engine.name: {engine_name}",
                         "",
-                        *_table(cls, "rollout.engine.", skip={"name"}),
+                        *_table(engine_cls, "rollout.engine.", skip={"name"}),
                         "",
                     ]
         else:

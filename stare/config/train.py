@@ -73,7 +73,7 @@ class TrainConfig(_Section):
         return {("control_plane" if k == "control" else k): v for k, v in data.items()}
 
     @model_validator(mode="after")
-    def _importance_needs_tis(self):
+    def _importance_needs_tis(self) -> TrainConfig:
         if self.system.stale_policy == "importance" and not self.loss.rollout_correction.enabled:
             raise ValueError(
                 "system.stale_policy=importance needs loss.rollout_correction (e.g. is_level: token, "
@@ -83,7 +83,7 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _inflight_needs_staleness_and_streaming(self):
+    def _inflight_needs_staleness_and_streaming(self) -> TrainConfig:
         s = self.system
         if not s.inflight_weight_updates:
             return self
@@ -102,7 +102,7 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _lora_without_zero3(self):
+    def _lora_without_zero3(self) -> TrainConfig:
         if self.model.lora is not None and self.optim.zero_stage == 3:
             raise ValueError(
                 "model.lora with optim.zero_stage=3 is not supported (the adapters are merged from whole "
@@ -111,7 +111,7 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _colocate_offload_needs_colocation(self):
+    def _colocate_offload_needs_colocation(self) -> TrainConfig:
         s = self.system
         if s.colocate_offload == "optimizer" and s.colocate == "off":
             raise ValueError(
@@ -128,7 +128,7 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _mini_batches_hold_groups(self):
+    def _mini_batches_hold_groups(self) -> TrainConfig:
         if self.optim.mini_batches > self.rollout.prompts_per_step:
             raise ValueError(
                 f"optim.mini_batches ({self.optim.mini_batches}) is more than rollout.prompts_per_step "
@@ -137,7 +137,7 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _reward_fits_the_rollout(self):
+    def _reward_fits_the_rollout(self) -> TrainConfig:
         for c in self.reward.components if self.reward is not None else ():
             if c.kind == "code":
                 raise ValueError(
@@ -162,7 +162,7 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _dataset_needs_a_model(self):
+    def _dataset_needs_a_model(self) -> TrainConfig:
         if self.task.name in ("dataset", "chat-arithmetic") and self.model.path is None and self.model.source == "tiny":
             raise ValueError(
                 f"task.name={self.task.name} needs model.path (or model.source=smollm2): the bundled "
@@ -194,7 +194,7 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _apply_preset(raw: dict, algo: str) -> dict:
+def _apply_preset(raw: dict[str, Any], algo: str) -> dict[str, Any]:
     if algo not in ALGO_PRESETS:
         import difflib
 
@@ -233,7 +233,7 @@ def _with_overlong(raw: dict[str, Any], fraction: float) -> dict[str, Any]:
     return {**raw, "reward": {**reward, "components": components}}
 
 
-def _set_dotted(raw: dict, dotted: str, value: Any) -> None:
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     node = raw
     for key in keys[:-1]:

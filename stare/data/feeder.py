@@ -23,6 +23,8 @@ from stare.data.tasks.base import Problem, Task
 from stare.transport.records import PromptTask
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from stare.config import TrainConfig
 
 GENERATED_POOL = 20_000
@@ -130,10 +132,10 @@ class PromptFeeder:
             extra_info=problem.extra_info,
         )
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"cursor": self.cursor}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.cursor = int(state["cursor"])
 
 
@@ -197,7 +199,11 @@ def check_coverage(feeder: PromptFeeder, limit: float, log: Callable[[str], None
 
 
 def eval_problems(
-    cfg, task: Task, tokenizer, log: Callable[[str], None] = print, max_model_len: int | None = None
+    cfg: TrainConfig,
+    task: Task,
+    tokenizer: PreTrainedTokenizerBase,
+    log: Callable[[str], None] = print,
+    max_model_len: int | None = None,
 ) -> list[Problem]:
     """The run's held-out problems, through the same prompt length policy as training (with the
     engine's `max_model_len`: also its limit, what it leaves after rollout.max_new_tokens)."""

@@ -83,7 +83,7 @@ def convert_row(row: dict[str, Any], *, data_source: str, split: str, index: int
     """One input row (either layout) -> one verl row."""
     if isinstance(row.get("reward_model"), dict):
         problem_from_row({"data_source": data_source, **row}, where)  # full check
-        extra = dict(row.get("extra_info") or {})
+        extra: dict[str, Any] = dict(row.get("extra_info") or {})
         extra.setdefault("index", index)
         extra["split"] = split
         return {
@@ -103,7 +103,7 @@ def convert_row(row: dict[str, Any], *, data_source: str, split: str, index: int
     question = row[qkey]
     if not isinstance(question, str) or not question.strip():
         raise DatasetError(f"{where}: field {qkey!r} must be a non-empty string")
-    extra: dict[str, Any] = {"split": split, "index": row.get("unique_id") or row.get("id") or row.get("ID") or index}
+    extra = {"split": split, "index": row.get("unique_id") or row.get("id") or row.get("ID") or index}
     extra["index"] = str(extra["index"])
     level = row.get("level")
     if isinstance(level, str) and level.startswith("Level "):
@@ -121,7 +121,8 @@ def convert_row(row: dict[str, Any], *, data_source: str, split: str, index: int
 
 def convert_file(src: Path | str, out: Path | str, *, data_source: str, split: str, dedupe: bool) -> dict[str, int]:
     """Convert `src` into the verl parquet `out`; returns the counts."""
-    rows, seen = [], {}
+    rows: list[dict[str, Any]] = []
+    seen: dict[str, str] = {}  # prompt -> its answer
     total = conflicts = 0
     for i, where, row in read_rows(src):
         total += 1

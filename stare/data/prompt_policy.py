@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from stare.data.tasks.base import Problem
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 Overflow = Literal["truncate_left", "reject"]
 
@@ -22,16 +25,17 @@ class PromptPolicyError(ValueError):
     """Every problem was rejected: the message names the field to change."""
 
 
-def prompt_ids(problem: Problem, tokenizer) -> list[int]:
+def prompt_ids(problem: Problem, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """The problem's prompt tokens: the policy's when it set them, else the tokenizer's."""
     if problem.prompt_token_ids is not None:
         return list(problem.prompt_token_ids)
-    return tokenizer.encode(problem.prompt, add_special_tokens=False)
+    ids: list[int] = tokenizer.encode(problem.prompt, add_special_tokens=False)
+    return ids
 
 
 def fit_prompts(
     problems: list[Problem],
-    tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     max_len: int | None,
     overflow: Overflow,
     *,

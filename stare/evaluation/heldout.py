@@ -20,10 +20,13 @@ import random
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 from stare.data.tasks.base import Problem
 from stare.transport.records import EvalTask
+
+if TYPE_CHECKING:
+    from stare.config import TrainConfig
 
 KINDS = ("greedy", "sampled")
 
@@ -35,7 +38,18 @@ class SourceSampling:
     top_p: float
 
 
-def eval_settings(cfg, final: bool = False) -> dict[str, Any]:
+class EvalSettings(TypedDict):
+    """The sampling keyword arguments of an evaluation (`eval_settings`)."""
+
+    k: int
+    temperature: float
+    top_p: float
+    per_source: dict[str, SourceSampling]
+    max_new_tokens: int
+    seed: int
+
+
+def eval_settings(cfg: TrainConfig, final: bool = False) -> EvalSettings:
     """`evaluate` keyword arguments from a run config (a stare.config.TrainConfig); `final`: the run's
     last evaluation, with `task.final_eval_k` samples when set."""
     t = cfg.task
@@ -191,7 +205,10 @@ def summarize(
     """The evaluation's result dict (eval.jsonl): greedy accuracy, pass@k and avg@k overall, per level
     and per data source."""
     per_source = dict(per_source or {})
-    mean = lambda xs: sum(xs) / max(len(xs), 1)  # noqa: E731
+
+    def mean(xs: Sequence[float]) -> float:
+        return sum(xs) / max(len(xs), 1)
+
     by_level: dict[int, list[float]] = defaultdict(list)
     by_source: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     greedy_scores, pass_k, avg_k, correct_counts = [], [], [], []

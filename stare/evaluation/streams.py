@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from stare.transport.base import RecordStream, WireRecord
+from stare.transport.in_memory import MemoryStream
+from stare.transport.records import EvalTask, Trajectory
 
 if TYPE_CHECKING:
+    import redis
+
     from stare.config import TrainConfig
     from stare.transport.record_tag import RecordTrust
 
-from stare.transport.base import RecordStream
-from stare.transport.in_memory import MemoryStream
-from stare.transport.records import EvalTask, Trajectory
+R = TypeVar("R", bound=WireRecord)
 
 STREAMS = (
     ("tasks", "eval_prompts", EvalTask, "rollout"),
@@ -34,12 +38,14 @@ STREAMS = (
 
 @dataclass
 class EvalStreams:
-    tasks: RecordStream  # EvalTask: learner -> rollout workers
-    raw: RecordStream  # Trajectory: rollout workers -> reward workers
-    scored: RecordStream  # Trajectory, scored: reward workers -> learner
+    tasks: RecordStream[EvalTask]  # learner -> rollout workers (stream eval_prompts, group rollout)
+    raw: RecordStream[Trajectory]  # rollout workers -> reward workers (eval_raw, group reward)
+    scored: RecordStream[Trajectory]  # scored: reward workers -> learner (eval_scored, group learner)
 
 
-def redis_eval_streams(client, run_id: str, trust: RecordTrust | None = None, **stream_options: Any) -> EvalStreams:
+def redis_eval_streams(
+    client: redis.Redis, run_id: str, trust: RecordTrust | None = None, **stream_options: Any
+) -> EvalStreams:
     """The run's evaluation streams on `client` (options: see RedisStream); with `trust`, tagged and bounded
     records (stare.transport.record_tag)."""
     from stare.transport.redis_client import stream_key
@@ -57,7 +63,9 @@ def redis_eval_streams(client, run_id: str, trust: RecordTrust | None = None, **
 
 
 def memory_eval_streams() -> EvalStreams:
-    return EvalStreams(**{attr: MemoryStream(name) for attr, name, _, _ in STREAMS})
+    return EvalStreams(
+        tasks=MemoryStream("eval_prompts"), raw=MemoryStream("eval_raw"), scored=MemoryStream("eval_scored")
+    )
 
 
 class EvalIndex(Protocol):
@@ -88,7 +96,8 @@ class MemoryEvalIndex:
         self.entries.setdefault(eval_id, {})["state"] = outcome
 
     def is_open(self, eval_id: str) -> bool:
-        return self.entries.get(eval_id, {}).get("state", "open") == "open"
+        state: str = self.entries.get(eval_id, {}).get("state", "open")
+        return state == "open"
 
     def open_ids(self) -> list[str]:
         return [e for e, info in self.entries.items() if info.get("state") == "open"]
@@ -97,7 +106,7 @@ class MemoryEvalIndex:
 class RedisEvalIndex:
     """The index as a Redis hash: eval id -> JSON {size, state}."""
 
-    def __init__(self, client, run_id: str):
+    def __init__(self, client: redis.Redis, run_id: str):
         from stare.transport.redis_client import run_key
 
         self.client, self.key = client, run_key(run_id, "evals")
@@ -106,7 +115,8 @@ class RedisEvalIndex:
         from stare.transport.redis_client import retrying
 
         raw = retrying(lambda: self.client.hget(self.key, eval_id), "HGET evaluation")
-        return None if raw is None else json.loads(raw)
+        info: dict[str, Any] | None = None if raw is None else json.loads(raw)
+        return info
 
     def _set(self, eval_id: str, info: dict[str, Any]) -> None:
         from stare.transport.redis_client import retrying
@@ -137,7 +147,7 @@ class RedisEvalIndex:
         )
 
 
-def connect_eval_streams(cfg: TrainConfig, client, trust: RecordTrust | None = None):
+def connect_eval_streams(cfg: TrainConfig, client: redis.Redis, trust: RecordTrust | None = None) -> EvalStreams:
     """The run's evaluation streams on a role's Redis client (`trust`: the role's transport's), sized
     so that one whole evaluation fits: the learner publishes its tasks at once."""
     t, s = cfg.task, cfg.system

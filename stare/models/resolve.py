@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from stare.config import ConfigError, TrainConfig
 
 if TYPE_CHECKING:
+    import torch
+
     from stare.data.tasks.base import Task
 
 
@@ -100,13 +102,14 @@ def check_model_dir(path: Path) -> None:
 MODEL_DTYPES = ("float32", "bfloat16", "float16")  # model.dtype, the rollout engines' dtype
 
 
-def torch_dtype(name: str):
+def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of a model.dtype / engine dtype name; ValueError naming the choices."""
     import torch
 
     if name not in MODEL_DTYPES:
         raise ValueError(f"dtype must be one of {list(MODEL_DTYPES)}, got {name!r}")
-    return getattr(torch, name)
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
 
 
 def stop_token_ids(tokenizer: Any) -> tuple[int, ...]:

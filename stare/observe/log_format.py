@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 STEP_LOGGER = "stare.steps"
 # step record field -> metrics.jsonl key
@@ -96,14 +96,17 @@ def setup(fmt: str, text_format: str, *, static: dict[str, Any] | None = None, l
     logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
+class _TrainHandler(logging.StreamHandler[TextIO]):
+    """The handler `train_logger` installs (so a second call replaces it)."""
+
+
 def train_logger(fmt: str, run_name: str) -> logging.Logger:
     """`stare train`'s logger without a terminal: "stare.train" on stderr, text with a timestamp or JSON
     with the run name; its own handler (the root logger, which a host program may own, is left alone)."""
     logger = logging.getLogger("stare.train")
-    for old in [h for h in logger.handlers if getattr(h, "stare_train", False)]:
+    for old in [h for h in logger.handlers if isinstance(h, _TrainHandler)]:
         logger.removeHandler(old)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.stare_train = True
+    handler = _TrainHandler(sys.stderr)
     handler.setFormatter(
         JsonFormatter({"run": run_name}) if fmt == "json" else logging.Formatter("%(asctime)s %(message)s")
     )

@@ -24,27 +24,30 @@ import json
 import logging
 import shutil
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from stare.config import TrainConfig
 from stare.observe.files import cut_jsonl, write_atomic
 
+if TYPE_CHECKING:
+    from stare.transport.records import Trajectory
+
 log = logging.getLogger(__name__)
 
 JSONL = ("metrics.jsonl", "eval.jsonl", "trained.jsonl", "generations.jsonl")
 
 
-def batch_metrics(trajectories, elapsed_s: float) -> dict[str, float]:
+def batch_metrics(trajectories: Sequence[Trajectory], elapsed_s: float) -> dict[str, float]:
     """The per-step numbers of the trained batch both learners log (embedded and distributed)."""
-    rewards = [t.reward for t in trajectories]
+    rewards = [_reward(t) for t in trajectories]
     lengths = [len(t.response_token_ids) for t in trajectories]
     return {
         "reward_mean": sum(rewards) / len(rewards),
         # the scorer's verdict (with a composed reward, its math component), else reward >= 1
-        "accuracy": sum(bool((t.reward_info or {}).get("correct", t.reward >= 1.0)) for t in trajectories)
+        "accuracy": sum(bool((t.reward_info or {}).get("correct", r >= 1.0)) for t, r in zip(trajectories, rewards))
         / len(rewards),
         "response_length_mean": sum(lengths) / len(lengths),
         "tokens_per_s": sum(lengths) / max(elapsed_s, 1e-9),
@@ -52,21 +55,27 @@ def batch_metrics(trajectories, elapsed_s: float) -> dict[str, float]:
     }
 
 
-def trained_lags(trajectories, trained_at_version: int) -> Counter:
+def _reward(t: Trajectory) -> float:
+    if t.reward is None:
+        raise ValueError(f"trajectory {t.trajectory_id} reached the learner unscored (reward None)")
+    return t.reward
+
+
+def trained_lags(trajectories: Sequence[Trajectory], trained_at_version: int) -> Counter[int]:
     """Weight-version lag of each trained trajectory: the version it was trained at minus the one
     that sampled its oldest token still in the loss (0 = on-policy; a trajectory sampled across weight
     updates may have older tokens, left out of the loss)."""
     return Counter(trained_at_version - _oldest_trained(t) for t in trajectories)
 
 
-def _oldest_trained(t) -> int:
+def _oldest_trained(t: Trajectory) -> int:
     if not t.version_starts:
         return t.weight_version
     versions = t.token_versions()[t.loss_mask > 0]  # [tokens in the loss]
     return int(versions.min()) if versions.size else t.newest_version
 
 
-def staleness_summary(lags: Counter) -> dict[str, Any]:
+def staleness_summary(lags: Counter[int]) -> dict[str, Any]:
     """A step's staleness as metrics (both learners)."""
     n = sum(lags.values())
     if not n:
@@ -78,7 +87,7 @@ def staleness_summary(lags: Counter) -> dict[str, Any]:
     }
 
 
-def staleness_status(lags: Counter) -> dict[str, Any]:
+def staleness_status(lags: Counter[int]) -> dict[str, Any]:
     """A step's staleness as the run status shows it (the control plane's /v1/status and Prometheus)."""
     return {"max": max(lags) if lags else None, "counts": {str(k): v for k, v in sorted(lags.items())}}
 

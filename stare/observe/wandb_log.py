@@ -14,6 +14,7 @@ import json
 import os
 import uuid
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from stare.config import ConfigError, TrainConfig
@@ -35,7 +36,7 @@ def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _import_wandb():
+def _import_wandb() -> ModuleType:
     try:
         import wandb
     except ImportError:

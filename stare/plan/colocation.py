@@ -44,6 +44,7 @@ from stare.plan.plan_items import (
     Item,
     Plan,
     RolePlan,
+    StageStates,
     _prompt_tokens,
     _whole_plan,
 )
@@ -57,7 +58,7 @@ class OneGpuPlan:
     step: RolePlan  # the learner steps, the engine asleep
     sampling: RolePlan  # the engine samples, the learner's state resident or offloaded
     offload: bool  # the optimizer state goes to host memory while sampling
-    stages: dict[int, dict[str, Any]]
+    stages: dict[int, StageStates]
     how: list[str] = field(default_factory=list)
 
     @property
@@ -250,14 +251,13 @@ def plan_one_gpu(
             )
         )
     engine_total = sum(i.bytes for i in engine_items)
-    fits_with = lambda resident: resident + engine_total <= usable  # noqa: E731
     can_offload = stage < 3
     if setting == "optimizer":
         offload = True
     elif setting == "none" or not can_offload:
         offload = False
     else:  # auto: only when it is needed and enough
-        offload = not fits_with(states) and fits_with(weights_only)
+        offload = states + engine_total > usable and weights_only + engine_total <= usable
     resident = weights_only if offload else states
     learner_item = (
         Item(
@@ -275,7 +275,7 @@ def plan_one_gpu(
         gpus,
         mem,
         items,
-        fits_with(resident),
+        resident + engine_total <= usable,
         title=f"sampling, the engine awake ({gpus} x {mem / GIB:.0f} GiB GPU)",
         extra={
             "engine": e["name"],
@@ -330,9 +330,9 @@ def plan_one_gpu(
             + (": it fits beside the awake engine)" if sampling.fits and setting == "auto" else ")")
         )
     ]
-    if e["name"] == "vllm":
+    if (engine := cfg.rollout.engine).name == "vllm":
         how.append(
-            f"vLLM takes rollout.engine.gpu_memory_utilization {cfg.rollout.engine.gpu_memory_utilization} "
+            f"vLLM takes rollout.engine.gpu_memory_utilization {engine.gpu_memory_utilization} "
             f"x {mem / GIB:.0f} GiB = {_gib(e['share'])} when awake; the learner holds {_gib(resident)} then"
         )
     return OneGpuPlan(step, sampling, offload, stages, how)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from stare.config import ConfigError, TrainConfig
 from stare.plan.learner_memory import plan_learner
-from stare.plan.plan_items import (  # noqa: F401  (the plan's names, as callers import them from here)
+from stare.plan.plan_items import (
     GIB,
     HEADROOM,
     RECEIVE_RESERVE,
@@ -19,11 +19,15 @@ from stare.plan.plan_items import (  # noqa: F401  (the plan's names, as callers
     Item,
     Plan,
     RolePlan,
+    StageStates,
     _prompt_tokens,
     _whole_plan,
 )
 from stare.plan.rollout_memory import plan_rollout
 from stare.plan.sizes import ModelShape, load_model_shape
+
+# the plan's names, as callers import them from here
+__all__ = ["GIB", "HEADROOM", "RECEIVE_RESERVE", "VLLM_PROFILE_TOKENS", "Fix", "Item", "Plan", "RolePlan", "build_plan"]
 
 
 def build_plan(
@@ -46,7 +50,8 @@ def build_plan(
     prompt, source = _prompt_tokens(cfg, shape, prompt_tokens)
     seq = prompt + cfg.rollout.max_new_tokens
     mem = int(gpu_mem_gib * GIB)
-    out, stages = [], {}
+    out: list[RolePlan] = []
+    stages: dict[int, StageStates] = {}
     if "learner" in roles:
         learner, stages = plan_learner(cfg, shape, gpus=gpus, gpu_mem_bytes=mem, seq_tokens=seq)
         out.append(learner)

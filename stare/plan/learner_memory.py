@@ -39,9 +39,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 from stare.config import TrainConfig
-from stare.plan.plan_items import GIB, HEADROOM, Fix, Item, RolePlan
+from stare.plan.plan_items import GIB, HEADROOM, Fix, Item, RolePlan, StageStates
 from stare.plan.sizes import (
     CHUNK_TENSORS,
     DTYPE_BYTES,
@@ -61,11 +62,11 @@ def plan_learner(
     gpu_mem_bytes: int,
     seq_tokens: int,
     beside: tuple[Item, ...] = (),
-) -> tuple[RolePlan, dict]:
+) -> tuple[RolePlan, dict[int, StageStates]]:
     """`beside`: what else holds memory on the learner's GPU while it steps (a sleeping engine)."""
     o = cfg.optim
     b = DTYPE_BYTES[cfg.model.dtype]
-    stages = {}
+    stages: dict[int, StageStates] = {}
     for stage in (0, 1, 2, 3):
         value, source = model_state_bytes(
             shape.params, shape.largest_layer_params, stage=stage, gpus=gpus, dtype_bytes=b
@@ -133,7 +134,10 @@ def plan_learner(
         return out + list(beside)
 
     usable = int(HEADROOM * gpu_mem_bytes)
-    fits = lambda items: sum(i.bytes for i in items) <= usable  # noqa: E731
+
+    def fits(items: list[Item]) -> bool:
+        return sum(i.bytes for i in items) <= usable
+
     items = items_for(o.zero_stage, ckpt, tokens, chunk, diag)
     plan = RolePlan(
         "learner",
@@ -182,9 +186,13 @@ def plan_learner(
         steps.append(("stage", 3, Fix("optim.zero_stage", 3)))
     if snapshot:
         steps.append(("snap", False, Fix("system.weight_sync_publish_from", "host", _SNAPSHOT_FIX)))
-    state = {"c": ckpt, "d": diag, "ch": chunk, "stage": stage, "snap": True}
+    # the knobs the fixes turn (bools and ints), keyed like `steps`
+    state: dict[str, Any] = {"c": ckpt, "d": diag, "ch": chunk, "stage": stage, "snap": True}
     default = dict(state)
-    state_fits = lambda st, n=t: fits(items_for(st["stage"], st["c"], n, min(st["ch"], n), st["d"], st["snap"]))  # noqa: E731
+
+    def state_fits(st: dict[str, Any], n: int = t) -> bool:
+        return fits(items_for(st["stage"], st["c"], n, min(st["ch"], n), st["d"], st["snap"]))
+
     applied = []
     for key, value, fix in steps:
         if not state_fits(state) and state[key] != value:

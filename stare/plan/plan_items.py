@@ -8,8 +8,9 @@ allocator fragmentation). These are estimates of the large terms, good to a few 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from stare.config import TrainConfig
 from stare.plan.sizes import ModelShape
@@ -78,6 +79,13 @@ class RolePlan:
         return int(HEADROOM * self.gpu_mem_bytes) if self.usable_bytes is None else self.usable_bytes
 
 
+class StageStates(TypedDict):
+    """The learner's model states per GPU at one ZeRO stage."""
+
+    bytes: int
+    source: str  # how they were counted
+
+
 @dataclass
 class Plan:
     config: str
@@ -87,7 +95,7 @@ class Plan:
     prompt_tokens: int
     prompt_source: str
     roles: list[RolePlan]
-    zero_stages: dict[int, dict[str, Any]]  # learner model states per stage
+    zero_stages: dict[int, StageStates]  # learner model states per stage
     checkpoint: dict[str, Any] = field(default_factory=dict)  # checkpoint_disk()
     how: list[str] = field(
         default_factory=list
@@ -125,9 +133,9 @@ def _whole_plan(
     prompt: int,
     source: str,
     roles: list[RolePlan],
-    stages: dict,
+    stages: dict[int, StageStates],
     config_name: str,
-    how: list[str] = (),
+    how: Sequence[str] = (),
 ) -> Plan:
     seq = prompt + cfg.rollout.max_new_tokens
     if seq > shape.max_positions:

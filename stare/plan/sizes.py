@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stare.config import ConfigError, TrainConfig
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -40,7 +44,7 @@ class ModelShape:
 CHUNK_TENSORS = {False: 2, True: 2}
 
 
-def shape_from_hf_config(hf_config, source: str) -> ModelShape:
+def shape_from_hf_config(hf_config: PretrainedConfig, source: str) -> ModelShape:
     """Count parameters by building the model on the meta device: no memory, seconds for 7B."""
     import torch
     from transformers import AutoModelForCausalLM

@@ -26,13 +26,16 @@ The learner's writes are last-writer-wins; there is one learner per run.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import redis
+from redis.client import Pipeline
+from redis.typing import EncodableT
 
 from stare.runstate.base import (
     DEFAULT_FORGET_AFTER_S,
@@ -57,6 +60,7 @@ from stare.runstate.base import (
 )
 from stare.runstate.redis_values import checked, count, entries, is_controller, parsed, tolerant
 from stare.transport.redis_client import RETRYABLE_ERRORS, checked_key_part, connect_client, retrying
+from stare.transport.redis_dead_letters import as_str
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -129,7 +133,9 @@ class RedisRunState:
                 "and TYPE, then DEL it"
             ) from None
 
-    def _get_json(self, name: str, check: Callable[[Any], bool] = lambda v: isinstance(v, dict)) -> Any:
+    def _get_json(
+        self, name: str, check: Callable[[Any], bool] = lambda v: isinstance(v, dict)
+    ) -> dict[str, Any] | None:
         raw = self._call(lambda: self.client.get(self._key(name)), f"GET {name}")
         return None if raw is None else tolerant(raw, lambda r: checked(json.loads(r), check), self._key(name))
 
@@ -149,13 +155,14 @@ class RedisRunState:
         raw = self._call(lambda: self.client.hgetall(self._key("heartbeats")), "HGETALL heartbeats")
         now = time.time()
         beats = {
-            k: tolerant(raw[k], Heartbeat.model_validate_json, f"{self._key('heartbeats')}[{k}]") for k in sorted(raw)
+            k: tolerant(raw[k], Heartbeat.model_validate_json, f"{self._key('heartbeats')}[{as_str(k)}]")
+            for k in sorted(raw)
         }
         health = {k: role_health(b, self.dead_after_s, now) for k, b in beats.items() if b is not None}
         for k in [k for k, h in health.items() if forgotten(h, self.forget_after_s)]:
             # only the beat read above: a worker that took the name again since keeps its fresh one
             self._call(
-                lambda k=k: self.client.eval(_HDEL_IF_SAME, 1, self._key("heartbeats"), k, raw[k]),
+                functools.partial(self.client.eval, _HDEL_IF_SAME, 1, self._key("heartbeats"), k, raw[k]),
                 "delete a forgotten heartbeat",
             )
             del health[k]
@@ -230,7 +237,7 @@ class RedisRunState:
         keys = [self._key(k) for k in ("controller", "entropy:pending", "entropy:seq")]
         result: list[AuditEntry] = []
 
-        def txn(pipe) -> None:
+        def txn(pipe: Pipeline) -> None:
             published = pipe.get(keys[0])
             pending = entries(pipe.lrange(keys[1], 0, -1), keys[1])
             seq = count(pipe.get(keys[2]), keys[2])
@@ -268,14 +275,15 @@ class RedisRunState:
             pipe = self.client.pipeline(transaction=True)
             pipe.lrange(self._key("entropy:pending"), 0, -1)
             pipe.delete(self._key("entropy:pending"))
-            return pipe.execute()[0]
+            taken: list[str] = pipe.execute()[0]
+            return taken
 
         return [parsed(r) for r in self._call(op, "take entropy changes")]
 
     def record_rejected(self, entry: AuditEntry, step: int, reason: str) -> None:
         result: list[int] = []
 
-        def txn(pipe) -> None:
+        def txn(pipe: Any) -> None:
             audit = [parsed(r) for r in pipe.lrange(self._key("entropy:audit"), 0, -1)]
             seq = count(pipe.get(self._key("entropy:seq")), self._key("entropy:seq"))
             copy = rejected_entry(entry, audit, seq + 1)
@@ -295,7 +303,7 @@ class RedisRunState:
     def record_applied(self, ids: list[int], step: int, error: str | None = None) -> None:
         if not ids:
             return
-        mapping = {str(i): json.dumps({"step": step, "error": error}) for i in ids}
+        mapping: Mapping[EncodableT, EncodableT] = {str(i): json.dumps({"step": step, "error": error}) for i in ids}
         self._call(lambda: self.client.hset(self._key("entropy:applied"), mapping=mapping), "record applied")
 
     def audit(self, limit: int = 100) -> list[AuditEntry]:
@@ -310,7 +318,7 @@ class RedisRunState:
         out = []
         for e, a in zip(entries, applied):
             try:
-                info = json.loads(a) if a else {"step": None, "error": None}
+                info: dict[str, Any] = json.loads(a) if a else {"step": None, "error": None}
                 info = {
                     "step": int(info["step"]) if info.get("step") is not None else None,
                     "error": None if info.get("error") is None else str(info["error"]),

@@ -53,7 +53,7 @@ def entries(raw: list[Any], key: str) -> list[AuditEntry]:
     return [e for e in (tolerant(r, AuditEntry.model_validate_json, key) for r in raw) if e is not None]
 
 
-def parsed(raw: str) -> AuditEntry:
+def parsed(raw: str | bytes) -> AuditEntry:
     """An entry as stored; one that does not parse (not written by the control plane) becomes an
     entry the learner rejects and audits, instead of an exception in its loop or the API."""
     try:

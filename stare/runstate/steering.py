@@ -125,7 +125,7 @@ class RunSteering:
 
     def _replayed(self, controller: Any, next_step: int) -> list[AuditEntry]:
         """Replay the changes due before `next_step` (applied step at most it); those it re-applied."""
-        due = [e for e in self._replay if e.applied_step <= next_step]
+        due = [e for e in self._replay if e.applied_step is not None and e.applied_step <= next_step]
         self._replay = self._replay[len(due) :]
         reapplied = []
         for entry in due:

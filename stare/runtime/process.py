@@ -39,10 +39,16 @@ import time
 from contextlib import AbstractContextManager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stare.config import ConfigError, TrainConfig, staleness
 from stare.runtime.liveness import Liveness
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from stare.runstate.base import RunState
+    from stare.transport.redis_transport import RedisTransport
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +61,7 @@ def worker_name(role: str, name: str | None) -> str:
     return name or os.environ.get("STARE_WORKER_NAME") or f"{role}-{socket.gethostname()}-{os.getpid()}"
 
 
-def claim_slot(state, role: str, template: str, *, host: str, ttl_s: float) -> str:
+def claim_slot(state: RunState, role: str, template: str, *, host: str, ttl_s: float) -> str:
     """`template` with `{slot}` replaced by the lowest slot no other live worker holds (see the
     module docstring); `state` is a RunState with `claim_name`."""
     held = {h.name: h for h in state.roles() if h.role == role}
@@ -113,7 +119,9 @@ def stream_backlog(cfg: TrainConfig) -> int:
     return int(cfg.system.max_backlog + (cfg.run.checkpoint_every + staleness(cfg).max_versions + 2) * rows)
 
 
-def connect_transport(cfg: TrainConfig, url: str, vocab_size: int | None = None, model_path: Path | None = None):
+def connect_transport(
+    cfg: TrainConfig, url: str, vocab_size: int | None = None, model_path: Path | None = None
+) -> RedisTransport:
     """The run's three Redis streams with the options every role uses: the scored stream also
     holds what the learner trained since its last checkpoint (acknowledged then), so its backlog
     bound and MAXLEN leave room for that. Records are tagged with the run's record key and read only
@@ -220,7 +228,7 @@ class RoleRuntime:
         log.info("%s %s started (pid %d)", self.role, self.name, os.getpid())
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop.set()
         if self._http is not None:
             self._http.shutdown()
@@ -234,7 +242,7 @@ class RoleRuntime:
             log.warning("could not record the exit in Redis: %s", err)
         log.info("%s %s stopped", self.role, self.name)
 
-    def _on_signal(self, signum, frame) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """Only plain assignments here: Event.set takes a lock the interrupted main thread may hold."""
         if signum == signal.SIGINT:
             self._sigint += 1
@@ -291,7 +299,7 @@ class RoleRuntime:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args) -> None:
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self._http = ThreadingHTTPServer(("0.0.0.0", port), Handler)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class VerifierTimeout(TimeoutError):
@@ -35,11 +36,11 @@ def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
     )
 
 
-def call_with_timeout(fn: Callable[..., T], timeout_s: float, /, *args, **kwargs) -> T:
+def call_with_timeout(fn: Callable[P, T], timeout_s: float, /, *args: P.args, **kwargs: P.kwargs) -> T:
     """`fn(*args, **kwargs)`, or `VerifierTimeout` if it runs longer than `timeout_s` seconds."""
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    interrupt = type("_Interrupt", (_Interrupt,), {})  # one class per call: nesting is safe
+    interrupt: type[_Interrupt] = type("_Interrupt", (_Interrupt,), {})  # one class per call: nesting is safe
     thread_id = threading.get_ident()
     done = threading.Event()
     fired = threading.Event()

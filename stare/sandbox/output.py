@@ -35,7 +35,7 @@ def _write_quietly(fd: int, data: bytes) -> None:
 class _Pump:
     """Moves bytes between the parent and the launcher's pipes without blocking."""
 
-    def __init__(self, proc: subprocess.Popen, status_fd: int, stdin: bytes, max_output: int):
+    def __init__(self, proc: subprocess.Popen[bytes], status_fd: int, stdin: bytes, max_output: int):
         self.sel = selectors.DefaultSelector()
         self.out = {1: bytearray(), 2: bytearray()}
         self.status = bytearray()
@@ -44,6 +44,8 @@ class _Pump:
         self.asked_stop = False
         self._stdin = memoryview(stdin)
         for stream, tag in ((proc.stdout, 1), (proc.stderr, 2)):
+            if stream is None:
+                raise ValueError("the sandbox launcher's stdout and stderr must be pipes")
             os.set_blocking(stream.fileno(), False)
             self.sel.register(stream.fileno(), selectors.EVENT_READ, tag)
         os.set_blocking(status_fd, False)
@@ -67,6 +69,7 @@ class _Pump:
                 self._stdin = self._stdin[n:]
                 if not self._stdin:
                     self.sel.unregister(fd)
+                    assert self._proc.stdin is not None  # registered (tag -1) only when stdin is a pipe
                     self._proc.stdin.close()
                 continue
             try:

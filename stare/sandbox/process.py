@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from stare.sandbox.limits import (
     Isolation,
@@ -164,7 +166,7 @@ class ProcessSandbox:
             return
         raise SandboxUnavailable(f"uid_slots: all {self.config.uid_slots} throwaway uids are in use; raise uid_slots")
 
-    def _spec(self, staging: str, uid: int | None, status_fd: int, control_fd: int) -> dict:
+    def _spec(self, staging: str, uid: int | None, status_fd: int, control_fd: int) -> dict[str, Any]:
         cfg = self.config
         ro_paths = list(cfg.readonly_paths)
         prefix = os.path.dirname(os.path.dirname(self._python))
@@ -251,13 +253,13 @@ class ProcessSandbox:
             io.close()
             os.close(status_r)
         wall = time.monotonic() - start
-        records: dict = {}
+        records: dict[str, Any] = {}
         for line in io.status.decode(errors="replace").splitlines():
             with contextlib.suppress(ValueError):
                 records.update(json.loads(line))
         return self._verdict(io, records, backstop, wall, rusage, wait_status)
 
-    def _reap(self, proc: subprocess.Popen, uid: int | None):
+    def _reap(self, proc: subprocess.Popen[bytes], uid: int | None) -> tuple[int, int, resource.struct_rusage]:
         """Wait for the launcher (SIGKILL its group after 2 s), then sweep the uid if needed."""
         deadline = time.monotonic() + 2.0
         while True:
@@ -290,23 +292,31 @@ class ProcessSandbox:
         return pid, status, rusage
 
     def _verdict(
-        self, io: _Pump, records: dict, backstop: bool, wall: float, rusage, wait_status: int
+        self,
+        io: _Pump,
+        records: dict[str, Any],
+        backstop: bool,
+        wall: float,
+        rusage: resource.struct_rusage,
+        wait_status: int,
     ) -> SandboxResult:
         cfg = self.config
         stdout = io.out[1].decode("utf-8", errors="replace")
         stderr = io.out[2].decode("utf-8", errors="replace")
-        base = dict(
-            stdout=stdout,
-            stderr=stderr,
-            output_truncated=io.overflowed,
-            wall_s=round(wall, 4),
-            cpu_s=round(rusage.ru_utime + rusage.ru_stime, 4),
-            exit_code=records.get("exit_code"),
-            signal=records.get("signal"),
-        )
 
         def result(status: SandboxStatus, limit: LimitName | None = None, detail: str | None = None) -> SandboxResult:
-            return SandboxResult(status=status, limit_fired=limit, detail=detail, **base)
+            return SandboxResult(
+                status=status,
+                limit_fired=limit,
+                detail=detail,
+                stdout=stdout,
+                stderr=stderr,
+                output_truncated=io.overflowed,
+                wall_s=round(wall, 4),
+                cpu_s=round(rusage.ru_utime + rusage.ru_stime, 4),
+                exit_code=records.get("exit_code"),
+                signal=records.get("signal"),
+            )
 
         if "setup_error" in records:
             return result("sandbox_error", detail=records["setup_error"])

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
+
+if TYPE_CHECKING:
+    from stare.transport.records import PromptTask, Trajectory
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 
 @dataclass(frozen=True)
@@ -20,16 +24,23 @@ class Delivery(Generic[T]):
     record: T
 
 
-class Codec(Protocol[T]):
+@runtime_checkable
+class WireRecord(Protocol):
+    """A record that encodes itself as stream fields (the instances of a `Codec`)."""
+
+    def to_fields(self) -> dict[str, bytes]: ...
+
+
+class Codec(Protocol[T_co]):
     """A wire record class: `to_fields` on instances, `from_fields` (decode + validate) on the class."""
 
-    def from_fields(self, data: dict[bytes, bytes]) -> T: ...
+    def from_fields(self, data: dict[bytes, bytes]) -> T_co: ...
 
 
 class RecordStream(Protocol[T]):
     def publish(self, records: Sequence[T]) -> list[str]: ...
 
-    def publish_and_ack(self, records: Sequence[T], source: RecordStream | None, ids: Sequence[str]) -> list[str]:
+    def publish_and_ack(self, records: Sequence[T], source: RecordStream[Any] | None, ids: Sequence[str]) -> list[str]:
         """`publish(records)`, then `source.ack(ids)`: a worker's output and the acknowledgement of
         its input (on Redis one transaction when both streams share a client)."""
         ...
@@ -67,6 +78,11 @@ class RecordStream(Protocol[T]):
 class Transport(Protocol):
     """The three streams of a run."""
 
-    prompts: RecordStream
-    raw: RecordStream
-    scored: RecordStream
+    @property
+    def prompts(self) -> RecordStream[PromptTask]: ...
+
+    @property
+    def raw(self) -> RecordStream[Trajectory]: ...
+
+    @property
+    def scored(self) -> RecordStream[Trajectory]: ...

@@ -14,10 +14,14 @@ believed: a forger could otherwise close real groups).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
+from stare.transport.base import RecordStream, Transport
 from stare.transport.record_tag import is_untrusted
+from stare.transport.redis_dead_letters import range_entries
+from stare.transport.redis_streams import RedisStream
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,17 @@ class DeadLetterFeed(Protocol):
     def new(self) -> list[DeadRecord]: ...
 
 
+@runtime_checkable
+class ParkingStream(Protocol):
+    """An in-process stream that keeps its dead letters in a list (`MemoryStream`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def dead(self) -> Sequence[tuple[str, object, str]]: ...  # (entry id, raw, reason)
+
+
 def _ids(header: Any) -> tuple[str | None, str | None]:
     if not isinstance(header, dict):
         return None, None
@@ -41,7 +56,7 @@ def _ids(header: Any) -> tuple[str | None, str | None]:
     return (group if isinstance(group, str) else None), (trajectory if isinstance(trajectory, str) else None)
 
 
-def ids_of_fields(raw: dict) -> tuple[str | None, str | None]:
+def ids_of_fields(raw: dict[Any, Any]) -> tuple[str | None, str | None]:  # Any: parked fields as they were
     """(group id, trajectory id) of a parked entry's fields; (None, None) when unreadable."""
     payload = raw.get("json", raw.get(b"json"))
     if payload is None:
@@ -64,17 +79,18 @@ def ids_of_record(raw: object) -> tuple[str | None, str | None]:
 class RedisDeadLetterFeed:
     """The dead letters of a `RedisStream` (XRANGE after the last id read)."""
 
-    def __init__(self, stream, batch: int = 500):
+    def __init__(self, stream: RedisStream[Any], batch: int = 500):
         self.stream, self.batch, self.after = stream, batch, "-"
 
     def new(self) -> list[DeadRecord]:
         out: list[DeadRecord] = []
         while True:
             after = self.after
-            entries = self.stream._call(
+            reply = self.stream._call(
                 "XRANGE dead letters",
                 lambda: self.stream.client.xrange(self.stream.dead_key, min=after, count=self.batch),
             )
+            entries = range_entries(reply, f"XRANGE {self.stream.dead_key}")
             for _dead_id, fields in entries:
                 f = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
                 reason = _text(f.get("reason", b""))
@@ -95,7 +111,7 @@ class RedisDeadLetterFeed:
 class MemoryDeadLetterFeed:
     """The dead letters of a `MemoryStream` (its `dead` list, by position)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: ParkingStream):
         self.stream, self.seen = stream, 0
 
     def new(self) -> list[DeadRecord]:
@@ -103,9 +119,13 @@ class MemoryDeadLetterFeed:
         return [DeadRecord(self.stream.name, entry_id, reason, *ids_of_record(raw)) for entry_id, raw, reason in fresh]
 
 
-def dead_letter_feed(stream) -> DeadLetterFeed:
+def dead_letter_feed(stream: RecordStream[Any]) -> DeadLetterFeed:
     """The feed of a Redis or an in-memory stream."""
-    return RedisDeadLetterFeed(stream) if hasattr(stream, "dead_key") else MemoryDeadLetterFeed(stream)
+    if isinstance(stream, RedisStream):
+        return RedisDeadLetterFeed(stream)
+    if isinstance(stream, ParkingStream):
+        return MemoryDeadLetterFeed(stream)
+    raise TypeError(f"a {type(stream).__name__} keeps no dead letters a feed can read (neither Redis nor in-memory)")
 
 
 class Feeds:
@@ -118,7 +138,7 @@ class Feeds:
         return [d for feed in self.feeds for d in feed.new()]
 
 
-def training_dead_letters(transport) -> Feeds:
+def training_dead_letters(transport: Transport) -> Feeds:
     """The dead letters of a run's three training streams (prompts, raw, scored) as one feed."""
     return Feeds([dead_letter_feed(s) for s in (transport.prompts, transport.raw, transport.scored)])
 

@@ -12,17 +12,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from stare.transport.base import Delivery, RecordStream
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def process_guarded(stream: RecordStream, deliveries: Sequence[Delivery], handle: Callable[[list], int]) -> int:
+def process_guarded(
+    stream: RecordStream[T], deliveries: Sequence[Delivery[T]], handle: Callable[[list[Delivery[T]]], int]
+) -> int:
     """handle(deliveries) -> how many it handled; see the module docstring."""
     if not deliveries:
         return 0

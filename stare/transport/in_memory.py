@@ -9,9 +9,12 @@ import itertools
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from stare.transport.base import Delivery, RecordStream
+
+if TYPE_CHECKING:
+    from stare.transport.records import PromptTask, Trajectory
 
 T = TypeVar("T")
 
@@ -40,14 +43,14 @@ class MemoryStream(Generic[T]):
         self._queue.extend(zip(ids, records))
         return ids
 
-    def publish_and_ack(self, records: Sequence[T], source: RecordStream | None, ids: Sequence[str]) -> list[str]:
+    def publish_and_ack(self, records: Sequence[T], source: RecordStream[Any] | None, ids: Sequence[str]) -> list[str]:
         out = self.publish(records)
         if source is not None:
             source.ack(ids)
         return out
 
     def consume(self, consumer: str, max_count: int, block_s: float = 0.0) -> list[Delivery[T]]:
-        out = []
+        out: list[Delivery[T]] = []
         while self._queue and len(out) < max_count:
             entry_id, record = self._queue.popleft()
             self._pending[entry_id] = (consumer, record)
@@ -77,7 +80,7 @@ class MemoryStream(Generic[T]):
     def reclaim(self, consumer: str, min_idle_ms: int | None = None, max_count: int = 1000) -> list[Delivery[T]]:
         """Hand pending entries to `consumer` (what XAUTOCLAIM does for a dead consumer); one
         process has no idle clock, so every pending entry counts as idle."""
-        out = []
+        out: list[Delivery[T]] = []
         for entry_id, (_, record) in list(self._pending.items())[:max_count]:
             self._pending[entry_id] = (consumer, record)
             if self._count_delivery(entry_id, record):
@@ -120,6 +123,6 @@ class MemoryStream(Generic[T]):
 
 @dataclass
 class MemoryTransport:
-    prompts: MemoryStream = field(default_factory=lambda: MemoryStream("prompts"))
-    raw: MemoryStream = field(default_factory=lambda: MemoryStream("raw"))
-    scored: MemoryStream = field(default_factory=lambda: MemoryStream("scored"))
+    prompts: MemoryStream[PromptTask] = field(default_factory=lambda: MemoryStream("prompts"))
+    raw: MemoryStream[Trajectory] = field(default_factory=lambda: MemoryStream("raw"))
+    scored: MemoryStream[Trajectory] = field(default_factory=lambda: MemoryStream("scored"))

@@ -90,7 +90,7 @@ def response_cap(cfg: Any) -> int:
 def eval_group_cap(cfg: Any) -> int:
     """The most samples an evaluation of this run asks for one problem."""
     t = cfg.task
-    return max([1, t.eval_k, t.final_eval_k or 0, *(e.n for e in t.eval_sources.values())])
+    return int(max([1, t.eval_k, t.final_eval_k or 0, *(e.n for e in t.eval_sources.values())]))
 
 
 def model_bounds(model_path: Any) -> tuple[int | None, int | None]:

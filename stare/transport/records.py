@@ -16,8 +16,9 @@ never as JSON lists; `schema` is checked on decode.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeAlias, TypeVar, cast
 
 import numpy as np
 
@@ -25,6 +26,9 @@ import numpy as np
 # reward function of the user's own)
 SCHEMA_VERSION = 4
 READABLE_SCHEMAS = (2, 3, 4)  # an older record reads as schema 4 with its defaults (one version, no row fields)
+
+Fields: TypeAlias = Mapping[str, bytes] | Mapping[bytes, bytes]
+"""A record's stream fields: str keys as `to_fields` writes them, bytes keys as Redis returns them."""
 
 
 class RecordError(ValueError):
@@ -56,7 +60,7 @@ class PromptTask:
         return {"json": json.dumps(asdict(self)).encode()}
 
     @classmethod
-    def from_fields(cls, data: dict[bytes | str, bytes]) -> PromptTask:
+    def from_fields(cls, data: Fields) -> PromptTask:
         return _from_json_fields(cls, data)
 
 
@@ -93,7 +97,7 @@ class EvalTask:
         return {"json": json.dumps(asdict(self)).encode()}
 
     @classmethod
-    def from_fields(cls, data: dict[bytes | str, bytes]) -> EvalTask:
+    def from_fields(cls, data: Fields) -> EvalTask:
         task = _from_json_fields(cls, data)
         if task.n < 1:
             raise RecordError(f"EvalTask.n must be >= 1, got {task.n}")
@@ -188,9 +192,9 @@ class Trajectory:
         return out
 
     @classmethod
-    def from_fields(cls, data: dict[bytes | str, bytes]) -> Trajectory:
+    def from_fields(cls, data: Fields) -> Trajectory:
         header = _schema_checked(cls, json.loads(_get(data, "json")))
-        arrays = {
+        arrays: dict[str, Any] = {  # Any: keyword arguments of differently typed fields, like the header's
             name: np.frombuffer(_get(data, name), dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype)
             for name, dtype in _ARRAYS.items()
         }
@@ -200,7 +204,10 @@ class Trajectory:
             raise RecordError(f"Trajectory fields do not match schema {SCHEMA_VERSION}: {err}") from None
 
 
-def _from_json_fields(cls, data: dict[bytes | str, bytes]):
+_JsonRecord = TypeVar("_JsonRecord", PromptTask, EvalTask)
+
+
+def _from_json_fields(cls: type[_JsonRecord], data: Fields) -> _JsonRecord:
     """A JSON-encoded record (PromptTask, EvalTask) from its stream fields, its schema checked."""
     raw = _schema_checked(cls, json.loads(_get(data, "json")))
     try:
@@ -209,7 +216,7 @@ def _from_json_fields(cls, data: dict[bytes | str, bytes]):
         raise RecordError(f"{cls.__name__} fields do not match schema {SCHEMA_VERSION}: {err}") from None
 
 
-def _schema_checked(cls, header: dict) -> dict:
+def _schema_checked(cls: type, header: dict[str, Any]) -> dict[str, Any]:
     """A record's JSON header read at this build's schema: a readable older schema is raised to it."""
     if header.get("schema") not in READABLE_SCHEMAS:
         raise RecordError(
@@ -219,7 +226,8 @@ def _schema_checked(cls, header: dict) -> dict:
     return {**header, "schema": SCHEMA_VERSION}
 
 
-def _get(data: dict, key: str) -> bytes:
+def _get(fields_: Fields, key: str) -> bytes:
+    data = cast(Mapping[str | bytes, bytes], fields_)  # a lookup by the other key kind just misses
     if key in data:
         return data[key]
     if key.encode() in data:

@@ -52,7 +52,7 @@ def unacked_groups(client: redis.Redis, key: str, exclude: frozenset[str] | set[
     start = "-"
     while entries := client.xrange(key, min=start, count=batch):
         for entry_id, fields in entries:
-            if as_str(entry_id) in exclude:
+            if entry_id is None or fields is None or as_str(entry_id) in exclude:
                 continue
             try:
                 header = json.loads(fields[b"json"])
@@ -61,7 +61,10 @@ def unacked_groups(client: redis.Redis, key: str, exclude: frozenset[str] | set[
                 continue  # not a record (a consumer dead-letters it when it reads it)
         if len(entries) < batch:
             break
-        start = "(" + as_str(entries[-1][0])
+        last = entries[-1][0]
+        if last is None:
+            break
+        start = "(" + as_str(last)
     return out
 
 

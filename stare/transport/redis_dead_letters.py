@@ -3,7 +3,21 @@ record re-encoded, or its repr), with the reason."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import redis
+from redis.typing import EncodableT
+
+from stare.transport.base import WireRecord
+
+FieldValue: TypeAlias = bytes | str | int | float
+"""A value XADD stores."""
+Entry: TypeAlias = tuple[str, dict[bytes, bytes]]
+"""A stream entry as a client without decode_responses reads it: (id, fields)."""
+DeadItem: TypeAlias = tuple[str, Mapping[str, FieldValue] | Mapping[bytes, bytes], str]
+"""An entry to park: (entry id, its raw fields, the reason)."""
 
 
 @dataclass(frozen=True)
@@ -21,9 +35,9 @@ def as_str(x: bytes | str) -> str:
     return x.decode() if isinstance(x, bytes) else x
 
 
-def raw_fields(raw: object) -> dict[str, bytes | str]:
+def raw_fields(raw: object) -> Mapping[str, FieldValue]:
     """The fields to park for `raw`: a record re-encoded, an entry's fields as they were, else repr."""
-    if hasattr(raw, "to_fields"):
+    if isinstance(raw, WireRecord):  # has to_fields
         try:
             return raw.to_fields()
         except Exception as err:  # an invalid record may not even encode; keep what we can
@@ -40,7 +54,14 @@ def raw_fields(raw: object) -> dict[str, bytes | str]:
     return {"repr": repr(raw)[:100_000]}
 
 
-def parse_dead_letters(entries: list) -> list[DeadLetter]:
+def range_entries(reply: list[Any] | None, what: str) -> list[Any]:
+    """An XRANGE reply: a list of (id, fields). redis-py's type allows a null reply, which Redis never sends."""
+    if reply is None:
+        raise redis.ResponseError(f"{what}: a null XRANGE reply")
+    return reply
+
+
+def parse_dead_letters(entries: list[Any]) -> list[DeadLetter]:
     """An XRANGE reply of a dead-letter stream as `DeadLetter`s."""
     out = []
     for dead_id, f in entries:
@@ -49,12 +70,12 @@ def parse_dead_letters(entries: list) -> list[DeadLetter]:
     return out
 
 
-def park(client, key: str, group: str, dead_key: str, maxlen: int, items: list[tuple[str, dict, str]]) -> None:
+def park(client: redis.Redis, key: str, group: str, dead_key: str, maxlen: int, items: list[DeadItem]) -> None:
     """Park `items` (entry id, raw fields, reason) in the dead-letter stream and acknowledge them in one
     MULTI: parked and acknowledged together, or neither."""
     pipe = client.pipeline(transaction=True)
     for entry_id, raw, reason in items:
-        fields = {"reason": reason, "entry_id": entry_id, "stream": key, "group": group}
+        fields: dict[EncodableT, EncodableT] = {"reason": reason, "entry_id": entry_id, "stream": key, "group": group}
         fields.update({f"raw:{as_str(k)}": v for k, v in raw.items()})
         pipe.xadd(dead_key, fields, maxlen=maxlen, approximate=True)
     ids = [i for i, _, _ in items]
@@ -64,8 +85,8 @@ def park(client, key: str, group: str, dead_key: str, maxlen: int, items: list[t
 
 
 def poisoned(
-    client, key: str, group: str, failures_key: str, max_deliveries: int, claimed: list[tuple[str, dict]]
-) -> list[tuple[str, dict, str]]:
+    client: redis.Redis, key: str, group: str, failures_key: str, max_deliveries: int, claimed: list[Entry]
+) -> list[DeadItem]:
     """The claimed entries delivered more than `max_deliveries` times (a record that keeps killing or
     stalling its consumers), each with the reason to park it under (its last recorded error if any)."""
     pipe = client.pipeline(transaction=False)

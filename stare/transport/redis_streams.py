@@ -31,19 +31,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import redis
 
 from stare.transport import redis_backlog as rb
 from stare.transport import redis_dead_letters as dl
-from stare.transport.base import Codec, Delivery, RecordStream
+from stare.transport.base import Codec, Delivery, RecordStream, WireRecord
 from stare.transport.redis_client import RETRYABLE_ERRORS, checked_key_part, dead_key, run_key, stream_key
 from stare.transport.redis_dead_letters import TRIMMED_REASON, DeadLetter, as_str, parse_dead_letters, raw_fields
 
 log = logging.getLogger(__name__)
 
-T, R = TypeVar("T"), TypeVar("R")
+T = TypeVar("T", bound=WireRecord)
+R = TypeVar("R")
 
 
 class BackpressureError(OverflowError):
@@ -129,7 +130,7 @@ class RedisStream(Generic[T]):
         batch, else raises `BackpressureError` having written nothing."""
         return self.publish_and_ack(records, None, ())
 
-    def publish_and_ack(self, records: Sequence[T], source: RecordStream | None, ids: Sequence[str]) -> list[str]:
+    def publish_and_ack(self, records: Sequence[T], source: RecordStream[Any] | None, ids: Sequence[str]) -> list[str]:
         """`publish(records)`, then `source.ack(ids)` (the entries the records were made from). When
         `source` is a RedisStream on the same client, the acknowledgement rides in the same
         MULTI/EXEC: one round trip and one AOF fsync, and the records and the ack land together or
@@ -138,16 +139,16 @@ class RedisStream(Generic[T]):
             if source is not None:
                 source.ack(ids)
             return []
-        together = isinstance(source, RedisStream) and source.client is self.client and bool(ids)
+        together = source if isinstance(source, RedisStream) and source.client is self.client and ids else None
         n = len(records)
         if self.max_backlog is not None and (self._known_backlog is None or self._known_backlog + n > self.max_backlog):
-            self._wait_for_room(n)
+            self._wait_for_room(n, self.max_backlog)
         encode = getattr(self.codec, "encode", None)  # a RecordCodec tags (record_tag.py); a record class does not
         encoded = [encode(r) for r in records] if encode is not None else [r.to_fields() for r in records]
-        ack = (source, ids) if together else None
+        ack = (together, ids) if together is not None else None
         out = self._call("XADD", lambda: self._xadd_transaction(encoded, ack))
-        if together:
-            source._acked(ids)
+        if together is not None:
+            together._acked(ids)
         elif source is not None:
             source.ack(ids)
         return out
@@ -165,7 +166,7 @@ class RedisStream(Generic[T]):
             self._cursor[consumer] = entries[-1][0]
             fresh = [(i, f) for i, f in entries if self._inflight.get(i) != consumer]
             if fresh and self.max_deliveries is not None:  # a replay (a restart, a failure) counts a delivery
-                fresh = self._drop_poison(fresh)
+                fresh = self._drop_poison(fresh, self.max_deliveries)
             if out := self._deliver(consumer, fresh):
                 return out
         block_ms = min(int(block_s * 1000), self.block_ms) if block_s > 0 else None
@@ -212,7 +213,7 @@ class RedisStream(Generic[T]):
         consumer of the group, e.g. one that died (XAUTOCLAIM), and deliver them to `consumer`.
         Entries trimmed meanwhile, and entries delivered `max_deliveries` times, are dead-lettered."""
         idle = self.claim_idle_ms if min_idle_ms is None else min_idle_ms
-        claimed: list[tuple[str, dict]] = []
+        claimed: list[dl.Entry] = []
         start = "0-0"
         while len(claimed) < max_count:
             count = min(100, max_count - len(claimed))
@@ -229,7 +230,7 @@ class RedisStream(Generic[T]):
         # entries this object already handed to `consumer` are still being worked on: not again
         fresh = [(i, f) for i, f in claimed if self._inflight.get(i) != consumer]
         if fresh and self.max_deliveries is not None:
-            fresh = self._drop_poison(fresh)
+            fresh = self._drop_poison(fresh, self.max_deliveries)
         out = self._deliver(consumer, fresh)
         self.redelivered += len(out)
         return out
@@ -245,29 +246,30 @@ class RedisStream(Generic[T]):
 
     def dead_letters(self, count: int = 100) -> list[DeadLetter]:
         """The oldest `count` dead letters of this stream (for inspection and tests)."""
-        return parse_dead_letters(self._call("XRANGE", lambda: self.client.xrange(self.dead_key, count=count)))
+        reply = self._call("XRANGE", lambda: self.client.xrange(self.dead_key, count=count))
+        return parse_dead_letters(dl.range_entries(reply, f"XRANGE {self.dead_key}"))
 
     # ---------------------------------------------------------------- internals
     def _create_group(self) -> None:
         if removed := rb.open_group(self.client, self.key, self.group):
             log.info("stream %s: removed %d entries acknowledged before", self.key, removed)
 
-    def _wait_for_room(self, n: int) -> None:
+    def _wait_for_room(self, n: int, max_backlog: int) -> None:
         """Check the bound with a fresh XLEN. Called only when the backlog seen right after
         this object's last publish (an upper bound while no other producer writes, since consumers
         only shrink it) leaves no room; not atomic with the XADDs, so producers racing each other
         can overshoot `max_backlog` by at most one batch each."""
-        if n > self.max_backlog:
+        if n > max_backlog:
             raise ValueError(
-                f"publishing {n} records at once can never fit max_backlog={self.max_backlog} "
+                f"publishing {n} records at once can never fit max_backlog={max_backlog} "
                 f"of stream {self.key}; publish in smaller batches"
             )
         deadline, wait = time.monotonic() + self.publish_timeout_s, 0.01
-        while (backlog := self._call("XLEN", lambda: rb.backlog(self.client, self.key))) + n > self.max_backlog:
+        while (backlog := self._call("XLEN", lambda: rb.backlog(self.client, self.key))) + n > max_backlog:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise BackpressureError(
-                    f"stream {self.key}: backlog {backlog} + {n} new > max_backlog {self.max_backlog} (waited "
+                    f"stream {self.key}: backlog {backlog} + {n} new > max_backlog {max_backlog} (waited "
                     f"{self.publish_timeout_s}s); consumers of group {self.group!r} are behind: add consumers, "
                     "raise max_backlog, or publish with a longer publish_timeout_s"
                 )
@@ -275,14 +277,15 @@ class RedisStream(Generic[T]):
             wait = min(wait * 2, 0.5)
 
     def _xadd_transaction(
-        self, encoded: list[dict[str, bytes]], ack: tuple[RedisStream, Sequence[str]] | None
+        self, encoded: list[dict[str, bytes]], ack: tuple[RedisStream[Any], Sequence[str]] | None
     ) -> list[str]:
         # With an ack: MULTI/EXEC, outputs and ack land together or not at all, one AOF fsync with
         # `appendfsync always` (a large plain pipeline fsyncs per event-loop turn: 128 0.8 kB records
         # ~40 ms against ~8 ms as one transaction). Without one: a plain pipeline (faster unfsynced).
         pipe = self.client.pipeline(transaction=ack is not None)
         for fields in encoded:
-            pipe.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)
+            # redis-py types the fields as an invariant dict of EncodableT; any str -> bytes mapping is one
+            pipe.xadd(self.key, fields, maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
         if self.max_backlog is not None:
             pipe.xlen(self.key)  # the backlog after this batch, in the same round trip
         if ack is not None:
@@ -295,15 +298,18 @@ class RedisStream(Generic[T]):
             self._known_backlog = int(replies.pop())
         return [as_str(i) for i in replies]
 
-    def _read(self, consumer: str, cursor: str, count: int, block_ms: int | None) -> list[tuple[str, dict]]:
+    def _read(self, consumer: str, cursor: str, count: int, block_ms: int | None) -> list[dl.Entry]:
         reply = self.client.xreadgroup(self.group, consumer, {self.key: cursor}, count=count, block=block_ms)
         if not reply:
             return []
+        if not isinstance(reply, list):  # RESP3 replies a dict; connect_client's clients speak RESP2
+            raise TypeError(f"XREADGROUP on {self.key}: expected a RESP2 reply (a list), got {type(reply).__name__}")
         _, entries = reply[0]
         return [(as_str(i), f) for i, f in entries]
 
-    def _deliver(self, consumer: str, entries: list[tuple[str, dict]]) -> list[Delivery[T]]:
-        out, dead = [], []
+    def _deliver(self, consumer: str, entries: list[dl.Entry]) -> list[Delivery[T]]:
+        out: list[Delivery[T]] = []
+        dead: list[dl.DeadItem] = []
         decode, inflight = self.codec.from_fields, self._inflight  # the per-record loop of every consume
         for entry_id, fields in entries:
             if not fields:
@@ -320,7 +326,7 @@ class RedisStream(Generic[T]):
             self._dead_letter_many(dead)
         return out
 
-    def _dead_letter_many(self, items: list[tuple[str, dict, str]]) -> None:
+    def _dead_letter_many(self, items: list[dl.DeadItem]) -> None:
         self._call(
             "dead letter", lambda: dl.park(self.client, self.key, self.group, self.dead_key, self.dead_maxlen, items)
         )
@@ -335,11 +341,11 @@ class RedisStream(Generic[T]):
             items[0][2],
         )
 
-    def _drop_poison(self, claimed: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    def _drop_poison(self, claimed: list[dl.Entry], max_deliveries: int) -> list[dl.Entry]:
         """Dead-letter the claimed entries delivered more than `max_deliveries` times; the rest."""
         poison = self._call(
             "XPENDING",
-            lambda: dl.poisoned(self.client, self.key, self.group, self.failures_key, self.max_deliveries, claimed),
+            lambda: dl.poisoned(self.client, self.key, self.group, self.failures_key, max_deliveries, claimed),
         )
         if not poison:
             return claimed

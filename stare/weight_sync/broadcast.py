@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -46,7 +46,9 @@ from stare.weight_sync.buckets import BucketPacker, Layout
 from stare.weight_sync.communicator import (
     BuildCommunicator,
     Communicator,
+    PointToPointGroup,
     Setting,
+    Work,
     build_communicator,
     check_setting,
     choose_communicator,
@@ -57,6 +59,8 @@ from stare.weight_sync.rendezvous import EPOCH_KEY, RUN_KEY, RedisRendezvous, Re
 from stare.weight_sync.streams import Streams, streams_for
 
 log = logging.getLogger(__name__)
+
+_Sends = tuple[str, list[Work], torch.Tensor]  # a member, its sends of one message, the payload (kept alive)
 
 DEFAULT_BUCKET_BYTES = 256 * 2**20
 
@@ -99,7 +103,7 @@ class BroadcastPublisher:
         self.generation = 0
         self.members: list[str] = []  # the current generation, rank = index + 1
         self._lost: set[str] = set()  # members whose sends failed: skipped until the next generation
-        self._pg = None
+        self._pg: PointToPointGroup | None = None
         self._comm: Communicator | None = None  # the current generation's communicator
         self._packers: dict[str, BucketPacker] = {}  # per communicator: its buckets, reused
         self._member_gpus: dict[str, str | None] = {}
@@ -126,7 +130,7 @@ class BroadcastPublisher:
         self.version = version
         self.store.set("version", str(version))
 
-    def serve_joiners(self, version: int, state_fn) -> bool:
+    def serve_joiners(self, version: int, state_fn: Callable[[], Mapping[str, torch.Tensor]]) -> bool:
         """Between steps (the learner waiting for data): admit workers that asked to join and send
         them the current weights (`state_fn()` builds the state dict only then). True if it did."""
         joiners = self._new_joiners()
@@ -148,7 +152,7 @@ class BroadcastPublisher:
     @property
     def communicator(self) -> str | None:
         """The current generation's communicator (None: no group)."""
-        return None if self._pg is None else self._comm.name
+        return None if self._pg is None or self._comm is None else self._comm.name
 
     # ---------------------------------------------------------------- internals
     def _new_joiners(self) -> list[str]:
@@ -226,7 +230,7 @@ class BroadcastPublisher:
         caller's stream now (a synchronous publish, whose caller's stream then waits for the sends: they may
         read the parameters themselves)."""
         pg, comm = self._pg, self._comm
-        assert comm is not None, "a broadcast without a group"
+        assert comm is not None and pg is not None, "a broadcast without a group"
         streams = comm.streams
         packer = self._packers.get(comm.name)
         if packer is None:
@@ -301,14 +305,14 @@ class PortInUse(ConfigError):
     """A configured port is taken (the message names the field, the holder and the fix)."""
 
 
-def _send_all(pg, messages, ranks: dict[int, str], lost: dict[str, str]) -> None:
+def _send_all(pg: PointToPointGroup, messages: Any, ranks: dict[int, str], lost: dict[str, str]) -> None:
     """Each message (tag k: its index in the version) to each member on its own, every member's sends
     issued before any is awaited; message k-1 is awaited after message k is issued (its bucket is
     then refilled). A member that died or stalls past the timeout fails only its own sends (it goes
     into `lost`)."""
-    previous: list = []
+    previous: list[_Sends] = []
     for k, msg in enumerate(messages):
-        current = []
+        current: list[_Sends] = []
         for rank, name in ranks.items():
             if name in lost:
                 continue
@@ -321,7 +325,7 @@ def _send_all(pg, messages, ranks: dict[int, str], lost: dict[str, str]) -> None
     _await(previous, lost)
 
 
-def _await(sends: list, lost: dict[str, str]) -> None:
+def _await(sends: list[_Sends], lost: dict[str, str]) -> None:
     """Wait for each member's sends; a member whose wait fails goes into `lost`."""
     for name, works, *_keep_alive in sends:
         if name in lost:

@@ -45,6 +45,7 @@ from stare.weight_sync.buckets import Layout, Segments
 from stare.weight_sync.communicator import (
     BuildCommunicator,
     Communicator,
+    PointToPointGroup,
     Setting,
     build_communicator,
     check_setting,
@@ -232,7 +233,7 @@ class BroadcastSubscriber:
                 f"learner epoch {found.epoch} announced at {found.host}:{found.port}; leaving epoch {self.epoch}"
             )
 
-    def _serve_one_generation(self, store) -> None:
+    def _serve_one_generation(self, store: Any) -> None:
         """Ask to join, then receive in each generation that lists this worker; return when one
         leaves it out (dissolved) so the caller asks again."""
         asked_at = int(store.get("gen"))
@@ -294,14 +295,14 @@ class BroadcastSubscriber:
         return None
 
     @staticmethod
-    def _receive_segments(pg, buffers: Segments, layout: Layout) -> None:
+    def _receive_segments(pg: PointToPointGroup, buffers: Segments, layout: Layout) -> None:
         """Receive one version's messages into `buffers`: every receive posted (tag k: the k-th
         message, in the sender's order, as NCCL needs) before any is awaited; nothing is read back."""
         works = [pg.recv([target], 0, k) for k, target in enumerate(buffers.targets(layout))]
         for work in works:
             work.wait()
 
-    def _layout(self, store, g: int, layout_seq: int) -> Layout:
+    def _layout(self, store: Any, g: int, layout_seq: int) -> Layout:
         key = (self.epoch, g, layout_seq)
         if key not in self._layouts:  # keep only the newest
             self._layouts = {key: Layout.from_json(json.loads(store.get(f"gen/{g}/layout/{layout_seq}")))}
@@ -335,11 +336,13 @@ class BroadcastSubscriber:
             if len(self._pool) < self.buffer_sets:
                 self._pool.append(Segments(device, comm.streams))
                 return self._pool[-1]
+            if latest is None:  # one set, still taken: the wait above ended because the receiver is stopping
+                raise RuntimeError(f"weight receiver {self.name}: stopped while the rollout loop held the weights")
             self._latest = None  # superseded before it was taken: its buffers take the newer version
             assert latest is not None, "every set is in use"  # buffer_sets sets: one handed out, one the newest
             return latest
 
-    def _await_membership(self, store, asked_at: int) -> tuple[int, list[str]] | None:
+    def _await_membership(self, store: dist.Store, asked_at: int) -> tuple[int, list[str]] | None:
         """Wait (polling) for the first generation newer than `asked_at`: this worker's rank in it,
         or None if it left this worker out (a failed formation, or it read the joins before ours)."""
         while not self._stop.is_set():

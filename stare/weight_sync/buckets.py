@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -82,11 +83,11 @@ class Layout:
         b = self.bucket_bytes
         return [(s, start, min(b, size - start)) for s, size in enumerate(self.segments) for start in range(0, size, b)]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"entries": self.entries, "segments": self.segments, "bucket_bytes": self.bucket_bytes}
 
     @classmethod
-    def from_json(cls, data: dict) -> Layout:
+    def from_json(cls, data: dict[str, Any]) -> Layout:
         return cls([tuple(e) for e in data["entries"]], list(data["segments"]), int(data["bucket_bytes"]))
 
 
@@ -117,7 +118,7 @@ def state_meta(state: Mapping[str, torch.Tensor]) -> list[Meta]:
 def tensor_aliases(tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
     """name -> the first earlier name that is the same tensor (tied weights): same storage, offset,
     shape, stride and dtype. Reads no tensor's data (a pending device-to-host copy is not waited for)."""
-    first: dict[tuple, str] = {}
+    first: dict[tuple[object, ...], str] = {}
     aliases = {}
     for name, t in tensors.items():
         if t.numel() == 0 or t.device.type == "meta":  # a meta tensor has no storage to share
@@ -135,7 +136,8 @@ def state_aliases(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
     iterated for them: it says them through `aliases()`, and without one every name is sent."""
     aliases = getattr(state, "aliases", None)
     if aliases is not None:
-        return aliases()
+        named: dict[str, str] = aliases()  # a lazy mapping's own method (no protocol: a plain mapping has none)
+        return named
     return {} if hasattr(state, "meta") else tensor_aliases(state)
 
 

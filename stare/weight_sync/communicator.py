@@ -52,6 +52,21 @@ NCCL_GROUP_ENV = {
 Setting = Literal["auto", "gloo", "nccl"]
 
 
+class Work(Protocol):
+    """A posted send or receive (`dist.Work`, the loopback's `LoopbackWork`)."""
+
+    def wait(self) -> bool: ...
+
+
+class PointToPointGroup(Protocol):
+    """What the broadcast uses of a process group (`ProcessGroupGloo`, `ProcessGroupNCCL`): tagged sends
+    and receives, each a work to `wait()` on."""
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int, /) -> Work: ...
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int, /) -> Work: ...
+
+
 class Communicator(Protocol):
     @property
     def name(self) -> str:
@@ -68,7 +83,7 @@ class Communicator(Protocol):
         """How work on `device` is ordered (stare.weight_sync.streams)."""
         ...
 
-    def group(self, store: dist.Store, generation: int, rank: int, size: int, timeout_s: float):
+    def group(self, store: dist.Store, generation: int, rank: int, size: int, timeout_s: float) -> PointToPointGroup:
         """The point-to-point group of one generation (rank 0: the learner)."""
         ...
 
@@ -78,9 +93,10 @@ class GlooCommunicator:
     device = torch.device("cpu")
     streams: Streams = HostStreams()
 
-    def group(self, store, generation: int, rank: int, size: int, timeout_s: float):
+    def group(self, store: dist.Store, generation: int, rank: int, size: int, timeout_s: float) -> PointToPointGroup:
         prefix = dist.PrefixStore(f"pg/{generation}", store)
-        return dist.ProcessGroupGloo(prefix, rank, size, timedelta(seconds=timeout_s))
+        # torch's stub of Backend (ProcessGroupGloo's base) omits send/recv, which it has at runtime
+        return dist.ProcessGroupGloo(prefix, rank, size, timedelta(seconds=timeout_s))  # type: ignore[return-value]
 
 
 class NcclCommunicator:
@@ -98,7 +114,7 @@ class NcclCommunicator:
         self.device = device or torch.device("cuda", torch.cuda.current_device())
         self.streams: Streams = CudaStreams(self.device)
 
-    def group(self, store, generation: int, rank: int, size: int, timeout_s: float):
+    def group(self, store: dist.Store, generation: int, rank: int, size: int, timeout_s: float) -> PointToPointGroup:
         prefix = dist.PrefixStore(f"pg/{generation}", store)
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timedelta(seconds=timeout_s)
@@ -106,7 +122,8 @@ class NcclCommunicator:
         os.environ.update(NCCL_GROUP_ENV)
         try:
             with torch.cuda.device(self.device):
-                return dist.ProcessGroupNCCL(prefix, rank, size, options)
+                # torch's stub of Backend (ProcessGroupNCCL's base) omits send/recv, which it has at runtime
+                return dist.ProcessGroupNCCL(prefix, rank, size, options)  # type: ignore[return-value]
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -115,7 +132,7 @@ class NcclCommunicator:
                     os.environ[k] = v
 
 
-def device_scope(device: torch.device):
+def device_scope(device: torch.device) -> contextlib.AbstractContextManager[object]:
     """Make `device` current in this thread (a sender or receiver thread starts on GPU 0)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 

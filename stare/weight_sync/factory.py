@@ -7,7 +7,10 @@ from typing import TYPE_CHECKING
 from stare.config import TrainConfig, staleness
 
 if TYPE_CHECKING:  # torch stays out of the import of `stare up`
+    import redis
+
     from stare.weight_sync.base import WeightPublisher, WeightSubscriber
+    from stare.weight_sync.communicator import Setting
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -18,7 +21,7 @@ def broadcast_bind_host(host: str) -> str:
     return host if host in LOOPBACK else "0.0.0.0"
 
 
-def communicator_setting(cfg: TrainConfig, *, rollout_end: bool) -> str:
+def communicator_setting(cfg: TrainConfig, *, rollout_end: bool) -> Setting:
     """`system.weight_sync_communicator`, checked against the rollout engine (pure). NCCL reaches a
     vLLM engine's GPU directly only with tensor_parallel_size 1 (its one worker runs in the rollout
     process); with more, vLLM's workers are other processes, so a rollout worker takes gloo under
@@ -43,7 +46,7 @@ def publish_from(cfg: TrainConfig, *, cuda: bool) -> str:
     return "device" if cuda and nccl else "host"
 
 
-def build_publisher(cfg: TrainConfig, client, *, background: bool | None = None) -> WeightPublisher:
+def build_publisher(cfg: TrainConfig, client: redis.Redis, *, background: bool | None = None) -> WeightPublisher:
     """The learner's end. `client`: the run's Redis client (the filesystem backend keeps its
     version pointer there; the broadcast announces its address and epoch there, stare.weight_sync.rendezvous). `background` (None: when the run is off-policy, stare.config.staleness): publish from a
     thread of its own, the learner not waiting (stare.weight_sync.background)."""
@@ -52,7 +55,7 @@ def build_publisher(cfg: TrainConfig, client, *, background: bool | None = None)
         from stare.weight_sync.broadcast import BroadcastPublisher
         from stare.weight_sync.rendezvous import RedisRendezvous
 
-        publisher = BroadcastPublisher(
+        publisher: WeightPublisher = BroadcastPublisher(
             broadcast_bind_host(s.broadcast_host),
             s.broadcast_port,
             timeout_s=s.broadcast_timeout_s,
@@ -79,7 +82,7 @@ def receive_buffer_sets(cfg: TrainConfig) -> int:
     return 1 if cfg.system.inflight_weight_updates else 2
 
 
-def build_subscriber(cfg: TrainConfig, name: str, client) -> WeightSubscriber:
+def build_subscriber(cfg: TrainConfig, name: str, client: redis.Redis) -> WeightSubscriber:
     """A rollout worker's end, named `name` in the broadcast group; it dials the learner its run's Redis
     (`client`) announces, not the configured port (stare.weight_sync.rendezvous)."""
     s = cfg.system

@@ -30,6 +30,7 @@ from stare.weight_sync.background import BackgroundPublisher
 from stare.weight_sync.broadcast import BroadcastPublisher
 from stare.weight_sync.broadcast_recv import BroadcastSubscriber
 from stare.weight_sync.buckets import Segments
+from stare.weight_sync.communicator import Communicator
 from stare.weight_sync.loopback import LoopbackCommunicator
 from stare.weight_sync.streams import Streams
 
@@ -103,7 +104,10 @@ def _ends(
     streams: Streams, subscriber: type[BroadcastSubscriber] = BroadcastSubscriber
 ) -> tuple[BackgroundPublisher, BroadcastSubscriber]:
     comm = LoopbackCommunicator(streams)
-    build = lambda name, device=None: comm  # noqa: E731 - every generation on the loopback
+
+    def build(name: str, device: torch.device | None = None) -> Communicator:
+        return comm  # every generation on the loopback
+
     pub = BroadcastPublisher(
         "127.0.0.1",
         0,

@@ -13,13 +13,15 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import redis
 import torch
 from safetensors.torch import load_file, save_file
 
 from stare.transport.redis_client import retrying, run_key
+from stare.transport.redis_dead_letters import as_str
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ def _unshared(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 
 class FilesystemPublisher:
-    def __init__(self, client, run_id: str, root: Path, *, keep: int = 3):
+    def __init__(self, client: redis.Redis, run_id: str, root: Path, *, keep: int = 3):
         if keep < 2:
             raise ValueError(f"keep={keep} must be >= 2, so a worker loading the previous version still finds it")
         self.client, self.root, self.keep = client, Path(root), keep
@@ -68,7 +70,7 @@ class FilesystemPublisher:
         self.version = version
         self._prune()
 
-    def serve_joiners(self, version: int, state_fn) -> bool:
+    def serve_joiners(self, version: int, state_fn: Callable[[], Mapping[str, torch.Tensor]]) -> bool:
         return False  # workers read the pointer themselves
 
     def close(self) -> None:
@@ -81,7 +83,7 @@ class FilesystemPublisher:
 
 
 class FilesystemSubscriber:
-    def __init__(self, client, run_id: str, *, poll_s: float = 0.2):
+    def __init__(self, client: redis.Redis, run_id: str, *, poll_s: float = 0.2):
         self.client, self.poll_s = client, poll_s
         self.key = run_key(run_id, "weights")
 
@@ -94,7 +96,7 @@ class FilesystemSubscriber:
             pointer = retrying(lambda: self.client.hgetall(self.key), f"HGETALL {self.key}")
             if not pointer or int(pointer[b"version"]) <= have_version:
                 return None
-            version, path = int(pointer[b"version"]), pointer[b"path"].decode()
+            version, path = int(pointer[b"version"]), as_str(pointer[b"path"])
             try:
                 return version, load_file(path)
             except FileNotFoundError:  # pruned between the read and the load: a newer one is there

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -32,7 +32,7 @@ class MemoryWeightBoard:
     def wait_for(self, min_version: int, timeout_s: float) -> bool:
         return self._state is not None and self.version >= min_version  # one thread: nothing can arrive
 
-    def serve_joiners(self, version: int, state_fn) -> bool:
+    def serve_joiners(self, version: int, state_fn: Callable[[], Mapping[str, torch.Tensor]]) -> bool:
         return False
 
     def close(self) -> None:

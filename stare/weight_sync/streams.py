@@ -106,7 +106,7 @@ class CudaStreams:
         return torch.cuda.current_stream(self.device)
 
     def new_stream(self) -> torch.cuda.Stream:
-        return torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        return torch.cuda.Stream(self.device)
 
     @contextlib.contextmanager
     def use(self, stream: torch.cuda.Stream) -> Iterator[None]:

@@ -16,26 +16,28 @@ from learner.algorithm.losses.base import (
     weighted_surrogate,
 )
 from learner.algorithm.losses.registry import register_loss
-from learner.algorithm.selection import hash_uniform, in_topk, topk_count, topk_threshold
+from learner.algorithm.selection import TopKThreshold, hash_uniform, in_topk, topk_count, topk_threshold
 from learner.algorithm.surrogate import importance_ratio
 from stare.config.algo import ClipCovLossConfig, KLCovLossConfig
 
 
-def select_cov(tokens: StepTokens, cfg: ClipCovLossConfig | KLCovLossConfig, seed: int) -> tuple[dict, Tensor]:
+def select_cov(
+    tokens: StepTokens, cfg: ClipCovLossConfig | KLCovLossConfig, seed: int
+) -> tuple[dict[str, Tensor | TopKThreshold], Tensor]:
     """Clip-Cov / KL-Cov: the covariance means, and the step's high-covariance selection."""
-    flat, mask = (lambda t: t.reshape(-1)), tokens.mask
-    uid, n, m_f = flat(tokens.token_uid), mask.sum(), mask.to(tokens.old_logprobs.dtype)
+    mask = tokens.mask
+    uid, n, m_f = tokens.token_uid.reshape(-1), mask.sum(), mask.to(tokens.old_logprobs.dtype)
     adv_mean = (tokens.advantages * m_f).sum() / n.clamp(min=1)
     logp_mean = (tokens.old_logprobs * m_f).sum() / n.clamp(min=1)
     cov = (tokens.advantages - adv_mean) * (tokens.old_logprobs - logp_mean)  # [S, L]
-    extra = {"adv_mean": adv_mean, "logp_mean": logp_mean}
+    extra: dict[str, Tensor | TopKThreshold] = {"adv_mean": adv_mean, "logp_mean": logp_mean}
     if isinstance(cfg, ClipCovLossConfig):
-        member = flat(mask & (cov > cfg.cov_lb) & (cov < cfg.cov_ub))
+        member = (mask & (cov > cfg.cov_lb) & (cov < cfg.cov_ub)).reshape(-1)
         k = torch.minimum(topk_count(n, cfg.clip_ratio, rounding="floor"), member.sum())
         extra["select_threshold"] = topk_threshold(hash_uniform(uid, seed), uid, member, k)
     else:
         k = topk_count(n, cfg.kl_ratio, rounding="floor")
-        extra["select_threshold"] = topk_threshold(flat(cov), uid, flat(mask), k)
+        extra["select_threshold"] = topk_threshold(cov.reshape(-1), uid, mask.reshape(-1), k)
     return extra, mask
 
 

@@ -7,15 +7,17 @@ from torch import Tensor
 
 from learner.algorithm.losses.base import LossInputs, LossOutputs, StepContext, StepTokens, weighted_surrogate
 from learner.algorithm.losses.registry import register_loss
-from learner.algorithm.selection import in_topk, topk_count, topk_threshold
+from learner.algorithm.selection import TopKThreshold, in_topk, topk_count, topk_threshold
 from stare.config.algo import HighEntropyLossConfig
 
 
-def select_high_entropy(tokens: StepTokens, cfg: HighEntropyLossConfig, seed: int) -> tuple[dict, Tensor]:
+def select_high_entropy(
+    tokens: StepTokens, cfg: HighEntropyLossConfig, seed: int
+) -> tuple[dict[str, TopKThreshold], Tensor]:
     """80/20: only the step's top-fraction highest-entropy tokens train (and normalise the loss)."""
-    flat, mask = (lambda t: t.reshape(-1)), tokens.mask
+    mask = tokens.mask
     k = topk_count(mask.sum(), cfg.top_fraction)
-    threshold = topk_threshold(flat(tokens.entropy), flat(tokens.token_uid), flat(mask), k)
+    threshold = topk_threshold(tokens.entropy.reshape(-1), tokens.token_uid.reshape(-1), mask.reshape(-1), k)
     return {"select_threshold": threshold}, in_topk(tokens.entropy, tokens.token_uid, mask, threshold)
 
 

@@ -8,16 +8,16 @@ from torch import Tensor
 
 from learner.algorithm.losses.base import LossInputs, LossOutputs, StepContext, StepTokens, weighted_surrogate
 from learner.algorithm.losses.registry import register_loss
-from learner.algorithm.selection import in_topk, topk_count, topk_thresholds
+from learner.algorithm.selection import TopKThreshold, in_topk, topk_count, topk_thresholds
 from stare.config.algo import StareLossConfig
 
 
-def select_stare(tokens: StepTokens, cfg: StareLossConfig, seed: int) -> tuple[dict, Tensor]:
+def select_stare(tokens: StepTokens, cfg: StareLossConfig, seed: int) -> tuple[dict[str, TopKThreshold], Tensor]:
     """STARE: the top-P surprisal thresholds inside each advantage sign, over the whole step."""
-    flat, mask = (lambda t: t.reshape(-1)), tokens.mask
-    members = [flat(mask & (tokens.advantages > 0)), flat(mask & (tokens.advantages < 0))]
+    mask = tokens.mask
+    members = [(mask & (tokens.advantages > 0)).reshape(-1), (mask & (tokens.advantages < 0)).reshape(-1)]
     ks = [topk_count(member.sum(), cfg.top_fraction) for member in members]
-    pos, neg = topk_thresholds(flat(-tokens.old_logprobs), flat(tokens.token_uid), members, ks)
+    pos, neg = topk_thresholds((-tokens.old_logprobs).reshape(-1), tokens.token_uid.reshape(-1), members, ks)
     return {"pos_threshold": pos, "neg_threshold": neg}, mask
 
 

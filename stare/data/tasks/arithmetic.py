@@ -34,7 +34,7 @@ import random
 import re
 from collections.abc import Sequence
 
-from stare.data.tasks.base import Problem, Split, check_split
+from stare.data.tasks.base import Problem, Split, Task, check_split
 
 ALPHABET = "0123456789+-*=;#"
 """Every character a prompt or a reference completion can contain."""
@@ -168,7 +168,7 @@ def hash_answer(text: str) -> str | None:
     return str(int(match.group(1)))
 
 
-def exact_answer_reward(task, problem: Problem, completion: str) -> float:
+def exact_answer_reward(task: Task, problem: Problem, completion: str) -> float:
     """1.0 if `task.extract_answer(completion)` equals `problem.answer`, else 0.0; never raises."""
     try:
         return 1.0 if task.extract_answer(completion) == problem.answer else 0.0

@@ -11,9 +11,20 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 Split = Literal["train", "test"]
+
+
+def chat_prompt(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> str:
+    """`messages` through the tokenizer's chat template, with the generation prompt, as text."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if not isinstance(text, str):  # tokenize=False gives text; transformers types every form it can return
+        raise TypeError(f"the tokenizer's chat template gave a {type(text).__name__}, not text")
+    return text
 
 
 def check_split(split: str, n: int) -> None:

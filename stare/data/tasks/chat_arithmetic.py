@@ -26,8 +26,12 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from stare.data.tasks.base import Problem, Split
+from stare.data.tasks.base import Problem, Split, chat_prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 LEVELS: dict[int, tuple[str, range, range]] = {
     1: ("+", range(1, 10), range(1, 10)),
@@ -57,7 +61,7 @@ class ChatArithmeticTask:
     name = "chat-arithmetic"
     data_source = "stare/chat-arithmetic"
 
-    def __init__(self, tokenizer=None, levels: Sequence[int] = (1, 2, 3)) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None, levels: Sequence[int] = (1, 2, 3)) -> None:
         if tokenizer is not None and not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 "task chat-arithmetic needs a tokenizer with a chat template (a real instruct model: "
@@ -80,9 +84,7 @@ class ChatArithmeticTask:
         if self.tokenizer is None:
             raise ValueError("chat-arithmetic problems need the model's tokenizer (its chat template)")
         text = question(a, op, b)
-        prompt = self.tokenizer.apply_chat_template(
-            EXAMPLE + [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
+        prompt = chat_prompt(self.tokenizer, EXAMPLE + [{"role": "user", "content": text}])
         digest = hashlib.sha256(text.encode()).hexdigest()[:12]
         answer = a + b if op == "+" else a - b
         return Problem(

@@ -36,9 +36,14 @@ import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stare.data.tasks.base import Problem, Split, check_split
+from stare.data.tasks.base import Problem, Split, chat_prompt, check_split
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from stare.config.reward import MathConfig
 
 COLUMNS = ("data_source", "prompt", "reward_model", "extra_info")
 """The columns a verl-format file has (extra_info is optional)."""
@@ -128,13 +133,13 @@ def ground_truth(row: dict[str, Any], where: str) -> str:
     return gt
 
 
-def render_prompt(prompt: list[dict[str, str]] | str, tokenizer=None) -> str:
+def render_prompt(prompt: list[dict[str, str]] | str, tokenizer: PreTrainedTokenizerBase | None = None) -> str:
     """The prompt text: a string as is; messages through the tokenizer's chat template (with the
     generation prompt) when it has one, else their contents joined by blank lines."""
     if isinstance(prompt, str):
         return prompt
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return chat_prompt(tokenizer, prompt)
     return "\n\n".join(m["content"] for m in prompt)
 
 
@@ -145,7 +150,7 @@ def _prompt_key(prompt: list[dict[str, str]] | str) -> str:
     return "\n\n".join(f"{m['role']}: {m['content'].strip()}" for m in prompt)
 
 
-def problem_from_row(row: dict[str, Any], where: str, tokenizer=None) -> Problem:
+def problem_from_row(row: dict[str, Any], where: str, tokenizer: PreTrainedTokenizerBase | None = None) -> Problem:
     """One verl-format row -> Problem (see the module docstring); `where` names the row in errors."""
     prompt = prompt_messages(row, where)
     answer = ground_truth(row, where)
@@ -176,7 +181,7 @@ def _json_values(extra: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(extra, default=str)) if extra else {}
 
 
-def load_problems(path: Path | str, tokenizer=None) -> list[Problem]:
+def load_problems(path: Path | str, tokenizer: PreTrainedTokenizerBase | None = None) -> list[Problem]:
     """Every row of `path` as a Problem, in file order."""
     return [problem_from_row(row, where, tokenizer) for _, where, row in located_rows(path)]
 
@@ -192,12 +197,17 @@ class DatasetTask:
     name = "dataset"
 
     def __init__(
-        self, path: Path | str, test_path: Path | str | list[Path | str] | None = None, tokenizer=None, math_config=None
+        self,
+        path: Path | str,
+        test_path: Path | str | list[Path | str] | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        math_config: MathConfig | None = None,
     ) -> None:
         rows = list(located_rows(path))
         if not rows:
             raise DatasetError(f"{path}: no rows")
-        train, test = [], []
+        train: list[Problem] = []
+        test: list[Problem] = []
         for _, where, row in rows:
             problem = problem_from_row(row, where, tokenizer)
             (test if test_path is None and _held_out(row) else train).append(problem)
@@ -241,7 +251,7 @@ class DatasetVerifier:
 
     name = "dataset"
 
-    def __init__(self, math_config=None) -> None:
+    def __init__(self, math_config: MathConfig | None = None) -> None:
         self.math_config = math_config
 
     def problems(self, split: Split, n: int, seed: int) -> list[Problem]:

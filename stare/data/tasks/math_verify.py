@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math as _stdmath  # absolute import: the standard library, not this module
 import re
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -99,14 +100,17 @@ def extract_answer(response: str, sources: tuple[AnswerSource, ...]) -> str | No
     return None
 
 
-def _parse(text: str, whole_response: bool = False) -> list:
+def _parse(text: str, whole_response: bool = False) -> list[Any]:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
     targets = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+    parsed: list[Any]  # sympy expressions and strings (math-verify is untyped)
     if whole_response or "$" in text or "\\boxed" in text or "\\(" in text:
-        return parse(text, targets, parsing_timeout=None)
+        parsed = parse(text, targets, parsing_timeout=None)
+        return parsed
     # A bare answer: read it as LaTeX math first ("\{1,2\}", "[1,2)", "x=3"), else as text.
-    return parse(f"${text}$", targets, parsing_timeout=None) or parse(text, targets, parsing_timeout=None)
+    parsed = parse(f"${text}$", targets, parsing_timeout=None) or parse(text, targets, parsing_timeout=None)
+    return parsed
 
 
 def _silence_timeout_warning() -> None:

@@ -44,9 +44,13 @@ import hashlib
 import json
 import random
 import string
+from typing import TYPE_CHECKING
 
 from stare.data.tasks.arithmetic import exact_answer_reward, hash_answer
 from stare.data.tasks.base import Problem, Split, check_split
+
+if TYPE_CHECKING:
+    from stare.sandbox import InMemorySandbox, SandboxResult
 
 LEVELS: dict[int, tuple[int, int]] = {1: (3, 2), 2: (3, 3), 3: (4, 3), 4: (4, 4)}
 """level -> (digits of the first factor, digits of the second)."""
@@ -154,38 +158,46 @@ class ToolArithmeticTask:
         """1.0 if the final answer equals `problem.answer`, else 0.0; never raises."""
         return exact_answer_reward(self, problem, completion)
 
-    def warm_start_sandbox(self):
+    def warm_start_sandbox(self) -> InMemorySandbox:
         """An in-memory `Sandbox` that answers `print(A*B)` exactly as the real one would."""
         from stare.sandbox import InMemorySandbox
 
         return InMemorySandbox(lambda code, stdin: simulate_product_program(code))
 
 
-def simulate_product_program(code: str):
+def simulate_product_program(code: str) -> SandboxResult:
     """The `SandboxResult` of running `code` when it is `print(<int>*<int>)` (spaces allowed);
     any other program gets an "error" result like a failed run (the build never runs it)."""
     from stare.sandbox import SandboxResult
 
-    try:
-        tree = ast.parse(code.strip(), mode="eval")
-        call = tree.body
-        ok = (
-            isinstance(call, ast.Call)
-            and isinstance(call.func, ast.Name)
-            and call.func.id == "print"
-            and len(call.args) == 1
-            and not call.keywords
-            and isinstance(call.args[0], ast.BinOp)
-            and isinstance(call.args[0].op, ast.Mult)
-            and all(
-                isinstance(x, ast.Constant) and type(x.value) is int for x in (call.args[0].left, call.args[0].right)
-            )
-        )
-    except (SyntaxError, ValueError):
-        ok = False
-    if not ok:
+    product = _printed_product(code)
+    if product is None:
         return SandboxResult(
             status="error", exit_code=1, stderr="SimulationError: the warm-start sandbox only runs print(A*B)\n"
         )
-    product = call.args[0].left.value * call.args[0].right.value
     return SandboxResult(status="ok", exit_code=0, stdout=f"{product}\n")
+
+
+def _printed_product(code: str) -> int | None:
+    """A*B when `code` is `print(<int>*<int>)` (spaces allowed), else None."""
+    try:
+        call = ast.parse(code.strip(), mode="eval").body
+    except (SyntaxError, ValueError):
+        return None
+    if not (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "print"
+        and len(call.args) == 1
+        and not call.keywords
+    ):
+        return None
+    product = call.args[0]
+    if not (isinstance(product, ast.BinOp) and isinstance(product.op, ast.Mult)):
+        return None
+    left, right = product.left, product.right
+    if not (isinstance(left, ast.Constant) and isinstance(right, ast.Constant)):
+        return None
+    if type(left.value) is not int or type(right.value) is not int:
+        return None
+    return left.value * right.value

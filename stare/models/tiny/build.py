@@ -77,10 +77,11 @@ def _build(spec: TinyModelSpec, out: Path, *, verbose: bool) -> None:
     from transformers.utils import logging as hf_logging
 
     from stare.data.tasks import build_task
+    from stare.data.tasks.base import SupervisedTask
 
     t0 = time.perf_counter()
     task = build_task(spec.task_name)
-    if not hasattr(task, "solution"):
+    if not isinstance(task, SupervisedTask):
         raise TypeError(
             f"task {spec.task_name!r} cannot write reference solutions (no `solution` method); "
             "the tiny-model warm start needs a SupervisedTask"

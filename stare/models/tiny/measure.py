@@ -5,7 +5,7 @@ stop): greedy accuracy, sampling accuracy and entropy. Tool tasks run through th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from stare.models.tiny.spec import EvalResult
 
@@ -13,7 +13,18 @@ if TYPE_CHECKING:  # heavy imports stay out of module import (the CLI's --help m
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from rollout.agent_loop import AgentCompletion
     from stare.data.tasks.base import Problem, Task
+    from stare.sandbox import Sandbox
+
+
+@runtime_checkable
+class _ToolTask(Protocol):
+    """A task whose completions call a tool (tool-arithmetic): its warm start answers the calls in memory."""
+
+    def warm_start_sandbox(self) -> Sandbox: ...
+
+    def reward(self, problem: Problem, completion: str) -> float: ...
 
 
 def evaluate(
@@ -35,7 +46,7 @@ def evaluate(
     """
     import torch
 
-    if hasattr(task, "warm_start_sandbox"):
+    if isinstance(task, _ToolTask):
         return _evaluate_with_tool(model, tokenizer, task, problems, seed=seed, max_new_tokens=max_new_tokens)
     greedy_hits = _greedy_rewards(model, tokenizer, task, problems, max_new_tokens, batch_size)
     sample_hits: list[float] = []
@@ -45,6 +56,8 @@ def evaluate(
         for start in range(0, len(problems), batch_size):
             chunk = problems[start : start + batch_size]
             new, logits = _complete(model, tokenizer, chunk, max_new_tokens, sample=True)
+            if logits is None:  # sample=True asks for them
+                raise RuntimeError("generate returned no logits for a sampled batch")
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
             sample_hits += [task.reward(p, c) for p, c in zip(chunk, texts)]
             logp = torch.log_softmax(logits.float(), dim=-1)  # [B, T, V]
@@ -75,8 +88,15 @@ def greedy_accuracy(
     return _mean(_greedy_rewards(model, tokenizer, task, problems, max_new_tokens, batch_size))
 
 
-def _greedy_rewards(model, tokenizer, task, problems, max_new_tokens, batch_size) -> list[float]:
-    if hasattr(task, "warm_start_sandbox"):
+def _greedy_rewards(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    problems: Sequence[Problem],
+    max_new_tokens: int,
+    batch_size: int,
+) -> list[float]:
+    if isinstance(task, _ToolTask):
         texts = [
             _text(tokenizer, c[0])
             for c in _agent_rollouts(
@@ -103,6 +123,8 @@ def _complete(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Generated tokens [B, T] (eos, then pad) and, when sampling, their raw logits [B, T, V]."""
     import torch
+    from transformers import GenerationMixin
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
 
     enc = tokenizer(
         [p.prompt for p in problems],
@@ -112,6 +134,8 @@ def _complete(
         add_special_tokens=False,
     )
     model.eval()
+    if not isinstance(model, GenerationMixin):
+        raise TypeError(f"{type(model).__name__} cannot generate (it is no transformers GenerationMixin)")
     with torch.no_grad():
         out = model.generate(
             **enc,
@@ -125,12 +149,25 @@ def _complete(
             return_dict_in_generate=True,
             output_logits=sample,
         )
+    if not isinstance(out, GenerateDecoderOnlyOutput):  # return_dict_in_generate, a causal LM
+        raise TypeError(f"generate returned a {type(out).__name__}, not a decoder-only model's output")
+    if sample and out.logits is None:
+        raise RuntimeError("generate returned no logits although output_logits was set")
     new = out.sequences[:, enc["input_ids"].shape[1] :]  # [B, T]
-    logits = torch.stack(out.logits, dim=1) if sample else None  # [B, T, V]
+    logits = torch.stack(out.logits, dim=1) if sample and out.logits is not None else None  # [B, T, V]
     return new, logits
 
 
-def _agent_rollouts(model, tokenizer, task, problems, *, temperature: float, seed: int, max_new_tokens: int) -> list:
+def _agent_rollouts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: _ToolTask,
+    problems: Sequence[Problem],
+    *,
+    temperature: float,
+    seed: int,
+    max_new_tokens: int,
+) -> list[list[AgentCompletion]]:
     """One multi-turn completion per problem from the rollout's ToolAgent over a copy of `model`
     (HFEngine), tool calls answered by `task.warm_start_sandbox()`."""
     import tempfile
@@ -167,11 +204,22 @@ def _agent_rollouts(model, tokenizer, task, problems, *, temperature: float, see
         engine.close()
 
 
-def _text(tokenizer, completion) -> str:
-    return tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+def _text(tokenizer: PreTrainedTokenizerBase, completion: AgentCompletion) -> str:
+    text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+    if not isinstance(text, str):  # one sequence decodes to one string
+        raise TypeError(f"the tokenizer decoded one sequence to a {type(text).__name__}")
+    return text
 
 
-def _evaluate_with_tool(model, tokenizer, task, problems, *, seed: int, max_new_tokens: int) -> EvalResult:
+def _evaluate_with_tool(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: _ToolTask,
+    problems: Sequence[Problem],
+    *,
+    seed: int,
+    max_new_tokens: int,
+) -> EvalResult:
     """`evaluate` for tool tasks. Entropy is estimated as the mean surprisal -log p of the sampled
     generated tokens (an unbiased estimate of the mean next-token entropy; the engine returns no
     full distributions); observation tokens are not counted."""
@@ -208,7 +256,7 @@ def response_mask(new_tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
     return before_or_at_first_eos.float()
 
 
-def _accuracy_by_level(problems, hits: list[float]) -> dict[int, float]:
+def _accuracy_by_level(problems: Sequence[Problem], hits: list[float]) -> dict[int, float]:
     by_level: dict[int, list[float]] = {}
     for p, hit in zip(problems, hits):
         by_level.setdefault(p.level, []).append(hit)

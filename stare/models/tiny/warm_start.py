@@ -65,7 +65,8 @@ def _sft_batch(
     if hasattr(task, "solution_segments"):
         completions, trained_labels = [], []
         for p in problems:
-            completion, label = [], []
+            completion: list[int] = []
+            label: list[int] = []
             for text, trained in task.solution_segments(p, rng):
                 ids = tokenizer.encode(text, add_special_tokens=False)
                 completion += ids
