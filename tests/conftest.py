@@ -4,8 +4,26 @@ from pathlib import Path
 # Test helper modules (algo_helpers.py) import as top-level modules.
 sys.path.insert(0, str(Path(__file__).parent))
 
+import os
+
 import pytest
 from train_helpers import fast_override_list
+
+LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def launch_env_restored():
+    """The launch variables as they were before the test: an in-process learner sets them for its
+    one-process group (learner.engine.deepspeed_engine.init_distributed), and a `stare` subprocess started
+    by a later test would otherwise inherit that group's port, still listening in this process."""
+    before = {k: os.environ.get(k) for k in LAUNCH_ENV}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @pytest.fixture(scope="session")

@@ -139,16 +139,18 @@ def short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def explain(root: type[BaseModel], error: Any) -> str:
-    """One pydantic error as a line: the field (union tags left out), the message, the value (short), and
-    for an unknown key what it probably meant."""
+def explain(root: type[BaseModel], error: Any, origin: str = "") -> str:
+    """One pydantic error as a line: the field (union tags left out), the message, the value (short) and
+    where it came from (`origin`: "in FILE", "from --set ..."), and for an unknown key what it probably
+    meant."""
     parts = [str(p) for p in error["loc"] if not str(p).startswith(SKIP_LOC)]
     shown, _ = walk(root, parts)
     line = f"{dotted(shown) or '(root)'}: {error['msg']}"
     value = error.get("input")
+    where = f", {origin}" if origin else ""
     if error["type"] == "extra_forbidden" and parts:
         hint = suggest(root, parts, value)
-        return f"{line} (got {short(value)})" + (f"; {hint}" if hint else "")
+        return f"{line} (got {short(value)}{where})" + (f"; {hint}" if hint else "")
     if not (error["type"].startswith("value_error") and isinstance(value, dict)):  # a validator's: no dump
-        line += f" (got {short(value)})"
-    return line
+        return f"{line} (got {short(value)}{where})"
+    return f"{line} ({origin})" if origin else line

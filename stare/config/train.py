@@ -258,12 +258,17 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"--set {text}: the value is not valid YAML ({str(err).splitlines()[0]}); quote it") from None
 
 
+def short_set(text: str, limit: int = 80) -> str:
+    """A --set as an error line echoes it: cut at `limit` characters."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _origin(loc: str, overrides: list[str] | tuple[str, ...], source: Path | None) -> str:
     """Where the value at `loc` came from: the --set that wrote it (or its section), else the file."""
     for text in reversed(overrides):  # the last --set of a key wins
         key = text.split("=", 1)[0].strip()
         if loc and (loc == key or loc.startswith(key + ".") or key.startswith(loc + ".")):
-            return f"from --set {text}"
+            return f"from --set {short_set(text)}"
     return f"in {source}" if source is not None else ""
 
 
@@ -275,7 +280,7 @@ def _describe(err: ValidationError, source: Path | None, overrides: list[str] | 
         loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith(("function-after", "tagged-union")))
         loc = loc.replace(".stare.", ".").replace(".grpo.", ".")
         origins.append(origin := _origin(loc, overrides, source))
-        lines.append(explain(TrainConfig, e) + (f" ({origin})" if origin else ""))
+        lines.append(explain(TrainConfig, e, origin))
     if all(o.startswith("from --set") for o in origins):
         fix = "fix the --set value"
     elif source is not None:

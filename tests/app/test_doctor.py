@@ -34,11 +34,11 @@ def test_a_report_with_every_status_validates_and_a_skip_without_its_reason_does
 
 
 def test_every_check_is_named_by_its_group_documented_and_listed_in_the_help():
-    from stare.app.cli.parser import _doctor_epilog
+    from stare.app.cli.epilogs import doctor_epilog
 
     names = [c.name for _, c in all_checks()]
     assert len(names) == len(set(names))
-    epilog = _doctor_epilog()
+    epilog = doctor_epilog()
     for group, check in all_checks():
         assert check.name.split(".")[0] == group.name
         assert check.what and check.failure and check.fix, check.name

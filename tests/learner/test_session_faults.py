@@ -20,7 +20,7 @@ from test_oversample import FakeLearner
 
 from learner.loop.group_collector import GroupCollector, MemoryDecisionLog
 from learner.loop.session import MemoryCursor, SessionSeams, TrainingSession
-from stare.app.sim.standins import SimTask, SimTokenizer
+from stare.app.sim.task import SimTask, SimTokenizer
 from stare.config import build_config
 from stare.data.feeder import PromptFeeder
 from stare.runstate import MemoryRunState, RunSteering

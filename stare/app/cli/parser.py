@@ -24,39 +24,7 @@ from stare.app.cli.commands import (
     cmd_up,
 )
 from stare.app.cli.compare import cmd_compare
-
-
-def _bench_epilog() -> str:
-    from stare.app.bench.registry import BENCHMARKS, SECTIONS
-
-    lines = ["benchmarks (each against a baseline measured in the same run; docs/performance.md):"]
-    lines += [f"  {name:<20}{b.summary}" for name, b in BENCHMARKS.items()]
-    lines += [
-        "sections: " + "; ".join(f"{s} = {' '.join(names)}" for s, names in SECTIONS.items()),
-        "The GPU benchmarks print a row saying 'skipped' where CUDA is absent.",
-    ]
-    return "\n".join(lines)
-
-
-def _doctor_groups() -> list[str]:
-    from stare.app.doctor.registry import GROUPS
-
-    return list(GROUPS)
-
-
-def _doctor_epilog() -> str:
-    import textwrap
-
-    from stare.app.doctor.registry import GROUPS
-
-    lines = ["checks ([GPU]: skipped without CUDA, saying why; the others run on any machine):"]
-    for group in GROUPS.values():
-        lines.append(f"{group.name}: {group.summary} (one process, at most {group.timeout_s:.0f} s)")
-        for c in group.checks():
-            text = f"{c.name}{' [GPU]' if c.gpu else ''}: {c.what}. Fails when: {c.failure}. Fix: {c.fix}."
-            lines += textwrap.wrap(text, 110, initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False)
-    lines.append("Exit status 1 when a check failed. docs/deploy.md, 'First on a GPU node: stare doctor'.")
-    return "\n".join(lines)
+from stare.app.cli.epilogs import bench_epilog, doctor_epilog, doctor_groups
 
 
 def _ray_args(p) -> None:
@@ -238,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="check this node before a run (the first thing to run on a GPU node): versions, GPUs and links, vLLM "
         "sampling, sleep and in-flight updates, the weight broadcast and its stream fences, a ZeRO-3 step, the run's "
         "memory plan; a table and doctor.json for a bug report",
-        epilog=_doctor_epilog(),
+        epilog=doctor_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -257,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a --config field"
     )
     p.add_argument(
-        "--only", default=None, metavar="GROUPS", help="comma-separated groups: " + ", ".join(_doctor_groups())
+        "--only", default=None, metavar="GROUPS", help="comma-separated groups: " + ", ".join(doctor_groups())
     )
     p.set_defaults(fn=cmd_doctor)
 
@@ -354,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench",
         help="performance suite: each benchmark against a same-run baseline, one table",
-        epilog=_bench_epilog(),
+        epilog=bench_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks or sections to run (default: all)")

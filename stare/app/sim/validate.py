@@ -69,6 +69,23 @@ class Row:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+VERL_DAPO_7B = [  # both verl DAPO 7B rows: the recipe's batch, lengths, engines and micro-batch
+    "rollout.prompts_per_step=512",
+    "rollout.samples_per_prompt=12",
+    "rollout.max_new_tokens=8192",
+    "rollout.engine.max_model_len=10240",
+    "rollout.engine.tensor_parallel_size=2",
+    "rollout.engine.gpu_memory_utilization=0.8",
+    "rollout.engine.enforce_eager=false",
+    "data.max_prompt_len=2048",
+    "data.dynamic_sampling=false",
+    "data.oversample=1.0",
+    "sim.response_mean=1200",
+    "sim.prompt_tokens=150",
+    "optim.prepass_early=false",
+    "optim.max_tokens_per_micro_batch=20480",
+]
+
 ROWS: list[Row] = [
     Row(
         "nemo-8b-on",
@@ -178,20 +195,7 @@ ROWS: list[Row] = [
         16,
         None,
         [
-            "rollout.prompts_per_step=512",
-            "rollout.samples_per_prompt=12",
-            "rollout.max_new_tokens=8192",
-            "rollout.engine.max_model_len=10240",
-            "rollout.engine.tensor_parallel_size=2",
-            "rollout.engine.gpu_memory_utilization=0.8",
-            "rollout.engine.enforce_eager=false",
-            "data.max_prompt_len=2048",
-            "data.dynamic_sampling=false",
-            "data.oversample=1.0",
-            "sim.response_mean=1200",
-            "sim.prompt_tokens=150",
-            "optim.prepass_early=false",
-            "optim.max_tokens_per_micro_batch=20480",
+            *VERL_DAPO_7B,
             "sim.learner_offload=true",
             "system.max_staleness=0",
             "system.rollout_streaming=false",
@@ -215,20 +219,7 @@ ROWS: list[Row] = [
         16,
         12,
         [
-            "rollout.prompts_per_step=512",
-            "rollout.samples_per_prompt=12",
-            "rollout.max_new_tokens=8192",
-            "rollout.engine.max_model_len=10240",
-            "rollout.engine.tensor_parallel_size=2",
-            "rollout.engine.gpu_memory_utilization=0.8",
-            "rollout.engine.enforce_eager=false",
-            "data.max_prompt_len=2048",
-            "data.dynamic_sampling=false",
-            "data.oversample=1.0",
-            "sim.response_mean=1200",
-            "sim.prompt_tokens=150",
-            "optim.prepass_early=false",
-            "optim.max_tokens_per_micro_batch=20480",
+            *VERL_DAPO_7B,
             "system.max_staleness=1",
             "system.rollout_streaming=false",
             "system.rollout_batch_prompts=256",
