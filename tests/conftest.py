@@ -13,17 +13,16 @@ LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @pytest.fixture(autouse=True)
-def launch_env_restored():
-    """The launch variables as they were before the test: an in-process learner sets them for its
-    one-process group (learner.engine.deepspeed_engine.init_distributed), and a `stare` subprocess started
-    by a later test would otherwise inherit that group's port, still listening in this process."""
-    before = {k: os.environ.get(k) for k in LAUNCH_ENV}
+def no_launch_env():
+    """Each test starts without the launch variables: an in-process learner (of an earlier test, or a
+    module's fixture) sets them for its one-process group (learner.engine.deepspeed_engine.init_distributed),
+    and a `stare` subprocess would otherwise inherit that group's port, still listening in this process.
+    A learner made in process later wraps the group that exists. Restored after the test."""
+    before = {k: os.environ.pop(k) for k in LAUNCH_ENV if k in os.environ}
     yield
-    for key, value in before.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    for key in LAUNCH_ENV:
+        os.environ.pop(key, None)
+    os.environ.update(before)
 
 
 @pytest.fixture(scope="session")
