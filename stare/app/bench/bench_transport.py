@@ -3,7 +3,9 @@
 Moves realistic trajectories (256 prompt tokens; 1k and 8k response tokens; packed int32 ids,
 float32 log-probs, uint8 mask, ~3 characters of text per token) through one stream and its
 consumer group, in batches (publish, then consume + ack):
-  * raw redis-py:  pipelined XADD (MAXLEN ~), XREADGROUP + XACK; no record objects;
+  * raw redis-py:  pipelined XADD (MAXLEN ~), XREADGROUP, then XACK + XDEL in one MULTI (the same Redis
+                   work as the product's acknowledgement, which deletes what it acknowledges so that
+                   the backlog is XLEN); no record objects;
   * RedisStream:   `publish` (pipelined XADD MAXLEN ~ and an XLEN backlog check),
                    `consume` (XREADGROUP, decode, in-flight bookkeeping), `ack` (XACK + XDEL); a new
                    consumer's one read of its own pending entries is start-up, untimed like
@@ -108,7 +110,7 @@ class OursArm:
 
 
 class RawArm:
-    """Raw redis-py: pipelined XADD (MAXLEN ~), XREADGROUP + the codec's decode + XACK."""
+    """Raw redis-py: pipelined XADD (MAXLEN ~), XREADGROUP + the codec's decode + XACK and XDEL in one MULTI."""
 
     def __init__(self, client, run_id: str, codec, n: int, batch: int):
         self.client, self.codec, self.maxlen = client, codec, 2 * n
@@ -126,7 +128,11 @@ class RawArm:
         entries = reply[0][1] if reply else []
         decoded = [self.codec.from_fields(f) for _, f in entries]  # noqa: F841 (what a consumer needs)
         if entries:
-            self.client.xack(self.key, "learner", *[i for i, _ in entries])
+            ids = [i for i, _ in entries]
+            pipe = self.client.pipeline(transaction=True)
+            pipe.xack(self.key, "learner", *ids)
+            pipe.xdel(self.key, *ids)
+            pipe.execute()
         return len(entries)
 
 
