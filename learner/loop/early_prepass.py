@@ -24,9 +24,9 @@ class EarlyPrepass:
         self.seconds, self.groups = 0.0, 0  # since the last step (its metrics)
 
     def run(self, whole_rounds: bool) -> None:
-        if not self.cfg.optim.prepass_early:
-            return
         learner = self.learner
+        if not self.cfg.optim.prepass_early or not getattr(learner, "needs_prepass", True):
+            return  # off, or STARE's selection keyed on the rollout's log-probs: no pre-pass to run ahead
         if self.at != learner.version:  # the weights moved on: what was prepared is not used
             self.prepared, self.at = set(), learner.version
         groups = [

@@ -3,6 +3,8 @@
     prepass:    no grad; old log-probs, entropy and (optionally) the predicted entropy change of
                 every response token, into [S, L] buffers
     train_pass: per micro-batch forward, policy loss, backward; metric sums accumulated as tensors
+                (without a pre-pass, loss.selection_keys rollout: the old log-probs, the step's entropy and
+                the rollout correction come from each micro-batch's own forward)
 
 Device discipline: the step tensors arrive on `policy.device` (`TrainBatch.to`), each micro-batch
 is moved there once (`MicroBatch.to`: pinned, non-blocking on CUDA), and every buffer and
@@ -21,12 +23,14 @@ from torch import Tensor, nn
 
 from learner.algorithm.losses import LossInputs, StepContext, policy_loss
 from learner.algorithm.quadrants import quadrant_sums
+from learner.algorithm.rollout_correction import METRIC_SUMS, rollout_correction
 from learner.step.batch import TrainBatch
 from learner.step.logprobs import ChunkedHead, chunked_logprobs_and_entropy
 from learner.step.micro_batches import MicroBatch
-from stare.config.algo import SurrogateConfig
+from stare.config.algo import RolloutCorrectionConfig, SurrogateConfig
 
 METRIC_NAMES = ("loss", "train_entropy_sum", "rollout_logprob_gap_sum", "train_tokens")
+CORRECTION_SUMS = tuple(f"rollout_correction_{k}" for k in METRIC_SUMS)  # train_pass's, without a pre-pass
 
 
 @dataclass(frozen=True)
@@ -137,18 +141,27 @@ def train_pass(
     policy: Policy,
     micro_batches: list[MicroBatch],  # on the host
     step: TrainBatch,  # on policy.device
-    old: Tensor,  # [S, L]
-    ent0: Tensor,  # [S, L]
-    dh: Tensor,  # [S, L]
+    old: Tensor | None,  # [S, L]; None: no pre-pass ran (each micro-batch's own forward, detached)
+    ent0: Tensor | None,  # [S, L]; None: as old
+    dh: Tensor | None,  # [S, L]; None: zeros
     ctx: StepContext,
     loss_cfg: SurrogateConfig,
     h_step: Tensor,  # [] the step's batch entropy (quadrant split)
     backward: Callable[[Tensor, bool], None],  # (micro-batch loss, is the last micro-batch)
     ref: Tensor | None = None,  # [S, L] the reference's log-probs (loss.ref_kl: learner/step/reference.py)
+    correction: RolloutCorrectionConfig | None = None,  # with old None: the rollout correction, per micro-batch
 ) -> tuple[dict[str, Tensor], Tensor]:  # metric sums (each [] float64), quadrant sums [4, 5] float64
-    """Forward, loss and backward of every micro-batch; metrics summed on policy.device, never read."""
+    """Forward, loss and backward of every micro-batch; metrics summed on policy.device, never read.
+
+    Without a pre-pass (`old` None: one update a batch, so this forward runs at the step's starting
+    weights, as the pre-pass would) the old log-probs are the forward's own, detached (the ratio is 1
+    with its gradient), and the rollout correction's IS weights and mismatch sums (`CORRECTION_SUMS`)
+    are computed here: each row's depend on that row only, so per micro-batch is the same as per step."""
     dev = policy.device
-    sums: dict[str, Tensor] = {k: torch.zeros((), dtype=torch.float64, device=dev) for k in METRIC_NAMES}
+    in_pass = old is None
+    keys_from_rollout = getattr(loss_cfg, "selection_keys", "learner") == "rollout"
+    names = METRIC_NAMES + (CORRECTION_SUMS if in_pass else ())
+    sums: dict[str, Tensor] = {k: torch.zeros((), dtype=torch.float64, device=dev) for k in names}
     quadrants = torch.zeros(4, 5, dtype=torch.float64, device=dev)
     for i, host_mb in enumerate(micro_batches):
         mb = host_mb.to(dev)
@@ -156,7 +169,16 @@ def train_pass(
         mask = _rows(step.mask, mb)
         if mb.filler:  # host flag: a stand-in trains no token
             mask = torch.zeros_like(mask)
-        old_mb, adv = _rows(old, mb), _rows(step.advantages, mb)
+        adv, rollout_mb = _rows(step.advantages, mb), _rows(step.rollout_logprobs, mb)
+        is_weight = None if step.is_weight is None else _rows(step.is_weight, mb)
+        if old is None:
+            old_mb = logprobs.detach()
+            corr = rollout_correction(old_mb, rollout_mb, mask, correction or RolloutCorrectionConfig())
+            is_weight = corr.weight
+            for k, v in zip(CORRECTION_SUMS, corr.sums, strict=True):
+                sums[k] += v
+        else:
+            old_mb = _rows(old, mb)
         x = LossInputs(
             logprobs=logprobs,
             old_logprobs=old_mb,
@@ -164,10 +186,11 @@ def train_pass(
             mask=mask,
             token_uid=_rows(step.token_uid, mb),
             entropy=entropy,
-            step_entropy=_rows(ent0, mb),
-            rollout_logprobs=_rows(step.rollout_logprobs, mb),
-            is_weight=None if step.is_weight is None else _rows(step.is_weight, mb),
+            step_entropy=entropy.detach() if ent0 is None else _rows(ent0, mb),
+            rollout_logprobs=rollout_mb,
+            is_weight=is_weight,
             ref_logprobs=None if ref is None else _rows(ref, mb),
+            selection_logprobs=rollout_mb if keys_from_rollout else None,
         )
         out = policy_loss(x, ctx, loss_cfg)
         backward(out.loss, i == len(micro_batches) - 1)
@@ -180,5 +203,6 @@ def train_pass(
             if k not in sums:
                 sums[k] = torch.zeros((), dtype=torch.float64, device=dev)
             sums[k] += v.detach().double()
-        quadrants += quadrant_sums(adv.double(), -old_mb.double(), mask, h_step.double(), _rows(dh, mb).double())
+        dh_mb = torch.zeros_like(old_mb) if dh is None else _rows(dh, mb)
+        quadrants += quadrant_sums(adv.double(), -old_mb.double(), mask, h_step.double(), dh_mb.double())
     return sums, quadrants

@@ -3,6 +3,7 @@
     step = collate + mini-batch and micro-batch plan (host) -> step tensors to the device
            -> pre-step no-grad pass (old log-probs, entropy, chunked; the frozen reference's log-probs with
               loss.ref_kl) over the rows not prepared ahead (`prepare`), the prepared rows' kept values copied in
+              (none with loss.selection_keys rollout once an entropy is lagged: `needs_prepass`)
            -> rollout correction (IS weights, masked tokens) -> gather the step's tokens
            -> controller (one host sync: the batch entropy; W/M from it, then the gate), once per batch
            -> per update (optim.epochs x optim.mini_batches; one by default):
@@ -45,7 +46,7 @@ from learner.engine.checkpoint_guard import check_model_fits, load_failure, mode
 from learner.engine.checkpoints import MANIFEST, TRAINER_STATE, CheckpointError, choose_checkpoint, write_manifest
 from learner.engine.collectives import all_gather_cat, all_reduce_sum, gather_step_tokens
 from learner.step.batch import collate
-from learner.step.forward_passes import Policy, hidden_state_fn, prepass, train_pass
+from learner.step.forward_passes import CORRECTION_SUMS, Policy, hidden_state_fn, prepass, train_pass
 from learner.step.logprobs import attach_chunked_head
 from learner.step.micro_batches import build_micro_batch, filler_micro_batch
 from learner.step.ppo_updates import SEED_STRIDE, combine_updates, update_tokens
@@ -193,6 +194,13 @@ class Learner:
 
     # -- one step (continued) -----------------------------------------------------------------
 
+    @property
+    def needs_prepass(self) -> bool:
+        """Whether the next step runs the pre-pass: always, but with STARE's selection keyed on the
+        rollout's log-probs (loss.selection_keys rollout), once a step's entropy is there for the gate."""
+        keys = getattr(self.cfg.loss, "selection_keys", "learner")
+        return keys != "rollout" or self.lagged_entropy is None
+
     def _backward(self, loss: torch.Tensor, last: bool) -> None:
         ds.backward(self.engine, loss * self.world, last=last)  # DeepSpeed averages over ranks
         self.engine.step()
@@ -205,20 +213,37 @@ class Learner:
         updates, row_update = cut.updates, cut.row_update
         batch = cut.batch.to(self.device)
         all_mbs = [mb for mbs in updates for mb in mbs]
-        self.engine.eval()
-        buffers = self._prepass(cut.prepass, batch)
-        self.engine.train()
-        if cut.prepared is not None:  # the prepared rows' values, computed ahead at these weights: [k, K, L]
-            rows, values = (to_device(t, self.device) for t in cut.prepared)
-            for name, v in zip(value_names(cfg), values, strict=True):
-                buffers[name].index_copy_(0, rows, v.to(buffers[name].dtype))
-        old, ent0, dh, ref = buffers["old"], buffers["ent"], buffers["dh"], buffers.get("ref")
-        # rollout correction: IS weights and the masked tokens' removal, before anything counts tokens
-        corr = rollout_correction(old, batch.rollout_logprobs, batch.mask, cfg.loss.rollout_correction)
-        batch = dataclasses.replace(batch, mask=corr.keep, is_weight=corr.weight)
-        tokens = gather_step_tokens(StepTokens(old, ent0, batch.advantages, batch.token_uid, batch.mask))
-        h_step = mean_entropy(tokens.entropy, tokens.mask, cfg.loss.agg_mode)  # []
-        h_prepass = float(h_step)  # host sync: once per step, before the first backward
+        keys_from_rollout = getattr(cfg.loss, "selection_keys", "learner") == "rollout"
+        prepassed = self.needs_prepass
+        old: torch.Tensor | None = None
+        ent0: torch.Tensor | None = None
+        dh: torch.Tensor | None = None
+        ref: torch.Tensor | None = None
+        corr_sums: torch.Tensor | None = None
+        if prepassed:
+            self.engine.eval()
+            buffers = self._prepass(cut.prepass, batch)
+            self.engine.train()
+            if cut.prepared is not None:  # the prepared rows' values, computed ahead at these weights: [k, K, L]
+                rows, values = (to_device(t, self.device) for t in cut.prepared)
+                for name, v in zip(value_names(cfg), values, strict=True):
+                    buffers[name].index_copy_(0, rows, v.to(buffers[name].dtype))
+            old, ent0, dh, ref = buffers["old"], buffers["ent"], buffers["dh"], buffers.get("ref")
+            # rollout correction: IS weights and the masked tokens' removal, before anything counts tokens
+            corr = rollout_correction(old, batch.rollout_logprobs, batch.mask, cfg.loss.rollout_correction)
+            batch = dataclasses.replace(batch, mask=corr.keep, is_weight=corr.weight)
+            corr_sums = corr.sums
+        # the step's surprisal keys: the learner's pre-pass, or (loss.selection_keys rollout) the rollout's
+        keys = batch.rollout_logprobs if keys_from_rollout or old is None else old
+        step_entropy = ent0 if ent0 is not None else torch.zeros_like(keys)  # no pre-pass: no selection reads it
+        tokens = gather_step_tokens(StepTokens(keys, step_entropy, batch.advantages, batch.token_uid, batch.mask))
+        if ent0 is not None:
+            h_step = mean_entropy(tokens.entropy, tokens.mask, cfg.loss.agg_mode)  # []
+            h_prepass = float(h_step)  # host sync: once per step, before the first backward
+        else:  # no pre-pass: the previous step's training-forward entropy (controller.entropy_source lagged)
+            assert self.lagged_entropy is not None
+            h_prepass = self.lagged_entropy
+            h_step = torch.tensor(h_prepass, dtype=torch.float64, device=self.device)
         h_gate = (
             self.lagged_entropy
             if (self.controller.cfg.entropy_source == "lagged" and self.lagged_entropy is not None)
@@ -248,27 +273,50 @@ class Learner:
                 )
                 t_plan = t_plan or time.perf_counter()
                 sums, q = train_pass(
-                    self.policy, mbs, batch, old, ent0, dh, ctx, cfg.loss, h_step, self._backward, ref=ref
+                    self.policy,
+                    mbs,
+                    batch,
+                    old,
+                    ent0,
+                    dh,
+                    ctx,
+                    cfg.loss,
+                    h_step,
+                    self._backward,
+                    ref=ref,
+                    correction=cfg.loss.rollout_correction,
                 )
                 if epoch == 0:
                     quadrants += q
                 results.append(self._reduce_update(sums, ctx, epoch))
-        if is_stare:
-            self.controller.end_step(h_prepass)  # order: lagged updates W/M here
         self.step += 1
         self.version += 1
         t_end = time.perf_counter()
 
         step_metrics, totals = combine_updates(results, cfg.optim.epochs)
-        step_sums = all_reduce_sum(torch.cat([quadrants.reshape(-1), corr.sums]))  # [20 + 6]
-        quadrants, corr_sums = step_sums[: quadrants.numel()].view_as(quadrants), step_sums[quadrants.numel() :]
+        in_pass = [totals.pop(k) for k in CORRECTION_SUMS if k in totals]  # no pre-pass: reduced already
+        step_sums = all_reduce_sum(
+            torch.cat(
+                [
+                    quadrants.reshape(-1),
+                    corr_sums
+                    if corr_sums is not None
+                    else torch.zeros(len(CORRECTION_SUMS), dtype=torch.float64, device=self.device),
+                ]
+            )
+        )
+        quadrants, corr_read = step_sums[: quadrants.numel()].view_as(quadrants), step_sums[quadrants.numel() :]
         train_tokens = totals.pop("train_tokens")  # over every rank
         self.lagged_entropy = totals.pop("train_entropy_sum") / max(train_tokens, 1.0)
+        # no pre-pass: this step's entropy at its starting weights is its own training forward's (one update)
+        h_now = h_prepass if prepassed else self.lagged_entropy
+        if is_stare:
+            self.controller.end_step(h_now)  # order: lagged updates W/M here
         metrics: dict[str, Any] = {
             "step": self.step,
             "weight_version": self.version,
             "loss": step_metrics.pop("loss"),
-            "entropy": h_prepass,
+            "entropy": h_now,
             "entropy_gate_input": h_gate,
             "gate": int(gate),
             "controller_skipped": int(is_stare and self.controller.skipped),  # non-finite entropy: gate, W, M kept
@@ -281,7 +329,9 @@ class Learner:
             "grad_norm": step_metrics.pop("grad_norm"),
             "train_tokens": train_tokens,
             "micro_batches": len(all_mbs),
-            "prepass_micro_batches": len(cut.prepass),  # this rank's, fillers included (none: every row prepared)
+            "prepass_micro_batches": len(cut.prepass)
+            if prepassed
+            else 0,  # this rank's, fillers included (none: every row prepared)
             "prepared_rows": cut.prepared_rows,  # rows (every rank) whose pre-pass ran ahead of the step (`prepare`)
             "model_tokens": sum(mb.model_tokens for mb in all_mbs),
             "time_learn_s": t_end - t0,
@@ -295,9 +345,10 @@ class Learner:
         metrics.update(totals)
         metrics.update(step_metrics)
         quadrant_values = quadrant_metrics(quadrants)
-        read = torch.cat([torch.stack(list(quadrant_values.values())), corr_sums]).tolist()  # host sync
+        read = torch.cat([torch.stack(list(quadrant_values.values())), corr_read]).tolist()  # host sync
         metrics.update(dict(zip(quadrant_values, read)))
-        metrics.update(correction_metrics(read[len(quadrant_values) :]))
+        metrics.update(correction_metrics(in_pass or read[len(quadrant_values) :]))
+        metrics["prepass"] = int(prepassed)  # loss.selection_keys rollout: 0 once an entropy is lagged
         return metrics
 
     def _reduce_update(self, sums: dict[str, torch.Tensor], ctx, epoch: int) -> dict[str, Any]:

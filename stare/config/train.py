@@ -128,6 +128,41 @@ class TrainConfig(_Section):
         return self
 
     @model_validator(mode="after")
+    def _selection_keys_from_rollout(self) -> TrainConfig:
+        if getattr(self.loss, "selection_keys", "learner") != "rollout":
+            return self
+        needs = {
+            "optim.mini_batches": (self.optim.mini_batches, 1, "the old log-probs come from the update's own forward"),
+            "optim.epochs": (self.optim.epochs, 1, "the old log-probs come from the update's own forward"),
+            "controller.entropy_source": (
+                self.controller.entropy_source,
+                "lagged",
+                "no pre-pass measures this step's entropy before the backward",
+            ),
+            "loss.ref_kl": (self.loss.ref_kl, None, "the reference's log-probs are read in the pre-pass"),
+            "loss.rollout_correction.mask_level": (
+                self.loss.rollout_correction.mask_level,
+                None,
+                "a mask changes the step's token count before the first backward",
+            ),
+            "diagnostics.predicted_entropy_change": (
+                self.diagnostics.predicted_entropy_change,
+                False,
+                "dH is computed in the pre-pass",
+            ),
+        }
+
+        def text(v: object) -> str:
+            return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+        wrong = [f"{f}={text(want)} ({why}; got {text(got)})" for f, (got, want, why) in needs.items() if got != want]
+        if wrong:
+            raise ValueError(
+                f"loss.selection_keys=rollout runs no pre-pass: set {', '.join(wrong)}; or loss.selection_keys=learner"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _mini_batches_hold_groups(self) -> TrainConfig:
         if self.optim.mini_batches > self.rollout.prompts_per_step:
             raise ValueError(

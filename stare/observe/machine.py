@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 HASH_LIMIT_BYTES = 1 << 30
+# not hashed: how the files were made (the tiny model's build log: its wall times differ from one build of
+# the same weights to the next, which made two identical models two fingerprints)
+NOT_HASHED = frozenset({"build_info.json"})
 PACKAGES = ("torch", "transformers", "tokenizers", "deepspeed", "numpy", "safetensors", "accelerate", "stare")
 
 
 def model_digest(path: Path | str | None) -> dict[str, Any]:
-    """sha256 over the model folder's files (relative name, then bytes, in sorted order) when they
-    total at most HASH_LIMIT_BYTES; otherwise the file count and bytes only (`sha256` None)."""
+    """sha256 over the model folder's files but `NOT_HASHED` (relative name, then bytes, in sorted order)
+    when they total at most HASH_LIMIT_BYTES; otherwise the file count and bytes only (`sha256` None)."""
     if path is None or not Path(path).is_dir():
         return {"path": None if path is None else str(path), "sha256": None}
     root = Path(path)
@@ -29,7 +32,7 @@ def model_digest(path: Path | str | None) -> dict[str, Any]:
     digest = None
     if size <= HASH_LIMIT_BYTES:
         h = hashlib.sha256()
-        for p in files:
+        for p in (f for f in files if f.name not in NOT_HASHED):
             h.update(str(p.relative_to(root)).encode() + b"\0")
             h.update(p.read_bytes())
         digest = h.hexdigest()

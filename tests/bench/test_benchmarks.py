@@ -103,6 +103,15 @@ def test_learner_and_plain_loop_take_the_same_first_step(tiny_model_dir):
     assert r["unit"] == "tokens/s" and r["target"] == 0.9
 
 
+@pytest.mark.slow
+def test_the_step_without_its_pre_pass_is_timed_against_the_step_with_it(tiny_model_dir):
+    from stare.app.bench.bench_learner import measure_selection_keys
+
+    overrides = [f"model.path={tiny_model_dir}", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4"]
+    (r,) = check_rows(measure_selection_keys(repeats=2, overrides=overrides), ["learner-no-prepass"]).values()
+    assert r["unit"] == "tokens/s" and r["target"] == 1.1 and r["repeats"] == 2
+
+
 def test_synthetic_groups_are_whole_groups_with_mixed_rewards():
     from stare.app.bench.bench_learner import synthetic_groups
 

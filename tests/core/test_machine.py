@@ -33,3 +33,12 @@ def test_fingerprint_reports_this_process_torch_build_and_is_json(tmp_path):
     assert record["torch"]["threads"] == torch.get_num_threads()
     assert record["packages"]["torch"] is not None
     json.dumps(record)
+
+
+def test_the_build_log_is_not_part_of_the_digest(tmp_path):
+    """Two builds of the same weights differ only in build_info.json's wall times: one fingerprint."""
+    (tmp_path / "model.safetensors").write_bytes(b"\x00" * 16)
+    (tmp_path / "build_info.json").write_text(json.dumps({"train_seconds": 37.3}))
+    before = model_digest(tmp_path)["sha256"]
+    (tmp_path / "build_info.json").write_text(json.dumps({"train_seconds": 41.9}))
+    assert model_digest(tmp_path)["sha256"] == before

@@ -49,6 +49,7 @@ class LossInputs:
         None  # [B, L] rollout-correction IS weight (learner/algorithm/rollout_correction.py), detached
     )
     ref_logprobs: Tensor | None = None  # [B, L] log pi_ref of the frozen reference (loss.ref_kl), detached
+    selection_logprobs: Tensor | None = None  # [B, L] what ranks STARE's surprisal (loss.selection_keys); None: old
 
 
 @dataclass(frozen=True)

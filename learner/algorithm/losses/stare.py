@@ -24,7 +24,7 @@ def select_stare(tokens: StepTokens, cfg: StareLossConfig, seed: int) -> tuple[d
 def surprisal_selection(x: LossInputs, ctx: StepContext) -> tuple[Tensor, Tensor]:  # L+ [B, L], L- [B, L]
     """Masks of the entropy-critical tokens: top surprisal inside each advantage sign."""
     assert ctx.pos_threshold is not None and ctx.neg_threshold is not None, "plan_step did not set STARE thresholds"
-    surprisal = -x.old_logprobs
+    surprisal = -(x.old_logprobs if x.selection_logprobs is None else x.selection_logprobs)
     pos = in_topk(surprisal, x.token_uid, x.mask & (x.advantages > 0), ctx.pos_threshold)
     neg = in_topk(surprisal, x.token_uid, x.mask & (x.advantages < 0), ctx.neg_threshold)
     return pos, neg

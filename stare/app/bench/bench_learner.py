@@ -15,6 +15,10 @@ Then steps alternate, rotating which goes first, each pair on a fresh batch of s
 ours tokens/s over the baseline's (target >= 0.9). Runs on the tiny config (`stare train`'s
 learner: one process, gloo).
 
+A second row, `learner-no-prepass`: the step without its pre-pass (`loss.selection_keys: rollout`) over
+the same learner with it, both gating on the lagged entropy (target >= 1.1: the pre-pass is a no-grad
+forward, about a quarter of a step's compute without recompute).
+
 Usage: `stare bench learner` (quick: `--quick`).
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -221,5 +226,67 @@ def measure(*, repeats: int, overrides: list[str] = ()) -> list[dict[str, Any]]:
     ]
 
 
+KEYS_TARGET = 1.1  # the pre-pass is a no-grad forward: about a quarter of a step without recompute
+NO_PREPASS = ["controller.entropy_source=lagged", "diagnostics.predicted_entropy_change=false"]
+
+
+def measure_selection_keys(*, repeats: int, overrides: list[str] = ()) -> list[dict[str, Any]]:
+    """One row: a step that runs no pre-pass (`loss.selection_keys: rollout`, STARE's surprisal keyed on
+    the rollout's log-probs) against the same config's step with the pre-pass (`learner`), tokens/s.
+    Both learners gate on the lagged entropy, so the arms differ only in the pre-pass; checked: the
+    rollout-keyed arm ran none after its first step."""
+    from transformers import AutoTokenizer
+
+    from learner.step.trainer import Learner
+    from stare.models.resolve import resolve_model
+
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    with tempfile.TemporaryDirectory(prefix="stare-bench-keys-") as tmp:
+        base = [f"run.output_dir={tmp}", *NO_PREPASS, *overrides]
+        cfg = tiny_config(base)
+        if cfg.run.threads is not None:
+            torch.set_num_threads(cfg.run.threads)
+        model_path = resolve_model(cfg, lambda s: None)
+        pad_id = AutoTokenizer.from_pretrained(model_path).pad_token_id or 0
+        arms = {
+            "ours": Learner(tiny_config([*base, "loss.selection_keys=rollout"]), model_path, pad_id=pad_id),
+            "baseline": Learner(cfg, model_path, pad_id=pad_id),
+        }
+        r = cfg.rollout
+        vocab = arms["baseline"].engine.module.config.get_text_config().vocab_size
+
+        def batch(step: int) -> list:
+            return synthetic_groups(r.prompts_per_step, r.samples_per_prompt, vocab, r.max_new_tokens, step=step)
+
+        for learner in arms.values():  # the first step: both run the pre-pass (nothing lagged yet)
+            learner.train_step(batch(0))
+        times: dict[str, list[float]] = {"ours": [], "baseline": []}
+        n_tokens: list[float] = []
+        prepasses = 0
+        for k in range(repeats):
+            trajectories = batch(k + 1)
+            n_tokens.append(float(sum(len(t.response_token_ids) for t in trajectories)))
+            order = ("ours", "baseline") if k % 2 == 0 else ("baseline", "ours")
+            for name in order:
+                t0 = time.perf_counter()
+                metrics = arms[name].train_step(trajectories)
+                times[name].append(time.perf_counter() - t0)
+                prepasses += metrics["prepass"] if name == "ours" else 0
+        if prepasses:
+            raise AssertionError(f"the rollout-keyed learner ran the pre-pass on {prepasses} of {repeats} steps")
+    return [
+        paired_row(
+            "learner-no-prepass",
+            f"a step keyed on the rollout's log-probs (no pre-pass) vs the same step with the pre-pass "
+            f"({r.prompts_per_step} x {r.samples_per_prompt} trajectories, <= {r.max_new_tokens} tokens)",
+            [n / t for n, t in zip(n_tokens, times["ours"])],
+            [n / t for n, t in zip(n_tokens, times["baseline"])],
+            unit="tokens/s",
+            target=KEYS_TARGET,
+        )
+    ]
+
+
 def run(quick: bool) -> list[dict[str, Any]]:
-    return measure(**(QUICK if quick else FULL))
+    settings = QUICK if quick else FULL
+    return measure(**settings) + measure_selection_keys(**settings)

@@ -30,7 +30,10 @@ BENCHMARKS: dict[str, Benchmark] = {
     "broadcast": Benchmark("bench_broadcast", "weight broadcast vs a raw gloo dist.broadcast loop (>= 0.95)"),
     "overlap": Benchmark("bench_overlap", "stare up steps/min, async (max_staleness 1) vs sync (>= 1.5)"),
     "rollout": Benchmark("bench_rollout", "rollout worker (streams, weight checks) vs its bare engine (>= 0.9)"),
-    "learner": Benchmark("bench_learner", "a STARE step through DeepSpeed vs a plain torch loop (>= 0.9)"),
+    "learner": Benchmark(
+        "bench_learner",
+        "a STARE step through DeepSpeed vs a plain torch loop (>= 0.9); without its pre-pass vs with (>= 1.1)",
+    ),
     "learner-memory": Benchmark(
         "bench_learner_memory",
         "chunked log-prob memory/time at vocab 151,936 (<= 0.25, <= 1.15); token-budget packing tokens/s (>= 1.3)",

@@ -198,7 +198,8 @@ class LearnerCosts:
         self.chunk, self.zero3 = o.logits_chunk_tokens, o.zero_stage == 3 and gpus > 1
         self.per_micro = sim.get("sim.zero3_head") == "per_micro_batch"
         self.extra = int(sim.get("sim.extra_forward"))
-        self.prepass = not bool(sim.get("sim.prepass_from_rollout"))  # no pre-pass: keys from the rollout
+        # loss.selection_keys rollout: STARE ranks by the rollout's log-probs and the step runs no pre-pass
+        self.prepass = getattr(cfg.loss, "selection_keys", "learner") != "rollout"
 
     def _sizes(self, trajectories: list) -> tuple[int, int, float, int]:
         resp = sum(len(t.response_token_ids) for t in trajectories)

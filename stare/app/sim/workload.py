@@ -18,7 +18,6 @@ the data. They are settings here, each with its default and the public figure it
 | `sim.zero3_head` | per_micro_batch | per_chunk: the ZeRO-3 output head gathered per log-prob chunk and the recompute |
 | `sim.extra_forward` | 0 | no-grad forwards besides the pre-pass each step (a reference policy's log-probs) |
 | `sim.learner_framework` | zero | zero: DeepSpeed ZeRO / FSDP (stare's learner); megatron: a peer's Megatron-core learner (validation) |
-| `sim.prepass_from_rollout` | false | a design not built yet: STARE's selection keyed on the rollout engine's log-probs instead of the learner's pre-pass (scripts/prepass_from_rollout.py measures the difference), so the step runs no pre-pass |
 | `sim.learner_offload` | false | a peer's learner that moves its optimizer state to the host and back every step (verl's colocated FSDP `optimizer_offload`); stare's own is `system.colocate_offload` |
 """
 
@@ -42,7 +41,6 @@ SIM_FIELDS: dict[str, object] = {
     "sim.extra_forward": 0,
     "sim.learner_framework": "zero",
     "sim.learner_offload": False,
-    "sim.prepass_from_rollout": False,
 }
 CHOICES = {"sim.zero3_head": ("per_chunk", "per_micro_batch"), "sim.learner_framework": ("zero", "megatron")}
 
