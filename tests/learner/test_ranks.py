@@ -50,12 +50,19 @@ def _one_rank(model_dir, extra, steps):
     return metrics, learner.state_dict_for_rollout()
 
 
+NO_PREPASS = [  # STARE keyed on the rollout's log-probs: the second step runs no pre-pass on any rank
+    "loss.selection_keys=rollout",
+    "controller.entropy_source=lagged",
+    "diagnostics.predicted_entropy_change=false",
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("zero_stage", [1, 3])
-def test_two_ranks_driven_from_rank_0_give_the_one_rank_steps_weights_and_checkpoint(model_dir, tmp_path, zero_stage):
+@pytest.mark.parametrize("extra", [["optim.zero_stage=1"], ["optim.zero_stage=3"], ["optim.zero_stage=3", *NO_PREPASS]])
+def test_two_ranks_driven_from_rank_0_give_the_one_rank_steps_weights_and_checkpoint(model_dir, tmp_path, extra):
     # step 1: 3 groups (rank 0 gets 1, rank 1 gets 2); step 2: 1 group (rank 0 gets none: it runs
     # only fillers, with as many head calls as rank 1's chunks)
-    steps, extra = [3, 1], [f"optim.zero_stage={zero_stage}"]
+    steps = [3, 1]
     one, one_state = _one_rank(model_dir, extra, steps)
     spawn_ranks(leader_follower_worker, 2, str(model_dir), str(tmp_path), COMMON + extra, steps, timeout_s=300)
     got = torch.load(tmp_path / "leader.pt")
@@ -66,6 +73,8 @@ def test_two_ranks_driven_from_rank_0_give_the_one_rank_steps_weights_and_checkp
     for name, tensor in one_state.items():
         torch.testing.assert_close(got["state"][name], tensor, rtol=0, atol=1e-6, msg=name)
     assert got["loaded"] == "x" and got["version"] == len(steps)  # the checkpoint's version, on rank 0
+    if NO_PREPASS[0] in extra:
+        assert [m["prepass"] for m in got["metrics"]] == [1, 0]
 
 
 def test_a_follower_gives_up_when_rank_0_goes_silent(tmp_path):
