@@ -36,6 +36,19 @@ def random_qwen2(seed: int = 0, vocab: int = VOCAB, hidden: int = 32, layers: in
     return Qwen2ForCausalLM(config).to(dtype)
 
 
+def flat_weights(learner, dtype: torch.dtype | None = torch.float64) -> torch.Tensor:
+    """The learner's parameters in one new 1-D tensor (in `dtype`; None: their own)."""
+    return torch.cat([p.detach().reshape(-1).to(dtype or p.dtype) for p in learner.engine.module.parameters()])
+
+
+def build_learner(model_dir: Path, overrides):
+    """A one-process `Learner` of the default config with `overrides` on the model in `model_dir`."""
+    from learner.step.trainer import Learner
+    from stare.config import build_config
+
+    return Learner(build_config({}, overrides=list(overrides)), model_dir, pad_id=0)
+
+
 def save_random_qwen2(path: Path, seed: int = 0) -> Path:
     random_qwen2(seed).save_pretrained(path)
     return path

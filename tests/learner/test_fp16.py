@@ -6,7 +6,7 @@ optimizer, its loss scaler and our step then run for real on CPU, as they would 
 
 import pytest
 import torch
-from learner_helpers import save_random_qwen2, trajectories
+from learner_helpers import flat_weights, save_random_qwen2, trajectories
 
 from stare.config import ConfigError, build_config
 
@@ -38,10 +38,6 @@ def _learner(model_dir, dtype):
     return Learner(build_config({}, overrides=COMMON + [f"model.dtype={dtype}"]), model_dir, pad_id=0)
 
 
-def _weights(learner):
-    return torch.cat([p.detach().reshape(-1).float() for p in learner.engine.module.parameters()])
-
-
 def test_fp16_is_refused_naming_the_field_where_the_device_has_no_fp16(model_dir):
     from deepspeed.accelerator import get_accelerator
 
@@ -54,21 +50,21 @@ def test_fp16_is_refused_naming_the_field_where_the_device_has_no_fp16(model_dir
 def test_an_fp16_step_trains_fp16_weights_with_loss_scaling_close_to_fp32(model_dir, fp16_capable):
     ref = _learner(model_dir, "float32").train_step(trajectories(0))
     learner = _learner(model_dir, "float16")
-    before = _weights(learner)
+    before = flat_weights(learner, torch.float32)
     got = learner.train_step(trajectories(0))
     assert next(learner.engine.module.parameters()).dtype == torch.float16
     assert got["loss_scale"] == 2.0**16 and got["skipped_steps"] == 0
     assert got["loss"] == pytest.approx(ref["loss"], rel=2e-2, abs=2e-3)  # fp16 logits, fp32 loss
     assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=2e-2)  # unscaled before it is reported
-    assert not torch.equal(_weights(learner), before)
+    assert not torch.equal(flat_weights(learner, torch.float32), before)
 
 
 def test_an_overflowing_fp16_step_is_skipped_and_counted(model_dir, fp16_capable):
     learner = _learner(model_dir, "float16")
     learner.engine.optimizer.cur_scale = 2.0**40  # every scaled fp16 gradient overflows
-    before = _weights(learner)
+    before = flat_weights(learner, torch.float32)
     got = learner.train_step(trajectories(0))
     assert got["skipped_steps"] == 1
-    torch.testing.assert_close(_weights(learner), before, rtol=0, atol=0)  # no update applied
+    torch.testing.assert_close(flat_weights(learner, torch.float32), before, rtol=0, atol=0)  # no update applied
     got = learner.train_step(trajectories(1))  # the scaler backs off (hysteresis 2): skipped again, then lowered
     assert got["skipped_steps"] == 2 and got["loss_scale"] < 2.0**40

@@ -5,7 +5,7 @@ values prepared at older weights are never used. Real DeepSpeed on CPU, fp32, Ze
 
 import pytest
 import torch
-from learner_helpers import prepare_rank_worker, save_random_qwen2, trajectories
+from learner_helpers import build_learner, flat_weights, prepare_rank_worker, save_random_qwen2, trajectories
 from rank_helpers import spawn_ranks
 
 from stare.config import build_config
@@ -40,13 +40,7 @@ def model_dir(tmp_path_factory):
 
 
 def _learner(model_dir, extra=()):
-    from learner.step.trainer import Learner
-
-    return Learner(build_config({}, overrides=COMMON + list(extra)), model_dir, pad_id=0)
-
-
-def _weights(learner) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).double() for p in learner.engine.module.parameters()])
+    return build_learner(model_dir, COMMON + list(extra))
 
 
 def _assert_same_step(got, want):
@@ -62,8 +56,8 @@ def unprepared(model_dir):
     learner = _learner(model_dir)
     metrics = learner.train_step(trajectories(0))
     assert metrics["prepared_rows"] == 0 and metrics["gate"] == 1  # STARE reweights: W and the selection count
-    assert not torch.equal(_weights(learner), _weights(_learner(model_dir)))  # the step moved the weights
-    return metrics, _weights(learner)
+    assert not torch.equal(flat_weights(learner), flat_weights(_learner(model_dir)))  # the step moved the weights
+    return metrics, flat_weights(learner)
 
 
 def test_a_step_whose_rows_were_all_prepared_is_the_unprepared_step(model_dir, unprepared):
@@ -73,7 +67,7 @@ def test_a_step_whose_rows_were_all_prepared_is_the_unprepared_step(model_dir, u
     learner.prepare(trajs[:8])
     metrics = learner.train_step(trajs)
     assert metrics["prepared_rows"] == 12 and metrics["prepass_micro_batches"] == 0  # no pre-pass at step time
-    _assert_same_step((metrics, _weights(learner)), unprepared)
+    _assert_same_step((metrics, flat_weights(learner)), unprepared)
 
 
 def test_a_step_with_some_rows_prepared_is_the_unprepared_step(model_dir, unprepared):
@@ -81,7 +75,7 @@ def test_a_step_with_some_rows_prepared_is_the_unprepared_step(model_dir, unprep
     learner.prepare(trajs[4:8])  # group 1 of 3
     metrics = learner.train_step(trajs)
     assert metrics["prepared_rows"] == 4 and metrics["prepass_micro_batches"] == 2  # 8 rows in micro-batches of 5
-    _assert_same_step((metrics, _weights(learner)), unprepared)
+    _assert_same_step((metrics, flat_weights(learner)), unprepared)
 
 
 def test_the_kept_values_are_what_the_step_uses(model_dir, unprepared):
@@ -99,13 +93,13 @@ def test_values_prepared_at_older_weights_are_recomputed(model_dir):
     first, second = trajectories(1)[:8], trajectories(0)
     ref = _learner(model_dir)
     ref.train_step(first)
-    want = ref.train_step(second), _weights(ref)
+    want = ref.train_step(second), flat_weights(ref)
     learner = _learner(model_dir)
     learner.prepare(second)  # at version 0; the step below trains at version 1
     learner.train_step(first)
     metrics = learner.train_step(second)
     assert metrics["prepared_rows"] == 0 and metrics["prepass_micro_batches"] == 3  # 12 rows in micro-batches of 5
-    _assert_same_step((metrics, _weights(learner)), want)
+    _assert_same_step((metrics, flat_weights(learner)), want)
     # a control: the values of version 0 are not the recomputed ones (using them would change the step)
     stale = _learner(model_dir)
     stale.prepare(second)

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from learner_helpers import save_random_qwen2, trajectories
+from learner_helpers import build_learner, flat_weights, save_random_qwen2, trajectories
 
 from stare.config import build_config
 
@@ -40,13 +40,7 @@ def model_dir(tmp_path_factory):
 
 
 def _learner(model_dir, extra=()):
-    from learner.step.trainer import Learner
-
-    return Learner(build_config({}, overrides=COMMON + list(extra)), model_dir, pad_id=0)
-
-
-def _weights(learner) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).double() for p in learner.engine.module.parameters()])
+    return build_learner(model_dir, COMMON + list(extra))
 
 
 def _with_logprobs(learner, trajs, noise: float = 0.0, seed: int = 0):
@@ -101,7 +95,7 @@ def test_keys_from_a_rollout_with_the_learners_weights_give_the_learner_keyed_st
         assert want["gate"] == 1 and want["omega_sum"] > want["train_tokens"]  # the reweighting counts
         for key in COMPARED:
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (step, key)
-        torch.testing.assert_close(_weights(keyed), _weights(exact), rtol=0, atol=1e-6)
+        torch.testing.assert_close(flat_weights(keyed), flat_weights(exact), rtol=0, atol=1e-6)
     assert want["prepass"] == 1 and got["prepass"] == 0 and got["prepass_micro_batches"] == 0  # step 2: none
 
 
@@ -122,7 +116,7 @@ def test_the_selection_reads_the_rollouts_keys(model_dir):
     noisy = _with_logprobs(exact, trajectories(1), noise=0.5, seed=1)
     want, got = exact.train_step(noisy), keyed.train_step(noisy)
     assert got["critical_pos_tokens"] == want["critical_pos_tokens"]  # the same count (top 30% of each sign)
-    assert (_weights(keyed) - _weights(exact)).abs().max() > 1e-4
+    assert (flat_weights(keyed) - flat_weights(exact)).abs().max() > 1e-4
 
 
 def test_the_rollout_correction_per_micro_batch_is_the_step_level_one(model_dir):
@@ -136,5 +130,5 @@ def test_the_rollout_correction_per_micro_batch_is_the_step_level_one(model_dir)
         assert want["gate"] == 0 and 0 < want["rollout_truncated_fraction"] < 1
         for key in (*COMPARED, "rollout_mismatch_k1", "rollout_truncated_fraction", "rollout_is_weight_mean"):
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (step, key)
-        torch.testing.assert_close(_weights(keyed), _weights(exact), rtol=0, atol=1e-6)
+        torch.testing.assert_close(flat_weights(keyed), flat_weights(exact), rtol=0, atol=1e-6)
     assert got["prepass"] == 0

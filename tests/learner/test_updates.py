@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from learner_helpers import save_random_qwen2, trajectories
+from learner_helpers import flat_weights, save_random_qwen2, trajectories
 
 from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
 from learner.engine import deepspeed_engine as ds
@@ -47,10 +47,6 @@ def _learner(model_dir, extra):
 
     learner._backward = backward
     return learner, grads
-
-
-def _weights(learner):
-    return torch.cat([p.detach().reshape(-1).double() for p in learner.engine.module.parameters()])
 
 
 def _before_mini_batches(learner, trajs):
@@ -106,7 +102,7 @@ def test_one_mini_batch_one_epoch_is_the_step_before_mini_batches(model_dir, los
     assert metrics["clip_fraction_low"] == metrics["clip_fraction_high"] == 0.0
     torch.testing.assert_close(new_grads[0], ref_grads[0], rtol=1e-6, atol=1e-6)
     assert new_grads[0].abs().max() > 0
-    torch.testing.assert_close(_weights(new), _weights(ref), rtol=0, atol=1e-6)
+    torch.testing.assert_close(flat_weights(new), flat_weights(ref), rtol=0, atol=1e-6)
 
 
 def _crafted():
@@ -149,7 +145,7 @@ def test_with_four_mini_batches_kl_cov_clip_cov_and_grpo_are_different_updates(m
         for name, extra in losses.items():
             learner, _ = _learner(model_dir, [f"optim.mini_batches={mini}", "optim.lr=0.02"] + extra)
             learner.train_step(trajs)
-            weights[name, mini] = _weights(learner)
+            weights[name, mini] = flat_weights(learner)
     # one on-policy update: KL-Cov's |log r| has no gradient at r = 1, so it is GRPO to every digit
     torch.testing.assert_close(weights["kl-cov", 1], weights["grpo", 1], rtol=0, atol=0)
     for a, b in (("grpo", "kl-cov"), ("grpo", "clip-cov"), ("kl-cov", "clip-cov")):
