@@ -12,6 +12,16 @@ import torch
 from stare.transport.records import Trajectory
 
 VOCAB = 97
+# a step small enough for a CPU test: 3 groups of 4 in micro-batches of 5 (accumulation and a cut group),
+# a learning rate that moves the random model visibly, no clipping in the way, one process without ZeRO
+SMALL_STEP = [
+    "rollout.prompts_per_step=3",
+    "rollout.samples_per_prompt=4",
+    "optim.micro_batch=5",
+    "optim.lr=1e-3",
+    "optim.grad_clip=1000",
+    "optim.zero_stage=0",
+]
 
 
 def random_qwen2(seed: int = 0, vocab: int = VOCAB, hidden: int = 32, layers: int = 2, dtype=torch.float32):

@@ -5,18 +5,20 @@ values prepared at older weights are never used. Real DeepSpeed on CPU, fp32, Ze
 
 import pytest
 import torch
-from learner_helpers import build_learner, flat_weights, prepare_rank_worker, save_random_qwen2, trajectories
+from learner_helpers import (
+    SMALL_STEP,
+    build_learner,
+    flat_weights,
+    prepare_rank_worker,
+    save_random_qwen2,
+    trajectories,
+)
 from rank_helpers import spawn_ranks
 
 from stare.config import build_config
 
 COMMON = [
-    "rollout.prompts_per_step=3",
-    "rollout.samples_per_prompt=4",
-    "optim.micro_batch=5",
-    "optim.lr=1e-3",
-    "optim.grad_clip=1000",
-    "optim.zero_stage=0",
+    *SMALL_STEP,
     "diagnostics.predicted_entropy_change=true",
     "controller.target=10",
 ]

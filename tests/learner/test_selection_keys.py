@@ -10,17 +10,12 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from learner_helpers import build_learner, flat_weights, save_random_qwen2, trajectories
+from learner_helpers import SMALL_STEP, build_learner, flat_weights, save_random_qwen2, trajectories
 
 from stare.config import build_config
 
 COMMON = [
-    "rollout.prompts_per_step=3",
-    "rollout.samples_per_prompt=4",
-    "optim.micro_batch=5",
-    "optim.lr=1e-3",
-    "optim.grad_clip=1000",
-    "optim.zero_stage=0",
+    *SMALL_STEP,
     "controller.entropy_source=lagged",
     "diagnostics.predicted_entropy_change=false",
     "controller.w=1.5",
