@@ -25,7 +25,6 @@ read once per update.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -35,29 +34,26 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import yaml
 
 from learner.algorithm.entropy_controller import EntropyController
 from learner.algorithm.quadrants import quadrant_metrics
 from learner.algorithm.rollout_correction import correction_metrics, rollout_correction
 from learner.algorithm.step_plan import StepTokens, mean_entropy, plan_step
 from learner.engine import deepspeed_engine as ds
-from learner.engine.checkpoint_guard import check_model_fits, load_failure, model_record, saving
-from learner.engine.checkpoints import MANIFEST, TRAINER_STATE, CheckpointError, choose_checkpoint, write_manifest
 from learner.engine.collectives import all_gather_cat, all_reduce_sum, gather_step_tokens
+from learner.step import learner_checkpoint
 from learner.step.batch import collate
 from learner.step.forward_passes import CORRECTION_SUMS, Policy, hidden_state_fn, prepass, train_pass
 from learner.step.logprobs import attach_chunked_head
 from learner.step.micro_batches import build_micro_batch, filler_micro_batch
 from learner.step.ppo_updates import SEED_STRIDE, combine_updates, update_tokens
 from learner.step.prepass_store import PrepassStore, head_calls, to_device, to_host, value_names
-from learner.step.reference import build_reference, check_digest, reference_pass
+from learner.step.reference import build_reference, reference_pass
 from learner.step.step_checks import check_packing_supported, nonfinite_step
 from learner.step.step_rows import RankRows, StepCut, cut_step
 from stare.config import TrainConfig
 from stare.config.algo import StareLossConfig
 from stare.models.resolve import torch_dtype
-from stare.observe.files import write_atomic
 from stare.transport.records import Trajectory
 from stare.weight_sync.factory import publish_from
 
@@ -396,54 +392,9 @@ class Learner:
         return ds.full_state_dict(self.engine, keep=keep, where=where, snapshot=False)
 
     def save(self, directory: Path, extra: dict[str, Any]) -> str:
-        """A checkpoint under directory/step_N (its run config and trainer_state.json with the model's shapes),
-        its manifest (learner.engine.checkpoints) last, then `latest` pointed at it: a process killed anywhere
-        in between leaves `latest` on the previous whole checkpoint, a file damaged later is found by the
-        manifest before anything loads, and a full disk is OSError(ENOSPC) naming the checkpoint."""
-        tag = f"step_{self.step:06d}"
-        with saving(directory / tag):  # a full disk: ENOSPC naming the folder, the partial one removed
-            ds.save_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)  # every rank
-            if dist.get_rank() == 0:
-                state = {
-                    "step": self.step,
-                    "version": self.version,
-                    "controller": self.controller.state_dict(),
-                    "lagged_entropy": self.lagged_entropy,
-                    "nonfinite_steps": self.nonfinite_steps,
-                    **({"lora": self.lora.model_dump()} if self.lora is not None else {}),
-                    "model": model_record(self.engine.module, self.cfg),
-                    **({"reference": self.reference.digest} if self.reference is not None else {}),
-                    **extra,
-                }
-                write_atomic(directory / tag / "config.yaml", yaml.safe_dump(self.cfg.model_dump(mode="json")))
-                write_atomic(directory / tag / TRAINER_STATE, json.dumps(state, indent=1))
-                write_manifest(directory / tag, self.cfg.run.checkpoint_verify)  # reads every rank's files back
-                write_atomic(directory / "latest", tag)
-        return tag
+        """A checkpoint under directory/step_N, `latest` pointed at it last (learner/step/learner_checkpoint.py)."""
+        return learner_checkpoint.save(self, directory, extra)
 
     def load(self, directory: Path, tag: str | None = None) -> dict[str, Any]:
-        """Checkpoint `tag` (None: the one `choose_checkpoint` verifies); a model of another shape, or a file
-        that still fails to load, is a CheckpointError naming the checkpoint (learner.engine.checkpoint_guard)."""
-        tag = tag or choose_checkpoint(directory, log.warning, self.cfg.run.checkpoint_verify)
-        path = directory / tag / TRAINER_STATE
-        try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-            step, version = state["step"], state["version"]
-        except (ValueError, KeyError, TypeError) as err:
-            raise CheckpointError(
-                f"{path}: unreadable ({type(err).__name__}: {err}); move {directory / tag} out of checkpoints/ "
-                "(keep it) to resume from the previous checkpoint"
-            ) from None
-        check_digest(self.reference, state, directory / tag)  # the reference the run started with, or refused
-        check_model_fits(state.get("model"), self.engine.module, self.cfg, directory / tag)
-        try:
-            ds.load_checkpoint(self.engine, directory, tag, trainable_only=self.lora is not None)
-        except (RuntimeError, OSError, EOFError, ValueError, KeyError) as err:
-            verified = (directory / tag / MANIFEST).is_file() and self.cfg.run.checkpoint_verify == "digest"
-            raise load_failure(err, directory / tag, verified) from err
-        self.step, self.version = step, version
-        self.controller.load_state_dict(state["controller"])
-        self.prepared.clear()  # other weights now
-        self.lagged_entropy = state["lagged_entropy"]
-        self.nonfinite_steps = int(state.get("nonfinite_steps", 0))
-        return state
+        """Checkpoint `tag` (None: the newest that verifies; learner/step/learner_checkpoint.py)."""
+        return learner_checkpoint.load(self, directory, tag)

@@ -197,12 +197,8 @@ class StareLossConfig(SurrogateConfig):
     )
     selection_keys: Literal["learner", "rollout"] = Field(
         "learner",
-        description="Whose log-probs rank the tokens by surprisal. learner (the reference): the learner's "
-        "no-grad pre-pass at the step's starting weights, before the backward. rollout: the log-probs the "
-        "rollout engine recorded while sampling (one version stale at max_staleness 1); the step then runs no "
-        "pre-pass (2N of ~10N FLOPs a token): the update's own forward gives the old log-probs and the gate "
-        "reads the previous step's entropy. Needs one update a batch, controller.entropy_source=lagged, no "
-        "reference KL, no rollout-correction mask (docs/algorithm.md, 'Selection keys').",
+        description="Whose log-probs rank the surprisal: learner (the reference: the learner's pre-pass) or rollout "
+        "(the engine's, recorded while sampling; the step runs no pre-pass: docs/algorithm.md, 'Selection keys').",
     )
 
 
