@@ -145,6 +145,16 @@ class TrainConfig(_Section):
                 None,
                 "a mask changes the step's token count before the first backward",
             ),
+            "rollout.temperature": (
+                self.rollout.temperature,
+                1.0,
+                "the engine records the log-probs of the distribution it samples, the learner's are at temperature 1",
+            ),
+            "rollout.top_p": (
+                self.rollout.top_p,
+                1.0,
+                "the engine's log-probs are of the top-p renormalised distribution",
+            ),
             "diagnostics.predicted_entropy_change": (
                 self.diagnostics.predicted_entropy_change,
                 False,

@@ -67,6 +67,8 @@ def _two_steps(learner, keyed_by, noise=0.0):
         ("controller.entropy_source=prepass", "controller.entropy_source"),
         ("diagnostics.predicted_entropy_change=true", "diagnostics.predicted_entropy_change"),
         ("loss.rollout_correction.mask_level=token", "loss.rollout_correction.mask_level"),
+        ("rollout.temperature=0.7", "rollout.temperature"),
+        ("rollout.top_p=0.9", "rollout.top_p"),
     ],
 )
 def test_a_setting_that_needs_the_pre_pass_is_refused_by_name(override, field):
