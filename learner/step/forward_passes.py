@@ -28,6 +28,7 @@ from learner.step.batch import TrainBatch
 from learner.step.logprobs import ChunkedHead, chunked_logprobs_and_entropy
 from learner.step.micro_batches import MicroBatch
 from stare.config.algo import RolloutCorrectionConfig, SurrogateConfig
+from stare.config.train import keys_from_rollout
 
 METRIC_NAMES = ("loss", "train_entropy_sum", "rollout_logprob_gap_sum", "train_tokens")
 CORRECTION_SUMS = tuple(f"rollout_correction_{k}" for k in METRIC_SUMS)  # train_pass's, without a pre-pass
@@ -158,9 +159,8 @@ def train_pass(
     with its gradient), and the rollout correction's IS weights and mismatch sums (`CORRECTION_SUMS`)
     are computed here: each row's depend on that row only, so per micro-batch is the same as per step."""
     dev = policy.device
-    in_pass = old is None
-    keys_from_rollout = getattr(loss_cfg, "selection_keys", "learner") == "rollout"
-    names = METRIC_NAMES + (CORRECTION_SUMS if in_pass else ())
+    rollout_keys = keys_from_rollout(loss_cfg)
+    names = METRIC_NAMES + (CORRECTION_SUMS if old is None else ())
     sums: dict[str, Tensor] = {k: torch.zeros((), dtype=torch.float64, device=dev) for k in names}
     quadrants = torch.zeros(4, 5, dtype=torch.float64, device=dev)
     for i, host_mb in enumerate(micro_batches):
@@ -190,7 +190,7 @@ def train_pass(
             rollout_logprobs=rollout_mb,
             is_weight=is_weight,
             ref_logprobs=None if ref is None else _rows(ref, mb),
-            selection_logprobs=rollout_mb if keys_from_rollout else None,
+            selection_logprobs=rollout_mb if rollout_keys else None,
         )
         out = policy_loss(x, ctx, loss_cfg)
         backward(out.loss, i == len(micro_batches) - 1)

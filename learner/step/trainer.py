@@ -53,6 +53,7 @@ from learner.step.step_checks import check_packing_supported, nonfinite_step
 from learner.step.step_rows import RankRows, StepCut, cut_step
 from stare.config import TrainConfig
 from stare.config.algo import StareLossConfig
+from stare.config.train import keys_from_rollout
 from stare.models.resolve import torch_dtype
 from stare.transport.records import Trajectory
 from stare.weight_sync.factory import publish_from
@@ -194,8 +195,7 @@ class Learner:
     def needs_prepass(self) -> bool:
         """Whether the next step runs the pre-pass: always, but with STARE's selection keyed on the
         rollout's log-probs (loss.selection_keys rollout), once a step's entropy is there for the gate."""
-        keys = getattr(self.cfg.loss, "selection_keys", "learner")
-        return keys != "rollout" or self.lagged_entropy is None
+        return not keys_from_rollout(self.cfg.loss) or self.lagged_entropy is None
 
     def _backward(self, loss: torch.Tensor, last: bool) -> None:
         ds.backward(self.engine, loss * self.world, last=last)  # DeepSpeed averages over ranks
@@ -209,7 +209,6 @@ class Learner:
         updates, row_update = cut.updates, cut.row_update
         batch = cut.batch.to(self.device)
         all_mbs = [mb for mbs in updates for mb in mbs]
-        keys_from_rollout = getattr(cfg.loss, "selection_keys", "learner") == "rollout"
         prepassed = self.needs_prepass
         old: torch.Tensor | None = None
         ent0: torch.Tensor | None = None
@@ -230,7 +229,7 @@ class Learner:
             batch = dataclasses.replace(batch, mask=corr.keep, is_weight=corr.weight)
             corr_sums = corr.sums
         # the step's surprisal keys: the learner's pre-pass, or (loss.selection_keys rollout) the rollout's
-        keys = batch.rollout_logprobs if keys_from_rollout or old is None else old
+        keys = batch.rollout_logprobs if keys_from_rollout(cfg.loss) or old is None else old
         step_entropy = ent0 if ent0 is not None else torch.zeros_like(keys)  # no pre-pass: no selection reads it
         tokens = gather_step_tokens(StepTokens(keys, step_entropy, batch.advantages, batch.token_uid, batch.mask))
         if ent0 is not None:
@@ -290,17 +289,10 @@ class Learner:
         t_end = time.perf_counter()
 
         step_metrics, totals = combine_updates(results, cfg.optim.epochs)
-        in_pass = [totals.pop(k) for k in CORRECTION_SUMS if k in totals]  # no pre-pass: reduced already
-        step_sums = all_reduce_sum(
-            torch.cat(
-                [
-                    quadrants.reshape(-1),
-                    corr_sums
-                    if corr_sums is not None
-                    else torch.zeros(len(CORRECTION_SUMS), dtype=torch.float64, device=self.device),
-                ]
-            )
-        )
+        pass_sums = [totals.pop(k) for k in CORRECTION_SUMS if k in totals]  # no pre-pass: train_pass's, reduced
+        if corr_sums is None:  # the same collective either way (zeros here), so every rank's shapes agree
+            corr_sums = torch.zeros(len(CORRECTION_SUMS), dtype=torch.float64, device=self.device)
+        step_sums = all_reduce_sum(torch.cat([quadrants.reshape(-1), corr_sums]))  # [20 + 6]
         quadrants, corr_read = step_sums[: quadrants.numel()].view_as(quadrants), step_sums[quadrants.numel() :]
         train_tokens = totals.pop("train_tokens")  # over every rank
         self.lagged_entropy = totals.pop("train_entropy_sum") / max(train_tokens, 1.0)
@@ -325,9 +317,7 @@ class Learner:
             "grad_norm": step_metrics.pop("grad_norm"),
             "train_tokens": train_tokens,
             "micro_batches": len(all_mbs),
-            "prepass_micro_batches": len(cut.prepass)
-            if prepassed
-            else 0,  # this rank's, fillers included (none: every row prepared)
+            "prepass_micro_batches": len(cut.prepass) * prepassed,  # this rank's, fillers included (0: none ran)
             "prepared_rows": cut.prepared_rows,  # rows (every rank) whose pre-pass ran ahead of the step (`prepare`)
             "model_tokens": sum(mb.model_tokens for mb in all_mbs),
             "time_learn_s": t_end - t0,
@@ -343,7 +333,7 @@ class Learner:
         quadrant_values = quadrant_metrics(quadrants)
         read = torch.cat([torch.stack(list(quadrant_values.values())), corr_read]).tolist()  # host sync
         metrics.update(dict(zip(quadrant_values, read)))
-        metrics.update(correction_metrics(in_pass or read[len(quadrant_values) :]))
+        metrics.update(correction_metrics(pass_sums or read[len(quadrant_values) :]))
         metrics["prepass"] = int(prepassed)  # loss.selection_keys rollout: 0 once an entropy is lagged
         return metrics
 

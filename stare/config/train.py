@@ -14,7 +14,14 @@ from typing import Any
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
-from stare.config.algo import LOSS_CONFIGS, ControllerConfig, GrpoLossConfig, LossConfig, StareLossConfig
+from stare.config.algo import (
+    LOSS_CONFIGS,
+    ControllerConfig,
+    GrpoLossConfig,
+    LossConfig,
+    StareLossConfig,
+    SurrogateConfig,
+)
 from stare.config.base import ConfigError, _Section
 from stare.config.data import DataSection
 from stare.config.reward import RewardConfig
@@ -27,6 +34,11 @@ from stare.config.sections import (
     TaskSection,
 )
 from stare.config.system import ControlPlaneSection, LoggingSection, SystemSection
+
+
+def keys_from_rollout(loss: SurrogateConfig) -> bool:
+    """STARE's surprisal keyed on the rollout's log-probs (`loss.selection_keys: rollout`): no pre-pass."""
+    return getattr(loss, "selection_keys", "learner") == "rollout"
 
 
 class TrainConfig(_Section):
@@ -129,7 +141,7 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _selection_keys_from_rollout(self) -> TrainConfig:
-        if getattr(self.loss, "selection_keys", "learner") != "rollout":
+        if not keys_from_rollout(self.loss):
             return self
         needs = {
             "optim.mini_batches": (self.optim.mini_batches, 1, "the old log-probs come from the update's own forward"),

@@ -129,3 +129,27 @@ def test_the_rollout_correction_per_micro_batch_is_the_step_level_one(model_dir)
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (step, key)
         torch.testing.assert_close(flat_weights(keyed), flat_weights(exact), rtol=0, atol=1e-6)
     assert got["prepass"] == 0
+
+
+@pytest.mark.slow
+def test_the_session_prepares_ahead_only_while_a_step_still_needs_its_pre_pass(fast_overrides):
+    """stare train (embedded, the real session) with optim.prepass_early: as in test_prepare, the step
+    waits with 2 groups ready each step; keyed on the rollout, only the first step (nothing lagged yet)
+    has a pre-pass to run, so only it is prepared ahead."""
+    import json
+
+    from stare.app.launch.embedded import run_training
+    from stare.app.launch.run_folder import prepare_run
+
+    overrides = fast_overrides + [
+        "run.steps=3",
+        "run.name=keys-early",
+        "data.oversample=2.0",
+        "optim.prepass_early=true",
+        *COMMON[len(SMALL_STEP) :],  # the gate on the lagged entropy, no dH, C2 at W 1.5 on the top 30%
+        *ROLLOUT,
+    ]
+    run_dir = run_training(prepare_run(build_config({}, overrides=overrides), None), progress=False)
+    lines = [json.loads(s) for s in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["prepass"] for m in lines] == [1, 0, 0]
+    assert [m["prepared_groups"] for m in lines] == [2, 0, 0]

@@ -23,6 +23,7 @@ from stare.app.sim.evaluation import evaluation_s
 from stare.app.sim.gpus import gpu
 from stare.app.sim.parts import Design, KvCache, StepCosts
 from stare.app.sim.workload import CHOICES, SIM_FIELDS, LengthModel, length_model
+from stare.config.train import keys_from_rollout
 
 NEW_FIELDS = {
     "rollout.engine.enforce_eager": None,  # the hf section has none: auto
@@ -199,7 +200,7 @@ class LearnerCosts:
         self.per_micro = sim.get("sim.zero3_head") == "per_micro_batch"
         self.extra = int(sim.get("sim.extra_forward"))
         # loss.selection_keys rollout: STARE ranks by the rollout's log-probs and the step runs no pre-pass
-        self.prepass = getattr(cfg.loss, "selection_keys", "learner") != "rollout"
+        self.prepass = not keys_from_rollout(cfg.loss)
 
     def _sizes(self, trajectories: list) -> tuple[int, int, float, int]:
         resp = sum(len(t.response_token_ids) for t in trajectories)
