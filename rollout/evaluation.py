@@ -29,7 +29,8 @@ acknowledged without sampling. Tasks are acknowledged only after their trajector
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,27 @@ from stare.transport.base import RecordStream
 from stare.transport.guard import process_guarded
 from stare.transport.records import EvalTask, Trajectory
 
-__all__ = ["EvalSampler", "SourceSampling", "eval_settings", "evaluate"]
+__all__ = [
+    "EvalSampler",
+    "ProblemSamples",
+    "SourceSampling",
+    "eval_settings",
+    "evaluate",
+    "sample_problems",
+    "score_samples",
+]
+
+
+@dataclass
+class ProblemSamples:
+    """Held-out problem `index`'s responses (plain data: a node-colocated rank sends its share to rank 0): the
+    greedy one first, then the sampled ones, as text and token ids; `turns` per sampled response with tool
+    use, else None."""
+
+    index: int
+    texts: list[str]
+    token_ids: list[list[int]]
+    turns: list[int] | None = None
 
 
 def evaluate(
@@ -80,16 +101,51 @@ def evaluate(
     `reward_errors`, never ends the run. `version`: the weights' version (what a judge may pass on). With
     `generations`, also that many problems' responses per data source under "generations"
     (`generation_picks`: the same problems every time)."""
+    sampling = {"k": k, "temperature": temperature, "top_p": top_p, "per_source": per_source}
+    samples = sample_problems(
+        engine,
+        tokenizer,
+        problems,
+        range(len(problems)),
+        max_new_tokens=max_new_tokens,
+        stop_token_ids=stop_token_ids,
+        seed=seed,
+        **sampling,
+    )
+    return score_samples(task, problems, samples, judge=judge, version=version, generations=generations, **sampling)
+
+
+def sample_problems(
+    engine: RolloutEngine,
+    tokenizer,
+    problems: list[Problem],
+    indices: Sequence[int],
+    *,
+    k: int,
+    max_new_tokens: int,
+    stop_token_ids: tuple[int, ...],
+    seed: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    per_source: Mapping[str, SourceSampling] | None = None,
+) -> list[ProblemSamples]:
+    """The responses to `problems[i]` for each i in `indices`: one greedy, then its setting's n sampled from
+    the problem's own seed (`problem_seed(seed, i)`, i its index in `problems`), so any split of the indices
+    over engines samples what one engine would."""
     per_source = dict(per_source or {})
-    prompts = [prompt_ids(p, tokenizer) for p in problems]
+    indices = list(indices)
+    if not indices:
+        return []
+    prompts = {i: prompt_ids(problems[i], tokenizer) for i in indices}
     greedy = engine.generate(
-        prompts, SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=stop_token_ids)
+        [prompts[i] for i in indices],
+        SamplingParams(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=stop_token_ids),
     )
     # one sampled generate call per distinct setting, problems in their original order inside it
-    settings_of = [sampling_of(p, k, temperature, top_p, per_source) for p in problems]
-    sampled: list[list] = [[] for _ in problems]
-    for setting in dict.fromkeys(settings_of):
-        idx = [i for i, s in enumerate(settings_of) if s == setting]
+    settings_of = {i: sampling_of(problems[i], k, temperature, top_p, per_source) for i in indices}
+    sampled: dict[int, list] = {}
+    for setting in dict.fromkeys(settings_of.values()):
+        idx = [i for i in indices if settings_of[i] == setting]
         out = engine.generate(
             [prompts[i] for i in idx],
             SamplingParams(
@@ -101,31 +157,57 @@ def evaluate(
                 prompt_seeds=tuple(problem_seed(seed, i) for i in idx),
             ),
         )
-        for i, samples in zip(idx, out):
-            sampled[i] = samples
-    items = [
-        (problem, tokenizer.decode(c.token_ids, skip_special_tokens=True), list(c.token_ids))
-        for problem, g, samples in zip(problems, greedy, sampled)
-        for c in (g[0], *samples)
+        sampled.update(zip(idx, out))
+    text = lambda c: tokenizer.decode(c.token_ids, skip_special_tokens=True)  # noqa: E731
+    return [
+        ProblemSamples(
+            index=i,
+            texts=[text(c) for c in (g[0], *sampled[i])],
+            token_ids=[list(c.token_ids) for c in (g[0], *sampled[i])],
+            turns=[c.turns for c in sampled[i]] if sampled[i] and hasattr(sampled[i][0], "turns") else None,
+        )
+        for i, g in zip(indices, greedy)
     ]
+
+
+def score_samples(
+    task: Task,
+    problems: list[Problem],
+    samples: Sequence[ProblemSamples],
+    *,
+    k: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    per_source: Mapping[str, SourceSampling] | None = None,
+    judge: Judge | None = None,
+    version: int = 0,
+    generations: int = 0,
+) -> dict[str, Any]:
+    """`evaluate`'s result from every problem's responses (`samples`: one per problem, in any order), scored
+    in one call of `judge` in problem order."""
+    by_index = {s.index: s for s in samples}
+    if sorted(by_index) != list(range(len(problems))):
+        missing = sorted(set(range(len(problems))) - set(by_index))
+        raise ValueError(f"held-out responses missing for problems {missing[:10]} of {len(problems)}")
+    ordered = [by_index[i] for i in range(len(problems))]
+    items = [(problems[s.index], t, ids) for s in ordered for t, ids in zip(s.texts, s.token_ids)]
     verdicts = iter((judge or task_judge(task))(items, version))
     outcomes = []
-    for samples in sampled:
-        first, rest = next(verdicts), [next(verdicts) for _ in samples]
+    for s in ordered:
+        first, rest = next(verdicts), [next(verdicts) for _ in s.texts[1:]]
         outcomes.append(
             Outcome(
                 greedy=float(first.correct),
                 scores=[float(v.correct) for v in rest],
-                turns=[c.turns for c in samples] if samples and hasattr(samples[0], "turns") else None,
+                turns=s.turns,
                 errors=sum(v.error is not None for v in (first, *rest)),
             )
         )
-    result = summarize(problems, outcomes, k=k, temperature=temperature, top_p=top_p, per_source=per_source)
+    result = summarize(problems, outcomes, k=k, temperature=temperature, top_p=top_p, per_source=dict(per_source or {}))
     if generations:
-        text = lambda c: tokenizer.decode(c.token_ids, skip_special_tokens=True)  # noqa: E731
         result["generations"] = [
             generation_record(
-                problems[i], text(greedy[i][0]), outcomes[i].greedy, text(sampled[i][0]), outcomes[i].scores[0]
+                problems[i], ordered[i].texts[0], outcomes[i].greedy, ordered[i].texts[1], outcomes[i].scores[0]
             )
             for i in generation_picks(problems, generations)
         ]

@@ -10,8 +10,9 @@ every learner rank hosts a rollout engine on its GPU that sleeps while the learn
                  engine asleep (checked at each step on each rank: `TrainsAsleep`)
 
 Nothing is published between steps: each engine takes its own learner's weights at its next wake, and
-`DeferredPublish` hands the session weights that are gathered only if something reads them (rank 0's
-held-out evaluation, which wakes rank 0's engine alone). The rollout side of a rank (engine, worker,
+`DeferredPublish` hands the session weights that are gathered only if something reads them (a one-rank
+held-out evaluation). With several ranks the held-out evaluation is an op too (EVALUATE: every rank samples
+its share of the problems on its own engine; stare/app/colocation/node_evaluation.py). The rollout side of a rank (engine, worker,
 `Colocation`) is built by the application (`RankRollout`; stare/app/colocation/node.py): a role does
 not import another role.
 """
@@ -31,6 +32,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SAMPLE = "sample"  # the op: (weight version, prompts per take, gather) -> this rank's report (a dict)
+EVALUATE = "evaluate"  # the op: (weight version, final) -> this rank's share of the held-out responses
 
 
 class RankRollout(Protocol):
@@ -50,8 +52,13 @@ class RankRollout(Protocol):
 
     def asleep(self) -> bool: ...
 
-    def evaluator(self) -> Any:
-        """Rank 0's held-out evaluator on its own engine (woken for it)."""
+    def evaluate_part(self, version: int, final: bool) -> list:
+        """This rank's part of an EVALUATE op: its share of the held-out problems sampled at `version`."""
+        ...
+
+    def evaluator(self, learner, world: int) -> Any:
+        """Rank 0's held-out evaluator: one rank, on its own engine (woken for it); several, the EVALUATE op
+        (`learner` runs it on every rank)."""
         ...
 
     def summary(self) -> str: ...
@@ -103,7 +110,8 @@ class DeferredWeights(Mapping):
 
 class DeferredPublish:
     """The learner as the session of a node-colocated run sees it: `state_dict_for_rollout` gathers nothing
-    until read (each rank's engine takes its weights at the SAMPLE op; only rank 0's evaluation reads them)."""
+    until read (each rank's engine takes its weights at the SAMPLE and EVALUATE ops; only a one-rank
+    evaluation reads them)."""
 
     def __init__(self, learner):
         object.__setattr__(self, "_learner", learner)

@@ -94,7 +94,7 @@ def run_follower(cfg: TrainConfig, name: str, *, rollout=None, rank: int = 1, wo
     """A learner rank > 0: no Redis, no ports (colocated: its rollout worker's streams); it trains its share
     of each step as rank 0 says, and samples when rank 0 says so."""
     from learner.loop.session import seed_everything
-    from learner.process.colocation import SAMPLE
+    from learner.process.colocation import EVALUATE, SAMPLE
     from learner.process.rank_launch import (
         die_with_parent,
         exit_abandoning_process_groups,
@@ -111,7 +111,8 @@ def run_follower(cfg: TrainConfig, name: str, *, rollout=None, rank: int = 1, wo
     channel = RankChannel(timeout_s=rank_timeout_s(cfg), heartbeat_s=min(10.0, rank_timeout_s(cfg) / 6))
     log.info("learner rank %d of %d following rank 0", channel.rank, channel.world)
     try:
-        steps = follow(learner, channel, {SAMPLE: rollout.sample} if rollout is not None else None)
+        ops = {SAMPLE: rollout.sample, EVALUATE: rollout.evaluate_part} if rollout is not None else None
+        steps = follow(learner, channel, ops)
     except RuntimeError as err:  # rank 0 dead or hung: its receive timed out, the group is unusable
         log.error("%s", err)
         exit_abandoning_process_groups(1)
@@ -214,7 +215,7 @@ def _train(
     world: int = 1,
 ) -> None:
     """Rank 0: the session over the run's Redis seams, then the Hugging Face export. With a colocated
-    `rollout`: no weight publisher, the ranks sample through the pump, rank 0's engine evaluates."""
+    `rollout`: no weight publisher, the ranks sample through the pump and evaluate through the EVALUATE op."""
     from learner.engine.checkpoints import holds_checkpoint
     from learner.engine.export import export_run
     from learner.loop.build import build_session
@@ -237,7 +238,7 @@ def _train(
     try:
         with rt.busy("loading the evaluator"):
             if rollout is not None:
-                evaluator = rollout.evaluator() if evaluator_factory is not None else None
+                evaluator = rollout.evaluator(learner, world) if evaluator_factory is not None else None
             elif evaluator_factory is not None:
                 evaluator = evaluator_factory(cfg, setup, transport, rt.tick)
         seams = SessionSeams(

@@ -1,5 +1,6 @@
 """The node-colocated SAMPLE op's progress (learner/process/colocation.py): heartbeats instead of one silent
-wait, and a limit from the decode rate instead of a fixed minute.
+wait, and a limit from the decode rate instead of a fixed minute. The EVALUATE op shows its progress on the
+same board (`beating`: a rank alive in one long call, bounded by task.eval_timeout_s).
 
 Every rank samples until the prompt stream is empty; the op then gathers every rank's report. The gather
 used to be the only wait, bounded by the rank channel's timeout (the stall limit, at least 60 s): a rank
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -90,8 +93,8 @@ class DecodeMeter:
 class SampleBoard(Protocol):
     """Where the ranks of a SAMPLE op show their progress and wait for one another before the op's gather."""
 
-    def begin(self) -> None:
-        """A new SAMPLE op on this rank."""
+    def begin(self, op: str = "SAMPLE") -> None:
+        """A new op on this rank (SAMPLE, or the held-out evaluation's EVALUATE)."""
         ...
 
     def beat(self, report: dict[str, Any], force: bool = False) -> None:
@@ -104,7 +107,7 @@ class SampleBoard(Protocol):
 class LocalBoard:
     """One rank (or a simulation): nobody to wait for."""
 
-    def begin(self) -> None:
+    def begin(self, op: str = "SAMPLE") -> None:
         pass
 
     def beat(self, report: dict[str, Any], force: bool = False) -> None:
@@ -133,7 +136,7 @@ class StoreBoard:
     ):
         self.store, self.rank, self.world = store, rank, world
         self.stall_s, self.poll_s, self.say_every_s, self.say = stall_s, poll_s, say_every_s, say
-        self.op = 0
+        self.op, self.name = 0, "SAMPLE"
         self._last_beat = 0.0
 
     @classmethod
@@ -143,8 +146,8 @@ class StoreBoard:
 
         return cls(dist.PrefixStore("stare/sample", dist.distributed_c10d._get_default_store()), rank, world, **kwargs)
 
-    def begin(self) -> None:
-        self.op += 1
+    def begin(self, op: str = "SAMPLE") -> None:
+        self.op, self.name = self.op + 1, op
         self._last_beat = 0.0
         if self.op > 2:  # the op before the previous one is over on every rank
             for r in range(self.world):
@@ -169,19 +172,21 @@ class StoreBoard:
                 reports[r] = json.loads(raw) if raw else {}
             failed = {r: p["failed"] for r, p in reports.items() if p.get("failed")}
             if failed:
-                raise RuntimeError("SAMPLE op: " + "; ".join(f"learner rank {r}: {why}" for r, why in failed.items()))
+                raise RuntimeError(
+                    f"{self.name} op: " + "; ".join(f"learner rank {r}: {why}" for r, why in failed.items())
+                )
             if all(p.get("done") for p in reports.values()):
                 return
             stalled = [r for r, (_, t) in seen.items() if not reports[r].get("done") and now - t > self.stall_s]
             if stalled:
                 raise RuntimeError(
-                    f"SAMPLE op: learner rank(s) {stalled} showed no progress for {self.stall_s:.0f} s "
+                    f"{self.name} op: learner rank(s) {stalled} showed no progress for {self.stall_s:.0f} s "
                     "(hung or dead); the learner restarts as a whole"
                 )
             if self.rank == 0 and now - said >= self.say_every_s:
                 said = now
                 self.say(
-                    f"SAMPLE op {now - start:.0f} s: "
+                    f"{self.name} op {now - start:.0f} s: "
                     + ", ".join(
                         f"rank {r} {'done' if p.get('done') else 'sampling'} ({p.get('groups', 0)} groups, "
                         f"{p.get('steps', 0)} steps, limit {p.get('limit_s', '?')} s)"
@@ -189,3 +194,49 @@ class StoreBoard:
                     )
                 )
             time.sleep(self.poll_s)
+
+
+@contextmanager
+def beating(
+    board: SampleBoard,
+    *,
+    limit_s: float,
+    what: str,
+    every_s: float = BEAT_S / 2,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[None]:
+    """Progress on `board` while the block runs one long call that cannot beat itself (an evaluation's
+    `generate`): a beat every `every_s` from a thread, each one new (its seconds so far), so the other ranks'
+    `wait_all` sees this rank alive; past `limit_s` the beat says failed (their `wait_all` raises, the op
+    fails on every rank; this rank's own call is not interrupted). Done when the block ends, failed if it
+    raised."""
+    start, stop = clock(), threading.Event()
+
+    def report(**extra: Any) -> dict[str, Any]:
+        return {"seconds": round(clock() - start, 1), "limit_s": limit_s, "done": False, "failed": None, **extra}
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            waited = clock() - start
+            failed = (
+                f"{what}: still running after {waited:.0f} s, over the limit {limit_s:.0f} s"
+                if waited > limit_s
+                else None
+            )
+            board.beat(report(failed=failed), force=True)
+            if failed:
+                return
+
+    board.beat(report(), force=True)
+    thread = threading.Thread(target=beat, name="op-beat", daemon=True)
+    thread.start()
+    try:
+        yield
+    except BaseException as err:
+        stop.set()
+        thread.join()
+        board.beat(report(failed=f"{what}: {type(err).__name__}: {err}"), force=True)
+        raise
+    stop.set()
+    thread.join()
+    board.beat(report(done=True), force=True)

@@ -47,3 +47,29 @@ def test_the_7b_recipe_evaluates_60_problems_of_33_samples():
     cfg = load_config(Path("configs/paper/short-cot-qwen2.5-math-7b-stare.yaml"))
     assert evaluation_samples(cfg) == (60, 33)
     assert cfg.task.eval_every == 10
+
+
+def test_a_colocated_node_evaluates_on_every_ranks_engine_after_a_wake_and_the_zero3_gather():
+    """The product's EVALUATE op (stare/app/colocation/node_evaluation.py): the held-out problems split over
+    the 4 ranks' engines, as 4 separate rollout engines sample them, plus each engine's sleep/wake and the
+    ZeRO-3 gather of the weights on every rank; shorter than one engine sampling them all."""
+    from sim_helpers import TINY, tiny
+
+    from stare.app.sim.design import build_design, gpu_costs, lengths_of
+    from stare.app.sim.evaluation import evaluation_s
+
+    cfg, sim = tiny(["task.eval_every=10", "task.eval_problems=64", "optim.zero_stage=3"])
+    lengths = lengths_of(cfg, sim)
+    node = build_design(cfg, sim, gpus=4, learner_gpus=None, colocated=True)
+    costs = gpu_costs(cfg, sim, node, TINY, "h100-80gb")
+    nc = costs.engine
+
+    def span(design) -> float:
+        return evaluation_s(cfg, design, costs, lengths, prompt_len=1, factor=1.0)
+
+    apart = build_design(cfg, sim, gpus=5, learner_gpus=1, colocated=False)  # 4 rollout engines
+    gather = nc.allgather_s(nc.model.weight_bytes, 4)
+    assert costs.swap_s > 0 and gather > 0
+    assert span(node) == pytest.approx(span(apart) + costs.swap_s + gather, rel=1e-12)
+    one = build_design(cfg, sim, gpus=5, learner_gpus=4, colocated=False)  # one engine for all 64 problems
+    assert span(one) > span(apart)

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from learner.process.sample_progress import DecodeMeter, StoreBoard
+from learner.process.sample_progress import DecodeMeter, StoreBoard, beating
 
 
 class Clock:
@@ -117,3 +117,49 @@ def test_a_rank_past_its_limit_fails_the_op_on_every_rank_with_its_reason(store)
 
     errors, _ = _run(store, _quick, failing, stall_s=5.0)
     assert errors[0] == errors[1] == "SAMPLE op: learner rank 1: no group finished for 99 s, over the limit 90 s"
+
+
+def _beating_rank(store, rank: int, errors: dict, block, *, limit_s: float, stall_s: float) -> None:
+    board = StoreBoard(dist.PrefixStore("e", store), rank, 2, stall_s=stall_s, poll_s=0.05, say=lambda _: None)
+    board.begin("EVALUATE")
+    try:
+        with beating(board, limit_s=limit_s, what="its held-out share", every_s=0.1):
+            block()
+        board.wait_all()
+    except RuntimeError as err:
+        errors[rank] = str(err)
+        errors[f"{rank} at"] = time.monotonic()
+
+
+def _run_beating(store, block1, **kw) -> dict:
+    errors: dict = {}
+    threads = [
+        threading.Thread(target=_beating_rank, args=(store, r, errors, block), kwargs=kw)
+        for r, block in ((0, lambda: None), (1, block1))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return errors
+
+
+def test_a_rank_in_one_long_call_stays_alive_on_the_board_past_the_stall_window(store):
+    errors = _run_beating(store, lambda: time.sleep(2.5), limit_s=60.0, stall_s=1.0)  # silent 2.5 s, a 1 s window
+    assert errors == {}
+
+
+def test_a_rank_past_its_evaluation_limit_fails_the_op_on_the_waiting_rank_before_its_call_ends(store):
+    t0 = time.monotonic()
+    errors = _run_beating(store, lambda: time.sleep(4.0), limit_s=0.5, stall_s=10.0)
+    assert errors[0].startswith("EVALUATE op: learner rank 1: its held-out share: still running after ")
+    assert errors[0].endswith("over the limit 0 s") and errors["0 at"] - t0 < 2.5  # not at rank 1's end (4 s)
+
+
+def test_a_rank_whose_call_raises_fails_the_op_on_every_rank_with_the_reason(store):
+    def raising():
+        raise RuntimeError("CUDA out of memory")
+
+    errors = _run_beating(store, raising, limit_s=60.0, stall_s=10.0)
+    assert errors[0] == "EVALUATE op: learner rank 1: its held-out share: RuntimeError: CUDA out of memory"
+    assert errors[1] == "CUDA out of memory"

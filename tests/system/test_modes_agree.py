@@ -8,8 +8,8 @@ as a process; rank 0 hands it whole groups of each step) under ZeRO-3 (the weigh
 worker gathered parameter by parameter on both ranks): 2 ranks give the one-rank step metrics and
 weights (1e-5). And node-colocated (`system.colocate: on`: no rollout worker; each of the 2 ranks hosts
 a transformers engine, asleep while the learner steps, woken by rank 0's SAMPLE op to sample its share of
-each round with its own learner's weights, gathered on both ranks under ZeRO-3; rank 0 evaluates on its
-engine): the same trajectories, metrics, evaluations and weights as `stare train`, so also as the
+each round with its own learner's weights, gathered on both ranks under ZeRO-3; the held-out evaluation
+spread over both engines by the EVALUATE op, rank 0 scoring): the same trajectories, metrics, evaluations and weights as `stare train`, so also as the
 2-rank run with a rollout worker process (the case above, same tolerance)."""
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ COMPARED = (
     "train_tokens",
     "groups",
 )
+EVAL_PROBLEMS = 4
 EVAL_COMPARED = ("greedy_accuracy", "pass_at_k", "avg_at_k", "per_level", "per_source")
 
 
@@ -64,7 +65,7 @@ def _config(
         {
             "run": {"name": name, "output_dir": str(out), "steps": STEPS, "checkpoint_every": 10, "threads": 1},
             "model": {"path": str(model_dir)},
-            "task": {"eval_problems": 4, "eval_every": 1000, "eval_k": 2},
+            "task": {"eval_problems": EVAL_PROBLEMS, "eval_every": 1000, "eval_k": 2},
             "rollout": {"prompts_per_step": 3, "samples_per_prompt": 4, "max_new_tokens": 12},
             "data": {"dynamic_sampling": True, "max_sampling_rounds": 10},
             "optim": {"lr": 3e-4, "micro_batch": 6, "zero_stage": zero_stage},
@@ -108,8 +109,9 @@ def _weights(run_dir: Path) -> dict:
 
 def _assert_every_rank_sampled_and_slept_while_stepping(log: str, ranks: int) -> None:
     """From the learner's log: every rank took prompts in some SAMPLE op (rank 0's line per op lists what each
-    rank took), and at the end each rank's engine had slept once per wake (asleep at every learner step: the
-    rank checks it before each, `TrainsAsleep`) and was asleep at all of its STEPS steps."""
+    rank took) and sampled its share of each held-out evaluation, and at the end each rank's engine had slept
+    once per wake (asleep at every learner step: the rank checks it before each, `TrainsAsleep`) and was asleep
+    at all of its STEPS steps."""
     import re
 
     taken = [
@@ -123,18 +125,20 @@ def _assert_every_rank_sampled_and_slept_while_stepping(log: str, ranks: int) ->
     assert taken and all(len(t) == ranks for t in taken)
     assert all(sum(t[r] for t in taken) > 0 for r in range(ranks)), taken
     ends = {
-        int(m.group(1)): (int(m.group(2)), int(m.group(3)), int(m.group(4)))
+        int(m.group(1)): tuple(int(m.group(i)) for i in range(2, 7))
         for m in re.finditer(
-            r"learner rank (\d+): colocated engine: (\d+) wakes, (\d+) sleeps;.*?; (\d+) learner steps, the engine "
-            r"asleep at each",
+            r"learner rank (\d+): colocated engine: (\d+) wakes, (\d+) sleeps;.*?; (\d+) held-out problems sampled in "
+            r"(\d+) evaluations; (\d+) learner steps, the engine asleep at each",
             log,
         )
     }
     assert sorted(ends) == list(range(ranks)), log[-3000:]
-    for rank, (wakes, sleeps, steps) in ends.items():
+    for rank, (wakes, sleeps, held_out, evaluations, steps) in ends.items():
         assert wakes == sleeps >= 1 and steps == STEPS, (rank, wakes, sleeps, steps)
-    # rank 0 also wakes for the held-out evaluations (steps 0 and STEPS): two wakes more than the ops it took part in
-    assert ends[0][0] == sum(1 for t in taken if t[0]) + 2, (ends, taken)
+        # the held-out evaluations (steps 0 and STEPS) are spread over the ranks (the EVALUATE op): each rank
+        # samples problems r, r + ranks, ... of EVAL_PROBLEMS, woken once more for each
+        assert evaluations == 2 and held_out == 2 * len(range(rank, EVAL_PROBLEMS, ranks)) > 0, (rank, ends)
+        assert wakes == sum(1 for t in taken if t[rank]) + 2, (rank, ends, taken)
 
 
 def _assert_same_weights(got: dict, want: dict, *, start: dict) -> None:
@@ -205,7 +209,7 @@ def test_stare_up_trains_the_same_trajectories_with_the_same_metrics_and_weights
     weights_e, weights_d = _weights(embedded), _weights(distributed)
     assert weights_d.keys() == weights_e.keys()
     _assert_same_weights(weights_d, weights_e, start=load_file(tiny_model_dir / "model.safetensors"))
-    # held-out: in process for `stare train` (and on rank 0's engine when colocated), through the streams
+    # held-out: in process for `stare train` (on every rank's engine when colocated), through the streams
     # (rollout and reward workers) for `stare up`; the same problems, seeds and weights give the same numbers
     evals_e, evals_d = _lines(embedded / "eval.jsonl"), _lines(distributed / "eval.jsonl")
     assert [r["step"] for r in evals_d] == [r["step"] for r in evals_e] == [0, STEPS]

@@ -11,8 +11,9 @@ the other).
              empty and the engine idle (the streaming loop for vLLM, batches of `share` for hf), publishing
              each group to raw with the ack of its prompt, its progress on the board -> sleep -> wait on the
              board for every rank (learner/process/sample_progress.py) -> the op's gather
-    rank 0:  held-out evaluation on its own engine, woken for it (`AwakeEvaluator`; the weights the session
-             hands over: under ZeRO-3 the WEIGHTS op gathers them to rank 0)
+    EVALUATE (several ranks): every rank samples its share of the held-out problems on its own engine with its
+             learner's weights, rank 0 scores them all (stare/app/colocation/node_evaluation.py)
+    one rank: held-out evaluation on its own engine, woken for it (`AwakeEvaluator`)
 
 Which rank samples which prompt depends on who asks first; the samples do not: each group samples from
 the seed of (run seed, group id), whoever takes it (tests/system/test_modes_agree.py compares the run with
@@ -80,7 +81,8 @@ class NodeRollout:
         self.build_stack, self.connect, self.cuda = build_stack, connect, cuda
         self.stack = self.worker = self.stream = self.colocation = self.learner = self.transport = None
         self.scorer = None  # rank 0's evaluation scorer (`evaluator`)
-        self.rank, self.collective = 0, False
+        self.rank, self.world, self.collective = 0, 1, False
+        self._evaluation = None  # this rank's part of the EVALUATE op (built at the first one)
         self.board, self.clock = progress, clock
 
     def build(self, model_path: Path, rank: int, world: int) -> None:
@@ -92,7 +94,7 @@ class NodeRollout:
         cuda = torch.cuda.is_available() if self.cuda is None else self.cuda
         check_node_colocation(self.cfg, cuda=cuda)
         vllm = self.cfg.rollout.engine.name == "vllm"
-        self.rank = rank
+        self.rank, self.world = rank, world
         if self.board is None:
             from learner.process.rank_launch import rank_timeout_s
             from learner.process.sample_progress import LocalBoard, StoreBoard
@@ -228,21 +230,37 @@ class NodeRollout:
             raise RuntimeError(f"learner rank {self.rank}: {why}")
         self.board.beat(meter.report())
 
-    # ------------------------------------------------------------------ rank 0's evaluation, the end
-    def evaluator(self):
-        """Rank 0's held-out evaluation on its engine, scored by the run's scorer (as `stare train` scores its
-        own: a reward function of the user's own in the scoring processes)."""
+    # ------------------------------------------------------------------ the held-out evaluation, the end
+    def evaluate_part(self, version: int, final: bool) -> list:
+        """This rank's part of an EVALUATE op (stare/app/colocation/node_evaluation.py)."""
+        from stare.app.colocation.node_evaluation import RankEvaluation
+
+        if self._evaluation is None:
+            self._evaluation = RankEvaluation(self, self.world)
+        return self._evaluation(version, final)
+
+    def evaluator(self, learner, world: int):
+        """Rank 0's held-out evaluation, scored by the run's scorer (as `stare train` scores its own: a reward
+        function of the user's own in the scoring processes): on its own engine with one rank; spread over
+        every rank's engine with several (the EVALUATE op that `learner`, rank 0's LeaderLearner, runs)."""
         from reward.scorers import build_scorer, scorer_judge
         from rollout.stack import StackEvaluator
+        from stare.app.colocation.node_evaluation import NodeEvaluator, RankEvaluation
 
         self.scorer = build_scorer(self.cfg, self.stack.setup.task)
-        return self.colocation.evaluating(StackEvaluator(self.stack, self.cfg, judge=scorer_judge(self.scorer)))
+        judge = scorer_judge(self.scorer)
+        if world == 1:
+            return self.colocation.evaluating(StackEvaluator(self.stack, self.cfg, judge=judge))
+        self._evaluation = RankEvaluation(self, world)
+        return NodeEvaluator(learner, self, self._evaluation, judge, self.cfg.logging.eval_generations)
 
     def summary(self) -> str:
         e = self.colocation.events if self.colocation is not None else {}
+        ev = self._evaluation
+        held_out = f"; {ev.sampled} held-out problems sampled in {ev.ops} evaluations" if ev is not None else ""
         return (
             f"colocated engine: {e.get('wakes', 0):.0f} wakes, {e.get('sleeps', 0):.0f} sleeps; wake + weights "
-            f"{e.get('wake_s', 0.0):.1f} s, sleep {e.get('sleep_s', 0.0):.1f} s in all"
+            f"{e.get('wake_s', 0.0):.1f} s, sleep {e.get('sleep_s', 0.0):.1f} s in all{held_out}"
         )
 
     def close(self) -> None:

@@ -134,6 +134,7 @@ def colocated_parts(node, learner, costs) -> tuple[Any, dict[str, Any]]:
 
     from learner.process.colocation import DeferredPublish, TrainsAsleep
     from learner.process.role import colocated_seams
+    from learner.process.sample_progress import LocalBoard
     from stare.app.colocation.node import NodeRollout
     from stare.app.sim.task import SimTokenizer
 
@@ -155,6 +156,7 @@ def colocated_parts(node, learner, costs) -> tuple[Any, dict[str, Any]]:
             "",
             f"sim-{rank}",
             say=lambda s: None,
+            progress=LocalBoard(),  # the ranks are threads on one virtual clock: the op ends at the slowest (run_op)
             build_stack=lambda *a, e=engine, **k: SimStack(e, setup),
             connect=lambda c, url: node.transport,
             cuda=True,  # a simulated GPU: the colocated node checks what a GPU run checks

@@ -4,8 +4,10 @@ every step as a share (as checkpoints are).
 What the product does (learner/loop/stream_evaluator.py, rollout/evaluation.py): every `task.eval_every`
 steps the learner publishes the evaluation's tasks, a greedy one and a sampled one of `n` samples per
 held-out problem (stare.evaluation.heldout.eval_tasks), and trains no further until every sample is scored;
-the rollout workers sample evaluation tasks before training prompts. A node-colocated learner evaluates on
-rank 0's engine alone, woken for it (stare/app/colocation/one_gpu.py `AwakeEvaluator`).
+the rollout workers sample evaluation tasks before training prompts. A node-colocated learner of several ranks
+spreads it over every rank's engine (the EVALUATE op, stare/app/colocation/node_evaluation.py: each wakes,
+takes its learner's weights, gathered on every rank under ZeRO-3, samples problems r, r + ranks, ... and sleeps);
+one rank evaluates on its own engine, woken for it.
 
 What this models: the evaluation's samples split over the engines that sample it, each engine starting empty
 (`SimEngine.generate`), responses from the run's length model scaled by `sim.eval_length_factor`; the
@@ -36,7 +38,7 @@ def evaluation_s(cfg, design, costs, lengths, *, prompt_len: int, factor: float,
     problems, per = evaluation_samples(cfg)
     if problems <= 0 or cfg.task.eval_every <= 0:
         return 0.0
-    engines = 1 if design.colocated else max((design.gpus - design.learner_gpus) // design.rollout_tp, 1)
+    engines = max((design.gpus if design.colocated else design.gpus - design.learner_gpus) // design.rollout_tp, 1)
     eval_lengths = lengths.scaled(factor)
     params = SamplingParams(n=per, max_new_tokens=cfg.rollout.max_new_tokens, temperature=1.0)
     ends = []
@@ -48,5 +50,14 @@ def evaluation_s(cfg, design, costs, lengths, *, prompt_len: int, factor: float,
         engine = SimEngine(lane, costs.engine, eval_lengths, capacity=costs.capacity, kv=costs.kv, seed=seed * 7919 + i)
         engine.generate([[1] * prompt_len for _ in range(share)], params)
         ends.append(lane.now)
-    wake = costs.swap_s if design.colocated else 0.0  # rank 0's engine woken for it and put back to sleep
+    # colocated: every engine woken for it and put back to sleep, its weights gathered first under ZeRO-3
+    wake = costs.swap_s + _gather_s(cfg, design, costs) if design.colocated else 0.0
     return max(ends, default=0.0) + wake
+
+
+def _gather_s(cfg, design, costs) -> float:
+    """The EVALUATE op's ZeRO-3 gather of the weights (every rank takes part) in a node-colocated learner."""
+    nc = costs.engine
+    if cfg.optim.zero_stage != 3 or design.gpus <= 1:
+        return 0.0
+    return nc.allgather_s(nc.model.weight_bytes, design.gpus)
