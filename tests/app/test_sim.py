@@ -218,3 +218,33 @@ def test_an_oversampled_on_policy_round_is_one_round_of_whole_groups_and_its_sur
     # every round's trainable groups beyond the step's 16 are the surplus
     assert sum(m["surplus_groups"] for m in two[1]) == two[0]["groups_surplus_total"] > 0
     assert all(32 - m["filtered_groups"] - 16 == m["surplus_groups"] for m in two[1])
+
+
+def test_the_placement_search_weighs_the_node_colocated_learner_as_the_product_runs_it():
+    """With a gpu_memory_utilization for it, the colocated node is a candidate at each staleness and
+    over-sampling factor, on every GPU, never with in-flight updates (the product refuses them); without one
+    (its memory plan fits nowhere) it is not."""
+    from stare.app.sim.placement import render, search
+
+    cfg, sim = tiny(["rollout.engine=vllm", "rollout.prompts_per_step=32", "system.rollout_batch_prompts=8"])
+    cands = search(cfg, sim, gpus=4, gpu="h100-80gb", shape=TINY, fits=lambda n: True, colocated_gmu=0.5, bands=False)
+    coloc = [c for c in cands if c.colocated_gmu is not None]
+    assert sorted((c.max_staleness, c.oversample) for c in coloc) == [(0, 1.0), (0, 1.5), (1, 1.0), (1, 1.2)]
+    assert all(c.learner_gpus == 4 and not c.inflight and c.colocated_gmu == 0.5 for c in coloc)
+    assert "coloc: the node-colocated learner on all 4 GPUs" in render(cands, 4, "h100-80gb")
+    plain = search(cfg, sim, gpus=4, gpu="h100-80gb", shape=TINY, fits=lambda n: True, bands=False)
+    assert all(c.colocated_gmu is None for c in plain) and len(plain) == len(cands) - 4
+
+
+def test_the_colocated_candidate_takes_the_largest_gpu_memory_utilization_its_memory_plan_fits():
+    """The 7B short-CoT recipe on 8 x 80 GiB: docs/deploy.md's memory plan fits at 0.49 and not at 0.5, so of
+    the search's grid (0.95, 0.9, ..., 0.3) 0.45; an hf engine (no sleep mode to plan) gives no candidate."""
+    from stare.app.sim.placement import colocated_gmu
+    from stare.config import load_config
+    from stare.plan.sizes import load_model_shape
+
+    cfg = load_config(Path("configs/paper/short-cot-qwen2.5-math-7b-stare.yaml"))
+    shape = load_model_shape(cfg, Path("configs/models/qwen2.5-math-7b.json"))
+    assert colocated_gmu(cfg, gpus=8, gpu_mem_gib=80, shape=shape) == 0.45
+    hf = load_config(Path("configs/paper/short-cot-qwen2.5-math-7b-stare.yaml"), overrides=["rollout.engine=hf"])
+    assert colocated_gmu(hf, gpus=8, gpu_mem_gib=80, shape=shape) is None

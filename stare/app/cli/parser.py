@@ -268,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--node-gpus",
         type=int,
         default=None,
-        help="GPUs of the node: also recommend the learner/rollout "
-        "split and max_staleness that maximise modelled tokens/s/GPU (stare sim), with the predicted throughput",
+        help="GPUs of the node: also recommend the learner/rollout split (or the node-colocated learner), "
+        "max_staleness, over-sampling and in-flight updates that maximise modelled tokens/s/GPU (stare sim), with "
+        "the predicted throughput and its band",
     )
     p.add_argument(
         "--gpu",
