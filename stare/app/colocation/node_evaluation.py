@@ -45,9 +45,12 @@ class RankEvaluation:
         r = self.rollout
         engine, setup = r.engine, r.stack.setup
         need = engine.weight_version < version
-        state = r.learner.weights_for_local_engine(keep=need) if (r.collective or need) else None  # ZeRO-3: all
+        # ZeRO-3: every rank takes part in the gather; the gathered copy is dropped once loaded (not held on
+        # the GPU beside the awake engine while it samples)
+        box = [r.learner.weights_for_local_engine(keep=need)] if (r.collective or need) else []
 
         def load() -> None:
+            state = box.pop() if box else None
             if need:
                 engine.update_weights(state, version)
 
@@ -67,6 +70,7 @@ class RankEvaluation:
                     )
             else:
                 samples = []
+        box.clear()
         r.board.wait_all()
         self.ops, self.sampled = self.ops + 1, self.sampled + len(samples)
         return samples
