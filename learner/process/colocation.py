@@ -32,7 +32,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SAMPLE = "sample"  # the op: (weight version, prompts per take, gather) -> this rank's report (a dict)
-EVALUATE = "evaluate"  # the op: (weight version, final) -> this rank's share of the held-out responses
+EVALUATE = "evaluate"  # the op: (weight version, final, problems digest) -> this rank's share of the responses
 
 
 class RankRollout(Protocol):
@@ -52,7 +52,7 @@ class RankRollout(Protocol):
 
     def asleep(self) -> bool: ...
 
-    def evaluate_part(self, version: int, final: bool) -> list:
+    def evaluate_part(self, version: int, final: bool, digest: str) -> list:
         """This rank's part of an EVALUATE op: its share of the held-out problems sampled at `version`."""
         ...
 

@@ -113,7 +113,7 @@ def run_follower(cfg: TrainConfig, name: str, *, rollout=None, rank: int = 1, wo
     try:
         ops = {SAMPLE: rollout.sample, EVALUATE: rollout.evaluate_part} if rollout is not None else None
         steps = follow(learner, channel, ops)
-    except RuntimeError as err:  # rank 0 dead or hung: its receive timed out, the group is unusable
+    except Exception as err:  # rank 0 dead or hung, or this rank's part of an op failed: the group is unusable
         log.error("%s", err)
         exit_abandoning_process_groups(1)
     log.info("learner rank %d: rank 0 said stop after %d steps here", channel.rank, steps)

@@ -208,9 +208,9 @@ def beating(
     """Progress on `board` while the block runs one long call that cannot beat itself (an evaluation's
     `generate`): a beat every `every_s` from a thread, each one new (its seconds so far), so the other ranks'
     `wait_all` sees this rank alive; past `limit_s` the beat says failed (their `wait_all` raises, the op
-    fails on every rank; this rank's own call is not interrupted). Done when the block ends, failed if it
-    raised."""
-    start, stop = clock(), threading.Event()
+    fails on every rank; this rank's own call is not interrupted, and when it returns this rank raises too,
+    its board still saying failed). Done when the block ends in time, failed if it raised."""
+    start, stop, overrun = clock(), threading.Event(), []
 
     def report(**extra: Any) -> dict[str, Any]:
         return {"seconds": round(clock() - start, 1), "limit_s": limit_s, "done": False, "failed": None, **extra}
@@ -218,14 +218,11 @@ def beating(
     def beat() -> None:
         while not stop.wait(every_s):
             waited = clock() - start
-            failed = (
-                f"{what}: still running after {waited:.0f} s, over the limit {limit_s:.0f} s"
-                if waited > limit_s
-                else None
-            )
-            board.beat(report(failed=failed), force=True)
-            if failed:
+            if waited > limit_s:
+                overrun.append(f"{what}: still running after {waited:.0f} s, over the limit {limit_s:.0f} s")
+                board.beat(report(failed=overrun[0]), force=True)
                 return
+            board.beat(report(), force=True)
 
     board.beat(report(), force=True)
     thread = threading.Thread(target=beat, name="op-beat", daemon=True)
@@ -235,8 +232,11 @@ def beating(
     except BaseException as err:
         stop.set()
         thread.join()
-        board.beat(report(failed=f"{what}: {type(err).__name__}: {err}"), force=True)
+        board.beat(report(failed=overrun[0] if overrun else f"{what}: {type(err).__name__}: {err}"), force=True)
         raise
     stop.set()
     thread.join()
+    if overrun:  # the call returned after the others were told the op failed: it failed here too
+        board.beat(report(failed=overrun[0]), force=True)
+        raise RuntimeError(overrun[0])
     board.beat(report(done=True), force=True)

@@ -137,7 +137,9 @@ class TaskSection(_Section):
         gt=0,
         description="Distributed runs (`stare learner`): how long the learner waits for an "
         "evaluation sampled by the rollout workers and scored by the reward workers; past it the result "
-        "covers what arrived (complete: false) and says what was missing.",
+        "covers what arrived (complete: false) and says what was missing. The node-colocated learner "
+        "(system.colocate: on, several ranks): the longest a rank may sample its share of an evaluation; past "
+        "it the learner fails and restarts from the step it saved before the evaluation.",
     )
     path: Path | None = Field(
         None,

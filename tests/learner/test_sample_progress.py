@@ -154,6 +154,8 @@ def test_a_rank_past_its_evaluation_limit_fails_the_op_on_the_waiting_rank_befor
     errors = _run_beating(store, lambda: time.sleep(4.0), limit_s=0.5, stall_s=10.0)
     assert errors[0].startswith("EVALUATE op: learner rank 1: its held-out share: still running after ")
     assert errors[0].endswith("over the limit 0 s") and errors["0 at"] - t0 < 2.5  # not at rank 1's end (4 s)
+    # rank 1's call returned after its limit: it fails too (its board still says failed), never `done`
+    assert errors[1].startswith("its held-out share: still running after ") and errors["1 at"] - t0 >= 4.0
 
 
 def test_a_rank_whose_call_raises_fails_the_op_on_every_rank_with_the_reason(store):

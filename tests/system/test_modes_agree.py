@@ -65,7 +65,7 @@ def _config(
         {
             "run": {"name": name, "output_dir": str(out), "steps": STEPS, "checkpoint_every": 10, "threads": 1},
             "model": {"path": str(model_dir)},
-            "task": {"eval_problems": EVAL_PROBLEMS, "eval_every": 1000, "eval_k": 2},
+            "task": {"eval_problems": EVAL_PROBLEMS, "eval_every": 1000, "eval_k": 2, "final_eval_k": 3},
             "rollout": {"prompts_per_step": 3, "samples_per_prompt": 4, "max_new_tokens": 12},
             "data": {"dynamic_sampling": True, "max_sampling_rounds": 10},
             "optim": {"lr": 3e-4, "micro_batch": 6, "zero_stage": zero_stage},
@@ -214,5 +214,6 @@ def test_stare_up_trains_the_same_trajectories_with_the_same_metrics_and_weights
     evals_e, evals_d = _lines(embedded / "eval.jsonl"), _lines(distributed / "eval.jsonl")
     assert [r["step"] for r in evals_d] == [r["step"] for r in evals_e] == [0, STEPS]
     assert colocated or all(r["complete"] and r["missing_samples"] == 0 for r in evals_d)
+    assert [r["k"] for r in evals_e] == [2, 3]  # the run's last evaluation samples task.final_eval_k
     for e, d in zip(evals_e, evals_d):
-        assert {k: d[k] for k in EVAL_COMPARED} == {k: e[k] for k in EVAL_COMPARED}, (e, d)
+        assert {k: d[k] for k in ("k", *EVAL_COMPARED)} == {k: e[k] for k in ("k", *EVAL_COMPARED)}, (e, d)

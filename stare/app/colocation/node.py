@@ -71,14 +71,17 @@ class NodeRollout:
         build_stack: Callable[..., Any] | None = None,
         connect: Callable[[TrainConfig, str], Any] | None = None,
         cuda: bool | None = None,
+        evaluates: bool = True,
     ):
         """`progress`: where the ranks show their progress in a SAMPLE op (default: the learner's store with
         several ranks, nowhere with one; a simulation passes its own); `clock`: what the op's limit is measured
         with (learner/process/sample_progress.py). `build_stack` / `connect`: the rollout stack and the run's
         streams (default: rollout.stack's build_rollout_stack, stare.runtime.process.connect_transport); `cuda`:
-        whether this rank has CUDA (None: ask torch). `stare sim` passes its stand-ins and states a GPU."""
+        whether this rank has CUDA (None: ask torch); `evaluates`: whether this rank takes part in held-out
+        evaluations (the EVALUATE op). `stare sim` passes its stand-ins, states a GPU and models the evaluation
+        apart (stare/app/sim/evaluation.py)."""
         self.cfg, self.redis_url, self.name, self.say = cfg, redis_url, name, say
-        self.build_stack, self.connect, self.cuda = build_stack, connect, cuda
+        self.build_stack, self.connect, self.cuda, self.evaluates = build_stack, connect, cuda, evaluates
         self.stack = self.worker = self.stream = self.colocation = self.learner = self.transport = None
         self.scorer = None  # rank 0's evaluation scorer (`evaluator`)
         self.rank, self.world, self.collective = 0, 1, False
@@ -141,6 +144,12 @@ class NodeRollout:
         self.colocation = Colocation(
             engine, lambda: None, learner_engine=learner.engine, offload=cfg.system.colocate_offload == "optimizer"
         )
+        if (
+            self.world > 1 and self.evaluates
+        ):  # the held-out problems, built before any op (rank 0 checks each op against them)
+            from stare.app.colocation.node_evaluation import RankEvaluation
+
+            self._evaluation = RankEvaluation(self, self.world)
 
     @property
     def engine(self):
@@ -231,13 +240,11 @@ class NodeRollout:
         self.board.beat(meter.report())
 
     # ------------------------------------------------------------------ the held-out evaluation, the end
-    def evaluate_part(self, version: int, final: bool) -> list:
+    def evaluate_part(self, version: int, final: bool, digest: str) -> list:
         """This rank's part of an EVALUATE op (stare/app/colocation/node_evaluation.py)."""
-        from stare.app.colocation.node_evaluation import RankEvaluation
-
         if self._evaluation is None:
-            self._evaluation = RankEvaluation(self, self.world)
-        return self._evaluation(version, final)
+            raise RuntimeError(f"learner rank {self.rank}: an EVALUATE op before its rollout side was attached")
+        return self._evaluation(version, final, digest)
 
     def evaluator(self, learner, world: int):
         """Rank 0's held-out evaluation, scored by the run's scorer (as `stare train` scores its own: a reward
@@ -245,13 +252,12 @@ class NodeRollout:
         every rank's engine with several (the EVALUATE op that `learner`, rank 0's LeaderLearner, runs)."""
         from reward.scorers import build_scorer, scorer_judge
         from rollout.stack import StackEvaluator
-        from stare.app.colocation.node_evaluation import NodeEvaluator, RankEvaluation
+        from stare.app.colocation.node_evaluation import NodeEvaluator
 
         self.scorer = build_scorer(self.cfg, self.stack.setup.task)
         judge = scorer_judge(self.scorer)
-        if world == 1:
+        if world == 1 or self._evaluation is None:
             return self.colocation.evaluating(StackEvaluator(self.stack, self.cfg, judge=judge))
-        self._evaluation = RankEvaluation(self, world)
         return NodeEvaluator(learner, self, self._evaluation, judge, self.cfg.logging.eval_generations)
 
     def summary(self) -> str:

@@ -13,16 +13,28 @@ A problem's samples come from its own seed whichever rank samples it, so the res
 number of ranks (tests/app/test_node_evaluation.py splits the problems over engines; tests/system/
 test_modes_agree.py compares 2 colocated ranks with `stare train`). The op is bounded: a rank whose
 part runs past `task.eval_timeout_s`, or whose beats stop for the stall limit, fails it on every rank (the
-learner restarts as a whole, as for a SAMPLE op).
+learner restarts as a whole, as for a SAMPLE op; the session saved the step before the evaluation, as it does
+before waiting on any evaluator outside its process). Every rank builds its problems when its rollout side is
+attached, and checks them against rank 0's (a digest with the op) before it samples.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rollout.evaluation import ProblemSamples, sample_problems, score_samples
+from stare.data.tasks.base import Problem
 from stare.evaluation.heldout import eval_settings
+
+
+def problems_digest(problems: Sequence[Problem]) -> str:
+    """What the ranks compare before an EVALUATE op: the held-out problems' prompts and answers, in order."""
+    h = hashlib.sha256()
+    for p in problems:
+        h.update(f"{p.prompt}\x1f{p.answer}\x1e".encode())
+    return h.hexdigest()[:12]
 
 
 class RankEvaluation:
@@ -36,15 +48,22 @@ class RankEvaluation:
         self.problems = StackEvaluator(rollout.stack, rollout.cfg).problems
         self.ops = self.sampled = 0  # EVALUATE ops run, held-out problems this rank sampled in them
 
+        self.digest = problems_digest(self.problems)
+
     def indices(self, rank: int) -> range:
         return range(rank, len(self.problems), self.world)
 
-    def __call__(self, version: int, final: bool) -> list[ProblemSamples]:
+    def __call__(self, version: int, final: bool, digest: str) -> list[ProblemSamples]:
         from learner.process.sample_progress import beating
 
         r = self.rollout
+        if digest != self.digest:
+            raise RuntimeError(
+                f"learner rank {r.rank}: its held-out problems ({len(self.problems)}, digest {self.digest}) are not "
+                f"rank 0's (digest {digest}): every rank must read the same task.eval_problems from the same data"
+            )
         engine, setup = r.engine, r.stack.setup
-        need = engine.weight_version < version
+        need = bool(self.indices(r.rank)) and engine.weight_version < version  # a rank without a share loads nothing
         # ZeRO-3: every rank takes part in the gather; the gathered copy is dropped once loaded (not held on
         # the GPU beside the awake engine while it samples)
         box = [r.learner.weights_for_local_engine(keep=need)] if (r.collective or need) else []
@@ -80,7 +99,7 @@ class NodeEvaluator:
     """Rank 0's held-out evaluator of a node-colocated learner of several ranks: the EVALUATE op, then every
     problem's responses scored by the run's scorer (`judge`) as one engine's would be."""
 
-    remote = False  # the session's evaluation runs in this process (the op included)
+    remote = True  # it waits on the other ranks (their engines, the op's collectives): the step is saved first
 
     def __init__(self, learner, rollout, part: RankEvaluation, judge: Callable, generations: int):
         self.learner, self.rollout, self.part, self.judge, self.generations = learner, rollout, part, judge, generations
@@ -92,7 +111,8 @@ class NodeEvaluator:
         gathers nothing then)."""
         from learner.process.colocation import EVALUATE
 
-        parts = self.learner.run_op(EVALUATE, (version, final), lambda: self.rollout.evaluate_part(version, final))
+        args = (version, final, self.part.digest)
+        parts = self.learner.run_op(EVALUATE, args, lambda: self.rollout.evaluate_part(*args))
         samples = [s for part in parts for s in part]
         s = eval_settings(self.rollout.cfg, final=final)
         return score_samples(

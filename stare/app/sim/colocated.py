@@ -160,6 +160,7 @@ def colocated_parts(node, learner, costs) -> tuple[Any, dict[str, Any]]:
             build_stack=lambda *a, e=engine, **k: SimStack(e, setup),
             connect=lambda c, url: node.transport,
             cuda=True,  # a simulated GPU: the colocated node checks what a GPU run checks
+            evaluates=False,  # the held-out evaluation is modelled apart (stare/app/sim/evaluation.py)
         )
         node.set_current(node.rank_lanes[rank], None)
         rollout.build(node.model_path, rank, world)  # check_node_colocation; the engine put to sleep

@@ -9,8 +9,8 @@ spreads it over every rank's engine (the EVALUATE op, stare/app/colocation/node_
 takes its learner's weights, gathered on every rank under ZeRO-3, samples problems r, r + ranks, ... and sleeps);
 one rank evaluates on its own engine, woken for it.
 
-What this models: the evaluation's samples split over the engines that sample it, each engine starting empty
-(`SimEngine.generate`), responses from the run's length model scaled by `sim.eval_length_factor`; the
+What this models: the evaluation's problems split over the engines that sample it, each engine starting empty
+(`SimEngine.generate`) and running the greedy pass, then the sampled one (each to its longest response), responses from the run's length model scaled by `sim.eval_length_factor`; the
 evaluation lasts until the slowest engine ends; the learner waits for all of it. Not modelled: training
 sequences already in an engine when the evaluation starts (they go on beside it: the estimate is low by
 their share of the engines' memory bandwidth).
@@ -40,7 +40,12 @@ def evaluation_s(cfg, design, costs, lengths, *, prompt_len: int, factor: float,
         return 0.0
     engines = max((design.gpus if design.colocated else design.gpus - design.learner_gpus) // design.rollout_tp, 1)
     eval_lengths = lengths.scaled(factor)
-    params = SamplingParams(n=per, max_new_tokens=cfg.rollout.max_new_tokens, temperature=1.0)
+    # the greedy pass, then the sampled one: each a generate call that ends with its longest response
+    # (rollout/evaluation.py sample_problems; a rollout worker's EvalSampler likewise, one call per setting)
+    passes = [
+        SamplingParams(n=1, max_new_tokens=cfg.rollout.max_new_tokens, temperature=0.0),
+        SamplingParams(n=per - 1, max_new_tokens=cfg.rollout.max_new_tokens, temperature=1.0),
+    ]
     ends = []
     for i in range(engines):
         share = len(range(i, problems, engines))
@@ -48,7 +53,8 @@ def evaluation_s(cfg, design, costs, lengths, *, prompt_len: int, factor: float,
             continue
         lane = Lane(f"eval-{i}", [])
         engine = SimEngine(lane, costs.engine, eval_lengths, capacity=costs.capacity, kv=costs.kv, seed=seed * 7919 + i)
-        engine.generate([[1] * prompt_len for _ in range(share)], params)
+        for params in passes:
+            engine.generate([[1] * prompt_len for _ in range(share)], params)
         ends.append(lane.now)
     # colocated: every engine woken for it and put back to sleep, its weights gathered first under ZeRO-3
     wake = costs.swap_s + _gather_s(cfg, design, costs) if design.colocated else 0.0
