@@ -248,3 +248,16 @@ def test_the_colocated_candidate_takes_the_largest_gpu_memory_utilization_its_me
     assert colocated_gmu(cfg, gpus=8, gpu_mem_gib=80, shape=shape) == 0.45
     hf = load_config(Path("configs/paper/short-cot-qwen2.5-math-7b-stare.yaml"), overrides=["rollout.engine=hf"])
     assert colocated_gmu(hf, gpus=8, gpu_mem_gib=80, shape=shape) is None
+
+
+def test_stare_plan_predicts_a_node_colocated_config_as_its_colocated_candidate():
+    from stare.app.sim.placement import colocated_gmu, plan_text
+
+    cfg, _ = tiny(["rollout.engine=vllm", "system.colocate=on"])
+    text = plan_text(cfg, gpus=2, gpu="h100-80gb", gpu_mem_gib=80, shape=TINY)
+    gmu = colocated_gmu(cfg, gpus=2, gpu_mem_gib=80, shape=TINY)
+    assert gmu is not None
+    assert text.startswith(
+        f"predicted as configured (the node-colocated learner on 2 GPUs, modelled at gpu_memory_utilization {gmu:g}"
+    )
+    assert "  coloc: the node-colocated learner on all 2 GPUs" in text

@@ -84,6 +84,8 @@ def search(
         try:
             _, summary = simulate(c, sim, design, costs, lengths_of(c, sim), steps=steps, warmup=warmup)
         except ConfigError:  # a colocated node the product refuses for this config (check_node_colocation)
+            if gmu is None:
+                raise
             return
         central = summary["tokens_per_s_per_gpu"]
         out.append(
@@ -198,13 +200,25 @@ def plan_text(cfg, *, gpus: int, gpu: str, gpu_mem_gib: float, shape, overrides:
         and c.inflight == cfg.system.inflight_weight_updates
     ]
     head = (
-        f"predicted as configured ({cfg.system.learner_ranks} learner GPUs, max_staleness "
+        f"predicted as configured ({_configured(cfg, own[0], gpus)}, max_staleness "
         f"{cfg.system.max_staleness}, data.oversample {cfg.data.oversample:g}): "
         f"{own[0].tokens_per_s_per_gpu:,.0f} tokens/s/GPU, {own[0].s_per_step:.3g} s/step"
         if own
-        else f"as configured ({cfg.system.learner_ranks} learner GPUs): does not fit or leaves no rollout GPU"
+        else (
+            "as configured (the node-colocated learner): the product refuses it for this config, or its memory plan "
+            f"fits at no rollout.engine.gpu_memory_utilization of {GMU_GRID[-1]:g}-{GMU_GRID[0]:g} (stare plan --gpus "
+            f"{gpus} --set system.colocate=on says what to change)"
+            if cfg.system.colocate == "on"
+            else f"as configured ({cfg.system.learner_ranks} learner GPUs): does not fit or leaves no rollout GPU"
+        )
     )
     return head + "\n" + render(cands, gpus, gpu)
+
+
+def _configured(cfg, own: Candidate, gpus: int) -> str:
+    if own.colocated_gmu is None:
+        return f"{cfg.system.learner_ranks} learner GPUs"
+    return f"the node-colocated learner on {gpus} GPUs, modelled at gpu_memory_utilization {own.colocated_gmu:g}"
 
 
 GMU_GRID = tuple(round(0.95 - 0.05 * i, 2) for i in range(14))  # 0.95 down to 0.3
