@@ -143,3 +143,33 @@ def test_the_colocated_node_runs_the_products_sample_pump():
     assert all(e["wakes"] == steps and e["sleeps"] == steps for e in run.colocation_events)
     busy = [sum(b.values()) for b in summary["gpu_busy"].values()]
     assert max(busy) - min(busy) < 0.25  # the ranks share the round (one thread at a time, earliest clock first)
+
+
+def test_stare_sim_colocated_runs_in_a_fresh_process():
+    """In a process that never built a learner (no default torch.distributed group, unlike this test process
+    once a learner test ran), `stare sim --colocated` runs: its ranks show progress on a local board, not the
+    learner's store (it failed so outside the suite: 'Default process group has not been initialized')."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stare.app.cli",
+            "sim",
+            "--gpus",
+            "2",
+            "--colocated",
+            "--corner",
+            "central",
+            "--steps",
+            "2",
+        ]
+        + ["--set", "rollout.engine=vllm", "--set", "rollout.prompts_per_step=8", "--set", "sim.response_mean=20"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "2 GPUs: colocated" in out.stdout and "tokens/s/GPU" in out.stdout
