@@ -222,6 +222,12 @@ def test_a_sigkilled_learner_resumes_from_its_checkpoint_and_retrains_what_waite
     cfg = _config(tiny_model_dir, tmp_path, steps)
     with Run(cfg, rollout=1, reward=1) as run:
         run.wait_for_step(6)  # a checkpoint at step 5, then at least one step it does not hold
+        # ask for the change just past a checkpoint (steps 5k + 1), so that it is applied, and the learner
+        # killed, before the next one holds it (on a fast machine the steps outrun a fixed step number)
+        deadline = time.monotonic() + 60
+        while len(_trained(run.dir)) % 5 != 1:
+            assert time.monotonic() < deadline and len(_trained(run.dir)) < 22, "no step 5k + 1 seen"
+            time.sleep(0.01)
         state = RedisRunState.connect(run.launcher.redis_url, cfg.run.name)
         change = state.request_entropy_change({"target": 0.45}, "test")  # applied after that checkpoint
         deadline = time.monotonic() + 60
