@@ -139,7 +139,7 @@ class TaskSection(_Section):
         "evaluation sampled by the rollout workers and scored by the reward workers; past it the result "
         "covers what arrived (complete: false) and says what was missing. The node-colocated learner "
         "(system.colocate: on, several ranks): the longest a rank may sample its share of an evaluation; past "
-        "it the learner fails and restarts from the step it saved before the evaluation.",
+        "it the learner fails and restarts from its last checkpoint.",
     )
     path: Path | None = Field(
         None,

@@ -13,8 +13,7 @@ A problem's samples come from its own seed whichever rank samples it, so the res
 number of ranks (tests/app/test_node_evaluation.py splits the problems over engines; tests/system/
 test_modes_agree.py compares 2 colocated ranks with `stare train`). The op is bounded: a rank whose
 part runs past `task.eval_timeout_s`, or whose beats stop for the stall limit, fails it on every rank (the
-learner restarts as a whole, as for a SAMPLE op; the session saved the step before the evaluation, as it does
-before waiting on any evaluator outside its process). Every rank builds its problems when its rollout side is
+learner restarts as a whole from its last checkpoint, as for a SAMPLE op). Every rank builds its problems when its rollout side is
 attached, and checks them against rank 0's (a digest with the op) before it samples.
 """
 
@@ -47,7 +46,6 @@ class RankEvaluation:
         # the held-out problems as the in-process evaluator builds them (the prompt policy, the engine's room)
         self.problems = StackEvaluator(rollout.stack, rollout.cfg).problems
         self.ops = self.sampled = 0  # EVALUATE ops run, held-out problems this rank sampled in them
-
         self.digest = problems_digest(self.problems)
 
     def indices(self, rank: int) -> range:
@@ -62,8 +60,8 @@ class RankEvaluation:
                 f"learner rank {r.rank}: its held-out problems ({len(self.problems)}, digest {self.digest}) are not "
                 f"rank 0's (digest {digest}): every rank must read the same task.eval_problems from the same data"
             )
-        engine, setup = r.engine, r.stack.setup
-        need = bool(self.indices(r.rank)) and engine.weight_version < version  # a rank without a share loads nothing
+        engine, setup, indices = r.engine, r.stack.setup, self.indices(r.rank)
+        need = bool(indices) and engine.weight_version < version  # a rank without a share loads nothing
         # ZeRO-3: every rank takes part in the gather; the gathered copy is dropped once loaded (not held on
         # the GPU beside the awake engine while it samples)
         box = [r.learner.weights_for_local_engine(keep=need)] if (r.collective or need) else []
@@ -76,7 +74,6 @@ class RankEvaluation:
         settings = eval_settings(r.cfg, final=final)
         r.board.begin("EVALUATE")
         with beating(r.board, limit_s=r.cfg.task.eval_timeout_s, what="its held-out share"):
-            indices = self.indices(r.rank)
             if indices:
                 with r.colocation.awake(sync=load):
                     samples = sample_problems(
@@ -99,7 +96,10 @@ class NodeEvaluator:
     """Rank 0's held-out evaluator of a node-colocated learner of several ranks: the EVALUATE op, then every
     problem's responses scored by the run's scorer (`judge`) as one engine's would be."""
 
-    remote = True  # it waits on the other ranks (their engines, the op's collectives): the step is saved first
+    # not `remote`: the session would save a checkpoint before every evaluation (a remote evaluator's rule), at
+    # 7B a 91 GB write every task.eval_every (10) steps where run.checkpoint_every is 50; a failed op loses the
+    # steps since the last checkpoint instead, as rank 0's in-process evaluation did before
+    remote = False
 
     def __init__(self, learner, rollout, part: RankEvaluation, judge: Callable, generations: int):
         self.learner, self.rollout, self.part, self.judge, self.generations = learner, rollout, part, judge, generations
