@@ -4,7 +4,8 @@
     start -> [evaluate at step 0, or the resumed step's evaluation a restart lost]
     loop:  steering (pause, checkpoint, entropy changes) -> fill (publish prompts up to the window, pump,
            pull scored groups; while short, the pre-pass of ready groups) -> train -> publish weights
-           -> evaluate when due (a remote evaluator: checkpoint first) -> metrics, status -> checkpoint
+           -> evaluate when due (a remote evaluator: a checkpoint due at this step is written first)
+           -> metrics, status -> checkpoint when due
     end:   run.steps trained, or data.epochs' prompts used up (`_data_used_up`), or a stop: checkpoint
            what is unsaved, say finished/stopped
 
@@ -147,6 +148,9 @@ class TrainingSession:
     def _eval_due(self, step: int) -> bool:
         every, last = self.cfg.task.eval_every, self.steps
         return self.seams.evaluator is not None and (step % every == 0 or step == last)
+
+    def _checkpoint_due(self, step: int) -> bool:
+        return step % self.cfg.run.checkpoint_every == 0 or step == self.steps
 
     def _evaluated(self, step: int) -> bool:
         """eval.jsonl has the evaluation of `step` (a learner killed while it waited for one has not)."""
@@ -306,11 +310,15 @@ class TrainingSession:
         saved = False
         if self._eval_due(step):
             weights = lambda s=state: s  # noqa: E731  (the evaluator in this process reads the published copy)
-            if getattr(self.seams.evaluator, "remote", False):  # a wait on other processes: save the step first
-                self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])  # lineage before the acks
-                self.checkpoint()
-                saved = True
+            if getattr(self.seams.evaluator, "remote", False):  # a wait on other processes
                 weights = state = None  # the workers hold this version: the copy is not kept through the wait
+                if self._checkpoint_due(step):  # written before the wait, so the step outlives a long evaluation
+                    self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])  # lineage before the acks
+                    self.checkpoint()
+                    saved = True
+                # Not otherwise: a checkpoint per evaluation (at 7B 107 GB every task.eval_every steps) would cost
+                # as much as the evaluation. A learner killed during the wait loses no data (a step's entries are
+                # acknowledged once a checkpoint holds it): it retrains from its last checkpoint and evaluates again.
             metrics["eval_greedy_accuracy"] = self.evaluate(weights, final=step == self.steps)["greedy_accuracy"]
         del state  # a full copy of the weights (15 GB at 7B): not kept between steps
         status = {
@@ -328,7 +336,7 @@ class TrainingSession:
         self.step_lines(metrics)
         if on_step is not None:
             on_step(metrics)
-        if not saved and (step % cfg.run.checkpoint_every == 0 or step == self.steps or self.seams.should_stop()):
+        if not saved and (self._checkpoint_due(step) or self.seams.should_stop()):
             self.checkpoint()
         self._round, self._filtered0, self._t_wait = 0, stats.filtered_groups, time.perf_counter()
         self._early.new_step()

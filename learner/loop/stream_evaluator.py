@@ -55,7 +55,7 @@ POLL_S = 0.5  # one wait for scored samples
 
 
 class StreamEvaluator:
-    remote = True  # the session checkpoints before it waits for one of these
+    remote = True  # a wait on other processes: a checkpoint due at the step is written first (learner/loop/session.py)
 
     def __init__(
         self,

@@ -187,13 +187,21 @@ class StoreBoard:
                 said = now
                 self.say(
                     f"{self.name} op {now - start:.0f} s: "
-                    + ", ".join(
-                        f"rank {r} {'done' if p.get('done') else 'sampling'} ({p.get('groups', 0)} groups, "
-                        f"{p.get('steps', 0)} steps, limit {p.get('limit_s', '?')} s)"
-                        for r, p in reports.items()
-                    )
+                    + ", ".join(f"rank {r} {progress_of(p)}" for r, p in reports.items())
                 )
             time.sleep(self.poll_s)
+
+
+def progress_of(report: dict[str, Any]) -> str:
+    """A rank's part of rank 0's progress line: a SAMPLE op's groups and decode steps (`DecodeMeter.report`),
+    or the seconds of a `beating` block (the EVALUATE op's generate calls), or nothing reported yet."""
+    limit = f"limit {report.get('limit_s', '?')} s"
+    state = "done" if report.get("done") else report.get("what", "sampling")
+    if "groups" in report:
+        return f"{state} ({report['groups']} groups, {report.get('steps', 0)} steps, {limit})"
+    if "seconds" in report:
+        return f"{state} ({report['seconds']:.0f} s, {limit})"
+    return "nothing reported yet"
 
 
 @contextmanager
@@ -213,7 +221,8 @@ def beating(
     start, stop, overrun = clock(), threading.Event(), []
 
     def report(**extra: Any) -> dict[str, Any]:
-        return {"seconds": round(clock() - start, 1), "limit_s": limit_s, "done": False, "failed": None, **extra}
+        seconds = round(clock() - start, 1)
+        return {"what": what, "seconds": seconds, "limit_s": limit_s, "done": False, "failed": None, **extra}
 
     def beat() -> None:
         while not stop.wait(every_s):

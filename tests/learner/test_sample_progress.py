@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from learner.process.sample_progress import DecodeMeter, StoreBoard, beating
+from learner.process.sample_progress import DecodeMeter, StoreBoard, beating, progress_of
 
 
 class Clock:
@@ -123,7 +123,7 @@ def _beating_rank(store, rank: int, errors: dict, block, *, limit_s: float, stal
     board = StoreBoard(dist.PrefixStore("e", store), rank, 2, stall_s=stall_s, poll_s=0.05, say=lambda _: None)
     board.begin("EVALUATE")
     try:
-        with beating(board, limit_s=limit_s, what="its held-out share", every_s=0.1):
+        with beating(board, limit_s=limit_s, what="sampling its held-out share", every_s=0.1):
             block()
         board.wait_all()
     except RuntimeError as err:
@@ -149,13 +149,22 @@ def test_a_rank_in_one_long_call_stays_alive_on_the_board_past_the_stall_window(
     assert errors == {}
 
 
+def test_the_progress_line_names_what_each_rank_is_doing():
+    assert progress_of({"steps": 7, "groups": 2, "limit_s": 90}) == "sampling (2 groups, 7 steps, limit 90 s)"
+    assert progress_of({"steps": 9, "groups": 3, "done": True}) == "done (3 groups, 9 steps, limit ? s)"
+    evaluating = {"what": "sampling its held-out share", "seconds": 12.4, "limit_s": 7200.0, "done": False}
+    assert progress_of(evaluating) == "sampling its held-out share (12 s, limit 7200.0 s)"
+    assert progress_of({**evaluating, "done": True}) == "done (12 s, limit 7200.0 s)"
+    assert progress_of({}) == "nothing reported yet"
+
+
 def test_a_rank_past_its_evaluation_limit_fails_the_op_on_the_waiting_rank_before_its_call_ends(store):
     t0 = time.monotonic()
     errors = _run_beating(store, lambda: time.sleep(4.0), limit_s=0.5, stall_s=10.0)
-    assert errors[0].startswith("EVALUATE op: learner rank 1: its held-out share: still running after ")
+    assert errors[0].startswith("EVALUATE op: learner rank 1: sampling its held-out share: still running after ")
     assert errors[0].endswith("over the limit 0 s") and errors["0 at"] - t0 < 2.5  # not at rank 1's end (4 s)
     # rank 1's call returned after its limit: it fails too (its board still says failed), never `done`
-    assert errors[1].startswith("its held-out share: still running after ") and errors["1 at"] - t0 >= 4.0
+    assert errors[1].startswith("sampling its held-out share: still running after ") and errors["1 at"] - t0 >= 4.0
 
 
 def test_a_rank_whose_call_raises_fails_the_op_on_every_rank_with_the_reason(store):
@@ -163,5 +172,5 @@ def test_a_rank_whose_call_raises_fails_the_op_on_every_rank_with_the_reason(sto
         raise RuntimeError("CUDA out of memory")
 
     errors = _run_beating(store, raising, limit_s=60.0, stall_s=10.0)
-    assert errors[0] == "EVALUATE op: learner rank 1: its held-out share: RuntimeError: CUDA out of memory"
+    assert errors[0] == "EVALUATE op: learner rank 1: sampling its held-out share: RuntimeError: CUDA out of memory"
     assert errors[1] == "CUDA out of memory"

@@ -1,8 +1,10 @@
-"""The session with an evaluator that waits on other processes (`remote`): the step is logged
-(trained ids) and checkpointed before the wait, so a learner killed while it waits loses no
-training; a resumed run whose step's evaluation is missing from eval.jsonl evaluates it first.
-The session of `stare train` (in-memory seams, real DeepSpeed on CPU) with a recording evaluator
-in place of the streams."""
+"""The session with an evaluator that waits on other processes (`remote`): a checkpoint due at the
+evaluation's step is written (with the step's lineage) before the wait, so a learner killed while it
+waits loses no training; no checkpoint is written for the evaluation alone (at 7B that would be 107 GB
+every `task.eval_every` steps), and a learner killed during such a wait retrains from its last
+checkpoint and evaluates again; a resumed run whose step's evaluation is missing from eval.jsonl
+evaluates it first. The session of `stare train` (in-memory seams, real DeepSpeed on CPU) with a
+recording evaluator in place of the streams."""
 
 import json
 from pathlib import Path
@@ -15,15 +17,21 @@ from stare.config import build_config
 pytestmark = pytest.mark.slow
 
 
+class ProcessDied(Exception):
+    pass
+
+
 class RecordingRemoteEvaluator:
     """Notes, when called, which checkpoints and trained steps the run folder already holds."""
 
     remote = True
 
-    def __init__(self, run_dir: Path):
-        self.run_dir, self.calls = run_dir, []
+    def __init__(self, run_dir: Path, dies_at_call: int | None = None):
+        self.run_dir, self.calls, self.dies_at_call = run_dir, [], dies_at_call
 
     def __call__(self, version, weights, final=False):
+        if len(self.calls) == self.dies_at_call:
+            raise ProcessDied("the learner died while it waited for an evaluation")
         trained = self.run_dir / "trained.jsonl"
         self.calls.append(
             {
@@ -37,21 +45,21 @@ class RecordingRemoteEvaluator:
         return {"greedy_accuracy": 0.25, "pass_at_k": 0.5, "avg_at_k": 0.375, "k": 2}
 
 
-def _run(cfg, resume: bool) -> tuple[EmbeddedRun, RecordingRemoteEvaluator]:
+def _run(cfg, resume: bool, dies_at_call: int | None = None) -> tuple[EmbeddedRun, RecordingRemoteEvaluator]:
     run = EmbeddedRun(cfg, resume=resume, log=lambda *a: None)
-    evaluator = RecordingRemoteEvaluator(cfg.run_dir)
+    evaluator = RecordingRemoteEvaluator(cfg.run_dir, dies_at_call)
     run.session.seams.evaluator = evaluator
     return run, evaluator
 
 
-def test_a_remote_evaluation_waits_after_the_checkpoint_and_a_lost_one_is_redone_on_resume(fast_overrides):
-    cfg = build_config({}, overrides=[*fast_overrides, "task.eval_every=1", "run.checkpoint_every=100"])
+def test_a_remote_evaluation_at_a_checkpoint_step_waits_after_it_and_a_lost_one_is_redone_on_resume(fast_overrides):
+    cfg = build_config({}, overrides=[*fast_overrides, "task.eval_every=1", "run.checkpoint_every=1"])
     run, evaluator = _run(cfg, resume=False)
     try:
         run.train()
     finally:
         run.close()
-    # step 0: nothing to save; steps 1 and 2: saved (checkpoint and lineage) before the wait
+    # step 0: nothing to save; steps 1 and 2: due, saved (checkpoint and lineage) before the wait
     assert evaluator.calls == [
         {"version": 0, "checkpoints": [], "trained_steps": []},
         {"version": 1, "checkpoints": ["step_000001"], "trained_steps": [1]},
@@ -70,3 +78,40 @@ def test_a_remote_evaluation_waits_after_the_checkpoint_and_a_lost_one_is_redone
     assert [json.loads(line)["step"] for line in eval_file.read_text().splitlines()] == [0, 1, 2]
     trained = [json.loads(line)["step"] for line in (cfg.run_dir / "trained.jsonl").read_text().splitlines()]
     assert trained == [1, 2]  # written once per step
+
+
+def _steps(path: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+
+def test_an_evaluation_between_checkpoints_writes_none_and_a_learner_lost_in_its_wait_retrains_from_the_last(
+    fast_overrides,
+):
+    cfg = build_config({}, overrides=[*fast_overrides, "run.steps=4", "task.eval_every=1", "run.checkpoint_every=2"])
+    run, evaluator = _run(cfg, resume=False, dies_at_call=3)  # calls: step 0, 1, 2, then 3 dies
+    try:
+        with pytest.raises(ProcessDied):
+            run.train()
+    finally:
+        run.close()
+    # step 1: no checkpoint due, none written for the evaluation (its lineage follows it); step 2: due,
+    # written before the wait
+    assert evaluator.calls == [
+        {"version": 0, "checkpoints": [], "trained_steps": []},
+        {"version": 1, "checkpoints": [], "trained_steps": []},
+        {"version": 2, "checkpoints": ["step_000002"], "trained_steps": [1, 2]},
+    ]
+    assert sorted(p.name for p in (cfg.run_dir / "checkpoints").glob("step_*")) == ["step_000002"]
+    assert _steps(cfg.run_dir / "eval.jsonl") == [0, 1, 2]
+    assert _steps(cfg.run_dir / "trained.jsonl") == [1, 2]  # step 3 trained, never saved: not in the lineage
+    again, evaluator = _run(cfg, resume=True)
+    try:
+        again.train()
+    finally:
+        again.close()
+    # resumed at step 2 (evaluated already): step 3 retrained and evaluated with no checkpoint before it,
+    # step 4 (the last) saved before its wait
+    assert [c["checkpoints"] for c in evaluator.calls] == [["step_000002"], ["step_000002", "step_000004"]]
+    assert [c["trained_steps"] for c in evaluator.calls] == [[1, 2], [1, 2, 3, 4]]
+    assert _steps(cfg.run_dir / "eval.jsonl") == [0, 1, 2, 3, 4]
+    assert _steps(cfg.run_dir / "trained.jsonl") == [1, 2, 3, 4]  # each step once

@@ -73,7 +73,7 @@ class RankEvaluation:
 
         settings = eval_settings(r.cfg, final=final)
         r.board.begin("EVALUATE")
-        with beating(r.board, limit_s=r.cfg.task.eval_timeout_s, what="its held-out share"):
+        with beating(r.board, limit_s=r.cfg.task.eval_timeout_s, what="sampling its held-out share"):
             if indices:
                 with r.colocation.awake(sync=load):
                     samples = sample_problems(
@@ -96,10 +96,9 @@ class NodeEvaluator:
     """Rank 0's held-out evaluator of a node-colocated learner of several ranks: the EVALUATE op, then every
     problem's responses scored by the run's scorer (`judge`) as one engine's would be."""
 
-    # not `remote`: the session would save a checkpoint before every evaluation (a remote evaluator's rule), at
-    # 7B a 91 GB write every task.eval_every (10) steps where run.checkpoint_every is 50; a failed op loses the
-    # steps since the last checkpoint instead, as rank 0's in-process evaluation did before
-    remote = False
+    # a wait on the other ranks: the session writes a checkpoint due at this step before it (a failed op then
+    # loses nothing) and keeps no published copy through it; none for the evaluation alone (learner/loop/session.py)
+    remote = True
 
     def __init__(self, learner, rollout, part: RankEvaluation, judge: Callable, generations: int):
         self.learner, self.rollout, self.part, self.judge, self.generations = learner, rollout, part, judge, generations

@@ -4,7 +4,8 @@ every step as a share (as checkpoints are).
 What the product does (learner/loop/stream_evaluator.py, rollout/evaluation.py): every `task.eval_every`
 steps the learner publishes the evaluation's tasks, a greedy one and a sampled one of `n` samples per
 held-out problem (stare.evaluation.heldout.eval_tasks), and trains no further until every sample is scored;
-the rollout workers sample evaluation tasks before training prompts. A node-colocated learner of several ranks
+the rollout workers sample evaluation tasks before training prompts. The session writes no checkpoint for an
+evaluation (one due at its step, `run.checkpoint_every`, is written before the wait: charged as every checkpoint). A node-colocated learner of several ranks
 spreads it over every rank's engine (the EVALUATE op, stare/app/colocation/node_evaluation.py: each wakes,
 takes its learner's weights, gathered on every rank under ZeRO-3, samples problems r, r + ranks, ... and sleeps);
 one rank evaluates on its own engine, woken for it.
