@@ -22,6 +22,8 @@ import pytest
 from redis_fixtures import have_redis_server
 from test_up import _assert_nothing_lost_or_trained_twice, _config
 
+from stare.runstate.redis_state import RedisRunState
+
 pytestmark = [
     pytest.mark.redis,
     pytest.mark.slow,
@@ -100,10 +102,17 @@ def test_ray_launch_trains_and_survives_a_killed_rollout_actor(tiny_model_dir, t
             assert supervisor.is_alive(), tail()
             assert time.monotonic() < deadline, f"step 3 not reached in 300s\n{tail()}"
             time.sleep(0.2)
+        state = RedisRunState.connect(launcher.redis_url, cfg.run.name)
+        state.set_paused(True)  # the run cannot finish before the supervisor sees the restart, however fast it is
         killed = launcher.kill("rollout-0")
         # one writer per run folder: the driver holds it, its learner actor trains under it (the token)
         with pytest.raises(RunLockError, match="is in use by pid"):
             RunLock(cfg.run_dir, resume=True).acquire()
+        while launcher.restarts["rollout-0"] < 1:
+            assert supervisor.is_alive() and time.monotonic() < deadline, f"no restart of rollout-0 seen\n{tail()}"
+            time.sleep(0.2)
+        state.set_paused(False)
+        state.close()
 
         supervisor.join(timeout=300)
         assert not supervisor.is_alive(), f"the run did not finish in 300s\n{tail()}"

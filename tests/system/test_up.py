@@ -92,7 +92,7 @@ class Run:
         path = self.dir / "metrics.jsonl"
         if not path.exists():
             return 0
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        lines = [json.loads(line) for line in _whole_lines(path)]
         return lines[-1]["step"] if lines else 0
 
     def wait_for_step(self, step: int, timeout_s: float = 240) -> None:
@@ -100,7 +100,7 @@ class Run:
         while self.steps_done() < step:
             assert self.code in (None, 0), self.tail()
             assert time.monotonic() < deadline, f"step {step} not reached in {timeout_s}s\n{self.tail()}"
-            time.sleep(0.2)
+            time.sleep(0.05)
 
     def wait_finished(self, timeout_s: float = 300) -> None:
         self.thread.join(timeout=timeout_s)
@@ -111,8 +111,24 @@ class Run:
         return "\n".join(self.log.getvalue().splitlines()[-n:])
 
 
+def _whole_lines(path: Path) -> list[str]:
+    """The file's complete lines: a last line the learner is still appending (no newline yet) is left out."""
+    text = path.read_text()
+    return [line for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
 def _trained(run_dir: Path) -> list[list[str]]:
-    return [json.loads(line)["ids"] for line in (run_dir / "trained.jsonl").read_text().splitlines()]
+    return [json.loads(line)["ids"] for line in _whole_lines(run_dir / "trained.jsonl")]
+
+
+def _pause(state, run: Run) -> None:
+    """Pause the learner and wait until it is (before its next step): whatever the machine's speed, nothing
+    trains, checkpoints or finishes until `state.set_paused(False)`."""
+    state.set_paused(True)
+    deadline = time.monotonic() + 60
+    while (state.status() or {}).get("phase") != "paused":
+        assert time.monotonic() < deadline, run.tail()
+        time.sleep(0.02)
 
 
 def _groups_still_in_redis(server, run_id: str) -> set[int]:
@@ -229,12 +245,14 @@ def test_a_sigkilled_learner_resumes_from_its_checkpoint_and_retrains_what_waite
             assert time.monotonic() < deadline and len(_trained(run.dir)) < 22, "no step 5k + 1 seen"
             time.sleep(0.01)
         state = RedisRunState.connect(run.launcher.redis_url, cfg.run.name)
-        change = state.request_entropy_change({"target": 0.45}, "test")  # applied after that checkpoint
+        _pause(state, run)  # held past that checkpoint and before the next, however fast the steps are
+        change = state.request_entropy_change({"target": 0.45}, "test")  # applied while paused
         deadline = time.monotonic() + 60
         while (applied_at := state.audit()[-1].applied_step) is None:
             assert time.monotonic() < deadline, "the learner did not apply the entropy change"
             time.sleep(0.05)
         run.launcher.kill("learner")
+        state.set_paused(False)  # the restarted learner trains on
         saved = int((run.dir / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
         lost_steps = _trained(run.dir)[saved:]  # trained after the checkpoint: pending in Redis
         assert lost_steps, "the learner died before training past its checkpoint"
@@ -273,6 +291,8 @@ def test_one_writer_per_run_folder_and_the_launchers_own_restarted_learner_is_no
     cfg = _config(tiny_model_dir, tmp_path, steps)
     with Run(cfg, rollout=1, reward=1, control=False) as run:
         run.wait_for_step(6)  # a checkpoint at step 5: the folder can be resumed
+        state = RedisRunState.connect(run.launcher.redis_url, cfg.run.name)
+        _pause(state, run)  # the run cannot finish before its learner is killed, however fast the steps are
         url = (run.dir / "up" / "redis.url").read_bytes()
         code = main(["train", "--no-progress", "--resume", str(run.dir), "--set", f"run.steps={steps + 5}"])
         err = capsys.readouterr().err
@@ -282,6 +302,8 @@ def test_one_writer_per_run_folder_and_the_launchers_own_restarted_learner_is_no
         assert (run.dir / "up" / "redis.url").read_bytes() == url
         (run.dir / "checkpoints" / "latest").unlink()
         run.launcher.kill("learner")
+        state.set_paused(False)
+        state.close()
         run.wait_finished()
         assert run.launcher.roles["learner"].restarts == 1
         assert "in use" not in run.log.getvalue()
@@ -336,22 +358,18 @@ def test_a_paused_learner_trains_nothing_and_says_training_again_once_resumed(ti
     cfg = _config(tiny_model_dir, tmp_path, steps, system__max_staleness=0)
     with Run(cfg, rollout=1, reward=1, control=False) as run:
         state = RedisRunState.connect(run.launcher.redis_url, cfg.run.name)
-        run.wait_for_step(1)
-        state.set_paused(True)
-        deadline = time.monotonic() + 60
-        while (state.status() or {}).get("phase") != "paused":
-            assert time.monotonic() < deadline, run.tail()
-            time.sleep(0.1)
+        _pause(state, run)  # asked before the first step: it pauses before it, whatever the machine's speed
         held = run.steps_done()
         time.sleep(3.0)
         assert run.steps_done() == held and state.status()["phase"] == "paused"
         state.set_paused(False)
         deadline = time.monotonic() + 60
-        while state.status()["phase"] != "training":
+        while (phase := state.status()["phase"]) == "paused":  # then training, or already finished
             assert time.monotonic() < deadline, run.tail()
-            time.sleep(0.1)
+            time.sleep(0.02)
+        assert phase in ("training", "finished") and "resumed" in run.log.getvalue(), run.tail()
         run.wait_finished()
-        assert state.status()["phase"] == "finished"
+        assert state.status()["phase"] == "finished" and run.steps_done() == steps > held
 
 
 def _start_up_in_a_terminal_group(tiny_model_dir, tmp_path):
