@@ -105,7 +105,13 @@ class EvalSource(_Section):
 class TaskSection(_Section):
     name: str = Field("arithmetic", description="A bundled task (see stare.data.tasks.TASKS).")
     eval_problems: int = Field(128, ge=1, description="Held-out problems per evaluation.")
-    eval_every: int = Field(25, ge=1, description="Evaluate on the held-out split every N steps (and at start/end).")
+    eval_every: int = Field(
+        25,
+        ge=1,
+        description="Evaluate on the held-out split every N steps (and at start/end). An evaluation writes no "
+        "checkpoint of its own: one due at its step (run.checkpoint_every) is written before it; a multiple of "
+        "run.checkpoint_every keeps every evaluated step through a learner restart.",
+    )
     eval_k: int = Field(
         4, ge=1, description="Samples per held-out problem for pass@k / avg@k (sources not in eval_sources)."
     )
