@@ -4,8 +4,7 @@
     start -> [evaluate at step 0, or the resumed step's evaluation a restart lost]
     loop:  steering (pause, checkpoint, entropy changes) -> fill (publish prompts up to the window, pump,
            pull scored groups; while short, the pre-pass of ready groups) -> train -> publish weights
-           -> evaluate when due (a remote evaluator: a checkpoint due at this step is written first)
-           -> metrics, status -> checkpoint when due
+           -> evaluate when due (a remote evaluator after a checkpoint due then) -> metrics, status -> checkpoint
     end:   run.steps trained, or data.epochs' prompts used up (`_data_used_up`), or a stop: checkpoint
            what is unsaved, say finished/stopped
 
@@ -312,13 +311,11 @@ class TrainingSession:
             weights = lambda s=state: s  # noqa: E731  (the evaluator in this process reads the published copy)
             if getattr(self.seams.evaluator, "remote", False):  # a wait on other processes
                 weights = state = None  # the workers hold this version: the copy is not kept through the wait
-                if self._checkpoint_due(step):  # written before the wait, so the step outlives a long evaluation
+                # a due checkpoint before the wait; none for the evaluation alone (at 7B 107 GB each): a learner killed
+                # in the wait loses no data (acks follow checkpoints), it retrains from its last and evaluates again
+                if saved := self._checkpoint_due(step):
                     self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])  # lineage before the acks
                     self.checkpoint()
-                    saved = True
-                # Not otherwise: a checkpoint per evaluation (at 7B 107 GB every task.eval_every steps) would cost
-                # as much as the evaluation. A learner killed during the wait loses no data (a step's entries are
-                # acknowledged once a checkpoint holds it): it retrains from its last checkpoint and evaluates again.
             metrics["eval_greedy_accuracy"] = self.evaluate(weights, final=step == self.steps)["greedy_accuracy"]
         del state  # a full copy of the weights (15 GB at 7B): not kept between steps
         status = {
