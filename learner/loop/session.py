@@ -33,7 +33,7 @@ from learner.loop.early_prepass import EarlyPrepass
 from learner.loop.group_collector import round_size
 from learner.loop.lost_groups import LostGroups
 from learner.loop.run_outcome import EmptySteps, RunOutcome
-from learner.loop.session_seams import CursorStore, Evaluator, MemoryCursor, SessionSeams  # noqa: F401  (the modes import them here)
+from learner.loop.session_seams import CursorStore, EvaluationStopped, Evaluator, MemoryCursor, SessionSeams  # noqa: F401  (the modes import them here)
 from stare.config import TrainConfig
 from stare.data.feeder import run_steps
 from stare.observe.files import read_jsonl
@@ -130,12 +130,16 @@ class TrainingSession:
 
     def evaluate(
         self, weights: Callable[[], Mapping[str, torch.Tensor]] | None = None, final: bool = False
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
         """Held-out results of the current weights (`weights`: the state dict just published, not gathered
-        twice); `final`: the run's last evaluation (`task.final_eval_k`)."""
+        twice); `final`: the run's last evaluation (`task.final_eval_k`); None: a stop ended the wait (not logged)."""
         learner = self.learner
-        with self.seams.busy("evaluating"):
-            result = self.seams.evaluator(learner.version, weights or learner.state_dict_for_rollout, final=final)
+        try:
+            with self.seams.busy("evaluating"):
+                result = self.seams.evaluator(learner.version, weights or learner.state_dict_for_rollout, final=final)
+        except EvaluationStopped as stopped:
+            self.say(str(stopped))
+            return None
         result.update(step=learner.step, final=final)
         self.outputs.log_eval(result)
         self.say(
@@ -298,15 +302,10 @@ class TrainingSession:
         metrics.update(batch_metrics(trajectories, step_time))
         metrics.update(self.watch.step(learner.step, trajectories), **getattr(self.feeder, "coverage", {}))
         metrics.update(
-            algo=cfg.algo,
-            time_unix=time.time(),
-            time_publish_s=time.perf_counter() - t_pub,
-            **stats.totals(),
-            **publisher_metrics(self.seams.publisher),
-            **staleness_summary(lags),
+            algo=cfg.algo, time_unix=time.time(), time_publish_s=time.perf_counter() - t_pub, **stats.totals()
         )
-        step = learner.step
-        saved = False
+        metrics.update(**publisher_metrics(self.seams.publisher), **staleness_summary(lags))
+        step, saved = learner.step, False
         if self._eval_due(step):
             weights = lambda s=state: s  # noqa: E731  (the evaluator in this process reads the published copy)
             if getattr(self.seams.evaluator, "remote", False):  # a wait on other processes
@@ -316,7 +315,8 @@ class TrainingSession:
                 if saved := self._checkpoint_due(step):
                     self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])  # lineage before the acks
                     self.checkpoint()
-            metrics["eval_greedy_accuracy"] = self.evaluate(weights, final=step == self.steps)["greedy_accuracy"]
+            if (result := self.evaluate(weights, final=step == self.steps)) is not None:
+                metrics["eval_greedy_accuracy"] = result["greedy_accuracy"]
         del state  # a full copy of the weights (15 GB at 7B): not kept between steps
         status = {
             "weight_version": learner.version,

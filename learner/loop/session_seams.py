@@ -68,12 +68,17 @@ class RedisCursor:
         retrying(lambda: self.client.hset(self.key, "weight_version", version), "HSET weight version")
 
 
+class EvaluationStopped(RuntimeError):
+    """A stop was requested while an evaluation was awaited (an Evaluator that waits on other processes may
+    raise it): nothing of it is logged; it stays open for the next learner to collect."""
+
+
 class Evaluator(Protocol):
     def __call__(
         self, version: int, weights: Callable[[], Mapping[str, torch.Tensor]], final: bool = False
     ) -> dict[str, Any]:
         """Held-out results of the policy at `version` (`weights()` gives its state dict); `final`:
-        the run's last evaluation (`task.final_eval_k` samples when set)."""
+        the run's last evaluation (`task.final_eval_k` samples when set). May raise EvaluationStopped."""
         ...
 
 

@@ -19,6 +19,9 @@ function of training).
   samples acknowledged, the result lost with the process) is published again and recomputed; one
   left open under another version (the restart republished the weights as a newer version) is
   closed as superseded, so workers skip its tasks.
+* A stop request (SIGTERM, `stare up`'s Ctrl-C) ends the wait at once: `EvaluationStopped`, the
+  evaluation left open and what arrived unacknowledged, so the session saves its step and exits within
+  its grace period, and the restarted learner (the same version: nothing newer was published) collects it.
 * Nothing waits for ever: a sample dead-lettered anywhere on the way (an unsampleable prompt, a
   record that failed scoring) counts as incorrect and is reported with its reason; after
   `task.eval_timeout_s` the result covers what arrived (`complete: false`, the missing samples
@@ -34,6 +37,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from learner.loop.session_seams import EvaluationStopped
 from stare.data.feeder import eval_problems
 from stare.data.prompt_policy import prompt_ids
 from stare.evaluation.heldout import (
@@ -69,6 +73,7 @@ class StreamEvaluator:
         consumer: str = "learner",
         timeout_s: float | None = None,
         say: Callable[[str], None] = log.info,
+        stop: Callable[[], bool] = lambda: False,
     ):
         self.cfg, self.streams, self.index, self.tick, self.consumer, self.say = (
             cfg,
@@ -85,6 +90,7 @@ class StreamEvaluator:
         self.timeout_s = cfg.task.eval_timeout_s if timeout_s is None else timeout_s
         self.poll_s = min(POLL_S, cfg.system.stall_s / 4)  # ticks well within the liveness limit
         self.dead = Feeds([dead_letter_feed(s) for s in (streams.tasks, streams.raw, streams.scored)])
+        self.stop = stop  # a stop request: end a wait at once (EvaluationStopped)
 
     def tasks(self, version: int, settings: dict[str, Any] | None = None) -> list[EvalTask]:
         return eval_tasks(
@@ -128,6 +134,11 @@ class StreamEvaluator:
         held: list[str] = []
         start = last_log = time.monotonic()
         while len(scores) + len(dead) < len(expected):
+            if self.stop():  # nothing acknowledged, the index still open: the next learner collects it
+                raise EvaluationStopped(
+                    f"evaluation {eval_id}: a stop was requested while waiting ({len(scores)} of {len(expected)} "
+                    "samples in); left open for the restarted learner"
+                )
             self.tick(evaluating=eval_id, samples=len(scores), of=len(expected))
             deliveries = self.streams.scored.consume(self.consumer, 4096, block_s=self.poll_s)
             other: list[str] = []

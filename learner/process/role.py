@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 LEARNER_CONSUMER = "learner"  # one learner per run: a stable consumer name, so a restart re-reads its entries
 
 
-EvaluatorFactory = Callable[..., Any]  # (config, RunSetup, transport, tick) -> an Evaluator
+EvaluatorFactory = Callable[..., Any]  # (config, RunSetup, transport, tick, stop) -> an Evaluator
 RolloutFactory = Callable[[], Any]  # () -> a RankRollout (learner/process/colocation.py), built by the application
 
 
@@ -240,7 +240,7 @@ def _train(
             if rollout is not None:
                 evaluator = rollout.evaluator(learner, world) if evaluator_factory is not None else None
             elif evaluator_factory is not None:
-                evaluator = evaluator_factory(cfg, setup, transport, rt.tick)
+                evaluator = evaluator_factory(cfg, setup, transport, rt.tick, rt.stop.is_set)
         seams = SessionSeams(
             transport=transport,
             publisher=publisher,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from learner.loop.session_seams import EvaluationStopped
 from stare.app.launch.embedded import EmbeddedRun
 from stare.config import build_config
 
@@ -26,12 +27,16 @@ class RecordingRemoteEvaluator:
 
     remote = True
 
-    def __init__(self, run_dir: Path, dies_at_call: int | None = None):
-        self.run_dir, self.calls, self.dies_at_call = run_dir, [], dies_at_call
+    def __init__(self, run_dir: Path, dies_at_call: int | None = None, stop_at_call=None):
+        self.run_dir, self.calls, self.dies_at_call, self.stop_at_call = run_dir, [], dies_at_call, stop_at_call
 
     def __call__(self, version, weights, final=False):
         if len(self.calls) == self.dies_at_call:
             raise ProcessDied("the learner died while it waited for an evaluation")
+        if self.stop_at_call is not None and len(self.calls) == self.stop_at_call[0]:
+            self.calls.append({"version": version, "stopped": True})
+            self.stop_at_call[1]()  # SIGTERM arrives during the wait; the evaluator ends it (StreamEvaluator does)
+            raise EvaluationStopped(f"evaluation v{version}: a stop was requested while waiting")
         trained = self.run_dir / "trained.jsonl"
         self.calls.append(
             {
@@ -45,9 +50,10 @@ class RecordingRemoteEvaluator:
         return {"greedy_accuracy": 0.25, "pass_at_k": 0.5, "avg_at_k": 0.375, "k": 2}
 
 
-def _run(cfg, resume: bool, dies_at_call: int | None = None) -> tuple[EmbeddedRun, RecordingRemoteEvaluator]:
+def _run(cfg, resume: bool, dies_at_call: int | None = None, stops_at_call: int | None = None):
     run = EmbeddedRun(cfg, resume=resume, log=lambda *a: None)
-    evaluator = RecordingRemoteEvaluator(cfg.run_dir, dies_at_call)
+    stop = None if stops_at_call is None else (stops_at_call, lambda: setattr(run.stop, "requested", True))
+    evaluator = RecordingRemoteEvaluator(cfg.run_dir, dies_at_call, stop)
     run.session.seams.evaluator = evaluator
     return run, evaluator
 
@@ -115,3 +121,29 @@ def test_an_evaluation_between_checkpoints_writes_none_and_a_learner_lost_in_its
     assert [c["trained_steps"] for c in evaluator.calls] == [[1, 2], [1, 2, 3, 4]]
     assert _steps(cfg.run_dir / "eval.jsonl") == [0, 1, 2, 3, 4]
     assert _steps(cfg.run_dir / "trained.jsonl") == [1, 2, 3, 4]  # each step once
+
+
+def test_a_stop_during_a_wait_between_checkpoints_saves_the_step_and_the_resumed_run_evaluates_it_first(
+    fast_overrides,
+):
+    cfg = build_config({}, overrides=[*fast_overrides, "run.steps=4", "task.eval_every=1", "run.checkpoint_every=4"])
+    run, evaluator = _run(cfg, resume=False, stops_at_call=2)  # step 2's evaluation: no checkpoint due
+    try:
+        outcome = run.train()
+    finally:
+        run.close()
+    assert [c["version"] for c in evaluator.calls] == [0, 1, 2] and evaluator.calls[2].get("stopped")
+    assert outcome.outcome == "stopped"
+    # the stop saved the step at once (not after run.checkpoint_every), its evaluation not logged
+    assert sorted(p.name for p in (cfg.run_dir / "checkpoints").glob("step_*")) == ["step_000002"]
+    assert _steps(cfg.run_dir / "eval.jsonl") == [0, 1]
+    assert _steps(cfg.run_dir / "trained.jsonl") == [1, 2]
+    again, evaluator = _run(cfg, resume=True)
+    try:
+        again.train()
+    finally:
+        again.close()
+    # resumed at step 2 with version 2 (nothing newer was published): step 2's evaluation first, of that version
+    assert [c["version"] for c in evaluator.calls] == [2, 3, 4]
+    assert _steps(cfg.run_dir / "eval.jsonl") == [0, 1, 2, 3, 4]
+    assert _steps(cfg.run_dir / "trained.jsonl") == [1, 2, 3, 4]

@@ -1,18 +1,20 @@
 """Evaluation through the streams (real redis-server; rollout and reward workers in threads, each
 with its own Redis connection) gives the same numbers as the in-process evaluator for the same
 weights and seeds, per data source; a restarted learner collects what it had published without
-counting a sample twice; a sample dead-lettered on the way counts as incorrect, with its reason;
-a wait for samples nobody produces ends at the timeout, saying so."""
+counting a sample twice, also one a stop request ended its wait for; a sample dead-lettered on the way
+counts as incorrect, with its reason; a wait for samples nobody produces ends at the timeout, saying so."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 import torch
 from redis_fixtures import have_redis_server, redis_server
 
+from learner.loop.session_seams import EvaluationStopped
 from learner.loop.stream_evaluator import StreamEvaluator
 from reward.worker import RewardWorker
 from rollout.evaluation import EvalSampler
@@ -188,6 +190,25 @@ def test_a_restarted_learner_collects_its_published_evaluation_once(tiny_model_d
     local.close()
     assert {k: got[k] for k in COMPARED} == {k: expected[k] for k in COMPARED}
     assert got["complete"] and backlog == 0  # everything it read is acknowledged
+
+
+def test_a_stop_ends_the_wait_at_once_and_leaves_the_evaluation_for_the_restarted_learner(tiny_model_dir, tmp_path):
+    cfg = _config(tiny_model_dir, tmp_path)
+    local = _stack(cfg)
+    expected = StackEvaluator(local, cfg)(0, dict)
+    stop = threading.Event()
+    with redis_server(tmp_path / "redis") as server:
+        stopping = _evaluator(cfg, server.url, local, timeout_s=600, stop=stop.is_set)
+        threading.Timer(0.5, stop.set).start()
+        t0 = time.monotonic()
+        with pytest.raises(EvaluationStopped, match="0 of 24 samples in"):
+            stopping(0)  # nobody samples yet: without the stop it would wait its 600 s
+        waited, state = time.monotonic() - t0, stopping.index.published("v0")["state"]
+        with Workers(cfg, server.url, MemoryWeightBoard()):  # the workers come back with the next learner
+            got = _evaluator(cfg, server.url, local, timeout_s=60)(0)
+    local.close()
+    assert waited < 5 and state == "open"
+    assert {k: got[k] for k in COMPARED} == {k: expected[k] for k in COMPARED} and got["complete"]
 
 
 def test_a_wait_for_samples_nobody_produces_ends_at_the_timeout_and_says_what_is_missing(tiny_model_dir, tmp_path):

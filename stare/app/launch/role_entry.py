@@ -13,7 +13,7 @@ from stare.config import ConfigError, TrainConfig
 ROLES = ("learner", "rollout", "reward")
 
 
-def learner_evaluator(cfg: TrainConfig, setup, transport, tick):
+def learner_evaluator(cfg: TrainConfig, setup, transport, tick, stop=lambda: False):
     """The distributed learner's evaluator: through the evaluation streams, sampled by the rollout
     workers and scored by the reward workers (learner/loop/stream_evaluator.py); the learner holds no second
     model and no sandbox. (`stare train` keeps its in-process `StackEvaluator`.)"""
@@ -27,6 +27,7 @@ def learner_evaluator(cfg: TrainConfig, setup, transport, tick):
         connect_eval_streams(cfg, transport.client, transport.trust),
         RedisEvalIndex(transport.client, cfg.run.name),
         tick=tick,
+        stop=stop,
     )
 
 
