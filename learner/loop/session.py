@@ -91,9 +91,9 @@ class TrainingSession:
                 f"publishing the checkpoint's weights as version {published + 1}"
             )
             learner.version = published + 1
+            getattr(seams.evaluator, "abandon_open", lambda: None)()  # one it left open is never collected now
         self._publish(learner.state_dict_for_rollout())
-        self.resumed = resume_step is not None
-        self._paused = False
+        self.resumed, self._paused = resume_step is not None, False
         self._last_step_at = time.monotonic()
         self.lost = LostGroups(feeder, collector, seams.transport, say)  # published groups found nowhere
         self._round = 0  # fill rounds since the last step

@@ -92,6 +92,14 @@ class StreamEvaluator:
         self.dead = Feeds([dead_letter_feed(s) for s in (streams.tasks, streams.raw, streams.scored)])
         self.stop = stop  # a stop request: end a wait at once (EvaluationStopped)
 
+    def abandon_open(self) -> None:
+        """Close every open evaluation as superseded: a restarted learner whose weights got a newer version than
+        any published collects none of them, so the workers skip their tasks now rather than sample them for
+        nobody until the next evaluation is published."""
+        for stale in self.index.open_ids():
+            self.index.close(stale, "superseded")
+            self.say(f"evaluation {stale}: left open by an earlier learner; closed (workers skip its tasks)")
+
     def tasks(self, version: int, settings: dict[str, Any] | None = None) -> list[EvalTask]:
         return eval_tasks(
             self.problems,

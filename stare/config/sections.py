@@ -109,8 +109,9 @@ class TaskSection(_Section):
         25,
         ge=1,
         description="Evaluate on the held-out split every N steps (and at start/end). An evaluation writes no "
-        "checkpoint of its own: one due at its step (run.checkpoint_every) is written before it; a multiple of "
-        "run.checkpoint_every keeps every evaluated step through a learner restart.",
+        "checkpoint of its own; before one the rollout workers sample (distributed runs), a checkpoint due at its "
+        "step (run.checkpoint_every) is written first, so a multiple of run.checkpoint_every keeps every such "
+        "evaluation through a learner restart.",
     )
     eval_k: int = Field(
         4, ge=1, description="Samples per held-out problem for pass@k / avg@k (sources not in eval_sources)."

@@ -147,3 +147,24 @@ def test_a_stop_during_a_wait_between_checkpoints_saves_the_step_and_the_resumed
     assert [c["version"] for c in evaluator.calls] == [2, 3, 4]
     assert _steps(cfg.run_dir / "eval.jsonl") == [0, 1, 2, 3, 4]
     assert _steps(cfg.run_dir / "trained.jsonl") == [1, 2, 3, 4]
+
+
+def test_a_learner_whose_weights_get_a_newer_version_than_any_published_abandons_the_evaluations_left_open(
+    fast_overrides, monkeypatch
+):
+    """A learner killed after its checkpoint published newer weights: the resumed one publishes the checkpoint's
+    weights above them, so no evaluation left open can be collected; the session closes them at once (the
+    rollout workers would otherwise sample their tasks for nobody until the next evaluation is published)."""
+    from learner.loop.session_seams import MemoryCursor
+    from rollout.stack import StackEvaluator
+
+    abandoned: list[int] = []
+    monkeypatch.setattr(MemoryCursor, "load_version", lambda self: 7)  # published up to 7 before the restart
+    monkeypatch.setattr(StackEvaluator, "abandon_open", lambda self: abandoned.append(1), raising=False)
+    cfg = build_config({}, overrides=fast_overrides)
+    run = EmbeddedRun(cfg, resume=False, log=lambda *a: None)
+    try:
+        version = run.session.learner.version
+    finally:
+        run.close()
+    assert version == 8 and abandoned == [1]

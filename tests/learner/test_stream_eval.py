@@ -211,6 +211,23 @@ def test_a_stop_ends_the_wait_at_once_and_leaves_the_evaluation_for_the_restarte
     assert {k: got[k] for k in COMPARED} == {k: expected[k] for k in COMPARED} and got["complete"]
 
 
+def test_abandoning_closes_every_open_evaluation_so_workers_skip_its_tasks(tiny_model_dir, tmp_path):
+    cfg = _config(tiny_model_dir, tmp_path)
+    local = _stack(cfg)
+    said: list[str] = []
+    with redis_server(tmp_path / "redis") as server:
+        evaluator = _evaluator(cfg, server.url, local, say=said.append)
+        for eval_id in ("v3", "v4"):
+            evaluator.index.publish(eval_id, {"tasks": 12})
+        evaluator.index.close("v3", "done")
+        evaluator.abandon_open()
+        states = {e: evaluator.index.published(e)["state"] for e in ("v3", "v4")}
+        still_open = evaluator.index.is_open("v4")
+    local.close()
+    assert states == {"v3": "done", "v4": "superseded"} and not still_open  # EvalSampler's check
+    assert said == ["evaluation v4: left open by an earlier learner; closed (workers skip its tasks)"]
+
+
 def test_a_wait_for_samples_nobody_produces_ends_at_the_timeout_and_says_what_is_missing(tiny_model_dir, tmp_path):
     cfg = _config(tiny_model_dir, tmp_path)
     local = _stack(cfg)

@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 from redis_fixtures import have_redis_server
-from test_up import _assert_nothing_lost_or_trained_twice, _config
+from test_up import _assert_nothing_lost_or_trained_twice, _config, _whole_lines
 
 from stare.runstate.redis_state import RedisRunState
 
@@ -59,7 +59,7 @@ def local_ray(monkeypatch):
 
 def _steps_done(run_dir) -> int:
     path = run_dir / "metrics.jsonl"
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    lines = [json.loads(line) for line in _whole_lines(path)] if path.exists() else []
     return lines[-1]["step"] if lines else 0
 
 

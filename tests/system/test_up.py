@@ -121,11 +121,11 @@ def _trained(run_dir: Path) -> list[list[str]]:
     return [json.loads(line)["ids"] for line in _whole_lines(run_dir / "trained.jsonl")]
 
 
-def _pause(state, run: Run) -> None:
+def _pause(state, run: Run, timeout_s: float = 60) -> None:
     """Pause the learner and wait until it is (before its next step): whatever the machine's speed, nothing
     trains, checkpoints or finishes until `state.set_paused(False)`."""
     state.set_paused(True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + timeout_s
     while (state.status() or {}).get("phase") != "paused":
         assert time.monotonic() < deadline, run.tail()
         time.sleep(0.02)
@@ -358,7 +358,8 @@ def test_a_paused_learner_trains_nothing_and_says_training_again_once_resumed(ti
     cfg = _config(tiny_model_dir, tmp_path, steps, system__max_staleness=0)
     with Run(cfg, rollout=1, reward=1, control=False) as run:
         state = RedisRunState.connect(run.launcher.redis_url, cfg.run.name)
-        _pause(state, run)  # asked before the first step: it pauses before it, whatever the machine's speed
+        # asked before the first step (the roles' start and the step-0 evaluation first: wait_for_step's limit)
+        _pause(state, run, timeout_s=240)
         held = run.steps_done()
         time.sleep(3.0)
         assert run.steps_done() == held and state.status()["phase"] == "paused"

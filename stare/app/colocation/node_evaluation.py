@@ -96,9 +96,9 @@ class NodeEvaluator:
     """Rank 0's held-out evaluator of a node-colocated learner of several ranks: the EVALUATE op, then every
     problem's responses scored by the run's scorer (`judge`) as one engine's would be."""
 
-    # a wait on the other ranks: the session writes a checkpoint due at this step before it (a failed op then
-    # loses nothing) and keeps no published copy through it; none for the evaluation alone (learner/loop/session.py)
-    remote = True
+    # not `remote` (a checkpoint due at the step would be written before the op, and a learner that failed in the
+    # op would resume past the step without its metrics row): a failed op retrains from the last checkpoint
+    remote = False
 
     def __init__(self, learner, rollout, part: RankEvaluation, judge: Callable, generations: int):
         self.learner, self.rollout, self.part, self.judge, self.generations = learner, rollout, part, judge, generations
