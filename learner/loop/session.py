@@ -43,6 +43,7 @@ from stare.observe.watch import RunWatch
 from stare.weight_sync.base import publisher_metrics
 
 log = logging.getLogger(__name__)
+STREAMS = ("prompts", "raw", "scored")
 
 PAUSE_POLL_S = 0.2  # while paused: how often the steering is asked again
 PULL_BLOCK_S = 0.5  # without a pump: how long a fill round waits for scored entries
@@ -63,7 +64,7 @@ class TrainingSession:
     ):
         self.cfg, self.learner, self.feeder, self.collector, self.seams = cfg, learner, feeder, collector, seams
         self.max_staleness, self.say = max_staleness, say
-        resume_step = None
+        resume_step = row = None
         if resume:
             from learner.engine.checkpoints import choose_checkpoint  # verified first; a damaged one falls back, loudly
 
@@ -76,11 +77,11 @@ class TrainingSession:
                 collector.finished.watermark = max(collector.finished.watermark, feeder.cursor)
             if "rng" in state:  # likewise those of `stare learner`
                 set_rng_state(state["rng"])
-            resume_step = learner.step
+            resume_step, row = learner.step, state.get("row")  # row: a step's metrics not logged before its wait
             say(f"resumed {cfg.run_dir} at step {learner.step}")
         # never publish a group twice: continue after what earlier incarnations published
         feeder.cursor = max(seams.cursor.load(), feeder.cursor)
-        self.outputs = RunOutputs(cfg, resume_step=resume_step)  # damaged log lines: a warning each
+        self.outputs = RunOutputs(cfg, resume_step=resume_step, row=row)  # damaged log lines: a warning each
         self.steps = run_steps(cfg, feeder, say)  # run.steps, or derived from data.epochs
         self.step_lines = StepLines(cfg.logging.every_n_steps, self.steps, log)  # a log line per N steps
         self.watch = RunWatch.of(cfg.logging, getattr(feeder, "tokenizer", None), say)  # runs that cannot learn
@@ -159,23 +160,16 @@ class TrainingSession:
         """eval.jsonl has the evaluation of `step` (a learner killed while it waited for one has not)."""
         return any(r.get("step") == step for r in read_jsonl(self.outputs.dir / "eval.jsonl"))  # damaged lines: skipped
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, row: dict[str, Any] | None = None) -> None:
+        """`row`: the step's metrics row when it is not logged yet (written on resume if it never was)."""
         ckpt_dir = self.outputs.ckpt_dir
         ckpt_dir.mkdir(parents=True, exist_ok=True)
+        data, collector = self.feeder.state_dict(), self.collector.state_dict()
         with self.seams.busy("checkpointing"):
-            tag = self.learner.save(
-                ckpt_dir,
-                {"data": self.feeder.state_dict(), "collector": self.collector.state_dict(), "rng": rng_state()},
-            )
+            tag = self.learner.save(ckpt_dir, {"data": data, "collector": collector, "rng": rng_state(), "row": row})
         acked = self.collector.ack_trained()  # only now: the checkpoint holds what they trained
         self.outputs.prune_checkpoints()
         self.say(f"checkpoint {ckpt_dir / tag} (acknowledged {acked} trained trajectories)")
-
-    def queue_depths(self) -> dict[str, int]:
-        return {n: getattr(self.seams.transport, n).backlog() for n in ("prompts", "raw", "scored")}
-
-    def dead_letters(self) -> dict[str, int]:
-        return {n: getattr(self.seams.transport, n).dead_letter_count() for n in ("prompts", "raw", "scored")}
 
     def _serve_joiners(self) -> None:
         self.seams.publisher.serve_joiners(self.learner.version, self.learner.state_dict_for_rollout)
@@ -314,14 +308,14 @@ class TrainingSession:
                 # in the wait loses no data (acks follow checkpoints), it retrains from its last and evaluates again
                 if saved := self._checkpoint_due(step):
                     self.outputs.log_trained(step, [t.trajectory_id for t in trajectories])  # lineage before the acks
-                    self.checkpoint()
+                    self.checkpoint(row=dict(metrics))  # a learner lost in the wait resumes past the step: its row
             if (result := self.evaluate(weights, final=step == self.steps)) is not None:
                 metrics["eval_greedy_accuracy"] = result["greedy_accuracy"]
         del state  # a full copy of the weights (15 GB at 7B): not kept between steps
         status = {
             "weight_version": learner.version,
-            "queue_depths": self.queue_depths(),
-            "dead_letters": self.dead_letters(),
+            "queue_depths": {n: getattr(self.seams.transport, n).backlog() for n in STREAMS},
+            "dead_letters": {n: getattr(self.seams.transport, n).dead_letter_count() for n in STREAMS},
             "staleness": staleness_status(lags),
             "tokens_per_s": metrics["tokens_per_s"],
             "step_time_s": step_time,

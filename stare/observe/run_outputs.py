@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from stare.config import TrainConfig
-from stare.observe.files import cut_jsonl, write_atomic
+from stare.observe.files import cut_jsonl, read_jsonl, write_atomic
 
 if TYPE_CHECKING:
     from stare.transport.records import Trajectory
@@ -105,9 +105,18 @@ def generations_markdown(records: list[dict[str, Any]]) -> str:
 
 
 class RunOutputs:
-    def __init__(self, cfg: TrainConfig, *, resume_step: int | None, warn: Callable[[str], None] = log.warning) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        resume_step: int | None,
+        row: dict[str, Any] | None = None,
+        warn: Callable[[str], None] = log.warning,
+    ) -> None:
         """resume_step: the checkpoint's step when resuming (files are cut back to it), None for a new run.
-        `warn`: where a damaged log line is reported."""
+        `row`: the checkpoint's own metrics row, logged here if metrics.jsonl lacks its step (a learner lost
+        between that checkpoint and the row: a remote evaluation's wait). `warn`: where a damaged log line is
+        reported."""
         self.cfg = cfg
         self.dir = cfg.run_dir
         self.ckpt_dir = self.dir / "checkpoints"
@@ -124,6 +133,11 @@ class RunOutputs:
         from stare.observe.wandb_log import WandbLogger
 
         self.wandb = WandbLogger.open(cfg, new=resume_step is None)  # None without logging.wandb
+        if row is not None and not any(r.get("step") == row["step"] for r in read_jsonl(self.dir / "metrics.jsonl")):
+            warn(
+                f"step {row['step']}'s metrics were never logged (the learner was lost after its checkpoint): logged now"
+            )
+            self.log_step(row)
 
     def _append(self, name: str, record: dict[str, Any]) -> None:
         with (self.dir / name).open("a") as f:

@@ -168,3 +168,23 @@ def test_a_learner_whose_weights_get_a_newer_version_than_any_published_abandons
     finally:
         run.close()
     assert version == 8 and abandoned == [1]
+
+
+def test_a_learner_lost_in_the_wait_after_a_due_checkpoint_logs_that_steps_metrics_row_on_resume(fast_overrides):
+    cfg = build_config({}, overrides=[*fast_overrides, "run.steps=3", "task.eval_every=1", "run.checkpoint_every=1"])
+    run, evaluator = _run(cfg, resume=False, dies_at_call=2)  # step 2's evaluation, its checkpoint written first
+    try:
+        with pytest.raises(ProcessDied):
+            run.train()
+    finally:
+        run.close()
+    assert _steps(cfg.run_dir / "metrics.jsonl") == [1]  # step 2's row was to follow its evaluation
+    again, evaluator = _run(cfg, resume=True)
+    try:
+        again.train()
+    finally:
+        again.close()
+    rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]  # step 2's from its checkpoint, logged on resume
+    assert "eval_greedy_accuracy" not in rows[1] and rows[1]["loss"] == rows[1]["loss"]  # training numbers, no eval
+    assert [c["version"] for c in evaluator.calls] == [2, 3] and _steps(cfg.run_dir / "eval.jsonl") == [0, 1, 2, 3]
