@@ -25,6 +25,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from stare.transport.base import queue_depths
+
 log = logging.getLogger(__name__)
 
 _ORDINAL = re.compile(r"^g(\d+)$")
@@ -56,8 +58,7 @@ class LostGroups:
 
     def waiting(self, version: int, want: int) -> list[str]:
         """Say what the learner waits for, then look (`look`)."""
-        t = self.transport
-        depths = {n: getattr(t, n).backlog() for n in ("prompts", "raw", "scored")}
+        depths = queue_depths(self.transport)
         self.say(
             f"waiting for data: {len(self.collector.ready)} of {want} groups ready, {len(self.unresolved())} "
             f"published groups not complete, queues {depths}"

@@ -40,10 +40,10 @@ from stare.observe.files import read_jsonl
 from stare.observe.log_format import StepLines
 from stare.observe.run_outputs import RunOutputs, batch_metrics, staleness_status, staleness_summary, trained_lags
 from stare.observe.watch import RunWatch
+from stare.transport.base import dead_letter_counts, queue_depths
 from stare.weight_sync.base import publisher_metrics
 
 log = logging.getLogger(__name__)
-STREAMS = ("prompts", "raw", "scored")
 
 PAUSE_POLL_S = 0.2  # while paused: how often the steering is asked again
 PULL_BLOCK_S = 0.5  # without a pump: how long a fill round waits for scored entries
@@ -314,8 +314,8 @@ class TrainingSession:
         del state  # a full copy of the weights (15 GB at 7B): not kept between steps
         status = {
             "weight_version": learner.version,
-            "queue_depths": {n: getattr(self.seams.transport, n).backlog() for n in STREAMS},
-            "dead_letters": {n: getattr(self.seams.transport, n).dead_letter_count() for n in STREAMS},
+            "queue_depths": queue_depths(self.seams.transport),
+            "dead_letters": dead_letter_counts(self.seams.transport),
             "staleness": staleness_status(lags),
             "tokens_per_s": metrics["tokens_per_s"],
             "step_time_s": step_time,

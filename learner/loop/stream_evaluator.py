@@ -92,11 +92,11 @@ class StreamEvaluator:
         self.dead = Feeds([dead_letter_feed(s) for s in (streams.tasks, streams.raw, streams.scored)])
         self.stop = stop  # a stop request: end a wait at once (EvaluationStopped)
 
-    def abandon_open(self) -> None:
-        """Close every open evaluation as superseded: a restarted learner whose weights got a newer version than
-        any published collects none of them, so the workers skip their tasks now rather than sample them for
-        nobody until the next evaluation is published."""
-        for stale in self.index.open_ids():
+    def abandon_open(self, keep: str | None = None) -> None:
+        """Close every open evaluation but `keep` as superseded: a restarted learner whose weights got a newer
+        version than any published collects none of them, so the workers skip their tasks now rather than
+        sample them for nobody until the next evaluation is published."""
+        for stale in set(self.index.open_ids()) - {keep}:
             self.index.close(stale, "superseded")
             self.say(f"evaluation {stale}: left open by an earlier learner; closed (workers skip its tasks)")
 
@@ -124,9 +124,7 @@ class StreamEvaluator:
         if seen is not None and seen.get("state") == "open":
             self.say(f"evaluation {eval_id}: published before a restart; collecting it")
         else:
-            for stale in set(self.index.open_ids()) - {eval_id}:  # one a killed learner left: nobody waits for it
-                self.index.close(stale, "superseded")
-                self.say(f"evaluation {stale}: left open by an earlier learner; closed (workers skip its tasks)")
+            self.abandon_open(keep=eval_id)  # one a killed learner left: nobody waits for it
             self.streams.tasks.publish(tasks)
             self.index.publish(eval_id, {"tasks": len(tasks), "samples": len(expected)})
         scores, dead = self._collect(eval_id, tasks, expected)

@@ -86,3 +86,16 @@ class Transport(Protocol):
 
     @property
     def scored(self) -> RecordStream[Trajectory]: ...
+
+
+STREAM_NAMES = ("prompts", "raw", "scored")
+
+
+def queue_depths(transport: Transport) -> dict[str, int]:
+    """Each stream's entries published and not acknowledged yet (`backlog`)."""
+    return {n: getattr(transport, n).backlog() for n in STREAM_NAMES}
+
+
+def dead_letter_counts(transport: Transport) -> dict[str, int]:
+    """Each stream's entries parked as dead letters."""
+    return {n: getattr(transport, n).dead_letter_count() for n in STREAM_NAMES}

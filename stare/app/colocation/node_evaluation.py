@@ -96,8 +96,8 @@ class NodeEvaluator:
     """Rank 0's held-out evaluator of a node-colocated learner of several ranks: the EVALUATE op, then every
     problem's responses scored by the run's scorer (`judge`) as one engine's would be."""
 
-    # not `remote` (a checkpoint due at the step would be written before the op, and a learner that failed in the
-    # op would resume past the step without its metrics row): a failed op retrains from the last checkpoint
+    # not `remote`: a checkpoint due at the step follows the op (as for an in-process evaluator), and a failed op
+    # retrains from the last checkpoint
     remote = False
 
     def __init__(self, learner, rollout, part: RankEvaluation, judge: Callable, generations: int):
